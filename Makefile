@@ -1,0 +1,42 @@
+# `make run` and `make test` each do the whole set-up first: a .venv with the pinned
+# requirements (installed once; redone only when requirements.txt changes) and the system
+# packages the product needs where this user can install them.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.requirements-installed
+PORT ?= 8501
+
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: setup system-deps run test lint format bench reproduce
+
+setup: $(STAMP) system-deps
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
+	cp requirements.txt $(STAMP)
+
+system-deps:
+	@bash scripts/install_system_deps.sh
+
+run: setup
+	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: setup
+	$(BIN)/python benchmarks/attack_throughput.py
+
+reproduce: setup
+	$(BIN)/python benchmarks/reproduce_foundation.py

@@ -1,0 +1,5 @@
+import sys
+
+from auditlib.cli import main
+
+sys.exit(main())

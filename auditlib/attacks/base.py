@@ -1,0 +1,152 @@
+"""Attack contract: ``run(observation, knowledge, config, control, seed)`` yields events.
+
+Every attack is a generator of :class:`ProgressEvent`; the last event carries the
+:class:`Reconstruction`. Attacks honour a step budget, a wall-clock budget and a
+cancellation flag through :class:`RunControl`, and draw all randomness from ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from auditlib.config import build_config, config_dict
+from auditlib.errors import AuditInputError
+from auditlib.threat import AttackerKnowledge, Observation
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass
+class RunControl:
+    """Budgets and cancellation for one attack run (runtime state, not part of the spec)."""
+
+    max_steps: int
+    max_seconds: float | None = None
+    emit_every: int = 10
+    image_every: int = 50
+    is_cancelled: Callable[[], bool] = _never
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise AuditInputError(f"iterations must be >= 1, got {self.max_steps}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise AuditInputError(f"time budget must be > 0 seconds, got {self.max_seconds}")
+        if self.emit_every < 1 or self.image_every < 1:
+            raise AuditInputError("event intervals must be >= 1 step")
+
+
+class Clock:
+    """Wall clock of one run; says why the run must stop, if it must."""
+
+    def __init__(self, control: RunControl) -> None:
+        self.control = control
+        self.start = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def stop_reason(self) -> str | None:
+        if self.control.is_cancelled():
+            return "cancelled"
+        if self.control.max_seconds is not None and self.elapsed >= self.control.max_seconds:
+            return "time budget"
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """One restart's result. ``loss`` is the attack's own objective (lower is better)."""
+
+    images: torch.Tensor  # B x C x H x W, model space, CPU
+    labels: torch.Tensor | None  # B class ids, or None when the attack does not recover labels
+    loss: float
+    restart: int
+    steps: int
+    stop_reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class Reconstruction:
+    candidates: tuple[Candidate, ...]
+    stop_reason: str  # "completed", "time budget", "cancelled" or "diverged"
+    steps: int  # optimiser steps over all restarts
+    label_inference: Mapping[str, Any] | None = None
+
+    @property
+    def selected(self) -> Candidate:
+        """The candidate the attacker would choose without ground truth: lowest loss."""
+        finite = [c for c in self.candidates if math.isfinite(c.loss)]
+        return min(
+            finite or self.candidates, key=lambda c: c.loss if math.isfinite(c.loss) else math.inf
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class ProgressEvent:
+    step: int  # optimiser steps so far over all restarts
+    total_steps: int  # planned steps over all restarts
+    elapsed_s: float
+    losses: Mapping[str, float]
+    restart: int = 0
+    images: torch.Tensor | None = None  # current images of the running restart (CPU)
+    labels: torch.Tensor | None = None
+    final: Reconstruction | None = None
+
+
+AttackRun = Callable[
+    [Observation, AttackerKnowledge, Any, RunControl, int], Iterator[ProgressEvent]
+]
+
+
+@dataclass(frozen=True)
+class AttackInfo:
+    name: str
+    summary: str
+    config_type: type
+    run: AttackRun
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    paper_iterations: int | None = None
+
+
+ATTACKS: dict[str, AttackInfo] = {}
+
+
+def register(info: AttackInfo) -> None:
+    ATTACKS[info.name] = info
+
+
+def get_attack(name: str) -> AttackInfo:
+    info = ATTACKS.get(name)
+    if info is None:
+        raise AuditInputError(f"unknown attack {name!r}; available: {', '.join(sorted(ATTACKS))}")
+    return info
+
+
+def build_attack_config(
+    name: str, params: Mapping[str, Any] | None = None, preset: str | None = None
+):
+    """Config of attack ``name``: the preset's values, overridden by ``params``."""
+    info = get_attack(name)
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in info.presets:
+            raise AuditInputError(
+                f"attack {name} has no preset {preset!r}; available: {', '.join(info.presets) or 'none'}"
+            )
+        values.update(info.presets[preset])
+    values.update(params or {})
+    config = build_config(info.config_type, values, f"attack {name}")
+    return config, config_dict(config)
+
+
+def snapshot(images: torch.Tensor) -> torch.Tensor:
+    return images.detach().to("cpu", copy=True)

@@ -1,0 +1,41 @@
+"""Improved DLG (Zhao, Mopuri, Bilen 2020): the label from the last layer, then DLG on images.
+
+The label of a single image is read off the last layer's update (``attacks.labels``); the
+dummy image alone is then optimised with L-BFGS (lr 1) against the L2 update distance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from auditlib.attacks.base import AttackInfo, RunControl, register
+from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack
+from auditlib.attacks.labels import idlg_label
+
+
+@dataclass(frozen=True)
+class IdlgConfig(LbfgsConfig):
+    label_source: Literal["weight", "bias"] = "weight"
+
+
+def run_idlg(observation, knowledge, config: IdlgConfig, control: RunControl, seed: int):
+    label, inference = idlg_label(observation, knowledge, config.label_source)
+    labels = torch.tensor([label], dtype=torch.long)
+    return run_lbfgs_attack(observation, knowledge, config, control, seed, labels, inference)
+
+
+register(
+    AttackInfo(
+        name="idlg",
+        summary="iDLG (Zhao et al. 2020): analytic label from the last layer, then L-BFGS on the image.",
+        config_type=IdlgConfig,
+        run=run_idlg,
+        presets={
+            "paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "label_source": "weight"}
+        },
+        paper_iterations=300,
+    )
+)

@@ -1,0 +1,79 @@
+"""The L-BFGS restart loop shared by DLG and iDLG."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+
+from auditlib.attacks.base import Clock, ProgressEvent, RunControl, snapshot
+
+
+class RestartOutcome:
+    """Filled in by :func:`lbfgs_restart` when its generator finishes."""
+
+    steps: int = 0
+    stop_reason: str = "completed"
+    images: torch.Tensor | None = None  # last finite state
+
+
+def lbfgs_restart(
+    variables: list[torch.Tensor],
+    objective: Callable[[], torch.Tensor],
+    images: torch.Tensor,
+    current_labels: Callable[[], torch.Tensor | None],
+    *,
+    lr: float,
+    max_iter: int,
+    history_size: int,
+    line_search: str | None,
+    control: RunControl,
+    clock: Clock,
+    restart: int,
+    step_offset: int,
+    total_steps: int,
+    outcome: RestartOutcome,
+) -> Iterator[ProgressEvent]:
+    """Minimise ``objective`` over ``variables`` for up to ``control.max_steps`` L-BFGS steps.
+
+    One step is one ``optimizer.step(closure)`` call, which may evaluate the objective up to
+    ``max_iter`` times (torch's default 20), as in the original DLG and iDLG scripts.
+    """
+    optimizer = torch.optim.LBFGS(
+        variables, lr=lr, max_iter=max_iter, history_size=history_size, line_search_fn=line_search
+    )
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    outcome.images = snapshot(images)
+    yield ProgressEvent(
+        step_offset, total_steps, clock.elapsed, {}, restart, snapshot(images), current_labels()
+    )
+    for step in range(1, control.max_steps + 1):
+        reason = clock.stop_reason()
+        if reason is not None:
+            outcome.stop_reason = reason
+            break
+        loss = float(optimizer.step(closure).detach())
+        outcome.steps = step
+        if not math.isfinite(loss) or not bool(torch.isfinite(images).all()):
+            # L-BFGS with a fixed step of 1 can blow up; keep the last finite images.
+            outcome.stop_reason = "diverged"
+            break
+        outcome.images = snapshot(images)
+        if step % control.emit_every == 0 or step == control.max_steps:
+            with_images = step % control.image_every == 0 or step == control.max_steps
+            yield ProgressEvent(
+                step_offset + step,
+                total_steps,
+                clock.elapsed,
+                {"gradient_distance": loss},
+                restart,
+                outcome.images if with_images else None,
+                current_labels() if with_images else None,
+            )

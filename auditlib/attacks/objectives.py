@@ -1,0 +1,82 @@
+"""Update-matching objectives and image priors shared by the optimisation attacks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from auditlib.fl.update import client_update
+from auditlib.threat import AttackerKnowledge, Observation
+
+
+def l2_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum of squared differences over all parameters (DLG, Zhu et al. 2019, Eq. 4)."""
+    total = candidate[0].new_zeros(())
+    for c, t in zip(candidate, target, strict=True):
+        total = total + (c - t).pow(2).sum()
+    return total
+
+
+def cosine_distance(
+    candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """1 - cosine similarity of the whole updates seen as one vector (IG, Geiping et al. 2020, Eq. 4)."""
+    dot = candidate[0].new_zeros(())
+    c_norm = candidate[0].new_zeros(())
+    t_norm = candidate[0].new_zeros(())
+    for c, t in zip(candidate, target, strict=True):
+        dot = dot + (c * t).sum()
+        c_norm = c_norm + c.pow(2).sum()
+        t_norm = t_norm + t.pow(2).sum()
+    return 1 - dot / (c_norm.sqrt() * t_norm.sqrt() + 1e-12)
+
+
+DISTANCES = {"l2": l2_distance, "cosine": cosine_distance}
+
+
+def total_variation(images: torch.Tensor) -> torch.Tensor:
+    """Anisotropic TV: mean absolute difference of horizontal plus vertical neighbours.
+
+    The form used by Inverting Gradients (inversefed ``TV``).
+    """
+    dx = torch.mean(torch.abs(images[:, :, :, :-1] - images[:, :, :, 1:]))
+    dy = torch.mean(torch.abs(images[:, :, :-1, :] - images[:, :, 1:, :]))
+    return dx + dy
+
+
+class UpdateMatcher:
+    """Simulates the client on candidate data and measures the distance to the observation."""
+
+    def __init__(
+        self, observation: Observation, knowledge: AttackerKnowledge, distance: str
+    ) -> None:
+        self.knowledge = knowledge
+        self.parameters = knowledge.parameters()
+        if tuple(self.parameters) != observation.parameter_names:
+            raise ValueError("observation does not match the attacker's model parameters")
+        device = knowledge.device
+        self.target = tuple(t.to(device) for t in observation.tensors)
+        self.distance = DISTANCES[distance]
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        simulated = client_update(
+            self.knowledge.model,
+            self.parameters,
+            images,
+            labels,
+            self.knowledge.protocol,
+            differentiable=True,
+        )
+        return self.distance(simulated, self.target)
+
+
+def random_images(knowledge: AttackerKnowledge, generator: torch.Generator) -> torch.Tensor:
+    """Standard-normal images in model space, drawn on the CPU so seeds agree across devices."""
+    shape = (knowledge.batch_size, *knowledge.input_shape)
+    return torch.randn(shape, generator=generator).to(knowledge.device)
+
+
+def random_label_logits(knowledge: AttackerKnowledge, generator: torch.Generator) -> torch.Tensor:
+    shape = (knowledge.batch_size, knowledge.num_classes)
+    return torch.randn(shape, generator=generator).to(knowledge.device)

@@ -1,0 +1,332 @@
+"""Command line: ``python -m auditlib audit ...`` runs one audit and writes its results.
+
+Exit codes: 0 done, 2 bad input (one line on stderr saying what was expected), 1 failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from auditlib.errors import AuditInputError
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise AuditInputError(f"cannot read {path}: {exc.strerror}") from exc
+    return digest.hexdigest()
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes end in one line on stderr, like every other bad input."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from auditlib.attacks import ATTACKS
+    from auditlib.defenses import DEFENSES
+    from auditlib.models import ARCHITECTURES
+
+    parser = _Parser(
+        prog="python -m auditlib", description="Gradient-leakage audits for federated learning."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    audit = commands.add_parser(
+        "audit", help="run one attack against one client update and score it"
+    )
+
+    model = audit.add_argument_group("model")
+    model.add_argument(
+        "--model", required=True, choices=sorted(ARCHITECTURES), help="built-in architecture"
+    )
+    model.add_argument(
+        "--weights", help="weights for --model: safetensors or a weights-only state_dict"
+    )
+    model.add_argument(
+        "--trusted-model", help="TorchScript / torch.export archive (runs code on load)"
+    )
+    model.add_argument(
+        "--i-trust-this-file", action="store_true", help="required with --trusted-model"
+    )
+    model.add_argument("--num-classes", type=int, default=10)
+    model.add_argument("--input-size", type=int, default=32, help="input height = width in pixels")
+    model.add_argument("--channels", type=int, default=3, choices=(1, 3))
+    model.add_argument(
+        "--init",
+        default="uniform",
+        choices=("default", "uniform"),
+        help="uniform = U(-0.5, 0.5), the DLG/GRNN setting (default)",
+    )
+    model.add_argument(
+        "--activation", choices=("sigmoid", "relu"), help="default: the architecture's"
+    )
+    model.add_argument(
+        "--model-seed", type=int, default=0, help="seed of the weight initialisation"
+    )
+
+    data = audit.add_argument_group("data")
+    source = data.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--images", help="folder of images (labels from labels.csv or class subfolders)"
+    )
+    source.add_argument(
+        "--samples", help="bundled sample set: photographs, faces, digits, fashion-mnist"
+    )
+    data.add_argument("--labels-csv", help="CSV with columns filename,label")
+    data.add_argument("--offset", type=int, default=0, help="first image to use")
+    data.add_argument(
+        "--normalization",
+        default="none",
+        help="'none' or 'MEAN/STD' per channel, e.g. 0.5,0.5,0.5/0.5,0.5,0.5",
+    )
+
+    scenario = audit.add_argument_group("scenario")
+    scenario.add_argument("--scenario", default="fedsgd", choices=("fedsgd", "fedavg"))
+    scenario.add_argument(
+        "--batch-size",
+        type=int,
+        help="images in the private batch (default: 1 for samples, all for a folder)",
+    )
+    scenario.add_argument("--local-steps", type=int, default=1)
+    scenario.add_argument("--local-epochs", type=int)
+    scenario.add_argument("--local-lr", type=float, default=0.01)
+    scenario.add_argument("--local-batch-size", type=int)
+    scenario.add_argument(
+        "--share",
+        default="delta",
+        choices=("delta", "weights"),
+        help="FedAvg: what the client sends",
+    )
+    scenario.add_argument("--bn-mode", default="train", choices=("train", "eval"))
+    scenario.add_argument(
+        "--labels-known", action="store_true", help="threat model: the server knows the labels"
+    )
+    scenario.add_argument(
+        "--pretrain-rounds",
+        type=int,
+        default=0,
+        help="attack stage: FedAvg rounds before the attack",
+    )
+    scenario.add_argument(
+        "--pretrain-data", default="fashion-mnist", choices=("fashion-mnist", "digits")
+    )
+
+    attack = audit.add_argument_group("attack and defense")
+    attack.add_argument("--attack", default="dlg", choices=sorted(ATTACKS))
+    attack.add_argument("--preset", help="attack preset, e.g. paper")
+    attack.add_argument("--attack-param", action="append", metavar="NAME=VALUE")
+    attack.add_argument("--defense", default="none", choices=sorted(DEFENSES))
+    attack.add_argument("--defense-param", action="append", metavar="NAME=VALUE")
+
+    run = audit.add_argument_group("run")
+    run.add_argument(
+        "--iterations", type=int, help="optimiser steps per restart (default: the paper's)"
+    )
+    run.add_argument("--time-budget", type=float, help="seconds before the attack stops")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    run.add_argument(
+        "--lpips-nets", default="alex,vgg", help="comma-separated LPIPS backbones, or 'none'"
+    )
+    run.add_argument(
+        "--out", required=True, help="output folder for result.json and reconstruction.png"
+    )
+    return parser
+
+
+def spec_from_args(args: argparse.Namespace):
+    from auditlib.attacks import get_attack
+    from auditlib.config import parse_key_values
+    from auditlib.fl.protocol import ClientProtocol
+    from auditlib.models import ModelSpec
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+    if args.trusted_model and not args.i_trust_this_file:
+        raise AuditInputError(
+            "--trusted-model loads an archive that can run code; add --i-trust-this-file to accept that"
+        )
+    if args.trusted_model and args.weights:
+        raise AuditInputError("give either --weights or --trusted-model, not both")
+    model_spec = ModelSpec(
+        architecture=args.model,
+        num_classes=args.num_classes,
+        input_shape=(args.channels, args.input_size, args.input_size),
+        init=args.init,
+        activation=args.activation,
+        seed=args.model_seed,
+    )
+    weights_file = args.weights or args.trusted_model
+    model = ModelRef(
+        spec=model_spec,
+        weights=args.weights,
+        trusted_archive=args.trusted_model,
+        content_sha256=_sha256_file(weights_file) if weights_file else None,
+    )
+    if args.batch_size is None and args.samples:
+        args.batch_size = 1
+    data = DataSpec(
+        source="folder" if args.images else "samples",
+        location=args.images or args.samples,
+        batch_size=args.batch_size,
+        offset=args.offset,
+        labels_csv=args.labels_csv,
+        normalization=args.normalization,
+    )
+    protocol = ClientProtocol(
+        algorithm=args.scenario,
+        local_steps=args.local_steps,
+        local_epochs=args.local_epochs,
+        local_lr=args.local_lr,
+        local_batch_size=args.local_batch_size,
+        shared=args.share,
+        batchnorm_mode=args.bn_mode,
+    )
+    scenario = ScenarioSpec(
+        protocol=protocol,
+        labels_known=args.labels_known,
+        pretrain_rounds=args.pretrain_rounds,
+        pretrain_data=args.pretrain_data,
+    )
+    info = get_attack(args.attack)
+    iterations = args.iterations or info.paper_iterations or 1000
+    return RunSpec(
+        model=model,
+        data=data,
+        scenario=scenario,
+        attack=ComponentSpec.of(
+            args.attack, parse_key_values(args.attack_param, "attack parameter"), args.preset
+        ),
+        defense=ComponentSpec.of(
+            args.defense, parse_key_values(args.defense_param, "defense parameter")
+        ),
+        budget=Budget(iterations=iterations, max_seconds=args.time_budget),
+        seed=args.seed,
+        device=args.device,
+    )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such floats become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_outputs(result, out: Path) -> None:
+    from auditlib.report.images import save_comparison_png
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_finite(result.summary), indent=2, default=_json_default, allow_nan=False)
+    (out / "result.json").write_text(text + "\n")
+    save_comparison_png(result.originals, result.reconstruction, out / "reconstruction.png")
+
+
+def _progress_bar(total: int):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    from auditlib.engine.audit import run_audit
+    from auditlib.engine.isolation import run_isolated
+    from auditlib.metrics import LPIPS_NETS
+
+    spec = spec_from_args(args)
+    nets = (
+        ()
+        if args.lpips_nets.strip().lower() == "none"
+        else tuple(n.strip() for n in args.lpips_nets.split(","))
+    )
+    unknown = [n for n in nets if n not in LPIPS_NETS]
+    if unknown:
+        raise AuditInputError(
+            f"unknown LPIPS backbone {', '.join(unknown)}; expected {', '.join(LPIPS_NETS)} or none"
+        )
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise AuditInputError(f"--out {out} exists and is not a folder")
+    bar = None
+
+    def on_event(event) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = _progress_bar(event.total_steps)
+        if bar is not None:
+            bar.n = event.step
+            loss = next(iter(event.losses.values()), None)
+            if loss is not None:
+                bar.set_postfix(loss=f"{loss:.3g}", refresh=False)
+            bar.refresh()
+
+    try:
+        runner = run_isolated if spec.model.trusted_archive else run_audit
+        result = runner(spec, on_event=on_event, lpips_nets=nets)
+    finally:
+        if bar is not None:
+            bar.close()
+    write_outputs(result, out)
+    metrics = result.summary["metrics"]
+    timing = result.summary["timing"]
+    ssim = metrics.get("ssim_mean")
+    accuracy = metrics["label_accuracy"]
+    ssim_text = "n/a" if ssim is None else f"{ssim:.3f}"
+    accuracy_text = "n/a" if accuracy is None else f"{accuracy:.0%}"
+    print(
+        f"{spec.attack.name} vs {spec.defense.name}: PSNR {metrics['psnr_mean']:.2f} dB, "
+        f"SSIM {ssim_text}, label accuracy {accuracy_text}, {timing['iterations']} steps in "
+        f"{timing['seconds']:.1f} s ({result.summary['stop_reason']}); wrote {out / 'result.json'}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "audit":
+            return audit_command(args)
+    except AuditInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("AUDIT_DEBUG"):
+            raise
+        print(
+            f"error: the audit failed: {type(exc).__name__}: {exc} (AUDIT_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Gradient pruning (Zhu et al. 2019, Sec. 5.2): zero the smallest-magnitude entries.
+
+``ratio`` is the fraction of entries set to zero. ``scope="layer"`` (default) prunes each
+parameter tensor at its own quantile, as GradAttack's GradPrune does; ``scope="global"``
+uses one threshold over the whole update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from auditlib.config import require
+from auditlib.defenses.base import DefenseInfo, register
+
+
+@dataclass(frozen=True)
+class PruningConfig:
+    ratio: float = 0.9
+    scope: Literal["layer", "global"] = "layer"
+
+    def __post_init__(self) -> None:
+        require(
+            0 <= self.ratio < 1,
+            f"ratio (fraction of entries zeroed) must be in [0, 1), got {self.ratio}",
+        )
+
+
+def _keep_count(numel: int, ratio: float) -> int:
+    return numel - round(ratio * numel)
+
+
+def _prune(flat: torch.Tensor, ratio: float) -> torch.Tensor:
+    keep = _keep_count(flat.numel(), ratio)
+    if keep >= flat.numel():
+        return flat.clone()
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    if keep > 0:
+        # topk keeps exactly `keep` entries even when magnitudes tie (a quantile would not).
+        mask[torch.topk(flat.abs(), keep, sorted=False).indices] = True
+    return torch.where(mask, flat, torch.zeros_like(flat))
+
+
+class GradientPruning:
+    def __init__(self, config: PruningConfig) -> None:
+        self.config = config
+
+    def apply(self, update, generator):
+        if self.config.scope == "layer":
+            return tuple(_prune(t.reshape(-1), self.config.ratio).view_as(t) for t in update)
+        flat = _prune(torch.cat([t.reshape(-1) for t in update]), self.config.ratio)
+        pieces = torch.split(flat, [t.numel() for t in update])
+        return tuple(p.view_as(t) for p, t in zip(pieces, update, strict=True))
+
+    def privacy_report(self) -> dict[str, Any]:
+        return {
+            "epsilon": None,
+            "epsilon_unavailable_reason": "pruning gives no formal DP guarantee",
+        }
+
+
+register(
+    DefenseInfo(
+        "prune",
+        "Zero the smallest `ratio` fraction of update entries by magnitude (per layer or global).",
+        PruningConfig,
+        GradientPruning,
+    )
+)

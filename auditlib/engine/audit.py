@@ -1,0 +1,289 @@
+"""One audit run, end to end: victim -> defense -> attack -> metrics.
+
+:func:`iter_audit` is a generator of the attack's progress events followed by one
+:class:`AuditResult`; the CLI drains it with a progress bar and the dashboard's worker will
+stream it. Everything a run does is determined by its :class:`RunSpec`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import auditlib
+from auditlib.attacks import ProgressEvent, RunControl, build_attack_config, get_attack
+from auditlib.data import (
+    LabelledImages,
+    Normalization,
+    assign_labels,
+    check_labels_fit,
+    load_image_folder,
+    load_sample_set,
+    to_model_batch,
+)
+from auditlib.defenses import build_defense
+from auditlib.engine.device import resolve_device
+from auditlib.engine.seeds import derive_seed
+from auditlib.errors import AuditInputError
+from auditlib.fl.scenario import release_update
+from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
+from auditlib.metrics import LPIPS_NETS, evaluate, to_unit_range
+from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
+from auditlib.spec import RunSpec
+from auditlib.threat import PrivateBatch
+
+METRIC_DEFINITION = (
+    "images de-normalised with the batch mean/std and clamped to [0,1]; reconstructions matched "
+    "to originals by the Hungarian algorithm on MSE; PSNR = 10 log10(1/MSE) per image (data range 1, "
+    "capped at 100 dB); SSIM Gaussian window 11, sigma 1.5, data range 1 (scikit-image); LPIPS "
+    "(lpips package, normalize=True) AlexNet and VGG; label accuracy order-free (multiset)"
+)
+
+
+@dataclass(frozen=True, eq=False)
+class AuditResult:
+    summary: dict[str, Any]  # what result.json holds
+    originals: np.ndarray  # B x H x W x C in [0, 1]
+    reconstruction: np.ndarray  # attacker's selection, matched to the originals, same layout
+
+
+@dataclass(frozen=True, eq=False)
+class Victim:
+    model: nn.Module
+    batch: PrivateBatch
+    normalization: Normalization
+    records: dict[str, Any]
+
+
+def _sha256_arrays(images: LabelledImages, labels: tuple[int, ...]) -> str:
+    digest = hashlib.sha256()
+    for array in images.images:
+        digest.update(str(array.shape).encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update(str(labels).encode())
+    return digest.hexdigest()
+
+
+def _load_images(spec: RunSpec, num_classes: int) -> tuple[LabelledImages, tuple[int, ...], str]:
+    data = spec.data
+    if data.source == "folder":
+        loaded = load_image_folder(data.location, labels_csv=data.labels_csv)
+        end = len(loaded.images) if data.batch_size is None else data.offset + data.batch_size
+        if end > len(loaded.images) or data.offset >= len(loaded.images):
+            raise AuditInputError(
+                f"{data.location} holds {len(loaded.images)} images; batch size {data.batch_size} "
+                f"from offset {data.offset} needs {end}"
+            )
+        picked = LabelledImages(
+            images=loaded.images[data.offset : end],
+            names=loaded.names[data.offset : end],
+            labels=None if loaded.labels is None else loaded.labels[data.offset : end],
+            class_names=loaded.class_names,
+            source=loaded.source,
+        )
+    elif data.source == "samples":
+        picked = load_sample_set(
+            data.location, data.batch_size or 1, seed=spec.seed, offset=data.offset
+        )
+    else:
+        raise AuditInputError(f"unknown data source {data.source!r}; expected folder or samples")
+    if picked.labels is None:
+        labels = assign_labels(len(picked.images), num_classes, derive_seed(spec.seed, "labels"))
+        source = "assigned (no labels given; seeded draw)"
+    else:
+        labels = picked.labels
+        check_labels_fit(labels, num_classes, picked.names)
+        source = "given"
+    return picked, labels, source
+
+
+def prepare_victim(spec: RunSpec, *, allow_trusted_archive: bool = False) -> Victim:
+    """Build the global model and the private batch the victim client holds."""
+    device = resolve_device(spec.device)
+    model_spec = spec.model.spec
+    if spec.model.trusted_archive is not None:
+        if not allow_trusted_archive:
+            raise AuditInputError(
+                "trusted model archives run code when loaded; they are loaded only in an isolated worker"
+            )
+        model = load_trusted_archive(spec.model.trusted_archive)
+    else:
+        model = build_model(model_spec)
+        if spec.model.weights is not None:
+            load_weights(model, spec.model.weights)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
+
+    images, labels, label_source = _load_images(spec, model_spec.num_classes)
+    batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
+
+    records: dict[str, Any] = {
+        "data": {
+            "source": images.source,
+            "names": list(images.names),
+            "labels": list(labels),
+            "label_source": label_source,
+            "class_names": list(images.class_names) if images.class_names else None,
+            "content_sha256": _sha256_arrays(images, labels),
+            "normalization": normalization.as_dict(),
+        }
+    }
+    if spec.scenario.pretrain_rounds > 0:
+        training = FederatedTraining(rounds=spec.scenario.pretrain_rounds)
+        pool, pool_labels = pretraining_pool(
+            spec.scenario.pretrain_data,
+            1024,
+            model_spec.input_shape,
+            model_spec.num_classes,
+            normalization,
+            derive_seed(spec.seed, "pretrain-data"),
+        )
+        losses = federated_averaging(
+            model, pool, pool_labels, training, derive_seed(spec.seed, "pretrain")
+        )
+        records["pretraining"] = {
+            "rounds": training.rounds,
+            "dataset": spec.scenario.pretrain_data,
+            "clients_per_round": training.clients_per_round,
+            "examples_per_client": training.examples_per_client,
+            "local": training.protocol.as_dict(),
+            "loss_per_round": losses,
+        }
+    model = model.to(device).eval()
+    batch = PrivateBatch(
+        images=batch_images.to(device),
+        labels=torch.tensor(labels, dtype=torch.long, device=device),
+        names=tuple(images.names),
+    )
+    records["model"] = {k: v for k, v in describe_model(model).items() if k != "parameters"}
+    return Victim(model, batch, normalization, records)
+
+
+def iter_audit(
+    spec: RunSpec,
+    *,
+    is_cancelled: Callable[[], bool] | None = None,
+    emit_every: int = 10,
+    image_every: int = 50,
+    lpips_nets: tuple[str, ...] = LPIPS_NETS,
+    allow_trusted_archive: bool = False,
+) -> Iterator[ProgressEvent | AuditResult]:
+    """Run the audit described by ``spec``; yields progress events, then the result."""
+    attack_info = get_attack(spec.attack.name)
+    attack_config, attack_settings = build_attack_config(
+        spec.attack.name, spec.attack.params_dict(), spec.attack.preset
+    )
+    defense, defense_settings = build_defense(spec.defense.name, spec.defense.params_dict())
+    control = RunControl(
+        max_steps=spec.budget.iterations,
+        max_seconds=spec.budget.max_seconds,
+        emit_every=emit_every,
+        image_every=image_every,
+        is_cancelled=is_cancelled or (lambda: False),
+    )
+    victim = prepare_victim(spec, allow_trusted_archive=allow_trusted_archive)
+    release = release_update(
+        victim.model,
+        victim.batch,
+        spec.scenario.protocol,
+        defense,
+        normalization=victim.normalization,
+        num_classes=spec.model.spec.num_classes,
+        labels_known=spec.scenario.labels_known,
+        seed=derive_seed(spec.seed, "defense"),
+    )
+
+    started = time.perf_counter()
+    first_event_s = None
+    final = None
+    for event in attack_info.run(
+        release.observation,
+        release.knowledge,
+        attack_config,
+        control,
+        derive_seed(spec.seed, "attack"),
+    ):
+        if first_event_s is None:
+            first_event_s = time.perf_counter() - started
+        if event.final is not None:
+            final = event.final
+        yield event
+    seconds = time.perf_counter() - started
+    if final is None:  # every attack ends with a final event; this guards the contract
+        raise RuntimeError(f"attack {spec.attack.name} ended without a reconstruction")
+
+    truth = PrivateBatch(victim.batch.images.cpu(), victim.batch.labels.cpu(), victim.batch.names)
+    scores = evaluate(final, truth, victim.normalization, lpips_nets)
+    selected = final.selected
+    originals = to_unit_range(truth.images, victim.normalization)
+    order = [p["reconstruction_index"] for p in scores["attacker_selected"]["per_image"]]
+    reconstruction = to_unit_range(selected.images, victim.normalization)[order]
+
+    summary = {
+        "spec_id": spec.identity(),
+        "attack": spec.attack.name,
+        "defense": spec.defense.name,
+        "config": {
+            **spec.to_dict(),
+            "attack_settings": attack_settings,
+            "defense_settings": defense_settings,
+            "lpips_nets": list(lpips_nets),
+            "metric_definition": METRIC_DEFINITION,
+        },
+        "threat_model": {
+            "observation": release.observation.kind,
+            "server_knows": [
+                "model architecture and parameters",
+                "client protocol " + str(asdict(spec.scenario.protocol)),
+                "input normalisation",
+                f"batch size {victim.batch.images.shape[0]}",
+                *(["labels"] if spec.scenario.labels_known else []),
+            ],
+        },
+        "victim": victim.records,
+        "defense_report": {
+            **release.privacy,
+            "update_norm_before": release.undefended_norm,
+            "update_norm_after": release.defended_norm,
+        },
+        "label_inference": dict(final.label_inference or {}),
+        "metrics": scores["attacker_selected"],
+        "oracle_best": scores["oracle_best"],
+        "psnr_by_restart": scores["psnr_by_restart"],
+        "stop_reason": final.stop_reason,
+        "timing": {
+            "seconds": seconds,
+            "iterations": final.steps,
+            "iterations_per_second": final.steps / seconds if seconds > 0 else None,
+            "time_to_first_event_s": first_event_s,
+        },
+        "versions": {
+            "auditlib": auditlib.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }
+    yield AuditResult(summary, originals, reconstruction)
+
+
+def run_audit(
+    spec: RunSpec, on_event: Callable[[ProgressEvent], None] | None = None, **kwargs: Any
+) -> AuditResult:
+    """Drain :func:`iter_audit`; ``on_event`` sees every progress event."""
+    result = None
+    for item in iter_audit(spec, **kwargs):
+        if isinstance(item, AuditResult):
+            result = item
+        elif on_event is not None:
+            on_event(item)
+    assert result is not None
+    return result

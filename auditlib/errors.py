@@ -1,0 +1,13 @@
+"""Errors that reach a user as a one-line, plain-words message."""
+
+
+class AuditInputError(ValueError):
+    """A user-supplied input (file, number, name) is not acceptable.
+
+    The message says what was wrong and what was expected; the CLI prints it as one line
+    and the dashboard shows it next to the input.
+    """
+
+
+class AttackUnsupportedError(AuditInputError):
+    """The chosen attack cannot run against the chosen scenario or defense."""

@@ -1,0 +1,76 @@
+"""The one definition of a client update, used by the victim and by every attacker.
+
+The victim calls it once on its private batch (``differentiable=False``); an optimisation
+attack calls it on its candidate batch with ``differentiable=True`` so the distance between
+candidate and observed update can be back-propagated to the candidate images. Sharing the
+code guarantees the attacker simulates exactly what the client computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from auditlib.fl.protocol import ClientProtocol
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy; ``labels`` are class ids (long) or probability rows (float).
+
+    Probability rows are the soft labels that DLG optimises jointly with the images; for a
+    one-hot row this is exactly the cross-entropy of the class id.
+    """
+    if labels.dtype == torch.long:
+        return F.cross_entropy(logits, labels)
+    return torch.mean(torch.sum(-labels * F.log_softmax(logits, dim=-1), dim=-1))
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def client_update(
+    model: nn.Module,
+    parameters: Mapping[str, torch.Tensor],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    protocol: ClientProtocol,
+    *,
+    differentiable: bool,
+) -> tuple[torch.Tensor, ...]:
+    """The update the client computes from ``parameters`` on (images, labels).
+
+    Returns one tensor per entry of ``parameters`` (same order): the gradient (FedSGD), the
+    weight difference after local training, or the new weights (FedAvg), per
+    ``protocol.observation_kind``. ``parameters`` must require grad.
+    """
+    model.train(protocol.batchnorm_mode == "train")
+    # Buffers are copied so BatchNorm's running statistics in the caller's model stay as the
+    # server sent them, however often the attacker simulates the client.
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    names = list(parameters)
+    if protocol.algorithm == "fedsgd":
+        logits = functional_call(model, ({**parameters, **buffers},), (images,))
+        loss = classification_loss(logits, labels)
+        return tuple(
+            torch.autograd.grad(loss, list(parameters.values()), create_graph=differentiable)
+        )
+
+    current = dict(parameters)
+    for window in protocol.minibatch_slices(images.shape[0]):
+        logits = functional_call(model, ({**current, **buffers},), (images[window],))
+        loss = classification_loss(logits, labels[window])
+        grads = torch.autograd.grad(loss, list(current.values()), create_graph=differentiable)
+        step = {n: current[n] - protocol.local_lr * g for n, g in zip(names, grads, strict=True)}
+        # The victim's loop needs no graph across steps; the attacker's does.
+        current = (
+            step if differentiable else {n: t.detach().requires_grad_() for n, t in step.items()}
+        )
+    if protocol.shared == "weights":
+        return tuple(current[n] if differentiable else current[n].detach() for n in names)
+    deltas = tuple(current[n] - parameters[n] for n in names)
+    return deltas if differentiable else tuple(d.detach() for d in deltas)

@@ -1,0 +1,157 @@
+"""Scoring a reconstruction against the private batch: the one metric definition.
+
+1. De-normalise with the batch's mean/std and clamp to [0, 1].
+2. Match reconstructions to originals (Hungarian, on MSE).
+3. Per matched pair: MSE, PSNR (data range 1), SSIM (Gaussian 11/1.5), LPIPS (AlexNet and
+   VGG, ``normalize=True``) or the reason LPIPS is unavailable.
+4. Labels: order-free multiset accuracy.
+5. Summaries: mean, std, min and max over the batch.
+
+Two selections are kept apart: the candidate the attacker would pick (lowest attack loss)
+and the oracle best (highest mean PSNR, which needs the ground truth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from auditlib.attacks.base import Candidate, Reconstruction
+from auditlib.data.normalization import Normalization
+from auditlib.metrics import image as image_metrics
+from auditlib.metrics.lpips_metric import availability, lpips_distances
+from auditlib.metrics.matching import label_accuracy, match
+from auditlib.threat import PrivateBatch
+
+LPIPS_NETS = ("alex", "vgg")
+
+
+def to_unit_range(images: torch.Tensor, normalization: Normalization) -> np.ndarray:
+    """Model-space B x C x H x W -> B x H x W x C float64 in [0, 1] (non-finite pixels -> 0)."""
+    pixels = normalization.denormalize(images.detach().cpu().to(torch.float64))
+    pixels = torch.nan_to_num(pixels, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
+    return pixels.permute(0, 2, 3, 1).numpy()
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return {
+        "mean": float(array.mean()),
+        "std": float(array.std()),
+        "min": float(array.min()),
+        "max": float(array.max()),
+    }
+
+
+def score(
+    candidate_images: torch.Tensor,
+    candidate_labels: torch.Tensor | None,
+    truth: PrivateBatch,
+    normalization: Normalization,
+    lpips_nets: Sequence[str] = LPIPS_NETS,
+) -> dict[str, Any]:
+    originals = to_unit_range(truth.images, normalization)
+    recon = to_unit_range(candidate_images, normalization)
+    order = match(recon, originals)
+    matched = recon[order]
+
+    per_image: list[dict[str, Any]] = []
+    for i, name in enumerate(truth.names):
+        value = image_metrics.mse(matched[i], originals[i])
+        per_image.append(
+            {
+                "name": name,
+                "reconstruction_index": int(order[i]),
+                "mse": value,
+                "psnr": image_metrics.psnr_from_mse(value),
+                "true_label": int(truth.labels[i]),
+            }
+        )
+    result: dict[str, Any] = {}
+    for key in ("mse", "psnr"):
+        for stat, v in _summary([p[key] for p in per_image]).items():
+            result[f"{key}_{stat}"] = v
+
+    height, width = originals.shape[1:3]
+    ssim_reason = image_metrics.ssim_unavailable_reason(height, width)
+    if ssim_reason is None:
+        for i, p in enumerate(per_image):
+            p["ssim"] = image_metrics.ssim(matched[i], originals[i])
+        for stat, v in _summary([p["ssim"] for p in per_image]).items():
+            result[f"ssim_{stat}"] = v
+    else:
+        result["ssim_mean"] = None
+        result["ssim_unavailable_reason"] = ssim_reason
+
+    for net in LPIPS_NETS:
+        key = "lpips" if net == "alex" else f"lpips_{net}"
+        reason = None
+        if net not in lpips_nets:
+            reason = f"LPIPS-{net} not requested"
+        elif not availability(net).available:
+            reason = availability(net).reason
+        else:
+            try:
+                values = lpips_distances(net, matched, originals)
+            except RuntimeError as exc:  # e.g. images too small for the backbone's pooling
+                reason = f"LPIPS-{net} could not be computed: {exc}"
+            else:
+                for i, p in enumerate(per_image):
+                    p[f"lpips_{net}"] = values[i]
+                for stat, v in _summary(values).items():
+                    result[f"{key}_{stat}"] = v
+        if reason is not None:
+            result[f"{key}_mean"] = None
+            result[f"{key}_unavailable_reason"] = reason
+
+    if candidate_labels is None:
+        result["label_accuracy"] = None
+        result["label_accuracy_unavailable_reason"] = "the attack does not recover labels"
+    else:
+        predicted = [int(v) for v in candidate_labels.reshape(-1)]
+        result["label_accuracy"] = label_accuracy(predicted, [int(v) for v in truth.labels])
+        result["recovered_labels"] = predicted
+        for p in per_image:
+            p["recovered_label"] = predicted[p["reconstruction_index"]]
+    result["per_image"] = per_image
+    return result
+
+
+def evaluate(
+    reconstruction: Reconstruction,
+    truth: PrivateBatch,
+    normalization: Normalization,
+    lpips_nets: Sequence[str] = LPIPS_NETS,
+) -> dict[str, Any]:
+    """Scores of the attacker's selection and of the oracle-best candidate."""
+
+    def scored(candidate: Candidate) -> dict[str, Any]:
+        result = score(candidate.images, candidate.labels, truth, normalization, lpips_nets)
+        result.update(restart=candidate.restart, attack_loss=candidate.loss, steps=candidate.steps)
+        return result
+
+    selected = reconstruction.selected
+    selected_scores = scored(selected)
+    all_scores = {
+        c.restart: (selected_scores if c is selected else None) for c in reconstruction.candidates
+    }
+    best_psnr, oracle = selected_scores["psnr_mean"], selected_scores
+    for candidate in reconstruction.candidates:
+        if candidate is selected:
+            continue
+        # Only PSNR is needed to rank the oracle; LPIPS is computed for the winner alone.
+        quick = score(candidate.images, candidate.labels, truth, normalization, lpips_nets=())
+        all_scores[candidate.restart] = quick
+        if quick["psnr_mean"] > best_psnr:
+            best_psnr, oracle = quick["psnr_mean"], candidate
+    if not isinstance(oracle, dict):
+        oracle = scored(oracle)
+    return {
+        "attacker_selected": selected_scores,
+        "oracle_best": oracle,
+        "restarts": len(reconstruction.candidates),
+        "psnr_by_restart": {str(k): v["psnr_mean"] for k, v in all_scores.items() if v is not None},
+    }

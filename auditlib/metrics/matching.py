@@ -1,0 +1,33 @@
+"""Pairing reconstructions with originals: the order of a batch is not identifiable from
+its averaged update, so each original is matched to one reconstruction by the Hungarian
+algorithm on per-pair MSE (the assignment with the lowest total error)."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+
+def pairwise_mse(reconstructions: np.ndarray, originals: np.ndarray) -> np.ndarray:
+    """cost[i, j] = MSE(original i, reconstruction j); arrays are N x H x W x C in [0, 1]."""
+    o = originals.reshape(len(originals), -1).astype(np.float64)
+    r = reconstructions.reshape(len(reconstructions), -1).astype(np.float64)
+    return ((o[:, None, :] - r[None, :, :]) ** 2).mean(axis=-1)
+
+
+def match(reconstructions: np.ndarray, originals: np.ndarray) -> np.ndarray:
+    """order[i] = index of the reconstruction assigned to original i."""
+    rows, cols = linear_sum_assignment(pairwise_mse(reconstructions, originals))
+    order = np.empty(len(originals), dtype=np.int64)
+    order[rows] = cols
+    return order
+
+
+def label_accuracy(predicted: list[int] | np.ndarray, true: list[int] | np.ndarray) -> float:
+    """Fraction of true labels recovered, order-free: |multiset(pred) ∩ multiset(true)| / B."""
+    pred_counts = np.bincount(np.asarray(predicted, dtype=np.int64), minlength=1)
+    true_counts = np.bincount(np.asarray(true, dtype=np.int64), minlength=1)
+    size = max(len(pred_counts), len(true_counts))
+    pred_counts = np.pad(pred_counts, (0, size - len(pred_counts)))
+    true_counts = np.pad(true_counts, (0, size - len(true_counts)))
+    return float(np.minimum(pred_counts, true_counts).sum() / len(true))

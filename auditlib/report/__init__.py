@@ -1,0 +1,1 @@
+"""Audit artefacts: result files and (later) the PDF report."""

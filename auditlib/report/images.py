@@ -1,0 +1,38 @@
+"""Side-by-side image grids of originals and reconstructions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def comparison_grid(
+    originals: np.ndarray, reconstruction: np.ndarray, *, scale: int = 4, gap: int = 2
+) -> Image.Image:
+    """Originals in the top row, matched reconstructions below; arrays B x H x W x C in [0, 1].
+
+    Upscaled by ``scale`` with nearest-neighbour sampling so single pixels stay visible.
+    """
+    count, height, width, channels = originals.shape
+    cell_h, cell_w = height * scale, width * scale
+    canvas = np.full(
+        (2 * cell_h + 3 * gap, count * cell_w + (count + 1) * gap, 3), 255, dtype=np.uint8
+    )
+    for row, images in enumerate((originals, reconstruction)):
+        for i in range(count):
+            tile = np.clip(np.rint(images[i] * 255), 0, 255).astype(np.uint8)
+            if channels == 1:
+                tile = np.repeat(tile, 3, axis=-1)
+            tile = tile.repeat(scale, axis=0).repeat(scale, axis=1)
+            top = gap + row * (cell_h + gap)
+            left = gap + i * (cell_w + gap)
+            canvas[top : top + cell_h, left : left + cell_w] = tile
+    return Image.fromarray(canvas)
+
+
+def save_comparison_png(
+    originals: np.ndarray, reconstruction: np.ndarray, path: str | Path
+) -> None:
+    comparison_grid(originals, reconstruction).save(path, format="PNG")

@@ -1,0 +1,68 @@
+"""The threat-model boundary: what the server sees versus what only the evaluator sees.
+
+An attack receives an :class:`Observation` and an :class:`AttackerKnowledge`, nothing else.
+The :class:`PrivateBatch` (the client's images and labels) goes only to ``metrics``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from auditlib.data.normalization import Normalization
+from auditlib.fl.protocol import ClientProtocol
+
+ObservationKind = Literal["gradient", "weight_delta", "weights"]
+
+
+@dataclass(frozen=True, eq=False)
+class PrivateBatch:
+    """The victim client's data. Never handed to an attack."""
+
+    images: torch.Tensor  # B x C x H x W in model (normalised) space
+    labels: torch.Tensor  # B, long
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Observation:
+    """What leaves the client after any defense: one tensor per trainable parameter."""
+
+    kind: ObservationKind
+    tensors: tuple[torch.Tensor, ...]
+    parameter_names: tuple[str, ...]
+
+    def to(self, device: torch.device | str) -> Observation:
+        return Observation(
+            self.kind, tuple(t.to(device) for t in self.tensors), self.parameter_names
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class AttackerKnowledge:
+    """What an honest-but-curious server knows besides the observation.
+
+    The server chose the global model, so it knows its architecture and parameters; it knows
+    the protocol (local steps, learning rate) it asked the client to run and the input
+    pre-processing; FedAvg's weighting tells it the number of examples. Labels are known only
+    when the scenario says the client shares them (``labels`` is otherwise None).
+    """
+
+    model: nn.Module  # the server's own copy of the global model, as sent to the client
+    protocol: ClientProtocol
+    batch_size: int
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    normalization: Normalization
+    labels: torch.Tensor | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
