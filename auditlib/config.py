@@ -107,6 +107,12 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def require_choice(value: object, allowed: tuple[str, ...], what: str) -> None:
+    """Refuse ``value`` unless it is one of ``allowed`` (for Literal fields built in code)."""
+    if value not in allowed:
+        raise AuditInputError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+
+
 def require(condition: bool, message: str) -> None:
     """Raise AuditInputError(message) unless condition holds (range checks in configs)."""
     if not condition:

@@ -30,7 +30,10 @@ def _noise_like(
     if kind == "gaussian":
         noise = torch.randn(t.shape, generator=generator, dtype=torch.float64)
     else:
-        u = torch.rand(t.shape, generator=generator, dtype=torch.float64) - 0.5
+        # u in (-0.5, 0.5): the open interval keeps log1p(-2|u|) finite.
+        u = (torch.rand(t.shape, generator=generator, dtype=torch.float64) - 0.5).clamp(
+            -0.5 + 1e-16, 0.5 - 1e-16
+        )
         noise = -torch.sign(u) * torch.log1p(-2 * u.abs())
     return (noise * scale).to(device=t.device, dtype=t.dtype)
 

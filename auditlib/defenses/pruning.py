@@ -29,7 +29,7 @@ class PruningConfig:
 
 
 def _keep_count(numel: int, ratio: float) -> int:
-    return numel - round(ratio * numel)
+    return numel - int(ratio * numel + 0.5)  # half-up rounding of the zeroed count
 
 
 def _prune(flat: torch.Tensor, ratio: float) -> torch.Tensor:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-from auditlib.config import require
+from auditlib.config import require, require_choice
 
 Algorithm = Literal["fedsgd", "fedavg"]
 Shared = Literal["delta", "weights"]
@@ -33,6 +33,9 @@ class ClientProtocol:
     batchnorm_mode: BatchNormMode = "train"
 
     def __post_init__(self) -> None:
+        require_choice(self.algorithm, get_args(Algorithm), "algorithm")
+        require_choice(self.shared, get_args(Shared), "shared update")
+        require_choice(self.batchnorm_mode, get_args(BatchNormMode), "batch-norm mode")
         require(self.local_steps >= 1, f"local steps must be >= 1, got {self.local_steps}")
         require(self.local_steps <= 1000, f"local steps must be <= 1000, got {self.local_steps}")
         require(

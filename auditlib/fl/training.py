@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from auditlib.config import require
 from auditlib.data.normalization import Normalization
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.update import client_update, trainable_parameters
@@ -29,6 +30,17 @@ class FederatedTraining:
             algorithm="fedavg", local_epochs=1, local_lr=0.01, local_batch_size=8, shared="delta"
         )
     )
+
+    def __post_init__(self) -> None:
+        # The server averages weight differences; other protocols would need other maths.
+        require(
+            self.protocol.algorithm == "fedavg" and self.protocol.shared == "delta",
+            "federated training runs FedAvg clients that share weight differences",
+        )
+        require(
+            self.rounds >= 0 and self.clients_per_round >= 1 and self.examples_per_client >= 1,
+            "federated training needs rounds >= 0 and at least one client with one example",
+        )
 
 
 def federated_averaging(

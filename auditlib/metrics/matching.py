@@ -25,6 +25,8 @@ def match(reconstructions: np.ndarray, originals: np.ndarray) -> np.ndarray:
 
 def label_accuracy(predicted: list[int] | np.ndarray, true: list[int] | np.ndarray) -> float:
     """Fraction of true labels recovered, order-free: |multiset(pred) ∩ multiset(true)| / B."""
+    if len(true) == 0:
+        raise ValueError("label accuracy of an empty batch is undefined")
     pred_counts = np.bincount(np.asarray(predicted, dtype=np.int64), minlength=1)
     true_counts = np.bincount(np.asarray(true, dtype=np.int64), minlength=1)
     size = max(len(pred_counts), len(true_counts))

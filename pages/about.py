@@ -1,0 +1,69 @@
+"""Method page: the threat model, the metric definition, and the attacks and defenses."""
+
+import streamlit as st
+
+from auditlib.attacks import ATTACKS
+from auditlib.defenses import DEFENSES
+from auditlib.engine.audit import METRIC_DEFINITION
+from auditlib.models import ARCHITECTURES
+
+st.title("Method")
+
+st.header("Threat model")
+st.markdown(
+    """
+An **honest-but-curious server** runs federated learning as agreed, but tries to rebuild a
+client's private images from what that client sends.
+
+- **What the attack sees:** only the *observation* — the client's update after any defense
+  (a FedSGD gradient, or a FedAvg weight change or new weights) — and the server's
+  *knowledge*: the model architecture and parameters it sent, the client protocol (local
+  steps, learning rate), the input normalisation and the batch size; the labels only when
+  the scenario says the client shares them.
+- **What the attack never sees:** the private images and labels. Only the scoring step
+  compares the reconstruction with them.
+- **Two selections are kept apart.** The headline numbers are for the reconstruction the
+  attacker would pick without ground truth (the restart with the lowest attack loss). The
+  *oracle* best restart is chosen with the private images; it is reported separately and
+  labelled "uses ground truth", because no real attacker can make that choice.
+"""
+)
+
+st.header("Metric definition")
+st.write("Every run is scored the same way, and result.json records this definition:")
+st.info(METRIC_DEFINITION)
+st.markdown(
+    "Higher PSNR and SSIM and lower LPIPS mean a closer reconstruction, i.e. more leakage. "
+    "Where a metric cannot be computed (for example LPIPS without its backbone weights on "
+    "this machine, or SSIM on images smaller than its window), it is shown as unavailable "
+    "with the reason, never estimated."
+)
+
+st.header("Attacks")
+st.table(
+    [
+        {
+            "attack": info.name,
+            "summary": info.summary,
+            "presets": ", ".join(info.presets) or "none",
+            "paper iterations": f"{info.paper_iterations:,}" if info.paper_iterations else "n/a",
+        }
+        for info in sorted(ATTACKS.values(), key=lambda i: i.name)
+    ]
+)
+
+st.header("Defenses")
+st.table(
+    [
+        {"defense": info.name, "summary": info.summary}
+        for info in sorted(DEFENSES.values(), key=lambda i: (i.name != "none", i.name))
+    ]
+)
+
+st.header("Models")
+st.table(
+    [
+        {"architecture": info.name, "description": info.description}
+        for info in sorted(ARCHITECTURES.values(), key=lambda i: i.name)
+    ]
+)
