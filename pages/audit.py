@@ -172,7 +172,9 @@ def build_spec(choices: Choices, workdir: Path) -> RunSpec:
     if choices.weights is not None:
         name, data = choices.weights
         suffix = Path(name).suffix.lower()
-        weights_file = workdir / f"weights{suffix if suffix[1:] in WEIGHT_TYPES else ''}"
+        # The library names the file in its messages: keep the uploaded name recognisable.
+        suffix = suffix if suffix[1:] in WEIGHT_TYPES else ""
+        weights_file = workdir / f"{_safe_stem(Path(name).name)}{suffix}"
         weights_file.write_bytes(data)
         weights_path = str(weights_file)
         weights_sha = hashlib.sha256(data).hexdigest()
@@ -783,7 +785,11 @@ def _run(choices: Choices) -> None:
                 )
 
             try:
-                result = run_audit(build_spec(choices, workdir), on_event=on_event)
+                # Short runs report every step or so; long ones every 10 steps (the default).
+                every = max(1, min(10, choices.iterations // 50))
+                result = run_audit(
+                    build_spec(choices, workdir), on_event=on_event, emit_every=every
+                )
             except AuditInputError as exc:
                 st.session_state["run_error"] = str(exc)
                 status.update(label="The audit could not run", state="error")
@@ -818,6 +824,7 @@ def _show_result(result: AuditResult) -> None:
     grid = comparison_grid(result.originals, result.reconstruction, scale=scale)
     st.image(
         grid,
+        width=grid.width,  # natural size: upscaled pixels stay sharp
         caption="Top: the private images (only the auditor sees them). Bottom: the attacker's "
         "reconstruction (its lowest-loss restart, chosen without ground truth), each matched "
         "to its original.",

@@ -169,13 +169,10 @@ def _run(observation, knowledge, config, control, seed, fixed_labels, inference)
                     hard_labels() if with_images else None,
                 )
         steps_done += step
+        # Restarts are scored by the update distance alone, as the public code's
+        # scoring_choice="loss" does (the TV prior is not part of the score).
         with torch.enable_grad():
-            final_loss = float(
-                (
-                    matcher(images.detach(), labels_now())
-                    + config.tv * total_variation(images.detach())
-                ).detach()
-            )
+            final_loss = float(matcher(images.detach(), labels_now()).detach())
         candidates.append(
             Candidate(snapshot(images), hard_labels(), final_loss, restart, step, restart_stop)
         )
@@ -191,7 +188,7 @@ def _run(observation, knowledge, config, control, seed, fixed_labels, inference)
         steps_done,
         total,
         clock.elapsed,
-        {"objective": best.loss},
+        {"update_distance": best.loss},
         best.restart,
         best.images,
         best.labels,

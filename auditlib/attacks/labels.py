@@ -15,11 +15,32 @@ from typing import Any, Literal
 
 import torch
 
-from auditlib.errors import AttackUnsupportedError
+from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.models import last_linear
 from auditlib.threat import AttackerKnowledge, Observation
 
 LabelSource = Literal["weight", "bias"]
+
+
+def _last_layer_prefix(observation: Observation, knowledge: AttackerKnowledge) -> str:
+    """Name of the classifier layer: the last nn.Linear, or, for archives that expose no
+    modules (TorchScript, torch.export), the last parameter of shape [classes, features]."""
+    try:
+        return last_linear(knowledge.model)[0]
+    except AuditInputError:
+        pass
+    for name, tensor in reversed(
+        list(zip(observation.parameter_names, observation.tensors, strict=True))
+    ):
+        if (
+            name.endswith(".weight")
+            and tensor.dim() == 2
+            and tensor.shape[0] == knowledge.num_classes
+        ):
+            return name.removesuffix(".weight")
+    raise AttackUnsupportedError(
+        f"no classifier layer with {knowledge.num_classes} outputs found for the label rule"
+    )
 
 
 def last_layer_gradient(
@@ -31,8 +52,7 @@ def last_layer_gradient(
     after several local steps this is the sum of several gradients, an approximation the
     FedAvg papers accept for label inference.
     """
-    layer_name, _ = last_linear(knowledge.model)
-    name = f"{layer_name}.{which}"
+    name = f"{_last_layer_prefix(observation, knowledge)}.{which}"
     if name not in observation.parameter_names:
         raise AttackUnsupportedError(f"the last linear layer has no shared {which} ({name})")
     index = observation.parameter_names.index(name)

@@ -14,6 +14,7 @@ class RestartOutcome:
     """Filled in by :func:`lbfgs_restart` when its generator finishes."""
 
     steps: int = 0
+    evaluations: int = 0  # objective evaluations (an L-BFGS step makes up to max_iter)
     stop_reason: str = "completed"
     images: torch.Tensor | None = None  # last finite state
 
@@ -45,6 +46,7 @@ def lbfgs_restart(
     )
 
     def closure() -> torch.Tensor:
+        outcome.evaluations += 1
         optimizer.zero_grad()
         loss = objective()
         loss.backward()
@@ -72,7 +74,7 @@ def lbfgs_restart(
                 step_offset + step,
                 total_steps,
                 clock.elapsed,
-                {"gradient_distance": loss},
+                {"gradient_distance": loss, "evaluations": float(outcome.evaluations)},
                 restart,
                 outcome.images if with_images else None,
                 current_labels() if with_images else None,

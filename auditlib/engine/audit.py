@@ -35,6 +35,7 @@ from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
 from auditlib.fl.scenario import release_update
 from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
+from auditlib.fl.update import set_training_mode
 from auditlib.metrics import LPIPS_NETS, evaluate, to_unit_range
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
 from auditlib.spec import RunSpec
@@ -158,7 +159,8 @@ def prepare_victim(spec: RunSpec, *, allow_trusted_archive: bool = False) -> Vic
             "local": training.protocol.as_dict(),
             "loss_per_round": losses,
         }
-    model = model.to(device).eval()
+    model = model.to(device)
+    set_training_mode(model, False)
     batch = PrivateBatch(
         images=batch_images.to(device),
         labels=torch.tensor(labels, dtype=torch.long, device=device),

@@ -17,7 +17,7 @@ from torch import nn
 from auditlib.config import require
 from auditlib.data.normalization import Normalization
 from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.update import client_update, trainable_parameters
+from auditlib.fl.update import client_update, set_training_mode, trainable_parameters
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def federated_averaging(
             with torch.no_grad():
                 # In train mode this forward pass also moves BatchNorm's running statistics
                 # toward the clients' data, as the clients' own training would.
-                model.train(training.protocol.batchnorm_mode == "train")
+                set_training_mode(model, training.protocol.batchnorm_mode == "train")
                 round_loss += float(nn.functional.cross_entropy(model(images), labels))
             delta = client_update(
                 model, parameters, images, labels, training.protocol, differentiable=False
@@ -86,7 +86,7 @@ def federated_averaging(
             for p, t in zip(parameters.values(), total, strict=True):
                 p.add_(t / training.clients_per_round)
         losses.append(round_loss / training.clients_per_round)
-    model.eval()
+    set_training_mode(model, False)
     return losses
 
 

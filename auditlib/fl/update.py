@@ -8,6 +8,7 @@ code guarantees the attacker simulates exactly what the client computed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from auditlib.errors import AttackUnsupportedError
 from auditlib.fl.protocol import ClientProtocol
 
 
@@ -27,6 +29,39 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     if labels.dtype == torch.long:
         return F.cross_entropy(logits, labels)
     return torch.mean(torch.sum(-labels * F.log_softmax(logits, dim=-1), dim=-1))
+
+
+def set_training_mode(model: nn.Module, training: bool) -> None:
+    """``model.train(training)``, except for torch.export modules, whose mode is fixed at export."""
+    with contextlib.suppress(NotImplementedError):
+        model.train(training)
+
+
+def _scripted_gradient(
+    model: torch.jit.ScriptModule,
+    parameters: Mapping[str, torch.Tensor],
+    images,
+    labels,
+    protocol,
+    differentiable,
+) -> tuple[torch.Tensor, ...]:
+    # TorchScript modules refuse torch.func's stateless calls, so the gradient is taken with
+    # respect to the module's own parameters; only FedSGD needs nothing more.
+    if protocol.algorithm != "fedsgd":
+        raise AttackUnsupportedError(
+            "FedAvg needs functional parameters, which TorchScript models do not allow; "
+            "use FedSGD, or weights for a built-in architecture"
+        )
+    own = dict(model.named_parameters())
+    if any(own.get(name) is not tensor for name, tensor in parameters.items()):
+        raise ValueError("a TorchScript model's update is taken at its own parameters")
+    saved = {name: b.clone() for name, b in model.named_buffers()}
+    loss = classification_loss(model(images), labels)
+    grads = torch.autograd.grad(loss, list(parameters.values()), create_graph=differentiable)
+    with torch.no_grad():  # keep BatchNorm statistics as the server sent them
+        for name, b in model.named_buffers():
+            b.copy_(saved[name])
+    return tuple(grads)
 
 
 def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -48,7 +83,9 @@ def client_update(
     weight difference after local training, or the new weights (FedAvg), per
     ``protocol.observation_kind``. ``parameters`` must require grad.
     """
-    model.train(protocol.batchnorm_mode == "train")
+    set_training_mode(model, protocol.batchnorm_mode == "train")
+    if isinstance(model, torch.jit.ScriptModule):
+        return _scripted_gradient(model, parameters, images, labels, protocol, differentiable)
     # Buffers are copied so BatchNorm's running statistics in the caller's model stay as the
     # server sent them, however often the attacker simulates the client.
     buffers = {name: b.clone() for name, b in model.named_buffers()}
