@@ -1,0 +1,252 @@
+"""The command line: `python -m auditlib audit ...` writes result.json and reconstruction.png,
+and refuses bad input with one line that says what was expected, breaking nothing else."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from auditlib.cli import main
+from auditlib.models import ModelSpec, build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_png(path: Path, seed: int, size: int = 32) -> None:
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
+
+
+@pytest.fixture
+def image_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(2):
+        write_png(folder / f"img{i}.png", i)
+    (folder / "labels.csv").write_text("filename,label\nimg0.png,3\nimg1.png,7\n")
+    return folder
+
+
+def audit(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(["audit", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_audit_writes_result_json_and_reconstruction_png(image_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, _ = audit(
+        [
+            "--model",
+            "lenet",
+            "--images",
+            str(image_dir),
+            "--attack",
+            "ig",
+            "--iterations",
+            "5",
+            "--defense",
+            "dp-gaussian",
+            "--defense-param",
+            "sigma=0.01",
+            "--defense-param",
+            "clip=1",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
+    assert code == 0
+    assert "PSNR" in stdout
+    result = json.loads((out / "result.json").read_text())
+    assert result["attack"] == "ig" and result["defense"] == "dp-gaussian"
+    config = result["config"]
+    assert config["budget"]["iterations"] == 5
+    assert config["attack_settings"]["tv"] == 1e-4  # effective settings, defaults included
+    assert config["defense_settings"] == {
+        "sigma": 0.01,
+        "clip": 1.0,
+        "delta": 1e-5,
+        "rounds": 1,
+        "sample_rate": 1.0,
+    }
+    metrics = result["metrics"]
+    for key in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy"):
+        assert isinstance(metrics[key], float)
+    if metrics["lpips_mean"] is None:
+        assert "alexnet-owt-7be5be79.pth" in metrics["lpips_unavailable_reason"]
+    assert [p["name"] for p in metrics["per_image"]] == ["img0.png", "img1.png"]
+    assert [p["true_label"] for p in metrics["per_image"]] == [3, 7]
+    timing = result["timing"]
+    assert timing["iterations"] == 5 and timing["seconds"] > 0
+    assert timing["iterations_per_second"] == pytest.approx(5 / timing["seconds"])
+    assert result["defense_report"]["epsilon"] > 0
+    assert len(result["spec_id"]) == 64
+    picture = Image.open(out / "reconstruction.png")
+    # two columns (images) by two rows (originals, reconstructions) of 32 px tiles at 4x,
+    # with 2 px gaps
+    assert picture.size == (2 * 128 + 3 * 2, 2 * 128 + 3 * 2)
+
+
+def test_the_same_spec_gives_the_same_result(image_dir, tmp_path, capsys):
+    args = ["--model", "lenet", "--images", str(image_dir), "--attack", "dlg", "--iterations", "3"]
+    assert audit([*args, "--out", str(tmp_path / "a")], capsys)[0] == 0
+    assert audit([*args, "--out", str(tmp_path / "b")], capsys)[0] == 0
+    a = json.loads((tmp_path / "a" / "result.json").read_text())
+    b = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert a["spec_id"] == b["spec_id"]
+    assert a["metrics"]["per_image"] == b["metrics"]["per_image"]
+
+
+def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    cases: dict[str, tuple[list[str], str]] = {}
+
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "notes.png").write_text("this is not an image\n")
+    cases["text renamed .png"] = (["--images", str(text)], "not an image")
+
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(
+        buffer, "JPEG"
+    )
+    (truncated / "cut.jpg").write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    cases["truncated JPEG"] = (["--images", str(truncated)], "truncated")
+
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    Image.new("1", (20000, 20000)).save(huge / "huge.png")
+    cases["20000x20000 image"] = (["--images", str(huge)], "20000x20000")
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases["zero images"] = (["--images", str(empty)], "no images found")
+
+    good = tmp_path / "good"
+    good.mkdir()
+    write_png(good / "a.png", 0)
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    (tmp_path / "weights.pt").write_bytes(pickle.dumps({"fc.0.weight": Payload()}, protocol=2))
+    cases["pickle posing as weights"] = (
+        ["--images", str(good), "--weights", str(tmp_path / "weights.pt")],
+        "pickle",
+    )
+
+    wrong = build_model(ModelSpec("convnet", 10, (3, 32, 32)))
+    save_file(
+        {k: v.contiguous() for k, v in wrong.state_dict().items()}, tmp_path / "convnet.safetensors"
+    )
+    cases["weights for the wrong architecture"] = (
+        ["--images", str(good), "--weights", str(tmp_path / "convnet.safetensors")],
+        "do not fit lenet",
+    )
+    cases["unknown defense parameter"] = (
+        ["--images", str(good), "--defense", "prune", "--defense-param", "p=3"],
+        "valid: ratio, scope",
+    )
+    cases["batch larger than the folder"] = (
+        ["--images", str(good), "--batch-size", "4"],
+        "holds 1 images",
+    )
+    cases["trusted archive without consent"] = (
+        ["--images", str(good), "--trusted-model", str(tmp_path / "x.pt")],
+        "--i-trust-this-file",
+    )
+    return cases
+
+
+def test_bad_input_gets_one_clear_line_and_breaks_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "result.json").write_text('{"previous": true}\n')
+    for what, (args, expected) in bad_inputs(tmp_path).items():
+        code, stdout, stderr = audit(
+            ["--model", "lenet", *args, "--iterations", "2", "--out", str(out)], capsys
+        )
+        assert code == 2, what
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (what, stderr)
+        assert expected in lines[0], (what, lines[0])
+    assert (out / "result.json").read_text() == '{"previous": true}\n'  # an earlier result survives
+    assert sorted(p.name for p in out.iterdir()) == ["result.json"]
+    assert not (tmp_path / "pwned").exists()  # the pickle was never unpickled
+
+
+def test_usage_errors_are_one_line_too(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["audit", "--model", "lenet"])
+    assert stop.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_cuda_requested_without_cuda_is_refused(image_dir, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, _, stderr = audit(
+        [
+            "--model",
+            "lenet",
+            "--images",
+            str(image_dir),
+            "--device",
+            "cuda",
+            "--out",
+            str(tmp_path),
+        ],
+        capsys,
+    )
+    assert code == 2 and "no CUDA device" in stderr
+
+
+def test_trusted_torchscript_model_runs_in_an_isolated_process(tmp_path):
+    scripted = torch.jit.script(build_model(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")))
+    scripted.save(str(tmp_path / "model.pt"))
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "auditlib",
+            "audit",
+            "--model",
+            "lenet",
+            "--trusted-model",
+            str(tmp_path / "model.pt"),
+            "--i-trust-this-file",
+            "--samples",
+            "photographs",
+            "--attack",
+            "idlg",
+            "--iterations",
+            "3",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result["config"]["model"]["trusted_archive"].endswith("model.pt")
+    assert result["metrics"]["label_accuracy"] == 1.0
+    assert result["timing"]["iterations"] == 3
