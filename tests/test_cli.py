@@ -178,7 +178,7 @@ def test_bad_input_gets_one_clear_line_and_breaks_nothing(tmp_path, capsys):
     out.mkdir()
     (out / "result.json").write_text('{"previous": true}\n')
     for what, (args, expected) in bad_inputs(tmp_path).items():
-        code, stdout, stderr = audit(
+        code, _, stderr = audit(
             ["--model", "lenet", *args, "--iterations", "2", "--out", str(out)], capsys
         )
         assert code == 2, what
