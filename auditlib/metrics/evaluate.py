@@ -135,23 +135,21 @@ def evaluate(
 
     selected = reconstruction.selected
     selected_scores = scored(selected)
-    all_scores = {
-        c.restart: (selected_scores if c is selected else None) for c in reconstruction.candidates
-    }
-    best_psnr, oracle = selected_scores["psnr_mean"], selected_scores
+    psnr_by_restart = {selected.restart: selected_scores["psnr_mean"]}
+    oracle, oracle_scores = selected, selected_scores
     for candidate in reconstruction.candidates:
         if candidate is selected:
             continue
-        # Only PSNR is needed to rank the oracle; LPIPS is computed for the winner alone.
+        # Ranking needs PSNR only; the full scores (LPIPS included) go to the winner alone.
         quick = score(candidate.images, candidate.labels, truth, normalization, lpips_nets=())
-        all_scores[candidate.restart] = quick
-        if quick["psnr_mean"] > best_psnr:
-            best_psnr, oracle = quick["psnr_mean"], candidate
-    if not isinstance(oracle, dict):
-        oracle = scored(oracle)
+        psnr_by_restart[candidate.restart] = quick["psnr_mean"]
+        if quick["psnr_mean"] > oracle_scores["psnr_mean"]:
+            oracle, oracle_scores = candidate, quick
+    if oracle is not selected:
+        oracle_scores = scored(oracle)
     return {
         "attacker_selected": selected_scores,
-        "oracle_best": oracle,
+        "oracle_best": oracle_scores,
         "restarts": len(reconstruction.candidates),
-        "psnr_by_restart": {str(k): v["psnr_mean"] for k, v in all_scores.items() if v is not None},
+        "psnr_by_restart": {str(k): v for k, v in sorted(psnr_by_restart.items())},
     }
