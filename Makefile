@@ -22,7 +22,7 @@ system-deps:
 	@bash scripts/install_system_deps.sh
 
 run: setup
-	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false --server.maxUploadSize 512
 
 test: setup
 	$(BIN)/python -m pytest

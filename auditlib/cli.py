@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from auditlib.errors import AuditInputError
 
@@ -218,29 +215,12 @@ def spec_from_args(args: argparse.Namespace):
     )
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return list(value)
-    return str(value)
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such floats become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def write_outputs(result, out: Path) -> None:
     from auditlib.report.images import save_comparison_png
+    from auditlib.report.result_json import summary_json
 
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(result.summary), indent=2, default=_json_default, allow_nan=False)
-    (out / "result.json").write_text(text + "\n")
+    (out / "result.json").write_text(summary_json(result.summary))
     save_comparison_png(result.originals, result.reconstruction, out / "reconstruction.png")
 
 

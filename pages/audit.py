@@ -13,18 +13,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import json
 import math
-import re
 import shutil
 import tempfile
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import streamlit as st
 from PIL import Image
 
@@ -38,13 +35,15 @@ from auditlib.data import (
     load_sample_set,
     load_zip,
 )
+from auditlib.data.images import safe_stem, write_image_folder
 from auditlib.defenses import DEFENSES, build_defense
 from auditlib.engine.audit import AuditResult, run_audit
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ARCHITECTURES, ModelSpec
 from auditlib.models.loading import DEFAULT_MAX_BYTES
-from auditlib.report.images import comparison_grid
+from auditlib.report.images import comparison_grid, thumbnail
+from auditlib.report.result_json import summary_json
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 
 MIB = 2**20
@@ -80,7 +79,8 @@ class Choices:
     channels: int = 3
     init: str = "uniform"
     activation: str | None = None
-    weights: tuple[str, bytes] | None = None  # (uploaded file name, bytes)
+    # (uploaded file name, bytes or a function returning them: read only when a run starts)
+    weights: tuple[str, bytes | Callable[[], bytes]] | None = None
     source: str = "samples"  # "samples", or "upload" for validated uploaded images
     sample_set: str = "photographs"
     count: int = 1
@@ -136,31 +136,6 @@ def decode_zip(data: bytes) -> LabelledImages:
     return load_zip(data)
 
 
-def _safe_stem(name: str) -> str:
-    stem = name.rsplit(".", 1)[0] if "." in name.rsplit("/", 1)[-1] else name
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_")[:60] or "image"
-
-
-def write_image_folder(images: LabelledImages, folder: Path) -> None:
-    """Write validated images as lossless PNGs (and their labels as labels.csv) to ``folder``.
-
-    ``DataSpec`` reads uploads from a folder. File names keep the upload order (a numeric
-    prefix) and a readable form of the original name; labels are written as class ids, so
-    they mean exactly what the upload said.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    width = len(str(max(len(images) - 1, 0)))
-    files = []
-    for index, (array, name) in enumerate(zip(images.images, images.names, strict=True)):
-        file_name = f"{index:0{width}d}-{_safe_stem(name)}.png"
-        pixels = array[..., 0] if array.shape[-1] == 1 else array
-        Image.fromarray(np.ascontiguousarray(pixels)).save(folder / file_name, format="PNG")
-        files.append(file_name)
-    if images.labels is not None:
-        rows = [f"{f},{label}" for f, label in zip(files, images.labels, strict=True)]
-        (folder / "labels.csv").write_text("filename,label\n" + "\n".join(rows) + "\n")
-
-
 def build_spec(choices: Choices, workdir: Path) -> RunSpec:
     """The ``RunSpec`` of the chosen run; uploaded files are written under ``workdir``.
 
@@ -170,34 +145,38 @@ def build_spec(choices: Choices, workdir: Path) -> RunSpec:
     weights_path = None
     weights_sha = None
     if choices.weights is not None:
-        name, data = choices.weights
+        name, content = choices.weights
+        data = content() if callable(content) else content
         suffix = Path(name).suffix.lower()
         # The library names the file in its messages: keep the uploaded name recognisable.
         suffix = suffix if suffix[1:] in WEIGHT_TYPES else ""
-        weights_file = workdir / f"{_safe_stem(Path(name).name)}{suffix}"
+        weights_file = workdir / "weights" / f"{safe_stem(Path(name).name)}{suffix}"
+        weights_file.parent.mkdir(parents=True, exist_ok=True)
         weights_file.write_bytes(data)
         weights_path = str(weights_file)
         weights_sha = hashlib.sha256(data).hexdigest()
     model = ModelRef(spec=choices.model_spec(), weights=weights_path, content_sha256=weights_sha)
 
     if choices.source == "samples":
-        data = DataSpec(source="samples", location=choices.sample_set, batch_size=choices.count)
+        data_spec = DataSpec(
+            source="samples", location=choices.sample_set, batch_size=choices.count
+        )
     else:
         if choices.uploaded is None:
             raise AuditInputError("no images uploaded yet; upload images or pick a sample set")
         folder = workdir / "images"
         write_image_folder(choices.uploaded, folder)
-        data = DataSpec(
+        data_spec = DataSpec(
             source="folder",
             location=str(folder),
             batch_size=choices.upload_count,
             labels_csv=str(folder / "labels.csv") if choices.uploaded.labels is not None else None,
         )
-    data = dataclasses.replace(data, normalization=choices.normalization)
+    data_spec = dataclasses.replace(data_spec, normalization=choices.normalization)
     scenario = ScenarioSpec(protocol=choices.protocol(), labels_known=choices.labels_known)
     return RunSpec(
         model=model,
-        data=data,
+        data=data_spec,
         scenario=scenario,
         attack=ComponentSpec.of(choices.attack, choices.attack_params, choices.preset),
         defense=ComponentSpec.of(choices.defense, choices.defense_params),
@@ -205,33 +184,6 @@ def build_spec(choices: Choices, workdir: Path) -> RunSpec:
         seed=choices.seed,
         device=choices.device,
     )
-
-
-def thumbnail(array: np.ndarray, size: int = 96) -> Image.Image:
-    """A small preview of a decoded H x W x C uint8 image (tiny images enlarged, not blurred)."""
-    image = Image.fromarray(np.ascontiguousarray(array[..., 0] if array.shape[-1] == 1 else array))
-    longest = max(image.size)
-    if longest < size:
-        factor = max(1, size // longest)
-        return image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST)
-    image.thumbnail((size, size))
-    return image
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such floats become null (as in the CLI's result.json)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def summary_json(summary: Mapping[str, Any]) -> str:
-    """result.json: the run's summary as strict JSON (unknown objects as strings)."""
-    return json.dumps(_finite(summary), indent=2, default=str, allow_nan=False) + "\n"
 
 
 def _number(value: Any, fmt: str) -> str:
@@ -472,7 +424,7 @@ def _model_inputs(choices: Choices, errors: list[str]) -> None:
         f"shape chosen above. {TRUSTED_ARCHIVES_NOTE}{cap_note}",
     )
     if weights is not None:
-        choices.weights = (weights.name, weights.getvalue())
+        choices.weights = (weights.name, weights.getvalue)
         st.caption(f"Weights: {weights.name} ({weights.size / MIB:.1f} MB), checked at start.")
     try:
         choices.model_spec()
@@ -480,7 +432,7 @@ def _model_inputs(choices: Choices, errors: list[str]) -> None:
         errors.append(f"Model: {exc}")
 
 
-def _data_inputs(choices: Choices, errors: list[str]) -> None:
+def _data_inputs(choices: Choices, errors: list[str], missing: list[str]) -> None:
     st.header("Data")
     source = st.radio(
         "Images",
@@ -534,7 +486,7 @@ def _data_inputs(choices: Choices, errors: list[str]) -> None:
             else:
                 choices.uploaded = decoded
         else:
-            errors.append("Upload one or more images, or pick a bundled sample set.")
+            missing.append("Upload one or more images, or pick a bundled sample set.")
     else:
         choices.source = "upload"
         cap, cap_note = _upload_cap(_mib(limits.max_archive_bytes))
@@ -555,7 +507,7 @@ def _data_inputs(choices: Choices, errors: list[str]) -> None:
             else:
                 choices.uploaded = decoded
         else:
-            errors.append("Upload a zip of images, or pick a bundled sample set.")
+            missing.append("Upload a zip of images, or pick a bundled sample set.")
     if choices.uploaded is not None:
         total = len(choices.uploaded)
         choices.upload_count = int(
@@ -771,7 +723,7 @@ def _run(choices: Choices) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="audit-upload-"))
     stop_slot = st.empty()
     try:
-        stop_slot.button("Stop", key="stop", help="Stops the run; nothing is kept.")
+        stop_slot.button("Stop the audit", key="stop", help="Stops the run; nothing is kept.")
         with st.status("Running the audit ...", expanded=True) as status:
             progress = st.progress(0.0, text="preparing the victim's update")
 
@@ -908,16 +860,17 @@ def main() -> None:
         "How much of a client's private images can an honest-but-curious server rebuild from "
         "the update it receives? Pick a model, a private batch, an attack and a defense, then "
         "start. The run happens in this browser session: changing a setting, switching pages "
-        "or pressing Stop while it runs ends it."
+        "or pressing 'Stop the audit' while it runs ends it."
     )
     if st.session_state.pop("run_state", None) == "running":
         st.warning("The last run was stopped before it finished; nothing was kept.")
 
     choices = Choices()
-    errors: list[str] = []
+    errors: list[str] = []  # inputs the library refuses
+    missing: list[str] = []  # inputs not given yet
     with st.sidebar:
         _model_inputs(choices, errors)
-        _data_inputs(choices, errors)
+        _data_inputs(choices, errors, missing)
         _scenario_inputs(choices, errors)
         _attack_inputs(choices, errors)
         _defense_inputs(choices, errors)
@@ -925,6 +878,8 @@ def main() -> None:
 
     st.subheader("Private batch")
     _show_batch(choices, errors)
+    for message in missing:
+        st.info(message)
     for message in errors:
         st.error(message)
 
@@ -932,8 +887,8 @@ def main() -> None:
         "Start audit",
         type="primary",
         key="start",
-        disabled=bool(errors),
-        help="Fix the problems above first." if errors else None,
+        disabled=bool(errors or missing),
+        help="Fix the problems above first." if errors or missing else None,
     ):
         _run(choices)
 

@@ -96,6 +96,9 @@ def test_audit_main_path_runs_and_keeps_result():
 def test_upload_that_is_not_an_image_is_refused_in_words():
     at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
     at.radio(key="source").set_value("images").run()
+    assert any("Upload one or more images" in i.value for i in at.info)  # a hint, not an error
+    assert not _errors(at)
+    assert at.button(key="start").disabled
     at.file_uploader(key="images").set_value(("notes.png", b"just some text\n", "image/png"))
     at.run()
     assert not at.exception
@@ -124,6 +127,45 @@ def test_uploaded_images_preview_with_labels():
 
     at.number_input(key="num_classes").set_value(5).run()  # label 7 does not fit 5 classes
     assert any("outside the model's 5 classes" in message for message in _errors(at))
+
+
+def test_every_attack_and_defense_renders_its_fields():
+    from auditlib.attacks import ATTACKS
+    from auditlib.defenses import DEFENSES
+
+    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
+    for name in sorted(ATTACKS):
+        at.selectbox(key="attack").set_value(name).run()
+        assert not at.exception, name
+        assert not _errors(at), (name, _errors(at))
+    for name in sorted(DEFENSES):
+        at.selectbox(key="defense").set_value(name).run()
+        assert not at.exception, name
+        assert not _errors(at), (name, _errors(at))
+
+
+def test_bad_defense_value_is_refused_before_running():
+    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
+    at.selectbox(key="defense").set_value("prune").run()
+    at.number_input(key="defense.prune.ratio").set_value(1.5).run()
+    assert not at.exception
+    assert any("ratio" in message and "[0, 1)" in message for message in _errors(at))
+    assert at.button(key="start").disabled
+
+
+def test_weights_that_do_not_fit_are_an_error_not_a_traceback():
+    state = build_model(ModelSpec("lenet", 10, (3, 32, 32))).state_dict()
+    data = safetensors.torch.save({k: v.contiguous() for k, v in state.items()})
+    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
+    at.number_input(key="num_classes").set_value(5)
+    at.file_uploader(key="weights").set_value(
+        ("mine.safetensors", data, "application/octet-stream")
+    )
+    at.run()
+    at.button(key="start").click().run(timeout=TIMEOUT)
+    assert not at.exception
+    assert any("do not fit" in message for message in _errors(at)), _errors(at)
+    assert "last_run" not in at.session_state
 
 
 def test_uploads_become_a_folder_the_engine_reads_back(tmp_path):

@@ -10,6 +10,14 @@ import torch
 from auditlib.attacks.base import Clock, ProgressEvent, RunControl, snapshot
 
 
+class _Interrupted(Exception):
+    """Raised inside the closure so a budget or a cancellation stops a long L-BFGS step."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class RestartOutcome:
     """Filled in by :func:`lbfgs_restart` when its generator finishes."""
 
@@ -46,6 +54,11 @@ def lbfgs_restart(
     )
 
     def closure() -> torch.Tensor:
+        # One L-BFGS step may evaluate the objective 20 times (seconds on a large model), so
+        # budgets and cancellation are checked at every evaluation, not only between steps.
+        reason = clock.stop_reason()
+        if reason is not None:
+            raise _Interrupted(reason)
         outcome.evaluations += 1
         optimizer.zero_grad()
         loss = objective()
@@ -53,21 +66,27 @@ def lbfgs_restart(
         return loss
 
     outcome.images = snapshot(images)
+    completed = [v.detach().clone() for v in variables]  # state after the last full step
     yield ProgressEvent(
         step_offset, total_steps, clock.elapsed, {}, restart, snapshot(images), current_labels()
     )
     for step in range(1, control.max_steps + 1):
-        reason = clock.stop_reason()
-        if reason is not None:
-            outcome.stop_reason = reason
+        try:
+            loss = float(optimizer.step(closure).detach())
+        except _Interrupted as stop:
+            # The step was cut short: drop its trial point, return to the last full step.
+            with torch.no_grad():
+                for variable, saved in zip(variables, completed, strict=True):
+                    variable.copy_(saved)
+            outcome.stop_reason = stop.reason
             break
-        loss = float(optimizer.step(closure).detach())
         outcome.steps = step
         if not math.isfinite(loss) or not bool(torch.isfinite(images).all()):
             # L-BFGS with a fixed step of 1 can blow up; keep the last finite images.
             outcome.stop_reason = "diverged"
             break
         outcome.images = snapshot(images)
+        completed = [v.detach().clone() for v in variables]
         if step % control.emit_every == 0 or step == control.max_steps:
             with_images = step % control.image_every == 0 or step == control.max_steps
             yield ProgressEvent(

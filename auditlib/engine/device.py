@@ -11,7 +11,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" or name.startswith("cuda:"):
         if not torch.cuda.is_available():
             raise AuditInputError(
-                f"device {name!r} requested but no CUDA device is available here; use --device cpu"
+                f"device {name!r} requested but no CUDA device is available here; choose the CPU device (cpu)"
             )
         device = torch.device(name)
         if device.index is not None and device.index >= torch.cuda.device_count():

@@ -36,3 +36,14 @@ def save_comparison_png(
     originals: np.ndarray, reconstruction: np.ndarray, path: str | Path
 ) -> None:
     comparison_grid(originals, reconstruction).save(path, format="PNG")
+
+
+def thumbnail(array: np.ndarray, size: int = 96) -> Image.Image:
+    """A small preview of a decoded H x W x C uint8 image (tiny images enlarged, not blurred)."""
+    image = Image.fromarray(np.ascontiguousarray(array[..., 0] if array.shape[-1] == 1 else array))
+    longest = max(image.size)
+    if longest < size:
+        factor = max(1, size // longest)
+        return image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST)
+    image.thumbnail((size, size))
+    return image
