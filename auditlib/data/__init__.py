@@ -1,0 +1,43 @@
+"""The private batch: decoding and validating user images, labels and bundled sample sets."""
+
+from auditlib.data.images import (
+    ALLOWED_FORMATS,
+    DEFAULT_LIMITS,
+    ImageLimits,
+    LabelledImages,
+    decode_image,
+    load_image_folder,
+    load_image_uploads,
+    load_zip,
+    to_model_batch,
+    write_image_folder,
+)
+from auditlib.data.labels import assign_labels, check_labels_fit, parse_labels_csv
+from auditlib.data.normalization import Normalization
+from auditlib.data.samples import (
+    SAMPLE_SETS,
+    SampleSetInfo,
+    load_sample_set,
+    load_training_pool,
+)
+
+__all__ = [
+    "ALLOWED_FORMATS",
+    "DEFAULT_LIMITS",
+    "SAMPLE_SETS",
+    "ImageLimits",
+    "LabelledImages",
+    "Normalization",
+    "SampleSetInfo",
+    "assign_labels",
+    "check_labels_fit",
+    "decode_image",
+    "load_image_folder",
+    "load_image_uploads",
+    "load_sample_set",
+    "load_training_pool",
+    "load_zip",
+    "parse_labels_csv",
+    "to_model_batch",
+    "write_image_folder",
+]

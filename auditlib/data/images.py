@@ -1,0 +1,589 @@
+"""Decoding and validating the private images an audit reconstructs.
+
+Everything a user hands in (a folder, browser uploads, a zip) goes through ``decode_image``,
+which refuses anything it cannot decode completely and safely with a one-line
+``AuditInputError``. Nothing is skipped silently: an auditor must know exactly which images
+were used.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import zipfile
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageFile, ImageOps
+
+from auditlib.data.labels import parse_labels_csv
+from auditlib.data.normalization import Normalization
+from auditlib.errors import AuditInputError
+
+# As reported by PIL after opening, not by file extension.
+ALLOWED_FORMATS = {"PNG", "JPEG", "BMP", "TIFF", "WEBP"}
+_FORMATS_TEXT = "PNG, JPEG, BMP, TIFF or WebP"
+_LABELS_FILE = "labels.csv"
+# Windows marks these hidden with a file attribute rather than a leading dot.
+_OS_JUNK = {"thumbs.db", "desktop.ini", "__macosx"}
+# ITU-R BT.601 luma weights (the ones PIL's convert("L") uses).
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What one audit accepts; checked before anything is decoded where possible."""
+
+    max_file_bytes: int = 20 * 2**20
+    max_pixels: int = 40_000_000  # width*height, from the header (decompression bombs)
+    max_side: int = 16384
+    max_images: int = 64  # the attacks handle batches up to 64
+    min_side: int = 8
+    max_archive_bytes: int = 256 * 2**20  # total uncompressed size of a zip (zip bombs)
+    max_archive_members: int = 512  # entries in a zip, directories and junk included
+
+
+DEFAULT_LIMITS = ImageLimits()
+
+
+@dataclass(frozen=True)
+class LabelledImages:
+    """Decoded images with what is known about them."""
+
+    images: tuple[np.ndarray, ...]  # each H x W x C uint8, C = 1 or 3, original size
+    names: tuple[str, ...]  # file names (relative to the folder/zip) or sample ids
+    labels: tuple[int, ...] | None  # None when no labels are known
+    class_names: tuple[str, ...] | None
+    source: str  # human-readable: "folder /x/y", "upload", "sample set 'faces'"
+
+    def __post_init__(self) -> None:
+        if len(self.images) != len(self.names):
+            raise ValueError(f"{len(self.images)} images but {len(self.names)} names")
+        if self.labels is not None and len(self.labels) != len(self.images):
+            raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def _size_text(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{num_bytes:,} bytes"
+
+
+def _open_header(data: bytes) -> tuple[ImageFile.ImageFile | None, bool]:
+    """Identify the format and read only the header; no pixel data is decoded.
+
+    Returns the opened image (or None) and whether some format recognised the file's magic
+    bytes (then a failure to open means a damaged file rather than a non-image). This is
+    ``Image.open`` without PIL's own decompression-bomb check: that check raises a generic
+    error above ~179 megapixels before the size can be reported, while we refuse far earlier
+    with our own limits and a message that gives the size.
+    """
+    Image.init()  # register every plugin, so unsupported formats (GIF, ...) can be named
+    prefix = data[:16]
+    recognised = False
+    for fmt in Image.ID:
+        factory, accept = Image.OPEN[fmt]
+        try:
+            verdict = accept(prefix) if accept else True
+            if not verdict or isinstance(verdict, str):  # a str is PIL's "maybe" warning
+                continue
+            # A format with magic bytes matched: if its header fails, the file is damaged.
+            recognised = recognised or accept is not None
+            return factory(io.BytesIO(data), ""), True
+        except (SyntaxError, IndexError, TypeError, struct.error, OSError, ValueError, EOFError):
+            continue  # not this format, or a damaged file of it
+    return None, recognised
+
+
+def _check_header(data: bytes, name: str, limits: ImageLimits) -> ImageFile.ImageFile:
+    if not data:
+        raise AuditInputError(f"{name} is empty (0 bytes); expected a {_FORMATS_TEXT} image file")
+    if len(data) > limits.max_file_bytes:
+        raise AuditInputError(
+            f"{name} is {_size_text(len(data))}; image files up to "
+            f"{_size_text(limits.max_file_bytes)} are accepted"
+        )
+    im, recognised = _open_header(data)
+    if im is None and recognised:
+        raise AuditInputError(
+            f"{name} is truncated or corrupt; expected a complete {_FORMATS_TEXT} file"
+        )
+    if im is None:
+        raise AuditInputError(f"{name} is not an image file ({_FORMATS_TEXT} expected)")
+    # Phones write JPEGs with extra preview frames ("MPO"); the first frame is a plain JPEG.
+    fmt = "JPEG" if im.format == "MPO" else str(im.format)
+    if fmt not in ALLOWED_FORMATS:
+        raise AuditInputError(
+            f"{name} is a {fmt} image; only {_FORMATS_TEXT} images are accepted (convert it first)"
+        )
+    width, height = im.size
+    if width * height > limits.max_pixels or width > limits.max_side or height > limits.max_side:
+        raise AuditInputError(
+            f"{name} is {width}x{height} pixels ({width * height:,}); at most "
+            f"{limits.max_pixels:,} pixels and {limits.max_side} per side are accepted"
+        )
+    if width < limits.min_side or height < limits.min_side:
+        raise AuditInputError(
+            f"{name} is {width}x{height} pixels; at least {limits.min_side} per side is expected"
+        )
+    return im
+
+
+def _composite_on_white(values: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    # Models see no alpha channel, and the colour of fully transparent pixels is arbitrary
+    # (often black or leftovers). White is what viewers and documents show behind them, so
+    # the model sees the image the way the user saw it.
+    a = alpha.astype(np.float32)[..., None] / 255.0
+    mixed = values.astype(np.float32) * a + 255.0 * (1.0 - a)
+    return np.rint(mixed).astype(np.uint8)
+
+
+def _to_array(im: Image.Image, name: str) -> np.ndarray:
+    """Pixels as H x W x 1 or H x W x 3 uint8."""
+    mode = im.mode
+    if mode == "1":
+        im, mode = im.convert("L"), "L"
+    elif mode in {"P", "PA"}:
+        transparent = mode == "PA" or "transparency" in im.info
+        im = im.convert("RGBA" if transparent else "RGB")
+        mode = im.mode
+    elif mode in {"RGBa", "La"}:  # premultiplied alpha
+        im = im.convert(mode[0] + "A" if mode == "La" else "RGBA")
+        mode = im.mode
+    elif mode in {"CMYK", "YCbCr", "LAB", "HSV", "RGBX"}:
+        im, mode = im.convert("RGB"), "RGB"
+
+    arr = np.asarray(im)
+    if mode == "L":
+        out = arr[..., None]
+    elif mode == "LA":
+        out = _composite_on_white(arr[..., :1], arr[..., 1])
+    elif mode == "RGB":
+        out = arr
+    elif mode == "RGBA":
+        out = _composite_on_white(arr[..., :3], arr[..., 3])
+    elif mode.startswith("I"):
+        # 16-bit sources (PIL's "I;16*", and "I" for some 16-bit PNG/TIFF): 65535 -> 255.
+        values = arr.astype(np.int64)
+        if values.min() < 0 or values.max() > 65535:
+            raise AuditInputError(
+                f"{name} holds integer pixels outside 0-65535 (min {values.min()}, max "
+                f"{values.max()}); expected 8-bit or 16-bit images"
+            )
+        out = np.rint(values / 257.0).astype(np.uint8)[..., None]
+    elif mode == "F":
+        values = arr.astype(np.float64)
+        if not np.isfinite(values).all() or values.min() < 0 or values.max() > 255:
+            raise AuditInputError(
+                f"{name} holds floating-point pixels outside 0-255 or not finite; expected "
+                "8-bit or 16-bit images, or floats in 0-1"
+            )
+        scale = 255.0 if values.max() <= 1.0 else 1.0  # floats in 0-1 are the usual convention
+        out = np.rint(values * scale).astype(np.uint8)[..., None]
+    else:
+        raise AuditInputError(
+            f"{name} uses the pixel mode {mode!r}, which is not supported; expected grayscale, "
+            "RGB, RGBA, palette or CMYK images"
+        )
+    return np.array(out, dtype=np.uint8, order="C")  # an owned, writable copy
+
+
+def decode_image(data: bytes, name: str, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
+    """Decode one image file completely, or refuse it with a one-line ``AuditInputError``.
+
+    Size limits are checked from the header before any pixel is decoded. Multi-frame TIFF and
+    WebP files give their first frame; the EXIF orientation is applied. The result is
+    H x W x 1 (grayscale, 16-bit scaled to 8-bit) or H x W x 3 (colour) uint8; transparency is
+    composited onto white.
+    """
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        # A programming error elsewhere in the process, not a user error: with it, a
+        # truncated upload would decode into a partly grey image without any complaint.
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES must stay False")
+    im = _check_header(data, name, limits)
+    try:
+        im.load()  # the first frame for multi-frame files (the header leaves us on frame 0)
+        im = ImageOps.exif_transpose(im)
+        return _to_array(im, name)
+    except AuditInputError:
+        raise
+    except (
+        OSError,
+        SyntaxError,
+        ValueError,
+        EOFError,
+        struct.error,
+        zlib.error,
+        Image.DecompressionBombError,
+    ) as exc:
+        raise AuditInputError(
+            f"{name} is truncated or corrupt; expected a complete {_FORMATS_TEXT} file"
+        ) from exc
+
+
+# --- collections of images: folder, uploads, zip ------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One file of a folder or zip, named by its path parts relative to the root."""
+
+    parts: tuple[str, ...]
+    size: int
+    read: Callable[[], bytes]
+
+    @property
+    def name(self) -> str:
+        return "/".join(self.parts)
+
+
+def _is_hidden(part: str) -> bool:
+    return part.startswith(".") or part.lower() in _OS_JUNK
+
+
+def _read_text(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise AuditInputError(f"{what} is not UTF-8 text; expected a UTF-8 CSV file") from exc
+
+
+def _assemble(
+    members: list[_Member],
+    labels_csv_text: str | None,
+    where: str,
+    source: str,
+    limits: ImageLimits,
+) -> LabelledImages:
+    """Decode members laid out flat or in one level of class subfolders."""
+    is_csv = [len(m.parts) == 1 and m.parts[0].lower() == _LABELS_FILE for m in members]
+    csv_members = [m for m, c in zip(members, is_csv, strict=True) if c]
+    members = [m for m, c in zip(members, is_csv, strict=True) if not c]
+    # The folder and zip walkers only produce depth 1 (flat) or 2 (class subfolders).
+    flat = sorted((m for m in members if len(m.parts) == 1), key=lambda m: m.parts)
+    nested = sorted((m for m in members if len(m.parts) == 2), key=lambda m: m.parts)
+    if flat and nested:
+        raise AuditInputError(
+            f"{where} has both image files ({flat[0].name}) and subfolders ({nested[0].parts[0]}); "
+            "expected either images directly inside it or only class subfolders"
+        )
+    chosen = flat or nested
+    if not chosen:
+        raise AuditInputError(
+            f"no images found in {where}; expected {_FORMATS_TEXT} files directly inside it or "
+            "in one level of class subfolders"
+        )
+    if len(chosen) > limits.max_images:
+        raise AuditInputError(
+            f"{where} holds {len(chosen)} images; at most {limits.max_images} are accepted "
+            "(the attacks handle batches up to that size)"
+        )
+
+    images = []
+    for member in chosen:
+        if member.size > limits.max_file_bytes:  # refuse before reading it into memory
+            raise AuditInputError(
+                f"in {where}: {member.name} is {_size_text(member.size)}; image files up to "
+                f"{_size_text(limits.max_file_bytes)} are accepted"
+            )
+        try:
+            images.append(decode_image(member.read(), member.name, limits))
+        except AuditInputError as exc:
+            raise AuditInputError(f"in {where}: {exc}") from exc
+    names = tuple(m.name for m in chosen)
+
+    labels: tuple[int, ...] | None = None
+    class_names: tuple[str, ...] | None = None
+    if nested:  # class subfolders: sorted folder names -> ids 0..K-1
+        class_names = tuple(sorted({m.parts[0] for m in nested}))
+        index = {c: i for i, c in enumerate(class_names)}
+        labels = tuple(index[m.parts[0]] for m in nested)
+    if labels_csv_text is None and csv_members:
+        csv_member = csv_members[0]
+        if csv_member.size > limits.max_file_bytes:
+            raise AuditInputError(
+                f"{_LABELS_FILE} in {where} is {_size_text(csv_member.size)}; expected a small "
+                "CSV with one row per image"
+            )
+        labels_csv_text = _read_text(csv_member.read(), f"{_LABELS_FILE} in {where}")
+    if labels_csv_text is not None:  # a labels file wins over folder names
+        labels, class_names = parse_labels_csv(labels_csv_text, names)
+    return LabelledImages(tuple(images), names, labels, class_names, source)
+
+
+def _file_member(path: Path, parts: tuple[str, ...]) -> _Member:
+    def read() -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise AuditInputError(
+                f"cannot read {path} ({exc.strerror or exc}); expected a readable file"
+            ) from exc
+
+    return _Member(parts, path.stat().st_size, read)
+
+
+def load_image_folder(
+    path: str | Path,
+    limits: ImageLimits = DEFAULT_LIMITS,
+    labels_csv: str | Path | None = None,
+) -> LabelledImages:
+    """Load the images directly in a folder, or in one level of class subfolders.
+
+    Files are taken sorted by name; hidden files and ``labels.csv`` are skipped, and any other
+    file that is not an image is refused by name. With class subfolders, the sorted folder
+    names are the classes (ids 0..K-1). A ``labels.csv`` in the folder, or the one given as
+    ``labels_csv``, wins over folder names (see ``parse_labels_csv``).
+    """
+    root = Path(path)
+    if not root.exists():
+        raise AuditInputError(f"folder {root} does not exist; expected a folder of images")
+    if not root.is_dir():
+        raise AuditInputError(
+            f"{root} is a file, not a folder; expected a folder of images (upload single files "
+            "or a zip instead)"
+        )
+    where = f"folder {root}"
+    members: list[_Member] = []
+    try:
+        for entry in sorted(root.iterdir()):
+            if _is_hidden(entry.name):
+                continue
+            if entry.is_dir():
+                for sub in sorted(entry.iterdir()):
+                    if _is_hidden(sub.name):
+                        continue
+                    if sub.is_dir():
+                        raise AuditInputError(
+                            f"{where} has nested subfolders ({entry.name}/{sub.name}); expected "
+                            "images directly inside it or in one level of class subfolders"
+                        )
+                    members.append(_file_member(sub, (entry.name, sub.name)))
+            else:
+                members.append(_file_member(entry, (entry.name,)))
+    except OSError as exc:
+        raise AuditInputError(
+            f"cannot list {where} ({exc.strerror or exc}); expected a readable folder"
+        ) from exc
+
+    labels_text = None
+    if labels_csv is not None:
+        csv_path = Path(labels_csv)
+        try:
+            labels_text = _read_text(csv_path.read_bytes(), f"labels file {csv_path}")
+        except OSError as exc:
+            raise AuditInputError(
+                f"cannot read labels file {csv_path} ({exc.strerror or exc}); expected a "
+                "readable CSV file"
+            ) from exc
+    return _assemble(members, labels_text, where, where, limits)
+
+
+def load_image_uploads(
+    files: Sequence[tuple[str, bytes]],
+    limits: ImageLimits = DEFAULT_LIMITS,
+    labels_csv_text: str | None = None,
+) -> LabelledImages:
+    """Load images uploaded as ``(file name, bytes)`` pairs, in name order.
+
+    Every uploaded file must be an image, except one named ``labels.csv``, which is used for
+    the labels unless ``labels_csv_text`` is given.
+    """
+    if not files:
+        raise AuditInputError(f"no images uploaded; expected one or more {_FORMATS_TEXT} files")
+    members: list[_Member] = []
+    seen: set[str] = set()
+    for raw_name, data in files:
+        # Browsers send bare names; keep only the last path part of anything else.
+        name = re.split(r"[\\/]", raw_name)[-1].strip() or "unnamed upload"
+        if name in seen:
+            raise AuditInputError(
+                f"two uploaded files are named {name}; expected distinct file names"
+            )
+        seen.add(name)
+        members.append(_Member((name,), len(data), lambda data=data: data))
+    return _assemble(members, labels_csv_text, "the uploaded files", "upload", limits)
+
+
+def _safe_parts(raw_name: str) -> tuple[str, ...]:
+    name = raw_name.replace("\\", "/")
+    parts = tuple(p for p in name.split("/") if p not in {"", "."})
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name) or ".." in parts:
+        raise AuditInputError(
+            f"the zip contains an unsafe entry name {raw_name!r} (absolute or going up with "
+            "'..'); expected names relative to the archive root"
+        )
+    return parts
+
+
+def load_zip(data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> LabelledImages:
+    """Load an uploaded zip of images, laid out like a folder (see ``load_image_folder``).
+
+    A single top-level folder that wraps everything (what "compress folder" produces) is looked
+    through. Zip bombs are refused from the directory, before anything is inflated: too many
+    entries, too large a total uncompressed size, or a too-large member. Entries with absolute
+    or ``..`` names refuse the whole archive (nothing is written to disk, but such an archive
+    was not made by a normal tool).
+    """
+    where = "the zip upload"
+    if len(data) > limits.max_archive_bytes:
+        raise AuditInputError(
+            f"the zip upload is {_size_text(len(data))}; zips up to "
+            f"{_size_text(limits.max_archive_bytes)} are accepted"
+        )
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise AuditInputError(
+            "the upload is not a readable zip archive; expected a .zip file"
+        ) from exc
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > limits.max_archive_members:
+            raise AuditInputError(
+                f"the zip upload has {len(infos)} entries; at most "
+                f"{limits.max_archive_members} are accepted"
+            )
+        entries = [(_safe_parts(info.filename), info) for info in infos]
+        entries = [
+            (parts, info)
+            for parts, info in entries
+            if parts and not info.is_dir() and not any(_is_hidden(p) for p in parts)
+        ]
+        total = sum(info.file_size for _, info in entries)
+        if total > limits.max_archive_bytes:
+            raise AuditInputError(
+                f"the zip upload unpacks to {_size_text(total)}; at most "
+                f"{_size_text(limits.max_archive_bytes)} in total are accepted"
+            )
+        tops = {parts[0] for parts, _ in entries}
+        if len(tops) == 1 and all(len(parts) > 1 for parts, _ in entries):
+            entries = [(parts[1:], info) for parts, info in entries]
+        deep = next((parts for parts, _ in entries if len(parts) > 2), None)
+        if deep is not None:
+            raise AuditInputError(
+                f"the zip upload has nested subfolders ({'/'.join(deep)}); expected images at "
+                "its top level or in one level of class subfolders"
+            )
+
+        def reader(info: zipfile.ZipInfo) -> Callable[[], bytes]:
+            def read() -> bytes:
+                if info.flag_bits & 0x1:
+                    raise AuditInputError(
+                        f"{info.filename} in the zip upload is encrypted; expected an "
+                        "unencrypted zip"
+                    )
+                try:
+                    # zipfile stops at the declared (already checked) size and verifies the CRC.
+                    return archive.read(info)
+                except (zipfile.BadZipFile, OSError, zlib.error, EOFError) as exc:
+                    raise AuditInputError(
+                        f"{info.filename} in the zip upload is corrupt; expected an intact zip"
+                    ) from exc
+                except NotImplementedError as exc:
+                    raise AuditInputError(
+                        f"{info.filename} in the zip upload uses an unsupported compression "
+                        "method; expected stored or deflated entries"
+                    ) from exc
+
+            return read
+
+        members = [_Member(parts, info.file_size, reader(info)) for parts, info in entries]
+        return _assemble(members, None, where, "zip upload", limits)
+
+
+# --- to the model ------------------------------------------------------------------------
+
+
+def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    h, w = image.shape[:2]
+    # Centre crop to the target aspect ratio (whole pixels, so nothing cropped away bleeds
+    # into the edges through the resize filter), then resize.
+    if w * height > width * h:  # too wide
+        crop_w = max(1, round(h * width / height))
+        left = (w - crop_w) // 2
+        image = image[:, left : left + crop_w]
+    elif w * height < width * h:  # too tall
+        crop_h = max(1, round(w * height / width))
+        top = (h - crop_h) // 2
+        image = image[top : top + crop_h]
+    if image.shape[:2] == (height, width):
+        return image
+    pil = Image.fromarray(np.ascontiguousarray(image[..., 0] if image.shape[2] == 1 else image))
+    out = np.asarray(pil.resize((width, height), Image.Resampling.BICUBIC))
+    return out[..., None] if out.ndim == 2 else out
+
+
+def to_model_batch(
+    images: Sequence[np.ndarray],
+    input_shape: tuple[int, int, int],
+    normalization: Normalization,
+) -> torch.Tensor:
+    """Turn decoded images into the model's input: a B x C x H x W float32 tensor.
+
+    ``input_shape`` is (C, H, W). Each image is centre-cropped (whole pixels) to the target
+    aspect ratio, then resized to H x W with PIL's bicubic filter on the 8-bit pixels (PIL
+    widens the filter when shrinking, so it antialiases), scaled to [0, 1], converted to C
+    channels (grayscale -> RGB by replication, RGB -> grayscale by ITU-R BT.601 luma
+    0.299 R + 0.587 G + 0.114 B) and finally normalised with ``normalization.normalize``.
+    """
+    channels, height, width = input_shape
+    if channels not in (1, 3) or height < 1 or width < 1:
+        raise AuditInputError(
+            f"model input shape {input_shape} is not supported; expected (C, H, W) with C = 1 or 3"
+        )
+    if len(normalization.mean) != channels:
+        raise AuditInputError(
+            f"the normalisation has {len(normalization.mean)} channels but the model takes "
+            f"{channels}; expected one mean and std per model input channel"
+        )
+    if not images:
+        raise AuditInputError("no images to convert; expected at least one image")
+    batch = np.empty((len(images), channels, height, width), dtype=np.float32)
+    for i, image in enumerate(images):
+        arr = np.asarray(image)
+        if arr.ndim == 2:
+            arr = arr[..., None]
+        if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (1, 3):
+            raise AuditInputError(
+                f"image {i + 1} has shape {arr.shape} and type {arr.dtype}; expected "
+                "H x W x 1 or H x W x 3 uint8"
+            )
+        pixels = _resize(arr, height, width).astype(np.float32) / 255.0
+        if pixels.shape[2] == 1 and channels == 3:
+            pixels = np.repeat(pixels, 3, axis=2)
+        elif pixels.shape[2] == 3 and channels == 1:
+            pixels = (pixels @ _LUMA)[..., None]
+        batch[i] = pixels.transpose(2, 0, 1)
+    return normalization.normalize(torch.from_numpy(batch))
+
+
+def safe_stem(name: str) -> str:
+    stem = name.rsplit(".", 1)[0] if "." in name.rsplit("/", 1)[-1] else name
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_")[:60] or "image"
+
+
+def write_image_folder(images: LabelledImages, folder: Path) -> None:
+    """Write validated images as lossless PNGs (and their labels as labels.csv) to ``folder``.
+
+    ``DataSpec`` reads uploads from a folder. File names keep the upload order (a numeric
+    prefix) and a readable form of the original name; labels are written as class ids, so
+    they mean exactly what the upload said.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    width = len(str(max(len(images) - 1, 0)))
+    files = []
+    for index, (array, name) in enumerate(zip(images.images, images.names, strict=True)):
+        file_name = f"{index:0{width}d}-{safe_stem(name)}.png"
+        pixels = array[..., 0] if array.shape[-1] == 1 else array
+        Image.fromarray(np.ascontiguousarray(pixels)).save(folder / file_name, format="PNG")
+        files.append(file_name)
+    if images.labels is not None:
+        rows = [f"{f},{label}" for f, label in zip(files, images.labels, strict=True)]
+        (folder / "labels.csv").write_text("filename,label\n" + "\n".join(rows) + "\n")

@@ -1,0 +1,159 @@
+"""Labels for the private batch: read from a CSV, checked against the model, or assigned."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from auditlib.errors import AuditInputError
+
+_FILE_COLUMNS = ("filename", "file", "name")
+_SHOWN = 3  # offenders named per problem; the rest are counted
+
+
+def _few(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_SHOWN])
+    return shown if len(items) <= _SHOWN else f"{shown} and {len(items) - _SHOWN} more"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_labels_csv(
+    text: str, names: Sequence[str], *, source: str = "labels.csv"
+) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """Read one label per image from CSV text with a ``filename,label`` header.
+
+    The file column may also be called ``file`` or ``name``; other columns are ignored. A label is
+    either a class id (an integer >= 0) or a class name; with names, the sorted distinct names
+    become ids 0..K-1 and are returned as the class names (otherwise ``None``). Every image in
+    ``names`` needs exactly one row. All problems found are reported together in one message.
+    """
+    reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
+    # (line number, cells) of the non-blank rows; line numbers count blank lines too.
+    numbered = [(reader.line_num, row) for row in reader if any(c.strip() for c in row)]
+    rows = [row for _, row in numbered]
+    if not rows:
+        raise AuditInputError(
+            f"{source} is empty; expected a header 'filename,label' and one row per image"
+        )
+    header = [cell.strip().lower() for cell in rows[0]]
+    file_col = next((header.index(c) for c in _FILE_COLUMNS if c in header), None)
+    if file_col is None or "label" not in header:
+        raise AuditInputError(
+            f"{source} header is {','.join(rows[0])!r}; expected 'filename,label' "
+            "(or 'file,label' / 'name,label')"
+        )
+    label_col = header.index("label")
+    needed = max(file_col, label_col) + 1
+
+    problems: list[str] = []
+    short_lines: list[str] = []
+    raw: dict[str, str] = {}
+    seen: Counter[str] = Counter()
+    for line_no, row in numbered[1:]:
+        if len(row) < needed:
+            short_lines.append(str(line_no))
+            continue
+        # Backslashes: a CSV written on Windows for class subfolders ("cat\\1.png").
+        name = row[file_col].strip().replace("\\", "/")
+        seen[name] += 1
+        raw.setdefault(name, row[label_col].strip())
+    if short_lines:
+        problems.append(
+            f"{source} has {len(short_lines)} rows with too few values (lines "
+            f"{_few(short_lines)}); expected 'filename,label'"
+        )
+
+    wanted = set(names)
+    duplicates = [n for n, k in seen.items() if k > 1]
+    if duplicates:
+        problems.append(
+            f"{source} lists {len(duplicates)} files more than once: {_few(duplicates)}"
+        )
+    missing = [n for n in names if n not in raw]
+    if missing:
+        problems.append(
+            f"{source} has no row for {len(missing)} of the {len(names)} images: {_few(missing)}"
+        )
+    unknown = [n for n in raw if n not in wanted]
+    if unknown:
+        problems.append(
+            f"{source} names {len(unknown)} files that are not among the images: {_few(unknown)}"
+        )
+
+    values = {n: raw[n] for n in names if n in raw}
+    empty = [n for n, v in values.items() if not v]
+    numeric = {n: v for n, v in values.items() if v and _is_number(v)}
+    textual = {n: v for n, v in values.items() if v and not _is_number(v)}
+    bad_numbers = [
+        f"{v!r} for {n}" for n, v in numeric.items() if not (v.isdigit() and v.isascii())
+    ]
+    if empty:
+        problems.append(f"{source} has an empty label for {len(empty)} files: {_few(empty)}")
+    if bad_numbers:
+        problems.append(
+            f"{source} has {len(bad_numbers)} labels that are not whole numbers >= 0: "
+            f"{_few(bad_numbers)}"
+        )
+    if numeric and textual:
+        example_id = next(iter(numeric.values()))
+        example_name = next(iter(textual.values()))
+        problems.append(
+            f"{source} mixes class ids and class names (e.g. {example_id!r} and {example_name!r}); "
+            "expected all integer ids or all names"
+        )
+    if problems:
+        raise AuditInputError("; ".join(problems))
+
+    if textual:
+        class_names = tuple(sorted(set(textual.values())))
+        index = {c: i for i, c in enumerate(class_names)}
+        return tuple(index[values[n]] for n in names), class_names
+    return tuple(int(values[n]) for n in names), None
+
+
+def check_labels_fit(
+    labels: Sequence[int], num_classes: int, names: Sequence[str] | None = None
+) -> None:
+    """Refuse labels the model cannot output (ids outside 0..num_classes-1)."""
+    if num_classes < 1:
+        raise AuditInputError(f"the model has {num_classes} classes; expected at least 1")
+    bad = [i for i, label in enumerate(labels) if not 0 <= label < num_classes]
+    if not bad:
+        return
+    first = bad[0]
+    who = names[first] if names is not None else f"image {first + 1}"
+    more = f" (and {len(bad) - 1} more labels)" if len(bad) > 1 else ""
+    raise AuditInputError(
+        f"label {labels[first]} of {who} is outside the model's {num_classes} classes "
+        f"(0-{num_classes - 1}){more}"
+    )
+
+
+def assign_labels(count: int, num_classes: int, seed: int) -> tuple[int, ...]:
+    """Deterministic labels for unlabelled images (the victim needs labels for its loss).
+
+    Labels are drawn uniformly from a seeded generator, which mirrors a typical private batch.
+    When the batch fits in the classes they are drawn without replacement, so every image has
+    its own class (as in the usual gradient-inversion benchmark batches).
+    """
+    if count < 0:
+        raise AuditInputError(f"cannot assign labels to {count} images; expected a count >= 0")
+    if num_classes < 1:
+        raise AuditInputError(f"the model has {num_classes} classes; expected at least 1")
+    rng = np.random.default_rng(seed)
+    if count <= num_classes:
+        drawn = rng.choice(num_classes, size=count, replace=False)
+    else:
+        drawn = rng.integers(0, num_classes, size=count)
+    return tuple(int(v) for v in drawn)
