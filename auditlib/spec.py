@@ -19,13 +19,14 @@ class ModelRef:
     spec: ModelSpec
     weights: str | None = None  # safetensors / weights-only state_dict file
     trusted_archive: str | None = None  # TorchScript / torch.export, user marked it trusted
+    weights_asset: str | None = None  # sha256 of uploaded weights handed to the worker as bytes
     content_sha256: str | None = None  # of the weights or archive file, for the identity
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    source: Literal["folder", "samples"]
-    location: str  # a folder path, or a bundled sample-set name
+    source: Literal["folder", "samples", "asset"]
+    location: str  # a folder path, a bundled sample-set name, or the sha256 of an uploaded zip
     batch_size: int | None = None  # None: every image in the folder
     offset: int = 0
     labels_csv: str | None = None

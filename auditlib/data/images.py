@@ -569,21 +569,38 @@ def safe_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_")[:60] or "image"
 
 
-def write_image_folder(images: LabelledImages, folder: Path) -> None:
-    """Write validated images as lossless PNGs (and their labels as labels.csv) to ``folder``.
+def _image_files(images: LabelledImages) -> list[tuple[str, bytes]]:
+    """Validated images as lossless PNG files (plus labels.csv with class ids when labelled).
 
-    ``DataSpec`` reads uploads from a folder. File names keep the upload order (a numeric
-    prefix) and a readable form of the original name; labels are written as class ids, so
-    they mean exactly what the upload said.
+    Names keep the upload order (a numeric prefix) and a readable form of the original name;
+    labels are written as class ids, so they mean exactly what the upload said.
     """
-    folder.mkdir(parents=True, exist_ok=True)
     width = len(str(max(len(images) - 1, 0)))
-    files = []
+    files: list[tuple[str, bytes]] = []
     for index, (array, name) in enumerate(zip(images.images, images.names, strict=True)):
-        file_name = f"{index:0{width}d}-{safe_stem(name)}.png"
+        buffer = io.BytesIO()
         pixels = array[..., 0] if array.shape[-1] == 1 else array
-        Image.fromarray(np.ascontiguousarray(pixels)).save(folder / file_name, format="PNG")
-        files.append(file_name)
+        Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")
+        files.append((f"{index:0{width}d}-{safe_stem(name)}.png", buffer.getvalue()))
     if images.labels is not None:
-        rows = [f"{f},{label}" for f, label in zip(files, images.labels, strict=True)]
-        (folder / "labels.csv").write_text("filename,label\n" + "\n".join(rows) + "\n")
+        rows = [f"{f},{label}" for (f, _), label in zip(files, images.labels, strict=True)]
+        files.append(("labels.csv", ("filename,label\n" + "\n".join(rows) + "\n").encode()))
+    return files
+
+
+def write_image_folder(images: LabelledImages, folder: Path) -> None:
+    """Write validated images (and labels.csv) to ``folder``, for ``DataSpec(source="folder")``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in _image_files(images):
+        (folder / name).write_bytes(data)
+
+
+def images_zip(images: LabelledImages) -> bytes:
+    """Validated images (and labels.csv) as one zip: the content-addressed upload asset that
+    ``DataSpec(source="asset")`` names and :func:`load_zip` reads back in the worker."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, data in _image_files(images):
+            # A fixed timestamp keeps the bytes, and so the content hash, reproducible.
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    return buffer.getvalue()

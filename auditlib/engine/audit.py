@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from auditlib.data import (
     check_labels_fit,
     load_image_folder,
     load_sample_set,
+    load_zip,
     to_model_batch,
 )
 from auditlib.defenses import build_defense
@@ -36,7 +37,7 @@ from auditlib.errors import AuditInputError
 from auditlib.fl.scenario import release_update
 from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
 from auditlib.fl.update import set_training_mode
-from auditlib.metrics import LPIPS_NETS, evaluate, to_unit_range
+from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
 from auditlib.spec import RunSpec
 from auditlib.threat import PrivateBatch
@@ -57,6 +58,28 @@ class AuditResult:
 
 
 @dataclass(frozen=True, eq=False)
+class AuditStart:
+    """Yielded once the victim is ready, before the attack's first event."""
+
+    originals: np.ndarray  # B x H x W x C in [0, 1]
+    names: tuple[str, ...]
+    labels: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class LiveFrame:
+    """The attack's current images, matched to the originals, with their PSNR so far.
+
+    Computed by the evaluator side of the engine (which holds the private batch), never by
+    the attack; yielded right after each progress event that carries images.
+    """
+
+    step: int
+    images: np.ndarray  # B x H x W x C in [0, 1], in the originals' order
+    psnr_mean: float
+
+
+@dataclass(frozen=True, eq=False)
 class Victim:
     model: nn.Module
     batch: PrivateBatch
@@ -73,10 +96,21 @@ def _sha256_arrays(images: LabelledImages, labels: tuple[int, ...]) -> str:
     return digest.hexdigest()
 
 
-def _load_images(spec: RunSpec, num_classes: int) -> tuple[LabelledImages, tuple[int, ...], str]:
+def _asset(assets: Mapping[str, bytes] | None, sha256: str, what: str) -> bytes:
+    if assets is None or sha256 not in assets:
+        raise AuditInputError(f"the {what} asset {sha256[:12]}... was not handed to this worker")
+    return assets[sha256]
+
+
+def _load_images(
+    spec: RunSpec, num_classes: int, assets: Mapping[str, bytes] | None
+) -> tuple[LabelledImages, tuple[int, ...], str]:
     data = spec.data
-    if data.source == "folder":
-        loaded = load_image_folder(data.location, labels_csv=data.labels_csv)
+    if data.source in ("folder", "asset"):
+        if data.source == "folder":
+            loaded = load_image_folder(data.location, labels_csv=data.labels_csv)
+        else:  # an uploaded zip, stored by content hash, passed to the worker as bytes
+            loaded = load_zip(_asset(assets, data.location, "images"))
         end = len(loaded.images) if data.batch_size is None else data.offset + data.batch_size
         if end > len(loaded.images) or data.offset >= len(loaded.images):
             raise AuditInputError(
@@ -95,7 +129,9 @@ def _load_images(spec: RunSpec, num_classes: int) -> tuple[LabelledImages, tuple
             data.location, data.batch_size or 1, seed=spec.seed, offset=data.offset
         )
     else:
-        raise AuditInputError(f"unknown data source {data.source!r}; expected folder or samples")
+        raise AuditInputError(
+            f"unknown data source {data.source!r}; expected folder, samples or asset"
+        )
     if picked.labels is None:
         labels = assign_labels(len(picked.images), num_classes, derive_seed(spec.seed, "labels"))
         source = "assigned (no labels given; seeded draw)"
@@ -106,7 +142,12 @@ def _load_images(spec: RunSpec, num_classes: int) -> tuple[LabelledImages, tuple
     return picked, labels, source
 
 
-def prepare_victim(spec: RunSpec, *, allow_trusted_archive: bool = False) -> Victim:
+def prepare_victim(
+    spec: RunSpec,
+    *,
+    allow_trusted_archive: bool = False,
+    assets: Mapping[str, bytes] | None = None,
+) -> Victim:
     """Build the global model and the private batch the victim client holds."""
     device = resolve_device(spec.device)
     model_spec = spec.model.spec
@@ -120,11 +161,13 @@ def prepare_victim(spec: RunSpec, *, allow_trusted_archive: bool = False) -> Vic
         model = build_model(model_spec)
         if spec.model.weights is not None:
             load_weights(model, spec.model.weights)
+        elif spec.model.weights_asset is not None:
+            load_weights(model, _asset(assets, spec.model.weights_asset, "weights"))
     for p in model.parameters():
         p.requires_grad_(True)
     normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
 
-    images, labels, label_source = _load_images(spec, model_spec.num_classes)
+    images, labels, label_source = _load_images(spec, model_spec.num_classes, assets)
     batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
 
     records: dict[str, Any] = {
@@ -178,8 +221,13 @@ def iter_audit(
     image_every: int = 50,
     lpips_nets: tuple[str, ...] = LPIPS_NETS,
     allow_trusted_archive: bool = False,
-) -> Iterator[ProgressEvent | AuditResult]:
-    """Run the audit described by ``spec``; yields progress events, then the result."""
+    assets: Mapping[str, bytes] | None = None,
+) -> Iterator[AuditStart | ProgressEvent | LiveFrame | AuditResult]:
+    """Run the audit described by ``spec``.
+
+    Yields an :class:`AuditStart`, then the attack's progress events (each event with images
+    followed by a :class:`LiveFrame`), then the :class:`AuditResult`.
+    """
     attack_info = get_attack(spec.attack.name)
     attack_config, attack_settings = build_attack_config(
         spec.attack.name, spec.attack.params_dict(), spec.attack.preset
@@ -192,7 +240,9 @@ def iter_audit(
         image_every=image_every,
         is_cancelled=is_cancelled or (lambda: False),
     )
-    victim = prepare_victim(spec, allow_trusted_archive=allow_trusted_archive)
+    victim = prepare_victim(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
+    originals = to_unit_range(victim.batch.images, victim.normalization)
+    yield AuditStart(originals, victim.batch.names, tuple(int(v) for v in victim.batch.labels))
     release = release_update(
         victim.model,
         victim.batch,
@@ -219,6 +269,13 @@ def iter_audit(
         if event.final is not None:
             final = event.final
         yield event
+        if event.images is not None:
+            current = to_unit_range(event.images, victim.normalization)
+            order = match(current, originals)
+            psnr_mean = float(
+                np.mean([psnr(current[j], originals[i]) for i, j in enumerate(order)])
+            )
+            yield LiveFrame(event.step, current[order], psnr_mean)
     seconds = time.perf_counter() - started
     if final is None:  # every attack ends with a final event; this guards the contract
         raise RuntimeError(f"attack {spec.attack.name} ended without a reconstruction")
@@ -226,7 +283,6 @@ def iter_audit(
     truth = PrivateBatch(victim.batch.images.cpu(), victim.batch.labels.cpu(), victim.batch.names)
     scores = evaluate(final, truth, victim.normalization, lpips_nets)
     selected = final.selected
-    originals = to_unit_range(truth.images, victim.normalization)
     order = [p["reconstruction_index"] for p in scores["attacker_selected"]["per_image"]]
     reconstruction = to_unit_range(selected.images, victim.normalization)[order]
 
@@ -285,7 +341,7 @@ def run_audit(
     for item in iter_audit(spec, **kwargs):
         if isinstance(item, AuditResult):
             result = item
-        elif on_event is not None:
+        elif isinstance(item, ProgressEvent) and on_event is not None:
             on_event(item)
     assert result is not None
     return result

@@ -27,6 +27,7 @@ def _array_bytes(array: np.ndarray) -> bytes:
 
 
 def _child(spec: RunSpec, conn, kwargs: dict[str, Any]) -> None:
+    from auditlib.attacks import ProgressEvent
     from auditlib.engine.audit import AuditResult, iter_audit
     from auditlib.errors import AuditInputError
 
@@ -36,7 +37,7 @@ def _child(spec: RunSpec, conn, kwargs: dict[str, Any]) -> None:
                 conn.send_bytes(json.dumps({"type": "result", "summary": item.summary}).encode())
                 conn.send_bytes(_array_bytes(item.originals))
                 conn.send_bytes(_array_bytes(item.reconstruction))
-            else:
+            elif isinstance(item, ProgressEvent):
                 message = {
                     "type": "event",
                     "step": item.step,

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 
-def comparison_grid(
-    originals: np.ndarray, reconstruction: np.ndarray, *, scale: int = 4, gap: int = 2
-) -> Image.Image:
-    """Originals in the top row, matched reconstructions below; arrays B x H x W x C in [0, 1].
+def image_grid(rows: Sequence[np.ndarray], *, scale: int = 4, gap: int = 2) -> Image.Image:
+    """Rows of equally many images (each B x H x W x C in [0, 1]) on a white canvas.
 
     Upscaled by ``scale`` with nearest-neighbour sampling so single pixels stay visible.
     """
-    count, height, width, channels = originals.shape
+    count, height, width, channels = rows[0].shape
     cell_h, cell_w = height * scale, width * scale
     canvas = np.full(
-        (2 * cell_h + 3 * gap, count * cell_w + (count + 1) * gap, 3), 255, dtype=np.uint8
+        (len(rows) * cell_h + (len(rows) + 1) * gap, count * cell_w + (count + 1) * gap, 3),
+        255,
+        dtype=np.uint8,
     )
-    for row, images in enumerate((originals, reconstruction)):
+    for row, images in enumerate(rows):
         for i in range(count):
             tile = np.clip(np.rint(images[i] * 255), 0, 255).astype(np.uint8)
             if channels == 1:
@@ -30,6 +31,18 @@ def comparison_grid(
             left = gap + i * (cell_w + gap)
             canvas[top : top + cell_h, left : left + cell_w] = tile
     return Image.fromarray(canvas)
+
+
+def comparison_grid(
+    originals: np.ndarray, reconstruction: np.ndarray, *, scale: int = 4
+) -> Image.Image:
+    """Originals in the top row, the matched reconstructions below."""
+    return image_grid([originals, reconstruction], scale=scale)
+
+
+def image_row(images: np.ndarray) -> Image.Image:
+    """One row of images, at the scale of :func:`comparison_grid`."""
+    return image_grid([images])
 
 
 def save_comparison_png(

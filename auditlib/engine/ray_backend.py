@@ -1,0 +1,105 @@
+"""Ray execution: an audit runs as a Ray streaming-generator task.
+
+With no address, ``ray.init()`` starts an embedded local instance (the default); with
+``AUDIT_RAY_ADDRESS`` (or an explicit address) the dashboard joins an existing cluster and
+runs on its workers, a CUDA run asking for one GPU (``num_gpus=1``). The task yields the
+plain messages of :mod:`auditlib.engine.stream`; workers never touch the database.
+
+Cancellation is cooperative first: the dashboard marks the run on a small named actor
+(the cancel board) and the running attack polls it between steps, so it stops with the
+reconstruction it has and its metrics. ``ray.cancel`` remains the hard stop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+
+from auditlib.spec import RunSpec
+
+BOARD_NAME = "auditlib-cancel-board"
+CANCEL_POLL_S = 0.25
+_init_lock = threading.Lock()
+
+
+def ray_address() -> str | None:
+    return os.environ.get("AUDIT_RAY_ADDRESS") or None
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Connect to Ray once per process: a local instance, or the cluster at ``address``."""
+    with _init_lock:
+        if ray.is_initialized():
+            return
+        address = address or ray_address()
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            # Workers import auditlib from this checkout; the dashboard is their only driver.
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            ray.init(
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}},
+            )
+
+
+@ray.remote(num_cpus=0)
+class CancelBoard:
+    """Run ids whose cancellation was requested."""
+
+    def __init__(self) -> None:
+        self.cancelled: set[str] = set()
+
+    def cancel(self, run_id: str) -> None:
+        self.cancelled.add(run_id)
+
+    def is_cancelled(self, run_id: str) -> bool:
+        return run_id in self.cancelled
+
+    def forget(self, run_id: str) -> None:
+        self.cancelled.discard(run_id)
+
+
+def cancel_board():
+    return CancelBoard.options(name=BOARD_NAME, get_if_exists=True, lifetime="detached").remote()
+
+
+def _audit_task(
+    spec: RunSpec, assets: Mapping[str, bytes], run_id: str, board, settings: dict[str, Any]
+):
+    from auditlib.engine.stream import audit_messages
+
+    last_poll = 0.0
+    cancelled = False
+
+    def is_cancelled() -> bool:
+        # Polled before every optimiser step and L-BFGS evaluation: ask the board at most
+        # every CANCEL_POLL_S seconds so the check costs nothing measurable.
+        nonlocal last_poll, cancelled
+        now = time.monotonic()
+        if not cancelled and now - last_poll >= CANCEL_POLL_S:
+            last_poll = now
+            cancelled = bool(ray.get(board.is_cancelled.remote(run_id)))
+        return cancelled
+
+    yield from audit_messages(spec, assets, is_cancelled=is_cancelled, **settings)
+
+
+audit_task = ray.remote(num_returns="streaming", max_retries=0)(_audit_task)
+
+
+def submit(
+    spec: RunSpec, assets: Mapping[str, bytes], run_id: str, board, settings: dict[str, Any]
+):
+    """Start the task; returns its ObjectRefGenerator."""
+    options: dict[str, Any] = {}
+    if spec.device.startswith("cuda"):
+        options["num_gpus"] = 1
+    return audit_task.options(**options).remote(spec, dict(assets), run_id, board, settings)

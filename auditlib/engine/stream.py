@@ -1,0 +1,99 @@
+"""An audit as a stream of plain messages: what a worker sends to the run's consumer.
+
+Messages are dicts of JSON-able values and PNG bytes, so they cross process and machine
+boundaries (Ray's object store) without the consumer having to trust or unpickle library
+objects, and the consumer can write them to the store as they are.
+"""
+
+from __future__ import annotations
+
+import io
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from auditlib.attacks import ProgressEvent
+from auditlib.engine.audit import AuditResult, AuditStart, LiveFrame, iter_audit
+from auditlib.errors import AuditInputError
+from auditlib.metrics import LPIPS_NETS
+from auditlib.report.images import comparison_grid, image_row
+from auditlib.spec import RunSpec
+
+# stop_reason of a finished attack -> run status in the store
+STATUS_BY_STOP_REASON = {
+    "completed": "completed",
+    "diverged": "completed",  # finished, with a result; the summary says it diverged
+    "time budget": "timed_out",
+    "cancelled": "cancelled",
+}
+
+
+def png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def row_png(images: np.ndarray) -> bytes:
+    return png_bytes(image_row(images))
+
+
+def audit_messages(
+    spec: RunSpec,
+    assets: Mapping[str, bytes] | None = None,
+    *,
+    is_cancelled: Callable[[], bool] | None = None,
+    emit_every: int = 10,
+    image_every: int = 50,
+    lpips_nets: tuple[str, ...] = LPIPS_NETS,
+) -> Iterator[dict[str, Any]]:
+    """Run ``spec`` and yield messages: start, event, frame ..., then result or error."""
+    try:
+        for item in iter_audit(
+            spec,
+            assets=assets,
+            is_cancelled=is_cancelled,
+            emit_every=emit_every,
+            image_every=image_every,
+            lpips_nets=lpips_nets,
+        ):
+            if isinstance(item, AuditStart):
+                yield {
+                    "type": "start",
+                    "names": list(item.names),
+                    "labels": list(item.labels),
+                    "png": row_png(item.originals),
+                }
+            elif isinstance(item, ProgressEvent):
+                yield {
+                    "type": "event",
+                    "step": item.step,
+                    "total": item.total_steps,
+                    "elapsed": item.elapsed_s,
+                    "losses": dict(item.losses),
+                }
+            elif isinstance(item, LiveFrame):
+                yield {
+                    "type": "frame",
+                    "step": item.step,
+                    "png": row_png(item.images),
+                    "psnr_mean": item.psnr_mean,
+                }
+            elif isinstance(item, AuditResult):
+                yield {
+                    "type": "result",
+                    "status": STATUS_BY_STOP_REASON.get(item.summary["stop_reason"], "completed"),
+                    "summary": item.summary,
+                    "png": png_bytes(comparison_grid(item.originals, item.reconstruction)),
+                }
+    except AuditInputError as exc:
+        yield {"type": "error", "message": str(exc), "input_error": True}
+    except Exception as exc:  # the consumer marks the run failed and keeps the error
+        yield {
+            "type": "error",
+            "message": f"{type(exc).__name__}: {exc}",
+            "input_error": False,
+            "traceback": traceback.format_exc(limit=20),
+        }
