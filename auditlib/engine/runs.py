@@ -1,0 +1,178 @@
+"""Audit runs on Ray, persisted as they go: the dashboard's one entry point for execution.
+
+For each run one consumer thread on the dashboard's side drains the task's message stream
+and writes it to the store, so remote workers need no database access and the page reads
+progress from the store by polling. Several runs may execute at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray.exceptions import RayError, TaskCancelledError
+
+from auditlib.attacks import build_attack_config, get_attack
+from auditlib.defenses import build_defense
+from auditlib.engine import ray_backend
+from auditlib.metrics import LPIPS_NETS
+from auditlib.spec import RunSpec
+from auditlib.store import Store
+
+HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
+
+
+class RunManager:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        ray_address: str | None = None,
+        emit_every: int = 10,
+        image_every: int = 50,
+        lpips_nets: tuple[str, ...] = LPIPS_NETS,
+    ) -> None:
+        self.store = store
+        self.ray_address = ray_address
+        self.settings = {
+            "emit_every": emit_every,
+            "image_every": image_every,
+            "lpips_nets": lpips_nets,
+        }
+        self._lock = threading.Lock()
+        self._refs: dict[str, Any] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        # Runs left queued/running by an earlier dashboard process have lost their consumer
+        # (and, with the embedded Ray, their worker): they must not stay "running" forever.
+        self.orphans_failed = store.fail_unfinished(
+            "the dashboard stopped while this run was in progress; its worker is gone"
+        )
+
+    def start(
+        self, spec: RunSpec, assets: Mapping[str, bytes] | None = None, title: str = ""
+    ) -> str:
+        """Validate ``spec``, record the run and start it; returns the run id.
+
+        Parameter errors surface here as AuditInputError, before anything is recorded.
+        """
+        get_attack(spec.attack.name)
+        build_attack_config(spec.attack.name, spec.attack.params_dict(), spec.attack.preset)
+        build_defense(spec.defense.name, spec.defense.params_dict())
+        run_id = self.store.create_run(spec.to_dict(), spec.identity(), title)
+        ray_backend.ensure_ray(self.ray_address)
+        board = ray_backend.cancel_board()
+        generator = ray_backend.submit(spec, assets or {}, run_id, board, self.settings)
+        thread = threading.Thread(
+            target=self._consume,
+            args=(run_id, generator, board),
+            daemon=True,
+            name=f"audit-{run_id[:8]}",
+        )
+        with self._lock:
+            self._refs[run_id] = generator
+            self._threads[run_id] = thread
+        thread.start()
+        return run_id
+
+    def _consume(self, run_id: str, generator, board) -> None:
+        store = self.store
+        finished = False
+        try:
+            for ref in generator:
+                message = ray.get(ref)
+                kind = message["type"]
+                if kind == "start":
+                    store.mark_running(run_id)
+                    store.add_image(run_id, 0, "originals", message["png"])
+                elif kind == "event":
+                    store.add_event(
+                        run_id,
+                        message["step"],
+                        message["total"],
+                        message["elapsed"],
+                        message["losses"],
+                    )
+                elif kind == "frame":
+                    store.add_image(run_id, message["step"], "live", message["png"])
+                elif kind == "result":
+                    store.add_image(
+                        run_id,
+                        message["summary"]["timing"]["iterations"],
+                        "reconstruction",
+                        message["png"],
+                    )
+                    store.finish(run_id, message["status"], summary=message["summary"])
+                    finished = True
+                elif kind == "error":
+                    store.finish(run_id, "failed", error=message["message"])
+                    finished = True
+        except TaskCancelledError:
+            store.finish(
+                run_id, "cancelled", error="stopped by ray.cancel before the attack could finish"
+            )
+            finished = True
+        except RayError as exc:  # worker crash, node loss, task error
+            store.finish(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+            finished = True
+        except Exception as exc:  # the store failed; record what we can
+            if not finished:
+                try:
+                    store.finish(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+                    finished = True
+                except Exception:
+                    pass
+        finally:
+            if not finished:
+                record = store.get_run(run_id)
+                if record is not None and record.finished_at is None:
+                    store.finish(run_id, "failed", error="the worker ended without a result")
+            with self._lock:
+                self._refs.pop(run_id, None)
+                self._threads.pop(run_id, None)
+            with contextlib.suppress(Exception):  # the board is only bookkeeping
+                board.forget.remote(run_id)
+
+    def cancel(self, run_id: str) -> None:
+        """Ask the run to stop: at once through the cancel board, by force if it lingers."""
+        self.store.request_cancel(run_id)
+        with self._lock:
+            generator = self._refs.get(run_id)
+        if generator is None:
+            return
+        ray_backend.cancel_board().cancel.remote(run_id)
+
+        def hard_cancel() -> None:
+            with self._lock:
+                still = self._refs.get(run_id)
+            if still is not None:
+                ray.cancel(still)
+
+        timer = threading.Timer(HARD_CANCEL_AFTER_S, hard_cancel)
+        timer.daemon = True
+        timer.start()
+
+    def is_active(self, run_id: str) -> bool:
+        with self._lock:
+            return run_id in self._threads
+
+    def active_runs(self) -> list[str]:
+        with self._lock:
+            return list(self._threads)
+
+    def wait(self, run_id: str, timeout: float | None = None) -> bool:
+        """Block until the run's consumer has finished; True if it has."""
+        with self._lock:
+            thread = self._threads.get(run_id)
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def wait_all(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for run_id in self.active_runs():
+            self.wait(run_id, max(0.0, deadline - time.monotonic()))

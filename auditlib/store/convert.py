@@ -1,0 +1,79 @@
+"""Small value conversions shared by the store: JSON cleaning, headline metrics, time.
+
+Kept apart from the Store class so they can be tested and reused (the report reads the
+same headline numbers) without a database.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from auditlib.report.result_json import summary_json
+
+
+def utcnow() -> datetime:
+    """Timezone-aware UTC now: every timestamp in the store is aware and in UTC."""
+    return datetime.now(UTC)
+
+
+def plain_json(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as plain JSON data: NaN/inf -> None, tuples -> lists, odd objects -> str.
+
+    Goes through the same writer as result.json so the database and the file agree, and
+    so a value that would not survive a JSON round trip fails here, not in the driver.
+    """
+    result = json.loads(summary_json(value))
+    if not isinstance(result, dict):  # pragma: no cover - summary_json of a Mapping
+        raise ValueError("expected a JSON object")
+    return result
+
+
+def check_choice(value: str, valid: Iterable[str], what: str) -> str:
+    """``value`` if it is one of ``valid``; otherwise a ValueError naming the valid ones."""
+    choices = sorted(valid)
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(choices)}")
+    return value
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+# Column name -> where the value lives in a run summary (see auditlib.engine.audit): the
+# attacker-selected metrics under "metrics", timing under "timing". A top-level key of the
+# same name is the fallback, for summaries of runs that ended early.
+_HEADLINE_PATHS: dict[str, tuple[str, str]] = {
+    "psnr_mean": ("metrics", "psnr_mean"),
+    "ssim_mean": ("metrics", "ssim_mean"),
+    "lpips_mean": ("metrics", "lpips_mean"),
+    "label_accuracy": ("metrics", "label_accuracy"),
+    "iterations": ("timing", "iterations"),
+    "seconds": ("timing", "seconds"),
+}
+
+
+def headline_metrics(summary: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The listing columns taken from a summary; None where absent or not a finite number."""
+    result: dict[str, Any] = {}
+    for column, (section, key) in _HEADLINE_PATHS.items():
+        value = None
+        if summary is not None:
+            nested = summary.get(section)
+            if isinstance(nested, Mapping) and key in nested:
+                value = nested[key]
+            else:
+                value = summary.get(column)
+        number = _number(value)
+        if column == "iterations" and number is not None:
+            result[column] = int(number)
+        else:
+            result[column] = number
+    return result

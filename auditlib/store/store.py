@@ -1,0 +1,396 @@
+"""The Store: every read and write of audit runs, assets, events and images.
+
+Each method is one short session and one transaction (``with Session() as s,
+s.begin():``) and returns frozen records, so a Store is safe to share between the
+dashboard's threads: the run manager's consumer thread writes a run while Streamlit
+pages poll it. Writes go through a separate sessionmaker whose transactions start with
+BEGIN IMMEDIATE on SQLite (see ``engine.py``).
+
+Rules the methods enforce, so every caller gets them without repeating them:
+- a finished run is immutable: ``finish``, ``mark_running``, ``add_event`` and
+  ``add_image`` on it raise :class:`RunFinishedError`; ``request_cancel`` is a no-op;
+- writes to an unknown (or deleted) run raise :class:`UnknownRunError`, which tells a
+  consumer whose run was deleted to stop;
+- JSON columns hold plain JSON: NaN and infinities become null.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, defer, sessionmaker
+
+from auditlib.store import schema
+from auditlib.store.convert import check_choice, headline_metrics, plain_json, utcnow
+from auditlib.store.engine import WRITE_OPTION, acquire, default_database_url, describe, release
+from auditlib.store.models import Asset, Run, RunEvent, RunImage
+from auditlib.store.records import (
+    ASSET_KINDS,
+    FAILED,
+    FINISHED,
+    IMAGE_KINDS,
+    LIVE,
+    QUEUED,
+    RUNNING,
+    STATUSES,
+    UNFINISHED,
+    AssetInfo,
+    AssetRecord,
+    EventRecord,
+    ImageRecord,
+    RunRecord,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class UnknownRunError(ValueError):
+    """No run with that id (never created, or deleted)."""
+
+
+class RunFinishedError(ValueError):
+    """The run already has a final status and cannot change any more."""
+
+
+def _asset_info(row: Asset) -> AssetInfo:
+    return AssetInfo(row.sha256, row.kind, row.name, row.size, dict(row.meta), row.created_at)
+
+
+def _run_record(row: Run) -> RunRecord:
+    return RunRecord(
+        id=row.id,
+        spec_id=row.spec_id,
+        title=row.title,
+        status=row.status,
+        spec=dict(row.spec),
+        summary=None if row.summary is None else dict(row.summary),
+        error=row.error,
+        cancel_requested=bool(row.cancel_requested),
+        worker=row.worker,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        psnr_mean=row.psnr_mean,
+        ssim_mean=row.ssim_mean,
+        lpips_mean=row.lpips_mean,
+        label_accuracy=row.label_accuracy,
+        iterations=row.iterations,
+        seconds=row.seconds,
+    )
+
+
+def _event_record(row: RunEvent) -> EventRecord:
+    return EventRecord(
+        row.seq, row.step, row.total, row.elapsed_s, dict(row.losses), row.created_at
+    )
+
+
+def _image_record(row: RunImage) -> ImageRecord:
+    return ImageRecord(row.step, row.kind, bytes(row.png), row.created_at)
+
+
+class Store:
+    """Persistence of audit runs in any SQLAlchemy database (a SQLite file by default).
+
+    Opening checks the schema version (creating the tables in an empty database,
+    migrating an older one, refusing a newer or foreign one with AuditInputError). Stores
+    on the same URL share one engine; :meth:`close` releases it (the last one disposes
+    it). Also a context manager.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url: str = url if url is not None else default_database_url()
+        self._shared = acquire(self.url)
+        try:
+            schema.ensure_schema(self._shared)
+        except BaseException:
+            release(self._shared)
+            raise
+        engine = self._shared.engine
+        self._reader = sessionmaker(engine, expire_on_commit=False)
+        self._writer = sessionmaker(
+            engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
+        )
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Store({describe(self.url)!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the engine (the last Store on the URL disposes it); idempotent."""
+        if not self._closed:
+            self._closed = True
+            release(self._shared)
+
+    @contextmanager
+    def _session(self, *, write: bool = False) -> Iterator[Session]:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        lock = self._shared.lock if self._shared.lock is not None else nullcontext()
+        factory = self._writer if write else self._reader
+        with lock, factory() as session, session.begin():
+            yield session
+
+    # ---------------------------------------------------------------- assets
+
+    def put_asset(
+        self, kind: str, name: str, data: bytes, meta: Mapping[str, Any] | None = None
+    ) -> str:
+        """Store an upload; returns its sha256 hex. The same bytes again reuse the first row
+        (its kind, name and meta are kept), so re-uploading costs nothing."""
+        check_choice(kind, ASSET_KINDS, "asset kind")
+        data = bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+        clean_meta = plain_json(meta or {})
+        try:
+            with self._session(write=True) as s:
+                if s.get(Asset, digest, options=[defer(Asset.data)]) is not None:
+                    return digest
+                s.add(
+                    Asset(
+                        sha256=digest,
+                        kind=kind,
+                        name=name[:255],
+                        size=len(data),
+                        meta=clean_meta,
+                        created_at=utcnow(),
+                        data=data,
+                    )
+                )
+        except IntegrityError:  # a concurrent upload of the same bytes won the race
+            if self.get_asset_info(digest) is None:
+                raise
+        return digest
+
+    def get_asset(self, sha256: str) -> AssetRecord | None:
+        with self._session() as s:
+            row = s.get(Asset, sha256)
+            if row is None:
+                return None
+            info = _asset_info(row)
+            return AssetRecord(**vars(info), data=bytes(row.data))
+
+    def get_asset_info(self, sha256: str) -> AssetInfo | None:
+        """An asset without its bytes."""
+        with self._session() as s:
+            row = s.get(Asset, sha256, options=[defer(Asset.data)])
+            return None if row is None else _asset_info(row)
+
+    def list_assets(self, kind: str | None = None) -> list[AssetInfo]:
+        """Assets newest first, WITHOUT their bytes (AssetInfo; ``get_asset`` loads them)."""
+        query = select(Asset).options(defer(Asset.data))
+        if kind is not None:
+            query = query.where(Asset.kind == check_choice(kind, ASSET_KINDS, "asset kind"))
+        query = query.order_by(Asset.created_at.desc(), Asset.sha256)
+        with self._session() as s:
+            return [_asset_info(row) for row in s.scalars(query)]
+
+    # ---------------------------------------------------------------- runs: writes
+
+    def create_run(self, spec: Mapping[str, Any], spec_id: str, title: str = "") -> str:
+        """A new queued run; returns its id (uuid4 hex)."""
+        run_id = uuid.uuid4().hex
+        clean_spec = plain_json(spec)
+        with self._session(write=True) as s:
+            s.add(
+                Run(
+                    id=run_id,
+                    spec_id=spec_id,
+                    title=title[:200],
+                    status=QUEUED,
+                    spec=clean_spec,
+                    summary=None,
+                    error=None,
+                    cancel_requested=False,
+                    worker="",
+                    created_at=utcnow(),
+                )
+            )
+        return run_id
+
+    @staticmethod
+    def _open_run(s: Session, run_id: str) -> Run:
+        """The run row, which must exist and not be finished."""
+        run = s.get(Run, run_id)
+        if run is None:
+            raise UnknownRunError(f"no run {run_id!r}")
+        if run.status in FINISHED:
+            raise RunFinishedError(f"run {run_id} is already {run.status}; it cannot change")
+        return run
+
+    def mark_running(self, run_id: str, worker: str = "") -> None:
+        """Queued -> running (``started_at`` now); again on a running run only updates the
+        worker, so a retried call is harmless."""
+        with self._session(write=True) as s:
+            run = self._open_run(s, run_id)
+            if run.status == QUEUED:
+                run.status = RUNNING
+                run.started_at = utcnow()
+            run.worker = worker[:200]
+
+    def add_event(
+        self,
+        run_id: str,
+        step: int,
+        total: int,
+        elapsed_s: float,
+        losses: Mapping[str, float],
+    ) -> None:
+        """Append a progress event; its ``seq`` is one more than the run's previous one."""
+        if step < 0 or total < 0:
+            raise ValueError(f"step and total must be >= 0, got {step} and {total}")
+        if not math.isfinite(elapsed_s) or elapsed_s < 0:
+            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s}")
+        clean_losses = plain_json({str(k): v for k, v in losses.items()})
+        with self._session(write=True) as s:
+            self._open_run(s, run_id)
+            last = s.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run_id))
+            s.add(
+                RunEvent(
+                    run_id=run_id,
+                    seq=0 if last is None else last + 1,
+                    step=int(step),
+                    total=int(total),
+                    elapsed_s=float(elapsed_s),
+                    losses=clean_losses,
+                    created_at=utcnow(),
+                )
+            )
+
+    def add_image(self, run_id: str, step: int, kind: str, png: bytes) -> None:
+        """Store a PNG. A "live" image replaces the run's previous one (bounded storage);
+        "originals" and "reconstruction" are kept (``image`` returns the latest)."""
+        check_choice(kind, IMAGE_KINDS, "image kind")
+        png = bytes(png)
+        if not png.startswith(PNG_SIGNATURE):
+            raise ValueError(f"{kind} image of run {run_id} is not PNG data")
+        with self._session(write=True) as s:
+            self._open_run(s, run_id)
+            if kind == LIVE:
+                s.execute(delete(RunImage).where(RunImage.run_id == run_id, RunImage.kind == LIVE))
+            s.add(RunImage(run_id=run_id, step=int(step), kind=kind, png=png, created_at=utcnow()))
+
+    def finish(
+        self,
+        run_id: str,
+        status: str,
+        summary: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Give the run its final status, summary (NaN -> null) and headline columns.
+
+        Raises RunFinishedError when it is already finished: a second, different ending
+        (say "completed" after "cancelled") is a bug in the caller, not something to hide.
+        """
+        check_choice(status, FINISHED, "final status")
+        clean = None if summary is None else plain_json(summary)
+        with self._session(write=True) as s:
+            run = self._open_run(s, run_id)
+            run.status = status
+            run.finished_at = utcnow()
+            run.summary = clean
+            run.error = error
+            for column, value in headline_metrics(clean).items():
+                setattr(run, column, value)
+
+    def request_cancel(self, run_id: str) -> None:
+        """Ask for the run to stop (the run manager acts on it); a no-op once finished."""
+        with self._session(write=True) as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise UnknownRunError(f"no run {run_id!r}")
+            if run.status not in FINISHED:
+                run.cancel_requested = True
+
+    def fail_unfinished(self, reason: str) -> int:
+        """Mark every queued or running run failed with ``reason``; returns how many.
+
+        Called when the dashboard starts: no run can be in progress then, and one left
+        "running" by a killed process must not stay running forever.
+        """
+        statement = (
+            update(Run)
+            .where(Run.status.in_(sorted(UNFINISHED)))
+            .values(status=FAILED, error=reason, finished_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        with self._session(write=True) as s:
+            result = cast(CursorResult[Any], s.execute(statement))
+            return int(result.rowcount or 0)
+
+    def delete_run(self, run_id: str) -> None:
+        """Delete the run with its events and images; an unknown id is a no-op.
+
+        A writer still attached to a deleted run gets UnknownRunError on its next write.
+        """
+        with self._session(write=True) as s:
+            s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
+            s.execute(delete(RunImage).where(RunImage.run_id == run_id))
+            s.execute(delete(Run).where(Run.id == run_id))
+
+    # ---------------------------------------------------------------- runs: reads
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._session() as s:
+            row = s.get(Run, run_id)
+            return None if row is None else _run_record(row)
+
+    def list_runs(
+        self, limit: int = 200, status: str | None = None, *, spec_id: str | None = None
+    ) -> list[RunRecord]:
+        """Runs newest first; optionally only one status, or only runs of one spec id
+        (to find earlier results of the very same configuration)."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        query = select(Run)
+        if status is not None:
+            query = query.where(Run.status == check_choice(status, STATUSES, "status"))
+        if spec_id is not None:
+            query = query.where(Run.spec_id == spec_id)
+        query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
+        with self._session() as s:
+            return [_run_record(row) for row in s.scalars(query)]
+
+    def events(self, run_id: str, after_seq: int = -1) -> list[EventRecord]:
+        """The run's events with ``seq > after_seq``, in order (poll with the last seq)."""
+        query = (
+            select(RunEvent)
+            .where(RunEvent.run_id == run_id, RunEvent.seq > after_seq)
+            .order_by(RunEvent.seq)
+        )
+        with self._session() as s:
+            return [_event_record(row) for row in s.scalars(query)]
+
+    def latest_event(self, run_id: str) -> EventRecord | None:
+        query = (
+            select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.seq.desc()).limit(1)
+        )
+        with self._session() as s:
+            row = s.scalars(query).first()
+            return None if row is None else _event_record(row)
+
+    def image(self, run_id: str, kind: str) -> ImageRecord | None:
+        """The latest image of that kind, or None."""
+        check_choice(kind, IMAGE_KINDS, "image kind")
+        query = (
+            select(RunImage)
+            .where(RunImage.run_id == run_id, RunImage.kind == kind)
+            .order_by(RunImage.id.desc())
+            .limit(1)
+        )
+        with self._session() as s:
+            row = s.scalars(query).first()
+            return None if row is None else _image_record(row)

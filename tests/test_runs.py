@@ -1,0 +1,143 @@
+"""Runs on Ray, persisted as they go (engine.runs.RunManager with a SQLite store)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from auditlib.engine import ray_backend
+from auditlib.engine.runs import RunManager
+from auditlib.errors import AuditInputError
+from auditlib.models import ModelSpec
+from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+from auditlib.store import Store
+
+
+def spec(iterations=20, attack="dlg", max_seconds=None, defense="none", defense_params=None):
+    return RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),
+        data=DataSpec("samples", "photographs", batch_size=1),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of(attack),
+        defense=ComponentSpec.of(defense, defense_params),
+        budget=Budget(iterations, max_seconds=max_seconds),
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray_backend.ensure_ray()
+    yield
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(f"sqlite:///{tmp_path}/runs.db") as store:
+        yield store
+
+
+@pytest.fixture
+def manager(ray_instance, store):
+    manager = RunManager(store, emit_every=2, image_every=4, lpips_nets=())
+    yield manager
+    for run_id in manager.active_runs():
+        manager.cancel(run_id)
+    manager.wait_all(60)
+
+
+def test_a_run_streams_into_the_store_and_completes(manager, store):
+    run_id = manager.start(spec(20), title="dlg on lenet")
+    assert store.get_run(run_id).status in {"queued", "running"}
+    assert manager.wait(run_id, 180)
+    record = store.get_run(run_id)
+    assert record.status == "completed", record.error
+    assert record.title == "dlg on lenet"
+    assert record.iterations == 20 and record.psnr_mean is not None
+    events = store.events(run_id)
+    assert [e.step for e in events][-1] == 20 and len(events) >= 10
+    for kind in ("originals", "live", "reconstruction"):
+        assert store.image(run_id, kind).png.startswith(b"\x89PNG")
+    assert record.summary["metrics"]["psnr_mean"] == record.psnr_mean
+    assert record.spec_id == spec(20).identity()
+
+
+def test_several_runs_execute_at_once(manager, store):
+    first = manager.start(spec(30))
+    second = manager.start(spec(30, attack="ig"))
+    assert set(manager.active_runs()) >= {first, second} or manager.wait(first, 0)
+    assert manager.wait(first, 180) and manager.wait(second, 180)
+    assert {store.get_run(first).status, store.get_run(second).status} == {"completed"}
+
+
+def test_cancel_stops_the_run_within_seconds_and_keeps_its_result(manager, store):
+    run_id = manager.start(spec(1_000_000, attack="ig"))
+    deadline = time.monotonic() + 120
+    while store.latest_event(run_id) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    asked = time.monotonic()
+    manager.cancel(run_id)
+    assert manager.wait(run_id, 30)
+    assert time.monotonic() - asked < 5
+    record = store.get_run(run_id)
+    assert record.status == "cancelled"
+    assert record.cancel_requested
+    assert record.summary["stop_reason"] == "cancelled"  # cooperative: metrics of what it had
+
+
+def test_a_time_budget_marks_the_run_timed_out(manager, store):
+    run_id = manager.start(spec(1_000_000, attack="ig", max_seconds=1.0))
+    assert manager.wait(run_id, 120)
+    assert store.get_run(run_id).status == "timed_out"
+
+
+def test_an_error_in_the_worker_marks_the_run_failed_with_the_reason(manager, store):
+    broken = RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32))),
+        data=DataSpec("folder", "/nonexistent/images"),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("dlg"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(5),
+    )
+    run_id = manager.start(broken)
+    assert manager.wait(run_id, 120)
+    record = store.get_run(run_id)
+    assert record.status == "failed"
+    assert "/nonexistent/images" in record.error
+
+
+def test_bad_parameters_are_refused_before_anything_is_recorded(manager, store):
+    with pytest.raises(AuditInputError, match="sigma"):
+        manager.start(spec(defense="dp-gaussian", defense_params={"sigma": "-1"}))
+    assert store.list_runs() == []
+
+
+def test_runs_left_running_by_a_dead_dashboard_are_marked_failed(ray_instance, store):
+    orphan = store.create_run(spec().to_dict(), spec().identity())
+    store.mark_running(orphan)
+    manager = RunManager(store)
+    assert manager.orphans_failed == 1
+    record = store.get_run(orphan)
+    assert record.status == "failed" and "dashboard stopped" in record.error
+
+
+def test_a_worker_that_dies_leaves_its_run_failed_not_running(ray_instance, store):
+    from ray.exceptions import WorkerCrashedError
+
+    class CrashingStream:
+        def __iter__(self):
+            raise WorkerCrashedError()
+
+    class Board:
+        class forget:  # noqa: N801  (mimics an actor method handle)
+            @staticmethod
+            def remote(run_id):
+                return None
+
+    manager = RunManager(store)
+    run_id = store.create_run(spec().to_dict(), spec().identity())
+    manager._consume(run_id, CrashingStream(), Board())
+    record = store.get_run(run_id)
+    assert record.status == "failed"
+    assert "WorkerCrashedError" in record.error

@@ -1,0 +1,438 @@
+"""The store: run lifecycle, persistence across restarts, assets, concurrency, schema
+versions. Every test uses its own SQLite file (or in-memory database)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import sqlite3
+import threading
+import time
+from datetime import UTC
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from sqlalchemy import Connection, text
+
+from auditlib.errors import AuditInputError
+from auditlib.store import (
+    SCHEMA_VERSION,
+    RunFinishedError,
+    Store,
+    UnknownRunError,
+    data_dir,
+    default_database_url,
+    schema,
+)
+
+SPEC = {"model": {"spec": {"name": "lenet"}}, "budget": {"iterations": 50}, "seed": 0}
+SUMMARY = {
+    "spec_id": "abc",
+    "metrics": {
+        "psnr_mean": 21.5,
+        "ssim_mean": 0.61,
+        "lpips_mean": None,
+        "label_accuracy": 1.0,
+        "per_image": [{"name": "a.png", "psnr": 21.5}],
+    },
+    "timing": {"seconds": 3.25, "iterations": 50},
+}
+
+
+def png(value: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (4, 4), color=value).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def url_of(path: Path) -> str:
+    return f"sqlite:///{path.as_posix()}"
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "audit.db"
+
+
+@pytest.fixture
+def store(db: Path):
+    with Store(url_of(db)) as s:
+        yield s
+
+
+def test_run_lifecycle(store: Store) -> None:
+    run_id = store.create_run(SPEC, "abc", title="LeNet / DLG")
+    run = store.get_run(run_id)
+    assert run is not None and run.status == "queued" and not run.finished
+    assert run.created_at.tzinfo is not None and run.created_at.utcoffset().total_seconds() == 0
+    assert run.started_at is None and run.summary is None and run.psnr_mean is None
+
+    store.mark_running(run_id, worker="ray-task-1")
+    for step in range(3):
+        store.add_event(run_id, step * 10, 50, 0.1 * step, {"gradient_match": 1.0 / (step + 1)})
+    store.add_image(run_id, 0, "originals", png(10))
+    store.add_image(run_id, 20, "live", png(20))
+    store.finish(run_id, "completed", SUMMARY)
+
+    run = store.get_run(run_id)
+    assert run is not None
+    assert run.status == "completed" and run.finished and run.worker == "ray-task-1"
+    assert run.spec == SPEC and run.summary == SUMMARY  # dict round trip
+    assert run.created_at <= run.started_at <= run.finished_at  # type: ignore[operator]
+    assert (run.psnr_mean, run.ssim_mean, run.lpips_mean) == (21.5, 0.61, None)
+    assert (run.label_accuracy, run.iterations, run.seconds) == (1.0, 50, 3.25)
+
+    events = store.events(run_id)
+    assert [e.seq for e in events] == [0, 1, 2]
+    assert [e.step for e in events] == [0, 10, 20] and events[0].total == 50
+    assert events[2].losses == {"gradient_match": pytest.approx(1 / 3)}
+    assert [e.seq for e in store.events(run_id, after_seq=0)] == [1, 2]
+    assert store.events(run_id, after_seq=2) == []
+    latest = store.latest_event(run_id)
+    assert latest is not None and latest.seq == 2 and latest.elapsed_s == pytest.approx(0.2)
+    originals = store.image(run_id, "originals")
+    assert originals is not None and originals.png == png(10) and originals.step == 0
+    assert store.image(run_id, "reconstruction") is None
+
+
+def test_list_runs_newest_first_with_filters(store: Store) -> None:
+    ids = [store.create_run(SPEC, f"spec{i % 2}", title=f"run {i}") for i in range(4)]
+    store.finish(ids[1], "completed", SUMMARY)
+    runs = store.list_runs()
+    assert [r.id for r in runs] == ids[::-1]
+    assert runs[2].psnr_mean == 21.5 and runs[0].psnr_mean is None
+    assert [r.id for r in store.list_runs(limit=2)] == ids[:1:-1]
+    assert [r.id for r in store.list_runs(status="completed")] == [ids[1]]
+    assert [r.id for r in store.list_runs(status="queued")] == [ids[3], ids[2], ids[0]]
+    assert [r.id for r in store.list_runs(spec_id="spec0")] == [ids[2], ids[0]]
+    with pytest.raises(ValueError, match="valid: cancelled, completed, failed"):
+        store.list_runs(status="done")
+
+
+def test_live_image_replaced_others_kept(store: Store) -> None:
+    run_id = store.create_run(SPEC, "abc")
+    store.mark_running(run_id)
+    for step in range(5):
+        store.add_image(run_id, step, "live", png(step))
+    store.add_image(run_id, 0, "originals", png(100))
+    store.add_image(run_id, 4, "reconstruction", png(200))
+    store.add_image(run_id, 5, "reconstruction", png(201))
+
+    live = store.image(run_id, "live")
+    assert live is not None and live.step == 4 and live.png == png(4)
+    final = store.image(run_id, "reconstruction")
+    assert final is not None and final.png == png(201)
+    with sqlite3.connect(store.url.removeprefix("sqlite:///")) as raw:
+        counts = dict(raw.execute("SELECT kind, count(*) FROM run_images GROUP BY kind").fetchall())
+    assert counts == {"live": 1, "originals": 1, "reconstruction": 2}
+    with pytest.raises(ValueError, match="valid: live, originals, reconstruction"):
+        store.add_image(run_id, 0, "thumbnail", png(1))
+    with pytest.raises(ValueError, match="not PNG"):
+        store.add_image(run_id, 0, "live", b"GIF89a...")
+
+
+def test_finish_rules_and_nan(store: Store) -> None:
+    run_id = store.create_run(SPEC, "abc")
+    with pytest.raises(ValueError, match="valid: cancelled, completed, failed, timed_out"):
+        store.finish(run_id, "done")
+    with pytest.raises(ValueError, match="valid"):
+        store.finish(run_id, "running")  # not a final status
+    summary = {"metrics": {"psnr_mean": math.nan, "ssim_mean": math.inf}, "timing": {}}
+    store.finish(run_id, "timed_out", summary, error=None)
+
+    run = store.get_run(run_id)
+    assert run is not None and run.status == "timed_out"
+    assert run.summary == {"metrics": {"psnr_mean": None, "ssim_mean": None}, "timing": {}}
+    assert run.psnr_mean is None and run.ssim_mean is None and run.iterations is None
+    with sqlite3.connect(store.url.removeprefix("sqlite:///")) as raw:
+        stored = raw.execute("SELECT summary FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+    assert "NaN" not in stored and "Infinity" not in stored and "null" in stored
+
+    with pytest.raises(RunFinishedError, match="already timed_out"):
+        store.finish(run_id, "completed", SUMMARY)
+    with pytest.raises(RunFinishedError):
+        store.add_event(run_id, 1, 2, 0.1, {})
+    with pytest.raises(RunFinishedError):
+        store.add_image(run_id, 1, "live", png(1))
+    with pytest.raises(RunFinishedError):
+        store.mark_running(run_id)
+    store.request_cancel(run_id)  # too late: a no-op
+    after = store.get_run(run_id)
+    assert after is not None and after.status == "timed_out" and not after.cancel_requested
+    assert after.finished_at == run.finished_at
+
+
+def test_events_nan_losses_cancel_and_unknown_runs(store: Store) -> None:
+    run_id = store.create_run(SPEC, "abc")
+    store.add_event(run_id, 1, 10, 0.5, {"loss": math.nan, "tv": 0.25})
+    assert store.events(run_id)[0].losses == {"loss": None, "tv": 0.25}
+    with pytest.raises(ValueError, match="elapsed_s"):
+        store.add_event(run_id, 2, 10, math.nan, {})
+    store.request_cancel(run_id)
+    run = store.get_run(run_id)
+    assert run is not None and run.cancel_requested and run.status == "queued"
+    store.finish(run_id, "cancelled")
+
+    assert store.get_run("nope") is None
+    assert store.events("nope") == [] and store.latest_event("nope") is None
+    for write in (
+        lambda: store.add_event("nope", 1, 1, 0.0, {}),
+        lambda: store.add_image("nope", 1, "live", png(1)),
+        lambda: store.mark_running("nope"),
+        lambda: store.finish("nope", "failed"),
+        lambda: store.request_cancel("nope"),
+    ):
+        with pytest.raises(UnknownRunError, match="no run 'nope'"):
+            write()
+
+
+def test_delete_run_removes_events_and_images(store: Store) -> None:
+    keep = store.create_run(SPEC, "abc")
+    gone = store.create_run(SPEC, "abc")
+    for run_id in (keep, gone):
+        store.add_event(run_id, 1, 1, 0.0, {"l": 1.0})
+        store.add_image(run_id, 1, "originals", png(1))
+    store.delete_run(gone)
+    store.delete_run(gone)  # idempotent
+    assert store.get_run(gone) is None and store.events(gone) == []
+    assert store.image(gone, "originals") is None
+    assert len(store.events(keep)) == 1 and store.image(keep, "originals") is not None
+    with pytest.raises(UnknownRunError):  # its writer learns that it is gone
+        store.add_event(gone, 2, 2, 0.0, {})
+
+
+def test_persistence_across_reopen(db: Path) -> None:
+    first = Store(url_of(db))
+    run_id = first.create_run(SPEC, "abc", title="kept")
+    first.mark_running(run_id)
+    first.add_event(run_id, 5, 10, 1.0, {"loss": 0.5})
+    first.add_image(run_id, 5, "live", png(5))
+    first.finish(run_id, "completed", SUMMARY)
+    asset = first.put_asset("images", "batch.zip", b"bytes", {"count": 2})
+    first.close()
+    first.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        first.get_run(run_id)
+
+    with Store(url_of(db)) as second:  # `make run` again
+        run = second.get_run(run_id)
+        assert run is not None and run.title == "kept" and run.summary == SUMMARY
+        assert run.psnr_mean == 21.5
+        assert [e.losses for e in second.events(run_id)] == [{"loss": 0.5}]
+        live = second.image(run_id, "live")
+        assert live is not None and live.png == png(5)
+        record = second.get_asset(asset)
+        assert record is not None and record.data == b"bytes" and record.meta == {"count": 2}
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_fail_unfinished(store: Store) -> None:
+    queued = store.create_run(SPEC, "a")
+    running = store.create_run(SPEC, "b")
+    store.mark_running(running)
+    done = store.create_run(SPEC, "c")
+    store.finish(done, "completed", SUMMARY)
+    cancelled = store.create_run(SPEC, "d")
+    store.finish(cancelled, "cancelled")
+
+    assert store.fail_unfinished("the dashboard restarted") == 2
+    for run_id in (queued, running):
+        run = store.get_run(run_id)
+        assert run is not None and run.status == "failed"
+        assert run.error == "the dashboard restarted" and run.finished_at is not None
+    finished = store.get_run(done)
+    assert finished is not None and finished.status == "completed" and finished.error is None
+    still = store.get_run(cancelled)
+    assert still is not None and still.status == "cancelled"
+    assert store.fail_unfinished("again") == 0
+
+
+def test_assets_content_addressed(store: Store, db: Path) -> None:
+    first = store.put_asset("model", "lenet.safetensors", b"weights-1", {"arch": "lenet"})
+    again = store.put_asset("model", "renamed.safetensors", b"weights-1")
+    other = store.put_asset("images", "faces.zip", b"weights-2")
+    assert first == again == hashlib.sha256(b"weights-1").hexdigest()
+    assert other != first
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT count(*) FROM assets").fetchone()[0] == 2
+
+    record = store.get_asset(first)
+    assert record is not None and record.data == b"weights-1" and record.size == 9
+    assert record.name == "lenet.safetensors" and record.meta == {"arch": "lenet"}
+    assert record.created_at.tzinfo == UTC
+    assert store.get_asset("0" * 64) is None
+    models = store.list_assets("model")
+    assert [a.sha256 for a in models] == [first] and not hasattr(models[0], "data")
+    assert {a.sha256 for a in store.list_assets()} == {first, other}
+    with pytest.raises(ValueError, match="valid: images, model"):
+        store.put_asset("weights", "x", b"x")
+
+
+def _writers_and_readers(store: Store, count: int = 200) -> list[str]:
+    """Two runs written at once (two consumer threads) while two page threads poll."""
+    run_ids = [store.create_run(SPEC, "abc"), store.create_run(SPEC, "def")]
+    errors: list[BaseException] = []
+    writing = len(run_ids)
+    lock = threading.Lock()
+
+    def write(run_id: str) -> None:
+        nonlocal writing
+        try:
+            store.mark_running(run_id)
+            for step in range(count):
+                store.add_event(run_id, step, count, step * 0.01, {"loss": 1.0 / (step + 1)})
+                if step % 20 == 0:
+                    store.add_image(run_id, step, "live", png(step))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            with lock:
+                writing -= 1
+
+    def read(run_id: str) -> None:
+        try:
+            last = -1
+            while writing:
+                for event in store.events(run_id, after_seq=last):
+                    assert event.seq == last + 1
+                    last = event.seq
+                store.list_runs()
+                store.latest_event(run_id)
+                store.image(run_id, "live")
+                time.sleep(0.001)  # a poller, not a busy loop hogging the GIL
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(r,)) for r in run_ids]
+    threads += [threading.Thread(target=read, args=(r,)) for r in run_ids]
+    for thread in threads:
+        thread.start()
+    store.request_cancel(run_ids[0])  # the UI writing at the same time
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    for run_id in run_ids:
+        assert [e.seq for e in store.events(run_id)] == list(range(count))
+    return run_ids
+
+
+def test_concurrent_writer_and_readers_sqlite_file(store: Store) -> None:
+    run_id = _writers_and_readers(store)[0]
+    run = store.get_run(run_id)
+    assert run is not None and run.cancel_requested
+
+
+def test_in_memory_url(tmp_path: Path) -> None:
+    with Store("sqlite://") as memory:
+        run_id, other = _writers_and_readers(memory, count=50)
+        memory.finish(run_id, "completed", SUMMARY)
+        assert {r.status for r in memory.list_runs()} == {"completed", "running"}
+        with Store("sqlite://") as same:  # one engine per URL: the same database
+            assert same.get_run(other) is not None
+    with Store("sqlite://") as fresh:  # the last close disposed it
+        assert fresh.list_runs() == []
+
+
+# ------------------------------------------------------------------------- schema
+
+
+def _version(db: Path) -> int:
+    with sqlite3.connect(db) as raw:
+        return raw.execute("SELECT version FROM schema_info").fetchone()[0]
+
+
+def test_schema_created_with_version(db: Path) -> None:
+    Store(url_of(db)).close()
+    assert _version(db) == SCHEMA_VERSION == 1
+    with sqlite3.connect(db) as raw:
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"schema_info", "assets", "runs", "run_events", "run_images"} <= tables
+
+
+def test_newer_schema_refused_untouched(db: Path) -> None:
+    Store(url_of(db)).close()
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE schema_info SET version = 7")
+    before = sha(db)
+    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 1"):
+        Store(url_of(db))
+    assert _version(db) == 7 and sha(db) == before
+
+
+def test_migration_runs_once(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store(url_of(db)) as old:
+        run_id = old.create_run(SPEC, "abc")
+    calls: list[int] = []
+
+    def add_note_column(connection: Connection) -> None:
+        calls.append(1)
+        connection.execute(text("ALTER TABLE runs ADD COLUMN note TEXT"))
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(schema, "MIGRATIONS", {1: add_note_column})
+    with Store(url_of(db)) as migrated:
+        assert migrated.get_run(run_id) is not None  # data survives the migration
+    assert calls == [1] and _version(db) == 2
+    Store(url_of(db)).close()
+    assert calls == [1]  # already at 2: not again
+    with sqlite3.connect(db) as raw:
+        assert "note" in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
+
+
+def test_migration_missing_or_failing(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    Store(url_of(db)).close()
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
+
+    def half_done(connection: Connection) -> None:
+        connection.execute(text("ALTER TABLE runs ADD COLUMN half TEXT"))
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(schema, "MIGRATIONS", {1: half_done})
+    with pytest.raises(AuditInputError, match="no migration from schema 2 to 3"):
+        Store(url_of(db))
+    assert _version(db) == 1
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    with pytest.raises(RuntimeError, match="left at schema 1"):
+        Store(url_of(db))
+    assert _version(db) == 1
+    with sqlite3.connect(db) as raw:  # the half-done step was rolled back with it
+        assert "half" not in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
+
+
+def test_not_a_database_refused(db: Path) -> None:
+    db.write_bytes(b"these are holiday photos, not a database\n" * 50)
+    before = sha(db)
+    with pytest.raises(AuditInputError, match="not a database this tool can open"):
+        Store(url_of(db))
+    assert sha(db) == before
+
+
+def test_foreign_database_refused(db: Path) -> None:
+    with sqlite3.connect(db) as raw:
+        raw.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    before = sha(db)
+    with pytest.raises(AuditInputError, match=r"tables \(invoices\) but no schema_info"):
+        Store(url_of(db))
+    assert sha(db) == before
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_default_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AUDIT_DATABASE_URL", raising=False)
+    monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "nested" / "data"))
+    assert data_dir() == (tmp_path / "nested" / "data").resolve() and data_dir().is_dir()
+    assert default_database_url() == url_of((tmp_path / "nested" / "data").resolve() / "audit.db")
+    with Store() as default:
+        default.create_run(SPEC, "abc")
+    assert (tmp_path / "nested" / "data" / "audit.db").is_file()
+    monkeypatch.setenv("AUDIT_DATABASE_URL", "sqlite://")
+    assert default_database_url() == "sqlite://"
