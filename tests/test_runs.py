@@ -130,7 +130,7 @@ def test_a_worker_that_dies_leaves_its_run_failed_not_running(ray_instance, stor
             raise WorkerCrashedError()
 
     class Board:
-        class forget:  # noqa: N801  (mimics an actor method handle)
+        class forget:  # mimics an actor method handle
             @staticmethod
             def remote(run_id):
                 return None
