@@ -67,6 +67,18 @@ class CancelBoard:
         self.cancelled.discard(run_id)
 
 
+@ray.remote(num_cpus=1, max_retries=0)
+def warm_up() -> bool:
+    """Pay a worker's one-off costs before the first audit: importing torch and auditlib,
+    and torch.optim's lazy import of torch._dynamo (1-2 s on a laptop CPU)."""
+    import torch
+
+    import auditlib.engine.stream  # noqa: F401
+
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    return True
+
+
 def cancel_board():
     return CancelBoard.options(name=BOARD_NAME, get_if_exists=True, lifetime="detached").remote()
 
