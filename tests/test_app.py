@@ -1,16 +1,16 @@
-"""The dashboard: pages render, the main audit path runs, bad uploads are refused in words.
+"""The dashboard's pages under Streamlit's AppTest (no browser): main paths and error paths.
 
-Streamlit's AppTest runs the scripts in this process, without a browser.
+Runs are real: the Attack lab starts them on the process-wide RunManager (one Ray instance
+for the session, see conftest.py) backed by a SQLite store in a temporary folder.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
 import io
 import json
 import math
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,26 +19,35 @@ import safetensors.torch
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from auditlib.engine.audit import METRIC_DEFINITION, prepare_victim
-from auditlib.errors import AuditInputError
-from auditlib.models import ModelSpec, build_model
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # pages.common is imported as a package from the repo root
+    sys.path.insert(0, str(ROOT))
+
+from auditlib.engine.audit import METRIC_DEFINITION  # noqa: E402
+from auditlib.models import ModelSpec, build_model  # noqa: E402
+from auditlib.spec import (  # noqa: E402
+    Budget,
+    ComponentSpec,
+    DataSpec,
+    ModelRef,
+    RunSpec,
+    ScenarioSpec,
+)
+from pages import common  # noqa: E402
+
 APP = str(ROOT / "app.py")
-AUDIT_PAGE = str(ROOT / "pages" / "audit.py")
+EXAMPLES = ROOT / "assets" / "example-images"
 TIMEOUT = 60
 
 
-def _page_module():
-    """pages/audit.py as a module (its UI runs only as __main__)."""
-    spec = importlib.util.spec_from_file_location("audit_page", AUDIT_PAGE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def _app(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(query)
+    return at.run()
 
 
-page = _page_module()
+def _errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -47,93 +56,197 @@ def _png(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
+def _lenet_weights(num_classes: int = 10) -> bytes:
+    state = build_model(ModelSpec("lenet", num_classes, (3, 32, 32))).state_dict()
+    return safetensors.torch.save({k: v.contiguous() for k, v in state.items()})
 
 
-def test_app_shows_audit_page_then_method_page():
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+def _tiny_spec(iterations: int = 2) -> RunSpec:
+    return RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),
+        data=DataSpec("samples", "photographs", batch_size=1),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("dlg"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(iterations),
+    )
+
+
+# --- navigation ---------------------------------------------------------------------------
+
+
+def test_every_page_renders(dashboard_store):
+    at = _app()
     assert not at.exception
-    assert [t.value for t in at.title] == ["Gradient-leakage audit"]
-    assert not _errors(at)  # the defaults (bundled photographs, lenet, dlg) are valid
-    assert not at.button(key="start").disabled
-
-    at.switch_page("pages/about.py").run()
-    assert not at.exception
-    assert [t.value for t in at.title] == ["Method"]
+    assert [t.value for t in at.title] == ["Setup"]
+    assert not _errors(at)  # the defaults (bundled photographs, lenet) are valid
+    for page, title in [
+        ("pages/lab.py", "Attack lab"),
+        ("pages/history.py", "History"),
+        ("pages/about.py", "Method"),
+    ]:
+        at.switch_page(page).run()
+        assert not at.exception, page
+        assert [t.value for t in at.title] == [title]
+        assert not _errors(at), (page, _errors(at))
     shown = " ".join(e.value for e in [*at.info, *at.markdown])
     assert METRIC_DEFINITION in shown
-    assert "honest-but-curious" in shown
 
 
-def test_audit_main_path_runs_and_keeps_result():
-    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
-    assert not at.exception
+# --- Setup ----------------------------------------------------------------------------------
+
+
+def test_setup_bundled_samples_show_thumbnails_with_sizes(dashboard_store):
+    at = _app()
     at.radio(key="source").set_value("samples")
-    at.selectbox(key="sample_set").set_value("photographs")
-    at.selectbox(key="architecture").set_value("lenet")
-    at.selectbox(key="attack").set_value("dlg")
-    at.run()
-    at.number_input(key="iterations.dlg").set_value(5)
-    at.button(key="start").click().run(timeout=TIMEOUT)
-
+    at.selectbox(key="sample_set").set_value("digits")
+    at.number_input(key="count").set_value(3).run()
     assert not at.exception
     assert not _errors(at)
-    assert any("PSNR" in s.value for s in at.success)
-    assert any("PSNR" in m.label for m in at.metric)
-    assert any("oracle" in m.label.lower() and "ground truth" in m.label for m in at.metric)
-    result = at.session_state["last_run"]["result"]
-    assert result.summary["attack"] == "dlg"
-    assert result.summary["timing"]["iterations"] == 5
-    assert result.reconstruction.shape == result.originals.shape
-
-    # A rerun (any widget change) keeps showing the last result.
-    at.run()
-    assert any("PSNR" in s.value for s in at.success)
-    assert "last_run" in at.session_state
+    assert at.get("image"), "no thumbnails"
+    assert any("3 image(s) from sample set 'digits'" in c.value for c in at.caption), [
+        c.value for c in at.caption
+    ]
+    # The choice survives a trip to another page and back.
+    at.switch_page("pages/lab.py").run()
+    assert any("3 from the 'digits' sample set" in m.value for m in at.markdown)
+    at.switch_page("pages/setup.py").run()
+    assert at.selectbox(key="sample_set").value == "digits"
+    assert at.number_input(key="count").value == 3
 
 
-def test_upload_that_is_not_an_image_is_refused_in_words():
-    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
-    at.radio(key="source").set_value("images").run()
-    assert any("Upload one or more images" in i.value for i in at.info)  # a hint, not an error
+def test_setup_refuses_a_text_file_renamed_png(dashboard_store):
+    store, _ = dashboard_store
+    at = _app()
+    at.radio(key="source").set_value("upload").run()
+    assert any("No images yet" in i.value for i in at.info)  # a hint, not an error
     assert not _errors(at)
-    assert at.button(key="start").disabled
-    at.file_uploader(key="images").set_value(("notes.png", b"just some text\n", "image/png"))
-    at.run()
-    assert not at.exception
-    assert any("not an image" in message for message in _errors(at)), _errors(at)
-    assert at.button(key="start").disabled
-
-
-def test_uploaded_images_preview_with_labels():
-    red = np.zeros((16, 16, 3), np.uint8)
-    red[..., 0] = 255
-    gray = np.full((20, 12), 90, np.uint8)
-    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
-    at.radio(key="source").set_value("images").run()
-    at.file_uploader(key="images").set_value(
-        [
-            ("b.png", _png(gray), "image/png"),
-            ("a.png", _png(red), "image/png"),
-            ("labels.csv", b"filename,label\na.png,3\nb.png,7\n", "text/csv"),
-        ]
+    at.file_uploader(key="images_files.0").set_value(
+        ("notes.png", b"just some text\n", "image/png")
     )
     at.run()
     assert not at.exception
-    assert not _errors(at)
-    assert not at.button(key="start").disabled
-    assert any("2 image(s) from upload; labels given" in c.value for c in at.caption)
-
-    at.number_input(key="num_classes").set_value(5).run()  # label 7 does not fit 5 classes
-    assert any("outside the model's 5 classes" in message for message in _errors(at))
+    assert any("not an image" in message for message in _errors(at)), _errors(at)
+    assert "images" not in at.query_params
+    assert store.list_assets("images") == []
 
 
-def test_every_attack_and_defense_renders_its_fields():
+def test_setup_upload_is_stored_and_survives_a_refresh(dashboard_store):
+    store, _ = dashboard_store
+    files = [
+        (p.name, p.read_bytes(), "text/csv" if p.suffix == ".csv" else "image/png")
+        for p in sorted(EXAMPLES.iterdir())
+    ]
+    at = _app()
+    at.radio(key="source").set_value("upload").run()
+    at.file_uploader(key="images_files.0").set_value(files).run()
+    assert not at.exception
+    assert not _errors(at), _errors(at)
+    sha = at.query_params["images"]
+    asset = store.get_asset(sha)
+    assert asset is not None and asset.kind == "images"
+    assert asset.sha256 == hashlib.sha256(asset.data).hexdigest()
+    assert asset.meta["count"] == 4 and asset.meta["labelled"]
+    assert any("4 image(s) from" in c.value and "labels given" in c.value for c in at.caption)
+
+    # A refresh is a new session with the same URL: the upload is back, without re-uploading.
+    again = _app(images=sha)
+    assert not again.exception
+    assert again.radio(key="source").value == "upload"
+    assert any("Using uploaded images" in s.value for s in again.success)
+    assert again.get("image")
+    again.number_input(key=common.upload_count_key(sha)).set_value(2).run()
+    assert any("2 image(s) from" in c.value for c in again.caption)
+
+
+def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
+    store, _ = dashboard_store
+    at = _app()
+    at.number_input(key="num_classes").set_value(5).run()
+    at.file_uploader(key="weights_file.0").set_value(
+        ("mine.safetensors", _lenet_weights(10), "application/octet-stream")
+    )
+    at.run()
+    assert not at.exception
+    assert any("do not fit" in message for message in _errors(at)), _errors(at)
+    assert "weights" not in at.query_params
+    assert store.list_assets("model") == []
+
+    # With the architecture they were saved from, the same file is accepted and stored.
+    at.number_input(key="num_classes").set_value(10).run()
+    assert not _errors(at), _errors(at)
+    sha = at.query_params["weights"]
+    assert store.get_asset(sha).kind == "model"
+    assert any("Using weights mine.safetensors" in s.value for s in at.success)
+    at.switch_page("pages/lab.py").run()
+    assert any("uploaded weights" in m.value for m in at.markdown)
+
+    # A run with them: the worker gets the stored bytes, and the spec names them by hash.
+    _, manager = dashboard_store
+    at.number_input(key="iterations.dlg").set_value(2)
+    at.button(key="start").click().run()
+    assert not _errors(at), _errors(at)
+    run_id = at.query_params["run"]
+    assert manager.wait(run_id, 120)
+    record = store.get_run(run_id)
+    assert record.status == "completed", record.error
+    assert record.spec["model"]["weights_asset"] == sha
+
+
+# --- Attack lab -----------------------------------------------------------------------------
+
+
+def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page("pages/lab.py").run()
+    at.selectbox(key="attack").set_value("dlg").run()
+    at.number_input(key="iterations.dlg").set_value(5)
+    at.button(key="start").click().run()
+    assert not at.exception
+    assert not _errors(at), _errors(at)
+    run_id = at.query_params["run"]
+    assert at.session_state["run"] == run_id
+    assert at.get("progress")  # the live view is drawn at once, the page does not block
+    assert manager.wait(run_id, 120)
+
+    at.run()
+    assert not at.exception
+    assert not _errors(at), _errors(at)
+    labels = [m.label for m in at.metric]
+    assert any("PSNR" in label for label in labels)
+    assert any("oracle" in label.lower() and "uses ground truth" in label for label in labels)
+    assert any("PSNR" in s.value for s in at.success)
+    record = store.get_run(run_id)
+    assert record.status == "completed" and record.iterations == 5
+    assert record.spec["attack"]["name"] == "dlg"
+    assert store.image(run_id, "reconstruction") is not None
+
+    # A refresh (a new session with the URL) reopens the finished run.
+    again = _app(run=run_id)
+    again.switch_page("pages/lab.py").run()
+    assert any("PSNR" in m.label for m in again.metric)
+
+
+def test_lab_bad_parameter_is_refused_and_nothing_is_recorded(dashboard_store):
+    store, _ = dashboard_store
+    at = _app()
+    at.switch_page("pages/lab.py").run()
+    at.selectbox(key="defense").set_value("prune").run()
+    at.number_input(key="defense.prune.ratio").set_value(1.5).run()
+    assert not at.exception
+    assert any("ratio" in m and "[0, 1)" in m for m in _errors(at)), _errors(at)
+    assert at.button(key="start").disabled  # a browser cannot click it
+    assert "run" not in at.query_params
+    assert store.list_runs() == []
+
+
+def test_lab_every_attack_and_defense_renders_its_fields(dashboard_store):
     from auditlib.attacks import ATTACKS
     from auditlib.defenses import DEFENSES
 
-    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
+    at = _app()
+    at.switch_page("pages/lab.py").run()
     for name in sorted(ATTACKS):
         at.selectbox(key="attack").set_value(name).run()
         assert not at.exception, name
@@ -142,79 +255,97 @@ def test_every_attack_and_defense_renders_its_fields():
         at.selectbox(key="defense").set_value(name).run()
         assert not at.exception, name
         assert not _errors(at), (name, _errors(at))
+    at.radio(key="algorithm").set_value("fedavg").run()
+    assert at.number_input(key="local_steps")
+    assert not _errors(at)
+
+    at.selectbox(key="attack").set_value("dlg").run()
+    at.button(key="paper_iterations.dlg").click().run()  # the "paper settings" count
+    assert at.number_input(key="iterations.dlg").value == 300
 
 
-def test_bad_defense_value_is_refused_before_running():
-    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
-    at.selectbox(key="defense").set_value("prune").run()
-    at.number_input(key="defense.prune.ratio").set_value(1.5).run()
-    assert not at.exception
-    assert any("ratio" in message and "[0, 1)" in message for message in _errors(at))
-    assert at.button(key="start").disabled
-
-
-def test_weights_that_do_not_fit_are_an_error_not_a_traceback():
-    state = build_model(ModelSpec("lenet", 10, (3, 32, 32))).state_dict()
-    data = safetensors.torch.save({k: v.contiguous() for k, v in state.items()})
-    at = AppTest.from_file(AUDIT_PAGE, default_timeout=TIMEOUT).run()
-    at.number_input(key="num_classes").set_value(5)
-    at.file_uploader(key="weights").set_value(
-        ("mine.safetensors", data, "application/octet-stream")
-    )
+def test_lab_cancel_stops_the_run_and_scores_what_it_has(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page("pages/lab.py").run()
+    at.number_input(key="iterations.dlg").set_value(5000)
+    at.button(key="start").click().run()
+    run_id = at.query_params["run"]
+    at.button(key="cancel").click().run()
+    assert store.get_run(run_id).cancel_requested
+    assert manager.wait(run_id, 60)
     at.run()
-    at.button(key="start").click().run(timeout=TIMEOUT)
     assert not at.exception
-    assert any("do not fit" in message for message in _errors(at)), _errors(at)
-    assert "last_run" not in at.session_state
+    record = store.get_run(run_id)
+    assert record.status == "cancelled"
+    assert record.iterations is not None and record.iterations < 5000
+    assert any("did not run to the end" in w.value for w in at.warning)
+    assert any("PSNR" in m.label for m in at.metric)
 
 
-def test_uploads_become_a_folder_the_engine_reads_back(tmp_path):
-    red = np.zeros((16, 16, 3), np.uint8)
-    red[..., 0] = 255
-    gray = np.arange(12 * 20, dtype=np.uint8).reshape(20, 12)
-    uploaded = page.decode_uploads(
-        [
-            ("photo one.png", _png(red)),
-            ("b.png", _png(gray)),
-            ("labels.csv", b"filename,label\nphoto one.png,1\nb.png,4\n"),
-        ]
-    )
-    choices = page.Choices(
-        source="upload", uploaded=uploaded, input_size=16, channels=3, attack="dlg"
-    )
-    spec = page.build_spec(choices, tmp_path)
-    assert spec.data.source == "folder"
-    assert (Path(spec.data.location) / "labels.csv").is_file()
-    victim = prepare_victim(spec)
-    assert victim.records["data"]["labels"] == [4, 1]  # name order: b.png, photo one.png
-    assert victim.records["data"]["label_source"] == "given"
-    assert victim.records["data"]["names"] == ["0-b.png", "1-photo_one.png"]
-    assert tuple(victim.batch.images.shape) == (2, 3, 16, 16)
+def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
+    at = _app(run="0" * 32)
+    at.switch_page("pages/lab.py").run()
+    assert not at.exception
+    assert any("not in this dashboard's store" in w.value for w in at.warning)
+    at.button(key="close_run").click().run()
+    assert "run" not in at.query_params
 
 
-def test_uploaded_weights_are_loaded_and_hashed(tmp_path):
-    spec = ModelSpec("lenet", 10, (3, 32, 32), init="default", seed=7)
-    state = {k: v.contiguous() for k, v in build_model(spec).state_dict().items()}
-    data = safetensors.torch.save(state)
-    choices = page.Choices(init="default", seed=0, weights=("my model.safetensors", data))
-    run_spec = page.build_spec(choices, tmp_path)
-    assert run_spec.model.content_sha256 is not None
-    assert Path(run_spec.model.weights).name == "my_model.safetensors"
-    victim = prepare_victim(run_spec)
-    for name, tensor in victim.model.state_dict().items():
-        assert (tensor == state[name]).all(), name
+# --- History --------------------------------------------------------------------------------
 
 
-def test_torchscript_weights_are_refused(tmp_path):
-    # A TorchScript archive is a zip with code/ and constants.pkl; the library refuses it.
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("model/code/__torch__.py", "def forward(self): pass\n")
-        archive.writestr("model/constants.pkl", b"\x80\x02}q\x00.")
-        archive.writestr("model/data.pkl", b"\x80\x02}q\x00.")
-    choices = page.Choices(weights=("model.pt", buffer.getvalue()))
-    with pytest.raises(AuditInputError, match="TorchScript"):
-        prepare_victim(page.build_spec(choices, tmp_path))
+def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
+    store, manager = dashboard_store
+    run_id = manager.start(_tiny_spec(), title="tiny dlg")
+    assert manager.wait(run_id, 120)
+    at = _app()
+    at.switch_page("pages/history.py").run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert list(table["run"]) == [run_id]
+    assert list(table["status"]) == ["completed"]
+    assert "dlg" in table["attack"][0] and "lenet" in table["model"][0]
+    assert table["PSNR (dB)"][0] is not None
+
+    at.selectbox(key="history_run").set_value(run_id)
+    at.button(key="open_run").click().run()
+    assert not at.exception
+    assert at.query_params["run"] == run_id
+    assert [t.value for t in at.title] == ["Attack lab"]
+    assert any("PSNR" in m.label for m in at.metric)
+
+    # Deleting it (finished runs only) forgets it everywhere.
+    at.switch_page("pages/history.py").run()
+    at.button(key="delete_run").click().run()
+    assert not at.exception
+    assert store.get_run(run_id) is None
+    assert "run" not in at.query_params
+    assert any("No runs yet" in i.value for i in at.info)
+
+
+def test_history_says_when_runs_of_a_previous_dashboard_were_failed(
+    tmp_path, monkeypatch, ray_session
+):
+    import streamlit as st
+
+    from auditlib.store import Store
+
+    monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "data"))
+    st.cache_resource.clear()
+    with Store() as store:  # a run left "queued" by a dashboard that was killed
+        store.create_run(_tiny_spec().to_dict(), _tiny_spec().identity(), "left behind")
+    try:
+        at = _app()
+        at.switch_page("pages/history.py").run()
+        assert not at.exception
+        assert any("1 run(s) were still in progress" in w.value for w in at.warning)
+        assert list(at.dataframe[0].value["status"]) == ["failed"]
+    finally:
+        st.cache_resource.clear()
+
+
+# --- helpers --------------------------------------------------------------------------------
 
 
 def test_result_helpers_speak_plainly():
@@ -230,27 +361,38 @@ def test_result_helpers_speak_plainly():
         "lpips_vgg_mean": 0.4,
         "label_accuracy": 0.5,
     }
-    rows = {r["Metric"]: r["Value"] for r in page.metric_rows(metrics)}
+    rows = {r["Metric"]: r["Value"] for r in common.metric_rows(metrics)}
     assert rows["PSNR mean (dB)"] == "12.35"
     assert rows["SSIM mean"] == "unavailable: images smaller than the 11-pixel window"
     assert rows["LPIPS mean (AlexNet)"] == "unavailable: LPIPS-alex unavailable: no weights"
     assert rows["Label accuracy"] == "50%"
+    assert common.number(math.nan, ".2f") == "nan"
 
-    assert page.privacy_text({"update_norm_before": 1.0}).startswith("No formal privacy")
-    assert "set clip" in page.privacy_text(
+    assert common.privacy_text({"update_norm_before": 1.0}).startswith("No formal privacy")
+    assert "set clip" in common.privacy_text(
         {"epsilon": None, "epsilon_unavailable_reason": "no clip bound; set clip=C"}
     )
-    assert page.privacy_text({"epsilon": 2.5, "delta": 1e-5}).startswith("ε = 2.5, δ = 1e-05")
-
-    text = page.summary_json({"a": math.nan, "b": (1, 2), "c": Path("/x")})
-    assert json.loads(text) == {"a": None, "b": [1, 2], "c": "/x"}
+    assert common.privacy_text({"epsilon": 2.5, "delta": 1e-5}).startswith("ε = 2.5, δ = 1e-05")
 
 
 def test_form_fields_record_only_changes():
     from auditlib.defenses.dp_noise import GaussianNoiseConfig
 
-    defaults = page.config_defaults(GaussianNoiseConfig)
+    defaults = common.config_defaults(GaussianNoiseConfig)
     assert defaults["clip"] is None and defaults["sigma"] == 0.1
     values = {"sigma": 0.1, "clip": "", "delta": 1e-5, "rounds": 3, "sample_rate": 1.0}
-    assert page.changed_params(values, defaults) == {"rounds": 3}
-    assert page.changed_params({**values, "clip": "2"}, defaults) == {"rounds": 3, "clip": "2"}
+    assert common.changed_params(values, defaults) == {"rounds": 3}
+    assert common.changed_params({**values, "clip": "2"}, defaults) == {"rounds": 3, "clip": "2"}
+
+
+def test_spec_text_names_the_settings():
+    spec = json.loads(json.dumps(_tiny_spec().to_dict()))  # as the store hands it back
+    text = common.spec_text(spec)
+    assert text["attack"] == "dlg" and text["defense"] == "none"
+    assert text["model"].startswith("lenet (3x32x32, 10 classes")
+    assert text["batch"] == "1 from 'photographs'"
+
+
+@pytest.mark.parametrize("value", ["0" * 31, "zz" * 16, "../../etc"])
+def test_url_ids_are_checked(value):
+    assert not common._URL_PATTERNS["run"].fullmatch(value)

@@ -31,11 +31,17 @@ def ray_address() -> str | None:
     return os.environ.get("AUDIT_RAY_ADDRESS") or None
 
 
-def ensure_ray(address: str | None = None) -> None:
-    """Connect to Ray once per process: a local instance, or the cluster at ``address``."""
-    with _init_lock:
-        if ray.is_initialized():
-            return
+# Ray's local processes (GCS, raylet) are started with PR_SET_PDEATHSIG: Linux kills them
+# when the *thread* that started them ends. Streamlit runs each script run in a thread that
+# ends with the run, so ray.init runs in a keeper thread that then waits for ever (a daemon
+# thread: it does not keep the process alive).
+_ready = threading.Event()
+_errors: list[BaseException] = []
+_keeper: threading.Thread | None = None
+
+
+def _keep_ray(address: str | None) -> None:
+    try:
         address = address or ray_address()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if address:
@@ -48,6 +54,40 @@ def ensure_ray(address: str | None = None) -> None:
                 log_to_driver=False,
                 runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}},
             )
+    except BaseException as exc:  # handed to the callers of ensure_ray
+        _errors.append(exc)
+        _ready.set()
+        return
+    _ready.set()
+    # A worker that has imported torch and auditlib before the first audit: that audit then
+    # shows its first frame in about a second instead of after a cold start.
+    warm_up.remote()
+    threading.Event().wait()
+
+
+def start_ray(address: str | None = None) -> None:
+    """Start (or join) Ray in the background, once per process; returns at once."""
+    global _keeper
+    with _init_lock:
+        if ray.is_initialized() or (_keeper is not None and not _ready.is_set()):
+            return  # running, or being started
+        _ready.clear()
+        _errors.clear()  # a later call retries after a failure or a ray.shutdown()
+        _keeper = threading.Thread(
+            target=_keep_ray, args=(address,), daemon=True, name="ray-keeper"
+        )
+        _keeper.start()
+
+
+def ensure_ray(address: str | None = None, timeout: float = 120.0) -> None:
+    """Connect to Ray once per process: a local instance, or the cluster at ``address``."""
+    if ray.is_initialized():
+        return
+    start_ray(address)
+    if not _ready.wait(timeout):
+        raise RuntimeError(f"Ray did not start within {timeout:.0f} s")
+    if _errors:
+        raise RuntimeError(f"Ray could not start: {_errors[0]}") from _errors[0]
 
 
 @ray.remote(num_cpus=0)

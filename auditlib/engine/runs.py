@@ -52,14 +52,8 @@ class RunManager:
             "the dashboard stopped while this run was in progress; its worker is gone"
         )
         # Ray starts (about 4 s) and warms a worker in the background, so the first Start
-        # does not wait for either; start() joins this thread.
-        self._ray_ready = threading.Thread(target=self._prepare_ray, daemon=True, name="ray-start")
-        self._ray_ready.start()
-
-    def _prepare_ray(self) -> None:
-        with contextlib.suppress(Exception):  # start() reports a failing Ray itself
-            ray_backend.ensure_ray(self.ray_address)
-            ray_backend.warm_up.remote()
+        # does not wait for either; start() waits for it.
+        ray_backend.start_ray(ray_address)
 
     def start(
         self, spec: RunSpec, assets: Mapping[str, bytes] | None = None, title: str = ""
@@ -71,7 +65,6 @@ class RunManager:
         get_attack(spec.attack.name)
         build_attack_config(spec.attack.name, spec.attack.params_dict(), spec.attack.preset)
         build_defense(spec.defense.name, spec.defense.params_dict())
-        self._ray_ready.join()
         ray_backend.ensure_ray(self.ray_address)
         run_id = self.store.create_run(spec.to_dict(), spec.identity(), title)
         board = ray_backend.cancel_board()

@@ -1,0 +1,131 @@
+"""History page: every run in the store with its settings and metrics; open or delete one.
+
+Opening a run puts its id into the URL (``?run=...``) and shows it in the Attack lab, live if
+it is still in progress. The table refreshes itself while runs are in progress.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from auditlib.store import STATUSES
+from pages.common import (
+    LAB_PAGE,
+    get_manager,
+    get_store,
+    number,
+    set_url_state,
+    spec_text,
+    url_state,
+)
+
+LIMIT = 200
+REFRESH_S = 2.0
+
+
+def _rows(records: list) -> list[dict]:
+    rows = []
+    for r in records:
+        settings = spec_text(r.spec)
+        rows.append(
+            {
+                "started": f"{r.created_at.astimezone():%Y-%m-%d %H:%M:%S}",
+                "status": r.status,
+                "attack": settings["attack"],
+                "defense": settings["defense"],
+                "model": settings["model"],
+                "batch": settings["batch"],
+                "scenario": settings["scenario"],
+                "iterations": r.iterations if r.iterations is not None else settings["iterations"],
+                "seconds": None if r.seconds is None else round(r.seconds, 1),
+                "PSNR (dB)": None if r.psnr_mean is None else round(r.psnr_mean, 2),
+                "SSIM": None if r.ssim_mean is None else round(r.ssim_mean, 3),
+                "LPIPS": None if r.lpips_mean is None else round(r.lpips_mean, 3),
+                "label accuracy": (None if r.label_accuracy is None else f"{r.label_accuracy:.0%}"),
+                "run": r.id,
+            }
+        )
+    return rows
+
+
+def _label(record) -> str:
+    psnr = f" · PSNR {number(record.psnr_mean, '.2f')} dB" if record.psnr_mean is not None else ""
+    return (
+        f"{record.created_at.astimezone():%Y-%m-%d %H:%M:%S} · {record.title or record.id[:8]} · "
+        f"{record.status}{psnr}"
+    )
+
+
+def _table(live: bool, statuses: list[str]) -> None:
+    """The run table; a fragment that reruns while runs are in progress."""
+    records = get_store().list_runs(limit=LIMIT)
+    if statuses:
+        records = [r for r in records if r.status in statuses]
+    if live and not get_manager().active_runs():
+        st.rerun()  # the last run ended: redraw once and stop refreshing
+    if not records:
+        st.info("No runs yet. Start one in the Attack lab.")
+        return
+    st.dataframe(
+        _rows(records),
+        hide_index=True,
+        column_config={
+            "run": st.column_config.TextColumn("run id", width="small"),
+            "PSNR (dB)": st.column_config.NumberColumn(format="%.2f"),
+        },
+    )
+    st.caption(f"{len(records)} run(s), newest first (at most {LIMIT}).")
+
+
+def _open(run_id: str) -> None:
+    set_url_state("run", run_id)
+    st.session_state.pop("_events", None)
+    st.switch_page(LAB_PAGE, query_params=url_state())
+
+
+def main() -> None:
+    st.title("History")
+    manager = get_manager()
+    if manager.orphans_failed:
+        st.warning(
+            f"{manager.orphans_failed} run(s) were still in progress when the dashboard last "
+            "stopped. Their workers are gone, so they are marked failed; start them again to "
+            "get a result."
+        )
+    statuses = st.multiselect(
+        "Status", sorted(STATUSES), key="history_status", placeholder="every status"
+    )
+    live = bool(manager.active_runs())
+    st.fragment(_table, run_every=REFRESH_S if live else None)(live, statuses)
+
+    records = get_store().list_runs(limit=LIMIT)
+    if statuses:
+        records = [r for r in records if r.status in statuses]
+    if not records:
+        return
+    st.subheader("Open a run")
+    by_id = {r.id: r for r in records}
+    current = st.session_state.get("run")
+    ids = list(by_id)
+    run_id = st.selectbox(
+        "Run",
+        ids,
+        index=ids.index(current) if current in by_id else 0,
+        format_func=lambda i: _label(by_id[i]),
+        key="history_run",
+    )
+    open_col, delete_col, _ = st.columns([2, 1, 3])
+    if open_col.button("Open in the Attack lab", type="primary", key="open_run"):
+        _open(run_id)
+    record = by_id[run_id]
+    active = manager.is_active(run_id) or not record.finished
+    with delete_col.popover("Delete…", disabled=active, help="Only finished runs can be deleted."):
+        st.write(f"Delete run {run_id[:8]} with its events and images? This cannot be undone.")
+        if st.button("Delete", key="delete_run"):
+            get_store().delete_run(run_id)
+            if st.session_state.get("run") == run_id:
+                set_url_state("run", None)
+            st.rerun()
+
+
+main()

@@ -1,0 +1,539 @@
+"""Attack lab: choose the scenario, the attack, the defense and the budget; start and watch.
+
+A run executes in the process-wide RunManager (on Ray), never in this page: Start returns at
+once with a run id, which goes into the URL (``?run=...``). The live view polls the store
+about once a second through a fragment while the run is in progress and stops polling when
+it ends; closing the browser does not stop the run.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from auditlib.attacks import ATTACKS
+from auditlib.defenses import DEFENSES
+from auditlib.errors import AuditInputError
+from auditlib.report.result_json import summary_json
+from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
+from pages.common import (
+    HISTORY_PAGE,
+    SETUP_PAGE,
+    LabChoices,
+    Setup,
+    build_run,
+    changed_params,
+    check_components,
+    config_defaults,
+    config_inputs,
+    current_setup,
+    get_manager,
+    get_store,
+    metric_rows,
+    number,
+    persist,
+    png_width,
+    preset_label,
+    privacy_text,
+    set_url_state,
+    setup_problems,
+    spec_text,
+)
+
+# A first run should take seconds to minutes, not the paper's hours; the paper's count is
+# one click away.
+FIRST_RUN_ITERATIONS = {"dlg": 100, "idlg": 100, "ig": 300}
+DEFAULT_ITERATIONS = 100
+REFRESH_S = 1.0
+# Entries of an event's "losses" that count work rather than measure a loss: shown in the
+# progress text, not drawn on the loss axis.
+COUNTERS = frozenset({"evaluations"})
+STATUS_TEXT = {
+    "queued": "waiting for a worker",
+    "running": "running",
+    COMPLETED: "completed",
+    CANCELLED: "cancelled",
+    TIMED_OUT: "stopped by its time budget",
+    FAILED: "failed",
+}
+
+
+# --- the form (sidebar) ---------------------------------------------------------------------
+
+
+def _scenario_inputs(lab: LabChoices) -> None:
+    st.header("Scenario")
+    lab.algorithm = st.radio(
+        "Client protocol",
+        ["fedsgd", "fedavg"],
+        format_func={"fedsgd": "FedSGD", "fedavg": "FedAvg"}.get,
+        horizontal=True,
+        persist_state="session",
+        key=persist("algorithm", "fedsgd"),
+        help="FedSGD: the client sends one gradient of its whole batch. FedAvg: it takes "
+        "local SGD steps and sends the change of its weights.",
+    )
+    if lab.algorithm == "fedavg":
+        lab.local_steps = int(
+            st.number_input(
+                "Local steps",
+                1,
+                1000,
+                step=1,
+                persist_state="session",
+                key=persist("local_steps", 1),
+            )
+        )
+        lab.local_lr = st.number_input(
+            "Local learning rate",
+            format="%g",
+            persist_state="session",
+            key=persist("local_lr", 0.01),
+        )
+        local_batch = int(
+            st.number_input(
+                "Local mini-batch size (0 = whole batch)",
+                0,
+                64,
+                step=1,
+                persist_state="session",
+                key=persist("local_batch_size", 0),
+            )
+        )
+        lab.local_batch_size = local_batch or None
+        lab.share = st.radio(
+            "Client sends",
+            ["delta", "weights"],
+            format_func={"delta": "weight change", "weights": "new weights"}.get,
+            horizontal=True,
+            persist_state="session",
+            key=persist("share", "delta"),
+        )
+    lab.labels_known = st.checkbox(
+        "Server knows the labels",
+        persist_state="session",
+        key=persist("labels_known", False),
+        help="Threat model: the client shares its labels with the server.",
+    )
+
+
+def _use_paper_iterations(attack: str, count: int) -> None:
+    st.session_state[f"iterations.{attack}"] = count
+
+
+def _attack_inputs(lab: LabChoices) -> None:
+    st.header("Attack")
+    names = sorted(ATTACKS)
+    lab.attack = st.selectbox(
+        "Attack",
+        names,
+        persist_state="session",
+        key=persist("attack", "dlg" if "dlg" in names else names[0]),
+    )
+    info = ATTACKS[lab.attack]
+    st.caption(info.summary)
+    presets = [None, *info.presets]
+    lab.preset = st.selectbox(
+        "Settings",
+        presets,
+        format_func=preset_label,
+        persist_state="session",
+        key=persist(f"preset.{lab.attack}", "paper" if "paper" in presets else None),
+        help="'paper settings' are the values of the attack's paper; 'library defaults' are "
+        "the library's. Every value can be changed under 'Attack parameters'.",
+    )
+    iterations_key = persist(
+        f"iterations.{lab.attack}", FIRST_RUN_ITERATIONS.get(lab.attack, DEFAULT_ITERATIONS)
+    )
+    lab.iterations = int(
+        st.number_input(
+            "Iterations",
+            1,
+            1_000_000,
+            step=1,
+            key=iterations_key,
+            help="A small count keeps a first run short; the time budget stops it too.",
+        )
+    )
+    if info.paper_iterations:
+        st.button(
+            f"Paper's count: {info.paper_iterations:,} iterations",
+            key=f"paper_iterations.{lab.attack}",
+            on_click=_use_paper_iterations,
+            args=(lab.attack, info.paper_iterations),
+            help="Set the iterations to the paper's; such a run can take a long time.",
+        )
+    defaults = config_defaults(
+        info.config_type, info.presets.get(lab.preset) if lab.preset else None
+    )
+    with st.expander("Attack parameters"):
+        st.caption(f"Shown: {preset_label(lab.preset)}. Only changed values are recorded.")
+        values = config_inputs(info.config_type, f"attack.{lab.attack}.{lab.preset}", defaults)
+    lab.attack_params = changed_params(values, defaults)
+
+
+def _defense_inputs(lab: LabChoices) -> None:
+    st.header("Defense")
+    names = sorted(DEFENSES, key=lambda n: (n != "none", n))
+    lab.defense = st.selectbox(
+        "Defense", names, persist_state="session", key=persist("defense", names[0])
+    )
+    info = DEFENSES[lab.defense]
+    st.caption(info.summary)
+    defaults = config_defaults(info.config_type)
+    values = config_inputs(info.config_type, f"defense.{lab.defense}", defaults)
+    lab.defense_params = changed_params(values, defaults)
+
+
+def _budget_inputs(lab: LabChoices) -> None:
+    st.header("Budget")
+    lab.time_budget = float(
+        st.number_input(
+            "Time budget (seconds)",
+            1,
+            86_400,
+            step=10,
+            persist_state="session",
+            key=persist("time_budget", 120),
+            help="The attack stops when this time is up and is scored as it stands.",
+        )
+    )
+    lab.device = st.selectbox(
+        "Device",
+        ["cpu", "cuda"],
+        persist_state="session",
+        key=persist("device", "cpu"),
+        help="cuda asks Ray for one GPU (on this machine or a cluster's worker).",
+    )
+
+
+# --- starting ----------------------------------------------------------------------------
+
+
+def _start(setup: Setup, lab: LabChoices) -> None:
+    """Start the run; on success its id goes into the session and the URL."""
+    st.session_state.pop("start_error", None)
+    errors, missing = setup_problems(setup)
+    errors += check_components(lab) + missing
+    if errors:
+        st.session_state["start_error"] = "Not started: " + " ".join(errors)
+        return
+    try:
+        spec, assets, title = build_run(setup, lab)
+        run_id = get_manager().start(spec, assets, title=title)
+    except AuditInputError as exc:
+        st.session_state["start_error"] = f"Not started: {exc}"
+        return
+    except Exception as exc:  # Ray or the store failed: say so, keep the page alive
+        st.session_state["start_error"] = (
+            f"The run could not be started: {type(exc).__name__}: {exc}. This is a problem of "
+            "the dashboard or its Ray instance, not of your input."
+        )
+        return
+    set_url_state("run", run_id)
+    st.session_state.pop("_events", None)
+
+
+# --- watching a run -------------------------------------------------------------------------
+
+
+def _events(run_id: str) -> list:
+    """The run's events, fetched incrementally (only the new ones on each poll)."""
+    cache = st.session_state.get("_events")
+    if not cache or cache["run"] != run_id:
+        cache = {"run": run_id, "events": []}
+    last = cache["events"][-1].seq if cache["events"] else -1
+    cache["events"] = cache["events"] + get_store().events(run_id, after_seq=last)
+    st.session_state["_events"] = cache
+    return cache["events"]
+
+
+def _loss_figure(events: list) -> go.Figure:
+    keys = [k for k in dict.fromkeys(k for e in events for k in e.losses) if k not in COUNTERS]
+    steps = [e.step for e in events]
+    fig = go.Figure()
+    values = []
+    for key in keys:
+        ys = [e.losses.get(key) for e in events]
+        values += [y for y in ys if y is not None]
+        fig.add_scatter(x=steps, y=ys, mode="lines+markers", name=key, marker={"size": 4})
+    fig.update_layout(
+        title="Attack loss",
+        height=340,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis_title="step",
+        yaxis_title="loss (log scale)" if values and min(values) > 0 else "loss",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    if values and min(values) > 0:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _progress(record: RunRecord, events: list) -> None:
+    if not events:
+        text = (
+            "waiting for a worker"
+            if record.status == "queued"
+            else "preparing the victim's update and starting the attack"
+        )
+        if record.finished:
+            text = STATUS_TEXT.get(record.status, record.status)
+        st.progress(0.0, text=text)
+        return
+    last = events[-1]
+    total = max(int(last.total), 1)
+    losses = ", ".join(f"{k} {v:.4g}" for k, v in last.losses.items() if v is not None)
+    text = f"step {last.step:,} of {total:,} · {last.elapsed_s:.1f} s"
+    if losses:
+        text += f" · {losses}"
+    if record.finished:
+        text = f"{STATUS_TEXT.get(record.status, record.status)}: {text}"
+    st.progress(min(max(last.step / total, 0.0), 1.0), text=text)
+
+
+def _live_view(run_id: str, live: bool) -> None:
+    """Status, progress, the reconstruction under the originals and the loss curve.
+
+    Drawn as a fragment that reruns every second while the run is in progress; when it sees
+    the run finished it reruns the whole page, which draws the results and stops polling.
+    """
+    store = get_store()
+    record = store.get_run(run_id)
+    if record is None:
+        return
+    if live and record.finished:
+        st.rerun()
+    events = _events(run_id)
+    _progress(record, events)
+    if record.finished:
+        return
+    cancel_col, note_col = st.columns([1, 4], vertical_alignment="center")
+    cancel_col.button(
+        "Cancel run",
+        key="cancel",
+        on_click=get_manager().cancel,
+        args=(run_id,),
+        disabled=record.cancel_requested,
+        help="Stops the attack; what it has reconstructed so far is still scored.",
+    )
+    if record.cancel_requested:
+        note_col.caption("Cancellation requested; the attack stops at its next step.")
+    else:
+        note_col.caption(
+            "The run goes on in the background: you can leave this page or close the "
+            "browser, and reopen it from History."
+        )
+    images_col, chart_col = st.columns([3, 2], gap="large")
+    with images_col:
+        originals = store.image(run_id, "originals")
+        current = store.image(run_id, "live")
+        if originals is not None:
+            st.image(
+                originals.png,
+                width=png_width(originals.png),
+                caption="Private images (only the auditor sees them)",
+            )
+        if current is not None:
+            st.image(
+                current.png,
+                width=png_width(current.png),
+                caption=f"The attacker's reconstruction at step {current.step:,}, each image "
+                "under the original it matches",
+            )
+        elif originals is None:
+            st.caption("The images appear once the worker has prepared the victim.")
+    with chart_col:
+        if events:
+            st.plotly_chart(_loss_figure(events), config={"displayModeBar": False})
+
+
+def _results(record: RunRecord) -> None:
+    summary = record.summary
+    status = record.status
+    if status == FAILED:
+        st.error(f"The run failed: {record.error or 'no reason recorded'}")
+    elif status == CANCELLED and summary is None:
+        st.warning(f"The run was cancelled before it had a result. {record.error or ''}")
+    if summary is None:
+        return
+    metrics = summary.get("metrics", {})
+    oracle = summary.get("oracle_best", {})
+    timing = summary.get("timing", {})
+    stop_reason = summary.get("stop_reason", status)
+    headline = (
+        f"{summary.get('attack', '?')} against {summary.get('defense', '?')}: PSNR "
+        f"{number(metrics.get('psnr_mean'), '.2f')} dB (mean over "
+        f"{len(metrics.get('per_image', []))} image(s)), {timing.get('iterations', '?')} "
+        f"iterations in {number(timing.get('seconds'), '.1f')} s, stopped: {stop_reason}."
+    )
+    if status == COMPLETED:
+        st.success(headline)
+    else:
+        st.warning(f"{headline} The attack did not run to the end; it is scored as it stood.")
+
+    st.subheader("Result")
+    grid = get_store().image(record.id, "reconstruction")
+    grid_col, chart_col = st.columns([3, 2], gap="large")
+    if grid is not None:
+        grid_col.image(
+            grid.png,
+            width=png_width(grid.png),
+            caption="Top: the private images (only the auditor sees them). Bottom: the "
+            "attacker's reconstruction (its lowest-loss restart, chosen without ground truth), "
+            "each matched to its original.",
+        )
+    events = _events(record.id)
+    if events:
+        chart_col.plotly_chart(_loss_figure(events), config={"displayModeBar": False})
+    col1, col2, col3 = st.columns(3)
+    col1.metric("PSNR mean (attacker's pick)", f"{number(metrics.get('psnr_mean'), '.2f')} dB")
+    col2.metric(
+        "Oracle best PSNR (uses ground truth)",
+        f"{number(oracle.get('psnr_mean'), '.2f')} dB",
+        help="The best restart chosen with the private images: an upper bound on what the "
+        "attack found, not a choice the attacker can make.",
+    )
+    col3.metric("SSIM mean", number(metrics.get("ssim_mean"), ".3f"))
+
+    table_col, side_col = st.columns([1, 1], gap="large")
+    with table_col:
+        st.subheader("Metrics (attacker's pick)")
+        st.table(metric_rows(metrics))
+        definition = summary.get("config", {}).get("metric_definition")
+        if definition:
+            st.caption(f"Metric definition: {definition}.")
+    with side_col:
+        st.subheader("Defense")
+        report = summary.get("defense_report") or {}
+        st.write(privacy_text(report))
+        before, after = report.get("update_norm_before"), report.get("update_norm_after")
+        if before is not None and after is not None:
+            st.caption(f"Update norm before the defense {before:.4g}, after {after:.4g}.")
+        st.subheader("Timing")
+        per_second = timing.get("iterations_per_second")
+        st.write(
+            f"{number(timing.get('seconds'), '.1f')} s for {timing.get('iterations', '?')} "
+            "iterations"
+            + (f" ({per_second:.2f} per second)" if per_second else "")
+            + f"; stop reason: {stop_reason}."
+        )
+
+    with st.expander("Per image"):
+        rows = [
+            {
+                "image": p.get("name"),
+                "true label": str(p.get("true_label")),
+                "recovered label": str(p.get("recovered_label", "n/a")),
+                "PSNR (dB)": number(p.get("psnr"), ".2f"),
+                "SSIM": number(p.get("ssim"), ".3f"),
+                "LPIPS (AlexNet)": number(p.get("lpips_alex"), ".3f"),
+            }
+            for p in metrics.get("per_image", [])
+        ]
+        st.table(rows)
+    with st.expander("Threat model and victim"):
+        st.json(
+            summary_json(
+                {"threat_model": summary.get("threat_model"), "victim": summary.get("victim")}
+            )
+        )
+    col_json, col_png = st.columns(2)
+    col_json.download_button(
+        "Download result.json",
+        summary_json(summary),
+        file_name="result.json",
+        mime="application/json",
+        key="download_json",
+    )
+    if grid is not None:
+        col_png.download_button(
+            "Download reconstruction.png",
+            grid.png,
+            file_name="reconstruction.png",
+            mime="image/png",
+            key="download_png",
+        )
+
+
+def _close_run() -> None:
+    set_url_state("run", None)
+    st.session_state.pop("_events", None)
+
+
+def _run_view(run_id: str) -> None:
+    record = get_store().get_run(run_id)
+    if record is None:
+        st.warning(
+            f"Run {run_id} is not in this dashboard's store: it was deleted, or the link comes "
+            "from another dashboard."
+        )
+        st.button("Close it", key="close_run", on_click=_close_run)
+        return
+    head_col, close_col = st.columns([5, 1])
+    head_col.header(record.title or f"Run {run_id[:8]}")
+    close_col.button("Close", key="close_run", on_click=_close_run, help="Close this view.")
+    settings = spec_text(record.spec)
+    st.caption(
+        f"Run {run_id} · started "
+        f"{record.created_at.astimezone():%Y-%m-%d %H:%M:%S} · attack {settings['attack']} · "
+        f"defense {settings['defense']} · model {settings['model']} · batch "
+        f"{settings['batch']} · {settings['scenario']} · {settings['iterations']} iterations"
+    )
+    live = not record.finished
+    st.fragment(_live_view, run_every=REFRESH_S if live else None)(run_id, live)
+    if record.finished:
+        _results(record)
+
+
+def main() -> None:
+    st.title("Attack lab")
+    setup = current_setup()
+    lab = LabChoices()
+    with st.sidebar:
+        _scenario_inputs(lab)
+        _attack_inputs(lab)
+        _defense_inputs(lab)
+        _budget_inputs(lab)
+
+    setup_errors, missing = setup_problems(setup)
+    errors = setup_errors + check_components(lab)
+    images = (
+        f"{setup.count} from the '{setup.sample_set}' sample set"
+        if setup.source == "samples"
+        else "uploaded images"
+    )
+    info_col, link_col = st.columns([4, 1])
+    info_col.markdown(f"**Model** {setup.model_text()} · **Private images** {images}")
+    link_col.page_link(SETUP_PAGE, label="Change", icon=":material/tune:")
+    for message in missing:
+        st.info(message)
+    for message in errors:
+        st.error(message)
+    blocked = bool(errors or missing)
+    # The click is handled here, after every widget above has given its current value (a
+    # callback would see the values of the previous run).
+    if st.button(
+        "Start the attack",
+        type="primary",
+        key="start",
+        disabled=blocked,
+        help="Fix the problems above first."
+        if blocked
+        else "Runs in the background; you can "
+        "leave this page or close the browser, the run goes on.",
+    ):
+        _start(setup, lab)
+    start_error = st.session_state.pop("start_error", None)  # shown once
+    if start_error:
+        st.error(start_error)
+
+    run_id = st.session_state.get("run")
+    if run_id:
+        _run_view(run_id)
+    else:
+        st.info("No run open. Start one, or open a past run from the History page.")
+        st.page_link(HISTORY_PAGE, label="History", icon=":material/history:")
+
+
+main()

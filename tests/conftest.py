@@ -1,0 +1,51 @@
+"""Fixtures for the dashboard's tests: one Ray instance per session, a fresh store per test.
+
+Starting Ray costs seconds, so the UI tests share one local instance; tests that do not ask
+for these fixtures never start it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray instance shared by the whole test session, shut down at its end."""
+    import ray
+
+    from auditlib.engine import ray_backend
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray_backend.ensure_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def dashboard_store(tmp_path, monkeypatch, ray_session):
+    """The dashboard's process-wide Store and RunManager, on a SQLite file under tmp_path.
+
+    ``AUDIT_DATA_DIR`` points at tmp_path before the ``st.cache_resource`` objects are
+    created (the caches are cleared first), so every test sees an empty store of its own.
+    Yields ``(store, manager)``; at the end waits for the test's runs and closes the store.
+    """
+    import streamlit as st
+
+    from pages.common import get_manager, get_store
+
+    monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("AUDIT_DATABASE_URL", raising=False)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    store, manager = get_store(), get_manager()
+    try:
+        yield store, manager
+    finally:
+        for run_id in manager.active_runs():
+            manager.cancel(run_id)
+        manager.wait_all(60)
+        st.cache_resource.clear()
+        store.close()

@@ -1,0 +1,279 @@
+"""The dashboard in a real browser: upload images, start a DLG run, watch it converge.
+
+Starts ``streamlit run app.py`` on a free local port (its own data folder and its own Ray),
+drives headless Chromium with Playwright, and measures the time from clicking Start to the
+first live reconstruction on the page (printed and written to
+``tests/artifacts/browser_timing.json``). Screenshots go to ``tests/artifacts/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+EXAMPLES = ROOT / "assets" / "example-images"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ITERATIONS = 40
+STEP = re.compile(r"step ([\d,]+) of ([\d,]+)")
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {process.returncode}")
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response,
+        ):
+            if response.status == 200:
+                return
+        time.sleep(0.25)
+    raise TimeoutError(f"streamlit did not become healthy within {timeout} s")
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from /proc), so teardown can check that none is left."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop the server and everything it started: its Ray processes and their workers."""
+    started = _descendants(process.pid)
+    if process.poll() is None:
+        process.terminate()  # streamlit exits cleanly and ray.shutdown() stops its cluster
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=20)
+    # Whatever is left of the group (Ray's processes die with their parent) is killed.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
+    # Ray workers notice that their raylet is gone and exit; give them a moment, then
+    # stop any that remain (only the processes this server started, by id).
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    for pid in started:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def server(tmp_path):
+    """The dashboard on a free port; yields its URL; always stopped at the end."""
+    port = _free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RAY_ADDRESS", "AUDIT_RAY_ADDRESS", "AUDIT_DATABASE_URL"}
+    }
+    env.update(AUDIT_DATA_DIR=str(tmp_path / "data"), RAY_USAGE_STATS_ENABLED="0")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    log = (ARTIFACTS / "browser_server.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so teardown reaches Ray too
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process, timeout=60)
+        yield url
+    finally:
+        _stop(process)
+        log.close()
+
+
+def _progress_step(page) -> int | None:
+    bars = page.locator('[data-testid="stProgress"]')
+    if bars.count() == 0:
+        return None
+    match = STEP.search(bars.first.inner_text())
+    return int(match.group(1).replace(",", "")) if match else None
+
+
+def _start_and_watch(page, label: str, opened: float) -> dict[str, object]:
+    """Click Start, time the first live frame, follow the progress, wait for the metrics.
+
+    Returns the seconds from the click to the first live reconstruction and to the final
+    metrics, the progress steps seen in between, and when the click came (seconds after
+    the page was first opened, which is when the dashboard starts Ray and warms a worker).
+    """
+    start = page.get_by_role("button", name="Start the attack")
+    clicked = time.monotonic()
+    start.click()
+    page.get_by_text("The attacker's reconstruction at step").wait_for(timeout=90_000)
+    first_frame = round(time.monotonic() - clicked, 2)
+    assert "run=" in page.url
+    page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded image(s)").wait_for()
+
+    # The progress advances while the page stays responsive.
+    steps: list[int] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        step = _progress_step(page)
+        if step is not None and (not steps or step != steps[-1]):
+            steps.append(step)
+        if len(steps) >= 2 and steps[-1] > steps[0]:
+            break
+        page.wait_for_timeout(300)
+    page.screenshot(path=str(ARTIFACTS / f"browser_running_{label}.png"), full_page=True)
+
+    page.get_by_text("PSNR mean (attacker's pick)").wait_for(timeout=90_000)
+    page.get_by_text("Oracle best PSNR (uses ground truth)").wait_for()
+    page.get_by_text("dlg against none: PSNR").wait_for()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ARTIFACTS / f"browser_result_{label}.png"), full_page=True)
+    return {
+        "clicked_after_page_opened_s": round(clicked - opened, 2),
+        "start_to_first_frame_s": first_frame,
+        "start_to_result_s": round(time.monotonic() - clicked, 2),
+        "progress_steps_seen": steps,
+    }
+
+
+def test_upload_start_and_watch_a_run_in_a_browser(server):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+
+    timing: dict[str, object] = {}
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2000})
+            page.set_default_timeout(30_000)
+            opened = time.monotonic()
+            page.goto(server)
+            page.get_by_role("heading", name="Setup").wait_for()
+
+            # Setup: upload the example images with their labels.csv.
+            page.get_by_text("My own images").click()
+            uploader = page.locator('[data-testid="stFileUploader"]').filter(
+                has_text="Images, a labels.csv, or one zip"
+            )
+            uploader.locator('input[type="file"]').set_input_files(
+                sorted(str(p) for p in EXAMPLES.iterdir())
+            )
+            page.get_by_text("Using uploaded images").wait_for()
+            page.get_by_text("4 image(s) from").wait_for()
+            assert "images=" in page.url
+            page.screenshot(path=str(ARTIFACTS / "browser_setup.png"), full_page=True)
+
+            # Attack lab: DLG on LeNet (the defaults), a short run.
+            page.get_by_role("link", name="Continue to the Attack lab").click()
+            page.get_by_role("heading", name="Attack lab").wait_for()
+            sidebar = page.locator('[data-testid="stSidebar"]')
+            sidebar.get_by_text("Iterations", exact=True).wait_for()
+            iterations = sidebar.get_by_label("Iterations", exact=True)
+            iterations.fill(str(ITERATIONS))
+            iterations.press("Enter")
+            page.wait_for_timeout(1000)  # the rerun that takes the new value
+            assert iterations.input_value() == str(ITERATIONS)
+
+            # First run, started as soon as the page allows: it may wait for Ray and a
+            # worker to start (the dashboard starts both when it is first opened).
+            timing["first_run"] = cold = _start_and_watch(page, "first", opened)
+            steps = cold["progress_steps_seen"]
+            assert len(steps) >= 2 and steps[-1] > steps[0], steps
+
+            # Second run, same settings: Ray and a worker are warm now.
+            timing["second_run"] = warm = _start_and_watch(page, "second", opened)
+            steps = warm["progress_steps_seen"]
+            assert len(steps) >= 2 and steps[-1] > steps[0], steps
+
+            # History lists the run.
+            page.get_by_role("link", name="History").first.click()
+            page.get_by_role("heading", name="History").wait_for()
+            page.get_by_text("2 run(s), newest first").wait_for()
+            page.locator('[data-testid="stDataFrame"] canvas').first.wait_for()
+            page.wait_for_timeout(1500)  # the grid draws its cells after the canvas appears
+            page.screenshot(path=str(ARTIFACTS / "browser_history.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+    timing["iterations"] = ITERATIONS
+    timing["start_to_first_frame_s"] = warm["start_to_first_frame_s"]
+    (ARTIFACTS / "browser_timing.json").write_text(json.dumps(timing, indent=2) + "\n")
+    for name in ("first_run", "second_run"):
+        run = timing[name]
+        print(
+            f"\n{name}: Start -> first live reconstruction {run['start_to_first_frame_s']} s, "
+            f"-> final metrics {run['start_to_result_s']} s, steps seen {run['progress_steps_seen']}"
+        )
