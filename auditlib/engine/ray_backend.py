@@ -27,6 +27,11 @@ CANCEL_POLL_S = 0.25
 _init_lock = threading.Lock()
 
 
+def cpus_per_run() -> int:
+    """CPUs (and so torch threads) each audit asks Ray for: ``AUDIT_RAY_CPUS_PER_RUN``, 1."""
+    return max(1, int(os.environ.get("AUDIT_RAY_CPUS_PER_RUN", "1")))
+
+
 def ray_address() -> str | None:
     return os.environ.get("AUDIT_RAY_ADDRESS") or None
 
@@ -120,7 +125,8 @@ def warm_up() -> bool:
 
 
 def cancel_board():
-    return CancelBoard.options(name=BOARD_NAME, get_if_exists=True, lifetime="detached").remote()
+    """The named cancel board of this Ray job; callers keep the handle (it lives while held)."""
+    return CancelBoard.options(name=BOARD_NAME, get_if_exists=True).remote()
 
 
 def _audit_task(
@@ -151,7 +157,8 @@ def submit(
     spec: RunSpec, assets: Mapping[str, bytes], run_id: str, board, settings: dict[str, Any]
 ):
     """Start the task; returns its ObjectRefGenerator."""
-    options: dict[str, Any] = {}
+    # Ray gives a task's worker as many torch threads (OMP_NUM_THREADS) as CPUs it asked for.
+    options: dict[str, Any] = {"num_cpus": cpus_per_run()}
     if spec.device.startswith("cuda"):
         options["num_gpus"] = 1
     return audit_task.options(**options).remote(spec, dict(assets), run_id, board, settings)

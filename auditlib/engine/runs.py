@@ -46,6 +46,7 @@ class RunManager:
         self._lock = threading.Lock()
         self._refs: dict[str, Any] = {}
         self._threads: dict[str, threading.Thread] = {}
+        self._board = None  # the cancel board actor; this handle keeps it alive
         # Runs left queued/running by an earlier dashboard process have lost their consumer
         # (and, with the embedded Ray, their worker): they must not stay "running" forever.
         self.orphans_failed = store.fail_unfinished(
@@ -67,7 +68,10 @@ class RunManager:
         build_defense(spec.defense.name, spec.defense.params_dict())
         ray_backend.ensure_ray(self.ray_address)
         run_id = self.store.create_run(spec.to_dict(), spec.identity(), title)
-        board = ray_backend.cancel_board()
+        with self._lock:
+            if self._board is None:
+                self._board = ray_backend.cancel_board()
+            board = self._board
         generator = ray_backend.submit(spec, assets or {}, run_id, board, self.settings)
         thread = threading.Thread(
             target=self._consume,
@@ -146,7 +150,7 @@ class RunManager:
             generator = self._refs.get(run_id)
         if generator is None:
             return
-        ray_backend.cancel_board().cancel.remote(run_id)
+        self._board.cancel.remote(run_id)
 
         def hard_cancel() -> None:
             with self._lock:
