@@ -289,13 +289,7 @@ def batch_of(setup: Setup) -> LabelledImages | None:
             f"the uploaded images {setup.images[:12]}... are not in this dashboard's store; "
             "upload them again on the Setup page"
         )
-    used = setup.upload_count or len(images)
-    return dataclasses.replace(
-        images,
-        images=images.images[:used],
-        names=images.names[:used],
-        labels=None if images.labels is None else images.labels[:used],
-    )
+    return images.window(0, setup.upload_count or len(images))
 
 
 def setup_problems(setup: Setup) -> tuple[list[str], list[str]]:

@@ -8,6 +8,7 @@ were used.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import struct
@@ -69,6 +70,15 @@ class LabelledImages:
 
     def __len__(self) -> int:
         return len(self.images)
+
+    def window(self, start: int, stop: int) -> LabelledImages:
+        """Images ``start`` to ``stop`` (exclusive) with their names and labels."""
+        return dataclasses.replace(
+            self,
+            images=self.images[start:stop],
+            names=self.names[start:stop],
+            labels=None if self.labels is None else self.labels[start:stop],
+        )
 
 
 def _size_text(num_bytes: int) -> str:

@@ -117,13 +117,7 @@ def _load_images(
                 f"{data.location} holds {len(loaded.images)} images; batch size {data.batch_size} "
                 f"from offset {data.offset} needs {end}"
             )
-        picked = LabelledImages(
-            images=loaded.images[data.offset : end],
-            names=loaded.names[data.offset : end],
-            labels=None if loaded.labels is None else loaded.labels[data.offset : end],
-            class_names=loaded.class_names,
-            source=loaded.source,
-        )
+        picked = loaded.window(data.offset, end)
     elif data.source == "samples":
         picked = load_sample_set(
             data.location, data.batch_size or 1, seed=spec.seed, offset=data.offset
