@@ -24,7 +24,7 @@ class RestartOutcome:
     steps: int = 0
     evaluations: int = 0  # objective evaluations (an L-BFGS step makes up to max_iter)
     stop_reason: str = "completed"
-    images: torch.Tensor | None = None  # last finite state
+    images: torch.Tensor | None = None  # the images of the last full step
 
 
 def lbfgs_restart(
@@ -65,7 +65,6 @@ def lbfgs_restart(
         loss.backward()
         return loss
 
-    outcome.images = snapshot(images)
     completed = [v.detach().clone() for v in variables]  # state after the last full step
     yield ProgressEvent(
         step_offset, total_steps, clock.elapsed, {}, restart, snapshot(images), current_labels()
@@ -74,18 +73,13 @@ def lbfgs_restart(
         try:
             loss = float(optimizer.step(closure).detach())
         except _Interrupted as stop:
-            # The step was cut short: drop its trial point, return to the last full step.
-            with torch.no_grad():
-                for variable, saved in zip(variables, completed, strict=True):
-                    variable.copy_(saved)
             outcome.stop_reason = stop.reason
             break
-        outcome.steps = step
         if not math.isfinite(loss) or not bool(torch.isfinite(images).all()):
-            # L-BFGS with a fixed step of 1 can blow up; keep the last finite images.
+            # L-BFGS with a fixed step of 1 can blow up; the last finite state stands.
             outcome.stop_reason = "diverged"
             break
-        outcome.images = snapshot(images)
+        outcome.steps = step
         completed = [v.detach().clone() for v in variables]
         if step % control.emit_every == 0 or step == control.max_steps:
             with_images = step % control.image_every == 0 or step == control.max_steps
@@ -95,6 +89,12 @@ def lbfgs_restart(
                 clock.elapsed,
                 {"gradient_distance": loss, "evaluations": float(outcome.evaluations)},
                 restart,
-                outcome.images if with_images else None,
+                snapshot(images) if with_images else None,
                 current_labels() if with_images else None,
             )
+    # Back to the last full step: a step cut short by a budget or a cancellation leaves a
+    # line-search trial point, a diverged step non-finite values (images and labels alike).
+    with torch.no_grad():
+        for variable, saved in zip(variables, completed, strict=True):
+            variable.copy_(saved)
+    outcome.images = snapshot(images)
