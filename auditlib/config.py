@@ -36,17 +36,24 @@ def parse_key_values(pairs: list[str] | None, what: str) -> dict[str, str]:
     return result
 
 
+def optional_inner(annotation: Any) -> Any | None:
+    """``X`` for an ``X | None`` annotation, else None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        others = [a for a in args if a is not type(None)]
+        if type(None) in args and len(others) == 1:
+            return others[0]
+    return None
+
+
 def _convert(value: Any, annotation: Any, owner: str, key: str) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        is_none = value is None or (
-            isinstance(value, str) and value.lower() in {"none", "null", ""}
-        )
-        if is_none and type(None) in args:
+    inner = optional_inner(annotation)
+    if inner is not None:
+        if value is None or (isinstance(value, str) and value.lower() in {"none", "null", ""}):
             return None
-        non_none = [a for a in args if a is not type(None)]
-        return _convert(value, non_none[0], owner, key)
+        return _convert(value, inner, owner, key)
     if origin is typing.Literal:
         text = str(value)
         if text not in [str(a) for a in args]:

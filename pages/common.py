@@ -19,7 +19,6 @@ import dataclasses
 import io
 import math
 import re
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ import streamlit as st
 from PIL import Image
 
 from auditlib.attacks import build_attack_config
+from auditlib.config import optional_inner
 from auditlib.data import (
     DEFAULT_LIMITS,
     LabelledImages,
@@ -519,16 +519,6 @@ def preset_label(preset: str | None) -> str:
 # --- forms ------------------------------------------------------------------------------------
 
 
-def _optional_type(annotation: Any) -> Any | None:
-    """``X`` for ``X | None`` annotations, else None."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        if type(None) in args:
-            others = [a for a in args if a is not type(None)]
-            return others[0] if len(others) == 1 else None
-    return None
-
-
 def config_defaults(config_type: type, overrides: Mapping[str, Any] | None = None) -> dict:
     """Default value of every init field of a config dataclass, with ``overrides`` applied."""
     values = {}
@@ -601,7 +591,7 @@ def config_inputs(config_type: type, key: str, defaults: Mapping[str, Any]) -> d
                 key=persist(widget_key, float(default or 0.0)),
             )
         else:
-            optional = _optional_type(annotation) is not None
+            optional = optional_inner(annotation) is not None
             values[name] = st.text_input(
                 f"{label} (optional)" if optional else label,
                 help="Leave empty for none." if optional else None,
