@@ -1,6 +1,7 @@
 """Attacks, registered by name (``ATTACKS``); importing this package registers them all."""
 
-from auditlib.attacks import dlg, idlg, inverting_gradients  # noqa: F401  (registration)
+from importlib import import_module
+
 from auditlib.attacks.base import (
     ATTACKS,
     AttackInfo,
@@ -11,6 +12,11 @@ from auditlib.attacks.base import (
     build_attack_config,
     get_attack,
 )
+
+# Each module registers its attack when imported.
+_MODULES = ("dlg", "idlg", "inverting_gradients", "gradinversion", "grnn", "dlm", "fedleak")
+for _module in _MODULES:
+    import_module(f"auditlib.attacks.{_module}")
 
 __all__ = [
     "ATTACKS",

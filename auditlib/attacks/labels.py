@@ -43,26 +43,35 @@ def _last_layer_prefix(observation: Observation, knowledge: AttackerKnowledge) -
     )
 
 
-def last_layer_gradient(
-    observation: Observation, knowledge: AttackerKnowledge, which: str
+def gradient_estimate(
+    observation: Observation, knowledge: AttackerKnowledge, index: int
 ) -> torch.Tensor:
-    """The observed update of the last linear layer's ``which`` ("weight"/"bias") as a gradient.
+    """The observed update of parameter ``index`` read as one gradient of the batch loss.
 
-    Weight differences point against the gradient (w' = w - lr * g), so they are negated;
-    after several local steps this is the sum of several gradients, an approximation the
-    FedAvg papers accept for label inference.
+    FedSGD shares the gradient itself. FedAvg shares w' - w (or w'), the sum of ``K`` local
+    SGD steps w <- w - lr * g; the server knows lr and K, so -(w' - w) / (lr * K) is the mean
+    of the K local gradients. Each was taken at different weights, so this is an estimate,
+    the one FedLeak (Sec. 4.5) and the label rules of the FedAvg papers rely on.
     """
-    name = f"{_last_layer_prefix(observation, knowledge)}.{which}"
-    if name not in observation.parameter_names:
-        raise AttackUnsupportedError(f"the last linear layer has no shared {which} ({name})")
-    index = observation.parameter_names.index(name)
     update = observation.tensors[index].detach()
     if observation.kind == "gradient":
         return update
-    if observation.kind == "weight_delta":
-        return -update
-    initial = knowledge.parameters()[name].detach().to(update.device)
-    return -(update - initial)
+    if observation.kind == "weights":
+        name = observation.parameter_names[index]
+        update = update - knowledge.parameters()[name].detach().to(update.device)
+    protocol = knowledge.protocol
+    steps = protocol.steps_for(knowledge.batch_size)
+    return -update / (protocol.local_lr * steps)
+
+
+def last_layer_gradient(
+    observation: Observation, knowledge: AttackerKnowledge, which: str
+) -> torch.Tensor:
+    """The last linear layer's ``which`` ("weight"/"bias") update read as a gradient."""
+    name = f"{_last_layer_prefix(observation, knowledge)}.{which}"
+    if name not in observation.parameter_names:
+        raise AttackUnsupportedError(f"the last linear layer has no shared {which} ({name})")
+    return gradient_estimate(observation, knowledge, observation.parameter_names.index(name))
 
 
 def idlg_label(
@@ -85,3 +94,137 @@ def idlg_label(
         # More than one negative entry means the rule's premise (non-negative features) failed.
         "unambiguous": negative == 1,
     }
+
+
+# --- Batch rules --------------------------------------------------------------------------
+
+BatchRule = Literal["auto", "distinct", "counts", "bias-counts"]
+ClassReduce = Literal["sum", "min"]
+
+
+def class_scores(
+    observation: Observation, knowledge: AttackerKnowledge, reduce: ClassReduce = "sum"
+) -> torch.Tensor:
+    """One score per class from the last layer's weight gradient (N classes x K features).
+
+    Row i is sum_b (p_bi - y_bi) h_b / B: with non-negative features h it is most negative
+    for the classes in the batch. ``sum`` adds the row (iDLG, FedLeak Sec. 5); ``min`` takes
+    its most negative entry (GradInversion, Yin et al. 2021, Sec. 3.2).
+    """
+    gradient = last_layer_gradient(observation, knowledge, "weight")
+    return gradient.sum(dim=-1) if reduce == "sum" else gradient.min(dim=-1).values
+
+
+def distinct_labels(
+    observation: Observation, knowledge: AttackerKnowledge, reduce: ClassReduce = "sum"
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The B classes with the most negative scores; assumes no label repeats (B <= classes)."""
+    batch, classes = knowledge.batch_size, knowledge.num_classes
+    if batch > classes:
+        raise AttackUnsupportedError(
+            f"{batch} images cannot have distinct labels among {classes} classes; "
+            "use a counting rule (labels=counts)"
+        )
+    scores = class_scores(observation, knowledge, reduce).cpu()
+    labels = torch.argsort(scores)[:batch].sort().values
+    return labels, {
+        "rule": f"distinct labels: the {batch} most negative last-layer class scores ({reduce})",
+        "labels": labels.tolist(),
+    }
+
+
+def _fill(counts: torch.Tensor, batch: int, order: torch.Tensor) -> torch.Tensor:
+    """Adds the missing samples one at a time to the classes in ``order`` (cycling)."""
+    counts = counts.clone()
+    missing = batch - int(counts.sum())
+    for i in range(missing):
+        counts[order[i % len(order)]] += 1
+    return counts
+
+
+def _labels_from_counts(counts: torch.Tensor) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(len(counts)), counts)
+
+
+CountFill = Literal["largest-remainder", "lowest-class"]
+
+
+def counted_labels(
+    observation: Observation, knowledge: AttackerKnowledge, fill: CountFill = "largest-remainder"
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """FedLeak's count estimate for batches that must repeat labels (Sec. 5, Appendix F).
+
+    c_j = floor(B * sum_i (dW[j, i] - max dW) / sum_j sum_i (dW[j, i] - max dW)), where
+    "max W" is read as the largest entry of the weight gradient dW, so every term is <= 0
+    and classes with more negative rows get larger shares. The paper gives the samples the
+    floors leave missing to "the class with the lowest gradient strength"; ``lowest-class``
+    reads that literally (all to the most negative row sum), ``largest-remainder`` (default)
+    gives them one each to the largest fractional shares (compared in docs/REPRODUCTION.md).
+    """
+    gradient = last_layer_gradient(observation, knowledge, "weight").double().cpu()
+    shifted = (gradient - gradient.max()).sum(dim=-1)
+    batch = knowledge.batch_size
+    total = shifted.sum()
+    if not bool(total < 0):
+        raise AttackUnsupportedError("the last layer's update is zero; labels cannot be counted")
+    share = batch * shifted / total
+    counts = torch.floor(share).long()
+    if fill == "lowest-class":
+        order = torch.argsort(gradient.sum(dim=-1))[:1]
+    else:
+        order = torch.argsort(share - counts, descending=True)
+    counts = _fill(counts, batch, order)
+    labels = _labels_from_counts(counts)
+    return labels, {
+        "rule": f"FedLeak count estimate from the last-layer weight gradient ({fill} fill)",
+        "counts": {int(c): int(n) for c, n in enumerate(counts) if n > 0},
+    }
+
+
+def bias_counted_labels(
+    observation: Observation, knowledge: AttackerKnowledge
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Counts from the bias gradient g_j = mean_b (p_bj - y_bj), so n_j = B (p_j - g_j).
+
+    The mean prediction p_j is unknown to the server; it is taken as 1/N, which holds for an
+    untrained model (the LLG-style estimate of Wainakh et al. 2022); counts are rounded by
+    largest remainder so they sum to B.
+    """
+    gradient = last_layer_gradient(observation, knowledge, "bias").double().cpu()
+    batch, classes = knowledge.batch_size, knowledge.num_classes
+    estimate = (batch * (1.0 / classes - gradient)).clamp(min=0)
+    if float(estimate.sum()) <= 0:
+        raise AttackUnsupportedError("the bias update gives no positive class count")
+    estimate = estimate * batch / estimate.sum()
+    counts = torch.floor(estimate).long()
+    counts = _fill(counts, batch, torch.argsort(estimate - counts, descending=True))
+    labels = _labels_from_counts(counts)
+    return labels, {
+        "rule": "counts from the last-layer bias gradient (mean prediction taken as 1/N)",
+        "counts": {int(c): int(n) for c, n in enumerate(counts) if n > 0},
+    }
+
+
+def infer_batch_labels(
+    observation: Observation,
+    knowledge: AttackerKnowledge,
+    rule: BatchRule = "auto",
+    reduce: ClassReduce = "sum",
+    fill: CountFill = "largest-remainder",
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Class ids for the whole batch (length B, sorted), and a record of how they were found.
+
+    ``auto`` uses distinct labels while the batch fits in the classes, else FedLeak's counts.
+    Label order carries no information; metrics match labels as a multiset.
+    """
+    if rule == "auto":
+        rule = "distinct" if knowledge.batch_size <= knowledge.num_classes else "counts"
+    if rule == "distinct":
+        return distinct_labels(observation, knowledge, reduce)
+    if rule == "counts":
+        return counted_labels(observation, knowledge, fill)
+    if rule == "bias-counts":
+        return bias_counted_labels(observation, knowledge)
+    raise AuditInputError(
+        f"unknown label rule {rule!r}; expected auto, distinct, counts or bias-counts"
+    )
