@@ -44,24 +44,45 @@ CASES = (
         "LeNet 32x32, batch 1",
         ModelSpec("lenet", 100, (3, 32, 32), init="uniform"),
         1,
-        {"dlg": 60, "idlg": 60, "ig": 1000},
+        {
+            "dlg": 60,
+            "idlg": 60,
+            "ig": 1000,
+            "gi": 1000,
+            "grnn": 300,
+            "dlm": 30,
+            "dlm+": 30,
+            "fedleak": 300,
+        },
         3,
     ),
     Case(
         "ResNet-18 32x32, batch 4",
         ModelSpec("resnet18", 10, (3, 32, 32)),
         4,
-        {"dlg": 2, "ig": 10},
+        {"dlg": 2, "ig": 10, "gi": 10, "grnn": 10, "dlm+": 1, "fedleak": 5},
+        1,
+    ),
+    Case(
+        "ResNet-10 32x32, batch 16",
+        ModelSpec("resnet10", 10, (3, 32, 32)),
+        16,
+        {"ig": 10, "gi": 10, "grnn": 10, "fedleak": 5},
         1,
     ),
 )
 
+# DLM's observation is the weights after FedAvg local training (its paper: several local
+# steps); every other attack is timed on a FedSGD gradient.
+FEDAVG = ClientProtocol("fedavg", local_steps=5, local_lr=0.01, shared="weights")
+PROTOCOL_OF = {"dlm": FEDAVG, "dlm+": FEDAVG}
 
-def release_for(case: Case, device: str):
+
+def release_for(case: Case, device: str, protocol: ClientProtocol):
     spec = RunSpec(
         model=ModelRef(case.model),
-        data=DataSpec("samples", "photographs", batch_size=case.batch),
-        scenario=ScenarioSpec(protocol=ClientProtocol()),
+        data=DataSpec("samples", "photographs", batch_size=min(case.batch, 17)),
+        scenario=ScenarioSpec(protocol=protocol),
         attack=ComponentSpec.of("dlg"),
         defense=ComponentSpec.of("none"),
         budget=Budget(1),
@@ -71,7 +92,7 @@ def release_for(case: Case, device: str):
     return release_update(
         victim.model,
         victim.batch,
-        spec.scenario.protocol,
+        protocol,
         build_defense("none")[0],
         normalization=victim.normalization,
         num_classes=case.model.num_classes,
@@ -133,12 +154,19 @@ def main() -> None:
     parser.add_argument(
         "--no-docs", action="store_true", help="print only; leave docs/PERFORMANCE.md alone"
     )
+    parser.add_argument("--attacks", nargs="*", help="only these attacks (default: all)")
     args = parser.parse_args()
 
     rows = []
     for case in CASES:
-        release = release_for(case, args.device)
+        releases: dict[ClientProtocol, object] = {}
         for name, steps in case.steps.items():
+            if args.attacks and name not in args.attacks:
+                continue
+            protocol = PROTOCOL_OF.get(name, ClientProtocol())
+            if protocol not in releases:
+                releases[protocol] = release_for(case, args.device, protocol)
+            release = releases[protocol]
             quiet, default, chatty = [], [], []
             for _ in range(case.repeats):
                 quiet.append(timed(name, release, steps, emit_every=10**9, image_every=10**9))

@@ -1,0 +1,204 @@
+"""Reproduce the attack papers' headline comparisons at a CPU scale (docs/REPRODUCTION.md).
+
+Experiments (each writes its own table between markers in docs/REPRODUCTION.md and its
+rows in benchmarks/results/attacks.json; run one with --only NAME):
+
+- labels:  batch label inference on Fashion-MNIST batches (GradInversion's and FedLeak's rules)
+- grnn:    GRNN against DLG on ResNet-18, batch 1, FedSGD (GRNN thesis, ch. 3)
+- dlm:     DLM and DLM+ against DLG on the weights of FedAvg local training (DLM paper)
+- fedleak: FedLeak against IG and GI at batch 16 on ResNet-10, FedSGD (FedLeak Table 3)
+- suite:   every attack on the foundation's LeNet setting, batch 1 and batch 4
+
+Usage: python -m benchmarks.reproduce_attacks [--only NAME ...] [--render-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from auditlib.attacks.labels import infer_batch_labels
+from auditlib.defenses import build_defense
+from auditlib.engine.audit import prepare_victim, run_audit
+from auditlib.fl.protocol import ClientProtocol
+from auditlib.fl.scenario import release_update
+from auditlib.metrics.matching import label_accuracy
+from auditlib.models import ModelSpec
+from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+from benchmarks.common import ROOT, machine, replace_section
+
+RESULTS = ROOT / "benchmarks" / "results" / "attacks.json"
+DOC = ROOT / "docs" / "REPRODUCTION.md"
+
+
+def spec_of(
+    model: ModelSpec,
+    attack: str,
+    *,
+    data: DataSpec,
+    iterations: int,
+    params: dict[str, Any] | None = None,
+    protocol: ClientProtocol | None = None,
+    seconds: float | None = None,
+    seed: int = 0,
+    pretrain_rounds: int = 0,
+) -> RunSpec:
+    return RunSpec(
+        model=ModelRef(model),
+        data=data,
+        scenario=ScenarioSpec(
+            protocol=protocol or ClientProtocol(), pretrain_rounds=pretrain_rounds
+        ),
+        attack=ComponentSpec.of(attack, params or {}),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(iterations, seconds),
+        seed=seed,
+    )
+
+
+def audit(spec: RunSpec, **extra: Any) -> dict[str, Any]:
+    """One audit as the CLI runs it; the figures the tables need."""
+    start = time.perf_counter()
+    result = run_audit(spec, lpips_nets=())
+    summary = result.summary
+    metrics = summary["metrics"]
+    row = {
+        "attack": spec.attack.name,
+        "params": spec.attack.params_dict(),
+        "images": metrics["per_image"][0]["name"] if len(metrics["per_image"]) == 1 else None,
+        "batch": len(metrics["per_image"]),
+        "iterations": spec.budget.iterations,
+        "steps_done": summary["timing"]["iterations"],
+        "time_budget_s": spec.budget.max_seconds,
+        "psnr": metrics["psnr_mean"],
+        "psnr_max": metrics["psnr_max"],
+        "ssim": metrics["ssim_mean"],
+        "label_accuracy": metrics["label_accuracy"],
+        "oracle_psnr": summary["oracle_best"]["psnr_mean"],
+        "label_rule": (summary.get("label_inference") or {}).get("rule"),
+        "stop_reason": summary["stop_reason"],
+        "seconds": time.perf_counter() - start,
+        **extra,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+# --- labels -------------------------------------------------------------------------------
+
+
+def label_trial(model: ModelSpec, batch: int, offset: int, rules: dict[str, dict]) -> list[dict]:
+    spec = spec_of(
+        model,
+        "dlg",
+        data=DataSpec("samples", "fashion-mnist", batch_size=batch, offset=offset),
+        iterations=1,
+    )
+    victim = prepare_victim(spec)
+    release = release_update(
+        victim.model,
+        victim.batch,
+        ClientProtocol(),
+        build_defense("none")[0],
+        normalization=victim.normalization,
+        num_classes=model.num_classes,
+        labels_known=False,
+        seed=0,
+    )
+    truth = victim.batch.labels.tolist()
+    rows = []
+    for label, kwargs in rules.items():
+        inferred, _ = infer_batch_labels(release.observation, release.knowledge, **kwargs)
+        rows.append(
+            {
+                "model": model.architecture,
+                "batch": batch,
+                "offset": offset,
+                "rule": label,
+                "accuracy": label_accuracy(inferred.tolist(), truth),
+            }
+        )
+    return rows
+
+
+def run_labels() -> list[dict]:
+    rules = {
+        "counts, largest-remainder fill (default)": {"rule": "counts"},
+        "counts, lowest-class fill (paper, literal)": {"rule": "counts", "fill": "lowest-class"},
+        "bias counts": {"rule": "bias-counts"},
+    }
+    rows = []
+    for architecture in ("resnet10", "lenet"):
+        model = ModelSpec(architecture, 10, (1, 32, 32))
+        for batch in (16, 32, 64):
+            for trial in range(5):
+                rows += label_trial(model, batch, trial * batch, rules)
+    return rows
+
+
+def render_labels(rows: list[dict]) -> str:
+    rules = list(dict.fromkeys(r["rule"] for r in rows))
+    lines = [
+        "| model | batch | " + " | ".join(rules) + " |",
+        "|---|---|" + "---|" * len(rules),
+    ]
+    keys = list(dict.fromkeys((r["model"], r["batch"]) for r in rows))
+    for model, batch in keys:
+        cells = []
+        for rule in rules:
+            values = [
+                r["accuracy"]
+                for r in rows
+                if r["model"] == model and r["batch"] == batch and r["rule"] == rule
+            ]
+            cells.append(f"{100 * statistics.mean(values):.1f} % ({len(values)} batches)")
+        lines.append(f"| {model} | {batch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# --- registry of experiments ----------------------------------------------------------------
+
+EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], str]]] = {
+    "labels": (run_labels, render_labels),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", nargs="*", choices=sorted(EXPERIMENTS))
+    parser.add_argument(
+        "--render-only", action="store_true", help="redo the docs from the saved JSON"
+    )
+    args = parser.parse_args()
+    names = args.only or list(EXPERIMENTS)
+    saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for name in names:
+        run, render = EXPERIMENTS[name]
+        if not args.render_only:
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            rows = run()
+            saved[name] = {
+                "machine": machine(),
+                "seconds": time.perf_counter() - start,
+                "rows": rows,
+            }
+            RESULTS.parent.mkdir(exist_ok=True)
+            RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
+        if name not in saved:
+            raise SystemExit(f"no saved results for {name}; run it without --render-only")
+        entry = saved[name]
+        text = render(entry["rows"])
+        text += f"\n\nMeasured on: {entry['machine']}; {entry['seconds'] / 60:.1f} min."
+        replace_section(DOC, f"attacks-{name}", text)
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
