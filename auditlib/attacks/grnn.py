@@ -1,1 +1,440 @@
-"""Placeholder: being written (registers nothing yet)."""
+"""GRNN, Generative Regression Neural Network (Ren, Deng, Xie, ACM TIST 13(4), 2022).
+
+The attacker does not optimise pixels but the weights of a generator G. A latent matrix
+v ~ N(0, I) (one row of ``latent_dim`` per image) is drawn once and kept fixed; G maps it to
+a batch of images (image branch: a fractionally-strided convolution to a 4x4 map, then
+upsampling blocks "nearest x2 -> conv 3x3 -> BatchNorm -> GLU", a sigmoid at the end, so
+pixels lie in [0, 1]) and to soft labels (label branch: one linear layer and a softmax).
+The update the client would compute on (images, soft labels) is regressed onto the observed
+one with Eq. 3.4 of the thesis,
+
+    L = MSE(g, g_hat) + WD(g, g_hat) + alpha * TV(x_hat),
+
+and G's weights are trained with RMSprop (lr 1e-4, momentum 0.99). The recovered labels
+are the argmax of the label branch. Public code: github.com/Rand2AI/GRNN (``GRNN.py``,
+``Generator/model.py``, ``utils.py``), whose definitions of the three terms we follow:
+"MSE" is the summed squared difference, "WD" of one row reduces to the L2 norm of the
+difference, and TV is squared. The thesis's own words (an earth mover's distance, absolute
+TV differences) are options. See docs/ALGORITHMS.md for every departure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from auditlib.attacks.base import (
+    AttackInfo,
+    Candidate,
+    Clock,
+    ProgressEvent,
+    Reconstruction,
+    RunControl,
+    register,
+    snapshot,
+)
+from auditlib.attacks.labels import infer_batch_labels
+from auditlib.attacks.objectives import UpdateMatcher, l2_distance, total_variation
+from auditlib.config import require
+from auditlib.errors import AttackUnsupportedError
+from auditlib.fl.update import client_update
+from auditlib.threat import AttackerKnowledge, Observation
+
+# Thesis Sec. 3.3.1: TV weight 1e-3 for LeNet, 1e-6 for ResNet-18.
+TV_LENET, TV_RESNET = 1e-3, 1e-6
+
+
+@dataclass(frozen=True)
+class GrnnConfig:
+    lr: float = 1e-4
+    momentum: float = 0.99
+    tv: float | None = None  # None: the thesis's weight for the model (see tv_weight)
+    tv_form: Literal["squared", "absolute"] = "squared"
+    wasserstein: Literal["l2-norm", "sorted"] = "l2-norm"
+    latent_dim: int = 128
+    width: int = 32
+    generator_init: Literal["default", "normal"] = "default"
+    fit: Literal["crop", "resize"] = "crop"
+    labels: Literal["auto", "joint", "known", "inferred"] = "auto"
+    label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = "auto"
+    restarts: int = 1
+
+    def __post_init__(self) -> None:
+        require(0 < self.lr <= 1, f"lr must be in (0, 1], got {self.lr}")
+        require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
+        require(
+            self.tv is None or 0 <= self.tv <= 10,
+            f"tv must be empty (the thesis's weight) or in [0, 10], got {self.tv}",
+        )
+        require(
+            1 <= self.latent_dim <= 4096, f"latent_dim must be in [1, 4096], got {self.latent_dim}"
+        )
+        require(1 <= self.width <= 256, f"width must be in [1, 256], got {self.width}")
+        require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
+
+
+# --- Generator --------------------------------------------------------------------------
+
+
+class GLU(nn.Module):
+    """Gated linear unit over channels: x[:, :C/2] * sigmoid(x[:, C/2:]) (thesis Table 3.1)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[1] // 2
+        return x[:, :half] * torch.sigmoid(x[:, half:])
+
+
+def up_block(in_channels: int, out_channels: int) -> nn.Sequential:
+    """Nearest x2, conv 3x3 (no bias) to twice the channels, BatchNorm, GLU (Table 3.1)."""
+    return nn.Sequential(
+        nn.Upsample(scale_factor=2, mode="nearest"),
+        nn.Conv2d(in_channels, out_channels * 2, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(out_channels * 2),
+        GLU(),
+    )
+
+
+def generated_side(height: int, width: int) -> int:
+    """The generator makes square power-of-two images (4 * 2^k); the smallest that covers."""
+    return max(8, 1 << math.ceil(math.log2(max(height, width))))
+
+
+class GrnnGenerator(nn.Module):
+    """The two branches of Fig. 3.2, sized as in the public ``Generator/model.py``."""
+
+    def __init__(
+        self, latent_dim: int, num_classes: int, channels: int, side: int, width: int
+    ) -> None:
+        super().__init__()
+        blocks = int(math.log2(side)) - 3  # 4x4 map, `blocks` upsamplings, one to the image
+        self.label_branch = nn.Linear(latent_dim, num_classes)
+        self.stem = nn.Sequential(
+            nn.ConvTranspose2d(latent_dim, width * 2**blocks * 2, 4, 1, 0), GLU()
+        )
+        self.blocks = nn.Sequential(
+            *(up_block(width * 2 ** (b + 1), width * 2**b) for b in reversed(range(blocks)))
+        )
+        self.out = up_block(width, channels)
+
+    def forward(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = torch.softmax(self.label_branch(latent), dim=-1)
+        x = self.stem(latent[:, :, None, None])
+        images = torch.sigmoid(self.out(self.blocks(x)))
+        return images, labels
+
+
+def _normal_init(module: nn.Module, generator: torch.Generator) -> None:
+    # What the public code's weight_init(0, 0.02) means to do (its loop never reaches the
+    # layers inside the Sequential containers, so the code runs with PyTorch's init).
+    with torch.no_grad():
+        for layer in module.modules():
+            if isinstance(layer, nn.Linear | nn.Conv2d | nn.ConvTranspose2d):
+                layer.weight.normal_(0.0, 0.02, generator=generator)
+                if layer.bias is not None:
+                    layer.bias.zero_()
+
+
+def build_generator(
+    knowledge: AttackerKnowledge, config: GrnnConfig, generator: torch.Generator
+) -> GrnnGenerator:
+    """A freshly initialised generator, deterministic for ``generator``'s state."""
+    channels, height, width = knowledge.input_shape
+    side = generated_side(height, width)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    # PyTorch's default init draws from the global RNG: seed it locally and restore it.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = GrnnGenerator(config.latent_dim, knowledge.num_classes, channels, side, config.width)
+    if config.generator_init == "normal":
+        _normal_init(net, generator)
+    return net.to(knowledge.device).train()  # BatchNorm on batch statistics, as in the code
+
+
+def fit_to_input(images: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
+    """Generated side x side images to the model's height x width: centre crop or resize."""
+    side = images.shape[-1]
+    if (height, width) == (side, side):
+        return images
+    if mode == "resize":
+        return F.interpolate(images, size=(height, width), mode="area")
+    top, left = (side - height) // 2, (side - width) // 2
+    return images[:, :, top : top + height, left : left + width]
+
+
+# --- Loss (thesis Eq. 3.4, code definitions) --------------------------------------------
+
+
+def squared_tv(images: torch.Tensor) -> torch.Tensor:
+    """The public code's TVLoss: 2 (mean squared vertical + horizontal differences) / B."""
+    _, channels, height, width = images.shape
+    dh = (images[:, :, 1:, :] - images[:, :, :-1, :]).pow(2).sum() / (
+        channels * (height - 1) * width
+    )
+    dw = (images[:, :, :, 1:] - images[:, :, :, :-1]).pow(2).sum() / (
+        channels * height * (width - 1)
+    )
+    return 2 * (dh + dw) / images.shape[0]
+
+
+def sorted_wasserstein(
+    candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """1-D W1 between the value distributions of the two flattened updates."""
+    a = torch.cat([t.reshape(-1) for t in candidate]).sort().values
+    b = torch.cat([t.reshape(-1) for t in target]).sort().values
+    return (a - b).abs().mean()
+
+
+def tv_weight(knowledge: AttackerKnowledge, config: GrnnConfig) -> float:
+    """The configured TV weight, or the thesis's: 1e-6 for a model with BatchNorm layers
+    (its ResNet-18), 1e-3 otherwise (its LeNet)."""
+    if config.tv is not None:
+        return config.tv
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in knowledge.model.modules())
+    return TV_RESNET if has_bn else TV_LENET
+
+
+class GrnnLoss:
+    """Eq. 3.4 on the candidate batch; the terms are returned for the progress events."""
+
+    def __init__(self, observation: Observation, knowledge: AttackerKnowledge, config: GrnnConfig):
+        matcher = UpdateMatcher(observation, knowledge, "l2")  # checks names, moves targets
+        self.knowledge = knowledge
+        self.parameters = matcher.parameters
+        self.target = matcher.target
+        self.config = config
+        self.tv = tv_weight(knowledge, config)
+
+    def gradient_terms(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        simulated = client_update(
+            self.knowledge.model,
+            self.parameters,
+            images,
+            labels,
+            self.knowledge.protocol,
+            differentiable=True,
+        )
+        mse = l2_distance(simulated, self.target)
+        if self.config.wasserstein == "sorted":
+            wd = sorted_wasserstein(simulated, self.target)
+        else:
+            # The code's wasserstein_distance of one row: the L2 norm of the difference.
+            # The clamp keeps the derivative of the square root finite at an exact match.
+            wd = mse.clamp_min(1e-30).sqrt()
+        return mse, wd
+
+    def smoothness(self, images01: torch.Tensor) -> torch.Tensor:
+        if self.config.tv_form == "absolute":
+            return total_variation(images01)
+        return squared_tv(images01)
+
+
+# --- Labels -----------------------------------------------------------------------------
+
+
+def resolve_labels(
+    observation: Observation, knowledge: AttackerKnowledge, config: GrnnConfig
+) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """Fixed class ids (known or inferred) or None for the label branch (the thesis)."""
+    strategy = config.labels
+    if strategy == "auto":
+        strategy = "known" if knowledge.labels is not None else "joint"
+    if strategy == "known":
+        if knowledge.labels is None:
+            raise AttackUnsupportedError(
+                "labels=known needs a scenario in which the server knows the labels (--labels-known)"
+            )
+        return knowledge.labels.clone().long(), {"rule": "known to the server (threat model)"}
+    if strategy == "inferred":
+        return infer_batch_labels(observation, knowledge, config.label_rule)
+    return None, {"rule": "GRNN label branch (argmax of softmax(FC(v)))"}
+
+
+# --- Attack -----------------------------------------------------------------------------
+
+
+def run_grnn(
+    observation: Observation,
+    knowledge: AttackerKnowledge,
+    config: GrnnConfig,
+    control: RunControl,
+    seed: int,
+) -> Iterator[ProgressEvent]:
+    fixed_labels, inference = resolve_labels(observation, knowledge, config)
+    loss = GrnnLoss(observation, knowledge, config)
+    return _run(knowledge, config, control, seed, loss, fixed_labels, inference)
+
+
+class _Restart:
+    """One restart's generator, fixed latent and optimiser."""
+
+    def __init__(
+        self,
+        knowledge: AttackerKnowledge,
+        config: GrnnConfig,
+        generator: torch.Generator,
+        fixed_labels: torch.Tensor | None,
+    ) -> None:
+        self.knowledge = knowledge
+        self.config = config
+        self.net = build_generator(knowledge, config, generator)
+        shape = (knowledge.batch_size, config.latent_dim)
+        self.latent = torch.randn(shape, generator=generator).to(knowledge.device)
+        self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        self.optimizer = torch.optim.RMSprop(
+            self.net.parameters(), lr=config.lr, momentum=config.momentum
+        )
+
+    def generate(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Images in [0, 1], the same in model space, and the labels fed to the client."""
+        _, height, width = self.knowledge.input_shape
+        images01, soft = self.net(self.latent)
+        images01 = fit_to_input(images01, height, width, self.config.fit)
+        labels = soft if self.fixed is None else self.fixed
+        return images01, self.knowledge.normalization.normalize(images01), labels
+
+    def hard_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return (labels if self.fixed is not None else labels.detach().argmax(-1)).cpu()
+
+
+def _run(
+    knowledge: AttackerKnowledge,
+    config: GrnnConfig,
+    control: RunControl,
+    seed: int,
+    loss: GrnnLoss,
+    fixed_labels: torch.Tensor | None,
+    inference: dict[str, Any],
+) -> Iterator[ProgressEvent]:
+    generator = torch.Generator().manual_seed(seed)
+    clock = Clock(control)
+    iterations = control.max_steps
+    total = iterations * config.restarts
+    candidates: list[Candidate] = []
+    steps_done = 0
+    stop = "completed"
+
+    for restart in range(config.restarts):
+        state = _Restart(knowledge, config, generator, fixed_labels)
+        with torch.no_grad():
+            _, images, labels = state.generate()
+        yield ProgressEvent(
+            steps_done,
+            total,
+            clock.elapsed,
+            {},
+            restart,
+            snapshot(images),
+            state.hard_labels(labels),
+        )
+        restart_stop = "completed"
+        step = 0
+        for step in range(1, iterations + 1):
+            reason = clock.stop_reason()
+            if reason is not None:
+                restart_stop = reason
+                step -= 1
+                break
+            state.optimizer.zero_grad()
+            images01, images, labels = state.generate()
+            mse, wd = loss.gradient_terms(images, labels)
+            tv = loss.smoothness(images01)
+            objective = mse + wd + loss.tv * tv
+            if not torch.isfinite(objective):
+                # Stop before the step so the generator keeps its last finite weights.
+                restart_stop = "diverged"
+                step -= 1
+                break
+            objective.backward()
+            state.optimizer.step()
+            if step % control.emit_every == 0 or step == iterations:
+                # The frame is the output the step was taken from (one forward per step).
+                with_images = step % control.image_every == 0 or step == iterations
+                yield ProgressEvent(
+                    steps_done + step,
+                    total,
+                    clock.elapsed,
+                    {
+                        "objective": float(objective.detach()),
+                        "gradient_distance": float(mse.detach()),
+                        "wasserstein": float(wd.detach()),
+                        "tv": float(tv.detach()),
+                    },
+                    restart,
+                    snapshot(images) if with_images else None,
+                    state.hard_labels(labels) if with_images else None,
+                )
+        steps_done += step
+        candidates.append(_final_candidate(state, loss, restart, step, restart_stop))
+        if restart_stop in {"cancelled", "time budget"}:
+            stop = restart_stop
+            break
+
+    if stop == "completed" and all(c.stop_reason == "diverged" for c in candidates):
+        stop = "diverged"
+    final = Reconstruction(tuple(candidates), stop, steps_done, inference)
+    best = final.selected
+    yield ProgressEvent(
+        steps_done,
+        total,
+        clock.elapsed,
+        {"gradient_distance": best.loss},
+        best.restart,
+        best.images,
+        best.labels,
+        final,
+    )
+
+
+def _final_candidate(
+    state: _Restart, loss: GrnnLoss, restart: int, steps: int, stop: str
+) -> Candidate:
+    """The generator's output after its last step, scored by the gradient terms of Eq. 3.4
+    (MSE + WD; the TV prior is not part of the score)."""
+    with torch.no_grad():
+        _, images, labels = state.generate()
+    with torch.enable_grad():
+        mse, wd = loss.gradient_terms(images.detach(), labels.detach())
+    score = float((mse + wd).detach())
+    return Candidate(snapshot(images), state.hard_labels(labels), score, restart, steps, stop)
+
+
+register(
+    AttackInfo(
+        name="grnn",
+        summary=(
+            "GRNN (Ren et al. 2022): a generator (images + soft labels) trained with RMSprop "
+            "so its update matches the observed one (L2 + WD + TV)."
+        ),
+        config_type=GrnnConfig,
+        run=run_grnn,
+        presets={
+            # Rand2AI/GRNN GRNN.py; tv empty = 1e-3 on LeNet, 1e-6 on ResNet-18 (Sec. 3.3.1).
+            "paper": {
+                "lr": 1e-4,
+                "momentum": 0.99,
+                "tv": None,
+                "tv_form": "squared",
+                "wasserstein": "l2-norm",
+                "latent_dim": 128,
+                "labels": "auto",
+                "restarts": 1,
+            },
+            # The thesis's words rather than the code: W1 between gradient values, absolute TV.
+            "thesis-text": {"wasserstein": "sorted", "tv_form": "absolute"},
+            # The FedKL chapter's re-runs of GRNN (Rand2AI/FedKL GRNN_test.py): latent 1024,
+            # TV 1e-6 for every model (20 000 iterations there).
+            "fedkl": {"latent_dim": 1024, "tv": 1e-6},
+        },
+        # The thesis gives no count; the public GRNN.py runs 1000 iterations.
+        paper_iterations=1000,
+    )
+)

@@ -32,7 +32,20 @@ def cosine_distance(
     return 1 - dot / (c_norm.sqrt() * t_norm.sqrt() + 1e-12)
 
 
-DISTANCES = {"l2": l2_distance, "cosine": cosine_distance}
+def layer_l2_distance(
+    candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """Sum over parameter tensors of the (unsquared) L2 norm of the difference.
+
+    GradInversion's per-layer gradient distance (Yin et al. 2021, Eq. 4).
+    """
+    total = candidate[0].new_zeros(())
+    for c, t in zip(candidate, target, strict=True):
+        total = total + torch.linalg.vector_norm(c - t)
+    return total
+
+
+DISTANCES = {"l2": l2_distance, "cosine": cosine_distance, "layer-l2": layer_l2_distance}
 
 
 def total_variation(images: torch.Tensor) -> torch.Tensor:
