@@ -48,6 +48,7 @@ def spec_of(
     seconds: float | None = None,
     seed: int = 0,
     pretrain_rounds: int = 0,
+    preset: str | None = None,
 ) -> RunSpec:
     return RunSpec(
         model=ModelRef(model),
@@ -55,7 +56,7 @@ def spec_of(
         scenario=ScenarioSpec(
             protocol=protocol or ClientProtocol(), pretrain_rounds=pretrain_rounds
         ),
-        attack=ComponentSpec.of(attack, params or {}),
+        attack=ComponentSpec.of(attack, params or {}, preset),
         defense=ComponentSpec.of("none"),
         budget=Budget(iterations, seconds),
         seed=seed,
@@ -71,6 +72,7 @@ def audit(spec: RunSpec, **extra: Any) -> dict[str, Any]:
     row = {
         "attack": spec.attack.name,
         "params": spec.attack.params_dict(),
+        "preset": spec.attack.preset,
         "images": metrics["per_image"][0]["name"] if len(metrics["per_image"]) == 1 else None,
         "batch": len(metrics["per_image"]),
         "iterations": spec.budget.iterations,
@@ -162,10 +164,96 @@ def render_labels(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- comparisons of attacks -----------------------------------------------------------------
+
+
+def photograph(offset: int, batch: int = 1) -> DataSpec:
+    return DataSpec("samples", "photographs", batch_size=batch, offset=offset)
+
+
+# GRNN thesis ch. 3: ResNet-18 with sigmoid activations and U(-0.5, 0.5) init (DLG's setting).
+RESNET18 = ModelSpec("resnet18", 100, (3, 32, 32), init="uniform", activation="sigmoid")
+
+
+def run_grnn() -> list[dict]:
+    rows = []
+    for offset in range(3):
+        for attack in ("grnn", "dlg"):
+            # Equal step counts, and a time guard for DLG's 20-evaluation L-BFGS steps.
+            spec = spec_of(RESNET18, attack, data=photograph(offset), iterations=300, seconds=600)
+            rows.append(audit(spec, setting="ResNet-18 (sigmoid, uniform init), FedSGD, batch 1"))
+    return rows
+
+
+LENET = ModelSpec("lenet", 100, (3, 32, 32), init="uniform")
+
+
+def fedavg_weights(client_lr: float) -> ClientProtocol:
+    # DLM Sec. 5.2: the client uploads its weights after one local step at lr 0.01.
+    return ClientProtocol("fedavg", local_steps=1, local_lr=client_lr, shared="weights")
+
+
+def run_dlm() -> list[dict]:
+    rows = []
+    attacks = (("dlg", None), ("dlm", "paper"), ("dlm", "stable"), ("dlm+", "paper"))
+    for seed in range(2):
+        for offset in range(3):
+            for attack, preset in attacks:
+                spec = spec_of(
+                    LENET,
+                    attack,
+                    data=photograph(offset),
+                    iterations=200,
+                    protocol=fedavg_weights(0.01),
+                    preset=preset,
+                    seed=seed,
+                )
+                rows.append(audit(spec, setting="client lr 0.01, known to the server", seed=seed))
+    return rows
+
+
+def render_comparison(rows: list[dict]) -> str:
+    """One line per image or batch, one column group per attack."""
+    attacks = list(dict.fromkeys(r["attack"] + _preset(r) for r in rows))
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        key = (r.get("setting", ""), r["images"] or f"batch of {r['batch']}", r.get("seed", 0))
+        groups.setdefault(key, {})[r["attack"] + _preset(r)] = r
+    header = "| setting | images | " + " | ".join(
+        f"{a}: PSNR / SSIM / labels / steps, s" for a in attacks
+    )
+    lines = [header + " |", "|---|---|" + "---|" * len(attacks)]
+    for (setting, images, _), by_attack in groups.items():
+        cells = []
+        for a in attacks:
+            r = by_attack.get(a)
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['psnr']:.2f} / {r['ssim']:.3f} / {r['label_accuracy']:.2f} / "
+                f"{r['steps_done']}, {r['seconds']:.0f}"
+            )
+        lines.append(f"| {setting} | {images} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for a in attacks:
+        values = [r["psnr"] for r in rows if r["attack"] + _preset(r) == a]
+        lines.append(
+            f"- {a}: mean PSNR {statistics.mean(values):.2f} dB over {len(values)} runs "
+            f"(min {min(values):.2f}, max {max(values):.2f})."
+        )
+    return "\n".join(lines)
+
+
+def _preset(row: dict) -> str:
+    return f" ({row['preset']})" if row.get("preset") else ""
+
+
 # --- registry of experiments ----------------------------------------------------------------
 
 EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], str]]] = {
     "labels": (run_labels, render_labels),
+    "grnn": (run_grnn, render_comparison),
+    "dlm": (run_dlm, render_comparison),
 }
 
 
@@ -184,6 +272,8 @@ def main() -> None:
             torch.manual_seed(0)
             start = time.perf_counter()
             rows = run()
+            # Re-read: another experiment may have saved its rows meanwhile.
+            saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
             saved[name] = {
                 "machine": machine(),
                 "seconds": time.perf_counter() - start,
