@@ -197,8 +197,16 @@ def main() -> None:
             )
             print(json.dumps(rows[-1]))
 
-    results = {"machine": machine(), "device": args.device, "rows": rows}
     out = ROOT / "benchmarks" / "results"
+    saved = out / f"throughput-{args.device}.json"
+    if args.attacks and saved.exists():
+        # A partial run replaces its own rows and keeps the others' earlier measurements.
+        fresh = {(r["case"], r["attack"]) for r in rows}
+        earlier = json.loads(saved.read_text())["rows"]
+        kept = [r for r in earlier if (r["case"], r["attack"]) not in fresh]
+        order = [(c.label, a) for c in CASES for a in c.steps]
+        rows = sorted(kept + rows, key=lambda r: order.index((r["case"], r["attack"])))
+    results = {"machine": machine(), "device": args.device, "rows": rows}
     out.mkdir(exist_ok=True)
     (out / f"throughput-{args.device}.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [

@@ -28,6 +28,7 @@ from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim, run_audit
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
+from auditlib.metrics import score
 from auditlib.metrics.matching import label_accuracy
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
@@ -212,13 +213,62 @@ def run_dlm() -> list[dict]:
     return rows
 
 
+RESNET10 = ModelSpec("resnet10", 10, (3, 16, 16))
+
+
+def baselines(spec: RunSpec, setting: str) -> list[dict]:
+    """What needs no attack: a flat grey image and U(0, 1) noise, scored like a reconstruction."""
+    victim = prepare_victim(spec)
+    truth = victim.batch
+    shape = truth.images.shape
+    guesses = {
+        "grey image (no attack)": torch.full(shape, 0.5),
+        "uniform noise (no attack)": torch.rand(shape, generator=torch.Generator().manual_seed(0)),
+    }
+    rows = []
+    for name, pixels in guesses.items():
+        images = victim.normalization.normalize(pixels.to(truth.images.device))
+        scores = score(images, None, truth, victim.normalization, lpips_nets=())
+        rows.append(
+            {
+                "attack": name,
+                "images": None,
+                "batch": shape[0],
+                "psnr": scores["psnr_mean"],
+                "ssim": scores["ssim_mean"],
+                "label_accuracy": None,
+                "steps_done": 0,
+                "seconds": 0.0,
+                "setting": setting,
+            }
+        )
+    return rows
+
+
+def run_fedleak() -> list[dict]:
+    # FedLeak Table 3 at CPU scale: ResNet-10, batch 16 (> 10 classes, so labels repeat),
+    # FedSGD, untrained; 16x16 and 200 iterations so each attack runs in minutes.
+    setting = "ResNet-10, 16x16, batch 16, FedSGD, 200 iterations"
+    data = photograph(0, 16)
+    runs = (("fedleak", "cpu", None), ("ig", None, None), ("gi", "paper", None))
+    rows = []
+    for attack, preset, params in runs:
+        spec = spec_of(RESNET10, attack, data=data, iterations=200, preset=preset, params=params)
+        rows.append(audit(spec, setting=setting))
+    ablations = ({"match_ratio": 1.0}, {"mask_scope": "per_layer"}, {"blend": 0.0})
+    for params in ablations:
+        spec = spec_of(RESNET10, "fedleak", data=data, iterations=200, preset="cpu", params=params)
+        rows.append(audit(spec, setting=setting))
+    return rows + baselines(spec, setting)
+
+
 def render_comparison(rows: list[dict]) -> str:
     """One line per image or batch, one column group per attack."""
-    attacks = list(dict.fromkeys(r["attack"] + _preset(r) for r in rows))
+    attacks = list(dict.fromkeys(_name(r) for r in rows))
     groups: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         key = (r.get("setting", ""), r["images"] or f"batch of {r['batch']}", r.get("seed", 0))
-        groups.setdefault(key, {})[r["attack"] + _preset(r)] = r
+        groups.setdefault(key, {})[_name(r)] = r
     header = "| setting | images | " + " | ".join(
         f"{a}: PSNR / SSIM / labels / steps, s" for a in attacks
     )
@@ -230,13 +280,13 @@ def render_comparison(rows: list[dict]) -> str:
             cells.append(
                 "-"
                 if r is None
-                else f"{r['psnr']:.2f} / {r['ssim']:.3f} / {r['label_accuracy']:.2f} / "
+                else f"{r['psnr']:.2f} / {r['ssim']:.3f} / {_fraction(r['label_accuracy'])} / "
                 f"{r['steps_done']}, {r['seconds']:.0f}"
             )
         lines.append(f"| {setting} | {images} | " + " | ".join(cells) + " |")
     lines.append("")
     for a in attacks:
-        values = [r["psnr"] for r in rows if r["attack"] + _preset(r) == a]
+        values = [r["psnr"] for r in rows if _name(r) == a]
         lines.append(
             f"- {a}: mean PSNR {statistics.mean(values):.2f} dB over {len(values)} runs "
             f"(min {min(values):.2f}, max {max(values):.2f})."
@@ -244,8 +294,15 @@ def render_comparison(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _preset(row: dict) -> str:
-    return f" ({row['preset']})" if row.get("preset") else ""
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _name(row: dict) -> str:
+    """The attack, its preset and any changed parameter, e.g. ``fedleak (cpu, blend=0.0)``."""
+    extras = [row["preset"]] if row.get("preset") else []
+    extras += [f"{k}={v}" for k, v in sorted((row.get("params") or {}).items())]
+    return row["attack"] + (f" ({', '.join(extras)})" if extras else "")
 
 
 # --- registry of experiments ----------------------------------------------------------------
@@ -254,6 +311,7 @@ EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], st
     "labels": (run_labels, render_labels),
     "grnn": (run_grnn, render_comparison),
     "dlm": (run_dlm, render_comparison),
+    "fedleak": (run_fedleak, render_comparison),
 }
 
 

@@ -42,7 +42,16 @@ from pages.common import (
 
 # A first run should take seconds to minutes, not the paper's hours; the paper's count is
 # one click away.
-FIRST_RUN_ITERATIONS = {"dlg": 100, "idlg": 100, "ig": 300}
+FIRST_RUN_ITERATIONS = {
+    "dlg": 100,
+    "idlg": 100,
+    "ig": 300,
+    "gi": 300,
+    "grnn": 300,
+    "dlm": 100,
+    "dlm+": 100,
+    "fedleak": 300,
+}
 DEFAULT_ITERATIONS = 100
 REFRESH_S = 1.0
 # Entries of an event's "losses" that count work rather than measure a loss: shown in the
