@@ -6,8 +6,8 @@ rows in benchmarks/results/attacks.json; run one with --only NAME):
 - labels:  batch label inference on Fashion-MNIST batches (GradInversion's and FedLeak's rules)
 - grnn:    GRNN against DLG on ResNet-18, batch 1, FedSGD (GRNN thesis, ch. 3)
 - dlm:     DLM and DLM+ against DLG on the weights of FedAvg local training (DLM paper)
-- fedleak: FedLeak against IG and GI at batch 16 on ResNet-10, FedSGD (FedLeak Table 3)
-- suite:   every attack on the foundation's LeNet setting, batch 1 and batch 4
+- fedleak: FedLeak against IG and GI at batch 16 on ResNet-10, FedSGD (FedLeak Table 3),
+           with three ablations and two no-attack baselines (grey image, uniform noise)
 
 Usage: python -m benchmarks.reproduce_attacks [--only NAME ...] [--render-only]
 """
