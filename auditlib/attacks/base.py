@@ -150,3 +150,33 @@ def build_attack_config(
 
 def snapshot(images: torch.Tensor) -> torch.Tensor:
     return images.detach().to("cpu", copy=True)
+
+
+def final_event(
+    candidates: list[Candidate],
+    stop: str,
+    steps: int,
+    total_steps: int,
+    clock: Clock,
+    label_inference: Mapping[str, Any] | None,
+    loss_name: str,
+) -> ProgressEvent:
+    """The last event of a run: every restart's candidate and the attacker's pick.
+
+    ``stop`` is how the run ended ("completed", "time budget", "cancelled"); a run whose
+    every restart diverged is reported as "diverged".
+    """
+    if stop == "completed" and candidates and all(c.stop_reason == "diverged" for c in candidates):
+        stop = "diverged"
+    final = Reconstruction(tuple(candidates), stop, steps, label_inference)
+    best = final.selected
+    return ProgressEvent(
+        steps,
+        total_steps,
+        clock.elapsed,
+        {loss_name: best.loss},
+        best.restart,
+        best.images,
+        best.labels,
+        final,
+    )

@@ -18,8 +18,8 @@ from auditlib.attacks.base import (
     Candidate,
     Clock,
     ProgressEvent,
-    Reconstruction,
     RunControl,
+    final_event,
     register,
 )
 from auditlib.attacks.lbfgs import RestartOutcome, lbfgs_restart
@@ -131,19 +131,8 @@ def run_lbfgs_attack(
             stop = outcome.stop_reason
             break
 
-    if stop == "completed" and all(c.stop_reason == "diverged" for c in candidates):
-        stop = "diverged"
-    final = Reconstruction(tuple(candidates), stop, steps_done, label_inference)
-    best = final.selected
-    yield ProgressEvent(
-        steps_done,
-        total,
-        clock.elapsed,
-        {"gradient_distance": best.loss},
-        best.restart,
-        best.images,
-        best.labels,
-        final,
+    yield final_event(
+        candidates, stop, steps_done, total, clock, label_inference, "gradient_distance"
     )
 
 

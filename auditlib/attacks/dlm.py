@@ -30,8 +30,8 @@ from auditlib.attacks.base import (
     Candidate,
     Clock,
     ProgressEvent,
-    Reconstruction,
     RunControl,
+    final_event,
     register,
     snapshot,
 )
@@ -350,28 +350,17 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
             stop = outcome.stop_reason
             break
 
-    if stop == "completed" and all(c.stop_reason == "diverged" for c in candidates):
-        stop = "diverged"
     record = dict(inference)
     if gamma0 is not None:
         record["gamma_init"] = gamma0
         # gamma / nominal gamma ~ nominal lr / client lr: the client's lr as the attack sees it.
         record["gamma_ratio_by_restart"] = gammas
-    final = Reconstruction(tuple(candidates), stop, steps_done, record)
-    best = final.selected
-    losses = {"update_distance": best.loss}
-    if best.restart in gammas:
-        losses["gamma_ratio"] = gammas[best.restart]
-    yield ProgressEvent(
-        steps_done,
-        total,
-        clock.elapsed,
-        losses,
-        best.restart,
-        best.images,
-        best.labels,
-        final,
-    )
+    last = final_event(candidates, stop, steps_done, total, clock, record, "update_distance")
+    if last.restart in gammas:
+        last = dataclasses.replace(
+            last, losses={**last.losses, "gamma_ratio": gammas[last.restart]}
+        )
+    yield last
 
 
 def _with_gamma(event: ProgressEvent, state: _Restart, objective) -> ProgressEvent:

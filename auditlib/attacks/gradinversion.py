@@ -36,8 +36,8 @@ from auditlib.attacks.base import (
     Candidate,
     Clock,
     ProgressEvent,
-    Reconstruction,
     RunControl,
+    final_event,
     register,
     snapshot,
 )
@@ -331,20 +331,7 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, record):
             stop = restart_stop
             break
 
-    if stop == "completed" and all(c.stop_reason == "diverged" for c in candidates):
-        stop = "diverged"
-    final = Reconstruction(tuple(candidates), stop, steps_done, record)
-    best = final.selected
-    yield ProgressEvent(
-        steps_done,
-        total,
-        clock.elapsed,
-        {"objective": best.loss},
-        best.restart,
-        best.images,
-        best.labels,
-        final,
-    )
+    yield final_event(candidates, stop, steps_done, total, clock, record, "objective")
 
 
 register(

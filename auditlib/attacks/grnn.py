@@ -34,8 +34,8 @@ from auditlib.attacks.base import (
     Candidate,
     Clock,
     ProgressEvent,
-    Reconstruction,
     RunControl,
+    final_event,
     register,
     snapshot,
 )
@@ -378,20 +378,7 @@ def _run(
             stop = restart_stop
             break
 
-    if stop == "completed" and all(c.stop_reason == "diverged" for c in candidates):
-        stop = "diverged"
-    final = Reconstruction(tuple(candidates), stop, steps_done, inference)
-    best = final.selected
-    yield ProgressEvent(
-        steps_done,
-        total,
-        clock.elapsed,
-        {"gradient_distance": best.loss},
-        best.restart,
-        best.images,
-        best.labels,
-        final,
-    )
+    yield final_event(candidates, stop, steps_done, total, clock, inference, "gradient_distance")
 
 
 def _final_candidate(

@@ -24,8 +24,8 @@ from auditlib.attacks.base import (
     Candidate,
     Clock,
     ProgressEvent,
-    Reconstruction,
     RunControl,
+    final_event,
     register,
     snapshot,
 )
@@ -180,20 +180,7 @@ def _run(observation, knowledge, config, control, seed, fixed_labels, inference)
             stop = restart_stop
             break
 
-    if stop == "completed" and all(c.stop_reason == "diverged" for c in candidates):
-        stop = "diverged"
-    final = Reconstruction(tuple(candidates), stop, steps_done, inference)
-    best = final.selected
-    yield ProgressEvent(
-        steps_done,
-        total,
-        clock.elapsed,
-        {"update_distance": best.loss},
-        best.restart,
-        best.images,
-        best.labels,
-        final,
-    )
+    yield final_event(candidates, stop, steps_done, total, clock, inference, "update_distance")
 
 
 register(
