@@ -125,7 +125,7 @@ def test_quantisation_refuses_unsupported_widths():
 
 
 def test_soteria_zeroes_the_stated_share_of_the_chosen_layer_only():
-    model, context, update = client()
+    _model, context, update = client()
     out = build_defense("soteria", {"ratio": 0.3})[0].apply(update, gen(), context)
     names = list(context.parameters)
     index = names.index("5.weight")  # the last nn.Linear (20 -> 5): 20 input features
@@ -140,7 +140,7 @@ def test_soteria_zeroes_the_stated_share_of_the_chosen_layer_only():
 
 def test_soteria_prunes_the_features_with_the_lowest_scores():
     model, context, update = client()
-    name, layer = representation_layer(model, "3")
+    _name, layer = representation_layer(model, "3")
     scores = feature_scores(model, layer, context).abs()
     out = build_defense("soteria", {"ratio": 0.5, "layer": "3"})[0].apply(update, gen(), context)
     pruned = (out[list(context.parameters).index("3.weight")] == 0).all(dim=0)
@@ -177,7 +177,7 @@ def test_soteria_leaves_the_model_as_it_found_it():
 
 
 def test_soteria_names_the_layers_it_can_defend():
-    model, context, update = client()
+    _model, context, update = client()
     with pytest.raises(AuditInputError, match="expected one of 3, 5"):
         build_defense("soteria", {"layer": "0"})[0].apply(update, gen(), context)
     with pytest.raises(AuditInputError, match="needs the client's model"):
@@ -211,7 +211,7 @@ def test_outpost_prunes_per_layer_and_adds_noise_only_at_high_fisher_entries():
 
 
 def test_outpost_protection_decays_with_the_round():
-    _, first, update = client()
+    _, _first, _update = client()
     defense = build_defense("outpost", {"beta": 1.0})[0]
     assert all(defense.perturbs(0, gen(s)) for s in range(50))  # probability 1 at round 0
     late = sum(defense.perturbs(99, gen(s)) for s in range(2000)) / 2000  # 1 / 100

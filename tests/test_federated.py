@@ -165,9 +165,13 @@ def test_digits_train_and_test_parts_are_disjoint_and_seeded():
     sets = bundled_sets("digits", 300, 100, seed=4)
     assert len(sets.train_images) == 300 and len(sets.test_labels) == 100
     train = {
-        img.tobytes() + bytes([int(y)]) for img, y in zip(sets.train_images, sets.train_labels)
+        img.tobytes() + bytes([int(y)])
+        for img, y in zip(sets.train_images, sets.train_labels, strict=False)
     }
-    test = {img.tobytes() + bytes([int(y)]) for img, y in zip(sets.test_images, sets.test_labels)}
+    test = {
+        img.tobytes() + bytes([int(y)])
+        for img, y in zip(sets.test_images, sets.test_labels, strict=False)
+    }
     # Digits holds a few exact duplicates; disjoint positions leave almost all apart.
     assert len(train & test) <= 2
     again = bundled_sets("digits", 300, 100, seed=4)
