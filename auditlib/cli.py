@@ -45,33 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         "audit", help="run one attack against one client update and score it"
     )
 
-    model = audit.add_argument_group("model")
-    model.add_argument(
-        "--model", required=True, choices=sorted(ARCHITECTURES), help="built-in architecture"
-    )
-    model.add_argument(
-        "--weights", help="weights for --model: safetensors or a weights-only state_dict"
-    )
+    model = _model_arguments(audit, ARCHITECTURES, init="uniform")
     model.add_argument(
         "--trusted-model", help="TorchScript / torch.export archive (runs code on load)"
     )
     model.add_argument(
         "--i-trust-this-file", action="store_true", help="required with --trusted-model"
-    )
-    model.add_argument("--num-classes", type=int, default=10)
-    model.add_argument("--input-size", type=int, default=32, help="input height = width in pixels")
-    model.add_argument("--channels", type=int, default=3, choices=(1, 3))
-    model.add_argument(
-        "--init",
-        default="uniform",
-        choices=("default", "uniform"),
-        help="uniform = U(-0.5, 0.5), the DLG/GRNN setting (default)",
-    )
-    model.add_argument(
-        "--activation", choices=("sigmoid", "relu"), help="default: the architecture's"
-    )
-    model.add_argument(
-        "--model-seed", type=int, default=0, help="seed of the weight initialisation"
     )
 
     data = audit.add_argument_group("data")
@@ -141,7 +120,68 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--out", required=True, help="output folder for result.json and reconstruction.png"
     )
+    _utility_arguments(commands, ARCHITECTURES, DEFENSES)
     return parser
+
+
+def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str):
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model", required=True, choices=sorted(architectures), help="built-in architecture"
+    )
+    model.add_argument(
+        "--weights", help="weights for --model: safetensors or a weights-only state_dict"
+    )
+    model.add_argument("--num-classes", type=int, default=10)
+    model.add_argument("--input-size", type=int, default=32, help="input height = width in pixels")
+    model.add_argument("--channels", type=int, default=3, choices=(1, 3))
+    model.add_argument(
+        "--init",
+        default=init,
+        choices=("default", "uniform"),
+        help=f"uniform = U(-0.5, 0.5), the DLG/GRNN setting (default: {init})",
+    )
+    model.add_argument(
+        "--activation", choices=("sigmoid", "relu"), help="default: the architecture's"
+    )
+    model.add_argument(
+        "--model-seed", type=int, default=0, help="seed of the weight initialisation"
+    )
+    return model
+
+
+def _utility_arguments(commands, architectures, defenses) -> None:
+    utility = commands.add_parser(
+        "utility",
+        help="train the model with FedAvg under a defense; test accuracy and macro F1 per round",
+    )
+    _model_arguments(utility, architectures, init="default")
+    data = utility.add_argument_group("data")
+    source = data.add_mutually_exclusive_group(required=True)
+    source.add_argument("--samples", help="bundled labelled set: fashion-mnist or digits")
+    source.add_argument(
+        "--images", help="folder of labelled images (class subfolders or labels.csv)"
+    )
+    data.add_argument("--labels-csv", help="CSV with columns filename,label")
+    data.add_argument("--train", type=int, default=2000, help="training examples (bundled set)")
+    data.add_argument("--test", type=int, default=1000, help="held-out examples (bundled set)")
+    data.add_argument("--test-fraction", type=float, default=0.2, help="held-out share of --images")
+    data.add_argument("--max-images", type=int, default=5000, help="most images read from --images")
+    data.add_argument("--normalization", default="none", help="'none' or 'MEAN/STD' per channel")
+    federation = utility.add_argument_group("federation")
+    federation.add_argument("--clients", type=int, default=10)
+    federation.add_argument("--clients-per-round", type=int)
+    federation.add_argument("--split", default="iid", choices=("iid", "dirichlet"))
+    federation.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
+    federation.add_argument("--rounds", type=int, default=10)
+    federation.add_argument("--local-epochs", type=int, default=1)
+    federation.add_argument("--local-lr", type=float, default=0.05)
+    federation.add_argument("--local-batch-size", type=int, default=32)
+    federation.add_argument("--seed", type=int, default=0)
+    defense = utility.add_argument_group("defense")
+    defense.add_argument("--defense", default="none", choices=sorted(defenses))
+    defense.add_argument("--defense-param", action="append", metavar="NAME=VALUE")
+    utility.add_argument("--out", help="write the rounds as JSON to this file")
 
 
 def spec_from_args(args: argparse.Namespace):
@@ -285,12 +325,96 @@ def audit_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def utility_command(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from auditlib.config import parse_key_values
+    from auditlib.data import ImageLimits, Normalization, load_image_folder
+    from auditlib.data.training_sets import bundled_sets, labelled_sets
+    from auditlib.defenses import build_defense
+    from auditlib.fl.federated import FederationSpec, train_federated, utility_tensors
+    from auditlib.models import ModelSpec, build_model
+    from auditlib.models.loading import load_weights
+
+    spec = ModelSpec(
+        architecture=args.model,
+        num_classes=args.num_classes,
+        input_shape=(args.channels, args.input_size, args.input_size),
+        init=args.init,
+        activation=args.activation,
+        seed=args.model_seed,
+    )
+    federation = FederationSpec(
+        clients=args.clients,
+        clients_per_round=args.clients_per_round,
+        split=args.split,
+        alpha=args.alpha,
+        rounds=args.rounds,
+        local_epochs=args.local_epochs,
+        local_lr=args.local_lr,
+        local_batch_size=args.local_batch_size,
+        seed=args.seed,
+    )
+    defense, settings = build_defense(
+        args.defense, parse_key_values(args.defense_param, "defense parameter")
+    )
+    if args.samples:
+        sets = bundled_sets(args.samples, args.train, args.test, args.seed)
+    else:
+        if args.max_images < 2:
+            raise AuditInputError(f"--max-images must be >= 2, got {args.max_images}")
+        images = load_image_folder(
+            args.images, ImageLimits(max_images=args.max_images), labels_csv=args.labels_csv
+        )
+        sets = labelled_sets(images, args.test_fraction, args.seed)
+    normalization = Normalization.parse(args.normalization, spec.input_shape[0])
+    train, test = utility_tensors(sets, spec.input_shape, spec.num_classes, normalization)
+    model = build_model(spec)
+    if args.weights:
+        load_weights(model, args.weights)
+    print(
+        f"{args.model} on {sets.source}: {len(train[1])} training examples over "
+        f"{federation.clients} clients ({federation.split}), {len(test[1])} held out; "
+        f"defense {args.defense} {settings}"
+    )
+    rounds = []
+    for result in train_federated(model, train, test, federation, defense):
+        rounds.append(asdict(result))
+        print(
+            f"round {result.round:3d}: accuracy {result.accuracy:.3f}, macro F1 "
+            f"{result.macro_f1:.3f}"
+            + ("" if result.train_loss is None else f", train loss {result.train_loss:.3f}")
+            + f" ({result.seconds:.1f} s)",
+            flush=True,
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "model": spec.as_dict(),
+                    "data": sets.source,
+                    "federation": federation.as_dict(),
+                    "defense": {"name": args.defense, "settings": settings},
+                    "privacy": defense.privacy_report(),
+                    "rounds": rounds,
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "audit":
             return audit_command(args)
+        if args.command == "utility":
+            return utility_command(args)
     except AuditInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -49,8 +49,19 @@ def epsilon(name: str, **params) -> float | None:
 # --- registry and no defense ----------------------------------------------------------------
 
 
-def test_registry_holds_the_four_defenses():
-    assert set(DEFENSES) == {"none", "dp-gaussian", "dp-laplace", "prune"}
+def test_registry_holds_every_defense():
+    assert set(DEFENSES) == {
+        "none",
+        "dp-gaussian",
+        "dp-laplace",
+        "prune",
+        "clip",
+        "quantize",
+        "soteria",
+        "outpost",
+        "dlm-dp",
+        "dlm-sparsify",
+    }
 
 
 def test_no_defense_returns_equal_copies():
@@ -362,7 +373,7 @@ def test_out_of_range_parameters_are_refused():
 def test_unknown_defense_lists_the_available_ones():
     with pytest.raises(
         AuditInputError,
-        match="unknown defense 'dp'; available: dp-gaussian, dp-laplace, none, prune",
+        match="unknown defense 'dp'; available: clip, dlm-dp, dlm-sparsify, dp-gaussian",
     ):
         build_defense("dp")
 

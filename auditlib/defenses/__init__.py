@@ -1,6 +1,21 @@
 """Defenses, registered by name (``DEFENSES``); importing this package registers them all."""
 
-from auditlib.defenses import dp_noise, pruning  # noqa: F401  (registration side effect)
-from auditlib.defenses.base import DEFENSES, Defense, DefenseInfo, build_defense, clip_update
+from auditlib.defenses import (  # noqa: F401  (registration side effect)
+    clipping,
+    dp_noise,
+    model_weights,
+    outpost,
+    pruning,
+    quantization,
+    soteria,
+)
+from auditlib.defenses.base import (
+    DEFENSES,
+    ClientContext,
+    Defense,
+    DefenseInfo,
+    build_defense,
+    clip_update,
+)
 
-__all__ = ["DEFENSES", "Defense", "DefenseInfo", "build_defense", "clip_update"]
+__all__ = ["DEFENSES", "ClientContext", "Defense", "DefenseInfo", "build_defense", "clip_update"]

@@ -2,7 +2,10 @@
 
 A defense transforms the update before it leaves the client. Each one declares its
 parameters as a frozen dataclass (validated on construction) and reports what it can say
-about privacy (for DP: epsilon, or why epsilon is unavailable).
+about privacy (for DP: epsilon, or why epsilon is unavailable). Defenses that need more
+than the update (the model, the private batch, the weights it started from: Soteria,
+OUTPOST, the DLM weight defenses) read it from the :class:`ClientContext`, which holds only
+what the client itself has; the server never sees it.
 """
 
 from __future__ import annotations
@@ -12,16 +15,52 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
+from auditlib.fl.protocol import ClientProtocol
+
+
+@dataclass(frozen=True, eq=False)
+class ClientContext:
+    """What the client holds when it defends its update.
+
+    ``parameters`` are the weights the server sent, by name, in the order of the update's
+    tensors; ``model`` is the client's module at those weights (a defense that runs it must
+    leave its parameters and buffers as it found them); ``images``/``labels`` the private
+    batch in model space; ``round`` counts the client's updates so far (OUTPOST decays with it).
+    """
+
+    model: nn.Module
+    parameters: Mapping[str, torch.Tensor]
+    images: torch.Tensor
+    labels: torch.Tensor
+    protocol: ClientProtocol
+    round: int = 0
+
+
+def require_context(context: ClientContext | None, defense: str) -> ClientContext:
+    if context is None:
+        raise AuditInputError(
+            f"defense {defense} needs the client's model and batch (a ClientContext); it "
+            "cannot act on a bare update"
+        )
+    return context
 
 
 class Defense(Protocol):
     def apply(
-        self, update: tuple[torch.Tensor, ...], generator: torch.Generator
+        self,
+        update: tuple[torch.Tensor, ...],
+        generator: torch.Generator,
+        context: ClientContext | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """Return the defended update (new tensors; the input is not modified)."""
+        """Return the defended update (new tensors; the input is not modified).
+
+        ``update`` is the gradient (FedSGD) or the weight difference (FedAvg), whatever the
+        protocol shares; a defense that acts on the weights adds ``context.parameters``.
+        """
         ...
 
     def privacy_report(self) -> dict[str, Any]:
@@ -74,7 +113,7 @@ class NoDefense:
     def __init__(self, config: NoDefenseConfig) -> None:
         self.config = config
 
-    def apply(self, update, generator):
+    def apply(self, update, generator, context=None):
         return tuple(t.clone() for t in update)
 
     def privacy_report(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ class GaussianNoise:
     def __init__(self, config: GaussianNoiseConfig) -> None:
         self.config = config
 
-    def apply(self, update, generator):
+    def apply(self, update, generator, context=None):
         if self.config.clip is not None:
             update = clip_update(update, self.config.clip, 2.0)
         return tuple(t + _noise_like(t, generator, "gaussian", self.config.sigma) for t in update)
@@ -106,7 +106,7 @@ class LaplaceNoise:
     def __init__(self, config: LaplaceNoiseConfig) -> None:
         self.config = config
 
-    def apply(self, update, generator):
+    def apply(self, update, generator, context=None):
         if self.config.clip is not None:
             update = clip_update(update, self.config.clip, 1.0)
         return tuple(t + _noise_like(t, generator, "laplace", self.config.scale) for t in update)

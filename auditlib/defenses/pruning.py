@@ -32,7 +32,8 @@ def _keep_count(numel: int, ratio: float) -> int:
     return numel - int(ratio * numel + 0.5)  # half-up rounding of the zeroed count
 
 
-def _prune(flat: torch.Tensor, ratio: float) -> torch.Tensor:
+def prune_smallest(flat: torch.Tensor, ratio: float) -> torch.Tensor:
+    """``flat`` with its round(ratio * n) smallest-magnitude entries set to zero."""
     keep = _keep_count(flat.numel(), ratio)
     if keep >= flat.numel():
         return flat.clone()
@@ -47,10 +48,12 @@ class GradientPruning:
     def __init__(self, config: PruningConfig) -> None:
         self.config = config
 
-    def apply(self, update, generator):
+    def apply(self, update, generator, context=None):
         if self.config.scope == "layer":
-            return tuple(_prune(t.reshape(-1), self.config.ratio).view_as(t) for t in update)
-        flat = _prune(torch.cat([t.reshape(-1) for t in update]), self.config.ratio)
+            return tuple(
+                prune_smallest(t.reshape(-1), self.config.ratio).view_as(t) for t in update
+            )
+        flat = prune_smallest(torch.cat([t.reshape(-1) for t in update]), self.config.ratio)
         pieces = torch.split(flat, [t.numel() for t in update])
         return tuple(p.view_as(t) for p, t in zip(pieces, update, strict=True))
 

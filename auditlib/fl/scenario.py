@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from auditlib.data.normalization import Normalization
-from auditlib.defenses.base import Defense
+from auditlib.defenses.base import ClientContext, Defense
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.update import client_update, trainable_parameters
 from auditlib.threat import AttackerKnowledge, Observation, PrivateBatch
@@ -45,13 +45,10 @@ def release_update(
     """
     server_model = copy.deepcopy(model)  # the server's copy, untouched by the client
     parameters = trainable_parameters(model)
-    update = client_update(
-        model, parameters, batch.images, batch.labels, protocol, differentiable=False
-    )
-    if protocol.observation_kind == "weights":
-        update = tuple(w - p.detach() for w, p in zip(update, parameters.values(), strict=True))
     generator = torch.Generator().manual_seed(seed)
-    defended = defense.apply(update, generator)
+    update, defended = defended_update(
+        model, parameters, batch.images, batch.labels, protocol, defense, generator
+    )
     released = defended
     if protocol.observation_kind == "weights":
         released = tuple(d + p.detach() for d, p in zip(defended, parameters.values(), strict=True))
@@ -81,3 +78,34 @@ def release_update(
 
 def _norm(tensors: tuple[torch.Tensor, ...]) -> float:
     return float(torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in tensors])))
+
+
+def defended_update(
+    model: nn.Module,
+    parameters: dict[str, torch.Tensor],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    protocol: ClientProtocol,
+    defense: Defense,
+    generator: torch.Generator,
+    *,
+    round: int = 0,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The client's update before and after its defense: the gradient (FedSGD) or the weight
+    difference (FedAvg, also when the protocol shares the new weights).
+
+    The one place where a client defends: the audited victim and every client of federated
+    training go through it, so a defense acts identically in both.
+    """
+    update = client_update(model, parameters, images, labels, protocol, differentiable=False)
+    if protocol.observation_kind == "weights":
+        update = tuple(w - p.detach() for w, p in zip(update, parameters.values(), strict=True))
+    context = ClientContext(
+        model=model,
+        parameters={n: p.detach() for n, p in parameters.items()},
+        images=images,
+        labels=labels,
+        protocol=protocol,
+        round=round,
+    )
+    return update, defense.apply(update, generator, context)

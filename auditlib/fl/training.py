@@ -8,16 +8,20 @@ training.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from auditlib.config import require
 from auditlib.data.normalization import Normalization
+from auditlib.defenses.base import Defense
 from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.update import client_update, set_training_mode, trainable_parameters
+from auditlib.fl.scenario import defended_update
+from auditlib.fl.update import set_training_mode, trainable_parameters
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,55 @@ class FederatedTraining:
         )
 
 
+def fedavg_round(
+    model: nn.Module,
+    clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    protocol: ClientProtocol,
+    defense: Defense,
+    *,
+    generator: torch.Generator,
+    round: int = 0,
+) -> float:
+    """One FedAvg round on ``model`` in place; returns the clients' mean training loss.
+
+    Each client (images, labels) computes its weight difference from the current weights and
+    defends it (:func:`defended_update`, the victim's own path); the server adds the mean of
+    the defended differences weighted by example count. BatchNorm running statistics, which
+    FedAvg also averages, come from each client's forward passes over its local mini-batches
+    at the round's starting weights, averaged the same way (only what a client sends is
+    averaged; the statistics are not defended, as in FedAvg implementations).
+    """
+    parameters = trainable_parameters(model)
+    start = {n: b.detach().clone() for n, b in model.named_buffers()}
+    total = [torch.zeros_like(p) for p in parameters.values()]
+    statistics = {n: torch.zeros_like(b, dtype=torch.float64) for n, b in start.items()}
+    examples = sum(len(labels) for _, labels in clients)
+    loss_sum = 0.0
+    for images, labels in clients:
+        share = len(labels) / examples
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(start[n])
+            set_training_mode(model, protocol.batchnorm_mode == "train")
+            windows = protocol.minibatch_slices(len(labels))
+            for window in windows:
+                logits = model(images[window])
+                loss_sum += share * float(F.cross_entropy(logits, labels[window])) / len(windows)
+            for n, b in model.named_buffers():
+                statistics[n] += share * b.double()
+        _, delta = defended_update(
+            model, parameters, images, labels, protocol, defense, generator, round=round
+        )
+        total = [t + share * d for t, d in zip(total, delta, strict=True)]
+    with torch.no_grad():
+        for p, t in zip(parameters.values(), total, strict=True):
+            p.add_(t)
+        for n, b in model.named_buffers():
+            b.copy_(statistics[n].round() if not b.is_floating_point() else statistics[n])
+    set_training_mode(model, False)
+    return loss_sum
+
+
 def federated_averaging(
     model: nn.Module,
     pool_images: torch.Tensor,
@@ -51,42 +104,34 @@ def federated_averaging(
     seed: int,
 ) -> list[float]:
     """Train ``model`` in place for ``training.rounds`` FedAvg rounds; returns the mean client
-    loss before each round's update (a cheap training curve).
+    loss of each round (a cheap training curve).
 
-    Each round samples ``clients_per_round`` disjoint client datasets from the pool and
-    averages their weight differences, weighted by example count (equal here).
+    Each round samples ``clients_per_round`` disjoint client datasets from the pool, with no
+    defense (this puts the global model at a later stage of training before an audit).
     """
+    from auditlib.defenses import build_defense
+
     rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    no_defense, _ = build_defense("none")
     losses: list[float] = []
     per_round = training.clients_per_round * training.examples_per_client
     if per_round > len(pool_images):
         raise ValueError(
             f"training pool has {len(pool_images)} examples, a round needs {per_round}"
         )
-    for _ in range(training.rounds):
+    for round in range(training.rounds):
         picks = rng.permutation(len(pool_images))[:per_round].reshape(
             training.clients_per_round, -1
         )
-        parameters = trainable_parameters(model)
-        total = [torch.zeros_like(p) for p in parameters.values()]
-        round_loss = 0.0
-        for client in picks:
-            index = torch.from_numpy(client)
-            images, labels = pool_images[index], pool_labels[index]
-            with torch.no_grad():
-                # In train mode this forward pass also moves BatchNorm's running statistics
-                # toward the clients' data, as the clients' own training would.
-                set_training_mode(model, training.protocol.batchnorm_mode == "train")
-                round_loss += float(nn.functional.cross_entropy(model(images), labels))
-            delta = client_update(
-                model, parameters, images, labels, training.protocol, differentiable=False
+        clients = [
+            (pool_images[torch.from_numpy(c)], pool_labels[torch.from_numpy(c)]) for c in picks
+        ]
+        losses.append(
+            fedavg_round(
+                model, clients, training.protocol, no_defense, generator=generator, round=round
             )
-            total = [t + d for t, d in zip(total, delta, strict=True)]
-        with torch.no_grad():
-            for p, t in zip(parameters.values(), total, strict=True):
-                p.add_(t / training.clients_per_round)
-        losses.append(round_loss / training.clients_per_round)
-    set_training_mode(model, False)
+        )
     return losses
 
 

@@ -1,0 +1,195 @@
+"""Utility: how well the model trains under a defense (FedAvg over simulated clients).
+
+The auditor's second question after "does the attack work" is "what does the defense cost
+the model". :func:`train_federated` answers it: N clients hold an IID or Dirichlet non-IID
+split of a labelled image set, every round each selected client trains locally and defends
+its weight difference exactly as the audited victim does (:func:`fedavg_round`), and the
+global model's accuracy and macro F1 on a held-out split are reported after every round.
+The model is trained in place, so the caller also has it at any chosen round (to attack it
+"late in training").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Literal, get_args
+
+import numpy as np
+import torch
+from sklearn.metrics import f1_score
+from torch import nn
+
+from auditlib.config import require, require_choice
+from auditlib.data.images import to_model_batch
+from auditlib.data.labels import check_labels_fit
+from auditlib.data.normalization import Normalization
+from auditlib.data.training_sets import TrainTestSets
+from auditlib.defenses.base import Defense
+from auditlib.errors import AuditInputError
+from auditlib.fl.protocol import ClientProtocol
+from auditlib.fl.training import fedavg_round
+from auditlib.fl.update import set_training_mode
+
+Split = Literal["iid", "dirichlet"]
+
+
+@dataclass(frozen=True)
+class FederationSpec:
+    """The simulated federation: clients, data split, rounds and local training."""
+
+    clients: int = 10
+    clients_per_round: int | None = None  # None: every client takes part in every round
+    split: Split = "iid"
+    alpha: float = 0.5  # Dirichlet concentration (smaller = more skewed label mix per client)
+    rounds: int = 10
+    local_epochs: int = 1
+    local_lr: float = 0.05
+    local_batch_size: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require_choice(self.split, get_args(Split), "split")
+        require(1 <= self.clients <= 1000, f"clients must be in [1, 1000], got {self.clients}")
+        require(
+            self.clients_per_round is None or 1 <= self.clients_per_round <= self.clients,
+            f"clients per round must be between 1 and clients ({self.clients}), got "
+            f"{self.clients_per_round}",
+        )
+        require(0 < self.alpha <= 1e4, f"Dirichlet alpha must be in (0, 1e4], got {self.alpha}")
+        require(0 <= self.rounds <= 10_000, f"rounds must be in [0, 10000], got {self.rounds}")
+        # ClientProtocol checks epochs, learning rate and batch size.
+        self.protocol()
+
+    def protocol(self) -> ClientProtocol:
+        return ClientProtocol(
+            algorithm="fedavg",
+            local_epochs=self.local_epochs,
+            local_lr=self.local_lr,
+            local_batch_size=self.local_batch_size,
+            shared="delta",
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def split_clients(
+    labels: np.ndarray, clients: int, split: Split, alpha: float, seed: int
+) -> list[np.ndarray]:
+    """Indices of each client's examples; every client gets at least one.
+
+    IID: a seeded permutation cut into near-equal parts. Dirichlet (Hsu et al. 2019): for
+    each class, proportions p ~ Dir(alpha, ..., alpha) over clients, and the class's
+    examples are cut at the cumulative proportions; redrawn (up to 100 times) until no
+    client is empty.
+    """
+    labels = np.asarray(labels)
+    if len(labels) < clients:
+        raise AuditInputError(
+            f"{len(labels)} training examples cannot be split over {clients} clients; "
+            "expected at least one example per client"
+        )
+    rng = np.random.default_rng(seed)
+    if split == "iid":
+        return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), clients)]
+    for _ in range(100):
+        parts: list[list[int]] = [[] for _ in range(clients)]
+        for label in np.unique(labels):
+            members = rng.permutation(np.flatnonzero(labels == label))
+            proportions = rng.dirichlet(np.full(clients, alpha))
+            cuts = (np.cumsum(proportions)[:-1] * len(members)).astype(int)
+            for client, piece in enumerate(np.split(members, cuts)):
+                parts[client].extend(piece.tolist())
+        if all(parts):
+            return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+    raise AuditInputError(
+        f"a Dirichlet split with alpha {alpha} left a client without data in 100 draws; "
+        "use more examples, fewer clients or a larger alpha"
+    )
+
+
+@dataclass(frozen=True)
+class Utility:
+    """The global model on the held-out split after a round (round 0: before training)."""
+
+    round: int
+    accuracy: float
+    macro_f1: float
+    train_loss: float | None  # the clients' mean loss during the round (None at round 0)
+    seconds: float  # wall time of the round's training (0 at round 0)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 256
+) -> tuple[float, float]:
+    """Accuracy and macro F1 (over the classes present in ``labels``) in eval mode."""
+    set_training_mode(model, False)
+    predictions = torch.cat(
+        [model(images[i : i + batch_size]).argmax(1) for i in range(0, len(images), batch_size)]
+    )
+    truth = labels.cpu().numpy()
+    guess = predictions.cpu().numpy()
+    accuracy = float((truth == guess).mean())
+    macro_f1 = float(
+        f1_score(truth, guess, labels=np.unique(truth), average="macro", zero_division=0)
+    )
+    return accuracy, macro_f1
+
+
+def train_federated(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    federation: FederationSpec,
+    defense: Defense,
+) -> Iterator[Utility]:
+    """Train ``model`` in place with FedAvg under ``defense``; yield its utility per round.
+
+    The first item is round 0 (the model as given). Stop iterating at any round to keep the
+    model as it stands after that round.
+    """
+    images, labels = train
+    parts = split_clients(
+        labels.cpu().numpy(),
+        federation.clients,
+        federation.split,
+        federation.alpha,
+        federation.seed,
+    )
+    protocol = federation.protocol()
+    rng = np.random.default_rng(federation.seed + 1)
+    generator = torch.Generator().manual_seed(federation.seed + 2)
+    yield Utility(0, *evaluate(model, *test), train_loss=None, seconds=0.0)
+    for round in range(1, federation.rounds + 1):
+        start = time.perf_counter()
+        chosen = range(federation.clients)
+        if federation.clients_per_round is not None:
+            chosen = sorted(rng.choice(federation.clients, federation.clients_per_round, False))
+        clients = []
+        for c in chosen:
+            index = torch.from_numpy(parts[c]).to(images.device)
+            clients.append((images[index], labels[index]))
+        loss = fedavg_round(model, clients, protocol, defense, generator=generator, round=round - 1)
+        seconds = time.perf_counter() - start
+        yield Utility(round, *evaluate(model, *test), train_loss=loss, seconds=seconds)
+
+
+def utility_tensors(
+    sets: TrainTestSets,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    normalization: Normalization,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The train and test parts as model inputs and label tensors (labels checked to fit)."""
+    parts = []
+    for images, labels in (
+        (sets.train_images, sets.train_labels),
+        (sets.test_images, sets.test_labels),
+    ):
+        check_labels_fit(labels.tolist(), num_classes)
+        x = to_model_batch(list(images), input_shape, normalization)
+        parts.append((x, torch.as_tensor(labels, dtype=torch.long)))
+    return parts[0], parts[1]
