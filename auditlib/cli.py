@@ -385,6 +385,11 @@ def utility_command(args: argparse.Namespace) -> int:
             f"round {result.round:3d}: accuracy {result.accuracy:.3f}, macro F1 "
             f"{result.macro_f1:.3f}"
             + ("" if result.train_loss is None else f", train loss {result.train_loss:.3f}")
+            + (
+                ""
+                if result.accuracy_without_key is None
+                else f", without the key {result.accuracy_without_key:.3f}"
+            )
             + f" ({result.seconds:.1f} s)",
             flush=True,
         )

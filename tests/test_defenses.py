@@ -61,6 +61,7 @@ def test_registry_holds_every_defense():
         "outpost",
         "dlm-dp",
         "dlm-sparsify",
+        "fedkl",
     }
 
 

@@ -3,6 +3,7 @@
 from auditlib.defenses import (  # noqa: F401  (registration side effect)
     clipping,
     dp_noise,
+    fedkl,
     model_weights,
     outpost,
     pruning,
@@ -14,8 +15,17 @@ from auditlib.defenses.base import (
     ClientContext,
     Defense,
     DefenseInfo,
+    ModelChange,
     build_defense,
     clip_update,
 )
 
-__all__ = ["DEFENSES", "ClientContext", "Defense", "DefenseInfo", "build_defense", "clip_update"]
+__all__ = [
+    "DEFENSES",
+    "ClientContext",
+    "Defense",
+    "DefenseInfo",
+    "ModelChange",
+    "build_defense",
+    "clip_update",
+]

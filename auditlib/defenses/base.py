@@ -40,6 +40,31 @@ class ClientContext:
     round: int = 0
 
 
+@dataclass(frozen=True, eq=False)
+class ModelChange:
+    """What a defense that changes the model (FedKL) makes of the global model.
+
+    ``client`` is the model the client trains (with its private parts); ``server`` is the
+    model the server holds, as it would hand it to an attacker: the same architecture, the
+    private parts as the server can know them, frozen (``requires_grad`` off) so no attack
+    expects their gradients. ``private`` names the client's parameters and buffers that
+    never leave it (left out of the upload, of aggregation and of the observation).
+    """
+
+    client: nn.Module
+    server: nn.Module
+    private: frozenset[str]
+    notes: tuple[str, ...] = ()
+
+
+def model_change(
+    defense: Defense, model: nn.Module, input_shape: tuple[int, int, int], seed: int
+) -> ModelChange | None:
+    """The defense's change to ``model`` (which it modifies in place), or None."""
+    change = getattr(defense, "change_model", None)
+    return None if change is None else change(model, input_shape, seed)
+
+
 def require_context(context: ClientContext | None, defense: str) -> ClientContext:
     if context is None:
         raise AuditInputError(

@@ -299,6 +299,7 @@ def iter_audit(
                 "input normalisation",
                 f"batch size {victim.batch.images.shape[0]}",
                 *(["labels"] if spec.scenario.labels_known else []),
+                *release.knowledge.notes,
             ],
         },
         "victim": victim.records,

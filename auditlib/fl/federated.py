@@ -26,10 +26,11 @@ from auditlib.data.images import to_model_batch
 from auditlib.data.labels import check_labels_fit
 from auditlib.data.normalization import Normalization
 from auditlib.data.training_sets import TrainTestSets
-from auditlib.defenses.base import Defense
+from auditlib.defenses.base import Defense, model_change
+from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.training import fedavg_round
+from auditlib.fl.training import fedavg_round, load_state
 from auditlib.fl.update import set_training_mode
 
 Split = Literal["iid", "dirichlet"]
@@ -112,13 +113,21 @@ def split_clients(
 
 @dataclass(frozen=True)
 class Utility:
-    """The global model on the held-out split after a round (round 0: before training)."""
+    """The global model on the held-out split after a round (round 0: before training).
+
+    Under a defense that gives each client a private part (FedKL), ``accuracy`` and
+    ``macro_f1`` are the mean over clients of each client's own model (shared weights with
+    its key and lock, as the FedKL paper reports), and the ``*_without_key`` fields score
+    the shared weights with a random key and the initial lock (the paper's Table III).
+    """
 
     round: int
     accuracy: float
     macro_f1: float
     train_loss: float | None  # the clients' mean loss during the round (None at round 0)
     seconds: float  # wall time of the round's training (0 at round 0)
+    accuracy_without_key: float | None = None
+    macro_f1_without_key: float | None = None
 
 
 @torch.no_grad()
@@ -149,7 +158,9 @@ def train_federated(
     """Train ``model`` in place with FedAvg under ``defense``; yield its utility per round.
 
     The first item is round 0 (the model as given). Stop iterating at any round to keep the
-    model as it stands after that round.
+    model as it stands after that round. A defense that changes the model (FedKL) changes
+    ``model`` in place first (the lock is inserted); each client then keeps its own key and
+    lock, and ``model`` holds the shared weights with the initial lock and a random key.
     """
     images, labels = train
     parts = split_clients(
@@ -162,19 +173,74 @@ def train_federated(
     protocol = federation.protocol()
     rng = np.random.default_rng(federation.seed + 1)
     generator = torch.Generator().manual_seed(federation.seed + 2)
-    yield Utility(0, *evaluate(model, *test), train_loss=None, seconds=0.0)
+    states = _private_states(model, tuple(images.shape[1:]), federation, defense)
+    yield _utility(model, test, states, 0, None, 0.0)
     for round in range(1, federation.rounds + 1):
         start = time.perf_counter()
-        chosen = range(federation.clients)
+        chosen = list(range(federation.clients))
         if federation.clients_per_round is not None:
-            chosen = sorted(rng.choice(federation.clients, federation.clients_per_round, False))
+            picked = rng.choice(federation.clients, federation.clients_per_round, False)
+            chosen = sorted(int(c) for c in picked)
         clients = []
         for c in chosen:
             index = torch.from_numpy(parts[c]).to(images.device)
             clients.append((images[index], labels[index]))
-        loss = fedavg_round(model, clients, protocol, defense, generator=generator, round=round - 1)
+        loss = fedavg_round(
+            model,
+            clients,
+            protocol,
+            defense,
+            generator=generator,
+            round=round - 1,
+            private_states=[states[c] for c in chosen] if states else None,
+        )
         seconds = time.perf_counter() - start
-        yield Utility(round, *evaluate(model, *test), train_loss=loss, seconds=seconds)
+        yield _utility(model, test, states, round, loss, seconds)
+
+
+def _private_states(
+    model: nn.Module, input_shape, federation: FederationSpec, defense: Defense
+) -> list[dict[str, torch.Tensor]] | None:
+    """Each client's private part (FedKL: its own key, the common initial lock), or None.
+
+    ``model`` is changed in place and then holds the server's view of the private part
+    (FedKL: the initial lock with a key of the server's own), the "no key" model.
+    """
+    change = model_change(defense, model, input_shape, federation.seed)
+    if change is None:
+        return None
+    states = [
+        defense.client_state(model, change, derive_seed(federation.seed, f"client-{c}"))  # type: ignore[attr-defined]
+        for c in range(federation.clients)
+    ]
+    server = _named(change.server)
+    load_state(model, {n: server[n] for n in change.private})
+    return states
+
+
+def _utility(model, test, states, round, loss, seconds) -> Utility:
+    if not states:
+        return Utility(round, *evaluate(model, *test), train_loss=loss, seconds=seconds)
+    without_key = evaluate(model, *test)
+    server_state = {n: t.detach().clone() for n, t in _named(model).items() if n in states[0]}
+    scores = []
+    for state in states:
+        load_state(model, state)
+        scores.append(evaluate(model, *test))
+    load_state(model, server_state)
+    return Utility(
+        round,
+        float(np.mean([a for a, _ in scores])),
+        float(np.mean([f for _, f in scores])),
+        train_loss=loss,
+        seconds=seconds,
+        accuracy_without_key=without_key[0],
+        macro_f1_without_key=without_key[1],
+    )
+
+
+def _named(model: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters()) | dict(model.named_buffers())
 
 
 def utility_tensors(

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from auditlib.data.normalization import Normalization
-from auditlib.defenses.base import ClientContext, Defense
+from auditlib.defenses.base import ClientContext, Defense, model_change
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.update import client_update, trainable_parameters
 from auditlib.threat import AttackerKnowledge, Observation, PrivateBatch
@@ -44,19 +44,30 @@ def release_update(
     when the protocol shares weights, the server receives w0 + defended difference.
     """
     server_model = copy.deepcopy(model)  # the server's copy, untouched by the client
+    input_shape = tuple(batch.images.shape[1:])
+    change = None
+    if hasattr(defense, "change_model"):  # FedKL: the client trains its own locked copy
+        change = model_change(defense, copy.deepcopy(model), input_shape, seed)  # type: ignore[arg-type]
+    private: frozenset[str] = frozenset()
+    if change is not None:
+        model, server_model, private = change.client, change.server, change.private
     parameters = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
     update, defended = defended_update(
         model, parameters, batch.images, batch.labels, protocol, defense, generator
     )
-    released = defended
+    # What leaves the client: every trained parameter but the private ones.
+    shared = [i for i, name in enumerate(parameters) if name not in private]
+    start = list(parameters.values())
+    released = tuple(defended[i] for i in shared)
     if protocol.observation_kind == "weights":
-        released = tuple(d + p.detach() for d, p in zip(defended, parameters.values(), strict=True))
+        released = tuple(defended[i] + start[i].detach() for i in shared)
+    names = tuple(name for name in parameters if name not in private)
 
     observation = Observation(
         kind=protocol.observation_kind,  # type: ignore[arg-type]
         tensors=tuple(t.detach().clone() for t in released),
-        parameter_names=tuple(parameters),
+        parameter_names=names,
     )
     knowledge = AttackerKnowledge(
         model=server_model,
@@ -66,12 +77,13 @@ def release_update(
         num_classes=num_classes,
         normalization=normalization,
         labels=batch.labels.clone() if labels_known else None,
+        notes=change.notes if change is not None else (),
     )
     return Release(
         observation=observation,
         knowledge=knowledge,
-        undefended_norm=_norm(update),
-        defended_norm=_norm(defended),
+        undefended_norm=_norm(tuple(update[i] for i in shared)),
+        defended_norm=_norm(tuple(defended[i] for i in shared)),
         privacy=defense.privacy_report(),
     )
 

@@ -55,6 +55,7 @@ def fedavg_round(
     *,
     generator: torch.Generator,
     round: int = 0,
+    private_states: Sequence[dict[str, torch.Tensor]] | None = None,
 ) -> float:
     """One FedAvg round on ``model`` in place; returns the clients' mean training loss.
 
@@ -64,36 +65,65 @@ def fedavg_round(
     FedAvg also averages, come from each client's forward passes over its local mini-batches
     at the round's starting weights, averaged the same way (only what a client sends is
     averaged; the statistics are not defended, as in FedAvg implementations).
+
+    ``private_states`` (one per client, FedKL's key and lock): those parameters and buffers
+    are loaded into the model before the client trains, updated by the client's own training
+    afterwards, and never averaged.
     """
     parameters = trainable_parameters(model)
-    start = {n: b.detach().clone() for n, b in model.named_buffers()}
+    private = set(private_states[0]) if private_states else set()
+    start = {n: b.detach().clone() for n, b in model.named_buffers() if n not in private}
+    shared = [i for i, n in enumerate(parameters) if n not in private]
+    named = dict(model.named_parameters()) | dict(model.named_buffers())
+    server_private = {n: named[n].detach().clone() for n in private}
     total = [torch.zeros_like(p) for p in parameters.values()]
     statistics = {n: torch.zeros_like(b, dtype=torch.float64) for n, b in start.items()}
     examples = sum(len(labels) for _, labels in clients)
     loss_sum = 0.0
-    for images, labels in clients:
+    for index, (images, labels) in enumerate(clients):
         share = len(labels) / examples
         with torch.no_grad():
+            if private_states:
+                load_state(model, private_states[index])
             for n, b in model.named_buffers():
-                b.copy_(start[n])
+                if n in start:
+                    b.copy_(start[n])
             set_training_mode(model, protocol.batchnorm_mode == "train")
             windows = protocol.minibatch_slices(len(labels))
             for window in windows:
                 logits = model(images[window])
                 loss_sum += share * float(F.cross_entropy(logits, labels[window])) / len(windows)
             for n, b in model.named_buffers():
-                statistics[n] += share * b.double()
+                if n in statistics:
+                    statistics[n] += share * b.double()
         _, delta = defended_update(
             model, parameters, images, labels, protocol, defense, generator, round=round
         )
-        total = [t + share * d for t, d in zip(total, delta, strict=True)]
+        for i in shared:
+            total[i] = total[i] + share * delta[i]
+        if private_states:  # the client keeps its own trained private part
+            names = list(parameters)
+            for i, n in enumerate(names):
+                if n in private:
+                    private_states[index][n] = parameters[n].detach() + delta[i]
     with torch.no_grad():
-        for p, t in zip(parameters.values(), total, strict=True):
-            p.add_(t)
+        for i, p in enumerate(parameters.values()):
+            if i in shared:
+                p.add_(total[i])
         for n, b in model.named_buffers():
-            b.copy_(statistics[n].round() if not b.is_floating_point() else statistics[n])
+            if n in statistics:
+                b.copy_(statistics[n].round() if not b.is_floating_point() else statistics[n])
+    load_state(model, server_private)  # the server's own view of the private part is untouched
     set_training_mode(model, False)
     return loss_sum
+
+
+@torch.no_grad()
+def load_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy named parameters and buffers (a client's private part) into ``model``."""
+    for name, value in state.items():
+        owner, _, leaf = name.rpartition(".")
+        getattr(model.get_submodule(owner) if owner else model, leaf).copy_(value)
 
 
 def federated_averaging(
