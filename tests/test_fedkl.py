@@ -94,17 +94,21 @@ def test_fedkl_releases_weights_without_the_lock_under_fedavg():
     assert len(out.observation.tensors) == len(list(model.parameters()))
 
 
-def test_an_attack_runs_against_the_locked_model():
+@pytest.mark.parametrize("name", ["dlg", "idlg", "ig", "gi", "grnn", "dlm", "dlm+", "fedleak"])
+def test_every_attack_runs_against_the_locked_model(name):
     from auditlib.engine.audit import run_audit
     from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 
+    protocol = ClientProtocol()
+    if name.startswith("dlm"):
+        protocol = ClientProtocol("fedavg", local_steps=2, local_lr=0.01, shared="weights")
     spec = RunSpec(
         model=ModelRef(ModelSpec("lenet", 10, (3, 16, 16), init="uniform")),
         data=DataSpec("samples", "photographs", batch_size=1, offset=0),
-        scenario=ScenarioSpec(),
-        attack=ComponentSpec.of("dlg"),
+        scenario=ScenarioSpec(protocol=protocol),
+        attack=ComponentSpec.of(name),
         defense=ComponentSpec.of("fedkl"),
-        budget=Budget(3),
+        budget=Budget(2),
         seed=1,
     )
     summary = run_audit(spec, lpips_nets=()).summary
