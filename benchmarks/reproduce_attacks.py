@@ -51,6 +51,7 @@ def spec_of(
     seed: int = 0,
     pretrain_rounds: int = 0,
     preset: str | None = None,
+    defense: ComponentSpec | None = None,
 ) -> RunSpec:
     return RunSpec(
         model=ModelRef(model),
@@ -59,7 +60,7 @@ def spec_of(
             protocol=protocol or ClientProtocol(), pretrain_rounds=pretrain_rounds
         ),
         attack=ComponentSpec.of(attack, params or {}, preset),
-        defense=ComponentSpec.of("none"),
+        defense=defense or ComponentSpec.of("none"),
         budget=Budget(iterations, seconds),
         seed=seed,
     )
@@ -73,6 +74,8 @@ def audit(spec: RunSpec, **extra: Any) -> dict[str, Any]:
     metrics = summary["metrics"]
     row = {
         "attack": spec.attack.name,
+        "defense": spec.defense.name,
+        "defense_params": spec.defense.params_dict(),
         "params": spec.attack.params_dict(),
         "preset": spec.attack.preset,
         "images": metrics["per_image"][0]["name"] if len(metrics["per_image"]) == 1 else None,

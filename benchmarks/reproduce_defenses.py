@@ -1,0 +1,210 @@
+"""Defenses at a CPU scale: what the attacker recovers with and without each one, and what
+each costs the model after federated training (docs/REPRODUCTION.md, "The defense suite").
+
+Experiments (each writes its table between markers in docs/REPRODUCTION.md and its rows in
+benchmarks/results/defenses.json; run one with --only NAME):
+
+- privacy: DLG, IG and GRNN against every update defense and FedKL, LeNet (DLG's setting),
+           one photograph at 32x32, FedSGD
+- dlm:     the DLM paper's two weight defenses against DLM+ on FedAvg weights
+- utility: FedAvg on Fashion-MNIST under each defense; test accuracy and macro F1
+
+Usage: python -m benchmarks.reproduce_defenses [--only NAME ...] [--render-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from auditlib.data import Normalization
+from auditlib.data.training_sets import bundled_sets
+from auditlib.defenses import build_defense
+from auditlib.fl.federated import FederationSpec, train_federated, utility_tensors
+from auditlib.fl.protocol import ClientProtocol
+from auditlib.models import ModelSpec, build_model
+from auditlib.spec import ComponentSpec
+from benchmarks.common import ROOT, machine, replace_section
+from benchmarks.reproduce_attacks import LENET, audit, photograph, spec_of
+
+RESULTS = ROOT / "benchmarks" / "results" / "defenses.json"
+DOC = ROOT / "docs" / "REPRODUCTION.md"
+
+# One setting per defense, at the strength its paper (or the Shadow digest's anchor) uses.
+DEFENSES: tuple[tuple[str, dict], ...] = (
+    ("none", {}),
+    ("dp-gaussian", {"sigma": 0.01}),
+    ("dp-laplace", {"scale": 0.01}),
+    ("prune", {"ratio": 0.8}),
+    ("clip", {"bound": 4.0}),
+    ("quantize", {"bits": 4}),
+    ("soteria", {"ratio": 0.5}),
+    ("outpost", {}),
+    ("fedkl", {}),
+)
+ATTACKS = (("dlg", None, 300), ("ig", None, 1000), ("grnn", None, 1000))
+
+
+def _label(name: str, params: dict) -> str:
+    return name + (" (" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
+
+
+def run_privacy() -> list[dict]:
+    rows = []
+    for name, params in DEFENSES:
+        for attack, preset, iterations in ATTACKS:
+            spec = spec_of(
+                LENET,
+                attack,
+                data=photograph(0),
+                iterations=iterations,
+                preset=preset,
+                defense=ComponentSpec.of(name, params),
+            )
+            rows.append(audit(spec, setting=_label(name, params)))
+    return rows
+
+
+def run_dlm() -> list[dict]:
+    protocol = ClientProtocol("fedavg", local_steps=1, local_lr=0.01, shared="weights")
+    rows = []
+    settings = (
+        ("none", {}),
+        ("dlm-dp", {"variance": 1e-4}),
+        ("dlm-dp", {"variance": 1e-2}),
+        ("dlm-sparsify", {"ratio": 0.01}),
+        ("dlm-sparsify", {"ratio": 0.5}),
+    )
+    for name, params in settings:
+        for offset in range(3):
+            spec = spec_of(
+                LENET,
+                "dlm+",
+                data=photograph(offset),
+                iterations=200,
+                protocol=protocol,
+                preset="paper",
+                defense=ComponentSpec.of(name, params),
+            )
+            rows.append(audit(spec, setting=_label(name, params)))
+    return rows
+
+
+# Utility: DLG's LeNet does not train in a few rounds with sigmoids and U(-0.5, 0.5)
+# weights, so utility is measured on the same architecture with ReLU and default init.
+UTILITY_MODEL = ModelSpec("lenet", 10, (1, 28, 28), activation="relu")
+FEDERATION = FederationSpec(clients=3, rounds=5, local_epochs=2, local_lr=0.05)
+
+
+def run_utility() -> list[dict]:
+    sets = bundled_sets("fashion-mnist", 3000, 1000, seed=0)
+    normalization = Normalization.parse("none", 1)
+    train, test = utility_tensors(sets, UTILITY_MODEL.input_shape, 10, normalization)
+    rows = []
+    settings = (*DEFENSES, ("dlm-dp", {"variance": 1e-4}), ("dlm-sparsify", {"ratio": 0.5}))
+    for name, params in settings:
+        model = build_model(UTILITY_MODEL)
+        defense, _ = build_defense(name, params)
+        start = time.perf_counter()
+        rounds = list(train_federated(model, train, test, FEDERATION, defense))
+        last = rounds[-1]
+        row = {
+            "defense": _label(name, params),
+            "accuracy": last.accuracy,
+            "macro_f1": last.macro_f1,
+            "accuracy_without_key": last.accuracy_without_key,
+            "accuracy_per_round": [r.accuracy for r in rounds],
+            "seconds": time.perf_counter() - start,
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def render_privacy(rows: list[dict]) -> str:
+    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    lines = [
+        "| defense | " + " | ".join(f"{a}: PSNR / SSIM" for a in attacks) + " |",
+        "|---|" + "---|" * len(attacks),
+    ]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        cells = []
+        for a in attacks:
+            runs = [r for r in rows if r["setting"] == setting and r["attack"] == a]
+            psnr = statistics.mean(r["psnr"] for r in runs)
+            ssim = statistics.mean(r["ssim"] for r in runs)
+            cells.append(f"{psnr:.2f} / {ssim:.3f}")
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_dlm(rows: list[dict]) -> str:
+    lines = ["| defense | DLM+ mean PSNR | SSIM | PSNR > 30 dB |", "|---|---|---|---|"]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        runs = [r for r in rows if r["setting"] == setting]
+        success = sum(r["psnr"] > 30 for r in runs)
+        lines.append(
+            f"| {setting} | {statistics.mean(r['psnr'] for r in runs):.2f} dB | "
+            f"{statistics.mean(r['ssim'] for r in runs):.3f} | {success} of {len(runs)} |"
+        )
+    return "\n".join(lines)
+
+
+def render_utility(rows: list[dict]) -> str:
+    lines = [
+        "| defense | test accuracy | macro F1 | accuracy without the key | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        without = "-" if r["accuracy_without_key"] is None else f"{r['accuracy_without_key']:.3f}"
+        lines.append(
+            f"| {r['defense']} | {r['accuracy']:.3f} | {r['macro_f1']:.3f} | {without} | "
+            f"{r['seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], str]]] = {
+    "privacy": (run_privacy, render_privacy),
+    "dlm": (run_dlm, render_dlm),
+    "utility": (run_utility, render_utility),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", nargs="*", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args()
+    for name in args.only or list(EXPERIMENTS):
+        run, render = EXPERIMENTS[name]
+        if not args.render_only:
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            rows = run()
+            saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+            saved[name] = {
+                "machine": machine(),
+                "seconds": time.perf_counter() - start,
+                "rows": rows,
+            }
+            RESULTS.parent.mkdir(exist_ok=True)
+            RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
+        saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        if name not in saved:
+            raise SystemExit(f"no saved results for {name}; run it without --render-only")
+        entry = saved[name]
+        text = render(entry["rows"]) + (
+            f"\n\nMeasured on: {entry['machine']}; {entry['seconds'] / 60:.1f} min."
+        )
+        replace_section(DOC, f"defenses-{name}", text)
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
