@@ -23,7 +23,7 @@ from auditlib.config import require
 from auditlib.defenses.base import DefenseInfo, clip_update, register
 
 
-def _noise_like(
+def noise_like(
     t: torch.Tensor, generator: torch.Generator, kind: str, scale: float
 ) -> torch.Tensor:
     # Drawn on the CPU generator so a seed gives the same noise on every device.
@@ -61,7 +61,7 @@ class GaussianNoise:
     def apply(self, update, generator, context=None):
         if self.config.clip is not None:
             update = clip_update(update, self.config.clip, 2.0)
-        return tuple(t + _noise_like(t, generator, "gaussian", self.config.sigma) for t in update)
+        return tuple(t + noise_like(t, generator, "gaussian", self.config.sigma) for t in update)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config
@@ -109,7 +109,7 @@ class LaplaceNoise:
     def apply(self, update, generator, context=None):
         if self.config.clip is not None:
             update = clip_update(update, self.config.clip, 1.0)
-        return tuple(t + _noise_like(t, generator, "laplace", self.config.scale) for t in update)
+        return tuple(t + noise_like(t, generator, "laplace", self.config.scale) for t in update)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config

@@ -25,6 +25,7 @@ import torch
 
 from auditlib.config import require
 from auditlib.defenses.base import ClientContext, DefenseInfo, register, require_context
+from auditlib.defenses.dp_noise import noise_like
 from auditlib.errors import AuditInputError
 
 
@@ -66,14 +67,10 @@ class WeightNoise:
         for w in weights:
             if c.clip is not None:  # Eq. 12: W / max(1, ||W||_2 / C), per layer
                 w = w / max(1.0, float(torch.linalg.vector_norm(w)) / c.clip)
-            if c.noise == "gaussian":
-                draw = torch.randn(w.shape, generator=generator, dtype=torch.float64)
-                draw = draw * math.sqrt(c.variance)
-            else:  # Laplace(0, b) has variance 2 b^2
-                u = torch.rand(w.shape, generator=generator, dtype=torch.float64) - 0.5
-                u = u.clamp(-0.5 + 1e-16, 0.5 - 1e-16)
-                draw = -torch.sign(u) * torch.log1p(-2 * u.abs()) * math.sqrt(c.variance / 2)
-            out.append((w + draw.to(device=w.device, dtype=w.dtype)) / c.group_size)
+            # Laplace(0, b) has variance 2 b^2.
+            scale = math.sqrt(c.variance if c.noise == "gaussian" else c.variance / 2)
+            draw = noise_like(w, generator, c.noise, scale)
+            out.append((w + draw) / c.group_size)
         return _as_update(out, require_context(context, "dlm-dp"))
 
     def privacy_report(self) -> dict[str, Any]:
