@@ -152,3 +152,11 @@ def conv_model_with_lock() -> nn.Module:
     model = conv_model()
     build_defense("fedkl")[0].change_model(model, (1, 4, 4), 0)
     return model
+
+
+def test_a_scripted_model_cannot_take_the_lock():
+    from auditlib.errors import AuditInputError
+
+    scripted = torch.jit.script(conv_model())
+    with pytest.raises(AuditInputError, match="cannot be changed"):
+        build_defense("fedkl")[0].change_model(scripted, (1, 4, 4), 0)

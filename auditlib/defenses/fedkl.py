@@ -29,6 +29,7 @@ from torch import nn
 from auditlib.config import require
 from auditlib.defenses.base import DefenseInfo, ModelChange, register
 from auditlib.engine.seeds import derive_seed
+from auditlib.errors import AuditInputError
 from auditlib.models.keylock import (
     LockActivation,
     insert_key_lock,
@@ -84,6 +85,11 @@ class FedKL:
     def change_model(self, model: nn.Module, input_shape, seed: int) -> ModelChange:
         """Lock ``model`` in place (the client's) and build the server's view beside it."""
         c = self.config
+        if isinstance(model, torch.jit.ScriptModule) or not isinstance(model, nn.Module):
+            raise AuditInputError(
+                "fedkl inserts the key-lock into the model's Python modules; a TorchScript or "
+                "torch.export archive cannot be changed: use weights for a built-in architecture"
+            )
         server = copy.deepcopy(model)
         name = self.lock(model, client_key(c, seed), input_shape, seed)
         guess = {
