@@ -30,6 +30,7 @@ from auditlib.config import require
 from auditlib.defenses.base import DefenseInfo, ModelChange, register
 from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
+from auditlib.fl.update import copy_state
 from auditlib.models.keylock import (
     LockActivation,
     insert_key_lock,
@@ -120,8 +121,7 @@ class FedKL:
     def client_state(self, model: nn.Module, change: ModelChange, seed: int) -> dict:
         """A new client's private part in federated training: its own key (from ``seed``)
         and the lock at its initial weights, as every client starts (the public code)."""
-        named = dict(model.named_parameters()) | dict(model.named_buffers())
-        state = {n: named[n].detach().clone() for n in change.private}
+        state = copy_state(model, change.private)
         for name in state:
             if name.endswith(".key"):
                 state[name] = client_key(self.config, seed).to(state[name].device)

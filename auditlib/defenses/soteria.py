@@ -65,7 +65,6 @@ def feature_scores(model: nn.Module, layer: nn.Linear, context: ClientContext) -
     try:
         set_training_mode(model, context.protocol.batchnorm_mode == "train")
         model(images)
-        hook.remove()
         return _scores(captured[0].reshape(images.shape[0], -1), images)
     finally:
         hook.remove()

@@ -30,8 +30,8 @@ from auditlib.defenses.base import Defense, model_change
 from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.training import fedavg_round, load_state
-from auditlib.fl.update import set_training_mode
+from auditlib.fl.training import fedavg_round
+from auditlib.fl.update import copy_state, load_state, set_training_mode
 
 Split = Literal["iid", "dirichlet"]
 
@@ -213,8 +213,7 @@ def _private_states(
         defense.client_state(model, change, derive_seed(federation.seed, f"client-{c}"))  # type: ignore[attr-defined]
         for c in range(federation.clients)
     ]
-    server = _named(change.server)
-    load_state(model, {n: server[n] for n in change.private})
+    load_state(model, copy_state(change.server, change.private))
     return states
 
 
@@ -222,7 +221,7 @@ def _utility(model, test, states, round, loss, seconds) -> Utility:
     if not states:
         return Utility(round, *evaluate(model, *test), train_loss=loss, seconds=seconds)
     without_key = evaluate(model, *test)
-    server_state = {n: t.detach().clone() for n, t in _named(model).items() if n in states[0]}
+    server_state = copy_state(model, states[0])
     scores = []
     for state in states:
         load_state(model, state)
@@ -237,10 +236,6 @@ def _utility(model, test, states, round, loss, seconds) -> Utility:
         accuracy_without_key=without_key[0],
         macro_f1_without_key=without_key[1],
     )
-
-
-def _named(model: nn.Module) -> dict[str, torch.Tensor]:
-    return dict(model.named_parameters()) | dict(model.named_buffers())
 
 
 def utility_tensors(

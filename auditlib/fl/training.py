@@ -21,7 +21,12 @@ from auditlib.data.normalization import Normalization
 from auditlib.defenses.base import Defense
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import defended_update
-from auditlib.fl.update import set_training_mode, trainable_parameters
+from auditlib.fl.update import (
+    copy_state,
+    load_state,
+    set_training_mode,
+    trainable_parameters,
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,7 @@ def fedavg_round(
     private = set(private_states[0]) if private_states else set()
     start = {n: b.detach().clone() for n, b in model.named_buffers() if n not in private}
     shared = [i for i, n in enumerate(parameters) if n not in private]
-    named = dict(model.named_parameters()) | dict(model.named_buffers())
-    server_private = {n: named[n].detach().clone() for n in private}
+    server_private = copy_state(model, private)
     total = [torch.zeros_like(p) for p in parameters.values()]
     statistics = {n: torch.zeros_like(b, dtype=torch.float64) for n, b in start.items()}
     examples = sum(len(labels) for _, labels in clients)
@@ -116,14 +120,6 @@ def fedavg_round(
     load_state(model, server_private)  # the server's own view of the private part is untouched
     set_training_mode(model, False)
     return loss_sum
-
-
-@torch.no_grad()
-def load_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy named parameters and buffers (a client's private part) into ``model``."""
-    for name, value in state.items():
-        owner, _, leaf = name.rpartition(".")
-        getattr(model.get_submodule(owner) if owner else model, leaf).copy_(value)
 
 
 def federated_averaging(

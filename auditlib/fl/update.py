@@ -9,7 +9,7 @@ code guarantees the attacker simulates exactly what the client computed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,25 @@ def _scripted_gradient(
 
 def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` by its name."""
+    return dict(model.named_parameters()) | dict(model.named_buffers())
+
+
+def copy_state(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Detached copies of the named parameters and buffers (e.g. a client's private part)."""
+    tensors = named_tensors(model)
+    return {n: tensors[n].detach().clone() for n in names}
+
+
+@torch.no_grad()
+def load_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy named parameters and buffers into ``model``, in place."""
+    tensors = named_tensors(model)
+    for name, value in state.items():
+        tensors[name].copy_(value)
 
 
 def client_update(
