@@ -40,7 +40,7 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
-from auditlib.attacks.objectives import cosine_distance, total_variation
+from auditlib.attacks.objectives import cosine_distance, matched_parameters, total_variation
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
 from auditlib.fl.update import client_update
@@ -238,9 +238,7 @@ class GradientModel:
         self, observation: Observation, knowledge: AttackerKnowledge, unroll: bool
     ) -> None:
         self.knowledge = knowledge
-        self.parameters = knowledge.parameters()
-        if tuple(self.parameters) != observation.parameter_names:
-            raise ValueError("observation does not match the attacker's model parameters")
+        self.parameters = matched_parameters(observation, knowledge)
         device = knowledge.device
         protocol = knowledge.protocol
         self.unroll = unroll and protocol.algorithm != "fedsgd"

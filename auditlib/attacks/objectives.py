@@ -58,6 +58,16 @@ def total_variation(images: torch.Tensor) -> torch.Tensor:
     return dx + dy
 
 
+def matched_parameters(
+    observation: Observation, knowledge: AttackerKnowledge
+) -> dict[str, torch.Tensor]:
+    """The attacker's trainable parameters, checked to be those the observation holds."""
+    parameters = knowledge.parameters()
+    if tuple(parameters) != observation.parameter_names:
+        raise ValueError("observation does not match the attacker's model parameters")
+    return parameters
+
+
 class UpdateMatcher:
     """Simulates the client on candidate data and measures the distance to the observation."""
 
@@ -65,9 +75,7 @@ class UpdateMatcher:
         self, observation: Observation, knowledge: AttackerKnowledge, distance: str
     ) -> None:
         self.knowledge = knowledge
-        self.parameters = knowledge.parameters()
-        if tuple(self.parameters) != observation.parameter_names:
-            raise ValueError("observation does not match the attacker's model parameters")
+        self.parameters = matched_parameters(observation, knowledge)
         device = knowledge.device
         self.target = tuple(t.to(device) for t in observation.tensors)
         self.distance = DISTANCES[distance]
