@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import platform
 import re
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -50,3 +54,47 @@ def replace_section(path: Path, marker: str, body: str) -> None:
     if not pattern.search(text):
         raise SystemExit(f"{path} has no {start} ... {end} section")
     path.write_text(pattern.sub(lambda _: f"{start}\n{body.rstrip()}\n{end}", text))
+
+
+Experiment = tuple[Callable[[], list[dict]], Callable[[list[dict]], str]]
+
+
+def run_experiments(
+    description: str | None,
+    experiments: Mapping[str, Experiment],
+    results: Path,
+    doc: Path,
+    marker_prefix: str,
+) -> None:
+    """The command line of a reproduction script: run the chosen experiments (or only
+    re-render them with --render-only), save their rows in ``results`` and write each table
+    between the ``<marker_prefix>-<name>`` markers of ``doc``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--only", nargs="*", choices=sorted(experiments))
+    parser.add_argument(
+        "--render-only", action="store_true", help="redo the docs from the saved JSON"
+    )
+    args = parser.parse_args()
+    for name in args.only or list(experiments):
+        run, render = experiments[name]
+        if not args.render_only:
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            rows = run()
+            # Re-read: another experiment may have saved its rows meanwhile.
+            saved = json.loads(results.read_text()) if results.exists() else {}
+            saved[name] = {
+                "machine": machine(),
+                "seconds": time.perf_counter() - start,
+                "rows": rows,
+            }
+            results.parent.mkdir(exist_ok=True)
+            results.write_text(json.dumps(saved, indent=2) + "\n")
+        saved = json.loads(results.read_text()) if results.exists() else {}
+        if name not in saved:
+            raise SystemExit(f"no saved results for {name}; run it without --render-only")
+        entry = saved[name]
+        text = render(entry["rows"])
+        text += f"\n\nMeasured on: {entry['machine']}; {entry['seconds'] / 60:.1f} min."
+        replace_section(doc, f"{marker_prefix}-{name}", text)
+        print(text)

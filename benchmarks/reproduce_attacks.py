@@ -15,11 +15,9 @@ Usage: python -m benchmarks.reproduce_attacks [--only NAME ...] [--render-only]
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,7 +31,7 @@ from auditlib.metrics import score
 from auditlib.metrics.matching import label_accuracy
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
-from benchmarks.common import ROOT, machine, replace_section
+from benchmarks.common import ROOT, Experiment, run_experiments
 
 RESULTS = ROOT / "benchmarks" / "results" / "attacks.json"
 DOC = ROOT / "docs" / "REPRODUCTION.md"
@@ -326,7 +324,7 @@ def _name(row: dict) -> str:
 
 # --- registry of experiments ----------------------------------------------------------------
 
-EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], str]]] = {
+EXPERIMENTS: dict[str, Experiment] = {
     "labels": (run_labels, render_labels),
     "grnn": (run_grnn, render_comparison),
     "dlm": (run_dlm, render_comparison),
@@ -336,36 +334,7 @@ EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", nargs="*", choices=sorted(EXPERIMENTS))
-    parser.add_argument(
-        "--render-only", action="store_true", help="redo the docs from the saved JSON"
-    )
-    args = parser.parse_args()
-    names = args.only or list(EXPERIMENTS)
-    saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    for name in names:
-        run, render = EXPERIMENTS[name]
-        if not args.render_only:
-            torch.manual_seed(0)
-            start = time.perf_counter()
-            rows = run()
-            # Re-read: another experiment may have saved its rows meanwhile.
-            saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-            saved[name] = {
-                "machine": machine(),
-                "seconds": time.perf_counter() - start,
-                "rows": rows,
-            }
-            RESULTS.parent.mkdir(exist_ok=True)
-            RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
-        if name not in saved:
-            raise SystemExit(f"no saved results for {name}; run it without --render-only")
-        entry = saved[name]
-        text = render(entry["rows"])
-        text += f"\n\nMeasured on: {entry['machine']}; {entry['seconds'] / 60:.1f} min."
-        replace_section(DOC, f"attacks-{name}", text)
-        print(text)
+    run_experiments(__doc__, EXPERIMENTS, RESULTS, DOC, "attacks")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,9 @@ Usage: python -m benchmarks.reproduce_defenses [--only NAME ...] [--render-only]
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
-
-import torch
 
 from auditlib.data import Normalization
 from auditlib.data.training_sets import bundled_sets
@@ -29,7 +25,7 @@ from auditlib.fl.federated import FederationSpec, train_federated, utility_tenso
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ModelSpec, build_model
 from auditlib.spec import ComponentSpec
-from benchmarks.common import ROOT, machine, replace_section
+from benchmarks.common import ROOT, Experiment, run_experiments
 from benchmarks.reproduce_attacks import LENET, audit, photograph, spec_of
 
 RESULTS = ROOT / "benchmarks" / "results" / "defenses.json"
@@ -169,7 +165,7 @@ def render_utility(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], str]]] = {
+EXPERIMENTS: dict[str, Experiment] = {
     "privacy": (run_privacy, render_privacy),
     "dlm": (run_dlm, render_dlm),
     "utility": (run_utility, render_utility),
@@ -177,33 +173,7 @@ EXPERIMENTS: dict[str, tuple[Callable[[], list[dict]], Callable[[list[dict]], st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", nargs="*", choices=sorted(EXPERIMENTS))
-    parser.add_argument("--render-only", action="store_true")
-    args = parser.parse_args()
-    for name in args.only or list(EXPERIMENTS):
-        run, render = EXPERIMENTS[name]
-        if not args.render_only:
-            torch.manual_seed(0)
-            start = time.perf_counter()
-            rows = run()
-            saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-            saved[name] = {
-                "machine": machine(),
-                "seconds": time.perf_counter() - start,
-                "rows": rows,
-            }
-            RESULTS.parent.mkdir(exist_ok=True)
-            RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
-        saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-        if name not in saved:
-            raise SystemExit(f"no saved results for {name}; run it without --render-only")
-        entry = saved[name]
-        text = render(entry["rows"]) + (
-            f"\n\nMeasured on: {entry['machine']}; {entry['seconds'] / 60:.1f} min."
-        )
-        replace_section(DOC, f"defenses-{name}", text)
-        print(text)
+    run_experiments(__doc__, EXPERIMENTS, RESULTS, DOC, "defenses")
 
 
 if __name__ == "__main__":
