@@ -150,6 +150,20 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str):
     return model
 
 
+def _model_spec(args: argparse.Namespace):
+    """The built-in model the ``_model_arguments`` options describe."""
+    from auditlib.models import ModelSpec
+
+    return ModelSpec(
+        architecture=args.model,
+        num_classes=args.num_classes,
+        input_shape=(args.channels, args.input_size, args.input_size),
+        init=args.init,
+        activation=args.activation,
+        seed=args.model_seed,
+    )
+
+
 def _utility_arguments(commands, architectures, defenses) -> None:
     utility = commands.add_parser(
         "utility",
@@ -188,7 +202,6 @@ def spec_from_args(args: argparse.Namespace):
     from auditlib.attacks import get_attack
     from auditlib.config import parse_key_values
     from auditlib.fl.protocol import ClientProtocol
-    from auditlib.models import ModelSpec
     from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 
     if args.trusted_model and not args.i_trust_this_file:
@@ -197,14 +210,7 @@ def spec_from_args(args: argparse.Namespace):
         )
     if args.trusted_model and args.weights:
         raise AuditInputError("give either --weights or --trusted-model, not both")
-    model_spec = ModelSpec(
-        architecture=args.model,
-        num_classes=args.num_classes,
-        input_shape=(args.channels, args.input_size, args.input_size),
-        init=args.init,
-        activation=args.activation,
-        seed=args.model_seed,
-    )
+    model_spec = _model_spec(args)
     weights_file = args.weights or args.trusted_model
     model = ModelRef(
         spec=model_spec,
@@ -334,17 +340,10 @@ def utility_command(args: argparse.Namespace) -> int:
     from auditlib.data.training_sets import bundled_sets, labelled_sets
     from auditlib.defenses import build_defense
     from auditlib.fl.federated import FederationSpec, train_federated, utility_tensors
-    from auditlib.models import ModelSpec, build_model
+    from auditlib.models import build_model
     from auditlib.models.loading import load_weights
 
-    spec = ModelSpec(
-        architecture=args.model,
-        num_classes=args.num_classes,
-        input_shape=(args.channels, args.input_size, args.input_size),
-        init=args.init,
-        activation=args.activation,
-        seed=args.model_seed,
-    )
+    spec = _model_spec(args)
     federation = FederationSpec(
         clients=args.clients,
         clients_per_round=args.clients_per_round,
