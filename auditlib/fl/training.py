@@ -77,8 +77,7 @@ def fedavg_round(
     """
     parameters = trainable_parameters(model)
     private = set(private_states[0]) if private_states else set()
-    start = {n: b.detach().clone() for n, b in model.named_buffers() if n not in private}
-    shared = [i for i, n in enumerate(parameters) if n not in private]
+    start = copy_state(model, [n for n, _ in model.named_buffers() if n not in private])
     server_private = copy_state(model, private)
     total = [torch.zeros_like(p) for p in parameters.values()]
     statistics = {n: torch.zeros_like(b, dtype=torch.float64) for n, b in start.items()}
@@ -89,9 +88,7 @@ def fedavg_round(
         with torch.no_grad():
             if private_states:
                 load_state(model, private_states[index])
-            for n, b in model.named_buffers():
-                if n in start:
-                    b.copy_(start[n])
+            load_state(model, start)
             set_training_mode(model, protocol.batchnorm_mode == "train")
             windows = protocol.minibatch_slices(len(labels))
             for window in windows:
@@ -103,17 +100,15 @@ def fedavg_round(
         _, delta = defended_update(
             model, parameters, images, labels, protocol, defense, generator, round=round
         )
-        for i in shared:
-            total[i] = total[i] + share * delta[i]
-        if private_states:  # the client keeps its own trained private part
-            names = list(parameters)
-            for i, n in enumerate(names):
-                if n in private:
-                    private_states[index][n] = parameters[n].detach() + delta[i]
+        for i, (n, p) in enumerate(parameters.items()):
+            if n in private:  # the client keeps its own trained private part
+                private_states[index][n] = p.detach() + delta[i]  # type: ignore[index]
+            else:
+                total[i] = total[i] + share * delta[i]
     with torch.no_grad():
-        for i, p in enumerate(parameters.values()):
-            if i in shared:
-                p.add_(total[i])
+        for (n, p), t in zip(parameters.items(), total, strict=True):
+            if n not in private:
+                p.add_(t)
         for n, b in model.named_buffers():
             if n in statistics:
                 b.copy_(statistics[n].round() if not b.is_floating_point() else statistics[n])
