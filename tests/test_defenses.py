@@ -62,6 +62,7 @@ def test_registry_holds_every_defense():
         "dlm-dp",
         "dlm-sparsify",
         "fedkl",
+        "shadow",
     }
 
 

@@ -8,6 +8,7 @@ from auditlib.defenses import (  # noqa: F401  (registration side effect)
     outpost,
     pruning,
     quantization,
+    shadow,
     soteria,
 )
 from auditlib.defenses.base import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -109,9 +109,6 @@ def defended_update(
     The one place where a client defends: the audited victim and every client of federated
     training go through it, so a defense acts identically in both.
     """
-    update = client_update(model, parameters, images, labels, protocol, differentiable=False)
-    if protocol.observation_kind == "weights":
-        update = tuple(w - p.detach() for w, p in zip(update, parameters.values(), strict=True))
     context = ClientContext(
         model=model,
         parameters={n: p.detach() for n, p in parameters.items()},
@@ -120,4 +117,19 @@ def defended_update(
         protocol=protocol,
         round=round,
     )
-    return update, defense.apply(update, generator, context)
+    update = _difference(model, parameters, images, labels, protocol)
+    perturb = getattr(defense, "perturb_images", None)
+    if perturb is None:
+        return update, defense.apply(update, generator, context)
+    # A defense on the data (Shadow): the client trains on its perturbed images, and the
+    # server receives the update taken on them.
+    perturbed = perturb(context, generator).detach()
+    released = _difference(model, parameters, perturbed, labels, protocol)
+    return update, defense.apply(released, generator, replace(context, images=perturbed))
+
+
+def _difference(model, parameters, images, labels, protocol) -> tuple[torch.Tensor, ...]:
+    update = client_update(model, parameters, images, labels, protocol, differentiable=False)
+    if protocol.observation_kind == "weights":
+        update = tuple(w - p.detach() for w, p in zip(update, parameters.values(), strict=True))
+    return update
