@@ -63,6 +63,7 @@ def test_registry_holds_every_defense():
         "dlm-sparsify",
         "fedkl",
         "shadow",
+        "fedboosting",
     }
 
 

@@ -3,6 +3,7 @@
 from auditlib.defenses import (  # noqa: F401  (registration side effect)
     clipping,
     dp_noise,
+    fedboosting,
     fedkl,
     model_weights,
     outpost,

@@ -19,6 +19,7 @@ from torch import nn
 from auditlib.config import require
 from auditlib.data.normalization import Normalization
 from auditlib.defenses.base import Defense
+from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import defended_update
 from auditlib.fl.update import (
@@ -74,47 +75,81 @@ def fedavg_round(
     ``private_states`` (one per client, FedKL's key and lock): those parameters and buffers
     are loaded into the model before the client trains, updated by the client's own training
     afterwards, and never averaged.
+
+    A defense that is an aggregation protocol (FedBoosting) holds out each client's last
+    ``validation_fraction`` of examples and replaces the weighted mean by its ``aggregate``.
     """
     parameters = trainable_parameters(model)
     private = set(private_states[0]) if private_states else set()
     start = copy_state(model, [n for n, _ in model.named_buffers() if n not in private])
     server_private = copy_state(model, private)
-    total = [torch.zeros_like(p) for p in parameters.values()]
+    aggregate = getattr(defense, "aggregate", None)  # a protocol's own server step
+    clients, validation = _hold_out(clients, getattr(defense, "validation_fraction", None))
     statistics = {n: torch.zeros_like(b, dtype=torch.float64) for n, b in start.items()}
     examples = sum(len(labels) for _, labels in clients)
-    loss_sum = 0.0
+    shares = [len(labels) / examples for _, labels in clients]
+    updates: list[tuple[torch.Tensor, ...]] = []
+    losses: list[float] = []
     for index, (images, labels) in enumerate(clients):
-        share = len(labels) / examples
         with torch.no_grad():
             if private_states:
                 load_state(model, private_states[index])
             load_state(model, start)
             set_training_mode(model, protocol.batchnorm_mode == "train")
             windows = protocol.minibatch_slices(len(labels))
+            loss = 0.0
             for window in windows:
                 logits = model(images[window])
-                loss_sum += share * float(F.cross_entropy(logits, labels[window])) / len(windows)
+                loss += float(F.cross_entropy(logits, labels[window])) / len(windows)
+            losses.append(loss)
             for n, b in model.named_buffers():
                 if n in statistics:
-                    statistics[n] += share * b.double()
+                    statistics[n] += shares[index] * b.double()
         _, delta = defended_update(
             model, parameters, images, labels, protocol, defense, generator, round=round
         )
-        for i, (n, p) in enumerate(parameters.items()):
+        for i, n in enumerate(parameters):
             if n in private:  # the client keeps its own trained private part
-                private_states[index][n] = p.detach() + delta[i]  # type: ignore[index]
-            else:
-                total[i] = total[i] + share * delta[i]
+                private_states[index][n] = parameters[n].detach() + delta[i]  # type: ignore[index]
+        updates.append(tuple(d for n, d in zip(parameters, delta, strict=True) if n not in private))
+    shared = {n: p for n, p in parameters.items() if n not in private}
+    load_state(model, start)
+    if aggregate is not None:
+        total = aggregate(model, shared, updates, losses, validation)
+    else:
+        total = tuple(
+            sum(share * u[k] for share, u in zip(shares, updates, strict=True))
+            for k in range(len(shared))
+        )
     with torch.no_grad():
-        for (n, p), t in zip(parameters.items(), total, strict=True):
-            if n not in private:
-                p.add_(t)
+        for p, t in zip(shared.values(), total, strict=True):
+            p.add_(t)
         for n, b in model.named_buffers():
             if n in statistics:
                 b.copy_(statistics[n].round() if not b.is_floating_point() else statistics[n])
     load_state(model, server_private)  # the server's own view of the private part is untouched
     set_training_mode(model, False)
-    return loss_sum
+    return float(sum(share * loss for share, loss in zip(shares, losses, strict=True)))
+
+
+def _hold_out(
+    clients: Sequence[tuple[torch.Tensor, torch.Tensor]], fraction: float | None
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each client's data cut into a training part and its last ``fraction`` as validation
+    (FedBoosting's cross-validation sets); no cut when ``fraction`` is None."""
+    if fraction is None:
+        return list(clients), []
+    train, validation = [], []
+    for images, labels in clients:
+        held = max(1, round(fraction * len(labels)))
+        if len(labels) - held < 1:
+            raise AuditInputError(
+                f"a client with {len(labels)} example(s) cannot hold out a validation split; "
+                "every client needs at least 2 examples"
+            )
+        train.append((images[:-held], labels[:-held]))
+        validation.append((images[-held:], labels[-held:]))
+    return train, validation
 
 
 def federated_averaging(

@@ -1,0 +1,144 @@
+"""Specification of FedBoosting's protocol (thesis chapter 4): Paillier aggregation of
+quantised updates, the DP-fusion weights, the boosting weights, and what a curious partner
+recovers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from auditlib.defenses import build_defense
+from auditlib.defenses.fedboosting import boosting_weights, fusion_weights
+from auditlib.errors import AuditInputError
+from auditlib.fl.paillier import PaillierChannel, integer_weights
+from auditlib.fl.protocol import ClientProtocol
+from auditlib.fl.training import fedavg_round
+
+torch.set_num_threads(1)
+
+
+def updates(count: int, seed: int = 0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(3, 4, generator=g, dtype=dtype), torch.randn(5, generator=g, dtype=dtype))
+        for _ in range(count)
+    ]
+
+
+def weighted_sum(weights, parts, pieces):
+    return [sum(w / pieces * p[k] for w, p in zip(weights, parts, strict=True)) for k in range(2)]
+
+
+def test_encrypted_aggregation_decrypts_to_the_plain_weighted_sum():
+    channel = PaillierChannel(key_bits=128, scale=1e32, pieces=100)
+    parts = updates(3)
+    weights = integer_weights([0.5, 0.3, 0.2], 100)
+    assert weights == [50, 30, 20]
+    encrypted = [channel.encrypt(channel.quantise(u, sum(weights))) for u in parts]
+    total = channel.dequantise(channel.decrypt(channel.combine(weights, encrypted)), parts[0])
+    for got, want in zip(total, weighted_sum(weights, parts, 100), strict=True):
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-15)
+    # What the server holds are ciphertexts: not the integers, and never equal for equal values.
+    assert encrypted[0][0].ciphertext() != channel.quantise(parts[0], 100)[0]
+    again = channel.public_key.encrypt(7)
+    assert again.ciphertext() != channel.public_key.encrypt(7).ciphertext()
+    assert channel.cost.values_encrypted == 3 * 17
+    assert channel.cost.ciphertext_bytes == 3 * 17 * 32  # integers mod n^2, n of 128 bits
+
+
+def test_the_error_is_the_quantisation_error():
+    # A coarse scale makes the rounding visible: each value is off by at most
+    # sum(weights) * 0.5 / scale, and is off by something.
+    channel = PaillierChannel(key_bits=128, scale=1e4, pieces=100)
+    parts = updates(2, seed=1)
+    weights = [60, 40]
+    encrypted = [channel.encrypt(channel.quantise(u, 100)) for u in parts]
+    total = channel.dequantise(channel.decrypt(channel.combine(weights, encrypted)), parts[0])
+    error = torch.cat(
+        [(g - w).flatten() for g, w in zip(total, weighted_sum(weights, parts, 100), strict=True)]
+    )
+    assert error.abs().max() <= sum(weights) * 0.5 / 1e4
+    assert error.abs().max() > 0
+
+
+def test_values_too_large_for_the_key_are_refused():
+    channel = PaillierChannel(key_bits=128, scale=1e32, pieces=100)
+    with pytest.raises(AuditInputError, match="overflows a 128-bit Paillier key"):
+        channel.quantise((torch.tensor([1e6]),), 100)
+    with pytest.raises(AuditInputError, match="NaN"):
+        channel.quantise((torch.tensor([float("nan")]),), 100)
+
+
+def test_fusion_and_boosting_weights():
+    assert fusion_weights(3, 0.9, 100).tolist() == [[90, 5, 5], [5, 90, 5], [5, 5, 90]]
+    assert fusion_weights(2, 0.9, 100).tolist() == [[90, 10], [10, 90]]
+    validation = np.array([[0.5, 0.5], [1.0, 1.0]])  # model 0 generalises better
+    p = boosting_weights([1.0, 1.0], validation)
+    assert p.sum() == pytest.approx(1.0) and p[0] == pytest.approx(2 / 3)
+    p = boosting_weights([0.5, 1.0], np.ones((2, 2)))  # ... or fits its data better
+    assert p[0] == pytest.approx(2 / 3)
+
+
+def client_data(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(10, 1, 4, 4, generator=g), torch.randint(0, 3, (10,), generator=g))
+        for _ in range(3)
+    ]
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_a_boosted_round_is_the_same_encrypted_or_not():
+    protocol = ClientProtocol("fedavg", local_epochs=1, local_lr=0.1, local_batch_size=4)
+    results = []
+    for encrypt in (True, False):
+        model = small_model()
+        defense, _ = build_defense("fedboosting", {"encrypt": encrypt})
+        fedavg_round(
+            model, client_data(0), protocol, defense, generator=torch.Generator().manual_seed(0)
+        )
+        results.append((model, defense.rounds[0]))
+    (encrypted, log), (plain, plain_log) = results
+    for a, b in zip(encrypted.parameters(), plain.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert log["integer_weights"] == plain_log["integer_weights"]
+    assert sum(log["boosting_weights"]) == pytest.approx(1.0)
+    assert log["ciphertext_bytes"] == 8 * log["plaintext_bytes"]  # 32 vs 4 bytes a value
+    assert "ciphertext_bytes" not in plain_log
+    # The boosting weights differ from the example-count weights FedAvg would use.
+    fedavg = small_model()
+    none, _ = build_defense("none")
+    fedavg_round(fedavg, client_data(0), protocol, none, generator=torch.Generator())
+    assert not all(
+        torch.allclose(a, b, atol=1e-6)
+        for a, b in zip(plain.parameters(), fedavg.parameters(), strict=True)
+    )
+
+
+def test_a_client_too_small_to_hold_out_is_refused():
+    protocol = ClientProtocol("fedavg", local_lr=0.1)
+    defense, _ = build_defense("fedboosting", {"encrypt": False})
+    one = [(torch.randn(1, 1, 4, 4), torch.tensor([0]))]
+    with pytest.raises(AuditInputError, match="at least 2 examples"):
+        fedavg_round(small_model(), one, protocol, defense, generator=torch.Generator())
+
+
+def test_the_curious_partner_recovers_the_victims_update():
+    update = updates(1, seed=3, dtype=torch.float32)[0]
+    defense, _ = build_defense("fedboosting")
+    recovered = defense.apply(update, torch.Generator().manual_seed(0))
+    for got, want in zip(recovered, update, strict=True):
+        assert got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6)
+    report = defense.privacy_report()
+    assert report["epsilon"] is None and "ciphertexts only" in report["server_view"]
+    assert report["cost"]["values_encrypted"] == 2 * 17
+    with pytest.raises(AuditInputError, match="fused_share"):
+        build_defense("fedboosting", {"fused_share": 0.4})
+    with pytest.raises(AuditInputError, match="key_bits"):
+        build_defense("fedboosting", {"key_bits": 100})
