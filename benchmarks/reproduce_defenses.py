@@ -9,6 +9,8 @@ benchmarks/results/defenses.json; run one with --only NAME):
 - dlm:     the DLM paper's two weight defenses against DLM+ on FedAvg weights
 - utility: FedAvg on Fashion-MNIST under each defense; test accuracy and macro F1
            (FedBoosting: its own aggregation, with the Paillier cost per round)
+- fedkl-rounds: FedKL against FedAvg over 30 rounds: accuracy with each client's key and
+           with the server's random key as training goes on
 - shadow:  the Shadow paper's comparison at CPU scale: a BN-aware attack (GradInversion)
            on a BatchNorm ResNet-10 against Shadow and the baselines it compares with
 
@@ -139,6 +141,43 @@ def run_utility() -> list[dict]:
     return rows
 
 
+def run_fedkl_rounds() -> list[dict]:
+    sets = bundled_sets("fashion-mnist", 3000, 1000, seed=0)
+    normalization = Normalization.parse("none", 1)
+    train, test = utility_tensors(sets, UTILITY_MODEL.input_shape, 10, normalization)
+    federation = FederationSpec(clients=3, rounds=30, local_epochs=2, local_lr=0.05)
+    rows = []
+    for name in ("none", "fedkl"):
+        model = build_model(UTILITY_MODEL)
+        defense, _ = build_defense(name)
+        for r in train_federated(model, train, test, federation, defense):
+            row = {
+                "defense": name,
+                "round": r.round,
+                "accuracy": r.accuracy,
+                "accuracy_without_key": r.accuracy_without_key,
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def render_fedkl_rounds(rows: list[dict]) -> str:
+    lines = [
+        "| round | FedAvg accuracy | FedKL, each client's key | FedKL, the server's random key |",
+        "|---|---|---|---|",
+    ]
+    for round in (0, 1, 2, 5, 10, 20, 30):
+        plain = [r for r in rows if r["defense"] == "none" and r["round"] == round]
+        locked = [r for r in rows if r["defense"] == "fedkl" and r["round"] == round]
+        if plain and locked:
+            lines.append(
+                f"| {round} | {plain[0]['accuracy']:.3f} | {locked[0]['accuracy']:.3f} | "
+                f"{locked[0]['accuracy_without_key']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
 def _protocol_cost(defense) -> dict | None:
     """FedBoosting's Paillier time and bytes, summed over its rounds (None for others)."""
     rounds = getattr(defense, "rounds", None)
@@ -243,6 +282,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "privacy": (run_privacy, render_privacy),
     "dlm": (run_dlm, render_dlm),
     "utility": (run_utility, render_utility),
+    "fedkl-rounds": (run_fedkl_rounds, render_fedkl_rounds),
     "shadow": (run_shadow, render_shadow),
 }
 

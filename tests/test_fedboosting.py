@@ -132,7 +132,9 @@ def test_a_client_too_small_to_hold_out_is_refused():
 def test_the_curious_partner_recovers_the_victims_update():
     update = updates(1, seed=3, dtype=torch.float32)[0]
     defense, _ = build_defense("fedboosting")
-    recovered = defense.apply(update, torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(defense.apply(update, None), update, strict=True))
+    assert defense.audit_cost is None  # the client's own step encrypts nothing in an audit
+    recovered = defense.attacker_view(update, torch.Generator().manual_seed(0))
     for got, want in zip(recovered, update, strict=True):
         assert got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6)
     report = defense.privacy_report()
@@ -142,3 +144,28 @@ def test_the_curious_partner_recovers_the_victims_update():
         build_defense("fedboosting", {"fused_share": 0.4})
     with pytest.raises(AuditInputError, match="key_bits"):
         build_defense("fedboosting", {"key_bits": 100})
+
+
+def test_an_audit_observes_what_the_partner_decrypts():
+    from auditlib.data.normalization import Normalization
+    from auditlib.fl.scenario import release_update
+    from auditlib.threat import PrivateBatch
+
+    g = torch.Generator().manual_seed(4)
+    batch = PrivateBatch(torch.randn(2, 1, 4, 4, generator=g), torch.tensor([0, 2]), ("a", "b"))
+    releases = {}
+    for name in ("none", "fedboosting"):
+        releases[name] = release_update(
+            small_model(),
+            batch,
+            ClientProtocol(),
+            build_defense(name)[0],
+            normalization=Normalization.parse("none", 1),
+            num_classes=3,
+            labels_known=False,
+            seed=0,
+        )
+    plain, fused = releases["none"].observation, releases["fedboosting"].observation
+    for a, b in zip(plain.tensors, fused.tensors, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+    assert releases["fedboosting"].privacy["cost"]["values_encrypted"] > 0

@@ -13,7 +13,7 @@ homomorphically; the clients decrypt the sum and divide by the scale.
 
 What an attacker sees: the server, only ciphertexts (it never holds the private key), so
 no gradient attack applies to it. A curious client holds the shared key and decrypts the
-fused model of every other client. In an audit (``apply``), the victim is client 1 of the
+fused model of every other client. In an audit (``attacker_view``), the victim is client 1 of the
 thesis's two-client setting and the attacker is the other client: it decrypts the victim's
 fused model and subtracts its own (known, exactly quantised) share in the integers, which
 leaves the victim's update up to quantisation. The partner's values cancel exactly, so they
@@ -158,8 +158,14 @@ class FedBoosting:
         )
         return combined
 
-    # -- an audit: what the curious partner of a two-client federation recovers ------------
     def apply(self, update, generator, context=None):
+        # The client's update leaves it as computed; the protocol protects it on the way
+        # (encryption, fusion), which `aggregate` and `attacker_view` model.
+        return tuple(t.clone() for t in update)
+
+    # -- an audit: what the curious partner of a two-client federation recovers ------------
+    def attacker_view(self, update, generator):
+        """The victim's released update as its curious partner decrypts and unmixes it."""
         c = self.config
         channel = self._channel()
         fusion = fusion_weights(2, c.fused_share, c.pieces)

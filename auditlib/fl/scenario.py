@@ -56,6 +56,9 @@ def release_update(
     update, defended = defended_update(
         model, parameters, batch.images, batch.labels, protocol, defense, generator
     )
+    view = getattr(defense, "attacker_view", None)
+    if view is not None:  # a protocol (FedBoosting): the attacker gets what it exposes
+        defended = view(defended, generator)
     # What leaves the client: every trained parameter but the private ones.
     shared = [i for i, name in enumerate(parameters) if name not in private]
     start = list(parameters.values())
