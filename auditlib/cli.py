@@ -402,6 +402,8 @@ def utility_command(args: argparse.Namespace) -> int:
                     "defense": {"name": args.defense, "settings": settings},
                     "privacy": defense.privacy_report(),
                     "rounds": rounds,
+                    # A protocol's own record per round (FedBoosting: weights, time, bytes).
+                    "protocol_rounds": getattr(defense, "rounds", None),
                 },
                 indent=2,
                 default=str,
