@@ -6,6 +6,7 @@
    VGG, ``normalize=True``) or the reason LPIPS is unavailable.
 4. Labels: order-free multiset accuracy.
 5. Summaries: mean, std, min and max over the batch.
+6. The leakage verdict (``metrics.risk``): level from the mean PSNR, success-rate curves.
 
 Two selections are kept apart: the candidate the attacker would pick (lowest attack loss)
 and the oracle best (highest mean PSNR, which needs the ground truth).
@@ -24,6 +25,7 @@ from auditlib.data.normalization import Normalization
 from auditlib.metrics import image as image_metrics
 from auditlib.metrics.lpips_metric import availability, lpips_distances
 from auditlib.metrics.matching import label_accuracy, match
+from auditlib.metrics.risk import risk_summary
 from auditlib.threat import PrivateBatch
 
 LPIPS_NETS = ("alex", "vgg")
@@ -106,6 +108,8 @@ def score(
         if reason is not None:
             result[f"{key}_mean"] = None
             result[f"{key}_unavailable_reason"] = reason
+
+    result["risk"] = risk_summary(per_image, result["psnr_mean"])
 
     if candidate_labels is None:
         result["label_accuracy"] = None
