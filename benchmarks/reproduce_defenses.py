@@ -104,10 +104,15 @@ UTILITY_MODEL = ModelSpec("lenet", 10, (1, 28, 28), activation="relu")
 FEDERATION = FederationSpec(clients=3, rounds=5, local_epochs=2, local_lr=0.05)
 
 
-def run_utility() -> list[dict]:
+def utility_data():
+    """3000 Fashion-MNIST training images for the clients, 1000 test images held out."""
     sets = bundled_sets("fashion-mnist", 3000, 1000, seed=0)
     normalization = Normalization.parse("none", 1)
-    train, test = utility_tensors(sets, UTILITY_MODEL.input_shape, 10, normalization)
+    return utility_tensors(sets, UTILITY_MODEL.input_shape, 10, normalization)
+
+
+def run_utility() -> list[dict]:
+    train, test = utility_data()
     rows = []
     settings = (
         *[(n, p) for n, p in DEFENSES if n != "shadow"],
@@ -142,9 +147,7 @@ def run_utility() -> list[dict]:
 
 
 def run_fedkl_rounds() -> list[dict]:
-    sets = bundled_sets("fashion-mnist", 3000, 1000, seed=0)
-    normalization = Normalization.parse("none", 1)
-    train, test = utility_tensors(sets, UTILITY_MODEL.input_shape, 10, normalization)
+    train, test = utility_data()
     federation = FederationSpec(clients=3, rounds=30, local_epochs=2, local_lr=0.05)
     rows = []
     for name in ("none", "fedkl"):

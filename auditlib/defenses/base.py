@@ -117,6 +117,11 @@ def build_defense(name: str, params: Mapping[str, Any] | None = None) -> tuple[D
     return info.factory(config), config_dict(config)
 
 
+def copied(update: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The update unchanged, as new tensors (what a defense returns when it leaves it as is)."""
+    return tuple(t.clone() for t in update)
+
+
 def global_norm(update: tuple[torch.Tensor, ...], order: float = 2.0) -> torch.Tensor:
     """Norm of the whole update seen as one flat vector."""
     return torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in update]), ord=order)
@@ -139,7 +144,7 @@ class NoDefense:
         self.config = config
 
     def apply(self, update, generator, context=None):
-        return tuple(t.clone() for t in update)
+        return copied(update)
 
     def privacy_report(self) -> dict[str, Any]:
         return {}

@@ -34,7 +34,7 @@ from torch import nn
 from torch.func import functional_call
 
 from auditlib.config import require
-from auditlib.defenses.base import DefenseInfo, register
+from auditlib.defenses.base import DefenseInfo, copied, register
 from auditlib.fl.paillier import PaillierChannel, integer_weights
 from auditlib.fl.update import set_training_mode
 
@@ -120,18 +120,18 @@ class FedBoosting:
         if channel is not None:
             bound = int(fusion.sum(axis=1).max())
             encrypted = [channel.encrypt(channel.quantise(u, bound)) for u in updates]
-            fused = []
-            for i in range(n):
-                plain = channel.decrypt(channel.combine(fusion[i].tolist(), encrypted))
-                fused.append(channel.dequantise(plain, updates[i]))
-        else:
-            fused = [
-                tuple(
-                    sum(fusion[i, j] / c.pieces * updates[j][k] for j in range(n))
-                    for k in range(len(updates[i]))
-                )
-                for i in range(n)
-            ]
+
+        def mix(weights: Sequence[int]) -> tuple[torch.Tensor, ...]:
+            """sum_j weights[j] / P * update_j: on ciphertexts, decrypted, when encrypting."""
+            if channel is not None:
+                plain = channel.decrypt(channel.combine(weights, encrypted))
+                return channel.dequantise(plain, updates[0])
+            return tuple(
+                sum(w / c.pieces * u[k] for w, u in zip(weights, updates, strict=True))
+                for k in range(len(updates[0]))
+            )
+
+        fused = [mix(fusion[i].tolist()) for i in range(n)]
         validation_losses = np.array(
             [
                 [_loss_at(model, parameters, fused[i], *validation[j]) for j in range(n)]
@@ -140,14 +140,7 @@ class FedBoosting:
         )
         shares = boosting_weights(train_losses, validation_losses)
         weights = integer_weights(shares, c.pieces)
-        if channel is not None:
-            plain = channel.decrypt(channel.combine(weights, encrypted))
-            combined = channel.dequantise(plain, updates[0])
-        else:
-            combined = tuple(
-                sum(w / c.pieces * u[k] for w, u in zip(weights, updates, strict=True))
-                for k in range(len(updates[0]))
-            )
+        combined = mix(weights)
         self.rounds.append(
             {
                 "boosting_weights": shares.tolist(),
@@ -161,7 +154,7 @@ class FedBoosting:
     def apply(self, update, generator, context=None):
         # The client's update leaves it as computed; the protocol protects it on the way
         # (encryption, fusion), which `aggregate` and `attacker_view` model.
-        return tuple(t.clone() for t in update)
+        return copied(update)
 
     # -- an audit: what the curious partner of a two-client federation recovers ------------
     def attacker_view(self, update, generator):

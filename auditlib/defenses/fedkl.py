@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from auditlib.config import require
-from auditlib.defenses.base import DefenseInfo, ModelChange, register
+from auditlib.defenses.base import DefenseInfo, ModelChange, copied, register
 from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
 from auditlib.fl.update import copy_state
@@ -128,7 +128,7 @@ class FedKL:
         return state
 
     def apply(self, update, generator, context=None):
-        return tuple(t.clone() for t in update)
+        return copied(update)
 
     def privacy_report(self) -> dict[str, Any]:
         return {

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from auditlib.config import require
-from auditlib.defenses.base import ClientContext, DefenseInfo, register, require_context
+from auditlib.defenses.base import ClientContext, DefenseInfo, copied, register, require_context
 from auditlib.defenses.dp_noise import noise_like
 from auditlib.errors import AuditInputError
 
@@ -103,7 +103,7 @@ class WeightSparsification:
         flat = torch.cat([w.reshape(-1) for w in weights])
         zeroed = int(self.config.ratio * flat.numel() + 0.5)
         if zeroed == 0:
-            return tuple(t.clone() for t in update)
+            return copied(update)
         # Exactly `zeroed` weights, the smallest in magnitude (topk is exact where ties are).
         mask = torch.ones_like(flat, dtype=torch.bool)
         mask[torch.topk(flat.abs(), zeroed, largest=False, sorted=False).indices] = False

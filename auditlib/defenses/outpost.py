@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from auditlib.config import require
-from auditlib.defenses.base import DefenseInfo, register, require_context
+from auditlib.defenses.base import DefenseInfo, copied, register, require_context
 from auditlib.defenses.pruning import prune_smallest
 
 
@@ -72,7 +72,7 @@ class Outpost:
         context = require_context(context, "outpost")
         c = self.config
         if not self.perturbs(context.round, generator):
-            return tuple(t.clone() for t in update)
+            return copied(update)
         # Empirical Fisher g^2: the top phi % of all entries get noise.
         fisher = torch.cat([t.reshape(-1) ** 2 for t in update])
         noisy = torch.split(_largest(fisher, c.phi / 100), [t.numel() for t in update])

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from auditlib.config import require
-from auditlib.defenses.base import DefenseInfo, register
+from auditlib.defenses.base import DefenseInfo, copied, register
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Quantization:
     def apply(self, update, generator, context=None):
         bits = self.config.bits
         if bits == 32:
-            return tuple(t.clone() for t in update)
+            return copied(update)
         if bits == 16:
             return tuple(t.to(torch.float16).to(t.dtype) for t in update)
         if bits == 1:

@@ -39,7 +39,7 @@ from auditlib.attacks.gradinversion import BatchNormPrior, image_norm
 from auditlib.attacks.grnn import fit_to_input, generated_side
 from auditlib.attacks.objectives import layer_l2_distance, total_variation
 from auditlib.config import require
-from auditlib.defenses.base import ClientContext, DefenseInfo, register, require_context
+from auditlib.defenses.base import ClientContext, DefenseInfo, copied, register, require_context
 from auditlib.defenses.shadow_noise import (
     CamMode,
     Schedule,
@@ -313,13 +313,12 @@ class Shadow:
         self.last: dict[str, torch.Tensor] = {}  # the last round's maps, for display and tests
 
     def shadow_reconstruction(
-        self, context: ClientContext, generator: torch.Generator
+        self, context: ClientContext, state: ShadowState, generator: torch.Generator
     ) -> torch.Tensor:
-        """The shadow's reconstruction of the client's batch this round (updates the state)."""
+        """The shadow's reconstruction of the client's batch this round (updates ``state``)."""
         config, images = self.config, context.images
         if config.shadow == "prior":
             return blurred(images)
-        state = self.states.setdefault(client_key(images), ShadowState())
         if state.generator is None:
             state.generator = pretrain_generator(images, config, generator)
             state.latents = fit_latents(state.generator, images, config, generator)
@@ -344,7 +343,7 @@ class Shadow:
         if context.round >= config.shadow_rounds and state.momentum is not None:
             noise = state.momentum  # after T_s the stored map is reused
         else:
-            reconstruction = self.shadow_reconstruction(context, generator)
+            reconstruction = self.shadow_reconstruction(context, state, generator)
             error = (reconstruction - images).pow(2)
             noise = noise_map(error, config.temperature, config.equalize)
             # While the shadow trains the fresh map is applied; the momentum map is kept.
@@ -370,7 +369,7 @@ class Shadow:
 
     def apply(self, update, generator, context=None):
         # The defense acted on the images; the update taken on them leaves unchanged.
-        return tuple(t.clone() for t in update)
+        return copied(update)
 
     def privacy_report(self) -> dict[str, Any]:
         return {

@@ -9,9 +9,9 @@
   of thresholds (the curves of the GRNN thesis, Fig. 3.5): PSNR >= t, SSIM >= t, MSE <= t.
 - RDLV (Hatamizadeh et al., TMI 2023, as the Shadow paper uses it, Eq. 19):
   (SSIM(x, x_hat) - SSIM(x, prior)) / SSIM(x, prior), prior = the data's mean image; above 0
-  the reconstruction reveals more than the template does. Reported per matched pair and as
-  the maximum over the batch (the worst-leaking image), not the authors' best match over all
-  of a client's images (the matching here is the Hungarian one of every other metric).
+  the reconstruction reveals more than the template does. Computed per matched pair (the
+  Hungarian matching of every other metric, not the authors' best match over all of a
+  client's images); not yet in the scores, since no prior image reaches the metrics.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ SSIM_THRESHOLDS = (0.2, 0.4, 0.6, 0.8, 0.9)
 
 def leakage_level(psnr_db: float) -> str:
     """FedLeak's band for a PSNR in dB."""
-    if not np.isfinite(psnr_db) and psnr_db > 0:
-        return LEVELS[0][0]
     return next(name for name, floor in LEVELS if psnr_db >= floor)
 
 
