@@ -7,6 +7,7 @@ benchmarks/results/defenses.json; run one with --only NAME):
 - privacy: DLG, IG and GRNN against every update defense and FedKL, LeNet (DLG's setting),
            one photograph at 32x32, FedSGD
 - dlm:     the DLM paper's two weight defenses against DLM+ on FedAvg weights
+- dlm-others: DLG, IG and GRNN against the DLM paper's weight defenses on the same uploads
 - utility: FedAvg on Fashion-MNIST under each defense; test accuracy and macro F1
            (FedBoosting: its own aggregation, with the Paillier cost per round)
 - fedkl-rounds: FedKL against FedAvg over 30 rounds: accuracy with each client's key and
@@ -92,6 +93,28 @@ def run_dlm() -> list[dict]:
                 iterations=200,
                 protocol=protocol,
                 preset="paper",
+                defense=ComponentSpec.of(name, params),
+            )
+            rows.append(audit(spec, setting=_label(name, params)))
+    return rows
+
+
+def run_dlm_others() -> list[dict]:
+    protocol = ClientProtocol("fedavg", local_steps=1, local_lr=0.01, shared="weights")
+    rows = []
+    for name, params in (
+        ("none", {}),
+        ("dlm-dp", {"variance": 1e-4}),
+        ("dlm-sparsify", {"ratio": 0.5}),
+    ):
+        for attack, preset, iterations in ATTACKS:
+            spec = spec_of(
+                LENET,
+                attack,
+                data=photograph(0),
+                iterations=iterations,
+                protocol=protocol,
+                preset=preset,
                 defense=ComponentSpec.of(name, params),
             )
             rows.append(audit(spec, setting=_label(name, params)))
@@ -284,6 +307,7 @@ def render_shadow(rows: list[dict]) -> str:
 EXPERIMENTS: dict[str, Experiment] = {
     "privacy": (run_privacy, render_privacy),
     "dlm": (run_dlm, render_dlm),
+    "dlm-others": (run_dlm_others, render_privacy),
     "utility": (run_utility, render_utility),
     "fedkl-rounds": (run_fedkl_rounds, render_fedkl_rounds),
     "shadow": (run_shadow, render_shadow),
