@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from auditlib.config import require
+from auditlib.config import require, require_choice
+from auditlib.errors import AuditInputError
+from auditlib.fl.federated import FederationSpec
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ModelSpec
 
@@ -89,6 +91,38 @@ class Budget:
         )
 
 
+UTILITY_DATASETS = ("fashion-mnist", "digits")
+
+
+@dataclass(frozen=True)
+class UtilitySpec:
+    """The defense's cost: FedAvg training of the audited model under the same defense.
+
+    Small by default (3 clients, 5 rounds of 2 local epochs, 3000 training examples: the
+    defense benchmark's setting, about 5 s for LeNet on a CPU) so that every point of a
+    comparison or sweep gets its utility quickly; the CLI's ``utility`` command runs longer
+    trainings.
+    """
+
+    dataset: str = "fashion-mnist"
+    train: int = 3000
+    test: int = 1000
+    federation: FederationSpec = field(
+        default_factory=lambda: FederationSpec(clients=3, rounds=5, local_epochs=2, local_lr=0.05)
+    )
+
+    def __post_init__(self) -> None:
+        require_choice(self.dataset, UTILITY_DATASETS, "utility dataset")
+        require(
+            10 <= self.train <= 60_000,
+            f"utility training examples must be in [10, 60000], got {self.train}",
+        )
+        require(
+            10 <= self.test <= 10_000,
+            f"utility test examples must be in [10, 10000], got {self.test}",
+        )
+
+
 @dataclass(frozen=True)
 class RunSpec:
     model: ModelRef
@@ -99,6 +133,7 @@ class RunSpec:
     budget: Budget
     seed: int = 0
     device: str = "cpu"
+    utility: UtilitySpec | None = None  # also measure the defense's cost in accuracy
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,9 +145,57 @@ class RunSpec:
         is, since CUDA kernels are not bit-identical to CPU ones.
         """
         payload = self.to_dict()
+        if payload["utility"] is None:  # runs recorded before utility existed keep their id
+            del payload["utility"]
         if self.model.content_sha256:
             payload["model"]["weights"] = payload["model"]["trusted_archive"] = None
         if self.data.content_sha256:
             payload["data"]["location"] = payload["data"]["labels_csv"] = None
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _fields(cls: type, data: Any, what: str) -> dict[str, Any]:
+    """``data`` as keyword arguments of ``cls``; anything but a mapping of its fields is refused."""
+    if not isinstance(data, dict):
+        raise AuditInputError(f"{what} must be a JSON object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise AuditInputError(f"{what} has unknown fields {', '.join(unknown)}")
+    return dict(data)
+
+
+def _component(data: Any, what: str) -> ComponentSpec:
+    values = _fields(ComponentSpec, data, what)
+    values["params"] = tuple((str(k), str(v)) for k, v in values.get("params", ()))
+    return ComponentSpec(**values)
+
+
+def run_spec_from_dict(data: Any) -> RunSpec:
+    """The inverse of :meth:`RunSpec.to_dict` (a stored run's spec back into a spec)."""
+    values = _fields(RunSpec, data, "run spec")
+    model = _fields(ModelRef, values["model"], "model")
+    model["spec"] = ModelSpec.from_dict(model["spec"])
+    scenario = _fields(ScenarioSpec, values["scenario"], "scenario")
+    scenario["protocol"] = ClientProtocol(
+        **_fields(ClientProtocol, scenario["protocol"], "protocol")
+    )
+    utility = values.get("utility")
+    if utility is not None:
+        utility = _fields(UtilitySpec, utility, "utility")
+        utility["federation"] = FederationSpec(
+            **_fields(FederationSpec, utility["federation"], "federation")
+        )
+        utility = UtilitySpec(**utility)
+    return RunSpec(
+        model=ModelRef(**model),
+        data=DataSpec(**_fields(DataSpec, values["data"], "data")),
+        scenario=ScenarioSpec(**scenario),
+        attack=_component(values["attack"], "attack"),
+        defense=_component(values["defense"], "defense"),
+        budget=Budget(**_fields(Budget, values["budget"], "budget")),
+        seed=int(values.get("seed", 0)),
+        device=str(values.get("device", "cpu")),
+        utility=utility,
+    )

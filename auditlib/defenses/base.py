@@ -99,6 +99,8 @@ class DefenseInfo:
     summary: str
     config_type: type
     factory: Callable[[Any], Defense]
+    # The config field a utility-privacy sweep varies (noise scale, pruned share, bits...).
+    strength: str | None = None
 
 
 DEFENSES: dict[str, DefenseInfo] = {}

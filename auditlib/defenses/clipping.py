@@ -50,5 +50,6 @@ register(
         "[-bound, bound] (mode value).",
         ClippingConfig,
         GradientClipping,
+        strength="bound",
     )
 )

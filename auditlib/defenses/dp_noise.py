@@ -138,6 +138,7 @@ register(
         "Gaussian noise N(0, sigma^2) on every coordinate of the update, optional L2 clipping.",
         GaussianNoiseConfig,
         GaussianNoise,
+        strength="sigma",
     )
 )
 register(
@@ -146,5 +147,6 @@ register(
         "Laplace noise of scale b on every coordinate of the update, optional L1 clipping.",
         LaplaceNoiseConfig,
         LaplaceNoise,
+        strength="scale",
     )
 )

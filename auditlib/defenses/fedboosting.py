@@ -201,5 +201,6 @@ register(
         "client decrypts. `fused_share` is the victim's share of its fused model.",
         FedBoostingConfig,
         FedBoosting,
+        strength="fused_share",
     )
 )

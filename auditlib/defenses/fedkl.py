@@ -147,5 +147,6 @@ register(
         "normalisation's scale and shift; key and lock never leave the client.",
         FedKLConfig,
         FedKL,
+        strength="key_length",
     )
 )

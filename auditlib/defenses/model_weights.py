@@ -126,6 +126,7 @@ register(
         "Laplacian noise of the given variance to them.",
         WeightNoiseConfig,
         WeightNoise,
+        strength="variance",
     )
 )
 register(
@@ -135,5 +136,6 @@ register(
         "magnitude (one quantile over the whole model).",
         WeightSparsityConfig,
         WeightSparsification,
+        strength="ratio",
     )
 )

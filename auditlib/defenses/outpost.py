@@ -102,5 +102,6 @@ register(
         "risk-scaled Gaussian noise to the highest-Fisher entries.",
         OutpostConfig,
         Outpost,
+        strength="noise_base",
     )
 )

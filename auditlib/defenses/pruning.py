@@ -70,5 +70,6 @@ register(
         "Zero the smallest `ratio` fraction of update entries by magnitude (per layer or global).",
         PruningConfig,
         GradientPruning,
+        strength="ratio",
     )
 )

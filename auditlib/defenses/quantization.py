@@ -96,5 +96,6 @@ register(
         "half precision for 16).",
         QuantizationConfig,
         Quantization,
+        strength="bits",
     )
 )

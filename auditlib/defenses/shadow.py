@@ -388,5 +388,6 @@ register(
         "foreground; `sigma0` is the strength.",
         ShadowConfig,
         Shadow,
+        strength="sigma0",
     )
 )

@@ -130,5 +130,6 @@ register(
         "columns of one fully connected layer's weight update (the last, or `layer`).",
         SoteriaConfig,
         Soteria,
+        strength="ratio",
     )
 )

@@ -11,7 +11,7 @@ import hashlib
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,13 @@ from auditlib.data import (
     load_zip,
     to_model_batch,
 )
+from auditlib.data.samples import PHOTOGRAPHS
+from auditlib.data.training_sets import bundled_sets
 from auditlib.defenses import build_defense
 from auditlib.engine.device import resolve_device
 from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
+from auditlib.fl.federated import train_federated, utility_tensors
 from auditlib.fl.scenario import release_update
 from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
 from auditlib.fl.update import set_training_mode
@@ -42,6 +45,7 @@ from auditlib.models import build_model, describe_model, load_trusted_archive, l
 from auditlib.spec import RunSpec
 from auditlib.threat import PrivateBatch
 
+PRIOR_IMAGES = 64  # sample-set images averaged into the prior of RDLV
 METRIC_DEFINITION = (
     "images de-normalised with the batch mean/std and clamped to [0,1]; reconstructions matched "
     "to originals by the Hungarian algorithm on MSE; PSNR = 10 log10(1/MSE) per image (data range 1, "
@@ -85,6 +89,8 @@ class Victim:
     batch: PrivateBatch
     normalization: Normalization
     records: dict[str, Any]
+    prior: np.ndarray | None = None  # the data's mean image in [0, 1], for RDLV
+    prior_unavailable_reason: str | None = None
 
 
 def _sha256_arrays(images: LabelledImages, labels: tuple[int, ...]) -> str:
@@ -104,7 +110,9 @@ def _asset(assets: Mapping[str, bytes] | None, sha256: str, what: str) -> bytes:
 
 def _load_images(
     spec: RunSpec, num_classes: int, assets: Mapping[str, bytes] | None
-) -> tuple[LabelledImages, tuple[int, ...], str]:
+) -> tuple[LabelledImages, tuple[int, ...], str, tuple[np.ndarray, ...]]:
+    """The victim's images, their labels, where the labels came from, and the data source's
+    images (every image of a folder; up to PRIOR_IMAGES of a sample set) for the prior."""
     data = spec.data
     if data.source in ("folder", "asset"):
         if data.source == "folder":
@@ -118,10 +126,13 @@ def _load_images(
                 f"from offset {data.offset} needs {end}"
             )
         picked = loaded.window(data.offset, end)
+        pool = loaded.images
     elif data.source == "samples":
         picked = load_sample_set(
             data.location, data.batch_size or 1, seed=spec.seed, offset=data.offset
         )
+        count = len(PHOTOGRAPHS) if data.location == "photographs" else PRIOR_IMAGES
+        pool = load_sample_set(data.location, count, seed=spec.seed).images
     else:
         raise AuditInputError(
             f"unknown data source {data.source!r}; expected folder, samples or asset"
@@ -133,7 +144,45 @@ def _load_images(
         labels = picked.labels
         check_labels_fit(labels, num_classes, picked.names)
         source = "given"
-    return picked, labels, source
+    return picked, labels, source, pool
+
+
+def data_prior(
+    pool: tuple[np.ndarray, ...], batch_size: int, spec: RunSpec, normalization: Normalization
+) -> tuple[np.ndarray | None, str | None]:
+    """The data's mean image (H x W x C in [0, 1]) for RDLV, or None and why not.
+
+    A mean over the audited batch alone is no prior (with one image it is the image), so the
+    source must hold more images than the batch.
+    """
+    if len(pool) <= batch_size:
+        return None, (
+            f"the data source holds {len(pool)} image(s), no more than the audited batch, so it "
+            "gives no data-level mean image to compare against"
+        )
+    batch = to_model_batch(list(pool), spec.model.spec.input_shape, normalization)
+    return to_unit_range(batch, normalization).mean(axis=0), None
+
+
+def build_audited_model(
+    spec: RunSpec, *, allow_trusted_archive: bool = False, assets: Mapping[str, bytes] | None = None
+) -> nn.Module:
+    """The model as the auditor gave it: built-in architecture with its weights, or an archive."""
+    if spec.model.trusted_archive is not None:
+        if not allow_trusted_archive:
+            raise AuditInputError(
+                "trusted model archives run code when loaded; they are loaded only in an isolated worker"
+            )
+        model = load_trusted_archive(spec.model.trusted_archive)
+    else:
+        model = build_model(spec.model.spec)
+        if spec.model.weights is not None:
+            load_weights(model, spec.model.weights)
+        elif spec.model.weights_asset is not None:
+            load_weights(model, _asset(assets, spec.model.weights_asset, "weights"))
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
 
 
 def prepare_victim(
@@ -145,24 +194,12 @@ def prepare_victim(
     """Build the global model and the private batch the victim client holds."""
     device = resolve_device(spec.device)
     model_spec = spec.model.spec
-    if spec.model.trusted_archive is not None:
-        if not allow_trusted_archive:
-            raise AuditInputError(
-                "trusted model archives run code when loaded; they are loaded only in an isolated worker"
-            )
-        model = load_trusted_archive(spec.model.trusted_archive)
-    else:
-        model = build_model(model_spec)
-        if spec.model.weights is not None:
-            load_weights(model, spec.model.weights)
-        elif spec.model.weights_asset is not None:
-            load_weights(model, _asset(assets, spec.model.weights_asset, "weights"))
-    for p in model.parameters():
-        p.requires_grad_(True)
+    model = build_audited_model(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
     normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
 
-    images, labels, label_source = _load_images(spec, model_spec.num_classes, assets)
+    images, labels, label_source, pool = _load_images(spec, model_spec.num_classes, assets)
     batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
+    prior, prior_reason = data_prior(pool, len(images.images), spec, normalization)
 
     records: dict[str, Any] = {
         "data": {
@@ -204,7 +241,67 @@ def prepare_victim(
         names=tuple(images.names),
     )
     records["model"] = {k: v for k, v in describe_model(model).items() if k != "parameters"}
-    return Victim(model, batch, normalization, records)
+    return Victim(model, batch, normalization, records, prior, prior_reason)
+
+
+def measure_utility(
+    spec: RunSpec,
+    *,
+    allow_trusted_archive: bool = False,
+    assets: Mapping[str, bytes] | None = None,
+    is_cancelled: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """The defense's cost: the audited model trained with FedAvg under a fresh instance of
+    the run's defense (``spec.utility``).
+
+    Training starts from the uploaded weights where there are any (before any attack-stage
+    pretraining); a built-in model without weights starts from PyTorch's default
+    initialisation, since the attacks' uniform initialisation (DLG's) is chosen to make
+    inversion easy and barely trains, which would hide every defense's cost.
+    """
+    utility = spec.utility
+    assert utility is not None
+    started = time.perf_counter()
+    model_spec = spec.model.spec
+    device = resolve_device(spec.device)
+    normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
+    sets = bundled_sets(utility.dataset, utility.train, utility.test, utility.federation.seed)
+    train, test = utility_tensors(
+        sets, model_spec.input_shape, model_spec.num_classes, normalization
+    )
+    train = (train[0].to(device), train[1].to(device))
+    test = (test[0].to(device), test[1].to(device))
+    from_weights = spec.model.weights or spec.model.weights_asset or spec.model.trusted_archive
+    if not from_weights:
+        spec = replace(spec, model=replace(spec.model, spec=replace(model_spec, init="default")))
+    model = build_audited_model(
+        spec, allow_trusted_archive=allow_trusted_archive, assets=assets
+    ).to(device)
+    defense, _ = build_defense(spec.defense.name, spec.defense.params_dict())
+    rounds = []
+    for result in train_federated(model, train, test, utility.federation, defense):
+        rounds.append(asdict(result))
+        if is_cancelled():
+            break
+    last = rounds[-1]
+    return {
+        "dataset": sets.source,
+        "train_examples": len(train[1]),
+        "test_examples": len(test[1]),
+        "federation": utility.federation.as_dict(),
+        "starts_from": "the uploaded weights"
+        if from_weights
+        else "PyTorch's default initialisation of the architecture",
+        "rounds": rounds,
+        "rounds_completed": last["round"],
+        "complete": last["round"] == utility.federation.rounds,
+        "accuracy": last["accuracy"],
+        "macro_f1": last["macro_f1"],
+        "accuracy_without_key": last["accuracy_without_key"],
+        "initial_accuracy": rounds[0]["accuracy"],
+        "privacy": defense.privacy_report(),
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def iter_audit(
@@ -274,8 +371,28 @@ def iter_audit(
     if final is None:  # every attack ends with a final event; this guards the contract
         raise RuntimeError(f"attack {spec.attack.name} ended without a reconstruction")
 
+    cancelled = control.is_cancelled
+    if spec.utility is None:
+        utility = None
+    elif final.stop_reason == "cancelled" or cancelled():
+        utility = {"unavailable_reason": "the run was cancelled before the utility training"}
+    else:
+        utility = measure_utility(
+            spec,
+            allow_trusted_archive=allow_trusted_archive,
+            assets=assets,
+            is_cancelled=cancelled,
+        )
+
     truth = PrivateBatch(victim.batch.images.cpu(), victim.batch.labels.cpu(), victim.batch.names)
-    scores = evaluate(final, truth, victim.normalization, lpips_nets)
+    scores = evaluate(
+        final,
+        truth,
+        victim.normalization,
+        lpips_nets,
+        prior=victim.prior,
+        prior_unavailable_reason=victim.prior_unavailable_reason,
+    )
     selected = final.selected
     order = [p["reconstruction_index"] for p in scores["attacker_selected"]["per_image"]]
     reconstruction = to_unit_range(selected.images, victim.normalization)[order]
@@ -313,6 +430,7 @@ def iter_audit(
         "oracle_best": scores["oracle_best"],
         "psnr_by_restart": scores["psnr_by_restart"],
         "stop_reason": final.stop_reason,
+        "utility": utility,
         "timing": {
             "seconds": seconds,
             "iterations": final.steps,

@@ -32,6 +32,23 @@ def cpus_per_run() -> int:
     return max(1, int(os.environ.get("AUDIT_RAY_CPUS_PER_RUN", "1")))
 
 
+def local_cpus() -> int | None:
+    """CPUs the embedded Ray offers (``AUDIT_RAY_NUM_CPUS``; unset: the machine's count).
+
+    With one CPU per run this is how many runs of a comparison or sweep execute at once.
+    """
+    value = os.environ.get("AUDIT_RAY_NUM_CPUS")
+    if not value:
+        return None
+    try:
+        cpus = int(value)
+    except ValueError:
+        raise RuntimeError(f"AUDIT_RAY_NUM_CPUS must be a whole number, got {value!r}") from None
+    if cpus < 1:
+        raise RuntimeError(f"AUDIT_RAY_NUM_CPUS must be >= 1, got {cpus}")
+    return cpus
+
+
 def ray_address() -> str | None:
     return os.environ.get("AUDIT_RAY_ADDRESS") or None
 
@@ -55,6 +72,7 @@ def _keep_ray(address: str | None) -> None:
             # Workers import auditlib from this checkout; the dashboard is their only driver.
             root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             ray.init(
+                num_cpus=local_cpus(),
                 include_dashboard=False,
                 log_to_driver=False,
                 runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}},

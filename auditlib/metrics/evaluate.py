@@ -25,7 +25,7 @@ from auditlib.data.normalization import Normalization
 from auditlib.metrics import image as image_metrics
 from auditlib.metrics.lpips_metric import availability, lpips_distances
 from auditlib.metrics.matching import label_accuracy, match
-from auditlib.metrics.risk import risk_summary
+from auditlib.metrics.risk import rdlv, risk_summary
 from auditlib.threat import PrivateBatch
 
 LPIPS_NETS = ("alex", "vgg")
@@ -54,6 +54,9 @@ def score(
     truth: PrivateBatch,
     normalization: Normalization,
     lpips_nets: Sequence[str] = LPIPS_NETS,
+    *,
+    prior: np.ndarray | None = None,
+    prior_unavailable_reason: str = "no prior image (the data's mean) was given",
 ) -> dict[str, Any]:
     originals = to_unit_range(truth.images, normalization)
     recon = to_unit_range(candidate_images, normalization)
@@ -109,6 +112,20 @@ def score(
             result[f"{key}_mean"] = None
             result[f"{key}_unavailable_reason"] = reason
 
+    rdlv_reason = ssim_reason or (prior_unavailable_reason if prior is None else None)
+    if rdlv_reason is None:
+        for i, p in enumerate(per_image):
+            p["rdlv"] = rdlv(matched[i], originals[i], prior)
+        values = [p["rdlv"] for p in per_image if p["rdlv"] is not None]
+        if values:
+            for stat, v in _summary(values).items():
+                result[f"rdlv_{stat}"] = v
+        else:
+            rdlv_reason = "the prior's SSIM to every original is <= 0, where RDLV is undefined"
+    if rdlv_reason is not None:
+        result["rdlv_mean"] = None
+        result["rdlv_unavailable_reason"] = f"RDLV: {rdlv_reason}"
+
     result["risk"] = risk_summary(per_image, result["psnr_mean"])
 
     if candidate_labels is None:
@@ -129,11 +146,22 @@ def evaluate(
     truth: PrivateBatch,
     normalization: Normalization,
     lpips_nets: Sequence[str] = LPIPS_NETS,
+    *,
+    prior: np.ndarray | None = None,
+    prior_unavailable_reason: str | None = None,
 ) -> dict[str, Any]:
-    """Scores of the attacker's selection and of the oracle-best candidate."""
+    """Scores of the attacker's selection and of the oracle-best candidate.
+
+    ``prior`` (the data's mean image, H x W x C in [0, 1]) adds RDLV to both.
+    """
+    prior_args: dict[str, Any] = {"prior": prior}
+    if prior_unavailable_reason is not None:
+        prior_args["prior_unavailable_reason"] = prior_unavailable_reason
 
     def scored(candidate: Candidate) -> dict[str, Any]:
-        result = score(candidate.images, candidate.labels, truth, normalization, lpips_nets)
+        result = score(
+            candidate.images, candidate.labels, truth, normalization, lpips_nets, **prior_args
+        )
         result.update(restart=candidate.restart, attack_loss=candidate.loss, steps=candidate.steps)
         return result
 

@@ -11,7 +11,8 @@
   (SSIM(x, x_hat) - SSIM(x, prior)) / SSIM(x, prior), prior = the data's mean image; above 0
   the reconstruction reveals more than the template does. Computed per matched pair (the
   Hungarian matching of every other metric, not the authors' best match over all of a
-  client's images); not yet in the scores, since no prior image reaches the metrics.
+  client's images). The audit passes the data source's mean image as the prior
+  (``engine.audit.data_prior``); where there is none the scores say why.
 """
 
 from __future__ import annotations

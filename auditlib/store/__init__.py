@@ -8,6 +8,7 @@ for the connection settings and why, ``schema.py`` for versioning and migrations
 from auditlib.store.engine import data_dir, default_database_url
 from auditlib.store.records import (
     ASSET_KINDS,
+    BATCH_KINDS,
     CANCELLED,
     COMPLETED,
     FAILED,
@@ -23,6 +24,7 @@ from auditlib.store.records import (
     UNFINISHED,
     AssetInfo,
     AssetRecord,
+    BatchRecord,
     EventRecord,
     ImageRecord,
     RunRecord,
@@ -32,6 +34,7 @@ from auditlib.store.store import RunFinishedError, Store, UnknownRunError
 
 __all__ = [
     "ASSET_KINDS",
+    "BATCH_KINDS",
     "CANCELLED",
     "COMPLETED",
     "FAILED",
@@ -49,6 +52,7 @@ __all__ = [
     "UNFINISHED",
     "AssetInfo",
     "AssetRecord",
+    "BatchRecord",
     "EventRecord",
     "ImageRecord",
     "RunFinishedError",

@@ -143,3 +143,20 @@ class RunImage(Base):
     kind: Mapped[str] = mapped_column(String(16))
     png: Mapped[bytes]
     created_at: Mapped[datetime]
+
+
+class Batch(Base):
+    """A comparison or a sweep: a named set of run specs (its members).
+
+    Members are found among the runs by spec id, not linked by run id, so a member that an
+    earlier run (of any batch, or a single audit) already computed is not computed again.
+    """
+
+    __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_created_at", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    title: Mapped[str] = mapped_column(String(200), default="")
+    definition: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]

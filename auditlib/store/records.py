@@ -27,6 +27,10 @@ STATUSES: frozenset[str] = UNFINISHED | FINISHED
 # Uploaded assets: a folder of images, or a model file (weights or a trusted archive).
 ASSET_KINDS: frozenset[str] = frozenset({"images", "model"})
 
+# Batches: several runs of one scenario and attack, under several defenses (a comparison)
+# or over a grid of a defense's strength (a sweep).
+BATCH_KINDS: frozenset[str] = frozenset({"comparison", "sweep"})
+
 # Run images: "live" is the reconstruction as it converges (only the latest is kept, it is
 # overwritten every few steps); "originals" and "reconstruction" are written once per run.
 LIVE = "live"
@@ -110,4 +114,16 @@ class ImageRecord:
     step: int
     kind: str
     png: bytes
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """A comparison or sweep: ``definition["members"]`` lists its run specs (see
+    ``auditlib.engine.batches``); their runs are looked up by spec id."""
+
+    id: str
+    kind: str
+    title: str
+    definition: dict[str, Any]
     created_at: datetime

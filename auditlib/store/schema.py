@@ -22,10 +22,16 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from auditlib.errors import AuditInputError
 from auditlib.store.convert import utcnow
 from auditlib.store.engine import WRITE_OPTION, SharedEngine, describe, enable_wal
-from auditlib.store.models import Base, SchemaInfo
+from auditlib.store.models import Base, Batch, SchemaInfo
 
-SCHEMA_VERSION: int = 1
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+
+def _add_batches(connection: Connection) -> None:
+    """1 -> 2: comparisons and sweeps (the ``batches`` table)."""
+    Batch.__table__.create(connection)
+
+
+SCHEMA_VERSION: int = 2
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _add_batches}
 
 _VERSION_ROW = 1
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, cast
 
@@ -30,9 +30,11 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 from auditlib.store import schema
 from auditlib.store.convert import check_choice, headline_metrics, plain_json, utcnow
 from auditlib.store.engine import WRITE_OPTION, acquire, default_database_url, describe, release
-from auditlib.store.models import Asset, Run, RunEvent, RunImage
+from auditlib.store.models import Asset, Batch, Run, RunEvent, RunImage
 from auditlib.store.records import (
     ASSET_KINDS,
+    BATCH_KINDS,
+    COMPLETED,
     FAILED,
     FINISHED,
     IMAGE_KINDS,
@@ -43,6 +45,7 @@ from auditlib.store.records import (
     UNFINISHED,
     AssetInfo,
     AssetRecord,
+    BatchRecord,
     EventRecord,
     ImageRecord,
     RunRecord,
@@ -84,6 +87,10 @@ def _run_record(row: Run) -> RunRecord:
         iterations=row.iterations,
         seconds=row.seconds,
     )
+
+
+def _batch_record(row: Batch) -> BatchRecord:
+    return BatchRecord(row.id, row.kind, row.title, dict(row.definition), row.created_at)
 
 
 def _event_record(row: RunEvent) -> EventRecord:
@@ -394,3 +401,59 @@ class Store:
         with self._session() as s:
             row = s.scalars(query).first()
             return None if row is None else _image_record(row)
+
+    # ---------------------------------------------------------------- batches
+
+    def create_batch(self, kind: str, title: str, definition: Mapping[str, Any]) -> str:
+        """Record a comparison or sweep; returns its id (uuid4 hex)."""
+        check_choice(kind, BATCH_KINDS, "batch kind")
+        batch_id = uuid.uuid4().hex
+        with self._session(write=True) as s:
+            s.add(
+                Batch(
+                    id=batch_id,
+                    kind=kind,
+                    title=title[:200],
+                    definition=plain_json(definition),
+                    created_at=utcnow(),
+                )
+            )
+        return batch_id
+
+    def get_batch(self, batch_id: str) -> BatchRecord | None:
+        with self._session() as s:
+            row = s.get(Batch, batch_id)
+            return None if row is None else _batch_record(row)
+
+    def list_batches(self, kind: str | None = None, limit: int = 200) -> list[BatchRecord]:
+        """Batches newest first; optionally only comparisons or only sweeps."""
+        query = select(Batch)
+        if kind is not None:
+            query = query.where(Batch.kind == check_choice(kind, BATCH_KINDS, "batch kind"))
+        query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
+        with self._session() as s:
+            return [_batch_record(row) for row in s.scalars(query)]
+
+    def delete_batch(self, batch_id: str) -> None:
+        """Forget the batch; its runs stay (they are ordinary runs, perhaps shared)."""
+        with self._session(write=True) as s:
+            s.execute(delete(Batch).where(Batch.id == batch_id))
+
+    def runs_for_specs(self, spec_ids: Iterable[str]) -> dict[str, RunRecord]:
+        """For each spec id, the run that stands for it: the newest completed one, else the
+        newest of any status; spec ids with no run are absent."""
+        wanted = sorted(set(spec_ids))
+        if not wanted:
+            return {}
+        query = (
+            select(Run)
+            .where(Run.spec_id.in_(wanted))
+            .order_by(Run.created_at.desc(), Run.id.desc())
+        )
+        best: dict[str, RunRecord] = {}
+        with self._session() as s:
+            for row in s.scalars(query):
+                held = best.get(row.spec_id)
+                if held is None or (held.status != COMPLETED and row.status == COMPLETED):
+                    best[row.spec_id] = _run_record(row)
+        return best

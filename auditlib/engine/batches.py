@@ -1,0 +1,193 @@
+"""Comparisons and sweeps: sets of ordinary runs, recorded as a batch in the store.
+
+A comparison runs one scenario and attack under several defenses; a sweep runs it over a
+grid of one defense's strength knob (several defenses may share a chart, one curve each).
+Each member is a plain :class:`RunSpec` started through the :class:`RunManager`, so it
+streams, persists and cancels like any run, and Ray runs as many at once as there are
+workers. Members are matched to runs by spec id: restarting a batch (after a cancel or a
+restart of the dashboard) only starts members without a completed or active run, and a
+point that any earlier run computed with the same spec is not recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from auditlib.config import require
+from auditlib.defenses import DEFENSES, build_defense
+from auditlib.errors import AuditInputError
+from auditlib.spec import ComponentSpec, RunSpec, run_spec_from_dict
+from auditlib.store import COMPLETED, UNFINISHED, BatchRecord, RunRecord, Store
+
+MAX_MEMBERS = 64  # runs in one batch: a sweep of 8 defenses x 8 points at most
+
+
+@dataclass(frozen=True)
+class BatchMember:
+    """One run of a batch: which curve (or column) it belongs to and where on it."""
+
+    label: str  # what the tables and charts call it, e.g. "dp-gaussian sigma=0.01"
+    series: str  # the curve (sweep) or column (comparison): the defense's name
+    knob: str | None  # the varied config field (sweeps)
+    value: float | None  # the knob's value (sweeps)
+    spec: RunSpec
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "series": self.series,
+            "knob": self.knob,
+            "value": self.value,
+            "spec": self.spec.to_dict(),
+            "spec_id": self.spec.identity(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchMember:
+        value = data.get("value")
+        return cls(
+            str(data["label"]),
+            str(data["series"]),
+            data.get("knob"),
+            None if value is None else float(value),
+            run_spec_from_dict(data["spec"]),
+        )
+
+
+@dataclass(frozen=True)
+class SweepCurve:
+    """One curve of a sweep: ``defense`` with its ``knob`` set to each of ``values``; the
+    other config fields from ``params``."""
+
+    defense: str
+    values: tuple[float, ...]
+    knob: str | None = None  # None: the defense's registered strength knob
+    params: tuple[tuple[str, str], ...] = ()
+
+    def resolved_knob(self) -> str:
+        info = DEFENSES.get(self.defense)
+        if info is None:
+            raise AuditInputError(
+                f"unknown defense {self.defense!r}; available: {', '.join(sorted(DEFENSES))}"
+            )
+        knob = self.knob or info.strength
+        if knob is None:
+            raise AuditInputError(f"defense {self.defense!r} has no strength knob to sweep")
+        fields = {f.name for f in dataclasses.fields(info.config_type)}
+        if knob not in fields:
+            raise AuditInputError(
+                f"defense {self.defense!r} has no setting {knob!r}; expected one of "
+                f"{', '.join(sorted(fields))}"
+            )
+        return knob
+
+
+def _format(value: float) -> str:
+    return f"{value:g}"
+
+
+def _checked(members: list[BatchMember]) -> list[BatchMember]:
+    require(len(members) >= 1, "a batch needs at least one run")
+    require(
+        len(members) <= MAX_MEMBERS,
+        f"a batch holds at most {MAX_MEMBERS} runs, this one has {len(members)}",
+    )
+    seen: set[str] = set()
+    for member in members:
+        # Refuse bad parameters before anything is recorded or started.
+        build_defense(member.spec.defense.name, member.spec.defense.params_dict())
+        spec_id = member.spec.identity()
+        if spec_id in seen:
+            raise AuditInputError(f"{member.label} appears twice in the batch")
+        seen.add(spec_id)
+    return members
+
+
+def comparison_members(base: RunSpec, defenses: Sequence[ComponentSpec]) -> list[BatchMember]:
+    """``base`` under each defense, in the order given."""
+    members = []
+    for defense in defenses:
+        settings = ", ".join(f"{k}={v}" for k, v in defense.params)
+        label = defense.name + (f" ({settings})" if settings else "")
+        members.append(
+            BatchMember(label, defense.name, None, None, dataclasses.replace(base, defense=defense))
+        )
+    return _checked(members)
+
+
+def sweep_members(base: RunSpec, curves: Sequence[SweepCurve]) -> list[BatchMember]:
+    """``base`` at every point of every curve (curve by curve, values in the order given)."""
+    members = []
+    for curve in curves:
+        knob = curve.resolved_knob()
+        require(len(curve.values) >= 1, f"the {curve.defense} curve has no values")
+        for value in curve.values:
+            params = {**dict(curve.params), knob: _format(value)}
+            defense = ComponentSpec.of(curve.defense, params)
+            members.append(
+                BatchMember(
+                    f"{curve.defense} {knob}={_format(value)}",
+                    curve.defense,
+                    knob,
+                    float(value),
+                    dataclasses.replace(base, defense=defense),
+                )
+            )
+    return _checked(members)
+
+
+def record_batch(store: Store, kind: str, title: str, members: Sequence[BatchMember]) -> str:
+    """Store the batch's definition; returns its id."""
+    return store.create_batch(kind, title, {"members": [m.as_dict() for m in members]})
+
+
+def members_of(batch: BatchRecord) -> list[BatchMember]:
+    return [BatchMember.from_dict(m) for m in batch.definition.get("members", [])]
+
+
+@dataclass(frozen=True)
+class MemberState:
+    member: BatchMember
+    run: RunRecord | None  # the run standing for it (newest completed, else newest)
+
+
+def batch_state(store: Store, batch: BatchRecord) -> list[MemberState]:
+    members = members_of(batch)
+    runs = store.runs_for_specs(m.spec.identity() for m in members)
+    return [MemberState(m, runs.get(m.spec.identity())) for m in members]
+
+
+def needs_run(state: MemberState) -> bool:
+    """No completed run and none in progress."""
+    return state.run is None or state.run.status not in (COMPLETED, *UNFINISHED)
+
+
+def launch(
+    manager: Any,
+    batch: BatchRecord,
+    assets: Mapping[str, bytes] | None = None,
+) -> list[str]:
+    """Start the members that need a run (see :func:`needs_run`); returns the new run ids.
+
+    ``manager`` is the dashboard's :class:`~auditlib.engine.runs.RunManager`; Ray queues the
+    runs and executes as many at once as it has CPUs for (``AUDIT_RAY_NUM_CPUS``).
+    """
+    started = []
+    for state in batch_state(manager.store, batch):
+        if needs_run(state):
+            title = f"{batch.title} · {state.member.label}" if batch.title else state.member.label
+            started.append(manager.start(state.member.spec, assets, title=title))
+    return started
+
+
+def cancel(manager: Any, batch: BatchRecord) -> list[str]:
+    """Ask every unfinished member run to stop; returns their ids."""
+    stopping = []
+    for state in batch_state(manager.store, batch):
+        if state.run is not None and state.run.status in UNFINISHED:
+            manager.cancel(state.run.id)
+            stopping.append(state.run.id)
+    return stopping

@@ -1,0 +1,141 @@
+"""Plotly figures of comparisons and sweeps: the same figures in the dashboard and the PDF.
+
+Built from :func:`auditlib.report.subject.summary_rows`; points without a value (a run not
+finished, a metric unavailable) are left out of a chart, never drawn as zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from auditlib.metrics.risk import LEVELS
+
+# Privacy axis choices: row key -> (axis title, higher means more leakage?)
+PRIVACY_METRICS: dict[str, tuple[str, bool]] = {
+    "psnr": ("attack PSNR (dB, higher = more leakage)", True),
+    "ssim": ("attack SSIM (higher = more leakage)", True),
+    "lpips": ("attack LPIPS-Alex (lower = more leakage)", False),
+}
+UTILITY_TITLE = "utility: test accuracy after federated training"
+_LEVEL_COLOURS = {"Very High": "#d62728", "High": "#ff7f0e", "Medium": "#e6c229", "Low": "#2ca02c"}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go.Figure:
+    """Utility against the attack's success, one curve per defense (points in knob order).
+
+    Each point is labelled with its knob value, and epsilon where the defense has one.
+    """
+    if privacy not in PRIVACY_METRICS:
+        raise ValueError(f"privacy metric {privacy!r}; expected {', '.join(PRIVACY_METRICS)}")
+    axis_title, _ = PRIVACY_METRICS[privacy]
+    figure = go.Figure()
+    series = list(dict.fromkeys(r["series"] for r in rows))
+    for name in series:
+        points = [
+            r
+            for r in rows
+            if r["series"] == name
+            and _number(r.get(privacy)) is not None
+            and _number(r.get("utility_accuracy")) is not None
+        ]
+        points.sort(key=lambda r: (r["value"] is None, r["value"] or 0.0))
+        if not points:
+            continue
+        text = []
+        for r in points:
+            label = "" if r["value"] is None else f"{r['knob']}={r['value']:g}"
+            if _number(r.get("epsilon")) is not None:
+                label += f" (ε={r['epsilon']:.3g})"
+            text.append(label.strip())
+        figure.add_trace(
+            go.Scatter(
+                x=[r[privacy] for r in points],
+                y=[r["utility_accuracy"] for r in points],
+                mode="lines+markers+text" if len(points) > 1 else "markers+text",
+                name=name,
+                text=text,
+                textposition="top center",
+                hovertemplate="%{text}<br>%{x:.3g}, accuracy %{y:.3f}<extra>" + name + "</extra>",
+            )
+        )
+    if privacy == "psnr":
+        for name, floor in LEVELS[:-1]:
+            figure.add_vline(
+                x=floor,
+                line_dash="dot",
+                line_color=_LEVEL_COLOURS[name],
+                annotation_text=f"{name} ≥ {floor:g} dB",
+                annotation_position="bottom right",
+            )
+    figure.update_layout(
+        xaxis_title=axis_title,
+        yaxis_title=UTILITY_TITLE,
+        legend_title="defense",
+        template="plotly_white",
+        margin={"l": 60, "r": 20, "t": 30, "b": 50},
+    )
+    return figure
+
+
+def comparison_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
+    """Attack PSNR (coloured by leakage level) and utility per defense, side by side."""
+    figure = make_subplots(
+        rows=1, cols=2, subplot_titles=("attack PSNR (dB)", "utility: test accuracy")
+    )
+    labels = [r["label"] for r in rows]
+    psnr = [_number(r.get("psnr")) for r in rows]
+    colours = [_LEVEL_COLOURS.get(r.get("level") or "", "#999999") for r in rows]
+    figure.add_trace(
+        go.Bar(x=labels, y=psnr, marker_color=colours, name="PSNR", showlegend=False), 1, 1
+    )
+    figure.add_trace(
+        go.Bar(
+            x=labels,
+            y=[_number(r.get("utility_accuracy")) for r in rows],
+            marker_color="#1f77b4",
+            name="accuracy",
+            showlegend=False,
+        ),
+        1,
+        2,
+    )
+    for name, floor in LEVELS[:-1]:
+        figure.add_hline(y=floor, line_dash="dot", line_color=_LEVEL_COLOURS[name], row=1, col=1)
+    figure.update_yaxes(range=[0, 1], row=1, col=2)
+    figure.update_layout(template="plotly_white", margin={"l": 50, "r": 20, "t": 40, "b": 80})
+    return figure
+
+
+def success_rate_figure(
+    rows: Sequence[dict[str, Any]], curves: Sequence[Sequence[dict[str, float]]]
+) -> go.Figure:
+    """Share of images recovered at each PSNR threshold, one line per run (GRNN thesis's
+    success-rate curve). ``curves[i]`` is run i's ``risk["psnr_success_rate"]``."""
+    figure = go.Figure()
+    for row, curve in zip(rows, curves, strict=True):
+        if not curve:
+            continue
+        figure.add_trace(
+            go.Scatter(
+                x=[p["threshold"] for p in curve],
+                y=[p["rate"] for p in curve],
+                mode="lines+markers",
+                name=row["label"],
+            )
+        )
+    figure.update_layout(
+        xaxis_title="PSNR threshold (dB)",
+        yaxis_title="share of images at or above it",
+        yaxis_range=[-0.02, 1.02],
+        template="plotly_white",
+        margin={"l": 60, "r": 20, "t": 30, "b": 50},
+    )
+    return figure

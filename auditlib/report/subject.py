@@ -1,0 +1,137 @@
+"""What a report (or a Compare / Trade-off page) is about: runs read from the store.
+
+One definition of a run's table row (:func:`summary_row`), used by the pages, the charts
+and the PDF, so the dashboard and the report never disagree about a number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from auditlib.engine.batches import batch_state
+from auditlib.errors import AuditInputError
+from auditlib.store import RECONSTRUCTION, RunRecord, Store
+
+RECOVERED_PSNR_DB = 20.0  # FedLeak's "Very High" floor: an image counts as recovered above it
+
+
+@dataclass(frozen=True)
+class ReportEntry:
+    """One run of the subject, with its place in the batch."""
+
+    label: str
+    series: str
+    knob: str | None
+    value: float | None
+    run: RunRecord | None  # None: the member has not been run yet
+    grid_png: bytes | None  # originals (top row) over the matched reconstructions
+
+
+@dataclass(frozen=True)
+class ReportSubject:
+    kind: Literal["run", "comparison", "sweep"]
+    id: str  # the run's or the batch's id
+    title: str
+    created_at: datetime
+    entries: tuple[ReportEntry, ...]
+
+
+def _grid(store: Store, run: RunRecord | None) -> bytes | None:
+    if run is None:
+        return None
+    image = store.image(run.id, RECONSTRUCTION)
+    return None if image is None else image.png
+
+
+def run_subject(store: Store, run_id: str) -> ReportSubject:
+    run = store.get_run(run_id)
+    if run is None:
+        raise AuditInputError(f"no run {run_id!r} in {store.url}")
+    defense = run.spec.get("defense", {}).get("name", "?")
+    entry = ReportEntry(run.title or defense, defense, None, None, run, _grid(store, run))
+    return ReportSubject("run", run.id, run.title or f"run {run.id[:8]}", run.created_at, (entry,))
+
+
+def batch_subject(store: Store, batch_id: str) -> ReportSubject:
+    batch = store.get_batch(batch_id)
+    if batch is None:
+        raise AuditInputError(f"no comparison or sweep {batch_id!r} in {store.url}")
+    entries = tuple(
+        ReportEntry(
+            s.member.label,
+            s.member.series,
+            s.member.knob,
+            s.member.value,
+            s.run,
+            _grid(store, s.run),
+        )
+        for s in batch_state(store, batch)
+    )
+    kind: Literal["comparison", "sweep"] = "sweep" if batch.kind == "sweep" else "comparison"
+    return ReportSubject(kind, batch.id, batch.title or batch.kind, batch.created_at, entries)
+
+
+def _get(mapping: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(mapping, dict):
+            return None
+        mapping = mapping.get(key)
+    return mapping
+
+
+def recovered_share(metrics: dict[str, Any] | None) -> float | None:
+    """Share of matched images at or above RECOVERED_PSNR_DB (the attack's success rate)."""
+    for point in _get(metrics, "risk", "psnr_success_rate") or []:
+        if point["threshold"] == RECOVERED_PSNR_DB:
+            return point["rate"]
+    return None
+
+
+def summary_row(entry: ReportEntry) -> dict[str, Any]:
+    """The table row of one run: status, attack metrics, verdict, utility, epsilon.
+
+    Values are None where the run has none (not run, unfinished, metric unavailable).
+    """
+    run = entry.run
+    summary = run.summary if run is not None else None
+    metrics = _get(summary, "metrics")
+    utility = _get(summary, "utility")
+    return {
+        "label": entry.label,
+        "series": entry.series,
+        "knob": entry.knob,
+        "value": entry.value,
+        "status": "not run" if run is None else run.status,
+        "run_id": None if run is None else run.id,
+        "psnr": _get(metrics, "psnr_mean"),
+        "ssim": _get(metrics, "ssim_mean"),
+        "lpips": _get(metrics, "lpips_mean"),
+        "mse": _get(metrics, "mse_mean"),
+        "label_accuracy": _get(metrics, "label_accuracy"),
+        "recovered": recovered_share(metrics),
+        "rdlv": _get(metrics, "rdlv_mean"),
+        "level": _get(metrics, "risk", "level"),
+        "utility_accuracy": _get(utility, "accuracy"),
+        "utility_f1": _get(utility, "macro_f1"),
+        "utility_without_key": _get(utility, "accuracy_without_key"),
+        "epsilon": _get(summary, "defense_report", "epsilon"),
+        "seconds": None if run is None else run.seconds,
+    }
+
+
+def summary_rows(entries: Sequence[ReportEntry]) -> list[dict[str, Any]]:
+    return [summary_row(e) for e in entries]
+
+
+def unavailable_reasons(entries: Sequence[ReportEntry]) -> dict[str, str]:
+    """Every "<metric>_unavailable_reason" met in the runs' metrics (first reason per metric)."""
+    reasons: dict[str, str] = {}
+    for entry in entries:
+        metrics = _get(entry.run.summary if entry.run else None, "metrics") or {}
+        for key, value in metrics.items():
+            if key.endswith("_unavailable_reason") and value:
+                reasons.setdefault(key.removesuffix("_unavailable_reason"), str(value))
+    return reasons
