@@ -2,7 +2,8 @@
 
 UI only; the work is in ``auditlib``. Runs execute in the process-wide RunManager (see
 ``pages/common.py``), so the pages only start, watch and read them. The open run's id and
-the uploaded assets' sha256 live in the URL (``?run=...&images=...&weights=...``), so a
+the uploaded assets' sha256 live in the URL (``?run=...&images=...&weights=...``, and the
+open ``comparison`` and ``sweep``), so a
 refresh or a shared link reopens the same state.
 """
 
@@ -10,10 +11,12 @@ import streamlit as st
 
 from auditlib.engine import ray_backend
 from pages.common import (
+    COMPARE_PAGE,
     HISTORY_PAGE,
     LAB_PAGE,
     METHOD_PAGE,
     SETUP_PAGE,
+    TRADEOFF_PAGE,
     sync_url_state,
 )
 
@@ -28,6 +31,8 @@ page = st.navigation(
     [
         st.Page(SETUP_PAGE, title="Setup", icon=":material/tune:", default=True),
         st.Page(LAB_PAGE, title="Attack lab", icon=":material/science:"),
+        st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare:"),
+        st.Page(TRADEOFF_PAGE, title="Trade-off", icon=":material/ssid_chart:"),
         st.Page(HISTORY_PAGE, title="History", icon=":material/history:"),
         st.Page(METHOD_PAGE, title="Method", icon=":material/menu_book:"),
     ]

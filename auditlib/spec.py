@@ -121,6 +121,11 @@ class UtilitySpec:
             10 <= self.test <= 10_000,
             f"utility test examples must be in [10, 10000], got {self.test}",
         )
+        require(
+            self.dataset != "digits" or self.train + self.test <= 1797,
+            f"the digits set has 1797 images; {self.train} training and {self.test} test "
+            "examples need more",
+        )
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,16 @@ MIB = 2**20
 SETUP_PAGE = "pages/setup.py"
 LAB_PAGE = "pages/lab.py"
 HISTORY_PAGE = "pages/history.py"
+COMPARE_PAGE = "pages/compare.py"
+TRADEOFF_PAGE = "pages/tradeoff.py"
 METHOD_PAGE = "pages/about.py"
 
 # Ids kept in the URL so that a refresh or a shared link reopens the same state.
-URL_KEYS = ("run", "images", "weights")
+URL_KEYS = ("run", "images", "weights", "comparison", "sweep")
 _URL_PATTERNS = {
     "run": re.compile(r"[0-9a-f]{32}"),
+    "comparison": re.compile(r"[0-9a-f]{32}"),
+    "sweep": re.compile(r"[0-9a-f]{32}"),
     "images": re.compile(r"[0-9a-f]{64}"),
     "weights": re.compile(r"[0-9a-f]{64}"),
 }
@@ -120,7 +124,8 @@ def persist(key: str, default: Any) -> str:
 
 
 def sync_url_state() -> None:
-    """``run``, ``images`` and ``weights`` between the URL and the session.
+    """The ids of ``URL_KEYS`` (run, uploads, open comparison and sweep) between the URL and
+    the session.
 
     On the first run of a session (a refresh, a shared link) the URL's ids are adopted; after
     that the session is authoritative and the URL follows it.
@@ -399,6 +404,28 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
     return spec, assets, title
 
 
+def run_assets(spec: RunSpec) -> dict[str, bytes]:
+    """The uploads a stored run spec needs (sha256 -> bytes), read back from the store.
+
+    Raises AuditInputError when one is gone (a resumed batch cannot run without it).
+    """
+    store = get_store()
+    assets = {}
+    wanted = [spec.model.weights_asset]
+    if spec.data.source == "asset":
+        wanted.append(spec.data.location)
+    for sha in wanted:
+        if sha is None:
+            continue
+        asset = store.get_asset(sha)
+        if asset is None:
+            raise AuditInputError(
+                f"the upload {sha[:12]}... is gone from the store; upload it again"
+            )
+        assets[sha] = asset.data
+    return assets
+
+
 def check_components(lab: LabChoices) -> list[str]:
     """The library's objections to the attack and defense parameters and the protocol."""
     errors = []
@@ -479,12 +506,16 @@ def metric_rows(metrics: Mapping[str, Any]) -> list[dict[str, str]]:
         ("LPIPS mean (AlexNet)", "lpips_mean", ".3f", "lpips"),
         ("LPIPS mean (VGG)", "lpips_vgg_mean", ".3f", "lpips_vgg"),
         ("Label accuracy", "label_accuracy", ".0%", "label_accuracy"),
+        ("RDLV mean (vs the data's mean image)", "rdlv_mean", ".3f", "rdlv"),
     ]
     out = []
     for label, key, fmt, base in rows:
         value = metrics.get(key)
         text = _unavailable(metrics, base) if value is None else number(value, fmt)
         out.append({"Metric": label, "Value": text})
+    risk = metrics.get("risk")
+    if risk:
+        out.insert(0, {"Metric": "Leakage level", "Value": f"{risk['level']}: {risk['meaning']}"})
     return out
 
 
@@ -551,15 +582,18 @@ def changed_params(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> di
     return changed
 
 
-def config_inputs(config_type: type, key: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """One input per field of a config dataclass: numbers, choices, switches, optional numbers.
+def config_inputs(
+    config_type: type, key: str, defaults: Mapping[str, Any], exclude: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One input per field of a config dataclass (but ``exclude``): numbers, choices,
+    switches, optional numbers.
 
     Values come back as the widgets give them; ``auditlib.config`` converts and checks them.
     """
     hints = typing.get_type_hints(config_type)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(config_type):
-        if not f.init:
+        if not f.init or f.name in exclude:
             continue
         name, annotation, default = f.name, hints[f.name], defaults.get(f.name)
         widget_key = f"{key}.{name}"

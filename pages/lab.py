@@ -11,8 +11,6 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
-from auditlib.attacks import ATTACKS
-from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
 from auditlib.report.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
@@ -22,37 +20,20 @@ from pages.common import (
     LabChoices,
     Setup,
     build_run,
-    changed_params,
     check_components,
-    config_defaults,
-    config_inputs,
     current_setup,
     get_manager,
     get_store,
     metric_rows,
     number,
-    persist,
     png_width,
-    preset_label,
     privacy_text,
     set_url_state,
     setup_problems,
     spec_text,
 )
+from pages.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
 
-# A first run should take seconds to minutes, not the paper's hours; the paper's count is
-# one click away.
-FIRST_RUN_ITERATIONS = {
-    "dlg": 100,
-    "idlg": 100,
-    "ig": 300,
-    "gi": 300,
-    "grnn": 300,
-    "dlm": 100,
-    "dlm+": 100,
-    "fedleak": 300,
-}
-DEFAULT_ITERATIONS = 100
 REFRESH_S = 1.0
 # Entries of an event's "losses" that count work rather than measure a loss: shown in the
 # progress text, not drawn on the loss axis.
@@ -65,155 +46,6 @@ STATUS_TEXT = {
     TIMED_OUT: "stopped by its time budget",
     FAILED: "failed",
 }
-
-
-# --- the form (sidebar) ---------------------------------------------------------------------
-
-
-def _scenario_inputs(lab: LabChoices) -> None:
-    st.header("Scenario")
-    lab.algorithm = st.radio(
-        "Client protocol",
-        ["fedsgd", "fedavg"],
-        format_func={"fedsgd": "FedSGD", "fedavg": "FedAvg"}.get,
-        horizontal=True,
-        persist_state="session",
-        key=persist("algorithm", "fedsgd"),
-        help="FedSGD: the client sends one gradient of its whole batch. FedAvg: it takes "
-        "local SGD steps and sends the change of its weights.",
-    )
-    if lab.algorithm == "fedavg":
-        lab.local_steps = int(
-            st.number_input(
-                "Local steps",
-                1,
-                1000,
-                step=1,
-                persist_state="session",
-                key=persist("local_steps", 1),
-            )
-        )
-        lab.local_lr = st.number_input(
-            "Local learning rate",
-            format="%g",
-            persist_state="session",
-            key=persist("local_lr", 0.01),
-        )
-        local_batch = int(
-            st.number_input(
-                "Local mini-batch size (0 = whole batch)",
-                0,
-                64,
-                step=1,
-                persist_state="session",
-                key=persist("local_batch_size", 0),
-            )
-        )
-        lab.local_batch_size = local_batch or None
-        lab.share = st.radio(
-            "Client sends",
-            ["delta", "weights"],
-            format_func={"delta": "weight change", "weights": "new weights"}.get,
-            horizontal=True,
-            persist_state="session",
-            key=persist("share", "delta"),
-        )
-    lab.labels_known = st.checkbox(
-        "Server knows the labels",
-        persist_state="session",
-        key=persist("labels_known", False),
-        help="Threat model: the client shares its labels with the server.",
-    )
-
-
-def _use_paper_iterations(attack: str, count: int) -> None:
-    st.session_state[f"iterations.{attack}"] = count
-
-
-def _attack_inputs(lab: LabChoices) -> None:
-    st.header("Attack")
-    names = sorted(ATTACKS)
-    lab.attack = st.selectbox(
-        "Attack",
-        names,
-        persist_state="session",
-        key=persist("attack", "dlg" if "dlg" in names else names[0]),
-    )
-    info = ATTACKS[lab.attack]
-    st.caption(info.summary)
-    presets = [None, *info.presets]
-    lab.preset = st.selectbox(
-        "Settings",
-        presets,
-        format_func=preset_label,
-        persist_state="session",
-        key=persist(f"preset.{lab.attack}", "paper" if "paper" in presets else None),
-        help="'paper settings' are the values of the attack's paper; 'library defaults' are "
-        "the library's. Every value can be changed under 'Attack parameters'.",
-    )
-    iterations_key = persist(
-        f"iterations.{lab.attack}", FIRST_RUN_ITERATIONS.get(lab.attack, DEFAULT_ITERATIONS)
-    )
-    lab.iterations = int(
-        st.number_input(
-            "Iterations",
-            1,
-            1_000_000,
-            step=1,
-            key=iterations_key,
-            help="A small count keeps a first run short; the time budget stops it too.",
-        )
-    )
-    if info.paper_iterations:
-        st.button(
-            f"Paper's count: {info.paper_iterations:,} iterations",
-            key=f"paper_iterations.{lab.attack}",
-            on_click=_use_paper_iterations,
-            args=(lab.attack, info.paper_iterations),
-            help="Set the iterations to the paper's; such a run can take a long time.",
-        )
-    defaults = config_defaults(
-        info.config_type, info.presets.get(lab.preset) if lab.preset else None
-    )
-    with st.expander("Attack parameters"):
-        st.caption(f"Shown: {preset_label(lab.preset)}. Only changed values are recorded.")
-        values = config_inputs(info.config_type, f"attack.{lab.attack}.{lab.preset}", defaults)
-    lab.attack_params = changed_params(values, defaults)
-
-
-def _defense_inputs(lab: LabChoices) -> None:
-    st.header("Defense")
-    names = sorted(DEFENSES, key=lambda n: (n != "none", n))
-    lab.defense = st.selectbox(
-        "Defense", names, persist_state="session", key=persist("defense", names[0])
-    )
-    info = DEFENSES[lab.defense]
-    st.caption(info.summary)
-    defaults = config_defaults(info.config_type)
-    values = config_inputs(info.config_type, f"defense.{lab.defense}", defaults)
-    lab.defense_params = changed_params(values, defaults)
-
-
-def _budget_inputs(lab: LabChoices) -> None:
-    st.header("Budget")
-    lab.time_budget = float(
-        st.number_input(
-            "Time budget (seconds)",
-            1,
-            86_400,
-            step=10,
-            persist_state="session",
-            key=persist("time_budget", 120),
-            help="The attack stops when this time is up and is scored as it stands.",
-        )
-    )
-    lab.device = st.selectbox(
-        "Device",
-        ["cpu", "cuda"],
-        persist_state="session",
-        key=persist("device", "cpu"),
-        help="cuda asks Ray for one GPU (on this machine or a cluster's worker).",
-    )
 
 
 # --- starting ----------------------------------------------------------------------------
@@ -500,10 +332,10 @@ def main() -> None:
     setup = current_setup()
     lab = LabChoices()
     with st.sidebar:
-        _scenario_inputs(lab)
-        _attack_inputs(lab)
-        _defense_inputs(lab)
-        _budget_inputs(lab)
+        scenario_inputs(lab)
+        attack_inputs(lab)
+        defense_inputs(lab)
+        budget_inputs(lab)
 
     setup_errors, missing = setup_problems(setup)
     errors = setup_errors + check_components(lab)

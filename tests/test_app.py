@@ -82,6 +82,8 @@ def test_every_page_renders(dashboard_store):
     assert not _errors(at)  # the defaults (bundled photographs, lenet) are valid
     for page, title in [
         ("pages/lab.py", "Attack lab"),
+        ("pages/compare.py", "Compare defenses"),
+        ("pages/tradeoff.py", "Utility-privacy trade-off"),
         ("pages/history.py", "History"),
         ("pages/about.py", "Method"),
     ]:
@@ -290,6 +292,108 @@ def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
     assert any("not in this dashboard's store" in w.value for w in at.warning)
     at.button(key="close_run").click().run()
     assert "run" not in at.query_params
+
+
+# --- Compare and Trade-off -------------------------------------------------------------------
+
+
+def _small_utility(at: AppTest) -> None:
+    """A utility training of seconds: 2 clients, 1 round, 200 examples."""
+    at.number_input(key="utility.rounds").set_value(1)
+    at.number_input(key="utility.clients").set_value(2)
+    at.number_input(key="utility.train").set_value(200)
+
+
+def _wait_batch(manager, store, batch_id: str) -> list:
+    from auditlib.engine.batches import batch_state
+
+    states = batch_state(store, store.get_batch(batch_id))
+    for state in states:
+        assert state.run is not None
+        assert manager.wait(state.run.id, 180)
+    return batch_state(store, store.get_batch(batch_id))
+
+
+def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page("pages/compare.py").run()
+    at.number_input(key="iterations.dlg").set_value(5)
+    at.multiselect(key="compare.defenses").set_value(["none", "dp-gaussian"])
+    _small_utility(at)
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    at.button(key="compare.start").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    batch_id = at.query_params["comparison"]
+    states = _wait_batch(manager, store, batch_id)
+    assert [s.member.series for s in states] == ["none", "dp-gaussian"]
+    assert all(s.run.status == "completed" for s in states)
+    for state in states:
+        utility = state.run.summary["utility"]
+        assert utility["complete"] and 0.0 <= utility["accuracy"] <= 1.0
+
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    table = at.dataframe[0].value
+    assert list(table["defense"]) == ["none", "dp-gaussian"]
+    assert table["PSNR (dB)"].str.match(r"^-?\d+\.\d\d$").all()
+    assert table["utility acc."].str.endswith("%").all()
+    assert len(at.get("imgs")) >= 2 or len(at.get("image")) >= 2  # one grid per defense
+    assert at.get("plotly_chart")
+    assert at.button(key="comparison.report")
+    assert not any(b.key == "comparison.resume" for b in at.button)  # nothing missing
+
+    # The same comparison again reuses both runs: nothing is recomputed.
+    runs_before = len(store.list_runs())
+    at.button(key="compare.start").click().run()
+    assert len(store.list_runs()) == runs_before
+    assert at.query_params["comparison"] != batch_id  # a second batch over the same runs
+
+    # A refresh with the link reopens it.
+    again = _app(comparison=batch_id)
+    again.switch_page("pages/compare.py").run()
+    assert not again.exception
+    assert list(again.dataframe[0].value["defense"]) == ["none", "dp-gaussian"]
+
+
+def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page("pages/tradeoff.py").run()
+    at.number_input(key="iterations.dlg").set_value(5)
+    _small_utility(at)
+    at.text_input(key="sweep.dp-gaussian.grid").set_value("0.001, 0.1")
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    at.button(key="sweep.start").click().run()
+    assert not _errors(at), _errors(at)
+    batch_id = at.query_params["sweep"]
+    states = _wait_batch(manager, store, batch_id)
+    assert [s.member.value for s in states] == [0.001, 0.1]
+    assert [s.run.spec["defense"]["params"] for s in states] == [
+        [["sigma", "0.001"]],
+        [["sigma", "0.1"]],
+    ]
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    chart = at.get("plotly_chart")[0]
+    figure = json.loads(chart.proto.spec)
+    trace = figure["data"][0]
+    assert trace["name"] == "dp-gaussian" and len(trace["x"]) == 2
+    psnr = [s.run.summary["metrics"]["psnr_mean"] for s in states]
+    assert trace["x"] == pytest.approx(psnr)
+
+
+def test_tradeoff_bad_grid_is_refused_before_anything_runs(dashboard_store):
+    store, _ = dashboard_store
+    at = _app()
+    at.switch_page("pages/tradeoff.py").run()
+    at.text_input(key="sweep.dp-gaussian.grid").set_value("0.1, lots").run()
+    assert not at.exception
+    assert any("'lots' is not a number" in m for m in _errors(at)), _errors(at)
+    assert at.button(key="sweep.start").disabled
+    assert store.list_runs() == [] and store.list_batches() == []
 
 
 # --- History --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ point that any earlier run computed with the same spec is not recomputed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,29 @@ class SweepCurve:
                 f"{', '.join(sorted(fields))}"
             )
         return knob
+
+
+MAX_GRID = 16  # points on one curve
+
+
+def parse_grid(text: str, what: str = "values") -> tuple[float, ...]:
+    """ "0.001, 0.01, 0.1" -> (0.001, 0.01, 0.1): finite numbers, distinct, 1..MAX_GRID."""
+    parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
+    values = []
+    for part in parts:
+        try:
+            value = float(part)
+        except ValueError:
+            raise AuditInputError(
+                f"{what}: {part!r} is not a number; expected numbers separated by commas, "
+                "e.g. 0.001, 0.01, 0.1"
+            ) from None
+        require(math.isfinite(value), f"{what}: {part!r} is not a finite number")
+        values.append(value)
+    require(len(values) >= 1, f"{what}: give at least one number, e.g. 0.001, 0.01, 0.1")
+    require(len(values) <= MAX_GRID, f"{what}: at most {MAX_GRID} points, got {len(values)}")
+    require(len(set(values)) == len(values), f"{what}: a value appears twice")
+    return tuple(values)
 
 
 def _format(value: float) -> str:

@@ -1,0 +1,248 @@
+"""The view of a comparison or a sweep, shared by the Compare and Trade-off pages (not a page).
+
+A batch's runs execute in the process-wide RunManager like any run; this view only starts
+them, polls the store about once a second while any is in progress (points and grids
+appear as runs finish) and stops polling when all have ended. Numbers come from
+``auditlib.report.subject.summary_rows``, the same rows the PDF report prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import streamlit as st
+
+from auditlib.engine import batches
+from auditlib.errors import AuditInputError
+from auditlib.report.charts import PRIVACY_METRICS, comparison_figure, tradeoff_figure
+from auditlib.report.subject import RECOVERED_PSNR_DB, batch_subject, summary_rows
+from auditlib.store import UNFINISHED
+from pages.common import get_manager, get_store, number, persist, png_width, run_assets
+from pages.common import set_url_state as _set_url_state
+
+REFRESH_S = 1.0
+GRID_COLUMNS = 3
+
+
+def start_batch(
+    kind: str, title: str, members: Sequence[batches.BatchMember], assets: dict[str, bytes]
+) -> str | None:
+    """Record the batch and start its runs; its id goes into the URL. Returns an error text."""
+    try:
+        store = get_store()
+        batch_id = batches.record_batch(store, kind, title, members)
+        batch = store.get_batch(batch_id)
+        assert batch is not None
+        batches.launch(get_manager(), batch, assets)
+    except AuditInputError as exc:
+        return f"Not started: {exc}"
+    except Exception as exc:  # Ray or the store failed: say so, keep the page alive
+        return (
+            f"The runs could not be started: {type(exc).__name__}: {exc}. This is a problem of "
+            "the dashboard or its Ray instance, not of your input."
+        )
+    _set_url_state(kind, batch_id)
+    return None
+
+
+def _resume(kind: str, batch_id: str) -> None:
+    batch = get_store().get_batch(batch_id)
+    if batch is None:
+        return
+    try:
+        assets: dict[str, bytes] = {}
+        for member in batches.members_of(batch):
+            assets.update(run_assets(member.spec))
+        batches.launch(get_manager(), batch, assets)
+    except AuditInputError as exc:
+        st.session_state[f"{kind}.error"] = f"Not restarted: {exc}"
+
+
+def _cancel(batch_id: str) -> None:
+    batch = get_store().get_batch(batch_id)
+    if batch is not None:
+        batches.cancel(get_manager(), batch)
+
+
+def _picked(kind: str) -> None:
+    chosen = st.session_state.get(f"{kind}.picker")
+    if chosen:
+        _set_url_state(kind, chosen)
+
+
+def batch_picker(kind: str, noun: str) -> None:
+    """Reopen a stored comparison or sweep."""
+    stored = get_store().list_batches(kind, limit=50)
+    if not stored:
+        return
+    labels = {
+        b.id: f"{b.title or noun} · {b.created_at.astimezone():%Y-%m-%d %H:%M}" for b in stored
+    }
+    current = st.session_state.get(kind)
+    options = [None, *labels]
+    # The picker follows the open batch (a new one, or one from a link) until the user picks.
+    st.session_state[f"{kind}.picker"] = current if current in options else None
+    st.selectbox(
+        f"Open a stored {noun}",
+        options,
+        format_func=lambda i: "—" if i is None else labels[i],
+        key=f"{kind}.picker",
+        on_change=_picked,
+        args=(kind,),
+    )
+
+
+def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """The rows as the tables show them: formatted, 'n/a' where there is no value."""
+    out = []
+    for r in rows:
+        row = {"defense": r["label"], "status": r["status"]}
+        row.update(
+            {
+                "PSNR (dB)": number(r["psnr"], ".2f"),
+                "SSIM": number(r["ssim"], ".3f"),
+                "LPIPS": number(r["lpips"], ".3f"),
+                "MSE": number(r["mse"], ".4g"),
+                "label acc.": number(r["label_accuracy"], ".0%"),
+                f"recovered ≥{RECOVERED_PSNR_DB:g} dB": number(r["recovered"], ".0%"),
+                "RDLV": number(r["rdlv"], ".3f"),
+                "leakage": r["level"] or "n/a",
+                "utility acc.": number(r["utility_accuracy"], ".1%"),
+                "ε": number(r["epsilon"], ".3g"),
+            }
+        )
+        if r["utility_without_key"] is not None:
+            row["utility acc."] += f" (no key {r['utility_without_key']:.1%})"
+        out.append(row)
+    return out
+
+
+def _grids(entries) -> None:
+    store = get_store()
+    columns = st.columns(GRID_COLUMNS)
+    for i, entry in enumerate(entries):
+        with columns[i % GRID_COLUMNS]:
+            run = entry.run
+            st.markdown(f"**{entry.label}**")
+            if run is None:
+                st.caption("not run yet")
+                continue
+            if entry.grid_png is not None:
+                metrics = (run.summary or {}).get("metrics", {})
+                level = (metrics.get("risk") or {}).get("level", "n/a")
+                st.image(
+                    entry.grid_png,
+                    width=min(png_width(entry.grid_png), 360),
+                    caption=f"PSNR {number(metrics.get('psnr_mean'), '.2f')} dB · {level}",
+                )
+                continue
+            live = store.image(run.id, "live")
+            if live is not None:
+                st.image(live.png, width=min(png_width(live.png), 360), caption=f"step {live.step}")
+            event = store.latest_event(run.id)
+            progress = 0.0 if event is None or not event.total else event.step / event.total
+            st.progress(min(progress, 1.0), text=run.status)
+
+
+def _live(kind: str, batch_id: str, live: bool) -> None:
+    store = get_store()
+    subject = batch_subject(store, batch_id)
+    rows = summary_rows(subject.entries)
+    unfinished = [r for r in rows if r["status"] in UNFINISHED]
+    if live and not unfinished:
+        st.rerun()  # the whole page: the report button appears, polling stops
+    done = sum(r["status"] == "completed" for r in rows)
+    missing = [r for r in rows if r["status"] not in ("completed", *UNFINISHED)]
+    st.caption(
+        f"{done} of {len(rows)} runs completed"
+        + (f", {len(unfinished)} queued or running" if unfinished else "")
+        + (f", {len(missing)} not run, cancelled or failed" if missing else "")
+        + ". Runs go on in the background; you can leave this page."
+    )
+    cancel_col, resume_col, _ = st.columns([1, 1, 3])
+    if unfinished:
+        cancel_col.button(
+            "Cancel the runs", key=f"{kind}.cancel", on_click=_cancel, args=(batch_id,)
+        )
+    if missing:
+        resume_col.button(
+            "Run the missing points",
+            key=f"{kind}.resume",
+            on_click=_resume,
+            args=(kind, batch_id),
+            help="Starts only the runs without a completed result; finished ones are reused.",
+        )
+    if kind == "comparison":
+        _grids(subject.entries)
+        st.plotly_chart(comparison_figure(rows), config={"displayModeBar": False})
+    else:
+        privacy = st.selectbox(
+            "Privacy axis",
+            list(PRIVACY_METRICS),
+            format_func=lambda k: PRIVACY_METRICS[k][0],
+            key=persist("sweep.privacy_axis", "psnr"),
+        )
+        plotted = [r for r in rows if r[privacy] is not None and r["utility_accuracy"] is not None]
+        if plotted:
+            st.plotly_chart(tradeoff_figure(rows, privacy), config={"displayModeBar": False})
+        else:
+            reason = "no point has finished yet"
+            if rows and all(r["status"] == "completed" for r in rows):
+                reason = f"the runs have no {privacy.upper()} and utility to plot"
+            st.info(f"The curve appears as points finish ({reason}).")
+    st.dataframe(display_rows(rows), hide_index=True)
+
+
+def _report(kind: str, batch_id: str) -> None:
+    from auditlib.report.pdf import report_bytes
+
+    try:
+        subject = batch_subject(get_store(), batch_id)
+        st.session_state[f"{kind}.pdf"] = (batch_id, report_bytes(subject))
+    except Exception as exc:  # the report must never take the page down
+        st.session_state[f"{kind}.error"] = f"The report could not be built: {exc}"
+
+
+def _close(kind: str) -> None:
+    _set_url_state(kind, None)
+
+
+def batch_view(kind: str, batch_id: str, noun: str) -> None:
+    store = get_store()
+    batch = store.get_batch(batch_id)
+    if batch is None or batch.kind != kind:
+        st.warning(f"{noun.capitalize()} {batch_id} is not in this dashboard's store.")
+        st.button("Close it", key=f"{kind}.close", on_click=_close, args=(kind,))
+        return
+    head_col, close_col = st.columns([5, 1])
+    head_col.header(batch.title or noun.capitalize())
+    close_col.button("Close", key=f"{kind}.close", on_click=_close, args=(kind,))
+    st.caption(
+        f"{noun.capitalize()} {batch.id} · created {batch.created_at.astimezone():%Y-%m-%d %H:%M:%S}"
+    )
+    error = st.session_state.pop(f"{kind}.error", None)
+    if error:
+        st.error(error)
+    states = batches.batch_state(store, batch)
+    live = any(s.run is not None and s.run.status in UNFINISHED for s in states)
+    st.fragment(_live, run_every=REFRESH_S if live else None)(kind, batch_id, live)
+    if live:
+        return
+    st.button(
+        "Build the PDF report",
+        key=f"{kind}.report",
+        on_click=_report,
+        args=(kind, batch_id),
+        help="Title page, verdict, threat model, settings, grids, tables, charts, metric "
+        "definitions, limits and a reproducibility appendix.",
+    )
+    built = st.session_state.get(f"{kind}.pdf")
+    if built and built[0] == batch_id:
+        st.download_button(
+            "Download the PDF report",
+            built[1],
+            file_name=f"audit-{kind}-{batch_id[:8]}.pdf",
+            mime="application/pdf",
+            key=f"{kind}.download",
+        )

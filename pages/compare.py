@@ -1,0 +1,119 @@
+"""Compare defenses: one scenario and attack under several defenses, side by side.
+
+The runs are a batch of ordinary runs on the engine (in parallel where Ray has workers),
+each with the attack and, if asked, the utility training under its defense. The batch's id
+goes into the URL (``?comparison=...``); a stored comparison reopens at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import streamlit as st
+
+from auditlib.defenses import DEFENSES, build_defense
+from auditlib.engine import batches
+from auditlib.errors import AuditInputError
+from auditlib.spec import ComponentSpec
+from pages.batch_view import batch_picker, batch_view, start_batch
+from pages.common import (
+    SETUP_PAGE,
+    LabChoices,
+    build_run,
+    changed_params,
+    check_components,
+    config_defaults,
+    config_inputs,
+    current_setup,
+    persist,
+    setup_problems,
+)
+from pages.forms import attack_inputs, budget_inputs, scenario_inputs, utility_inputs
+
+DEFAULT_DEFENSES = ["none", "dp-gaussian", "prune", "soteria"]
+
+
+def _defense_choices() -> tuple[list[ComponentSpec], list[str]]:
+    names = sorted(DEFENSES, key=lambda n: (n != "none", n))
+    chosen = st.multiselect(
+        "Defenses to compare",
+        names,
+        persist_state="session",
+        key=persist("compare.defenses", DEFAULT_DEFENSES),
+        help="'none' is the undefended baseline.",
+    )
+    components, errors = [], []
+    for name in chosen:
+        info = DEFENSES[name]
+        defaults = config_defaults(info.config_type)
+        if defaults:
+            with st.expander(f"{name} settings"):
+                st.caption(info.summary)
+                values = config_inputs(info.config_type, f"compare.{name}", defaults)
+        else:
+            values = {}
+        params = changed_params(values, defaults)
+        try:
+            build_defense(name, params)
+        except AuditInputError as exc:
+            errors.append(f"{name}: {exc}")
+        components.append(ComponentSpec.of(name, params))
+    return components, errors
+
+
+def main() -> None:
+    st.title("Compare defenses")
+    setup = current_setup()
+    lab = LabChoices()
+    with st.sidebar:
+        scenario_inputs(lab)
+        attack_inputs(lab)
+        budget_inputs(lab)
+        utility, utility_error = utility_inputs()
+    info_col, link_col = st.columns([4, 1])
+    info_col.markdown(f"**Model** {setup.model_text()} · attack **{lab.attack}**")
+    link_col.page_link(SETUP_PAGE, label="Change", icon=":material/tune:")
+
+    components, errors = _defense_choices()
+    setup_errors, missing = setup_problems(setup)
+    errors = setup_errors + check_components(lab) + errors
+    if utility_error:
+        errors.append(utility_error)
+    if not components:
+        missing.append("Tick at least one defense.")
+    for message in missing:
+        st.info(message)
+    for message in errors:
+        st.error(message)
+    blocked = bool(errors or missing)
+    if st.button(
+        f"Run the comparison ({len(components)} runs)",
+        type="primary",
+        key="compare.start",
+        disabled=blocked,
+    ):
+        try:
+            base, assets, _ = build_run(setup, lab)
+            base = dataclasses.replace(base, utility=utility)
+            members = batches.comparison_members(base, components)
+        except AuditInputError as exc:
+            st.error(f"Not started: {exc}")
+        else:
+            error = start_batch(
+                "comparison",
+                f"{lab.attack} · {len(components)} defenses · {setup.architecture}",
+                members,
+                assets,
+            )
+            if error:
+                st.error(error)
+
+    batch_picker("comparison", "comparison")
+    batch_id = st.session_state.get("comparison")
+    if batch_id:
+        batch_view("comparison", batch_id, "comparison")
+    else:
+        st.info("No comparison open. Run one, or open a stored one above.")
+
+
+main()
