@@ -350,10 +350,24 @@ def _version(db: Path) -> int:
 
 def test_schema_created_with_version(db: Path) -> None:
     Store(url_of(db)).close()
-    assert _version(db) == SCHEMA_VERSION == 1
+    assert _version(db) == SCHEMA_VERSION == 2
     with sqlite3.connect(db) as raw:
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"schema_info", "assets", "runs", "run_events", "run_images"} <= tables
+    assert {"schema_info", "assets", "runs", "run_events", "run_images", "batches"} <= tables
+
+
+def test_schema_1_database_gains_the_batches_table(db: Path) -> None:
+    """A database of the first release (no batches) is migrated, its runs kept."""
+    with Store(url_of(db)) as old:
+        run_id = old.create_run(SPEC, "abc")
+    with sqlite3.connect(db) as raw:  # what release 1 wrote
+        raw.execute("DROP TABLE batches")
+        raw.execute("UPDATE schema_info SET version = 1")
+    with Store(url_of(db)) as migrated:
+        assert migrated.get_run(run_id) is not None
+        batch_id = migrated.create_batch("sweep", "s", {"members": []})
+        assert migrated.get_batch(batch_id).kind == "sweep"
+    assert _version(db) == 2
 
 
 def test_newer_schema_refused_untouched(db: Path) -> None:
@@ -361,7 +375,7 @@ def test_newer_schema_refused_untouched(db: Path) -> None:
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE schema_info SET version = 7")
     before = sha(db)
-    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 1"):
+    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 2"):
         Store(url_of(db))
     assert _version(db) == 7 and sha(db) == before
 
@@ -375,34 +389,34 @@ def test_migration_runs_once(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(1)
         connection.execute(text("ALTER TABLE runs ADD COLUMN note TEXT"))
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(schema, "MIGRATIONS", {1: add_note_column})
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(schema, "MIGRATIONS", {2: add_note_column})
     with Store(url_of(db)) as migrated:
         assert migrated.get_run(run_id) is not None  # data survives the migration
-    assert calls == [1] and _version(db) == 2
+    assert calls == [1] and _version(db) == 3
     Store(url_of(db)).close()
-    assert calls == [1]  # already at 2: not again
+    assert calls == [1]  # already at 3: not again
     with sqlite3.connect(db) as raw:
         assert "note" in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
 
 
 def test_migration_missing_or_failing(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Store(url_of(db)).close()
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 4)
 
     def half_done(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE runs ADD COLUMN half TEXT"))
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(schema, "MIGRATIONS", {1: half_done})
-    with pytest.raises(AuditInputError, match="no migration from schema 2 to 3"):
+    monkeypatch.setattr(schema, "MIGRATIONS", {2: half_done})
+    with pytest.raises(AuditInputError, match="no migration from schema 3 to 4"):
         Store(url_of(db))
-    assert _version(db) == 1
+    assert _version(db) == 2
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
-    with pytest.raises(RuntimeError, match="left at schema 1"):
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
+    with pytest.raises(RuntimeError, match="left at schema 2"):
         Store(url_of(db))
-    assert _version(db) == 1
+    assert _version(db) == 2
     with sqlite3.connect(db) as raw:  # the half-done step was rolled back with it
         assert "half" not in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
 
