@@ -1,4 +1,5 @@
-"""Command line: ``python -m auditlib audit ...`` runs one audit and writes its results.
+"""Command line: ``python -m auditlib audit ...`` runs one audit and writes its results;
+``utility`` trains under a defense; ``report`` writes the PDF report of stored runs.
 
 Exit codes: 0 done, 2 bad input (one line on stderr saying what was expected), 1 failure.
 """
@@ -121,7 +122,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="output folder for result.json and reconstruction.png"
     )
     _utility_arguments(commands, ARCHITECTURES, DEFENSES)
+    _report_arguments(commands)
     return parser
+
+
+def _report_arguments(commands) -> None:
+    report = commands.add_parser(
+        "report", help="write the PDF audit report of a stored run, comparison or sweep"
+    )
+    subject = report.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--run", metavar="ID", help="id of a run in the store")
+    subject.add_argument("--batch", metavar="ID", help="id of a comparison or sweep in the store")
+    report.add_argument(
+        "--db",
+        help="SQLAlchemy URL of the store (default: $AUDIT_DATABASE_URL, else data/audit.db)",
+    )
+    report.add_argument("--out", required=True, metavar="FILE.pdf", help="the PDF file to write")
+    report.add_argument(
+        "--no-charts", action="store_true", help="leave out the charts (no Chromium needed)"
+    )
 
 
 def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str):
@@ -413,6 +432,47 @@ def utility_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _existing_store(url: str):
+    """The store at ``url``; a SQLite file that does not exist is refused, not created."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from auditlib.store import Store
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise AuditInputError(f"--db {url!r} is not a database URL ({exc})") from exc
+    database = parsed.database
+    if (
+        parsed.get_backend_name() == "sqlite"
+        and database
+        and database != ":memory:"
+        and not database.startswith("file:")
+        and not Path(database).is_file()
+    ):
+        raise AuditInputError(f"no database at {database}")
+    return Store(url)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from auditlib.report.pdf import build_report
+    from auditlib.report.subject import batch_subject, run_subject
+    from auditlib.store import default_database_url
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise AuditInputError(f"--out {out} is a folder; give the PDF file to write")
+    if not out.parent.is_dir():
+        raise AuditInputError(f"--out {out}: the folder {out.parent} does not exist")
+    with _existing_store(args.db or default_database_url()) as store:
+        subject = run_subject(store, args.run) if args.run else batch_subject(store, args.batch)
+        info = build_report(subject, out, charts=not args.no_charts)
+    charts = "" if info.charts_drawn else f"; no charts: {info.charts_unavailable_reason}"
+    print(f"wrote {info.path} ({info.pages} pages{charts})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -421,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             return audit_command(args)
         if args.command == "utility":
             return utility_command(args)
+        if args.command == "report":
+            return report_command(args)
     except AuditInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

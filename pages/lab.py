@@ -279,7 +279,7 @@ def _results(record: RunRecord) -> None:
                 {"threat_model": summary.get("threat_model"), "victim": summary.get("victim")}
             )
         )
-    col_json, col_png = st.columns(2)
+    col_json, col_png, col_pdf = st.columns(3)
     col_json.download_button(
         "Download result.json",
         summary_json(summary),
@@ -295,6 +295,39 @@ def _results(record: RunRecord) -> None:
             mime="image/png",
             key="download_png",
         )
+    col_pdf.button(
+        "Build the PDF report",
+        key="run_report",
+        on_click=_build_report,
+        args=(record.id,),
+        help="Title page, verdict, threat model, settings, grid, tables, charts, metric "
+        "definitions, limits and a reproducibility appendix.",
+    )
+    report_error = st.session_state.pop("run_report_error", None)
+    if report_error:
+        col_pdf.error(report_error)
+    built = st.session_state.get("run_report_pdf")
+    if built and built[0] == record.id:
+        col_pdf.download_button(
+            "Download the PDF report",
+            built[1],
+            file_name=f"audit-run-{record.id[:8]}.pdf",
+            mime="application/pdf",
+            key="download_pdf",
+        )
+
+
+def _build_report(run_id: str) -> None:
+    from auditlib.report.pdf import report_bytes
+    from auditlib.report.subject import run_subject
+
+    try:
+        st.session_state["run_report_pdf"] = (
+            run_id,
+            report_bytes(run_subject(get_store(), run_id)),
+        )
+    except Exception as exc:  # the report must never take the page down
+        st.session_state["run_report_error"] = f"The report could not be built: {exc}"
 
 
 def _close_run() -> None:

@@ -1,1 +1,1 @@
-"""Audit artefacts: result files and (later) the PDF report."""
+"""Audit artefacts: result files, image grids, the plotly figures and the PDF report."""

@@ -78,6 +78,7 @@ def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go
     figure.update_layout(
         xaxis_title=axis_title,
         yaxis_title=UTILITY_TITLE,
+        yaxis_range=[0, 1.05],
         legend_title="defense",
         template="plotly_white",
         margin={"l": 60, "r": 20, "t": 30, "b": 50},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +32,46 @@ def image_grid(rows: Sequence[np.ndarray], *, scale: int = 4, gap: int = 2) -> I
             left = gap + i * (cell_w + gap)
             canvas[top : top + cell_h, left : left + cell_w] = tile
     return Image.fromarray(canvas)
+
+
+def split_grid(
+    png: bytes, rows: int, count: int, gap: int = 2, *, scale: int = 1
+) -> list[list[np.ndarray]]:
+    """The inverse of :func:`image_grid`: the cells of a grid PNG of ``rows`` rows of ``count``
+    images, each an H x W x 3 uint8 array, row by row.
+
+    The cell size comes from the PNG's size; ``scale`` > 1 also undoes the upscaling (every
+    ``scale``-th pixel), giving back the images as image_grid quantised them. Raises
+    ValueError where the PNG cannot be such a grid.
+    """
+    if rows < 1 or count < 1 or gap < 0 or scale < 1:
+        raise ValueError(
+            f"a grid needs rows, count, scale >= 1, gap >= 0; got {rows}, {count}, {scale}, {gap}"
+        )
+    with Image.open(io.BytesIO(png)) as image:
+        canvas = np.asarray(image.convert("RGB"))
+    height, width = canvas.shape[:2]
+    cell_h, rest_h = divmod(height - (rows + 1) * gap, rows)
+    cell_w, rest_w = divmod(width - (count + 1) * gap, count)
+    if cell_h < 1 or cell_w < 1 or rest_h or rest_w:
+        raise ValueError(
+            f"a {width} x {height} image is not a grid of {rows} x {count} cells with {gap} px gaps"
+        )
+    if cell_h % scale or cell_w % scale:
+        raise ValueError(f"cells of {cell_w} x {cell_h} px are not a multiple of scale {scale}")
+    lefts = [gap + i * (cell_w + gap) for i in range(count)]
+    cells = []
+    for row in range(rows):
+        top = gap + row * (cell_h + gap)
+        cells.append(
+            [
+                np.ascontiguousarray(
+                    canvas[top : top + cell_h : scale, left : left + cell_w : scale]
+                )
+                for left in lefts
+            ]
+        )
+    return cells
 
 
 def comparison_grid(

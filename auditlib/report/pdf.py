@@ -1,0 +1,1232 @@
+"""The PDF audit report of one run, a comparison or a sweep (reportlab platypus, A4).
+
+Sections: title page (what was audited, when, by which version), executive summary (the
+risk in plain words), threat model and FL scenario, attack and defense settings, metric
+tables, reconstructions beside their originals, charts (the dashboard's plotly figures,
+drawn by kaleido; see ``export.py``), metric definitions, limits, and a reproducibility
+appendix (spec hashes, seeds, package versions).
+
+Every number comes from :func:`auditlib.report.subject.summary_row` or the stored summary;
+nothing is recomputed here. Every text that comes from a user (titles, labels, image
+names, errors) is escaped before it enters reportlab's Paragraph markup. The report
+renders whatever happens to Chromium: without it, the charts are replaced by a sentence
+saying why.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import os
+import platform
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+import numpy as np
+from PIL import Image as PILImage
+from reportlab.lib import colors
+from reportlab.lib.enums import TA_CENTER
+from reportlab.lib.pagesizes import A4
+from reportlab.lib.styles import ParagraphStyle
+from reportlab.lib.units import cm
+from reportlab.pdfbase import pdfmetrics
+from reportlab.pdfbase.ttfonts import TTFont
+from reportlab.pdfgen import canvas as pdf_canvas
+from reportlab.platypus import (
+    CondPageBreak,
+    Flowable,
+    KeepTogether,
+    PageBreak,
+    Paragraph,
+    Preformatted,
+    SimpleDocTemplate,
+    Spacer,
+    Table,
+    TableStyle,
+)
+from reportlab.platypus import Image as PDFImage
+
+import auditlib
+from auditlib.attacks import ATTACKS
+from auditlib.errors import AuditInputError
+from auditlib.metrics.risk import LEVEL_MEANING, LEVELS
+from auditlib.report.images import split_grid
+from auditlib.report.subject import (
+    RECOVERED_PSNR_DB,
+    ReportEntry,
+    ReportSubject,
+    summary_rows,
+    unavailable_reasons,
+)
+
+PAGE_WIDTH, PAGE_HEIGHT = A4
+MARGIN = 1.8 * cm
+BODY_WIDTH = PAGE_WIDTH - 2 * MARGIN
+GRID_COLUMNS = 8  # pairs per row of a reconstruction grid: 64 images are 8 rows
+MAX_PAIR_WIDTH = 3.4 * cm
+MAX_PAIR_HEIGHT = 6.5 * cm
+MAX_PAIR_PIXELS = 256  # wider pairs are resampled: 3.4 cm need no more, and the PDF stays small
+CHART_SIZE = (1000, 500)  # layout pixels of an exported chart (drawn at twice that)
+FONT_DIRS = (
+    "/usr/share/fonts/truetype/dejavu",  # Debian / Ubuntu: fonts-dejavu-core
+    "/usr/share/fonts/dejavu",
+    "/usr/share/fonts/TTF",
+    "/usr/local/share/fonts",
+)
+NOT_AVAILABLE = "n/a"
+METRIC_NAMES = {
+    "lpips": "LPIPS-Alex",
+    "lpips_vgg": "LPIPS-VGG",
+    "ssim": "SSIM",
+    "rdlv": "RDLV",
+    "psnr": "PSNR",
+    "mse": "MSE",
+}
+# The attack-success table: short heads, widths in cm (the body is 17.4 cm wide).
+ATTACK_COLUMNS = (
+    ("Run", 4.3),
+    ("Status", 1.7),
+    ("PSNR dB", 1.4),
+    ("SSIM", 1.2),
+    ("LPIPS", 1.2),
+    ("MSE", 1.3),
+    ("Labels", 1.4),
+    ("Recovered", 1.9),
+    ("RDLV", 1.3),
+    ("Risk", 1.5),
+)
+REPORT_PACKAGES = ("reportlab", "plotly", "kaleido", "numpy", "torch", "pillow", "sqlalchemy")
+
+
+@dataclass(frozen=True)
+class ReportInfo:
+    """What :func:`build_report` wrote: the file (None for bytes), its pages, the charts."""
+
+    path: Path | None
+    pages: int
+    charts_drawn: bool
+    charts_unavailable_reason: str | None
+
+
+# ------------------------------------------------------------------------------ fonts, text
+
+
+@dataclass(frozen=True)
+class _Fonts:
+    regular: str
+    bold: str
+    mono: str
+    unicode: bool  # DejaVu (Greek, maths symbols) rather than the Latin-1 PDF base fonts
+
+
+@functools.cache
+def _fonts() -> _Fonts:
+    """DejaVu Sans where installed (so ε, ≥ and names in other scripts show), else Helvetica."""
+    for folder in FONT_DIRS:
+        base = Path(folder)
+        if not (base / "DejaVuSans.ttf").is_file():
+            continue
+        files = {
+            "AuditSans": "DejaVuSans.ttf",
+            "AuditSans-Bold": "DejaVuSans-Bold.ttf",
+            "AuditSans-Oblique": "DejaVuSans-Oblique.ttf",
+            "AuditSans-BoldOblique": "DejaVuSans-BoldOblique.ttf",
+            "AuditMono": "DejaVuSansMono.ttf",
+        }
+        found: dict[str, str] = {}
+        try:
+            for name, file in files.items():
+                path = base / file
+                if path.is_file():
+                    pdfmetrics.registerFont(TTFont(name, str(path)))
+                    found[name] = name
+        except Exception:  # a broken font file: fall back to the base fonts
+            break
+        regular = found["AuditSans"]
+        bold = found.get("AuditSans-Bold", regular)
+        pdfmetrics.registerFontFamily(
+            regular,
+            normal=regular,
+            bold=bold,
+            italic=found.get("AuditSans-Oblique", regular),
+            boldItalic=found.get("AuditSans-BoldOblique", bold),
+        )
+        return _Fonts(regular, bold, found.get("AuditMono", "Courier"), True)
+    return _Fonts("Helvetica", "Helvetica-Bold", "Courier", False)
+
+
+_LATIN_STAND_INS = {"≥": "&gt;=", "≤": "&lt;=", "ε": "eps", "δ": "delta", "→": "-&gt;", "−": "-"}
+
+
+def _latin(markup: str) -> str:
+    """Markup for the Latin-1 base fonts: symbols they lack get ASCII stand-ins, or '?'."""
+    out = []
+    for char in markup:
+        try:
+            char.encode("cp1252")
+            out.append(char)
+        except UnicodeEncodeError:
+            out.append(_LATIN_STAND_INS.get(char, "?"))
+    return "".join(out)
+
+
+def esc(value: Any, limit: int | None = None) -> str:
+    """Any value as text safe inside Paragraph markup (control characters dropped)."""
+    text = "".join(c if c.isprintable() or c in "\n\t" else "?" for c in str(value))
+    if limit is not None and len(text) > limit:
+        text = text[: max(1, limit - 1)] + "…"
+    return escape(text)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def fmt(value: Any, kind: str) -> str:
+    """A table number: PSNR 2 decimals, SSIM/LPIPS/RDLV 3, shares as %, None as n/a."""
+    number = _number(value)
+    if number is None:
+        return NOT_AVAILABLE
+    if kind == "db":
+        return f"{number:.2f}"
+    if kind in ("ssim", "lpips", "rdlv"):
+        return f"{number:.3f}"
+    if kind == "pct":
+        return f"{number * 100:.1f}%"
+    if kind == "s":
+        return f"{number:.1f}"
+    return f"{number:.3g}"
+
+
+def _dig(mapping: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(mapping, dict):
+            return None
+        mapping = mapping.get(key)
+    return mapping
+
+
+def _settings_text(settings: Any) -> str:
+    if isinstance(settings, dict):
+        items = list(settings.items())
+    elif isinstance(settings, list | tuple):
+        items = [tuple(p) for p in settings if isinstance(p, list | tuple) and len(p) == 2]
+    else:
+        items = []
+    return ", ".join(f"{k}={v}" for k, v in items) or "defaults"
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return NOT_AVAILABLE
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+# ------------------------------------------------------------------------------ page canvas
+
+
+def _canvas_class(footer: str, fonts: _Fonts, counter: dict[str, int]) -> type:
+    """A canvas that holds its pages until the end so each footer can say "page i of n"."""
+
+    class FooterCanvas(pdf_canvas.Canvas):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._held: list[dict[str, Any]] = []
+
+        def showPage(self) -> None:  # reportlab's name
+            self._held.append(dict(self.__dict__))
+            self._startPage()
+
+        def save(self) -> None:
+            total = len(self._held)
+            for state in self._held:
+                self.__dict__.update(state)
+                self.setFont(fonts.regular, 7.5)
+                self.setFillColor(colors.grey)
+                self.drawString(MARGIN, MARGIN / 2, footer)
+                self.drawRightString(
+                    PAGE_WIDTH - MARGIN, MARGIN / 2, f"page {self._pageNumber} of {total}"
+                )
+                super().showPage()
+            counter["pages"] = total
+            super().save()
+
+    return FooterCanvas
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+class _Builder:
+    """The flowables of one report; each section method returns a list of them."""
+
+    def __init__(self, subject: ReportSubject, fonts: _Fonts) -> None:
+        self.subject = subject
+        self.fonts = fonts
+        self.entries = subject.entries
+        self.rows = summary_rows(subject.entries)
+        self.with_runs = [e for e in self.entries if e.run is not None]
+        self.completed = [
+            e for e in self.with_runs if e.run.status == "completed" and e.run.summary
+        ]
+        summarised = [e for e in self.with_runs if e.run.summary]
+        reference = (self.completed or summarised or self.with_runs or [None])[0]
+        self.reference = reference
+        self.summary: dict[str, Any] = (reference.run.summary if reference else None) or {}
+        self.spec: dict[str, Any] = (reference.run.spec if reference else None) or {}
+        self.styles = self._styles()
+        self.limits: list[str] = []  # markup, collected by the sections, shown under Limits
+
+    # -------------------------------------------------------------- building blocks
+
+    def _styles(self) -> dict[str, ParagraphStyle]:
+        regular, bold = self.fonts.regular, self.fonts.bold
+        body = ParagraphStyle("body", fontName=regular, fontSize=9.5, leading=12.5, spaceAfter=4)
+        return {
+            "body": body,
+            "title": ParagraphStyle("title", body, fontName=bold, fontSize=22, leading=27),
+            "subtitle": ParagraphStyle("subtitle", body, fontSize=14, leading=18, spaceAfter=14),
+            "h1": ParagraphStyle(
+                "h1",
+                body,
+                fontName=bold,
+                fontSize=15,
+                leading=19,
+                spaceBefore=6,
+                spaceAfter=8,
+                keepWithNext=1,
+            ),
+            "h2": ParagraphStyle(
+                "h2",
+                body,
+                fontName=bold,
+                fontSize=11,
+                leading=14,
+                spaceBefore=8,
+                spaceAfter=4,
+                keepWithNext=1,
+            ),
+            "bullet": ParagraphStyle("bullet", body, leftIndent=12, bulletIndent=2, spaceAfter=2),
+            "small": ParagraphStyle("small", body, fontSize=8, leading=10),
+            "caption": ParagraphStyle(
+                "caption", body, fontSize=8, leading=10, textColor=colors.dimgrey, spaceAfter=8
+            ),
+            "cell": ParagraphStyle("cell", body, fontSize=7.5, leading=9, spaceAfter=0),
+            "head": ParagraphStyle(
+                "head", body, fontName=bold, fontSize=7.5, leading=9, spaceAfter=0
+            ),
+            "tiny": ParagraphStyle(
+                "tiny", body, fontSize=6, leading=7, alignment=TA_CENTER, spaceAfter=0
+            ),
+            "code": ParagraphStyle(
+                "code", body, fontName=self.fonts.mono, fontSize=6.5, leading=7.8
+            ),
+        }
+
+    def p(self, markup: str, style: str = "body", **kwargs: Any) -> Paragraph:
+        """A Paragraph of markup whose dynamic parts the caller has passed through esc()."""
+        if not self.fonts.unicode:
+            markup = _latin(markup)
+        return Paragraph(markup, self.styles[style], **kwargs)
+
+    def bullets(self, items: Iterable[str]) -> list[Flowable]:
+        return [self.p(item, "bullet", bulletText="•") for item in items]
+
+    def table(
+        self,
+        header: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        widths: Sequence[float],
+        *,
+        header_column: bool = False,
+    ) -> Table:
+        """A table of markup cells that fits the body width and repeats its header row."""
+        scale = min(1.0, BODY_WIDTH / sum(widths))
+        data: list[list[Any]] = []
+        if header:
+            data.append([self.p(h, "head") for h in header])
+        for row in rows:
+            cells = [self.p(c, "cell") for c in row]
+            if header_column:
+                cells[0] = self.p(row[0], "head")
+            data.append(cells)
+        table = Table(data, colWidths=[w * scale for w in widths], repeatRows=1 if header else 0)
+        style = [
+            ("VALIGN", (0, 0), (-1, -1), "TOP"),
+            ("GRID", (0, 0), (-1, -1), 0.25, colors.lightgrey),
+            ("TOPPADDING", (0, 0), (-1, -1), 2),
+            ("BOTTOMPADDING", (0, 0), (-1, -1), 2),
+            ("LEFTPADDING", (0, 0), (-1, -1), 3),
+            ("RIGHTPADDING", (0, 0), (-1, -1), 3),
+        ]
+        if header:
+            style += [
+                ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#e8edf3")),
+                ("ROWBACKGROUNDS", (0, 1), (-1, -1), [colors.white, colors.HexColor("#f7f7f7")]),
+            ]
+        table.setStyle(TableStyle(style))
+        table.hAlign = "LEFT"
+        return table
+
+    def key_values(self, pairs: Sequence[tuple[str, str]], key_width: float = 4.2 * cm) -> Table:
+        return self.table(
+            (), [(k, v) for k, v in pairs], (key_width, BODY_WIDTH - key_width), header_column=True
+        )
+
+    # -------------------------------------------------------------- facts about the subject
+
+    def summary_of(self, entry: ReportEntry) -> dict[str, Any]:
+        return (entry.run.summary if entry.run is not None else None) or {}
+
+    def attacks(self) -> list[str]:
+        names = [_dig(e.run.spec, "attack", "name") for e in self.with_runs]
+        return list(dict.fromkeys(str(n) for n in names if n))
+
+    def batch_size(self) -> int | None:
+        names = _dig(self.summary, "victim", "data", "names")
+        if isinstance(names, list):
+            return len(names)
+        return _dig(self.spec, "data", "batch_size")
+
+    def data_source(self) -> str:
+        source = _dig(self.summary, "victim", "data", "source")
+        if source:
+            return str(source)
+        data = self.spec.get("data") or {}
+        return f"{data.get('source', '?')} {data.get('location', '')}".strip()
+
+    def model_text(self) -> str:
+        model = _dig(self.spec, "model", "spec") or {}
+        shape = model.get("input_shape") or []
+        shape_text = " x ".join(str(s) for s in shape) if shape else "?"
+        text = (
+            f"{model.get('architecture', '?')}, input {shape_text}, "
+            f"{model.get('num_classes', '?')} classes"
+        )
+        parameters = _dig(self.summary, "victim", "model", "num_parameters")
+        if parameters:
+            text += f", {parameters:,} parameters"
+        if _dig(self.spec, "model", "weights") or _dig(self.spec, "model", "weights_asset"):
+            text += ", uploaded weights"
+        elif _dig(self.spec, "model", "trusted_archive"):
+            text += ", trusted archive"
+        else:
+            text += f", {model.get('init', 'default')} initialisation (seed {model.get('seed')})"
+        return text
+
+    def subject_text(self) -> str:
+        count = len(self.entries)
+        if self.subject.kind == "run":
+            return "one audit run"
+        if self.subject.kind == "comparison":
+            return f"a comparison of {count} defenses under one attack"
+        knobs = list(
+            dict.fromkeys(f"{e.series} {e.knob}" for e in self.entries if e.knob is not None)
+        )
+        return f"a sweep of {count} runs over {', '.join(knobs) or 'defense settings'}"
+
+    # -------------------------------------------------------------- sections
+
+    def title_page(self) -> list[Flowable]:
+        versions = sorted(
+            {str(_dig(self.summary_of(e), "versions", "auditlib")) for e in self.completed}
+        )
+        pairs = [
+            ("Subject", esc(self.subject_text())),
+            ("Identifier", esc(self.subject.id)),
+            ("Recorded", esc(_when(self.subject.created_at))),
+            ("Attack", esc(", ".join(self.attacks()) or NOT_AVAILABLE)),
+            ("Target model", esc(self.model_text())),
+            (
+                "Private data",
+                esc(f"{self.batch_size() or '?'} images from {self.data_source()}"),
+            ),
+            ("Runs", f"{len(self.completed)} completed of {len(self.entries)}"),
+            (
+                "Report generated",
+                esc(f"{_when(datetime.now(UTC))} by auditlib {auditlib.__version__}"),
+            ),
+            ("Runs audited with", esc(", ".join(f"auditlib {v}" for v in versions) or "n/a")),
+        ]
+        return [
+            Spacer(1, 3 * cm),
+            self.p("Gradient-leakage audit report", "title"),
+            self.p(esc(self.subject.title), "subtitle"),
+            self.key_values(pairs),
+            Spacer(1, 0.8 * cm),
+            self.p(
+                "This report states how much of a federated-learning client's private "
+                "images an attacker at the server reconstructed from the client's model "
+                "update, with and without defenses, and at what cost in model accuracy. "
+                "Every number was measured by the runs listed in the appendix; the "
+                "definitions are in section 7 and the limits of the measurement in section 8."
+            ),
+            PageBreak(),
+        ]
+
+    def executive_summary(self) -> list[Flowable]:
+        out: list[Flowable] = [self.p("1 Executive summary", "h1")]
+        attack = ", ".join(self.attacks()) or "the attack"
+        out.append(
+            self.p(
+                f"The server ran <b>{esc(attack)}</b> against the update of one client holding "
+                f"{esc(self.batch_size() or '?')} private images ({esc(self.data_source())}) "
+                f"on a {esc(self.model_text())}."
+            )
+        )
+        bands = (
+            ", ".join(f"{name} ≥ {floor:g} dB" for name, floor in LEVELS[:-1])
+            + f", Low below {LEVELS[-2][1]:g} dB"
+        )
+        by_row = {id(e): r for e, r in zip(self.entries, self.rows, strict=True)}
+        done = [(e, by_row[id(e)]) for e in self.completed if by_row[id(e)]["level"]]
+        if not done:
+            out.append(
+                self.p(
+                    "<b>No run of this report has completed</b>, so there is no verdict yet; "
+                    "the status of each run is in section 4."
+                )
+            )
+            return out
+        rank = {name: i for i, (name, _) in enumerate(LEVELS)}
+        done_sorted = sorted(done, key=lambda pair: rank.get(pair[1]["level"], len(rank)))
+        worst, best = done_sorted[0], done_sorted[-1]
+        if len(done) == 1:
+            entry, row = worst
+            out.append(self.p(f"<b>Risk: {esc(row['level'])}</b>: {esc(self.meaning(entry))}."))
+        else:
+            out.append(
+                self.p(
+                    f"<b>Highest risk: {esc(worst[1]['level'])}</b>, under "
+                    f"{esc(worst[0].label)}: {esc(self.meaning(worst[0]))}. "
+                    f"<b>Lowest risk: {esc(best[1]['level'])}</b>, under {esc(best[0].label)}."
+                )
+            )
+        verdicts = [self.verdict(e, by_row[id(e)]) for e in self.entries]
+        out += [self.p(verdicts[0])] if len(verdicts) == 1 else self.bullets(verdicts)
+        out.append(
+            self.p(
+                f"Risk levels are FedLeak's bands of the mean PSNR between each private image "
+                f"and its reconstruction: {esc(bands)}. An image counts as recovered at "
+                f"{RECOVERED_PSNR_DB:g} dB or more.",
+                "small",
+            )
+        )
+        return out
+
+    def meaning(self, entry: ReportEntry) -> str:
+        meaning = _dig(self.summary_of(entry), "metrics", "risk", "meaning")
+        level = _dig(self.summary_of(entry), "metrics", "risk", "level")
+        return str(meaning or LEVEL_MEANING.get(str(level), ""))
+
+    def verdict(self, entry: ReportEntry, row: dict[str, Any]) -> str:
+        label = f"<b>{esc(entry.label)}</b>"
+        if row["status"] != "completed" or not row["level"]:
+            return f"{label}: no result (run {esc(row['status'])})."
+        text = (
+            f"{label}: <b>{esc(row['level'])}</b> risk, {esc(self.meaning(entry))}; mean PSNR "
+            f"{fmt(row['psnr'], 'db')} dB, {fmt(row['recovered'], 'pct')} of the images "
+            "recovered"
+        )
+        if _number(row["label_accuracy"]) is not None:
+            text += f", {fmt(row['label_accuracy'], 'pct')} of the labels"
+        if _number(row["utility_accuracy"]) is not None:
+            text += (
+                f"; model accuracy after federated training {fmt(row['utility_accuracy'], 'pct')}"
+            )
+        if _number(row["epsilon"]) is not None:
+            text += f" (ε = {fmt(row['epsilon'], 'g')})"
+        return text + "."
+
+    def threat_model(self) -> list[Flowable]:
+        out: list[Flowable] = [self.p("2 Threat model and FL scenario", "h1")]
+        observation = _dig(self.summary, "threat_model", "observation") or "update"
+        known_lists = [
+            [str(k) for k in _dig(self.summary_of(e), "threat_model", "server_knows") or []]
+            for e in self.with_runs
+        ]
+        known_lists = [k for k in known_lists if k]
+        common = (
+            [k for k in known_lists[0] if all(k in other for other in known_lists)]
+            if known_lists
+            else []
+        )
+        out.append(
+            self.p(
+                f"The attacker is the server. It receives the client's <b>{esc(observation)}</b> "
+                "for one round, as the defense left it, and knows:"
+            )
+        )
+        out += self.bullets(esc(k) for k in common) if common else [self.p("n/a (no summary)")]
+        extras = []
+        for entry in self.with_runs:
+            known = _dig(self.summary_of(entry), "threat_model", "server_knows") or []
+            more = [str(k) for k in known if str(k) not in common]
+            if more:
+                extras.append(f"{esc(entry.label)}: also {esc('; '.join(more))}")
+        if extras:
+            out.append(self.p("Under some defenses the server knows more:"))
+            out += self.bullets(extras)
+        out.append(self.p("Scenario", "h2"))
+        protocol = _dig(self.spec, "scenario", "protocol") or {}
+        scenario = self.spec.get("scenario") or {}
+        pairs = [
+            ("FL algorithm", esc(protocol.get("algorithm", NOT_AVAILABLE))),
+            (
+                "Client training",
+                esc(
+                    (
+                        f"{protocol['local_epochs']} local epoch(s)"
+                        if protocol.get("local_epochs")
+                        else f"{protocol.get('local_steps')} local step(s)"
+                    )
+                    + f" at learning rate {protocol.get('local_lr')}, local batch "
+                    f"{protocol.get('local_batch_size') or 'the whole batch'}"
+                ),
+            ),
+            ("Client sends", esc(protocol.get("shared", NOT_AVAILABLE))),
+            ("BatchNorm mode", esc(protocol.get("batchnorm_mode", NOT_AVAILABLE))),
+            ("Labels known to server", "yes" if scenario.get("labels_known") else "no"),
+        ]
+        uploaded = any(
+            _dig(self.spec, "model", key) for key in ("weights", "weights_asset", "trusted_archive")
+        )
+        if scenario.get("pretrain_rounds"):
+            pairs.append(
+                (
+                    "Global model",
+                    esc(
+                        f"trained for {scenario['pretrain_rounds']} FedAvg rounds on "
+                        f"{scenario.get('pretrain_data')} before the attack"
+                    ),
+                )
+            )
+        elif uploaded:
+            pairs.append(("Global model", "as uploaded, not trained further before the attack"))
+        else:
+            pairs.append(("Global model", "freshly initialised (the attack happens in round 1)"))
+        pairs.append(("Model", esc(self.model_text())))
+        data = _dig(self.summary, "victim", "data") or {}
+        names = [str(n) for n in data.get("names") or []]
+        shown = ", ".join(esc(n, 40) for n in names[:24])
+        if len(names) > 24:
+            shown += f" … and {len(names) - 24} more"
+        pairs += [
+            ("Private data", esc(self.data_source())),
+            ("Batch size", esc(self.batch_size() or NOT_AVAILABLE)),
+            ("Images", shown or NOT_AVAILABLE),
+            ("Labels", esc(data.get("label_source") or NOT_AVAILABLE)),
+            ("Normalisation", esc(_dig(self.spec, "data", "normalization") or "none")),
+        ]
+        out.append(self.key_values(pairs))
+        return out
+
+    def settings(self) -> list[Flowable]:
+        out: list[Flowable] = [self.p("3 Attack and defense settings", "h1")]
+        seen: set[str] = set()
+        for entry in self.with_runs:
+            spec = entry.run.spec
+            name = str(_dig(spec, "attack", "name"))
+            budget = spec.get("budget") or {}
+            key = json.dumps([spec.get("attack"), budget, spec.get("seed")], sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            info = ATTACKS.get(name)
+            settings = _dig(self.summary_of(entry), "config", "attack_settings")
+            paper = info.paper_iterations if info else None
+            iterations = budget.get("iterations")
+            budget_text = f"{iterations} optimiser steps per restart"
+            if paper:
+                budget_text += f" (the paper: {paper})"
+            if budget.get("max_seconds"):
+                budget_text += f", at most {budget['max_seconds']:g} s"
+            nets = _dig(self.summary_of(entry), "config", "lpips_nets")
+            pairs = [
+                ("Attack", f"<b>{esc(name)}</b>" + (f": {esc(info.summary)}" if info else "")),
+                ("Preset", esc(_dig(spec, "attack", "preset") or "none")),
+                (
+                    "Settings",
+                    esc(
+                        _settings_text(settings)
+                        if settings is not None
+                        else _settings_text(_dig(spec, "attack", "params"))
+                    ),
+                ),
+                ("Budget", esc(budget_text)),
+                ("Seed, device", esc(f"{spec.get('seed')}, {spec.get('device')}")),
+                ("LPIPS backbones", esc(", ".join(nets) if nets else "none")),
+            ]
+            out.append(self.key_values(pairs))
+            out.append(Spacer(1, 4))
+        out.append(self.p("Defenses", "h2"))
+        rows = []
+        for entry, row in zip(self.entries, self.rows, strict=True):
+            summary = self.summary_of(entry)
+            report = summary.get("defense_report") or {}
+            settings = _dig(summary, "config", "defense_settings")
+            if settings is None and entry.run is not None:
+                settings = _dig(entry.run.spec, "defense", "params")
+            before, after = report.get("update_norm_before"), report.get("update_norm_after")
+            delta = report.get("delta")
+            epsilon = fmt(row["epsilon"], "g")
+            if _number(delta) is not None and epsilon != NOT_AVAILABLE:
+                epsilon += f" (δ = {delta:g})"
+            rows.append(
+                (
+                    esc(entry.label),
+                    esc(row["series"]),
+                    esc(_settings_text(settings) if entry.run is not None else NOT_AVAILABLE),
+                    epsilon,
+                    f"{fmt(before, 'g')} → {fmt(after, 'g')}",
+                )
+            )
+        out.append(
+            self.table(
+                ("Run", "Defense", "Settings", "ε", "Update norm"),
+                rows,
+                (4.6 * cm, 2.4 * cm, 5.2 * cm, 2.2 * cm, 3.0 * cm),
+            )
+        )
+        out.append(
+            self.p(
+                "Update norm: the L2 norm of the client's update before and after the defense.",
+                "caption",
+            )
+        )
+        utility_specs = [e.run.spec.get("utility") for e in self.with_runs]
+        utility_spec = next((u for u in utility_specs if u), None)
+        if utility_spec:
+            federation = utility_spec.get("federation") or {}
+            starts = next(
+                (
+                    _dig(self.summary_of(e), "utility", "starts_from")
+                    for e in self.completed
+                    if _dig(self.summary_of(e), "utility", "starts_from")
+                ),
+                None,
+            )
+            out.append(self.p("Utility measurement", "h2"))
+            out.append(
+                self.key_values(
+                    [
+                        ("Dataset", esc(utility_spec.get("dataset"))),
+                        (
+                            "Examples",
+                            esc(
+                                f"{utility_spec.get('train')} training, "
+                                f"{utility_spec.get('test')} held out"
+                            ),
+                        ),
+                        (
+                            "Federation",
+                            esc(
+                                f"{federation.get('clients')} clients "
+                                f"({federation.get('split')}), {federation.get('rounds')} "
+                                f"rounds of {federation.get('local_epochs')} local epoch(s) at "
+                                f"learning rate {federation.get('local_lr')}, seed "
+                                f"{federation.get('seed')}"
+                            ),
+                        ),
+                        ("Training starts from", esc(starts or NOT_AVAILABLE)),
+                        ("Defense", "the run's defense, applied to every client's update"),
+                    ]
+                )
+            )
+        return out
+
+    def results(self) -> list[Flowable]:
+        out: list[Flowable] = [self.p("4 Results", "h1"), self.p("Attack success", "h2")]
+        attack_rows = [
+            (
+                esc(r["label"]),
+                esc(r["status"]),
+                fmt(r["psnr"], "db"),
+                fmt(r["ssim"], "ssim"),
+                fmt(r["lpips"], "lpips"),
+                fmt(r["mse"], "g"),
+                fmt(r["label_accuracy"], "pct"),
+                fmt(r["recovered"], "pct"),
+                fmt(r["rdlv"], "rdlv"),
+                f"<b>{esc(r['level'])}</b>" if r["level"] else NOT_AVAILABLE,
+            )
+            for r in self.rows
+        ]
+        out.append(
+            self.table(
+                [head for head, _ in ATTACK_COLUMNS],
+                attack_rows,
+                [width * cm for _, width in ATTACK_COLUMNS],
+            )
+        )
+        out.append(
+            self.p(
+                "Means over the private images, attacker's selection among restarts. Labels: "
+                "share of labels recovered; Recovered: share of images at "
+                f"{RECOVERED_PSNR_DB:g} dB or more. n/a: the value does not exist for the run "
+                "(section 8 says why).",
+                "caption",
+            )
+        )
+        if any(e.run is not None and e.run.spec.get("utility") for e in self.entries):
+            without_key = any(_number(r["utility_without_key"]) is not None for r in self.rows)
+            header = ["Run", "Accuracy", "Macro F1"]
+            widths = [5.6 * cm, 2.2 * cm, 2.2 * cm]
+            if without_key:
+                header.append("Accuracy w/o key")
+                widths.append(2.6 * cm)
+            header += ["ε", "Time s"]
+            widths += [2.2 * cm, 1.8 * cm]
+            utility_rows = []
+            for r in self.rows:
+                cells = [
+                    esc(r["label"]),
+                    fmt(r["utility_accuracy"], "pct"),
+                    fmt(r["utility_f1"], "pct"),
+                ]
+                if without_key:
+                    cells.append(fmt(r["utility_without_key"], "pct"))
+                cells += [fmt(r["epsilon"], "g"), fmt(r["seconds"], "s")]
+                utility_rows.append(cells)
+            out.append(self.p("Defense cost", "h2"))
+            out.append(self.table(header, utility_rows, widths))
+            out.append(
+                self.p(
+                    "Accuracy and macro F1 on held-out data after federated training under "
+                    "the run's defense; Time: the whole run, attack and training.",
+                    "caption",
+                )
+            )
+        return out
+
+    def reconstructions(self) -> list[Flowable]:
+        out: list[Flowable] = [
+            CondPageBreak(10 * cm),
+            self.p("5 Reconstructions", "h1"),
+            self.p(
+                "Each pair shows a private image (top) above the attacker's reconstruction of "
+                "it (bottom), matched by the Hungarian algorithm; below them the image's name "
+                "and PSNR."
+            ),
+        ]
+        for entry in self.entries:
+            block: list[Flowable] = [self.p(esc(entry.label), "h2")]
+            block += self.grid(entry)
+            out.append(CondPageBreak(5 * cm))
+            out += block
+        return out
+
+    def grid(self, entry: ReportEntry) -> list[Flowable]:
+        run = entry.run
+        if run is None or entry.grid_png is None or not run.summary:
+            status = "not run" if run is None else run.status
+            return [self.p(f"No reconstruction stored (run {esc(status)}).", "small")]
+        names = [str(n) for n in _dig(run.summary, "victim", "data", "names") or []]
+        per_image = _dig(run.summary, "metrics", "per_image") or []
+        try:
+            if not names:
+                raise ValueError("the run's summary lists no images")
+            originals, reconstructions = split_grid(entry.grid_png, 2, len(names))
+        except Exception as exc:  # a grid of another layout, or not an image at all
+            try:
+                whole = self.whole_image(entry.grid_png)
+            except Exception as unreadable:  # e.g. beyond PIL's decompression-bomb limit
+                self.limits.append(
+                    f"{esc(entry.label)}: the stored image could not be read ({esc(unreadable)})."
+                )
+                return [self.p("The stored reconstruction image could not be read.", "small")]
+            self.limits.append(
+                f"{esc(entry.label)}: the stored image grid could not be split ({esc(exc)}); "
+                "it is shown whole."
+            )
+            return [whole]
+        columns = min(GRID_COLUMNS, len(names))
+        cell_width = BODY_WIDTH / columns
+        height, width = originals[0].shape[:2]
+        gap = max(2, height // 16)
+        pair_width = min(cell_width - 6, MAX_PAIR_WIDTH)
+        pair_height = pair_width * (2 * height + gap) / width
+        if pair_height > MAX_PAIR_HEIGHT:
+            pair_width *= MAX_PAIR_HEIGHT / pair_height
+            pair_height = MAX_PAIR_HEIGHT
+        cells = []
+        for i, (original, reconstruction) in enumerate(
+            zip(originals, reconstructions, strict=True)
+        ):
+            white = np.full((gap, width, 3), 255, dtype=np.uint8)
+            pair = PILImage.fromarray(np.concatenate([original, white, reconstruction], axis=0))
+            if width > MAX_PAIR_PIXELS:
+                size = (MAX_PAIR_PIXELS, round(pair.height * MAX_PAIR_PIXELS / width))
+                pair = pair.resize(size, PILImage.Resampling.LANCZOS)
+            buffer = io.BytesIO()
+            pair.save(buffer, format="PNG")
+            buffer.seek(0)
+            info = per_image[i] if i < len(per_image) and isinstance(per_image[i], dict) else {}
+            name = info.get("name", names[i])
+            caption = f"{esc(name, 22)}<br/>{fmt(info.get('psnr'), 'db')} dB"
+            cells.append(
+                [PDFImage(buffer, width=pair_width, height=pair_height), self.p(caption, "tiny")]
+            )
+        rows = [cells[i : i + columns] for i in range(0, len(cells), columns)]
+        rows[-1] += [""] * (columns - len(rows[-1]))
+        table = Table(rows, colWidths=[min(cell_width, pair_width + 12)] * columns)
+        table.setStyle(
+            TableStyle(
+                [
+                    ("ALIGN", (0, 0), (-1, -1), "CENTER"),
+                    ("VALIGN", (0, 0), (-1, -1), "TOP"),
+                    ("LEFTPADDING", (0, 0), (-1, -1), 2),
+                    ("RIGHTPADDING", (0, 0), (-1, -1), 2),
+                    ("TOPPADDING", (0, 0), (-1, -1), 3),
+                    ("BOTTOMPADDING", (0, 0), (-1, -1), 3),
+                ]
+            )
+        )
+        table.hAlign = "LEFT"
+        return [table]
+
+    def whole_image(self, png: bytes) -> Flowable:
+        with PILImage.open(io.BytesIO(png)) as image:
+            width, height = image.size
+        scale = min(BODY_WIDTH / width, 12 * cm / height)
+        return PDFImage(io.BytesIO(png), width=width * scale, height=height * scale)
+
+    def figures(self) -> list[tuple[Any, str]]:
+        """The charts of this subject with their captions (plotly figures)."""
+        from auditlib.report.charts import comparison_figure, success_rate_figure, tradeoff_figure
+
+        done = [r for r in self.rows if r["status"] == "completed"]
+        if not done:
+            return []
+        with_utility = [
+            r
+            for r in done
+            if _number(r["utility_accuracy"]) is not None and _number(r["psnr"]) is not None
+        ]
+        figures: list[tuple[Any, str]] = []
+        if self.subject.kind == "comparison":
+            figures.append(
+                (
+                    comparison_figure(self.rows),
+                    "Attack PSNR per defense (bars coloured by risk level; dotted lines: the "
+                    "level bands) and the model's accuracy after federated training.",
+                )
+            )
+        if with_utility and self.subject.kind in ("comparison", "sweep"):
+            figures.append(
+                (
+                    tradeoff_figure(self.rows, "psnr"),
+                    "Utility against privacy: each point is a run; further left is less "
+                    "leakage, higher is more accuracy. Dotted lines: the risk level bands.",
+                )
+            )
+        curves = [
+            _dig(self.summary_of(e), "metrics", "risk", "psnr_success_rate") or []
+            for e in self.entries
+        ]
+        if any(curves):
+            figures.append(
+                (
+                    success_rate_figure(self.rows, curves),
+                    "Share of the private images reconstructed at each PSNR threshold or "
+                    "above, one line per run.",
+                )
+            )
+        return figures
+
+    def charts(self, draw: bool) -> tuple[list[Flowable], bool, str | None]:
+        out: list[Flowable] = [PageBreak(), self.p("6 Charts", "h1")]
+        figures = self.figures()
+        if self.subject.kind == "sweep" and not any(
+            _number(r["utility_accuracy"]) is not None for r in self.rows
+        ):
+            out.append(self.p("No run measured utility, so there is no utility-privacy chart."))
+        if not figures:
+            reason = "no completed run has values to chart"
+            out.append(self.p(f"No charts: {esc(reason)}."))
+            return out, False, reason
+        if not draw:
+            reason = "charts were not requested"
+            out.append(self.p(f"The charts were left out: {esc(reason)}."))
+            return out, False, reason
+        from auditlib.report.export import figures_to_png
+
+        images = figures_to_png([f for f, _ in figures], width=CHART_SIZE[0], height=CHART_SIZE[1])
+        drawn = 0
+        for (_, caption), png in zip(figures, images.pngs, strict=True):
+            if png is None:
+                continue
+            drawn += 1
+            height = BODY_WIDTH * CHART_SIZE[1] / CHART_SIZE[0]
+            out.append(
+                KeepTogether(
+                    [
+                        PDFImage(io.BytesIO(png), width=BODY_WIDTH, height=height),
+                        self.p(esc(caption), "caption"),
+                    ]
+                )
+            )
+        if images.reason is not None:
+            out.append(
+                self.p(
+                    f"<b>{len(figures) - drawn} of the {len(figures)} charts could not be "
+                    f"drawn</b>: {esc(images.reason)}. The tables in section 4 hold the same "
+                    "numbers."
+                )
+            )
+            self.limits.append(f"Charts could not be drawn: {esc(images.reason)}.")
+        return out, images.reason is None, images.reason
+
+    def definitions(self) -> list[Flowable]:
+        out: list[Flowable] = [self.p("7 Metric definitions", "h1")]
+        bands = []
+        for (name, floor), (_, above) in zip(LEVELS, ((None, math.inf), *LEVELS), strict=False):
+            band = f"≥ {floor:g} dB" if math.isfinite(floor) else f"below {LEVELS[-2][1]:g} dB"
+            if math.isfinite(floor) and math.isfinite(above):
+                band = f"{floor:g}–{above:g} dB"
+            bands.append(f"<b>{esc(name)}</b> ({band}): {esc(LEVEL_MEANING[name])}")
+        levels = "; ".join(bands)
+        items = [
+            "<b>PSNR</b> (peak signal-to-noise ratio, dB): 10·log10(1/MSE) between a private "
+            "image and its reconstruction, pixel values in [0, 1], capped at 100 dB. Higher "
+            "means more leakage.",
+            "<b>SSIM</b> (structural similarity, up to 1): Gaussian window 11, σ 1.5. Higher "
+            "means more leakage.",
+            "<b>LPIPS</b> (learned perceptual distance, AlexNet features, 0 = identical): "
+            "lower means more leakage.",
+            "<b>MSE</b>: mean squared pixel error. Lower means more leakage.",
+            "<b>Labels</b>: share of the private labels the attacker recovered (order-free).",
+            f"<b>Recovered</b>: share of the images with PSNR of {RECOVERED_PSNR_DB:g} dB or "
+            "more (the attack's success rate).",
+            "<b>RDLV</b> (relative data leakage value): (SSIM(x, x̂) − SSIM(x, prior)) / "
+            "SSIM(x, prior), the prior being the data's mean image; above 0 the reconstruction "
+            "reveals more than a guess from the data's average does.",
+            f"<b>Risk level</b>, from the mean PSNR (FedLeak's bands): {levels}.",
+            "<b>Accuracy</b>, <b>macro F1</b>: of the model trained with FedAvg under the "
+            "defense, on held-out data; <b>accuracy w/o key</b>: FedKL's model used without "
+            "its key.",
+            "<b>ε</b> (with δ): the differential-privacy guarantee the defense's accountant "
+            "states for the client's update; smaller is more private.",
+        ]
+        out += self.bullets(items)
+        definition = _dig(self.summary, "config", "metric_definition")
+        if definition:
+            out.append(self.p(f"As measured: {esc(definition)}.", "small"))
+        return out
+
+    def limits_section(self) -> list[Flowable]:
+        out: list[Flowable] = [self.p("8 Limits", "h1")]
+        items: list[str] = []
+        for metric, reason in unavailable_reasons(self.entries).items():
+            items.append(f"{esc(METRIC_NAMES.get(metric, metric))} unavailable: {esc(reason)}.")
+        reduced: dict[tuple[str, int], int] = {}
+        for entry in self.with_runs:
+            name = str(_dig(entry.run.spec, "attack", "name"))
+            iterations = _dig(entry.run.spec, "budget", "iterations")
+            info = ATTACKS.get(name)
+            if (
+                info
+                and info.paper_iterations
+                and isinstance(iterations, int)
+                and (iterations < info.paper_iterations)
+            ):
+                reduced[(name, iterations)] = info.paper_iterations
+        for (name, iterations), paper in reduced.items():
+            items.append(
+                f"Budget reduced from the paper's: {esc(name)} ran {iterations} optimiser steps "
+                f"per restart, its paper {paper}. A longer attack may reconstruct more, so "
+                "these risk levels are lower bounds."
+            )
+        for entry in self.entries:
+            summary = self.summary_of(entry)
+            label = esc(entry.label)
+            if entry.run is None:
+                items.append(f"{label}: not run yet; it has no numbers.")
+                continue
+            if entry.run.status != "completed":
+                error = f": {esc(entry.run.error, 300)}" if entry.run.error else ""
+                items.append(f"{label}: the run is {esc(entry.run.status)}{error}.")
+            stop = summary.get("stop_reason")
+            if stop and stop != "completed":
+                steps = _dig(summary, "timing", "iterations")
+                items.append(
+                    f"{label}: the attack stopped early ({esc(stop)}) after {esc(steps)} steps."
+                )
+            utility = summary.get("utility")
+            if isinstance(utility, dict) and utility.get("unavailable_reason"):
+                items.append(f"{label}: no utility: {esc(utility['unavailable_reason'])}.")
+            elif isinstance(utility, dict) and utility.get("complete") is False:
+                items.append(
+                    f"{label}: the utility training stopped after "
+                    f"{esc(utility.get('rounds_completed'))} rounds."
+                )
+        no_epsilon: dict[str, list[str]] = {}
+        for entry, row in zip(self.entries, self.rows, strict=True):
+            if row["status"] == "completed" and _number(row["epsilon"]) is None:
+                reason = _dig(
+                    self.summary_of(entry), "defense_report", "epsilon_unavailable_reason"
+                )
+                reason = str(reason or "the defense states no privacy guarantee")
+                no_epsilon.setdefault(reason, []).append(entry.label)
+        for reason, labels in no_epsilon.items():
+            named = ", ".join(esc(label) for label in labels[:6])
+            if len(labels) > 6:
+                named += f" and {len(labels) - 6} more"
+            items.append(f"ε n/a for {named}: {esc(reason)}.")
+        items += self.limits
+        items.append(
+            "Each run attacks one batch of one client once, with one seed; another batch, "
+            "seed or training stage can give other numbers. The tables report the "
+            "attacker's own choice among restarts, not the best one in hindsight."
+        )
+        if not self.fonts.unicode:
+            items.append(
+                "The DejaVu fonts were not found: characters outside Latin-1 are shown as '?'."
+            )
+        out += self.bullets(items)
+        return out
+
+    def appendix(self) -> list[Flowable]:
+        out: list[Flowable] = [
+            PageBreak(),
+            self.p("Appendix: reproducibility", "h1"),
+            self.p(
+                "Each run is identified by the sha256 of its spec (everything that determines "
+                "its result); a run with the same spec id gives the same numbers on the same "
+                "device and versions. Data: sha256 of the private images and labels used."
+            ),
+        ]
+        rows = []
+        for entry in self.entries:
+            run = entry.run
+            if run is None:
+                rows.append((esc(entry.label), "not run"))
+                continue
+            data_hash = _dig(run.summary, "victim", "data", "content_sha256")
+            seed = run.spec.get("seed")
+            ids = (
+                f"<font name='{self.fonts.mono}' size='6.5'>run&nbsp;&nbsp;{esc(run.id)}<br/>"
+                f"spec&nbsp;{esc(run.spec_id)}<br/>data&nbsp;{esc(data_hash or NOT_AVAILABLE)}"
+                "</font>"
+                f"<br/>seed {esc(seed)}, {esc(run.status)}, started {esc(_when(run.started_at))}"
+            )
+            rows.append((esc(entry.label), ids))
+        out.append(self.table(("Run", "Identifiers"), rows, (4.4 * cm, BODY_WIDTH - 4.4 * cm)))
+        versions: dict[str, int] = {}
+        for entry in self.completed:
+            recorded = _dig(self.summary_of(entry), "versions") or {}
+            text = ", ".join(f"{k} {v}" for k, v in recorded.items())
+            versions[text] = versions.get(text, 0) + 1
+        out.append(self.p("Versions", "h2"))
+        pairs = [(f"{count} run(s)", esc(text)) for text, count in versions.items()]
+        pairs.append(
+            (
+                "This report",
+                esc(
+                    f"auditlib {auditlib.__version__}, python {platform.python_version()}, "
+                    + ", ".join(f"{n} {_package_version(n)}" for n in REPORT_PACKAGES)
+                ),
+            )
+        )
+        out.append(self.key_values(pairs))
+        if self.spec:
+            shared = (
+                "the run's spec"
+                if self.subject.kind == "run"
+                else (
+                    "the spec of the first completed run; the others differ only in the defense "
+                    "(section 3)"
+                )
+            )
+            out.append(self.p("Spec", "h2"))
+            out.append(self.p(f"As JSON, {esc(shared)}:", "small"))
+            lines = [
+                f"{json.dumps(key)}: {json.dumps(value, sort_keys=True, default=str)}"
+                for key, value in sorted(self.spec.items())
+            ]
+            out.append(Preformatted("\n".join(lines), self.styles["code"], maxLineLength=120))
+        return out
+
+
+def _render(subject: ReportSubject, target: Any, charts: bool) -> tuple[int, bool, str | None]:
+    fonts = _fonts()
+    builder = _Builder(subject, fonts)
+    story: list[Flowable] = []
+    story += builder.title_page()
+    story += builder.executive_summary()
+    story += builder.threat_model()
+    story += builder.settings()
+    story += builder.results()
+    story += builder.reconstructions()
+    chart_story, drawn, reason = builder.charts(charts)
+    story += chart_story
+    story += builder.definitions()
+    story += builder.limits_section()  # after the sections that add limits
+    story += builder.appendix()
+    counter = {"pages": 0}
+    footer = f"auditlib {auditlib.__version__} · {subject.kind} {subject.id[:12]}"
+    document = SimpleDocTemplate(
+        target,
+        pagesize=A4,
+        leftMargin=MARGIN,
+        rightMargin=MARGIN,
+        topMargin=MARGIN,
+        bottomMargin=MARGIN,
+        title=f"Gradient-leakage audit: {subject.title}",
+        author=f"auditlib {auditlib.__version__}",
+        subject=f"{subject.kind} {subject.id}",
+        creator="auditlib.report.pdf",
+    )
+    document.build(story, canvasmaker=_canvas_class(footer, fonts, counter))
+    return counter["pages"], drawn, reason
+
+
+def render_report(subject: ReportSubject, *, charts: bool = True) -> tuple[bytes, ReportInfo]:
+    """The report as PDF bytes (the dashboard's download), and what went into it."""
+    buffer = io.BytesIO()
+    pages, drawn, reason = _render(subject, buffer, charts)
+    return buffer.getvalue(), ReportInfo(None, pages, drawn, reason)
+
+
+def report_bytes(subject: ReportSubject, *, charts: bool = True) -> bytes:
+    return render_report(subject, charts=charts)[0]
+
+
+def build_report(subject: ReportSubject, out: str | Path, *, charts: bool = True) -> ReportInfo:
+    """Write the report of ``subject`` to the PDF file ``out`` (replaced whole, never left
+    half-written). Refuses a folder or a path whose folder does not exist."""
+    path = Path(out)
+    if path.is_dir():
+        raise AuditInputError(f"{path} is a folder; give the PDF file to write")
+    if not path.parent.is_dir():
+        raise AuditInputError(f"the folder {path.parent} does not exist")
+    data, info = render_report(subject, charts=charts)
+    handle, temporary = tempfile.mkstemp(prefix=".report-", suffix=".pdf", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide the report from others
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return ReportInfo(path, info.pages, info.charts_drawn, info.charts_unavailable_reason)
