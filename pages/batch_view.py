@@ -15,8 +15,18 @@ import streamlit as st
 
 from auditlib.engine import batches
 from auditlib.errors import AuditInputError
-from auditlib.report.charts import PRIVACY_METRICS, comparison_figure, tradeoff_figure
-from auditlib.report.subject import RECOVERED_PSNR_DB, batch_subject, summary_rows
+from auditlib.report.charts import (
+    PRIVACY_METRICS,
+    comparison_figure,
+    success_rate_figure,
+    tradeoff_figure,
+)
+from auditlib.report.subject import (
+    RECOVERED_PSNR_DB,
+    batch_subject,
+    success_curves,
+    summary_rows,
+)
 from auditlib.store import UNFINISHED
 from pages.common import get_manager, get_store, number, persist, png_width, run_assets
 from pages.common import set_url_state as _set_url_state
@@ -176,6 +186,10 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
     if kind == "comparison":
         _grids(subject.entries)
         st.plotly_chart(comparison_figure(rows), config={"displayModeBar": False})
+        curves = success_curves(subject.entries)
+        if any(curves):
+            with st.expander("Attack success rate over PSNR thresholds"):
+                st.plotly_chart(success_rate_figure(rows, curves), config={"displayModeBar": False})
     else:
         privacy = st.selectbox(
             "Privacy axis",

@@ -17,18 +17,13 @@ from auditlib.errors import AuditInputError
 from auditlib.spec import ComponentSpec
 from pages.batch_view import batch_picker, batch_view, start_batch
 from pages.common import (
-    SETUP_PAGE,
-    LabChoices,
     build_run,
     changed_params,
-    check_components,
     config_defaults,
     config_inputs,
-    current_setup,
     persist,
-    setup_problems,
 )
-from pages.forms import attack_inputs, budget_inputs, scenario_inputs, utility_inputs
+from pages.forms import batch_form, show_problems
 
 DEFAULT_DEFENSES = ["none", "dp-gaussian", "prune", "soteria"]
 
@@ -62,30 +57,12 @@ def _defense_choices() -> tuple[list[ComponentSpec], list[str]]:
 
 
 def main() -> None:
-    st.title("Compare defenses")
-    setup = current_setup()
-    lab = LabChoices()
-    with st.sidebar:
-        scenario_inputs(lab)
-        attack_inputs(lab)
-        budget_inputs(lab)
-        utility, utility_error = utility_inputs()
-    info_col, link_col = st.columns([4, 1])
-    info_col.markdown(f"**Model** {setup.model_text()} · attack **{lab.attack}**")
-    link_col.page_link(SETUP_PAGE, label="Change", icon=":material/tune:")
-
-    components, errors = _defense_choices()
-    setup_errors, missing = setup_problems(setup)
-    errors = setup_errors + check_components(lab) + errors
-    if utility_error:
-        errors.append(utility_error)
+    setup, lab, utility, errors, missing = batch_form("Compare defenses")
+    components, defense_errors = _defense_choices()
+    errors += defense_errors
     if not components:
         missing.append("Tick at least one defense.")
-    for message in missing:
-        st.info(message)
-    for message in errors:
-        st.error(message)
-    blocked = bool(errors or missing)
+    blocked = show_problems(errors, missing)
     if st.button(
         f"Run the comparison ({len(components)} runs)",
         type="primary",

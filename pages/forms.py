@@ -16,12 +16,17 @@ from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
 from auditlib.spec import UTILITY_DATASETS, UtilitySpec
 from pages.common import (
+    SETUP_PAGE,
     LabChoices,
+    Setup,
     changed_params,
+    check_components,
     config_defaults,
     config_inputs,
+    current_setup,
     persist,
     preset_label,
+    setup_problems,
 )
 
 # A first run should take seconds to minutes, not the paper's hours; the paper's count is
@@ -131,6 +136,7 @@ def attack_inputs(lab: LabChoices) -> None:
             1,
             1_000_000,
             step=1,
+            persist_state="session",
             key=iterations_key,
             help="A small count keeps a first run short; the time budget stops it too.",
         )
@@ -229,3 +235,36 @@ def utility_inputs() -> tuple[UtilitySpec | None, str | None]:
         return UtilitySpec(dataset, int(train), test, federation), None
     except AuditInputError as exc:
         return None, f"Utility: {exc}"
+
+
+def batch_form(title: str) -> tuple[Setup, LabChoices, UtilitySpec | None, list[str], list[str]]:
+    """The Compare and Trade-off pages' common top: title, sidebar, the model line.
+
+    Returns the setup, the lab choices, the utility setting, and the problems found so far
+    (errors, then things still missing), for the page to add its own and show.
+    """
+    st.title(title)
+    setup = current_setup()
+    lab = LabChoices()
+    with st.sidebar:
+        scenario_inputs(lab)
+        attack_inputs(lab)
+        budget_inputs(lab)
+        utility, utility_error = utility_inputs()
+    info_col, link_col = st.columns([4, 1])
+    info_col.markdown(f"**Model** {setup.model_text()} · attack **{lab.attack}**")
+    link_col.page_link(SETUP_PAGE, label="Change", icon=":material/tune:")
+    errors, missing = setup_problems(setup)
+    errors += check_components(lab)
+    if utility_error:
+        errors.append(utility_error)
+    return setup, lab, utility, errors, missing
+
+
+def show_problems(errors: list[str], missing: list[str]) -> bool:
+    """Show what blocks a start; True when something does."""
+    for message in missing:
+        st.info(message)
+    for message in errors:
+        st.error(message)
+    return bool(errors or missing)

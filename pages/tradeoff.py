@@ -17,18 +17,13 @@ from auditlib.engine import batches
 from auditlib.errors import AuditInputError
 from pages.batch_view import batch_picker, batch_view, start_batch
 from pages.common import (
-    SETUP_PAGE,
-    LabChoices,
     build_run,
     changed_params,
-    check_components,
     config_defaults,
     config_inputs,
-    current_setup,
     persist,
-    setup_problems,
 )
-from pages.forms import attack_inputs, budget_inputs, scenario_inputs, utility_inputs
+from pages.forms import batch_form, show_problems
 
 # A first grid per defense: from no visible effect to strong (the knob's own units).
 DEFAULT_GRIDS = {
@@ -82,33 +77,15 @@ def _curves() -> tuple[list[batches.SweepCurve], list[str]]:
 
 
 def main() -> None:
-    st.title("Utility-privacy trade-off")
-    setup = current_setup()
-    lab = LabChoices()
-    with st.sidebar:
-        scenario_inputs(lab)
-        attack_inputs(lab)
-        budget_inputs(lab)
-        utility, utility_error = utility_inputs()
-    info_col, link_col = st.columns([4, 1])
-    info_col.markdown(f"**Model** {setup.model_text()} · attack **{lab.attack}**")
-    link_col.page_link(SETUP_PAGE, label="Change", icon=":material/tune:")
-
-    curves, errors = _curves()
-    setup_errors, missing = setup_problems(setup)
-    errors = setup_errors + check_components(lab) + errors
+    setup, lab, utility, errors, missing = batch_form("Utility-privacy trade-off")
+    curves, curve_errors = _curves()
+    errors += curve_errors
     if utility is None:
         missing.append("Tick 'Measure utility' in the sidebar: a trade-off needs the utility.")
-    if utility_error:
-        errors.append(utility_error)
     if not curves and not errors:
         missing.append("Pick at least one defense to sweep.")
-    for message in missing:
-        st.info(message)
-    for message in errors:
-        st.error(message)
+    blocked = show_problems(errors, missing)
     points = sum(len(c.values) for c in curves)
-    blocked = bool(errors or missing)
     if st.button(
         f"Run the sweep ({points} runs)", type="primary", key="sweep.start", disabled=blocked
     ):

@@ -224,6 +224,12 @@ def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
     assert record.spec["attack"]["name"] == "dlg"
     assert store.image(run_id, "reconstruction") is not None
 
+    # The PDF report of the run, built on request.
+    at.button(key="run_report").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    pdf = at.get("download_button")
+    assert any("PDF" in b.proto.label for b in pdf), [b.proto.label for b in pdf]
+
     # A refresh (a new session with the URL) reopens the finished run.
     again = _app(run=run_id)
     again.switch_page("pages/lab.py").run()
@@ -341,8 +347,10 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
     assert table["utility acc."].str.endswith("%").all()
     assert len(at.get("imgs")) >= 2 or len(at.get("image")) >= 2  # one grid per defense
     assert at.get("plotly_chart")
-    assert at.button(key="comparison.report")
     assert not any(b.key == "comparison.resume" for b in at.button)  # nothing missing
+    at.button(key="comparison.report").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert any("PDF" in b.proto.label for b in at.get("download_button"))
 
     # The same comparison again reuses both runs: nothing is recomputed.
     runs_before = len(store.list_runs())

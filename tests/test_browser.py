@@ -277,3 +277,69 @@ def test_upload_start_and_watch_a_run_in_a_browser(server):
             f"\n{name}: Start -> first live reconstruction {run['start_to_first_frame_s']} s, "
             f"-> final metrics {run['start_to_result_s']} s, steps seen {run['progress_steps_seen']}"
         )
+
+
+def _set_number(scope, label: str, value: int, page) -> None:
+    field = scope.get_by_label(label, exact=True)
+    field.fill(str(value))
+    field.press("Enter")
+    page.wait_for_timeout(700)  # the rerun that takes the new value
+
+
+def test_compare_and_tradeoff_pages_in_a_browser(server):
+    """A comparison of four defenses and a three-point DP sweep, as an auditor runs them;
+    screenshots of both pages, and the PDF report downloaded from the comparison."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2200})
+            page.set_default_timeout(30_000)
+            page.goto(server)
+            page.get_by_role("heading", name="Setup").wait_for()
+
+            page.get_by_role("link", name="Compare").first.click()
+            page.get_by_role("heading", name="Compare defenses").wait_for()
+            sidebar = page.locator('[data-testid="stSidebar"]')
+            sidebar.get_by_text("Iterations", exact=True).wait_for()
+            _set_number(sidebar, "Iterations", 20, page)
+            _set_number(sidebar, "Rounds", 1, page)
+            _set_number(sidebar, "Clients", 2, page)
+            _set_number(sidebar, "Training examples", 300, page)
+            page.get_by_role("button", name="Run the comparison (4 runs)").click()
+            page.get_by_text("4 of 4 runs completed").wait_for(timeout=150_000)
+            assert "comparison=" in page.url
+            page.locator('[data-testid="stPlotlyChart"]').first.wait_for()
+            page.locator('[data-testid="stDataFrame"] canvas').first.wait_for()
+            page.wait_for_timeout(1500)  # the grid draws its cells after the canvas appears
+            page.screenshot(path=str(ARTIFACTS / "browser_compare.png"), full_page=True)
+
+            page.get_by_role("button", name="Build the PDF report").click()
+            download_button = page.get_by_role("button", name="Download the PDF report")
+            download_button.wait_for(timeout=90_000)
+            with page.expect_download() as download:
+                download_button.click()
+            pdf = Path(download.value.path()).read_bytes()
+            assert pdf.startswith(b"%PDF") and len(pdf) > 10_000
+
+            page.get_by_role("link", name="Trade-off").first.click()
+            page.get_by_role("heading", name="Utility-privacy trade-off").wait_for()
+            grid = page.get_by_label("dp-gaussian: values of sigma", exact=True)
+            grid.fill("0.0001, 0.01, 1")
+            grid.press("Enter")
+            page.wait_for_timeout(700)
+            page.get_by_role("button", name="Run the sweep (3 runs)").click()
+            page.get_by_text("3 of 3 runs completed").wait_for(timeout=150_000)
+            assert "sweep=" in page.url
+            page.locator('[data-testid="stPlotlyChart"]').first.wait_for()
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(ARTIFACTS / "browser_tradeoff.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()

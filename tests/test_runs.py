@@ -141,3 +141,24 @@ def test_a_worker_that_dies_leaves_its_run_failed_not_running(ray_instance, stor
     record = store.get_run(run_id)
     assert record.status == "failed"
     assert "WorkerCrashedError" in record.error
+
+
+def test_runs_never_outnumber_the_cpus_ray_has(manager, store):
+    """Queued runs wait for a CPU: a run polling for cancellation must not lend its CPU
+    back to Ray (which a blocking ray.get on the task's thread does), or Ray starts more
+    runs than there are CPUs and every one of them slows down."""
+    import ray
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    run_ids = [manager.start(spec(40 + i)) for i in range(cpus + 2)]
+    for run_id in run_ids:
+        assert manager.wait(run_id, 300)
+    timings = [store.get_run(r).summary["timing"] for r in run_ids]
+    moments = sorted(
+        [(t["began_unix"], 1) for t in timings] + [(t["ended_unix"], -1) for t in timings]
+    )
+    running = most = 0
+    for _, change in moments:
+        running += change
+        most = max(most, running)
+    assert most <= cpus // ray_backend.cpus_per_run()

@@ -319,6 +319,7 @@ def iter_audit(
     Yields an :class:`AuditStart`, then the attack's progress events (each event with images
     followed by a :class:`LiveFrame`), then the :class:`AuditResult`.
     """
+    began_unix = time.time()  # wall clock, for when runs overlapped (timing.*_unix)
     attack_info = get_attack(spec.attack.name)
     attack_config, attack_settings = build_attack_config(
         spec.attack.name, spec.attack.params_dict(), spec.attack.preset
@@ -436,6 +437,8 @@ def iter_audit(
             "iterations": final.steps,
             "iterations_per_second": final.steps / seconds if seconds > 0 else None,
             "time_to_first_event_s": first_event_s,
+            "began_unix": began_unix,
+            "ended_unix": time.time(),
         },
         "versions": {
             "auditlib": auditlib.__version__,

@@ -6,7 +6,8 @@ runs on its workers, a CUDA run asking for one GPU (``num_gpus=1``). The task yi
 plain messages of :mod:`auditlib.engine.stream`; workers never touch the database.
 
 Cancellation is cooperative first: the dashboard marks the run on a small named actor
-(the cancel board) and the running attack polls it between steps, so it stops with the
+(the cancel board), a watcher thread in the task asks the board, and the running attack
+reads the watcher's flag between steps, so it stops with the
 reconstruction it has and its metrics. ``ray.cancel`` remains the hard stop.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -152,20 +152,28 @@ def _audit_task(
 ):
     from auditlib.engine.stream import audit_messages
 
-    last_poll = 0.0
-    cancelled = False
+    # The board is asked from a watcher thread, never from the task's own thread: a task
+    # whose main thread blocks in ray.get lends its CPU back to Ray, which then starts
+    # another queued run beside it (measured: a sweep on one worker ran two runs at once
+    # while the attack asked the board between steps).
+    cancelled = threading.Event()
+    finished = threading.Event()
 
-    def is_cancelled() -> bool:
-        # Polled before every optimiser step and L-BFGS evaluation: ask the board at most
-        # every CANCEL_POLL_S seconds so the check costs nothing measurable.
-        nonlocal last_poll, cancelled
-        now = time.monotonic()
-        if not cancelled and now - last_poll >= CANCEL_POLL_S:
-            last_poll = now
-            cancelled = bool(ray.get(board.is_cancelled.remote(run_id)))
-        return cancelled
+    def watch() -> None:
+        while not finished.wait(CANCEL_POLL_S):
+            try:
+                if ray.get(board.is_cancelled.remote(run_id)):
+                    cancelled.set()
+                    return
+            except Exception:  # the board is bookkeeping; a lost board cancels nothing
+                return
 
-    yield from audit_messages(spec, assets, is_cancelled=is_cancelled, **settings)
+    watcher = threading.Thread(target=watch, daemon=True, name=f"cancel-watch-{run_id[:8]}")
+    watcher.start()
+    try:
+        yield from audit_messages(spec, assets, is_cancelled=cancelled.is_set, **settings)
+    finally:
+        finished.set()
 
 
 audit_task = ray.remote(num_returns="streaming", max_retries=0)(_audit_task)

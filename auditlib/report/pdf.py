@@ -63,6 +63,7 @@ from auditlib.report.subject import (
     RECOVERED_PSNR_DB,
     ReportEntry,
     ReportSubject,
+    success_curves,
     summary_rows,
     unavailable_reasons,
 )
@@ -939,10 +940,7 @@ class _Builder:
                     "leakage, higher is more accuracy. Dotted lines: the risk level bands.",
                 )
             )
-        curves = [
-            _dig(self.summary_of(e), "metrics", "risk", "psnr_success_rate") or []
-            for e in self.entries
-        ]
+        curves = success_curves(self.entries)
         if any(curves):
             figures.append(
                 (

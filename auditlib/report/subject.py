@@ -122,6 +122,14 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
     }
 
 
+def success_curves(entries: Sequence[ReportEntry]) -> list[list[dict[str, float]]]:
+    """Each run's PSNR success-rate curve (``risk["psnr_success_rate"]``; [] if none)."""
+    return [
+        _get(e.run.summary if e.run else None, "metrics", "risk", "psnr_success_rate") or []
+        for e in entries
+    ]
+
+
 def summary_rows(entries: Sequence[ReportEntry]) -> list[dict[str, Any]]:
     return [summary_row(e) for e in entries]
 
