@@ -26,6 +26,7 @@ from auditlib.report.subject import (
     batch_subject,
     success_curves,
     summary_rows,
+    utility_caveat,
 )
 from auditlib.store import UNFINISHED
 from pages.common import get_manager, get_store, number, persist, png_width, run_assets
@@ -170,6 +171,9 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
         + (f", {len(missing)} not run, cancelled or failed" if missing else "")
         + ". Runs go on in the background; you can leave this page."
     )
+    caveat = utility_caveat(subject.entries)
+    if caveat:
+        st.warning(f"Utility: {caveat}.")
     cancel_col, resume_col, _ = st.columns([1, 1, 3])
     if unfinished:
         cancel_col.button(

@@ -240,3 +240,27 @@ def test_rdlv_is_unavailable_when_the_source_is_the_batch(tmp_path):
     metrics = run_audit(spec, lpips_nets=()).summary["metrics"]
     assert metrics["rdlv_mean"] is None
     assert "no more than the audited batch" in metrics["rdlv_unavailable_reason"]
+
+
+def test_a_utility_that_did_not_learn_is_flagged_not_read_as_a_cost(store):
+    from auditlib.report.subject import batch_subject, utility_caveat
+
+    members = batches.comparison_members(
+        _base(utility=TINY_UTILITY), [ComponentSpec.of("none"), ComponentSpec.of("prune")]
+    )
+    batch_id = batches.record_batch(store, "comparison", "c", members)
+    manager = RecordingManager(store)
+    none_run, prune_run = batches.launch(manager, store.get_batch(batch_id))
+
+    def finish(run_id: str, before: float, after: float) -> None:
+        utility = {"initial_accuracy": before, "accuracy": after, "rounds_completed": 5}
+        store.finish(run_id, "completed", summary={"utility": utility})
+
+    finish(none_run, 0.10, 0.112)  # the undefended model stayed at chance
+    finish(prune_run, 0.10, 0.30)
+    caveat = utility_caveat(batch_subject(store, batch_id).entries)
+    assert caveat is not None and caveat.startswith("the undefended model barely learned")
+    assert "10.0% before, 11.2% after 5 rounds" in caveat
+
+    learned = batches.record_batch(store, "comparison", "d", members[1:])
+    assert utility_caveat(batch_subject(store, learned).entries) is None  # prune learned

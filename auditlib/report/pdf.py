@@ -66,6 +66,7 @@ from auditlib.report.subject import (
     success_curves,
     summary_rows,
     unavailable_reasons,
+    utility_caveat,
 )
 
 PAGE_WIDTH, PAGE_HEIGHT = A4
@@ -1077,6 +1078,9 @@ class _Builder:
                     f"{label}: the utility training stopped after "
                     f"{esc(utility.get('rounds_completed'))} rounds."
                 )
+        caveat = utility_caveat(self.entries)
+        if caveat:
+            items.append(f"Utility: {esc(caveat)}.")
         no_epsilon: dict[str, list[str]] = {}
         for entry, row in zip(self.entries, self.rows, strict=True):
             if row["status"] == "completed" and _number(row["epsilon"]) is None:

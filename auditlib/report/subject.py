@@ -143,3 +143,35 @@ def unavailable_reasons(entries: Sequence[ReportEntry]) -> dict[str, str]:
             if key.endswith("_unavailable_reason") and value:
                 reasons.setdefault(key.removesuffix("_unavailable_reason"), str(value))
     return reasons
+
+
+LEARNED_MARGIN = 0.05  # accuracy the training must add for its costs to be readable
+
+
+def utility_caveat(entries: Sequence[ReportEntry]) -> str | None:
+    """Why the utility column cannot be read as the defenses' cost, or None.
+
+    The cost of a defense is the accuracy it takes away from a model that learns. When the
+    undefended run (or, without one, every run) gains less than LEARNED_MARGIN over its
+    initial accuracy, the training itself failed (DLG's sigmoid LeNet does in a few FedAvg
+    rounds), and equal accuracies say nothing about the defenses.
+    """
+    measured = []
+    for entry in entries:
+        utility = _get(entry.run.summary if entry.run else None, "utility")
+        if isinstance(utility, dict) and utility.get("accuracy") is not None:
+            measured.append((entry, utility))
+    if not measured:
+        return None
+    baseline = [(e, u) for e, u in measured if e.series == "none"] or measured
+    if any(u["accuracy"] - u["initial_accuracy"] >= LEARNED_MARGIN for _, u in baseline):
+        return None
+    entry, utility = baseline[0]
+    who = "the undefended model" if entry.series == "none" else "no run's model"
+    return (
+        f"{who} barely learned in the utility training ({utility['initial_accuracy']:.1%} "
+        f"before, {utility['accuracy']:.1%} after {utility['rounds_completed']} rounds), so "
+        "the accuracies do not measure what the defenses cost; train longer, or use a "
+        "model that trains under FedAvg (DLG's sigmoid LeNet does not in a few rounds: a "
+        "ReLU activation does)"
+    )
