@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the product needs, where this user can: Fashion-MNIST (a real
-# labelled set for federated training) and Chromium (browser tests, chart export).
+# labelled set for federated training), Chromium (browser tests, chart export) and
+# poppler-utils (the report test turns the PDF into PNG pages with pdftoppm).
 # Idempotent: nothing is installed twice. Prints what it could not do instead of failing.
 set -u
-want=(dataset-fashion-mnist chromium)
+want=(dataset-fashion-mnist chromium poppler-utils)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
