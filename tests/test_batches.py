@@ -227,6 +227,7 @@ def test_a_run_with_utility_reports_accuracy_rdlv_and_epsilon():
     # The photographs set holds 17 images, more than the batch: the prior is their mean.
     assert summary["metrics"]["rdlv_mean"] is not None
     assert len([p["rdlv"] for p in summary["metrics"]["per_image"]]) == 2
+    assert summary["victim"]["data"]["rdlv_prior"] == "mean of 17 images of the data source"
 
 
 def test_rdlv_is_unavailable_when_the_source_is_the_batch(tmp_path):

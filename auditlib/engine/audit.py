@@ -210,6 +210,7 @@ def prepare_victim(
             "class_names": list(images.class_names) if images.class_names else None,
             "content_sha256": _sha256_arrays(images, labels),
             "normalization": normalization.as_dict(),
+            "rdlv_prior": prior_reason or f"mean of {len(pool)} images of the data source",
         }
     }
     if spec.scenario.pretrain_rounds > 0:
