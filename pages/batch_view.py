@@ -68,6 +68,11 @@ def _resume(kind: str, batch_id: str) -> None:
         batches.launch(get_manager(), batch, assets)
     except AuditInputError as exc:
         st.session_state[f"{kind}.error"] = f"Not restarted: {exc}"
+    except Exception as exc:  # Ray or the store failed: say so, keep the page alive
+        st.session_state[f"{kind}.error"] = (
+            f"The runs could not be restarted: {type(exc).__name__}: {exc}. This is a problem "
+            "of the dashboard or its Ray instance, not of your input."
+        )
 
 
 def _cancel(batch_id: str) -> None:
