@@ -215,14 +215,12 @@ def _protocol_cost(defense) -> dict | None:
 
 # Shadow's comparison (its Tables 1-2): a BN-aware attack, on a model with BatchNorm.
 SHADOW_MODEL = ModelSpec("resnet10", 10, (3, 16, 16))
+# The paper's baselines at the strengths of DEFENSES, then Shadow's constant schedule.
+SHADOW_BASELINES = frozenset(
+    {"none", "dp-gaussian", "prune", "clip", "soteria", "outpost", "shadow"}
+)
 SHADOW_SETTINGS: tuple[tuple[str, dict], ...] = (
-    ("none", {}),
-    ("dp-gaussian", {"sigma": 0.01}),
-    ("prune", {"ratio": 0.8}),
-    ("clip", {"bound": 4.0}),
-    ("soteria", {"ratio": 0.5}),
-    ("outpost", {}),
-    ("shadow", {}),
+    *((name, params) for name, params in DEFENSES if name in SHADOW_BASELINES),
     ("shadow", {"schedule": "constant", "sigma0": 0.5}),
 )
 

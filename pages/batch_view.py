@@ -87,20 +87,20 @@ def _picked(kind: str) -> None:
         _set_url_state(kind, chosen)
 
 
-def batch_picker(kind: str, noun: str) -> None:
+def _batch_picker(kind: str) -> None:
     """Reopen a stored comparison or sweep."""
     stored = get_store().list_batches(kind, limit=50)
     if not stored:
         return
     labels = {
-        b.id: f"{b.title or noun} · {b.created_at.astimezone():%Y-%m-%d %H:%M}" for b in stored
+        b.id: f"{b.title or kind} · {b.created_at.astimezone():%Y-%m-%d %H:%M}" for b in stored
     }
     current = st.session_state.get(kind)
     options = [None, *labels]
     # The picker follows the open batch (a new one, or one from a link) until the user picks.
     st.session_state[f"{kind}.picker"] = current if current in options else None
     st.selectbox(
-        f"Open a stored {noun}",
+        f"Open a stored {kind}",
         options,
         format_func=lambda i: "—" if i is None else labels[i],
         key=f"{kind}.picker",
@@ -231,18 +231,18 @@ def _close(kind: str) -> None:
     _set_url_state(kind, None)
 
 
-def batch_view(kind: str, batch_id: str, noun: str) -> None:
+def _batch_view(kind: str, batch_id: str) -> None:
     store = get_store()
     batch = store.get_batch(batch_id)
     if batch is None or batch.kind != kind:
-        st.warning(f"{noun.capitalize()} {batch_id} is not in this dashboard's store.")
+        st.warning(f"{kind.capitalize()} {batch_id} is not in this dashboard's store.")
         st.button("Close it", key=f"{kind}.close", on_click=_close, args=(kind,))
         return
     head_col, close_col = st.columns([5, 1])
-    head_col.header(batch.title or noun.capitalize())
+    head_col.header(batch.title or kind.capitalize())
     close_col.button("Close", key=f"{kind}.close", on_click=_close, args=(kind,))
     st.caption(
-        f"{noun.capitalize()} {batch.id} · created {batch.created_at.astimezone():%Y-%m-%d %H:%M:%S}"
+        f"{kind.capitalize()} {batch.id} · created {batch.created_at.astimezone():%Y-%m-%d %H:%M:%S}"
     )
     error = st.session_state.pop(f"{kind}.error", None)
     if error:
@@ -269,3 +269,13 @@ def batch_view(kind: str, batch_id: str, noun: str) -> None:
             mime="application/pdf",
             key=f"{kind}.download",
         )
+
+
+def open_batch(kind: str) -> None:
+    """The reopen picker, then the open comparison or sweep (``?comparison=`` / ``?sweep=``)."""
+    _batch_picker(kind)
+    batch_id = st.session_state.get(kind)
+    if batch_id:
+        _batch_view(kind, batch_id)
+    else:
+        st.info(f"No {kind} open. Run one, or open a stored one above.")

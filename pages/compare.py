@@ -15,7 +15,7 @@ from auditlib.defenses import DEFENSES, build_defense
 from auditlib.engine import batches
 from auditlib.errors import AuditInputError
 from auditlib.spec import ComponentSpec
-from pages.batch_view import batch_picker, batch_view, start_batch
+from pages.batch_view import open_batch, start_batch
 from pages.common import (
     build_run,
     changed_params,
@@ -85,12 +85,7 @@ def main() -> None:
             if error:
                 st.error(error)
 
-    batch_picker("comparison", "comparison")
-    batch_id = st.session_state.get("comparison")
-    if batch_id:
-        batch_view("comparison", batch_id, "comparison")
-    else:
-        st.info("No comparison open. Run one, or open a stored one above.")
+    open_batch("comparison")
 
 
 main()

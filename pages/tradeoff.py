@@ -15,7 +15,7 @@ import streamlit as st
 from auditlib.defenses import DEFENSES, build_defense
 from auditlib.engine import batches
 from auditlib.errors import AuditInputError
-from pages.batch_view import batch_picker, batch_view, start_batch
+from pages.batch_view import open_batch, start_batch
 from pages.common import (
     build_run,
     changed_params,
@@ -102,12 +102,7 @@ def main() -> None:
             if error:
                 st.error(error)
 
-    batch_picker("sweep", "sweep")
-    batch_id = st.session_state.get("sweep")
-    if batch_id:
-        batch_view("sweep", batch_id, "sweep")
-    else:
-        st.info("No sweep open. Run one, or open a stored one above.")
+    open_batch("sweep")
 
 
 main()

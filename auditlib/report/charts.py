@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from auditlib.metrics.risk import LEVELS
+from auditlib.store.convert import finite_number
 
 # Privacy axis choices: row key -> (axis title, higher means more leakage?)
 PRIVACY_METRICS: dict[str, tuple[str, bool]] = {
@@ -22,10 +23,6 @@ PRIVACY_METRICS: dict[str, tuple[str, bool]] = {
 }
 UTILITY_TITLE = "utility: test accuracy after federated training"
 _LEVEL_COLOURS = {"Very High": "#d62728", "High": "#ff7f0e", "Medium": "#e6c229", "Low": "#2ca02c"}
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
 
 
 def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go.Figure:
@@ -43,8 +40,8 @@ def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go
             r
             for r in rows
             if r["series"] == name
-            and _number(r.get(privacy)) is not None
-            and _number(r.get("utility_accuracy")) is not None
+            and finite_number(r.get(privacy)) is not None
+            and finite_number(r.get("utility_accuracy")) is not None
         ]
         points.sort(key=lambda r: (r["value"] is None, r["value"] or 0.0))
         if not points:
@@ -52,7 +49,7 @@ def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go
         text = []
         for r in points:
             label = "" if r["value"] is None else f"{r['knob']}={r['value']:g}"
-            if _number(r.get("epsilon")) is not None:
+            if finite_number(r.get("epsilon")) is not None:
                 label += f" (ε={r['epsilon']:.3g})"
             text.append(label.strip())
         figure.add_trace(
@@ -92,7 +89,7 @@ def comparison_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
         rows=1, cols=2, subplot_titles=("attack PSNR (dB)", "utility: test accuracy")
     )
     labels = [r["label"] for r in rows]
-    psnr = [_number(r.get("psnr")) for r in rows]
+    psnr = [finite_number(r.get("psnr")) for r in rows]
     colours = [_LEVEL_COLOURS.get(r.get("level") or "", "#999999") for r in rows]
     figure.add_trace(
         go.Bar(x=labels, y=psnr, marker_color=colours, name="PSNR", showlegend=False), 1, 1
@@ -100,7 +97,7 @@ def comparison_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
     figure.add_trace(
         go.Bar(
             x=labels,
-            y=[_number(r.get("utility_accuracy")) for r in rows],
+            y=[finite_number(r.get("utility_accuracy")) for r in rows],
             marker_color="#1f77b4",
             name="accuracy",
             showlegend=False,

@@ -63,11 +63,13 @@ from auditlib.report.subject import (
     RECOVERED_PSNR_DB,
     ReportEntry,
     ReportSubject,
+    dig,
     success_curves,
     summary_rows,
     unavailable_reasons,
     utility_caveat,
 )
+from auditlib.store.convert import finite_number
 
 PAGE_WIDTH, PAGE_HEIGHT = A4
 MARGIN = 1.8 * cm
@@ -188,15 +190,9 @@ def esc(value: Any, limit: int | None = None) -> str:
     return escape(text)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def fmt(value: Any, kind: str) -> str:
     """A table number: PSNR 2 decimals, SSIM/LPIPS/RDLV 3, shares as %, None as n/a."""
-    number = _number(value)
+    number = finite_number(value)
     if number is None:
         return NOT_AVAILABLE
     if kind == "db":
@@ -208,14 +204,6 @@ def fmt(value: Any, kind: str) -> str:
     if kind == "s":
         return f"{number:.1f}"
     return f"{number:.3g}"
-
-
-def _dig(mapping: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(mapping, dict):
-            return None
-        mapping = mapping.get(key)
-    return mapping
 
 
 def _settings_text(settings: Any) -> str:
@@ -400,36 +388,36 @@ class _Builder:
         return (entry.run.summary if entry.run is not None else None) or {}
 
     def attacks(self) -> list[str]:
-        names = [_dig(e.run.spec, "attack", "name") for e in self.with_runs]
+        names = [dig(e.run.spec, "attack", "name") for e in self.with_runs]
         return list(dict.fromkeys(str(n) for n in names if n))
 
     def batch_size(self) -> int | None:
-        names = _dig(self.summary, "victim", "data", "names")
+        names = dig(self.summary, "victim", "data", "names")
         if isinstance(names, list):
             return len(names)
-        return _dig(self.spec, "data", "batch_size")
+        return dig(self.spec, "data", "batch_size")
 
     def data_source(self) -> str:
-        source = _dig(self.summary, "victim", "data", "source")
+        source = dig(self.summary, "victim", "data", "source")
         if source:
             return str(source)
         data = self.spec.get("data") or {}
         return f"{data.get('source', '?')} {data.get('location', '')}".strip()
 
     def model_text(self) -> str:
-        model = _dig(self.spec, "model", "spec") or {}
+        model = dig(self.spec, "model", "spec") or {}
         shape = model.get("input_shape") or []
         shape_text = " x ".join(str(s) for s in shape) if shape else "?"
         text = (
             f"{model.get('architecture', '?')}, input {shape_text}, "
             f"{model.get('num_classes', '?')} classes"
         )
-        parameters = _dig(self.summary, "victim", "model", "num_parameters")
+        parameters = dig(self.summary, "victim", "model", "num_parameters")
         if parameters:
             text += f", {parameters:,} parameters"
-        if _dig(self.spec, "model", "weights") or _dig(self.spec, "model", "weights_asset"):
+        if dig(self.spec, "model", "weights") or dig(self.spec, "model", "weights_asset"):
             text += ", uploaded weights"
-        elif _dig(self.spec, "model", "trusted_archive"):
+        elif dig(self.spec, "model", "trusted_archive"):
             text += ", trusted archive"
         else:
             text += f", {model.get('init', 'default')} initialisation (seed {model.get('seed')})"
@@ -450,7 +438,7 @@ class _Builder:
 
     def title_page(self) -> list[Flowable]:
         versions = sorted(
-            {str(_dig(self.summary_of(e), "versions", "auditlib")) for e in self.completed}
+            {str(dig(self.summary_of(e), "versions", "auditlib")) for e in self.completed}
         )
         pairs = [
             ("Subject", esc(self.subject_text())),
@@ -536,8 +524,8 @@ class _Builder:
         return out
 
     def meaning(self, entry: ReportEntry) -> str:
-        meaning = _dig(self.summary_of(entry), "metrics", "risk", "meaning")
-        level = _dig(self.summary_of(entry), "metrics", "risk", "level")
+        meaning = dig(self.summary_of(entry), "metrics", "risk", "meaning")
+        level = dig(self.summary_of(entry), "metrics", "risk", "level")
         return str(meaning or LEVEL_MEANING.get(str(level), ""))
 
     def verdict(self, entry: ReportEntry, row: dict[str, Any]) -> str:
@@ -549,21 +537,21 @@ class _Builder:
             f"{fmt(row['psnr'], 'db')} dB, {fmt(row['recovered'], 'pct')} of the images "
             "recovered"
         )
-        if _number(row["label_accuracy"]) is not None:
+        if finite_number(row["label_accuracy"]) is not None:
             text += f", {fmt(row['label_accuracy'], 'pct')} of the labels"
-        if _number(row["utility_accuracy"]) is not None:
+        if finite_number(row["utility_accuracy"]) is not None:
             text += (
                 f"; model accuracy after federated training {fmt(row['utility_accuracy'], 'pct')}"
             )
-        if _number(row["epsilon"]) is not None:
+        if finite_number(row["epsilon"]) is not None:
             text += f" (ε = {fmt(row['epsilon'], 'g')})"
         return text + "."
 
     def threat_model(self) -> list[Flowable]:
         out: list[Flowable] = [self.p("2 Threat model and FL scenario", "h1")]
-        observation = _dig(self.summary, "threat_model", "observation") or "update"
+        observation = dig(self.summary, "threat_model", "observation") or "update"
         known_lists = [
-            [str(k) for k in _dig(self.summary_of(e), "threat_model", "server_knows") or []]
+            [str(k) for k in dig(self.summary_of(e), "threat_model", "server_knows") or []]
             for e in self.with_runs
         ]
         known_lists = [k for k in known_lists if k]
@@ -581,7 +569,7 @@ class _Builder:
         out += self.bullets(esc(k) for k in common) if common else [self.p("n/a (no summary)")]
         extras = []
         for entry in self.with_runs:
-            known = _dig(self.summary_of(entry), "threat_model", "server_knows") or []
+            known = dig(self.summary_of(entry), "threat_model", "server_knows") or []
             more = [str(k) for k in known if str(k) not in common]
             if more:
                 extras.append(f"{esc(entry.label)}: also {esc('; '.join(more))}")
@@ -589,7 +577,7 @@ class _Builder:
             out.append(self.p("Under some defenses the server knows more:"))
             out += self.bullets(extras)
         out.append(self.p("Scenario", "h2"))
-        protocol = _dig(self.spec, "scenario", "protocol") or {}
+        protocol = dig(self.spec, "scenario", "protocol") or {}
         scenario = self.spec.get("scenario") or {}
         pairs = [
             ("FL algorithm", esc(protocol.get("algorithm", NOT_AVAILABLE))),
@@ -610,7 +598,7 @@ class _Builder:
             ("Labels known to server", "yes" if scenario.get("labels_known") else "no"),
         ]
         uploaded = any(
-            _dig(self.spec, "model", key) for key in ("weights", "weights_asset", "trusted_archive")
+            dig(self.spec, "model", key) for key in ("weights", "weights_asset", "trusted_archive")
         )
         if scenario.get("pretrain_rounds"):
             pairs.append(
@@ -627,7 +615,7 @@ class _Builder:
         else:
             pairs.append(("Global model", "freshly initialised (the attack happens in round 1)"))
         pairs.append(("Model", esc(self.model_text())))
-        data = _dig(self.summary, "victim", "data") or {}
+        data = dig(self.summary, "victim", "data") or {}
         names = [str(n) for n in data.get("names") or []]
         shown = ", ".join(esc(n, 40) for n in names[:24])
         if len(names) > 24:
@@ -637,7 +625,7 @@ class _Builder:
             ("Batch size", esc(self.batch_size() or NOT_AVAILABLE)),
             ("Images", shown or NOT_AVAILABLE),
             ("Labels", esc(data.get("label_source") or NOT_AVAILABLE)),
-            ("Normalisation", esc(_dig(self.spec, "data", "normalization") or "none")),
+            ("Normalisation", esc(dig(self.spec, "data", "normalization") or "none")),
         ]
         out.append(self.key_values(pairs))
         return out
@@ -647,14 +635,14 @@ class _Builder:
         seen: set[str] = set()
         for entry in self.with_runs:
             spec = entry.run.spec
-            name = str(_dig(spec, "attack", "name"))
+            name = str(dig(spec, "attack", "name"))
             budget = spec.get("budget") or {}
             key = json.dumps([spec.get("attack"), budget, spec.get("seed")], sort_keys=True)
             if key in seen:
                 continue
             seen.add(key)
             info = ATTACKS.get(name)
-            settings = _dig(self.summary_of(entry), "config", "attack_settings")
+            settings = dig(self.summary_of(entry), "config", "attack_settings")
             paper = info.paper_iterations if info else None
             iterations = budget.get("iterations")
             budget_text = f"{iterations} optimiser steps per restart"
@@ -662,16 +650,16 @@ class _Builder:
                 budget_text += f" (the paper: {paper})"
             if budget.get("max_seconds"):
                 budget_text += f", at most {budget['max_seconds']:g} s"
-            nets = _dig(self.summary_of(entry), "config", "lpips_nets")
+            nets = dig(self.summary_of(entry), "config", "lpips_nets")
             pairs = [
                 ("Attack", f"<b>{esc(name)}</b>" + (f": {esc(info.summary)}" if info else "")),
-                ("Preset", esc(_dig(spec, "attack", "preset") or "none")),
+                ("Preset", esc(dig(spec, "attack", "preset") or "none")),
                 (
                     "Settings",
                     esc(
                         _settings_text(settings)
                         if settings is not None
-                        else _settings_text(_dig(spec, "attack", "params"))
+                        else _settings_text(dig(spec, "attack", "params"))
                     ),
                 ),
                 ("Budget", esc(budget_text)),
@@ -685,13 +673,13 @@ class _Builder:
         for entry, row in zip(self.entries, self.rows, strict=True):
             summary = self.summary_of(entry)
             report = summary.get("defense_report") or {}
-            settings = _dig(summary, "config", "defense_settings")
+            settings = dig(summary, "config", "defense_settings")
             if settings is None and entry.run is not None:
-                settings = _dig(entry.run.spec, "defense", "params")
+                settings = dig(entry.run.spec, "defense", "params")
             before, after = report.get("update_norm_before"), report.get("update_norm_after")
             delta = report.get("delta")
             epsilon = fmt(row["epsilon"], "g")
-            if _number(delta) is not None and epsilon != NOT_AVAILABLE:
+            if finite_number(delta) is not None and epsilon != NOT_AVAILABLE:
                 epsilon += f" (δ = {delta:g})"
             rows.append(
                 (
@@ -721,9 +709,9 @@ class _Builder:
             federation = utility_spec.get("federation") or {}
             starts = next(
                 (
-                    _dig(self.summary_of(e), "utility", "starts_from")
+                    dig(self.summary_of(e), "utility", "starts_from")
                     for e in self.completed
-                    if _dig(self.summary_of(e), "utility", "starts_from")
+                    if dig(self.summary_of(e), "utility", "starts_from")
                 ),
                 None,
             )
@@ -790,7 +778,9 @@ class _Builder:
             )
         )
         if any(e.run is not None and e.run.spec.get("utility") for e in self.entries):
-            without_key = any(_number(r["utility_without_key"]) is not None for r in self.rows)
+            without_key = any(
+                finite_number(r["utility_without_key"]) is not None for r in self.rows
+            )
             header = ["Run", "Accuracy", "Macro F1"]
             widths = [5.6 * cm, 2.2 * cm, 2.2 * cm]
             if without_key:
@@ -842,8 +832,8 @@ class _Builder:
         if run is None or entry.grid_png is None or not run.summary:
             status = "not run" if run is None else run.status
             return [self.p(f"No reconstruction stored (run {esc(status)}).", "small")]
-        names = [str(n) for n in _dig(run.summary, "victim", "data", "names") or []]
-        per_image = _dig(run.summary, "metrics", "per_image") or []
+        names = [str(n) for n in dig(run.summary, "victim", "data", "names") or []]
+        per_image = dig(run.summary, "metrics", "per_image") or []
         try:
             if not names:
                 raise ValueError("the run's summary lists no images")
@@ -922,7 +912,8 @@ class _Builder:
         with_utility = [
             r
             for r in done
-            if _number(r["utility_accuracy"]) is not None and _number(r["psnr"]) is not None
+            if finite_number(r["utility_accuracy"]) is not None
+            and finite_number(r["psnr"]) is not None
         ]
         figures: list[tuple[Any, str]] = []
         if self.subject.kind == "comparison":
@@ -956,7 +947,7 @@ class _Builder:
         out: list[Flowable] = [PageBreak(), self.p("6 Charts", "h1")]
         figures = self.figures()
         if self.subject.kind == "sweep" and not any(
-            _number(r["utility_accuracy"]) is not None for r in self.rows
+            finite_number(r["utility_accuracy"]) is not None for r in self.rows
         ):
             out.append(self.p("No run measured utility, so there is no utility-privacy chart."))
         if not figures:
@@ -1027,7 +1018,7 @@ class _Builder:
             "states for the client's update; smaller is more private.",
         ]
         out += self.bullets(items)
-        definition = _dig(self.summary, "config", "metric_definition")
+        definition = dig(self.summary, "config", "metric_definition")
         if definition:
             out.append(self.p(f"As measured: {esc(definition)}.", "small"))
         return out
@@ -1039,8 +1030,8 @@ class _Builder:
             items.append(f"{esc(METRIC_NAMES.get(metric, metric))} unavailable: {esc(reason)}.")
         reduced: dict[tuple[str, int], int] = {}
         for entry in self.with_runs:
-            name = str(_dig(entry.run.spec, "attack", "name"))
-            iterations = _dig(entry.run.spec, "budget", "iterations")
+            name = str(dig(entry.run.spec, "attack", "name"))
+            iterations = dig(entry.run.spec, "budget", "iterations")
             info = ATTACKS.get(name)
             if (
                 info
@@ -1066,7 +1057,7 @@ class _Builder:
                 items.append(f"{label}: the run is {esc(entry.run.status)}{error}.")
             stop = summary.get("stop_reason")
             if stop and stop != "completed":
-                steps = _dig(summary, "timing", "iterations")
+                steps = dig(summary, "timing", "iterations")
                 items.append(
                     f"{label}: the attack stopped early ({esc(stop)}) after {esc(steps)} steps."
                 )
@@ -1083,10 +1074,8 @@ class _Builder:
             items.append(f"Utility: {esc(caveat)}.")
         no_epsilon: dict[str, list[str]] = {}
         for entry, row in zip(self.entries, self.rows, strict=True):
-            if row["status"] == "completed" and _number(row["epsilon"]) is None:
-                reason = _dig(
-                    self.summary_of(entry), "defense_report", "epsilon_unavailable_reason"
-                )
+            if row["status"] == "completed" and finite_number(row["epsilon"]) is None:
+                reason = dig(self.summary_of(entry), "defense_report", "epsilon_unavailable_reason")
                 reason = str(reason or "the defense states no privacy guarantee")
                 no_epsilon.setdefault(reason, []).append(entry.label)
         for reason, labels in no_epsilon.items():
@@ -1123,7 +1112,7 @@ class _Builder:
             if run is None:
                 rows.append((esc(entry.label), "not run"))
                 continue
-            data_hash = _dig(run.summary, "victim", "data", "content_sha256")
+            data_hash = dig(run.summary, "victim", "data", "content_sha256")
             seed = run.spec.get("seed")
             ids = (
                 f"<font name='{self.fonts.mono}' size='6.5'>run&nbsp;&nbsp;{esc(run.id)}<br/>"
@@ -1135,7 +1124,7 @@ class _Builder:
         out.append(self.table(("Run", "Identifiers"), rows, (4.4 * cm, BODY_WIDTH - 4.4 * cm)))
         versions: dict[str, int] = {}
         for entry in self.completed:
-            recorded = _dig(self.summary_of(entry), "versions") or {}
+            recorded = dig(self.summary_of(entry), "versions") or {}
             text = ", ".join(f"{k} {v}" for k, v in recorded.items())
             versions[text] = versions.get(text, 0) + 1
         out.append(self.p("Versions", "h2"))

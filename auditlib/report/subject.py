@@ -74,7 +74,8 @@ def batch_subject(store: Store, batch_id: str) -> ReportSubject:
     return ReportSubject(kind, batch.id, batch.title or batch.kind, batch.created_at, entries)
 
 
-def _get(mapping: Any, *keys: str) -> Any:
+def dig(mapping: Any, *keys: str) -> Any:
+    """``mapping[k1][k2]...``, or None where a level is missing or not a dict."""
     for key in keys:
         if not isinstance(mapping, dict):
             return None
@@ -84,7 +85,7 @@ def _get(mapping: Any, *keys: str) -> Any:
 
 def recovered_share(metrics: dict[str, Any] | None) -> float | None:
     """Share of matched images at or above RECOVERED_PSNR_DB (the attack's success rate)."""
-    for point in _get(metrics, "risk", "psnr_success_rate") or []:
+    for point in dig(metrics, "risk", "psnr_success_rate") or []:
         if point["threshold"] == RECOVERED_PSNR_DB:
             return point["rate"]
     return None
@@ -97,8 +98,8 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
     """
     run = entry.run
     summary = run.summary if run is not None else None
-    metrics = _get(summary, "metrics")
-    utility = _get(summary, "utility")
+    metrics = dig(summary, "metrics")
+    utility = dig(summary, "utility")
     return {
         "label": entry.label,
         "series": entry.series,
@@ -106,18 +107,18 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
         "value": entry.value,
         "status": "not run" if run is None else run.status,
         "run_id": None if run is None else run.id,
-        "psnr": _get(metrics, "psnr_mean"),
-        "ssim": _get(metrics, "ssim_mean"),
-        "lpips": _get(metrics, "lpips_mean"),
-        "mse": _get(metrics, "mse_mean"),
-        "label_accuracy": _get(metrics, "label_accuracy"),
+        "psnr": dig(metrics, "psnr_mean"),
+        "ssim": dig(metrics, "ssim_mean"),
+        "lpips": dig(metrics, "lpips_mean"),
+        "mse": dig(metrics, "mse_mean"),
+        "label_accuracy": dig(metrics, "label_accuracy"),
         "recovered": recovered_share(metrics),
-        "rdlv": _get(metrics, "rdlv_mean"),
-        "level": _get(metrics, "risk", "level"),
-        "utility_accuracy": _get(utility, "accuracy"),
-        "utility_f1": _get(utility, "macro_f1"),
-        "utility_without_key": _get(utility, "accuracy_without_key"),
-        "epsilon": _get(summary, "defense_report", "epsilon"),
+        "rdlv": dig(metrics, "rdlv_mean"),
+        "level": dig(metrics, "risk", "level"),
+        "utility_accuracy": dig(utility, "accuracy"),
+        "utility_f1": dig(utility, "macro_f1"),
+        "utility_without_key": dig(utility, "accuracy_without_key"),
+        "epsilon": dig(summary, "defense_report", "epsilon"),
         "seconds": None if run is None else run.seconds,
     }
 
@@ -125,7 +126,7 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
 def success_curves(entries: Sequence[ReportEntry]) -> list[list[dict[str, float]]]:
     """Each run's PSNR success-rate curve (``risk["psnr_success_rate"]``; [] if none)."""
     return [
-        _get(e.run.summary if e.run else None, "metrics", "risk", "psnr_success_rate") or []
+        dig(e.run.summary if e.run else None, "metrics", "risk", "psnr_success_rate") or []
         for e in entries
     ]
 
@@ -138,7 +139,7 @@ def unavailable_reasons(entries: Sequence[ReportEntry]) -> dict[str, str]:
     """Every "<metric>_unavailable_reason" met in the runs' metrics (first reason per metric)."""
     reasons: dict[str, str] = {}
     for entry in entries:
-        metrics = _get(entry.run.summary if entry.run else None, "metrics") or {}
+        metrics = dig(entry.run.summary if entry.run else None, "metrics") or {}
         for key, value in metrics.items():
             if key.endswith("_unavailable_reason") and value:
                 reasons.setdefault(key.removesuffix("_unavailable_reason"), str(value))
@@ -158,7 +159,7 @@ def utility_caveat(entries: Sequence[ReportEntry]) -> str | None:
     """
     measured = []
     for entry in entries:
-        utility = _get(entry.run.summary if entry.run else None, "utility")
+        utility = dig(entry.run.summary if entry.run else None, "utility")
         if isinstance(utility, dict) and utility.get("accuracy") is not None:
             measured.append((entry, utility))
     if not measured:

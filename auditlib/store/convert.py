@@ -40,7 +40,8 @@ def check_choice(value: str, valid: Iterable[str], what: str) -> str:
     return value
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a finite int or float (not a bool); else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     number = float(value)
@@ -71,7 +72,7 @@ def headline_metrics(summary: Mapping[str, Any] | None) -> dict[str, Any]:
                 value = nested[key]
             else:
                 value = summary.get(column)
-        number = _number(value)
+        number = finite_number(value)
         if column == "iterations" and number is not None:
             result[column] = int(number)
         else:
