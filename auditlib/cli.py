@@ -34,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from auditlib.attacks import ATTACKS
+    from auditlib.attacks import ALL_ATTACKS, ATTACKS
+    from auditlib.attacks.restarts import AUDIT_PRESET
     from auditlib.defenses import DEFENSES
     from auditlib.models import ARCHITECTURES
 
@@ -102,8 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     attack = audit.add_argument_group("attack and defense")
-    attack.add_argument("--attack", default="dlg", choices=sorted(ATTACKS))
-    attack.add_argument("--preset", help="attack preset, e.g. paper")
+    attack.add_argument(
+        "--attack",
+        default="dlg",
+        choices=[*sorted(ATTACKS), ALL_ATTACKS],
+        help=f"the attack, or '{ALL_ATTACKS}': every applicable attack at its audit preset, "
+        "the worst case per image",
+    )
+    attack.add_argument(
+        "--preset",
+        default=AUDIT_PRESET,
+        help="attack preset: 'audit' (default: the strongest settings, raced restarts), "
+        "'paper' (the paper's settings, for reproduction), another the attack lists, or "
+        "'none' (the library's defaults)",
+    )
     attack.add_argument("--attack-param", action="append", metavar="NAME=VALUE")
     attack.add_argument("--defense", default="none", choices=sorted(DEFENSES))
     attack.add_argument("--defense-param", action="append", metavar="NAME=VALUE")
@@ -113,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--iterations", type=int, help="optimiser steps per restart (default: the paper's)"
     )
     run.add_argument("--time-budget", type=float, help="seconds before the attack stops")
+    run.add_argument(
+        "--no-control",
+        action="store_true",
+        help="do not run the undefended control of a defended run (its verdict is then "
+        "inconclusive unless the attack leaks)",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     run.add_argument(
@@ -218,7 +237,7 @@ def _utility_arguments(commands, architectures, defenses) -> None:
 
 
 def spec_from_args(args: argparse.Namespace):
-    from auditlib.attacks import get_attack
+    from auditlib.attacks import ALL_ATTACKS, ATTACKS, get_attack
     from auditlib.config import parse_key_values
     from auditlib.fl.protocol import ClientProtocol
     from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
@@ -262,14 +281,22 @@ def spec_from_args(args: argparse.Namespace):
         pretrain_rounds=args.pretrain_rounds,
         pretrain_data=args.pretrain_data,
     )
-    info = get_attack(args.attack)
-    iterations = args.iterations or info.paper_iterations or 1000
+    preset = None if args.preset in (None, "none") else args.preset
+    if args.attack == ALL_ATTACKS:
+        iterations = args.iterations or max(a.audit.iterations for a in ATTACKS.values() if a.audit)
+        preset = None
+    else:
+        info = get_attack(args.attack)
+        if preset == "paper" or info.audit is None:
+            iterations = args.iterations or info.paper_iterations or 1000
+        else:
+            iterations = args.iterations or info.audit.iterations
     return RunSpec(
         model=model,
         data=data,
         scenario=scenario,
         attack=ComponentSpec.of(
-            args.attack, parse_key_values(args.attack_param, "attack parameter"), args.preset
+            args.attack, parse_key_values(args.attack_param, "attack parameter"), preset
         ),
         defense=ComponentSpec.of(
             args.defense, parse_key_values(args.defense_param, "defense parameter")
@@ -329,12 +356,29 @@ def audit_command(args: argparse.Namespace) -> int:
                 bar.set_postfix(loss=f"{loss:.3g}", refresh=False)
             bar.refresh()
 
+    runner = run_isolated if spec.model.trusted_archive else run_audit
+    control_result = None
+    control = None if args.no_control else spec.control()
     try:
-        runner = run_isolated if spec.model.trusted_archive else run_audit
+        if control is not None:  # the positive control first: the defended run's verdict needs it
+            print("control: the same attack without the defense", file=sys.stderr)
+            control_result = runner(control, on_event=on_event, lpips_nets=())
+            if bar is not None:
+                bar.close()
+                bar = None
         result = runner(spec, on_event=on_event, lpips_nets=nets)
     finally:
         if bar is not None:
             bar.close()
+    verdict = with_control(result.summary, control_result, defended=spec.control() is not None)
+    result.summary["verdict"] = verdict.to_dict()
+    if control_result is not None:
+        result.summary["control"] = {
+            "spec_id": control_result.summary["spec_id"],
+            "metrics": control_result.summary["metrics"],
+            "stop_reason": control_result.summary["stop_reason"],
+            "timing": control_result.summary["timing"],
+        }
     write_outputs(result, out)
     metrics = result.summary["metrics"]
     timing = result.summary["timing"]
@@ -347,7 +391,22 @@ def audit_command(args: argparse.Namespace) -> int:
         f"SSIM {ssim_text}, label accuracy {accuracy_text}, {timing['iterations']} steps in "
         f"{timing['seconds']:.1f} s ({result.summary['stop_reason']}); wrote {out / 'result.json'}"
     )
+    print(f"verdict: {verdict.headline}\n  {verdict.sentence}")
     return 0
+
+
+def with_control(summary: dict, control_result, *, defended: bool):
+    """The run's verdict, judged beside its control's finding where it has a defense."""
+    from auditlib.metrics.verdict import Verdict, judge
+
+    own = Verdict.from_dict(summary["verdict"])
+    if not defended:
+        return own
+    if control_result is None:
+        return judge(own.finding, own.scope, defended=True, control_note="--no-control was given")
+    control = Verdict.from_dict(control_result.summary["verdict"]).finding
+    note = f"the same attack and budget without the defense, run first ({control_result.summary['spec_id'][:12]})"
+    return judge(own.finding, own.scope, defended=True, control=control, control_note=note)
 
 
 def utility_command(args: argparse.Namespace) -> int:

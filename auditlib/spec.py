@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from auditlib.config import require, require_choice
@@ -142,6 +142,13 @@ class RunSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def control(self) -> RunSpec | None:
+        """The positive control of a defended run: the same model, images, scenario, attack,
+        budget and utility training without the defense (None for an undefended run)."""
+        if self.defense.name == "none":
+            return None
+        return replace(self, defense=ComponentSpec("none"))
 
     def identity(self) -> str:
         """sha256 of the canonical JSON of everything that determines the result.

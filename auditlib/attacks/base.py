@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -108,6 +108,20 @@ AttackRun = Callable[
 
 
 @dataclass(frozen=True)
+class AuditPreset:
+    """The strongest configuration an attack has for an audit's budget (the default).
+
+    ``values`` become the preset named ``audit``; its ``restarts`` race by successive
+    halving (``attacks.restarts``). ``iterations`` is the step budget per start the audit
+    uses by default; ``why`` says where each departure from the paper's settings comes from.
+    """
+
+    values: Mapping[str, Any]
+    iterations: int
+    why: str
+
+
+@dataclass(frozen=True)
 class AttackInfo:
     name: str
     summary: str
@@ -115,12 +129,22 @@ class AttackInfo:
     run: AttackRun
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     paper_iterations: int | None = None
+    audit: AuditPreset | None = None
+    # What the attack needs of the scenario, as a reason it does not apply (None: it does).
+    not_applicable: Callable[[Observation, AttackerKnowledge], str | None] | None = None
+
+    def why_not_applicable(
+        self, observation: Observation, knowledge: AttackerKnowledge
+    ) -> str | None:
+        return None if self.not_applicable is None else self.not_applicable(observation, knowledge)
 
 
 ATTACKS: dict[str, AttackInfo] = {}
 
 
 def register(info: AttackInfo) -> None:
+    if info.audit is not None:  # the audit preset is listed first: it is the default
+        info = replace(info, presets={"audit": dict(info.audit.values), **info.presets})
     ATTACKS[info.name] = info
 
 

@@ -15,6 +15,7 @@ import torch
 
 from auditlib.attacks.base import (
     AttackInfo,
+    AuditPreset,
     Candidate,
     Clock,
     ProgressEvent,
@@ -148,6 +149,11 @@ register(
         config_type=LbfgsConfig,
         run=run_dlg,
         presets={"paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "distance": "l2"}},
+        audit=AuditPreset(
+            {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 8, "distance": "l2"},
+            iterations=300,
+            why="DLG's own settings (L-BFGS lr 1, L2), which converge in about 100 steps when they converge at all; its failures are bad starts (a first step that never moves, a poor minimum), so 8 starts race and the lowest gradient distance wins",
+        ),
         paper_iterations=300,
     )
 )

@@ -27,6 +27,7 @@ import torch
 
 from auditlib.attacks.base import (
     AttackInfo,
+    AuditPreset,
     Candidate,
     Clock,
     ProgressEvent,
@@ -463,6 +464,12 @@ def _adam_events(
             variable.copy_(saved)
 
 
+def _fedavg_only(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
+    if observation.kind == "gradient":
+        return "DLM attacks the weights of FedAvg; on a FedSGD gradient it is DLG"
+    return None
+
+
 _LENET = {"optimizer": "lbfgs", "lr": 1.0, "lbfgs_max_iter": 20, "history_size": 100}
 # The paper's three-layer MLP: Adam, lr 0.1, 4000 iterations (Sec. 5, "Setup").
 _MLP = {"optimizer": "adam", "lr": 0.1}
@@ -489,7 +496,19 @@ register(
                 "line_search": "strong_wolfe",
             },
         },
+        audit=AuditPreset(
+            {
+                **_LENET,
+                "gamma_init_ratio": 1.2,
+                "gamma_on": "dummy",
+                "line_search": "strong_wolfe",
+                "restarts": 4,
+            },
+            iterations=200,
+            why="the stable variant (the factor on the dummy side, strong-Wolfe line search), which converges where the paper's Eq. 3 collapses to gamma = 0, with 4 raced starts",
+        ),
         paper_iterations=200,
+        not_applicable=_fedavg_only,
     )
 )
 
@@ -509,6 +528,12 @@ register(
             # Eq. 8 as printed: the Frobenius norm of the whole update.
             "paper-eq8": {**_LENET, "norm": "frobenius"},
         },
+        audit=AuditPreset(
+            {**_LENET, "norm": "layer-mean", "restarts": 4},
+            iterations=200,
+            why="the paper's settings (the public code's layer-mean norm, L-BFGS) with 4 raced starts",
+        ),
         paper_iterations=200,
+        not_applicable=_fedavg_only,
     )
 )

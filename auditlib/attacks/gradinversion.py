@@ -33,6 +33,7 @@ from torch import nn
 
 from auditlib.attacks.base import (
     AttackInfo,
+    AuditPreset,
     Candidate,
     Clock,
     ProgressEvent,
@@ -334,6 +335,26 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, record):
     yield final_event(candidates, stop, steps_done, total, clock, record, "objective")
 
 
+def _needs_batchnorm(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
+    if not any(isinstance(m, BATCHNORM_TYPES) for m in knowledge.model.modules()):
+        return "GradInversion's prior is the BatchNorm statistics; the model has no BatchNorm"
+    return None
+
+
+_GI_PAPER = {
+    "lr": 0.1,
+    "distance": "layer-l2",
+    "gradient_weight": 1.0,
+    "tv": 1e-4,
+    "l2": 1e-6,
+    "bn": 0.1,
+    "noise": 0.01,
+    "schedule": "cosine",
+    "warmup": 50,
+    "boxed": True,
+    "label_reduce": "min",
+}
+
 register(
     AttackInfo(
         name="gi",
@@ -347,19 +368,7 @@ register(
             # The paper's Adam lr 0.1 and its per-layer L2 matching (Eq. 4), with breaching's
             # seethroughgradients values where the paper's are not known to us: warm-up 50,
             # cosine decay, TV 1e-4, L2 1e-6, BN 0.1, Langevin noise 0.01.
-            "paper": {
-                "lr": 0.1,
-                "distance": "layer-l2",
-                "gradient_weight": 1.0,
-                "tv": 1e-4,
-                "l2": 1e-6,
-                "bn": 0.1,
-                "noise": 0.01,
-                "schedule": "cosine",
-                "warmup": 50,
-                "boxed": True,
-                "label_reduce": "min",
-            },
+            "paper": _GI_PAPER,
             # breaching's seethroughgradients.yaml as a whole: squared L2 matching scaled by
             # 1e-4, so the priors weigh far more than in the paper preset.
             "breaching": {
@@ -376,6 +385,12 @@ register(
                 "label_reduce": "min",
             },
         },
+        audit=AuditPreset(
+            {**_GI_PAPER, "restarts": 4},
+            iterations=300,
+            why="the paper preset (per-layer L2, BatchNorm prior, cosine schedule, label row-minimum rule) with 4 raced starts, the paper's multi-seed search",
+        ),
         paper_iterations=20_000,
+        not_applicable=_needs_batchnorm,
     )
 )

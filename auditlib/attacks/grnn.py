@@ -31,6 +31,7 @@ from torch import nn
 
 from auditlib.attacks.base import (
     AttackInfo,
+    AuditPreset,
     Candidate,
     Clock,
     ProgressEvent,
@@ -422,6 +423,20 @@ register(
             "fedkl": {"latent_dim": 1024, "tv": 1e-6},
         },
         # The thesis gives no count; the public GRNN.py runs 1000 iterations.
+        audit=AuditPreset(
+            {
+                "lr": 1e-4,
+                "momentum": 0.99,
+                "tv": None,
+                "tv_form": "squared",
+                "wasserstein": "l2-norm",
+                "latent_dim": 128,
+                "labels": "auto",
+                "restarts": 4,
+            },
+            iterations=300,
+            why="the public GRNN settings (RMSprop lr 1e-4, TV by architecture) with 4 raced starts of the generator",
+        ),
         paper_iterations=1000,
     )
 )

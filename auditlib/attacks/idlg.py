@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from auditlib.attacks.base import AttackInfo, RunControl, register
+from auditlib.attacks.base import AttackInfo, AuditPreset, RunControl, register
 from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack
 from auditlib.attacks.labels import idlg_label
 
@@ -36,6 +36,11 @@ register(
         presets={
             "paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "label_source": "weight"}
         },
+        audit=AuditPreset(
+            {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 8, "label_source": "weight"},
+            iterations=300,
+            why="iDLG's settings with DLG's cure for bad starts: 8 starts race, the lowest gradient distance wins",
+        ),
         paper_iterations=300,
     )
 )

@@ -19,9 +19,10 @@ from typing import Any
 
 from auditlib.config import require
 from auditlib.defenses import DEFENSES, build_defense
+from auditlib.engine.controls import WITH_RESULT, needs_control
 from auditlib.errors import AuditInputError
 from auditlib.spec import ComponentSpec, RunSpec, run_spec_from_dict
-from auditlib.store import COMPLETED, UNFINISHED, BatchRecord, RunRecord, Store
+from auditlib.store import UNFINISHED, BatchRecord, RunRecord, Store
 
 MAX_MEMBERS = 64  # runs in one batch: a sweep of 8 defenses x 8 points at most
 
@@ -185,8 +186,8 @@ def batch_state(store: Store, batch: BatchRecord) -> list[MemberState]:
 
 
 def needs_run(state: MemberState) -> bool:
-    """No completed run and none in progress."""
-    return state.run is None or state.run.status not in (COMPLETED, *UNFINISHED)
+    """No run with a result (completed, or stopped by its time budget) and none in progress."""
+    return state.run is None or state.run.status not in (*WITH_RESULT, *UNFINISHED)
 
 
 def launch(
@@ -200,10 +201,21 @@ def launch(
     runs and executes as many at once as it has CPUs for (``AUDIT_RAY_NUM_CPUS``).
     """
     started = []
-    for state in batch_state(manager.store, batch):
+    states = batch_state(manager.store, batch)
+    for state in states:
         if needs_run(state):
             title = f"{batch.title} · {state.member.label}" if batch.title else state.member.label
             started.append(manager.start(state.member.spec, assets, title=title))
+    # Every defended member is judged beside its undefended control; start the controls
+    # that no member stands for (a comparison's "none" member usually does).
+    controls: dict[str, RunSpec] = {}
+    for state in states:
+        control = needs_control(manager.store, state.member.spec)
+        if control is not None:
+            controls.setdefault(control.identity(), control)
+    for control in controls.values():
+        title = f"{batch.title} · control (no defense)" if batch.title else "control (no defense)"
+        started.append(manager.start(control, assets, title=title))
     return started
 
 

@@ -81,3 +81,16 @@ class ClientProtocol:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def describe(self) -> str:
+        """The local training in words, as the server asked for it."""
+        if self.algorithm == "fedsgd":
+            return "FedSGD: one gradient of the whole batch"
+        amount = (
+            f"{self.local_epochs} local epoch(s)"
+            if self.local_epochs is not None
+            else f"{self.local_steps} local step(s)"
+        )
+        batch = f", mini-batches of {self.local_batch_size}" if self.local_batch_size else ""
+        sent = "the weight change" if self.shared == "delta" else "the new weights"
+        return f"FedAvg: {amount} of SGD at lr {self.local_lr:g}{batch}; sends {sent}"

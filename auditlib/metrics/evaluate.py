@@ -6,7 +6,9 @@
    VGG, ``normalize=True``) or the reason LPIPS is unavailable.
 4. Labels: order-free multiset accuracy.
 5. Summaries: mean, std, min and max over the batch.
-6. The leakage verdict (``metrics.risk``): level from the mean PSNR, success-rate curves.
+6. The guesses that use no update, scored the same way (``metrics.baseline``), and what the
+   reconstruction recovered beyond the best of them (``metrics.risk``), with success-rate
+   curves.
 
 Two selections are kept apart: the candidate the attacker would pick (lowest attack loss)
 and the oracle best (highest mean PSNR, which needs the ground truth).
@@ -23,6 +25,7 @@ import torch
 from auditlib.attacks.base import Candidate, Reconstruction
 from auditlib.data.normalization import Normalization
 from auditlib.metrics import image as image_metrics
+from auditlib.metrics.baseline import baseline_record, best_guess_per_image, score_guesses
 from auditlib.metrics.lpips_metric import availability, lpips_distances
 from auditlib.metrics.matching import label_accuracy, match
 from auditlib.metrics.risk import rdlv, risk_summary
@@ -126,7 +129,9 @@ def score(
         result["rdlv_mean"] = None
         result["rdlv_unavailable_reason"] = f"RDLV: {rdlv_reason}"
 
-    result["risk"] = risk_summary(per_image, result["psnr_mean"])
+    guess_scores = score_guesses(originals, prior)
+    result["baseline"] = baseline_record(guess_scores)
+    result["risk"] = risk_summary(per_image, best_guess_per_image(guess_scores))
 
     if candidate_labels is None:
         result["label_accuracy"] = None

@@ -1,10 +1,16 @@
-"""The leakage verdict of a run: a level from PSNR, the share of images recovered, RDLV.
+"""What one run recovered beyond a guess: per image and for the batch, with a level.
 
+- Beyond the guess: an image counts as recovered only when its reconstruction beats the best
+  guess that uses no update (``metrics.baseline``) by ``MARGIN_DB`` in PSNR and in SSIM
+  (where SSIM exists: the sign of RDLV against that guess), and reaches FedLeak's lowest
+  band (10 dB). The batch is beyond the guess when its mean PSNR and mean SSIM are.
 - Level: FedLeak's bands (Fan et al., USENIX Security 2025, Sec. 5.4): Very High >= 20 dB
   ("nearly all of a client's data can be reconstructed semantically"), High 15-20 ("most of
-  it"), Medium 10-15 ("a small portion"), Low below 10 dB (the paper: nothing meaningful).
-  A run's level comes from its mean PSNR over the matched images, the paper's statistic;
-  each image also gets its own level.
+  it"), Medium 10-15 ("a small portion"). A recovered image gets the band of its PSNR. The
+  batch gets the band of its mean PSNR (the paper's statistic) when the batch as a whole is
+  beyond the guess, and Medium ("a small portion") when only some of its images are; a run
+  that recovered nothing gets no level at all: whether that says anything about a defense
+  is the verdict's question (``metrics.verdict``), never a "Low" by itself.
 - Success rate: the share of matched images whose metric passes a threshold, over a range
   of thresholds (the curves of the GRNN thesis, Fig. 3.5): PSNR >= t, SSIM >= t, MSE <= t.
 - RDLV (Hatamizadeh et al., TMI 2023, as the Shadow paper uses it, Eq. 19):
@@ -33,8 +39,11 @@ LEVEL_MEANING = {
     "Very High": "nearly all of the client's images can be reconstructed recognisably",
     "High": "most of the client's images can be reconstructed recognisably",
     "Medium": "a small portion of the client's images can be reconstructed",
-    "Low": "no meaningful image content was recovered",
+    "Low": "this attack, which broke the undefended update at the same budget, recovered "
+    "nothing beyond a guess under the defense",
 }
+MARGIN_DB = 1.0  # PSNR an image must gain over the best guess to count as recovered
+RECOVERED_FLOOR_DB = 10.0  # FedLeak's lowest band: below it nothing meaningful is visible
 PSNR_THRESHOLDS = (10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0)
 SSIM_THRESHOLDS = (0.2, 0.4, 0.6, 0.8, 0.9)
 
@@ -62,18 +71,52 @@ def rdlv(reconstruction: np.ndarray, original: np.ndarray, prior: np.ndarray) ->
     return (image_metrics.ssim(reconstruction, original) - baseline) / baseline
 
 
-def risk_summary(per_image: Sequence[dict], psnr_mean: float) -> dict:
-    """The run's verdict from its scored images (each with ``psnr``, maybe ``ssim``)."""
-    for image in per_image:
-        image["leakage_level"] = leakage_level(image["psnr"])
-    level = leakage_level(psnr_mean)
+def beyond(psnr: float, ssim: float | None, guess_psnr: float, guess_ssim: float | None) -> bool:
+    """Whether a reconstruction (or a batch's means) beats the best guess: PSNR by the
+    margin and past the lowest band, and SSIM at all where both have one."""
+    if psnr < max(guess_psnr + MARGIN_DB, RECOVERED_FLOOR_DB):
+        return False
+    return ssim is None or guess_ssim is None or ssim > guess_ssim
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    return None if any(v is None for v in values) else float(np.mean(values))
+
+
+def risk_summary(per_image: Sequence[dict], best_guess: Sequence[dict]) -> dict:
+    """What the run recovered, from its scored images (each with ``psnr``, maybe ``ssim``)
+    and the best guess per image (``metrics.baseline.best_guess_per_image``)."""
+    for image, guess in zip(per_image, best_guess, strict=True):
+        image["guess_psnr"] = guess["psnr"]
+        image["guess_ssim"] = guess["ssim"]
+        image["best_guess"] = guess["guess"]
+        image["beyond_guess"] = beyond(
+            image["psnr"], image.get("ssim"), guess["psnr"], guess["ssim"]
+        )
+        image["leakage_level"] = leakage_level(image["psnr"]) if image["beyond_guess"] else None
+    recovered = sum(1 for i in per_image if i["beyond_guess"])
+    psnr_mean = float(np.mean([i["psnr"] for i in per_image]))
+    ssim_mean = _mean([i.get("ssim") for i in per_image])
+    guess_psnr = float(np.mean([g["psnr"] for g in best_guess]))
+    guess_ssim = _mean([g["ssim"] for g in best_guess])
+    batch_beyond = beyond(psnr_mean, ssim_mean, guess_psnr, guess_ssim)
+    # A batch that is not beyond the guess as a whole, with some images that are: a portion.
+    level = leakage_level(psnr_mean) if batch_beyond else ("Medium" if recovered else None)
     summary = {
         "level": level,
-        "meaning": LEVEL_MEANING[level],
-        "basis": "mean PSNR over the matched images; FedLeak's bands (>= 20 / 15-20 / 10-15 / "
-        "< 10 dB)",
+        "meaning": LEVEL_MEANING[level] if level else "nothing beyond the best guess was recovered",
+        "basis": f"images count when they beat the best guess without the update by {MARGIN_DB:g} dB "
+        "PSNR and in SSIM; the batch's level is FedLeak's band of its mean PSNR when the batch "
+        "beats the guess, Medium when only some images do",
+        "images_recovered": recovered,
+        "batch_size": len(per_image),
+        "batch_beyond_guess": batch_beyond,
+        "psnr_mean": psnr_mean,
+        "ssim_mean": ssim_mean,
+        "guess_psnr_mean": guess_psnr,
+        "guess_ssim_mean": guess_ssim,
         "images_per_level": {
-            name: sum(1 for i in per_image if i["leakage_level"] == name) for name, _ in LEVELS
+            name: sum(1 for i in per_image if i["leakage_level"] == name) for name, _ in LEVELS[:3]
         },
         "psnr_success_rate": success_rate([i["psnr"] for i in per_image], PSNR_THRESHOLDS),
     }

@@ -42,6 +42,7 @@ from auditlib.store.records import (
     QUEUED,
     RUNNING,
     STATUSES,
+    TIMED_OUT,
     UNFINISHED,
     AssetInfo,
     AssetRecord,
@@ -60,6 +61,9 @@ class UnknownRunError(ValueError):
 
 class RunFinishedError(ValueError):
     """The run already has a final status and cannot change any more."""
+
+
+_RANK = {COMPLETED: 0, TIMED_OUT: 1}  # which run stands for a spec: one with scores first
 
 
 def _asset_info(row: Asset) -> AssetInfo:
@@ -441,7 +445,8 @@ class Store:
 
     def runs_for_specs(self, spec_ids: Iterable[str]) -> dict[str, RunRecord]:
         """For each spec id, the run that stands for it: the newest completed one, else the
-        newest of any status; spec ids with no run are absent."""
+        newest stopped by its time budget (it has scores), else the newest of any status;
+        spec ids with no run are absent."""
         wanted = sorted(set(spec_ids))
         if not wanted:
             return {}
@@ -454,6 +459,6 @@ class Store:
         with self._session() as s:
             for row in s.scalars(query):
                 held = best.get(row.spec_id)
-                if held is None or (held.status != COMPLETED and row.status == COMPLETED):
+                if held is None or _RANK.get(row.status, 2) < _RANK.get(held.status, 2):
                     best[row.spec_id] = _run_record(row)
         return best

@@ -1,0 +1,158 @@
+"""The attack phase of a run: one attack, or every attack that applies, on one observation.
+
+"Every applicable attack" (attack name ``all``) runs each registered attack at its audit
+preset, one after another, sharing the run's time budget: each attack gets an equal share
+of what is left when it starts (so time an attack does not use passes on). An attack that
+does not apply to the scenario (its declared requirement, or the attack's own refusal when
+it starts) is listed with its reason. The scores then take, per image, the best
+reconstruction any attack got (``metrics.worst_case``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from auditlib.attacks import (
+    ALL_ATTACKS,
+    ATTACKS,
+    Candidate,
+    ProgressEvent,
+    Reconstruction,
+    RunControl,
+    build_attack_config,
+)
+from auditlib.attacks.restarts import AUDIT_PRESET, PLAN, restart_schedule, run_attack
+from auditlib.engine.seeds import derive_seed
+from auditlib.errors import AttackUnsupportedError, AuditInputError
+from auditlib.fl.scenario import Release
+from auditlib.spec import ComponentSpec
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedAttack:
+    name: str
+    preset: str | None
+    config: Any
+    settings: dict[str, Any]
+    planned_steps: int
+
+
+@dataclass(frozen=True, eq=False)
+class AttackRun:
+    """One attack's outcome within the run."""
+
+    planned: PlannedAttack
+    final: Reconstruction | None
+    skipped: str | None  # why the attack did not run, where it did not
+    seconds: float
+
+    @property
+    def label(self) -> str:
+        preset = f" ({self.planned.preset} preset)" if self.planned.preset else ""
+        return f"{self.planned.name}{preset}"
+
+
+def _planned_steps(config: Any, preset: str | None, iterations: int, every: int) -> int:
+    restarts = int(getattr(config, "restarts", 1))
+    if preset == AUDIT_PRESET and restarts > 1:
+        return PLAN.planned_steps(restarts, iterations, every)
+    return restarts * iterations
+
+
+def plan_attacks(attack: ComponentSpec, iterations: int, every: int = 10) -> list[PlannedAttack]:
+    """The attacks a run will try, each with its resolved configuration."""
+    if attack.name == ALL_ATTACKS:
+        if attack.params:
+            raise AuditInputError(
+                "every applicable attack runs each attack at its audit preset; it takes no "
+                "attack parameters"
+            )
+        chosen = [(name, AUDIT_PRESET, {}) for name in ATTACKS]
+    else:
+        chosen = [(attack.name, attack.preset, attack.params_dict())]
+    planned = []
+    for name, preset, params in chosen:
+        config, settings = build_attack_config(name, params, preset)
+        settings["restart_schedule"] = restart_schedule(config, preset)
+        planned.append(
+            PlannedAttack(
+                name, preset, config, settings, _planned_steps(config, preset, iterations, every)
+            )
+        )
+    return planned
+
+
+def run_attacks(
+    planned: list[PlannedAttack],
+    release: Release,
+    control: RunControl,
+    seed: int,
+    outcomes: list[AttackRun],
+) -> Iterator[ProgressEvent]:
+    """Run the planned attacks in turn; their events are renumbered to the run's steps.
+
+    ``outcomes`` receives one :class:`AttackRun` per planned attack.
+    """
+    started = time.perf_counter()
+    total = sum(p.planned_steps for p in planned)
+    offset = 0
+    observation, knowledge = release.observation, release.knowledge
+    for index, attack in enumerate(planned):
+        info = ATTACKS[attack.name]
+        began = time.perf_counter()
+        reason = info.why_not_applicable(observation, knowledge) if len(planned) > 1 else None
+        if reason is not None or control.is_cancelled():
+            outcomes.append(AttackRun(attack, None, reason or "the run was cancelled first", 0.0))
+            continue
+        share = control.max_seconds
+        if share is not None:
+            left = control.max_seconds - (began - started)
+            if left <= 0:
+                outcomes.append(AttackRun(attack, None, "the run's time budget was spent", 0.0))
+                continue
+            share = left / (len(planned) - index)
+        sub = replace(control, max_seconds=share)
+        seed_of_attack = seed if len(planned) == 1 else derive_seed(seed, attack.name)
+        final = None
+        try:
+            events = run_attack(
+                info.run, observation, knowledge, attack.config, sub, seed_of_attack, attack.preset
+            )
+            for event in events:
+                if event.final is not None:
+                    final = event.final
+                # One final for the whole run: iter_audit scores the attacks' finals itself.
+                yield replace(event, step=offset + event.step, total_steps=total, final=None)
+        except AttackUnsupportedError as exc:
+            if len(planned) == 1:
+                raise
+            outcomes.append(AttackRun(attack, None, str(exc), time.perf_counter() - began))
+            continue
+        offset += final.steps if final is not None else 0
+        outcomes.append(AttackRun(attack, final, None, time.perf_counter() - began))
+
+
+def worst_case(runs: list[AttackRun], per_image: list[list[dict]]) -> tuple[Candidate, list[str]]:
+    """Per image, the best of the attacks' own picks (by PSNR, which needs the ground truth:
+    the auditor's worst case, an attacker who can tell an image from noise), as one
+    candidate, with the attack each of its images came from.
+
+    ``per_image[k]`` is run k's matched per-image scores of its selected candidate.
+    """
+    images, labels, sources = [], [], []
+    for i in range(len(per_image[0])):
+        k = max(range(len(runs)), key=lambda k: per_image[k][i]["psnr"])
+        selected = runs[k].final.selected
+        j = per_image[k][i]["reconstruction_index"]
+        images.append(selected.images[j])
+        labels.append(None if selected.labels is None else selected.labels[j])
+        sources.append(runs[k].label)
+    stacked_labels = None if any(v is None for v in labels) else torch.stack(labels)
+    steps = sum(r.final.steps for r in runs)
+    return Candidate(torch.stack(images), stacked_labels, math.nan, 0, steps, "completed"), sources
