@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import auditlib
-from auditlib.attacks import ProgressEvent, RunControl, build_attack_config, get_attack
+from auditlib.attacks import ProgressEvent, Reconstruction, RunControl
 from auditlib.data import (
     LabelledImages,
     Normalization,
@@ -33,16 +33,18 @@ from auditlib.data import (
 from auditlib.data.samples import PHOTOGRAPHS
 from auditlib.data.training_sets import bundled_sets
 from auditlib.defenses import build_defense
+from auditlib.engine.attack_phase import AttackRun, plan_attacks, run_attacks, worst_case
 from auditlib.engine.device import resolve_device
 from auditlib.engine.seeds import derive_seed
-from auditlib.errors import AuditInputError
+from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.federated import train_federated, utility_tensors
 from auditlib.fl.scenario import release_update
 from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
 from auditlib.fl.update import set_training_mode
 from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
+from auditlib.metrics.verdict import Finding, Scope, judge, threat_card
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
-from auditlib.spec import RunSpec
+from auditlib.spec import ComponentSpec, RunSpec
 from auditlib.threat import PrivateBatch
 
 PRIOR_IMAGES = 64  # sample-set images averaged into the prior of RDLV
@@ -321,10 +323,7 @@ def iter_audit(
     followed by a :class:`LiveFrame`), then the :class:`AuditResult`.
     """
     began_unix = time.time()  # wall clock, for when runs overlapped (timing.*_unix)
-    attack_info = get_attack(spec.attack.name)
-    attack_config, attack_settings = build_attack_config(
-        spec.attack.name, spec.attack.params_dict(), spec.attack.preset
-    )
+    planned = plan_attacks(spec.attack, spec.budget.iterations, emit_every)
     defense, defense_settings = build_defense(spec.defense.name, spec.defense.params_dict())
     control = RunControl(
         max_steps=spec.budget.iterations,
@@ -349,18 +348,10 @@ def iter_audit(
 
     started = time.perf_counter()
     first_event_s = None
-    final = None
-    for event in attack_info.run(
-        release.observation,
-        release.knowledge,
-        attack_config,
-        control,
-        derive_seed(spec.seed, "attack"),
-    ):
+    runs: list[AttackRun] = []
+    for event in run_attacks(planned, release, control, derive_seed(spec.seed, "attack"), runs):
         if first_event_s is None:
             first_event_s = time.perf_counter() - started
-        if event.final is not None:
-            final = event.final
         yield event
         if event.images is not None:
             current = to_unit_range(event.images, victim.normalization)
@@ -370,13 +361,16 @@ def iter_audit(
             )
             yield LiveFrame(event.step, current[order], psnr_mean)
     seconds = time.perf_counter() - started
-    if final is None:  # every attack ends with a final event; this guards the contract
-        raise RuntimeError(f"attack {spec.attack.name} ended without a reconstruction")
+    ran = [r for r in runs if r.final is not None]
+    if not ran:
+        reasons = "; ".join(f"{r.planned.name}: {r.skipped}" for r in runs)
+        raise AttackUnsupportedError(f"no attack could run on this scenario ({reasons})")
 
     cancelled = control.is_cancelled
+    stop_reason = _stop_reason(ran, cancelled())
     if spec.utility is None:
         utility = None
-    elif final.stop_reason == "cancelled" or cancelled():
+    elif stop_reason == "cancelled":
         utility = {"unavailable_reason": "the run was cancelled before the utility training"}
     else:
         utility = measure_utility(
@@ -387,18 +381,56 @@ def iter_audit(
         )
 
     truth = PrivateBatch(victim.batch.images.cpu(), victim.batch.labels.cpu(), victim.batch.names)
-    scores = evaluate(
-        final,
-        truth,
-        victim.normalization,
-        lpips_nets,
-        prior=victim.prior,
-        prior_unavailable_reason=victim.prior_unavailable_reason,
-    )
+    score_args = {
+        "prior": victim.prior,
+        "prior_unavailable_reason": victim.prior_unavailable_reason,
+    }
+    per_attack = []
+    if len(planned) == 1:
+        final = ran[0].final
+        scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
+    else:  # the worst case over the attacks, per image
+        for run in ran:
+            quick = evaluate(run.final, truth, victim.normalization, (), **score_args)
+            per_attack.append(quick["attacker_selected"])
+        combined, sources = worst_case(ran, [s["per_image"] for s in per_attack])
+        final = Reconstruction((combined,), stop_reason, sum(r.final.steps for r in ran))
+        scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
+        for image in scores["attacker_selected"]["per_image"]:
+            image["attack"] = sources[image["reconstruction_index"]]
     selected = final.selected
     order = [p["reconstruction_index"] for p in scores["attacker_selected"]["per_image"]]
     reconstruction = to_unit_range(selected.images, victim.normalization)[order]
 
+    steps = sum(r.final.steps for r in ran)
+    planned_steps = sum(p.planned_steps for p in planned)
+    finding = Finding.from_scores(
+        scores["attacker_selected"]["risk"], stop_reason, steps, planned_steps
+    )
+    scope = Scope(
+        attacks=tuple(r.label for r in ran),
+        defense=_component_words(spec.defense),
+        restarts="; ".join(
+            f"{r.planned.name}: {r.planned.settings['restart_schedule']}" for r in ran
+        ),
+        iterations=spec.budget.iterations,
+        time_budget_s=spec.budget.max_seconds,
+        steps=steps,
+        seconds=seconds,
+        threat=threat_card(
+            protocol=spec.scenario.protocol.describe(),
+            labels_known=spec.scenario.labels_known,
+            batchnorm_statistics=any(_uses_batchnorm(r, victim.model) for r in ran),
+            batch_size=int(victim.batch.images.shape[0]),
+        ),
+    )
+    verdict = judge(finding, scope, defended=spec.defense.name != "none")
+
+    attack_settings = (
+        ran[0].planned.settings
+        if len(planned) == 1
+        else {r.planned.name: r.planned.settings for r in ran}
+    )
     summary = {
         "spec_id": spec.identity(),
         "attack": spec.attack.name,
@@ -431,12 +463,16 @@ def iter_audit(
         "metrics": scores["attacker_selected"],
         "oracle_best": scores["oracle_best"],
         "psnr_by_restart": scores["psnr_by_restart"],
-        "stop_reason": final.stop_reason,
+        "attacks": [_attack_record(r, s) for r, s in zip(ran, per_attack or [None], strict=False)]
+        + [_attack_record(r, None) for r in runs if r.final is None],
+        "verdict": verdict.to_dict(),
+        "stop_reason": stop_reason,
         "utility": utility,
         "timing": {
             "seconds": seconds,
-            "iterations": final.steps,
-            "iterations_per_second": final.steps / seconds if seconds > 0 else None,
+            "iterations": steps,
+            "planned_iterations": planned_steps,
+            "iterations_per_second": steps / seconds if seconds > 0 else None,
             "time_to_first_event_s": first_event_s,
             "began_unix": began_unix,
             "ended_unix": time.time(),
@@ -448,6 +484,48 @@ def iter_audit(
         },
     }
     yield AuditResult(summary, originals, reconstruction)
+
+
+def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:
+    """The run's stop reason: cancelled, or cut by the clock if any attack was, else the
+    attacks' own ("diverged" only if every attack diverged)."""
+    reasons = [r.final.stop_reason for r in runs]
+    if cancelled or "cancelled" in reasons:
+        return "cancelled"
+    if "time budget" in reasons:
+        return "time budget"
+    return "diverged" if all(r == "diverged" for r in reasons) else "completed"
+
+
+def _component_words(component: ComponentSpec) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in component.params)
+    return component.name + (f" ({params})" if params else "")
+
+
+def _uses_batchnorm(run: AttackRun, model: nn.Module) -> bool:
+    """Whether the attack used BatchNorm statistics as a prior (GradInversion's bn term)."""
+    weight = getattr(run.planned.config, "bn", 0) or 0
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return bool(weight > 0 and has_bn)
+
+
+def _attack_record(run: AttackRun, scores: dict[str, Any] | None) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "attack": run.planned.name,
+        "preset": run.planned.preset,
+        "skipped": run.skipped,
+        "seconds": run.seconds,
+    }
+    if run.final is not None:
+        record.update(stop_reason=run.final.stop_reason, steps=run.final.steps)
+    if scores is not None:
+        record.update(
+            psnr_mean=scores["psnr_mean"],
+            ssim_mean=scores.get("ssim_mean"),
+            images_recovered=scores["risk"]["images_recovered"],
+            level=scores["risk"]["level"],
+        )
+    return record
 
 
 def run_audit(
