@@ -162,7 +162,7 @@ def _report_arguments(commands) -> None:
     )
 
 
-def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str):
+def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str | None):
     model = parser.add_argument_group("model")
     model.add_argument(
         "--model", required=True, choices=sorted(architectures), help="built-in architecture"
@@ -177,7 +177,13 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str):
         "--init",
         default=init,
         choices=("default", "uniform"),
-        help=f"uniform = U(-0.5, 0.5), the DLG/GRNN setting (default: {init})",
+        help="uniform = U(-0.5, 0.5), the DLG/GRNN setting (default: "
+        + (
+            init
+            if init
+            else "the one SGD trains from: uniform for sigmoid networks, PyTorch's otherwise"
+        )
+        + ")",
     )
     model.add_argument(
         "--activation", choices=("sigmoid", "relu"), help="default: the architecture's"
@@ -190,16 +196,22 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str):
 
 def _model_spec(args: argparse.Namespace):
     """The built-in model the ``_model_arguments`` options describe."""
-    from auditlib.models import ModelSpec
+    from dataclasses import replace
 
-    return ModelSpec(
+    from auditlib.models import ModelSpec
+    from auditlib.models.registry import trainable_init
+
+    spec = ModelSpec(
         architecture=args.model,
         num_classes=args.num_classes,
         input_shape=(args.channels, args.input_size, args.input_size),
-        init=args.init,
+        init=args.init or "default",
         activation=args.activation,
         seed=args.model_seed,
     )
+    if args.init is None:  # the utility command: start where SGD trains the activation
+        spec = replace(spec, init=trainable_init(spec))
+    return spec
 
 
 def _utility_arguments(commands, architectures, defenses) -> None:
@@ -207,7 +219,7 @@ def _utility_arguments(commands, architectures, defenses) -> None:
         "utility",
         help="train the model with FedAvg under a defense; test accuracy and macro F1 per round",
     )
-    _model_arguments(utility, architectures, init="default")
+    _model_arguments(utility, architectures, init=None)
     data = utility.add_argument_group("data")
     source = data.add_mutually_exclusive_group(required=True)
     source.add_argument("--samples", help="bundled labelled set: fashion-mnist or digits")
@@ -325,6 +337,8 @@ def _progress_bar(total: int):
 
 
 def audit_command(args: argparse.Namespace) -> int:
+    from auditlib.defenses import build_defense
+    from auditlib.engine.attack_phase import plan_attacks
     from auditlib.engine.audit import run_audit
     from auditlib.engine.isolation import run_isolated
     from auditlib.metrics import LPIPS_NETS
@@ -357,6 +371,9 @@ def audit_command(args: argparse.Namespace) -> int:
             bar.refresh()
 
     runner = run_isolated if spec.model.trusted_archive else run_audit
+    # Refuse bad attack or defense parameters before the control spends any time.
+    plan_attacks(spec.attack, spec.budget.iterations)
+    build_defense(spec.defense.name, spec.defense.params_dict())
     control_result = None
     control = None if args.no_control else spec.control()
     try:

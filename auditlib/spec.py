@@ -99,9 +99,11 @@ class UtilitySpec:
     """The defense's cost: FedAvg training of the audited model under the same defense.
 
     Small by default (3 clients, 5 rounds of 2 local epochs, 3000 training examples: the
-    defense benchmark's setting, about 5 s for LeNet on a CPU) so that every point of a
-    comparison or sweep gets its utility quickly; the CLI's ``utility`` command runs longer
-    trainings.
+    defense benchmark's setting, about 7.5 s for LeNet on one CPU thread) so that every point
+    of a comparison or sweep gets its utility quickly; the CLI's ``utility`` command runs
+    longer trainings. Undefended, it takes the default LeNet from chance level (11.7 %) to
+    72 % on 10-class Fashion-MNIST (71 % with 100 classes; ReLU LeNet 77 %, MLP 75 %), from
+    the initialisation ``measure_utility`` picks for the activation.
     """
 
     dataset: str = "fashion-mnist"

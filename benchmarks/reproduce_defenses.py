@@ -40,7 +40,7 @@ DOC = ROOT / "docs" / "REPRODUCTION.md"
 # One setting per defense, at the strength its paper (or the Shadow digest's anchor) uses.
 DEFENSES: tuple[tuple[str, dict], ...] = (
     ("none", {}),
-    ("dp-gaussian", {"sigma": 0.01}),
+    ("dp-gaussian", {"sigma": 0.01, "clip": "none"}),  # DLG's noise alone, no clip bound
     ("dp-laplace", {"scale": 0.01}),
     ("prune", {"ratio": 0.8}),
     ("clip", {"bound": 4.0}),

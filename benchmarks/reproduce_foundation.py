@@ -156,7 +156,7 @@ def main() -> None:
     else:
         dlg = [dlg_run(i, s) for s in range(args.seeds) for i in range(args.images)]
         noisy = [
-            dlg_run(i, s, ComponentSpec.of("dp-gaussian", {"sigma": 0.1}))
+            dlg_run(i, s, ComponentSpec.of("dp-gaussian", {"sigma": 0.1, "clip": "none"}))
             for s in range(args.seeds)
             for i in range(args.images)
         ]

@@ -39,6 +39,27 @@ st.markdown(
     "with the reason, never estimated."
 )
 
+st.header("Verdict")
+st.markdown(
+    """
+A run's verdict is a bound, never one run read alone:
+
+- **Leaks** (Very High, High or Medium, FedLeak's bands): the attack recovered images beyond
+  the best guess that uses no update (mid-grey, the data's mean image and mean colour,
+  scored like a reconstruction).
+- **Defense held against this attack** (Low): under the defense the attack recovered
+  nothing beyond the guess, while the same attack at the same budget broke the undefended
+  update (the *control*, started with every defended run). It says nothing about stronger
+  or adaptive attacks.
+- **Inconclusive**: nothing was recovered and nothing follows from it: the run was cut
+  short by its time budget or cancelled, it had no defense, or its control did not leak.
+
+Every verdict names its scope: the attacks tried, their restarts and budget, the guesses,
+the control and the threat model (in the SoK's terms: Carletti et al., USENIX Security
+2025).
+"""
+)
+
 st.header("Attacks")
 st.table(
     [
@@ -46,6 +67,7 @@ st.table(
             "attack": info.name,
             "summary": info.summary,
             "presets": ", ".join(info.presets) or "none",
+            "audit iterations": f"{info.audit.iterations:,}" if info.audit else "n/a",
             "paper iterations": f"{info.paper_iterations:,}" if info.paper_iterations else "n/a",
         }
         for info in sorted(ATTACKS.values(), key=lambda i: i.name)

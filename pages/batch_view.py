@@ -14,7 +14,9 @@ from typing import Any
 import streamlit as st
 
 from auditlib.engine import batches
+from auditlib.engine.controls import WITH_RESULT, control_finding
 from auditlib.errors import AuditInputError
+from auditlib.metrics.verdict import Verdict
 from auditlib.report.charts import (
     PRIVACY_METRICS,
     comparison_figure,
@@ -28,8 +30,18 @@ from auditlib.report.subject import (
     summary_rows,
     utility_caveat,
 )
-from auditlib.store import UNFINISHED
-from pages.common import get_manager, get_store, number, persist, png_width, run_assets
+from auditlib.store import TIMED_OUT, UNFINISHED
+from pages.common import (
+    defended_spec,
+    get_manager,
+    get_store,
+    number,
+    persist,
+    png_width,
+    run_assets,
+    run_verdict,
+    verdict_cell,
+)
 from pages.common import set_url_state as _set_url_state
 
 REFRESH_S = 1.0
@@ -109,11 +121,62 @@ def _batch_picker(kind: str) -> None:
     )
 
 
-def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    """The rows as the tables show them: formatted, 'n/a' where there is no value."""
+def _utility(run) -> dict[str, Any] | None:
+    utility = (run.summary or {}).get("utility") if run is not None else None
+    return utility if isinstance(utility, dict) else None
+
+
+def undefended_accuracy(entries) -> float | None:
+    """The utility accuracy without any defense: the batch's "none" member, or else the
+    undefended control of its defended members (the same spec, utility training included)."""
+    for entry in entries:
+        if entry.series == "none" and entry.run is not None:
+            utility = _utility(entry.run)
+            if utility and utility.get("accuracy") is not None:
+                return utility["accuracy"]
+    store = get_store()
+    for entry in entries:
+        if entry.run is None:
+            continue
+        spec = defended_spec(entry.run)
+        if spec is None:
+            continue
+        _, _, control = control_finding(store, spec)
+        utility = _utility(control)
+        if utility and utility.get("accuracy") is not None:
+            return utility["accuracy"]
+    return None
+
+
+def chance_accuracy(entries) -> float | None:
+    """The accuracy of a guess by class, where the utility training reports it (optional)."""
+    for entry in entries:
+        utility = _utility(entry.run)
+        if utility and utility.get("chance_accuracy") is not None:
+            return utility["chance_accuracy"]
+    return None
+
+
+def display_rows(
+    rows: Sequence[dict[str, Any]],
+    verdicts: Sequence[Verdict | None] | None = None,
+    *,
+    undefended: float | None = None,
+    chance: float | None = None,
+) -> list[dict[str, str]]:
+    """The rows as the tables show them: formatted, 'n/a' where there is no value.
+
+    The leakage column is the verdict (with the control's result), never the run's band
+    alone; the utility beside the undefended accuracy and chance, where known.
+    """
     out = []
-    for r in rows:
-        row = {"defense": r["label"], "status": r["status"]}
+    for i, r in enumerate(rows):
+        verdict = verdicts[i] if verdicts is not None else None
+        if r["status"] in (*WITH_RESULT, "cancelled") and r["psnr"] is not None:
+            leakage = verdict_cell(verdict)
+        else:
+            leakage = "n/a"
+        row = {"defense": r["label"], "status": r["status"], "verdict": leakage}
         row.update(
             {
                 "PSNR (dB)": number(r["psnr"], ".2f"),
@@ -123,13 +186,20 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
                 "label acc.": number(r["label_accuracy"], ".0%"),
                 f"recovered ≥{RECOVERED_PSNR_DB:g} dB": number(r["recovered"], ".0%"),
                 "RDLV": number(r["rdlv"], ".3f"),
-                "leakage": r["level"] or "n/a",
                 "utility acc.": number(r["utility_accuracy"], ".1%"),
                 "ε": number(r["epsilon"], ".3g"),
             }
         )
-        if r["utility_without_key"] is not None:
-            row["utility acc."] += f" (no key {r['utility_without_key']:.1%})"
+        if r["utility_accuracy"] is not None:
+            beside = []
+            if r["utility_without_key"] is not None:
+                beside.append(f"no key {r['utility_without_key']:.1%}")
+            if undefended is not None and r["series"] != "none":
+                beside.append(f"no defense {undefended:.1%}")
+            if chance is not None:
+                beside.append(f"chance {chance:.1%}")
+            if beside:
+                row["utility acc."] += f" ({', '.join(beside)})"
         out.append(row)
     return out
 
@@ -146,11 +216,11 @@ def _grids(entries) -> None:
                 continue
             if entry.grid_png is not None:
                 metrics = (run.summary or {}).get("metrics", {})
-                level = (metrics.get("risk") or {}).get("level", "n/a")
+                verdict = verdict_cell(run_verdict(run), control=False)
                 st.image(
                     entry.grid_png,
                     width=min(png_width(entry.grid_png), 360),
-                    caption=f"PSNR {number(metrics.get('psnr_mean'), '.2f')} dB · {level}",
+                    caption=f"PSNR {number(metrics.get('psnr_mean'), '.2f')} dB · {verdict}",
                 )
                 continue
             live = store.image(run.id, "live")
@@ -168,10 +238,13 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
     unfinished = [r for r in rows if r["status"] in UNFINISHED]
     if live and not unfinished:
         st.rerun()  # the whole page: the report button appears, polling stops
-    done = sum(r["status"] == "completed" for r in rows)
-    missing = [r for r in rows if r["status"] not in ("completed", *UNFINISHED)]
+    # A run stopped by its time budget has a result (scored as it stood): not missing.
+    done = [r for r in rows if r["status"] in WITH_RESULT]
+    timed_out = sum(r["status"] == TIMED_OUT for r in done)
+    missing = [r for r in rows if r["status"] not in (*WITH_RESULT, *UNFINISHED)]
     st.caption(
-        f"{done} of {len(rows)} runs completed"
+        f"{len(done)} of {len(rows)} runs have results"
+        + (f" ({timed_out} stopped by the time budget)" if timed_out else "")
         + (f", {len(unfinished)} queued or running" if unfinished else "")
         + (f", {len(missing)} not run, cancelled or failed" if missing else "")
         + ". Runs go on in the background; you can leave this page."
@@ -190,7 +263,8 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
             key=f"{kind}.resume",
             on_click=_resume,
             args=(kind, batch_id),
-            help="Starts only the runs without a completed result; finished ones are reused.",
+            help="Starts only the runs without a result; those with one (completed, or stopped "
+            "by the time budget) are reused.",
         )
     if kind == "comparison":
         _grids(subject.entries)
@@ -214,7 +288,29 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
             if rows and all(r["status"] == "completed" for r in rows):
                 reason = f"the runs have no {privacy.upper()} and utility to plot"
             st.info(f"The curve appears as points finish ({reason}).")
-    st.dataframe(display_rows(rows), hide_index=True)
+    verdicts = [run_verdict(e.run) if e.run is not None else None for e in subject.entries]
+    undefended = undefended_accuracy(subject.entries)
+    chance = chance_accuracy(subject.entries)
+    st.dataframe(
+        display_rows(rows, verdicts, undefended=undefended, chance=chance),
+        hide_index=True,
+        column_config={
+            "verdict": st.column_config.TextColumn(
+                "verdict",
+                width="medium",
+                help="Each run judged beside the best guess without the update and its "
+                "undefended control at the same budget: a level only for a leak, or 'Low' for "
+                "a defense that held against a control that leaked; otherwise Inconclusive.",
+            )
+        },
+    )
+    notes = []
+    if undefended is not None:
+        notes.append(f"without a defense the model reaches {undefended:.1%}")
+    if chance is not None:
+        notes.append(f"a guess by class reaches {chance:.1%} (chance)")
+    if notes:
+        st.caption(f"Utility accuracy: {'; '.join(notes)}.")
 
 
 def _report(kind: str, batch_id: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import streamlit as st
 from PIL import Image
 
-from auditlib.attacks import build_attack_config
+from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL
 from auditlib.config import optional_inner
 from auditlib.data import (
     DEFAULT_LIMITS,
@@ -36,12 +36,23 @@ from auditlib.data import (
     load_zip,
 )
 from auditlib.defenses import build_defense
+from auditlib.engine.attack_phase import plan_attacks
+from auditlib.engine.controls import stored_verdict, verdict_of
 from auditlib.engine.runs import RunManager
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
+from auditlib.metrics.verdict import Verdict
 from auditlib.models import ModelSpec, build_model, load_weights
-from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
-from auditlib.store import Store
+from auditlib.spec import (
+    Budget,
+    ComponentSpec,
+    DataSpec,
+    ModelRef,
+    RunSpec,
+    ScenarioSpec,
+    run_spec_from_dict,
+)
+from auditlib.store import RunRecord, Store
 
 MIB = 2**20
 SETUP_PAGE = "pages/setup.py"
@@ -120,6 +131,10 @@ def persist(key: str, default: Any) -> str:
     """
     if key not in st.session_state:
         st.session_state[key] = default
+    else:
+        # Written back before the widget is created, so a widget first drawn on this page
+        # takes the value chosen on another page instead of its element default.
+        st.session_state[key] = st.session_state[key]
     return key
 
 
@@ -400,7 +415,7 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
         seed=setup.seed,
         device=lab.device,
     )
-    title = f"{lab.attack} vs {lab.defense} · {setup.architecture} · {images_text} image(s)"
+    title = f"{attack_label(lab.attack)} vs {lab.defense} · {setup.architecture} · {images_text} image(s)"
     return spec, assets, title
 
 
@@ -434,7 +449,7 @@ def check_components(lab: LabChoices) -> list[str]:
     except AuditInputError as exc:
         errors.append(f"Scenario: {exc}")
     try:
-        build_attack_config(lab.attack, lab.attack_params, lab.preset)
+        plan_attacks(ComponentSpec.of(lab.attack, lab.attack_params, lab.preset), lab.iterations)
     except AuditInputError as exc:
         errors.append(f"Attack: {exc}")
     try:
@@ -450,7 +465,7 @@ def spec_text(spec: Mapping[str, Any]) -> dict[str, str]:
     def component(part: Mapping[str, Any]) -> str:
         params = ", ".join(f"{k}={v}" for k, v in part.get("params") or [])
         preset = f" [{part['preset']}]" if part.get("preset") else ""
-        return f"{part.get('name', '?')}{preset}" + (f" ({params})" if params else "")
+        return f"{attack_label(part.get('name', '?'))}{preset}" + (f" ({params})" if params else "")
 
     model = spec.get("model", {})
     model_spec = model.get("spec", {})
@@ -495,8 +510,10 @@ def _unavailable(metrics: Mapping[str, Any], key: str) -> str:
     return f"unavailable: {reason}" if reason else "not computed"
 
 
-def metric_rows(metrics: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The headline metrics as (metric, value) rows; an unavailable metric shows its reason."""
+def metric_rows(metrics: Mapping[str, Any], verdict: Verdict | None = None) -> list[dict[str, str]]:
+    """The headline metrics as (metric, value) rows, the verdict first; an unavailable metric
+    shows its reason. The run's FedLeak band is never shown alone: only the verdict's level,
+    which is "Inconclusive" where nothing follows from the run."""
     rows = [
         ("PSNR mean (dB)", "psnr_mean", ".2f", "psnr"),
         ("PSNR std (dB)", "psnr_std", ".2f", "psnr"),
@@ -513,10 +530,76 @@ def metric_rows(metrics: Mapping[str, Any]) -> list[dict[str, str]]:
         value = metrics.get(key)
         text = _unavailable(metrics, base) if value is None else number(value, fmt)
         out.append({"Metric": label, "Value": text})
-    risk = metrics.get("risk")
-    if risk:
-        out.insert(0, {"Metric": "Leakage level", "Value": f"{risk['level']}: {risk['meaning']}"})
+    out.insert(0, {"Metric": "Verdict", "Value": verdict.headline if verdict else NO_VERDICT})
     return out
+
+
+# --- verdicts -----------------------------------------------------------------------------------
+
+NO_VERDICT = "no verdict (recorded before verdicts)"
+# How each outcome is drawn: Streamlit's alert (red, green, yellow) and an icon.
+OUTCOME_STYLE = {
+    "leaks": ("error", ":material/warning:"),
+    "defense_held": ("success", ":material/shield:"),
+    "inconclusive": ("warning", ":material/help:"),
+}
+SOK_CITATION = "Carletti et al., USENIX Security 2025"
+
+
+def run_verdict(record: RunRecord) -> Verdict | None:
+    """The verdict of a stored run with its undefended control (None for runs stored before
+    verdicts, or without a result)."""
+    if not record.summary:
+        return None
+    try:
+        return verdict_of(get_store(), record)
+    except (AuditInputError, KeyError, TypeError, ValueError):  # a spec of an older version
+        return stored_verdict(record.summary)
+
+
+def defended_spec(record: RunRecord) -> RunSpec | None:
+    """The stored run's spec when it has a defense (and so a control); None otherwise, or
+    for a spec of an older version."""
+    try:
+        spec = run_spec_from_dict(record.spec)
+    except (AuditInputError, KeyError, TypeError, ValueError):
+        return None
+    return spec if spec.control() is not None else None
+
+
+def finding_words(finding: Any) -> str:
+    """A control's (or a run's) finding in a few words: its level, or that it recovered nothing."""
+    if finding is None:
+        return "n/a"
+    if finding.leaked:
+        return f"leaked ({finding.level}, {finding.images_recovered} of {finding.batch_size})"
+    cut = f", {finding.stop_reason}" if finding.cut_short else ""
+    return f"recovered nothing{cut}"
+
+
+def verdict_cell(verdict: Verdict | None, *, control: bool = True) -> str:
+    """The verdict in a table cell: level and outcome, and the control's result where the
+    run had a defense. Only a finding carries a level; anything else reads "Inconclusive"."""
+    if verdict is None:
+        return NO_VERDICT
+    if verdict.outcome == "leaks":
+        text = f"{verdict.level}: leaks"
+    elif verdict.outcome == "defense_held":
+        text = "Low: defense held"
+    else:
+        text = "Inconclusive"
+        if verdict.finding.cut_short:
+            text += f" ({verdict.finding.stop_reason})"
+    if control and verdict.scope.defense != "none":
+        if verdict.control is not None:
+            text += f" · control {finding_words(verdict.control)}"
+        else:
+            text += " · no control result yet"
+    return text
+
+
+def attack_label(name: str) -> str:
+    return ALL_ATTACKS_LABEL if name == ALL_ATTACKS else name
 
 
 def privacy_text(report: Mapping[str, Any]) -> str:
@@ -540,8 +623,10 @@ def privacy_text(report: Mapping[str, Any]) -> str:
 def preset_label(preset: str | None) -> str:
     if preset is None:
         return "library defaults"
+    if preset == "audit":
+        return "audit: strongest settings (default)"
     if preset == "paper":
-        return "paper settings"
+        return "paper settings (reproduction)"
     if preset.startswith("paper-"):
         return f"paper settings ({preset.removeprefix('paper-')})"
     return preset

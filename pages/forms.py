@@ -11,7 +11,7 @@ import dataclasses
 
 import streamlit as st
 
-from auditlib.attacks import ATTACKS
+from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL, ATTACKS
 from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
 from auditlib.spec import UTILITY_DATASETS, UtilitySpec
@@ -19,6 +19,7 @@ from pages.common import (
     SETUP_PAGE,
     LabChoices,
     Setup,
+    attack_label,
     changed_params,
     check_components,
     config_defaults,
@@ -29,19 +30,15 @@ from pages.common import (
     setup_problems,
 )
 
-# A first run should take seconds to minutes, not the paper's hours; the paper's count is
-# one click away.
-FIRST_RUN_ITERATIONS = {
-    "dlg": 100,
-    "idlg": 100,
-    "ig": 300,
-    "gi": 300,
-    "grnn": 300,
-    "dlm": 100,
-    "dlm+": 100,
-    "fedleak": 300,
-}
-DEFAULT_ITERATIONS = 100
+# Without an audit preset an attack's first run gets this many steps (every attack has one).
+DEFAULT_ITERATIONS = 300
+# Compare and Trade-off run two attacks at a time on a 2-core machine, each slower than a lone
+# run. Measured on this 2-core machine (busy with other work): the default comparison (DLG's
+# audit preset, 300 steps per start = 480 raced steps, LeNet, one photograph; none,
+# dp-gaussian, prune, soteria) took 122, 136, 183 and 221 s of attack, two at a time; the old
+# 120 s budget cut them all short. 600 s leaves more than twice the slowest.
+BATCH_TIME_BUDGET_S = 600
+LAB_TIME_BUDGET_S = 120
 
 # --- the form (sidebar) ---------------------------------------------------------------------
 
@@ -102,51 +99,68 @@ def scenario_inputs(lab: LabChoices) -> None:
     )
 
 
-def _use_paper_iterations(attack: str, count: int) -> None:
-    st.session_state[f"iterations.{attack}"] = count
+def _use_paper_iterations(attack: str, preset: str | None, count: int) -> None:
+    st.session_state[f"iterations.{attack}.{preset}"] = count
+
+
+def default_iterations(attack: str, preset: str | None) -> int:
+    """The step budget per start that goes with the chosen settings: the paper's count for
+    the paper's settings, the audit preset's otherwise (the registry holds both)."""
+    if attack == ALL_ATTACKS:  # each attack at its audit preset: the longest of their budgets
+        return max(a.audit.iterations for a in ATTACKS.values() if a.audit)
+    info = ATTACKS[attack]
+    if preset is not None and preset.startswith("paper") and info.paper_iterations:
+        return info.paper_iterations
+    if info.audit is not None:
+        return info.audit.iterations
+    return info.paper_iterations or DEFAULT_ITERATIONS
 
 
 def attack_inputs(lab: LabChoices) -> None:
     st.header("Attack")
-    names = sorted(ATTACKS)
+    names = [*sorted(ATTACKS), ALL_ATTACKS]
     lab.attack = st.selectbox(
         "Attack",
         names,
+        format_func=attack_label,
         persist_state="session",
         key=persist("attack", "dlg" if "dlg" in names else names[0]),
+        help=f"'{ALL_ATTACKS_LABEL}' runs each attack that applies to the scenario at its "
+        "audit settings, one after the other, and scores each image by the attack that "
+        "recovered it best (the worst case).",
     )
+    if lab.attack == ALL_ATTACKS:
+        st.caption(
+            "Every attack that applies, each at its audit settings (strongest, raced restarts); "
+            "each image is scored by the attack that recovered it best. Settings and attack "
+            "parameters are each attack's own."
+        )
+        lab.preset, lab.attack_params = None, {}
+        lab.iterations = _iterations_input(lab.attack, None)
+        return
     info = ATTACKS[lab.attack]
     st.caption(info.summary)
-    presets = [None, *info.presets]
+    presets = [*info.presets, None]  # the audit preset is listed first: it is the default
     lab.preset = st.selectbox(
         "Settings",
         presets,
         format_func=preset_label,
         persist_state="session",
-        key=persist(f"preset.{lab.attack}", "paper" if "paper" in presets else None),
-        help="'paper settings' are the values of the attack's paper; 'library defaults' are "
-        "the library's. Every value can be changed under 'Attack parameters'.",
+        key=persist(f"preset.{lab.attack}", presets[0]),
+        help="'audit' is the strongest configuration for an audit's budget (restarts that "
+        "race, the default); 'paper settings' reproduce the attack's paper, with the paper's "
+        "iteration count; 'library defaults' are the library's. Every value can be changed "
+        "under 'Attack parameters'.",
     )
-    iterations_key = persist(
-        f"iterations.{lab.attack}", FIRST_RUN_ITERATIONS.get(lab.attack, DEFAULT_ITERATIONS)
-    )
-    lab.iterations = int(
-        st.number_input(
-            "Iterations",
-            1,
-            1_000_000,
-            step=1,
-            persist_state="session",
-            key=iterations_key,
-            help="A small count keeps a first run short; the time budget stops it too.",
-        )
-    )
+    if lab.preset == "audit" and info.audit is not None:
+        st.caption(f"Audit settings: {info.audit.why}.")
+    lab.iterations = _iterations_input(lab.attack, lab.preset)
     if info.paper_iterations:
         st.button(
             f"Paper's count: {info.paper_iterations:,} iterations",
             key=f"paper_iterations.{lab.attack}",
             on_click=_use_paper_iterations,
-            args=(lab.attack, info.paper_iterations),
+            args=(lab.attack, lab.preset, info.paper_iterations),
             help="Set the iterations to the paper's; such a run can take a long time.",
         )
     defaults = config_defaults(
@@ -156,6 +170,23 @@ def attack_inputs(lab: LabChoices) -> None:
         st.caption(f"Shown: {preset_label(lab.preset)}. Only changed values are recorded.")
         values = config_inputs(info.config_type, f"attack.{lab.attack}.{lab.preset}", defaults)
     lab.attack_params = changed_params(values, defaults)
+
+
+def _iterations_input(attack: str, preset: str | None) -> int:
+    """The step budget per start; its default follows the chosen settings (one field per
+    attack and settings, so switching settings brings that setting's count)."""
+    return int(
+        st.number_input(
+            "Iterations",
+            1,
+            1_000_000,
+            step=1,
+            persist_state="session",
+            key=persist(f"iterations.{attack}.{preset}", default_iterations(attack, preset)),
+            help="Steps per start of the attack (the audit settings race several starts). "
+            "The time budget stops it too.",
+        )
+    )
 
 
 def defense_inputs(lab: LabChoices) -> None:
@@ -171,17 +202,33 @@ def defense_inputs(lab: LabChoices) -> None:
     lab.defense_params = changed_params(values, defaults)
 
 
-def budget_inputs(lab: LabChoices) -> None:
+def budget_inputs(lab: LabChoices, *, batch: bool = False) -> None:
+    """The time budget (per run) and the device. Compare and Trade-off keep a budget of their
+    own, with a larger default: they run two attacks at a time, each slower than alone."""
     st.header("Budget")
+    if batch:
+        key, default = "batch_time_budget", BATCH_TIME_BUDGET_S
+        help_text = (
+            "Per run: each run's attack stops when this time is up and is scored as it "
+            "stands (the utility training is not counted). The runs of a comparison or sweep "
+            "run two at a time, each slower than a lone run, so the default is larger than "
+            "the Attack lab's; a run stopped by it recovered what it could in that time."
+        )
+    else:
+        key, default = "time_budget", LAB_TIME_BUDGET_S
+        help_text = (
+            "Per run (the undefended control of a defended run gets the same): the attack "
+            "stops when this time is up and is scored as it stands."
+        )
     lab.time_budget = float(
         st.number_input(
-            "Time budget (seconds)",
+            "Time budget per run (seconds)",
             1,
             86_400,
             step=10,
             persist_state="session",
-            key=persist("time_budget", 120),
-            help="The attack stops when this time is up and is scored as it stands.",
+            key=persist(key, default),
+            help=help_text,
         )
     )
     lab.device = st.selectbox(
@@ -249,10 +296,10 @@ def batch_form(title: str) -> tuple[Setup, LabChoices, UtilitySpec | None, list[
     with st.sidebar:
         scenario_inputs(lab)
         attack_inputs(lab)
-        budget_inputs(lab)
+        budget_inputs(lab, batch=True)
         utility, utility_error = utility_inputs()
     info_col, link_col = st.columns([4, 1])
-    info_col.markdown(f"**Model** {setup.model_text()} · attack **{lab.attack}**")
+    info_col.markdown(f"**Model** {setup.model_text()} · attack **{attack_label(lab.attack)}**")
     link_col.page_link(SETUP_PAGE, label="Change", icon=":material/tune:")
     errors, missing = setup_problems(setup)
     errors += check_components(lab)

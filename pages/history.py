@@ -14,23 +14,35 @@ from pages.common import (
     get_manager,
     get_store,
     number,
+    run_verdict,
     set_url_state,
     spec_text,
     url_state,
+    verdict_cell,
 )
 
 LIMIT = 200
 REFRESH_S = 2.0
 
 
+def _verdict(record) -> str | None:
+    """The verdict cell: None while a run has no result (unfinished, failed)."""
+    if not record.summary:
+        return None
+    return verdict_cell(run_verdict(record))
+
+
 def _rows(records: list) -> list[dict]:
     rows = []
     for r in records:
         settings = spec_text(r.spec)
+        # The verdict and PSNR first: what a reader looks for must not hide off to the right.
         rows.append(
             {
                 "started": f"{r.created_at.astimezone():%Y-%m-%d %H:%M:%S}",
                 "status": r.status,
+                "verdict": _verdict(r),
+                "PSNR (dB)": None if r.psnr_mean is None else round(r.psnr_mean, 2),
                 "attack": settings["attack"],
                 "defense": settings["defense"],
                 "model": settings["model"],
@@ -38,7 +50,6 @@ def _rows(records: list) -> list[dict]:
                 "scenario": settings["scenario"],
                 "iterations": r.iterations if r.iterations is not None else settings["iterations"],
                 "seconds": None if r.seconds is None else round(r.seconds, 1),
-                "PSNR (dB)": None if r.psnr_mean is None else round(r.psnr_mean, 2),
                 "SSIM": None if r.ssim_mean is None else round(r.ssim_mean, 3),
                 "LPIPS": None if r.lpips_mean is None else round(r.lpips_mean, 3),
                 "label accuracy": (None if r.label_accuracy is None else f"{r.label_accuracy:.0%}"),
@@ -50,9 +61,10 @@ def _rows(records: list) -> list[dict]:
 
 def _label(record) -> str:
     psnr = f" · PSNR {number(record.psnr_mean, '.2f')} dB" if record.psnr_mean is not None else ""
+    verdict = _verdict(record)
     return (
         f"{record.created_at.astimezone():%Y-%m-%d %H:%M:%S} · {record.title or record.id[:8]} · "
-        f"{record.status}{psnr}"
+        f"{record.status}{psnr}" + (f" · {verdict}" if verdict else "")
     )
 
 
@@ -71,6 +83,13 @@ def _table(live: bool, statuses: list[str]) -> None:
         hide_index=True,
         column_config={
             "run": st.column_config.TextColumn("run id", width="small"),
+            "verdict": st.column_config.TextColumn(
+                "verdict",
+                width="medium",
+                help="The run judged beside the best guess without the update and, for a "
+                "defended run, its undefended control. Only a leak, or a defense that held "
+                "against a control that leaked, carries a level; anything else is Inconclusive.",
+            ),
             "PSNR (dB)": st.column_config.NumberColumn(format="%.2f"),
         },
     )

@@ -11,23 +11,31 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
+from auditlib.attacks import ALL_ATTACKS
+from auditlib.engine.controls import control_finding, start_with_control
 from auditlib.errors import AuditInputError
+from auditlib.metrics.verdict import Verdict
 from auditlib.report.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
 from pages.common import (
     HISTORY_PAGE,
+    NO_VERDICT,
+    OUTCOME_STYLE,
     SETUP_PAGE,
+    SOK_CITATION,
     LabChoices,
     Setup,
     build_run,
     check_components,
     current_setup,
+    defended_spec,
     get_manager,
     get_store,
     metric_rows,
     number,
     png_width,
     privacy_text,
+    run_verdict,
     set_url_state,
     setup_problems,
     spec_text,
@@ -61,7 +69,8 @@ def _start(setup: Setup, lab: LabChoices) -> None:
         return
     try:
         spec, assets, title = build_run(setup, lab)
-        run_id = get_manager().start(spec, assets, title=title)
+        # A defended run is judged beside the same attack without the defense (its control).
+        run_id, control_id = start_with_control(get_manager(), spec, assets, title)
     except AuditInputError as exc:
         st.session_state["start_error"] = f"Not started: {exc}"
         return
@@ -73,6 +82,7 @@ def _start(setup: Setup, lab: LabChoices) -> None:
         return
     set_url_state("run", run_id)
     st.session_state.pop("_events", None)
+    st.session_state["control_started"] = control_id
 
 
 # --- watching a run -------------------------------------------------------------------------
@@ -189,6 +199,117 @@ def _live_view(run_id: str, live: bool) -> None:
             st.plotly_chart(_loss_figure(events), config={"displayModeBar": False})
 
 
+def _verdict_box(verdict: Verdict | None) -> None:
+    """The verdict's headline in the colour of its outcome, then its sentence."""
+    if verdict is None:
+        st.info(
+            f"{NO_VERDICT.capitalize()}: this run was stored before the dashboard judged runs "
+            "against a guess and an undefended control. Run it again for a verdict.",
+            icon=":material/history:",
+        )
+        return
+    kind, icon = OUTCOME_STYLE[verdict.outcome]
+    getattr(st, kind)(f"**{verdict.headline}**", icon=icon)
+    st.markdown(verdict.sentence)
+
+
+def _yes_no(value: bool | None) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
+
+
+def _scope(summary: dict, verdict: Verdict) -> None:
+    """How far the verdict reaches: attacks, restarts, budget, the guesses it was measured
+    against, the control, the share of the batch recovered and the threat model."""
+    scope, finding = verdict.scope, verdict.finding
+    metrics = summary.get("metrics", {})
+    with st.container(border=True):
+        st.subheader("Scope")
+        left, right = st.columns([1, 1], gap="large")
+        with left:
+            st.markdown(
+                f"**Attacks tried** {', '.join(scope.attacks) or 'none'}  \n"
+                f"**Restarts** {scope.restarts or 'one start'}  \n"
+                f"**Budget** {scope.budget_words()}  \n"
+                f"**Defense** {scope.defense}"
+            )
+            tried = summary.get("attacks") or []
+            if len(tried) > 1 or any(a.get("skipped") for a in tried):
+                st.table(
+                    [
+                        {
+                            "attack": a.get("attack"),
+                            "settings": a.get("preset") or "library defaults",
+                            "result": f"skipped: {a['skipped']}"
+                            if a.get("skipped")
+                            else a.get("stop_reason", "n/a"),
+                            "steps": number(a.get("steps"), ","),
+                            "PSNR (dB)": number(a.get("psnr_mean"), ".2f"),
+                            "recovered": number(a.get("images_recovered"), "d"),
+                        }
+                        for a in tried
+                    ]
+                )
+            st.markdown("**Baseline: the best guess without the update**")
+            guesses = (metrics.get("baseline") or {}).get("guesses") or []
+            st.table(
+                [
+                    {
+                        "reconstruction": "the attack (attacker's pick)",
+                        "PSNR (dB)": number(finding.psnr_mean, ".2f"),
+                        "SSIM": number(finding.ssim_mean, ".3f"),
+                    },
+                    *(
+                        {
+                            "reconstruction": f"guess: {g.get('name')}",
+                            "PSNR (dB)": number(g.get("psnr_mean"), ".2f"),
+                            "SSIM": number(g.get("ssim_mean"), ".3f"),
+                        }
+                        for g in guesses
+                    ),
+                ]
+            )
+            st.caption(
+                "An image counts as recovered only when its reconstruction beats the best of "
+                "these guesses (per image) in PSNR and SSIM and reaches 10 dB."
+            )
+            st.markdown("**Undefended control**")
+            if verdict.control is not None:
+                st.markdown(f"{verdict.control.figures()} ({verdict.control_note}).")
+            else:
+                st.markdown(f"{verdict.control_note or 'none'}.")
+        with right:
+            share = finding.images_recovered / finding.batch_size if finding.batch_size else 0.0
+            st.markdown(
+                f"**Recovered** {finding.images_recovered} of {finding.batch_size} image(s) "
+                f"({share:.0%} of the batch) beyond the best guess"
+            )
+            every = any("attack" in p for p in metrics.get("per_image", []))
+            rows = []
+            for p in metrics.get("per_image", []):
+                row = {
+                    "image": p.get("name"),
+                    "PSNR (dB)": number(p.get("psnr"), ".2f"),
+                    "best guess (dB)": f"{number(p.get('guess_psnr'), '.2f')}"
+                    + (f" ({p['best_guess']})" if p.get("best_guess") else ""),
+                    "beyond guess": _yes_no(p.get("beyond_guess")),
+                    "level": p.get("leakage_level") or "—",
+                }
+                if every:
+                    row["attack"] = p.get("attack", "n/a")
+                rows.append(row)
+            st.table(rows)
+            threat = scope.threat
+            st.markdown(
+                f"**Threat model** SoK model {threat.sok_model}: {threat.sok_name} ({SOK_CITATION})"
+            )
+            st.table(
+                [
+                    {"the attacker": k.item, "knows": "✔" if k.known else "✗", "how": k.detail}
+                    for k in threat.knowledge
+                ]
+            )
+
+
 def _results(record: RunRecord) -> None:
     summary = record.summary
     status = record.status
@@ -202,16 +323,23 @@ def _results(record: RunRecord) -> None:
     oracle = summary.get("oracle_best", {})
     timing = summary.get("timing", {})
     stop_reason = summary.get("stop_reason", status)
+    verdict = run_verdict(record)
+    st.subheader("Verdict")
+    _verdict_box(verdict)
+    attack = summary.get("attack", "?")
     headline = (
-        f"{summary.get('attack', '?')} against {summary.get('defense', '?')}: PSNR "
+        f"{'every applicable attack' if attack == ALL_ATTACKS else attack} against "
+        f"{summary.get('defense', '?')}: PSNR "
         f"{number(metrics.get('psnr_mean'), '.2f')} dB (mean over "
         f"{len(metrics.get('per_image', []))} image(s)), {timing.get('iterations', '?')} "
         f"iterations in {number(timing.get('seconds'), '.1f')} s, stopped: {stop_reason}."
     )
     if status == COMPLETED:
-        st.success(headline)
+        st.caption(headline)
     else:
         st.warning(f"{headline} The attack did not run to the end; it is scored as it stood.")
+    if verdict is not None:
+        _scope(summary, verdict)
 
     st.subheader("Result")
     grid = get_store().image(record.id, "reconstruction")
@@ -240,7 +368,7 @@ def _results(record: RunRecord) -> None:
     table_col, side_col = st.columns([1, 1], gap="large")
     with table_col:
         st.subheader("Metrics (attacker's pick)")
-        st.table(metric_rows(metrics))
+        st.table(metric_rows(metrics, verdict))
         definition = summary.get("config", {}).get("metric_definition")
         if definition:
             st.caption(f"Metric definition: {definition}.")
@@ -330,6 +458,57 @@ def _build_report(run_id: str) -> None:
         st.session_state["run_report_error"] = f"The report could not be built: {exc}"
 
 
+def _open_run(run_id: str) -> None:
+    set_url_state("run", run_id)
+    st.session_state.pop("_events", None)
+
+
+def _control_view(run_id: str, live: bool) -> None:
+    """Where the undefended control of a defended run stands, with a link to it; a fragment
+    that polls while the control is in progress and redraws the page when it ends (the
+    verdict of the defended run depends on it)."""
+    store = get_store()
+    record = store.get_run(run_id)
+    if record is None:
+        return
+    spec = defended_spec(record)
+    if spec is None:
+        return
+    _, note, control = control_finding(store, spec)
+    if control is None:
+        st.caption(f"Undefended control: {note}.")
+        return
+    if live and control.finished and record.finished:
+        st.rerun()
+    event = store.latest_event(control.id)
+    progress = ""
+    if not control.finished and event is not None and event.total:
+        progress = f", step {event.step:,} of {int(event.total):,}"
+    started = (
+        " (started with this run)" if st.session_state.get("control_started") == control.id else ""
+    )
+    text_col, open_col = st.columns([4, 1], vertical_alignment="center")
+    text_col.caption(
+        f"Undefended control, the same attack at the same budget without the defense: run "
+        f"{control.id[:8]}{started}, {STATUS_TEXT.get(control.status, control.status)}{progress}."
+    )
+    open_col.button(
+        "Open the control",
+        key="open_control",
+        on_click=_open_run,
+        args=(control.id,),
+        help="The verdict of this run reads its result beside the control's.",
+    )
+
+
+def _control_running(record: RunRecord) -> bool:
+    spec = defended_spec(record)
+    if spec is None:
+        return False
+    _, _, control = control_finding(get_store(), spec)
+    return control is not None and not control.finished
+
+
 def _close_run() -> None:
     set_url_state("run", None)
     st.session_state.pop("_events", None)
@@ -356,6 +535,8 @@ def _run_view(run_id: str) -> None:
     )
     live = not record.finished
     st.fragment(_live_view, run_every=REFRESH_S if live else None)(run_id, live)
+    control_live = _control_running(record)
+    st.fragment(_control_view, run_every=REFRESH_S if control_live else None)(run_id, control_live)
     if record.finished:
         _results(record)
 

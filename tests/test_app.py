@@ -10,7 +10,9 @@ import hashlib
 import io
 import json
 import math
+import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +50,34 @@ def _app(**query) -> AppTest:
 
 def _errors(at: AppTest) -> list[str]:
     return [e.value for e in at.error]
+
+
+LOW = re.compile(r"\bLow\b")
+
+
+def _page_text(at: AppTest) -> str:
+    """Every text the page shows: alerts, markdown, captions, headings, metrics, tables,
+    data frames and the options of its select boxes."""
+    parts = [
+        e.value
+        for kind in ("markdown", "caption", "info", "warning", "error", "success", "subheader")
+        for e in getattr(at, kind)
+    ]
+    parts += [f"{m.label} {m.value}" for m in at.metric]
+    parts += [t.value.to_string() for t in at.table]
+    parts += [d.value.to_string() for d in at.dataframe]
+    parts += [str(o) for s in at.selectbox for o in s.options]
+    return "\n".join(parts)
+
+
+def _verdict_headlines(at: AppTest) -> list[str]:
+    """The verdict's headline box (bold, coloured by outcome)."""
+    return [
+        a.value.strip("*")
+        for kind in ("error", "success", "warning")
+        for a in getattr(at, kind)
+        if a.value.startswith("**")
+    ]
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -185,7 +215,7 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
 
     # A run with them: the worker gets the stored bytes, and the spec names them by hash.
     _, manager = dashboard_store
-    at.number_input(key="iterations.dlg").set_value(2)
+    at.number_input(key="iterations.dlg.audit").set_value(2)
     at.button(key="start").click().run()
     assert not _errors(at), _errors(at)
     run_id = at.query_params["run"]
@@ -203,7 +233,7 @@ def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
     at = _app()
     at.switch_page("pages/lab.py").run()
     at.selectbox(key="attack").set_value("dlg").run()
-    at.number_input(key="iterations.dlg").set_value(5)
+    at.number_input(key="iterations.dlg.audit").set_value(5)
     at.button(key="start").click().run()
     assert not at.exception
     assert not _errors(at), _errors(at)
@@ -218,9 +248,12 @@ def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
     labels = [m.label for m in at.metric]
     assert any("PSNR" in label for label in labels)
     assert any("oracle" in label.lower() and "uses ground truth" in label for label in labels)
-    assert any("PSNR" in s.value for s in at.success)
+    assert any("dlg against none: PSNR" in c.value for c in at.caption)
+    assert "Verdict" in [h.value for h in at.subheader]
+    assert _verdict_headlines(at), "no verdict headline"
     record = store.get_run(run_id)
-    assert record.status == "completed" and record.iterations == 5
+    assert record.status == "completed" and record.spec["budget"]["iterations"] == 5
+    assert record.spec["attack"]["preset"] == "audit"  # 5 steps per raced start
     assert record.spec["attack"]["name"] == "dlg"
     assert store.image(run_id, "reconstruction") is not None
 
@@ -267,18 +300,24 @@ def test_lab_every_attack_and_defense_renders_its_fields(dashboard_store):
     assert at.number_input(key="local_steps")
     assert not _errors(at)
 
-    at.selectbox(key="attack").set_value("dlg").run()
-    at.button(key="paper_iterations.dlg").click().run()  # the "paper settings" count
-    assert at.number_input(key="iterations.dlg").value == 300
+    at.selectbox(key="attack").set_value("ig").run()
+    at.number_input(key="iterations.ig.audit").set_value(5).run()
+    at.button(key="paper_iterations.ig").click().run()  # the paper's count, on request
+    assert at.number_input(key="iterations.ig.audit").value == 24_000
 
 
 def test_lab_cancel_stops_the_run_and_scores_what_it_has(dashboard_store):
     store, manager = dashboard_store
     at = _app()
     at.switch_page("pages/lab.py").run()
-    at.number_input(key="iterations.dlg").set_value(5000)
+    at.number_input(key="iterations.dlg.audit").set_value(5000)
     at.button(key="start").click().run()
     run_id = at.query_params["run"]
+    # Cancel once the attack has begun (the audit settings prepare 8 starts first), so
+    # there is something to score.
+    deadline = time.monotonic() + 60
+    while store.latest_event(run_id) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     at.button(key="cancel").click().run()
     assert store.get_run(run_id).cancel_requested
     assert manager.wait(run_id, 60)
@@ -289,6 +328,119 @@ def test_lab_cancel_stops_the_run_and_scores_what_it_has(dashboard_store):
     assert record.iterations is not None and record.iterations < 5000
     assert any("did not run to the end" in w.value for w in at.warning)
     assert any("PSNR" in m.label for m in at.metric)
+    assert not LOW.search(_page_text(at))  # a cancelled run never reads "Low"
+
+
+def test_lab_defaults_to_the_audit_preset_and_offers_every_applicable_attack(dashboard_store):
+    from auditlib.attacks import ALL_ATTACKS, ATTACKS
+
+    at = _app()
+    at.switch_page("pages/lab.py").run()
+    attack = at.selectbox(key="attack")
+    assert attack.value == "dlg"
+    assert "every applicable attack" in attack.options  # the label of ALL_ATTACKS
+    preset = at.selectbox(key="preset.dlg")
+    assert preset.value == "audit" and preset.options[0] == "audit: strongest settings (default)"
+    assert "paper settings (reproduction)" in preset.options
+    # The iterations follow the settings: the audit budget, or the paper's count.
+    at.selectbox(key="attack").set_value("ig").run()
+    assert at.number_input(key="iterations.ig.audit").value == ATTACKS["ig"].audit.iterations
+    at.selectbox(key="preset.ig").set_value("paper").run()
+    assert at.number_input(key="iterations.ig.paper").value == ATTACKS["ig"].paper_iterations
+    # Every applicable attack: no settings and no attack parameters to choose.
+    at.selectbox(key="attack").set_value(ALL_ATTACKS).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert not [s for s in at.selectbox if s.key and s.key.startswith("preset.")]
+    assert "Attack parameters" not in [e.label for e in at.expander]
+    assert not at.button(key="start").disabled
+
+
+def _run_lab_with_defense(at: AppTest, manager, store) -> tuple[str, str]:
+    """Start the lab's run (a defended one) and wait for it and its control."""
+    at.button(key="start").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    run_id = at.query_params["run"]
+    control_id = at.session_state["control_started"]
+    assert control_id and control_id != run_id
+    assert store.get_run(control_id).spec["defense"]["name"] == "none"
+    assert manager.wait(run_id, 180) and manager.wait(control_id, 180)
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    return run_id, control_id
+
+
+def test_lab_defended_run_whose_control_did_not_leak_is_inconclusive(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page("pages/lab.py").run()
+    at.selectbox(key="defense").set_value("prune").run()
+    at.number_input(key="iterations.dlg.audit").set_value(1).run()  # too short to leak
+    _, control_id = _run_lab_with_defense(at, manager, store)
+    assert store.get_run(control_id).summary["verdict"]["finding"]["leaked"] is False
+    [headline] = _verdict_headlines(at)
+    assert headline.startswith("Inconclusive: the attack did not break even the undefended")
+    assert any(headline in w.value for w in at.warning)  # drawn in the inconclusive colour
+    text = _page_text(at)
+    assert "did not break even the undefended update" in text
+    assert not LOW.search(text)
+    assert "Scope" in [h.value for h in at.subheader]
+    assert f"control run {control_id[:8]}" in text  # the control's figures and note
+    assert "guess: grey" in text  # the baseline beside the attack
+    assert "SoK model C: Parameter-Aware Eavesdropper" in text
+    assert any(b.key == "open_control" for b in at.button)
+
+
+def test_lab_defended_run_whose_control_leaked_is_a_finding_about_the_defense(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    at.number_input(key="num_classes").set_value(100).run()  # DLG's LeNet: leaks in 100 steps
+    at.switch_page("pages/lab.py").run()
+    at.selectbox(key="preset.dlg").set_value("paper").run()
+    at.number_input(key="iterations.dlg.paper").set_value(100)
+    at.selectbox(key="defense").set_value("dp-gaussian").run()
+    at.number_input(key="defense.dp-gaussian.sigma").set_value(1.0).run()
+    run_id, control_id = _run_lab_with_defense(at, manager, store)
+    assert store.get_run(control_id).summary["verdict"]["finding"]["leaked"] is True
+    [headline] = _verdict_headlines(at)
+    assert headline.startswith(("Low: the defense stopped dlg", "the defense did not stop"))
+    assert any(headline in s.value for s in at.success)  # green: the defense held
+    text = _page_text(at)
+    assert "broke the undefended update" in text
+    metric_rows = [t.value for t in at.table if "Metric" in t.value.columns]
+    assert metric_rows and metric_rows[0]["Value"].iloc[0] == headline  # the verdict row
+
+    at.switch_page("pages/history.py").run()
+    table = at.dataframe[0].value
+    verdicts = dict(zip(table["run"], table["verdict"], strict=True))
+    assert verdicts[run_id].startswith("Low: defense held · control leaked")
+    assert verdicts[control_id].startswith(("Very High", "High", "Medium"))
+
+
+def test_a_run_stopped_by_its_time_budget_that_recovered_nothing_never_reads_low(
+    dashboard_store,
+):
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page("pages/lab.py").run()
+    at.number_input(key="iterations.dlg.audit").set_value(100_000)
+    at.number_input(key="time_budget").set_value(1).run()
+    at.button(key="start").click().run()
+    run_id = at.query_params["run"]
+    assert manager.wait(run_id, 120)
+    record = store.get_run(run_id)
+    assert record.status == "timed_out"
+    assert record.summary["verdict"]["finding"]["images_recovered"] == 0
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    [headline] = _verdict_headlines(at)
+    assert headline.startswith("Inconclusive: the attack was stopped by its time budget")
+    assert not LOW.search(_page_text(at)), _page_text(at)
+
+    at.switch_page("pages/history.py").run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert list(table["verdict"]) == ["Inconclusive (time budget)"]
+    assert not LOW.search(_page_text(at)), _page_text(at)
 
 
 def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
@@ -324,7 +476,7 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
     store, manager = dashboard_store
     at = _app()
     at.switch_page("pages/compare.py").run()
-    at.number_input(key="iterations.dlg").set_value(5)
+    at.number_input(key="iterations.dlg.audit").set_value(5)
     at.multiselect(key="compare.defenses").set_value(["none", "dp-gaussian"])
     _small_utility(at)
     at.run()
@@ -344,7 +496,12 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
     table = at.dataframe[0].value
     assert list(table["defense"]) == ["none", "dp-gaussian"]
     assert table["PSNR (dB)"].str.match(r"^-?\d+\.\d\d$").all()
-    assert table["utility acc."].str.endswith("%").all()
+    assert table["utility acc."].str.contains("%").all()
+    # The verdict column: the defended run is judged beside "none", its control.
+    assert not table["verdict"].str.contains("n/a|no verdict").any(), list(table["verdict"])
+    assert "control" in table["verdict"][1] and "control" not in table["verdict"][0]
+    assert "no defense" in table["utility acc."][1]
+    assert any("2 of 2 runs have results" in c.value for c in at.caption)
     assert len(at.get("image")) == 2  # one grid per defense
     assert at.get("plotly_chart")
     assert not any(b.key == "comparison.resume" for b in at.button)  # nothing missing
@@ -369,7 +526,7 @@ def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):
     store, manager = dashboard_store
     at = _app()
     at.switch_page("pages/tradeoff.py").run()
-    at.number_input(key="iterations.dlg").set_value(5)
+    at.number_input(key="iterations.dlg.audit").set_value(5)
     _small_utility(at)
     at.text_input(key="sweep.dp-gaussian.grid").set_value("0.001, 0.1")
     at.run()
@@ -419,6 +576,9 @@ def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
     assert list(table["status"]) == ["completed"]
     assert "dlg" in table["attack"][0] and "lenet" in table["model"][0]
     assert table["PSNR (dB)"][0] is not None
+    # The verdict and PSNR come right after the status, not off to the right.
+    assert list(table.columns)[:4] == ["started", "status", "verdict", "PSNR (dB)"]
+    assert table["verdict"][0].startswith(("Inconclusive", "Very High", "High", "Medium"))
 
     at.selectbox(key="history_run").set_value(run_id)
     at.button(key="open_run").click().run()
@@ -491,10 +651,12 @@ def test_form_fields_record_only_changes():
     from auditlib.defenses.dp_noise import GaussianNoiseConfig
 
     defaults = common.config_defaults(GaussianNoiseConfig)
-    assert defaults["clip"] is None and defaults["sigma"] == 0.1
-    values = {"sigma": 0.1, "clip": "", "delta": 1e-5, "rounds": 3, "sample_rate": 1.0}
+    assert defaults["clip"] == 30.0 and defaults["sigma"] == 0.1
+    values = {"sigma": 0.1, "clip": "30", "delta": 1e-5, "rounds": 3, "sample_rate": 1.0}
     assert common.changed_params(values, defaults) == {"rounds": 3}
     assert common.changed_params({**values, "clip": "2"}, defaults) == {"rounds": 3, "clip": "2"}
+    # An emptied optional field is a change to None ("no clip"), not the default.
+    assert common.changed_params({**values, "clip": ""}, defaults) == {"rounds": 3, "clip": ""}
 
 
 def test_spec_text_names_the_settings():

@@ -166,8 +166,9 @@ def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(stor
 
     manager = RecordingManager(store)
     first = batches.launch(manager, batch)
-    assert len(first) == 3
-    done, failed, running = first
+    assert len(first) == 4  # three points and the undefended control they are judged by
+    done, failed, running, control = first
+    assert store.get_run(control).spec_id == members[0].spec.control().identity()
     store.finish(done, "completed", summary={"metrics": {"psnr_mean": 12.0}})
     store.finish(failed, "failed", error="worker lost")
     store.mark_running(running)
@@ -179,6 +180,7 @@ def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(stor
     assert state["dp-gaussian sigma=0.1"].id == again[0]  # the newest, none completed yet
     assert set(batches.cancel(manager, batch)) == {again[0], running}
     assert set(manager.cancelled) == {again[0], running}  # not the finished ones
+    store.finish(control, "completed", summary={})
 
     # A completed run stands for its spec even when a newer run of it failed.
     store.finish(again[0], "completed", summary={})
@@ -222,7 +224,7 @@ def test_a_run_with_utility_reports_accuracy_rdlv_and_epsilon():
     assert utility["complete"] and utility["rounds_completed"] == 1
     assert [r["round"] for r in utility["rounds"]] == [0, 1]
     assert 0.0 <= utility["accuracy"] <= 1.0
-    assert utility["starts_from"].startswith("PyTorch's default")
+    assert utility["starts_from"].startswith("DLG's uniform")  # sigmoid LeNet
     assert utility["privacy"]["epsilon"] == pytest.approx(summary["defense_report"]["epsilon"])
     # The photographs set holds 17 images, more than the batch: the prior is their mean.
     assert summary["metrics"]["rdlv_mean"] is not None

@@ -310,7 +310,7 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
             _set_number(sidebar, "Clients", 2, page)
             _set_number(sidebar, "Training examples", 300, page)
             page.get_by_role("button", name="Run the comparison (4 runs)").click()
-            page.get_by_text("4 of 4 runs completed").wait_for(timeout=150_000)
+            page.get_by_text("4 of 4 runs have results").wait_for(timeout=150_000)
             assert "comparison=" in page.url
             page.locator('[data-testid="stPlotlyChart"]').first.wait_for()
             page.locator('[data-testid="stDataFrame"] canvas').first.wait_for()
@@ -332,11 +332,65 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
             grid.press("Enter")
             page.wait_for_timeout(700)
             page.get_by_role("button", name="Run the sweep (3 runs)").click()
-            page.get_by_text("3 of 3 runs completed").wait_for(timeout=150_000)
+            page.get_by_text("3 of 3 runs have results").wait_for(timeout=150_000)
             assert "sweep=" in page.url
             page.locator('[data-testid="stPlotlyChart"]').first.wait_for()
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / "browser_tradeoff.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def _choose(scope, label: str, option: str, page) -> None:
+    """Pick ``option`` in the select box ``label`` (Streamlit's combobox)."""
+    scope.get_by_label(label, exact=True).click()
+    page.get_by_role("option", name=option, exact=True).click()
+    page.wait_for_timeout(700)  # the rerun that takes the new value
+
+
+def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
+    """A defended run in the Attack lab: its control starts with it, and the verdict reads
+    beside it (DP noise sigma=1 against DLG on LeNet with 100 classes: the control leaks, the
+    defense holds), with the scope, the baseline guesses and the threat-model card;
+    screenshot ``browser_verdict.png``."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2000})
+            page.set_default_timeout(30_000)
+            page.goto(server)
+            page.get_by_role("heading", name="Setup").wait_for()
+            _set_number(page, "Classes", 100, page)  # DLG's LeNet: leaks within 100 steps
+
+            page.get_by_role("link", name="Attack lab").first.click()
+            page.get_by_role("heading", name="Attack lab").wait_for()
+            sidebar = page.locator('[data-testid="stSidebar"]')
+            sidebar.get_by_text("Iterations", exact=True).wait_for()
+            _choose(sidebar, "Settings", "paper settings (reproduction)", page)
+            _set_number(sidebar, "Iterations", 100, page)
+            _choose(sidebar, "Defense", "dp-gaussian", page)
+            sigma = sidebar.get_by_label("sigma", exact=True)
+            sigma.fill("1")
+            sigma.press("Enter")
+            page.wait_for_timeout(700)
+
+            page.get_by_role("button", name="Start the attack").click()
+            page.get_by_text("Undefended control, the same attack").wait_for(timeout=90_000)
+            page.get_by_text("Low: the defense stopped dlg").first.wait_for(timeout=150_000)
+            page.get_by_role("heading", name="Scope").wait_for()
+            page.get_by_text("Baseline: the best guess without the update").wait_for()
+            page.get_by_text("SoK model C: Parameter-Aware Eavesdropper").wait_for()
+            page.get_by_text("guess: grey").first.wait_for()
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(ARTIFACTS / "browser_verdict.png"), full_page=True)
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)

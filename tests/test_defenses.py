@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from auditlib.defenses import DEFENSES, build_defense, clip_update
+from auditlib.defenses.dp_noise import DEFAULT_CLIP
 from auditlib.errors import AuditInputError
 
 DELTA = 1e-5
@@ -93,7 +94,7 @@ def test_build_defense_returns_effective_settings_and_parses_strings():
 @pytest.mark.parametrize("sigma", [0.01, 0.5, 3.0])
 def test_gaussian_noise_has_standard_deviation_sigma(sigma):
     update = large_update()
-    defense, _ = build_defense("dp-gaussian", {"sigma": sigma})
+    defense, _ = build_defense("dp-gaussian", {"sigma": sigma, "clip": "none"})
     noise = flat(defense.apply(update, gen(1))) - flat(update)
     assert noise.numel() == 200_000
     assert float(noise.std()) == pytest.approx(sigma, rel=0.02)
@@ -147,10 +148,31 @@ def test_gaussian_clips_before_adding_noise():
 
 
 def test_gaussian_epsilon_needs_a_clip_bound():
-    defense, _ = build_defense("dp-gaussian", {"sigma": 1.0})
+    for off in ("none", None):  # a form's or the CLI's text, or Python's None
+        defense, settings = build_defense("dp-gaussian", {"sigma": 1.0, "clip": off})
+        assert settings["clip"] is None
+        report = defense.privacy_report()
+        assert report["epsilon"] is None
+        assert "clip" in report["epsilon_unavailable_reason"]
+
+
+def test_default_gaussian_clips_and_reports_a_finite_epsilon():
+    defense, settings = build_defense("dp-gaussian")
+    assert settings["clip"] == DEFAULT_CLIP == 30.0 and settings["sigma"] == 0.1
     report = defense.privacy_report()
-    assert report["epsilon"] is None
-    assert "clip" in report["epsilon_unavailable_reason"]
+    assert report["epsilon"] is not None and math.isfinite(report["epsilon"])
+    assert report["epsilon"] > 0 and report["noise_multiplier"] == pytest.approx(0.1 / 30)
+    # The same mechanism as sigma 1 at clip 300 (noise multiplier 1 / 300 either way).
+    assert report["epsilon"] == pytest.approx(epsilon("dp-gaussian", sigma=1.0, clip=300.0))
+    # An update below the bound is left as it is; only the noise is added.
+    small = (torch.full((4,), 1.0), torch.full((2, 2), -2.0))  # L2 norm 4.5 < 30
+    out = defense.apply(small, gen(5))
+    again = build_defense("dp-gaussian", {"clip": "none"})[0].apply(small, gen(5))
+    assert all(torch.equal(a, b) for a, b in zip(out, again, strict=True))
+    # A larger one is scaled down to the bound before the noise.
+    big = tuple(100.0 * t for t in large_update())
+    noise = flat(defense.apply(big, gen(3))) - flat(clip_update(big, DEFAULT_CLIP))
+    assert float(noise.std()) == pytest.approx(0.1, rel=0.02)
 
 
 def test_gaussian_epsilon_is_infinite_without_noise():

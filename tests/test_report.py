@@ -1,9 +1,13 @@
 """The PDF audit report: a small comparison rendered to PDF, then to PNG pages (poppler),
 with its pages, tables and images checked; a 64-image run laid out on A4; names escaped;
-charts replaced by a stated reason when Chromium cannot draw them; the CLI's report."""
+charts replaced by a stated reason when Chromium cannot draw them; the CLI's report; the
+verdict (inconclusive, a defense that held beside a leaking control, a timed-out batch
+summarised by its worst point, the threat-model card and the guesses)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import shutil
 import subprocess
 import warnings
@@ -28,6 +32,7 @@ from auditlib.report.export import figures_to_png
 from auditlib.report.images import comparison_grid, image_grid, split_grid
 from auditlib.report.pdf import build_report, render_report, report_bytes
 from auditlib.report.subject import batch_subject, run_subject, summary_rows
+from auditlib.report.verdict_section import SOK_CITATION
 from auditlib.spec import (
     Budget,
     ComponentSpec,
@@ -53,13 +58,33 @@ DPI = 40
 # ------------------------------------------------------------------------------ helpers
 
 
-def store_run(store: Store, spec: RunSpec, result, title: str = "") -> str:
+def store_run(
+    store: Store, spec: RunSpec, result, title: str = "", status: str = "completed"
+) -> str:
     run_id = store.create_run(spec.to_dict(), spec.identity(), title)
     store.mark_running(run_id)
     grid = png_bytes(comparison_grid(result.originals, result.reconstruction))
     store.add_image(run_id, 0, "reconstruction", grid)
-    store.finish(run_id, "completed", summary=result.summary)
+    store.finish(run_id, status, summary=result.summary)
     return run_id
+
+
+def flat(text: str) -> str:
+    """The text with every run of whitespace as one space (pdftotext wraps lines)."""
+    return " ".join(text.split())
+
+
+def between(text: str, start: str, end: str) -> str:
+    """The flattened text from the first ``start`` to the next ``end`` after it."""
+    text = flat(text)
+    begin = text.index(start)
+    return text[begin : text.index(end, begin)]
+
+
+def attack_table_row(text: str, label: str) -> str:
+    """The row of the attack-success table (section 4) of the run ``label``."""
+    results = text[text.index("Attack success") :]
+    return next(line for line in results.splitlines() if line.strip().startswith(label))
 
 
 def pdf_text(path: Path) -> str:
@@ -222,12 +247,17 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
     assert TITLE in text  # printed as typed, not taken as markup
     assert f"auditlib {auditlib.__version__}" in text and f"page 1 of {info.pages}" in text
     # The metric tables: their heads, one row per defense, the risk levels of the rows.
-    for head in ("PSNR", "SSIM", "LPIPS", "Labels", "Recovered", "Risk", "Accuracy", "Macro F1"):
+    heads = ("PSNR", "SSIM", "LPIPS", "Labels", "Recovered", "Verdict", "Accuracy", "Macro F1")
+    for head in (*heads, "Undefended"):
         assert head in text
     assert "dp-gaussian (clip=1," in text and "sigma=0.01)" in text
     for row in summary_rows(subject.entries):
-        assert row["status"] == "completed" and row["level"] in text
+        assert row["status"] == "completed" and row["has_result"] and row["level"] in text
         assert f"{row['psnr']:.2f}" in text
+        assert pdf.fmt(row["mse"], "e") in attack_table_row(text, row["label"][:12])  # unbroken
+    # The utility's starting point as recorded, and no Python dict printed raw.
+    assert "Training starts from PyTorch's default initialisation" in flat(text)
+    assert "{'" not in text and "'}" not in text
     # Limits: LPIPS was not computed, and 5 steps are fewer than DLG's paper ran.
     assert "LPIPS-Alex unavailable" in text and "its paper 300" in text
     # Reproducibility: the spec hashes of both runs.
@@ -355,6 +385,168 @@ def test_report_falls_back_to_the_base_fonts_without_dejavu(comparison, tmp_path
     assert TITLE in text and "DejaVu fonts were not found" in text
     assert "eps" in text and "ε" not in text  # a stand-in, not a missing glyph
     check_pages(png_pages(out, tmp_path / "pages"), info.pages)
+
+
+# ------------------------------------------------------------------------------ the verdict
+
+
+def tiny_spec(iterations: int) -> RunSpec:
+    """One 16 x 16 digit, LeNet, DLG's paper settings: 1 step recovers nothing, 8 steps
+    rebuild the image (about 75 dB) without a defense and nothing under dp-gaussian sigma 1."""
+    return RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (1, 16, 16), init="uniform")),
+        data=DataSpec("samples", "digits", batch_size=1),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("dlg", preset="paper"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(iterations=iterations),
+    )
+
+
+NOISE = [ComponentSpec.of("none"), ComponentSpec.of("dp-gaussian", {"sigma": 1})]
+
+
+@pytest.fixture(scope="module")
+def tiny_results():
+    """Real runs, once per module: {steps: [(member, result), ...]} for 1 and 8 steps, each
+    a comparison of no defense (the control) and dp-gaussian."""
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for steps in (1, 8):
+            members = comparison_members(tiny_spec(steps), NOISE)
+            out[steps] = [(m, run_audit(m.spec, lpips_nets=())) for m in members]
+    return out
+
+
+def verdict_report(folder: Path, results, status: str = "completed"):
+    """The results stored with ``status`` as a comparison, its subject, and its PDF's text."""
+    with Store(f"sqlite:///{folder}/runs.db") as store:
+        for member, result in results:
+            store_run(store, member.spec, result, member.label, status)
+        members = [m for m, _ in results]
+        subject = batch_subject(store, record_batch(store, "comparison", "verdicts", members))
+    out = folder / "verdicts.pdf"
+    build_report(subject, out, charts=False)
+    return subject, pdf_text(out)
+
+
+@needs_poppler
+def test_a_defended_run_whose_control_did_not_leak_reads_inconclusive_not_low(
+    tiny_results, tmp_path
+):
+    subject, text = verdict_report(tmp_path, tiny_results[1])
+
+    control, defended = subject.entries
+    assert not control.verdict.finding.leaked and not defended.verdict.finding.leaked
+    assert defended.verdict.outcome == "inconclusive" and defended.verdict.control is not None
+    summary = between(text, "1 Executive summary", "2 Threat model")
+    assert (
+        "dp-gaussian (sigma=1): Inconclusive: the attack did not break even the undefended "
+        "update at this budget" in summary
+    )
+    assert "0 of the 2 runs have a finding and 2 are inconclusive" in summary
+    assert "no run of this report has a finding" in summary
+    assert "so nothing is known about the defense" in summary  # the run's own block says why
+    for entry in subject.entries:  # neither row of the table shows a level
+        row = attack_table_row(text, entry.label[:12])
+        assert row.rstrip().endswith("Inconclusive")
+        assert not any(level in row for level in ("Very High", "High", "Medium", "Low"))
+    assert "Low:" not in text and "Defense held" not in text and "Risk:" not in text
+
+
+@needs_poppler
+def test_a_defended_run_whose_control_leaked_is_a_finding_about_the_defense(tiny_results, tmp_path):
+    subject, text = verdict_report(tmp_path, tiny_results[8])
+
+    control, defended = subject.entries
+    verdict = defended.verdict
+    assert control.verdict.outcome == "leaks" and verdict.control.leaked
+    assert verdict.outcome == "defense_held" and verdict.is_finding
+    words = flat(text)
+    assert "Low: the defense stopped dlg (paper preset) at this budget" in words
+    assert "a stronger or adaptive attack may still succeed" in words  # never a guarantee
+    assert "Outcome Defense held against this attack" in words
+    # The control's figures beside the run's, and its run named.
+    assert f"Control: no defense {verdict.control.psnr_mean:.2f}" in words
+    assert "1 of 1 image, Very High" in words and f"control run {control.run.id[:8]}" in words
+    assert attack_table_row(text, "dp-gaussian").rstrip().endswith("Low")
+    assert attack_table_row(text, "none").rstrip().endswith("Very High")
+
+
+@needs_poppler
+def test_a_timed_out_comparison_is_summarised_by_its_worst_measured_point(tiny_results, tmp_path):
+    subject, text = verdict_report(tmp_path, tiny_results[8], status="timed_out")
+
+    assert all(e.run.status == "timed_out" and e.verdict is not None for e in subject.entries)
+    summary = between(text, "1 Executive summary", "1.1 Verdict")
+    assert (
+        "Worst measured point: none: Very High: dlg (paper preset) rebuilt the client's images"
+        in summary
+    )
+    assert "2 of the 2 runs have a finding and 0 are inconclusive" in summary
+    assert "no verdict yet" not in text and "no result" not in summary
+    assert "2 with results of 2 (2 of them timed out)" in flat(text)
+    row = attack_table_row(text, "none")
+    assert "timed out" in row and row.rstrip().endswith("Very High")
+    assert "the run timed out; its numbers are what it had measured by then" in flat(text)
+
+
+@needs_poppler
+def test_a_run_report_shows_the_threat_model_card_and_the_guesses(tiny_results, tmp_path):
+    with Store(f"sqlite:///{tmp_path}/runs.db") as store:
+        run_ids = [store_run(store, m.spec, r, m.label) for m, r in tiny_results[8]]
+        subject = run_subject(store, run_ids[1])  # the defended run: its control is found
+    out = tmp_path / "run.pdf"
+
+    info = build_report(subject, out, charts=False)
+
+    words = flat(pdf_text(out))
+    verdict = subject.entries[0].verdict
+    assert verdict.outcome == "defense_held" and words.count(verdict.headline) >= 2
+    # The SoK's threat model, cited, and what the attacker had and had not.
+    assert "Threat model C: Parameter-Aware Eavesdropper" in words and SOK_CITATION in words
+    assert "labels not known inferred or optimised by the attack" in words
+    assert "model architecture and weights known the server sent them" in words
+    # The scope and every guess's figures beside the attack's.
+    assert (
+        "Attacks tried dlg (paper preset)" in words and "Restart schedule dlg: one start" in words
+    )
+    summary = subject.entries[0].run.summary
+    for guess in summary["metrics"]["baseline"]["guesses"]:
+        assert f"Guess: {guess['name']} {guess['psnr_mean']:.2f} {guess['ssim_mean']:.3f}" in words
+    assert f"Best guess, per image {verdict.finding.guess_psnr_mean:.2f}" in words
+    assert "digits-0360" in words and "not beyond guess" in words  # the per-image level
+    check_pages(png_pages(out, tmp_path / "pages"), info.pages)
+
+
+@needs_poppler
+def test_a_run_recorded_before_verdicts_says_so(tiny_results, tmp_path):
+    (member, result), _ = tiny_results[1]
+    old = dataclasses.replace(result, summary=copy.deepcopy(result.summary))
+    del old.summary["verdict"]
+    with Store(f"sqlite:///{tmp_path}/runs.db") as store:
+        subject = run_subject(store, store_run(store, member.spec, old, "old run"))
+    out = tmp_path / "old.pdf"
+
+    build_report(subject, out, charts=False)
+
+    text = pdf_text(out)
+    assert subject.entries[0].verdict is None
+    assert "No verdict (recorded before verdicts)" in text
+    assert attack_table_row(text, "old run").rstrip().endswith("no verdict")
+
+
+def test_column_widths_keep_each_number_whole():
+    widths = pdf.fit_widths([100, 30, 30], [40, 45, 20], total=160)
+    assert widths[1] >= 45 and widths[2] >= 20 and sum(widths) == pytest.approx(160)
+    assert pdf.fmt(2.06e-05, "e") == "2.06e-5" and pdf.fmt(0.25, "e") == "0.25"
+    assert (
+        pdf.plain({"algorithm": "fedsgd", "local_lr": 0.01}) == "algorithm: fedsgd; local_lr: 0.01"
+    )
+    assert pdf._knowledge_text("client protocol {'algorithm': 'fedsgd'}") == (
+        "client protocol (algorithm: fedsgd)"
+    )
 
 
 # ------------------------------------------------------------------------------ CLI

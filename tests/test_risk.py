@@ -50,22 +50,68 @@ def test_rdlv_is_zero_for_the_template_and_positive_for_a_copy():
     assert rdlv(original, original, 1.0 - original) is None  # the template's SSIM <= 0
 
 
-def test_the_run_level_comes_from_the_mean_psnr_and_each_image_has_its_own():
-    per_image = [{"psnr": 25.0, "ssim": 0.9}, {"psnr": 8.0, "ssim": 0.1}]
-    summary = risk_summary(per_image, psnr_mean=16.5)
-    assert summary["level"] == "High"
-    assert [i["leakage_level"] for i in per_image] == ["Very High", "Low"]
-    assert summary["images_per_level"] == {"Very High": 1, "High": 0, "Medium": 0, "Low": 1}
-    assert summary["ssim_success_rate"][0] == {"threshold": 0.2, "rate": 0.5}
+def _guess(psnr, ssim=0.1):
+    return {"guess": "grey", "psnr": psnr, "ssim": ssim}
 
 
-def test_every_score_carries_the_verdict():
+def test_an_image_counts_only_beyond_the_best_guess():
+    per_image = [
+        {"psnr": 25.0, "ssim": 0.9},  # far beyond the guess
+        {"psnr": 15.5, "ssim": 0.3},  # above 15 dB, but the grey guess gets 15 dB: not 1 dB more
+        {"psnr": 8.0, "ssim": 0.05},  # nothing
+    ]
+    summary = risk_summary(per_image, [_guess(12.0), _guess(15.0), _guess(11.0)])
+    assert [i["beyond_guess"] for i in per_image] == [True, False, False]
+    assert [i["leakage_level"] for i in per_image] == ["Very High", None, None]
+    assert summary["images_recovered"] == 1
+    # The batch's mean (16.2 dB) beats its mean guess (12.7 dB) by 3.5 dB: FedLeak's band of it.
+    assert summary["batch_beyond_guess"] and summary["level"] == "High"
+    assert summary["images_per_level"] == {"Very High": 1, "High": 0, "Medium": 0}
+    assert summary["ssim_success_rate"][0] == {"threshold": 0.2, "rate": 2 / 3}
+
+
+def test_a_batch_worse_than_a_grey_guess_gets_no_level():
+    # FedLeak's batch of 16 at 11.84 dB against a grey guess at 15.86 dB: the old rule said
+    # "Medium" (FedLeak's band of the mean); nothing here is beyond the guess.
+    per_image = [{"psnr": 11.84, "ssim": 0.17} for _ in range(16)]
+    summary = risk_summary(per_image, [_guess(15.86, 0.25)] * 16)
+    assert summary["level"] is None and summary["images_recovered"] == 0
+
+
+def test_some_images_beyond_the_guess_make_a_portion():
+    per_image = [{"psnr": 24.0, "ssim": 0.8}] + [{"psnr": 12.0, "ssim": 0.1}] * 7
+    summary = risk_summary(per_image, [_guess(15.0, 0.2)] * 8)
+    assert not summary["batch_beyond_guess"]
+    assert summary["level"] == "Medium" and summary["images_recovered"] == 1
+
+
+def test_a_better_psnr_with_a_worse_ssim_than_the_guess_is_not_recovered():
+    per_image = [{"psnr": 20.0, "ssim": 0.1}]
+    summary = risk_summary(per_image, [_guess(15.0, 0.3)])
+    assert summary["images_recovered"] == 0
+
+
+def test_every_score_carries_the_guesses_and_what_was_recovered():
     g = torch.Generator().manual_seed(0)
     images = torch.rand(2, 1, 16, 16, generator=g)
     truth = PrivateBatch(images, torch.tensor([0, 1]), ("a", "b"))
     normalization = Normalization.parse("none", 1)
     exact = score(images.clone(), None, truth, normalization, lpips_nets=())
     assert exact["risk"]["level"] == "Very High"
+    assert exact["risk"]["images_recovered"] == 2
     assert exact["risk"]["psnr_success_rate"][-1]["rate"] == 1.0
+    assert [g["name"] for g in exact["baseline"]["guesses"]] == ["grey"]  # no prior given
     noise = score(torch.rand(2, 1, 16, 16, generator=g), None, truth, normalization, ())
-    assert noise["risk"]["level"] == "Low"
+    assert noise["risk"]["level"] is None
+    assert noise["risk"]["images_recovered"] == 0
+
+
+def test_the_grey_guess_is_scored_like_a_reconstruction():
+    images = torch.full((1, 1, 16, 16), 0.25)
+    truth = PrivateBatch(images, torch.tensor([0]), ("a",))
+    normalization = Normalization.parse("none", 1)
+    grey = score(torch.full((1, 1, 16, 16), 0.5), None, truth, normalization, lpips_nets=())
+    # MSE 0.0625: 12.04 dB, for the guess and for a "reconstruction" that is the guess.
+    assert grey["baseline"]["guesses"][0]["psnr_mean"] == pytest.approx(12.041, abs=1e-3)
+    assert grey["risk"]["guess_psnr_mean"] == pytest.approx(grey["psnr_mean"])
+    assert grey["risk"]["images_recovered"] == 0

@@ -258,10 +258,21 @@ def measure_utility(
     the run's defense (``spec.utility``).
 
     Training starts from the uploaded weights where there are any (before any attack-stage
-    pretraining); a built-in model without weights starts from PyTorch's default
-    initialisation, since the attacks' uniform initialisation (DLG's) is chosen to make
-    inversion easy and barely trains, which would hide every defense's cost.
+    pretraining). A built-in model without weights starts from the initialisation that
+    trains its activation: DLG's uniform U(-0.5, 0.5) for sigmoid networks (the lab's
+    default LeNet), under which it is the very model audited, and PyTorch's default for
+    the others. PyTorch's default shrinks a sigmoid network's signal about fourfold per layer
+    (the default LeNet's last features vary by ~4e-4 across images), and SGD, with or
+    without momentum, stays at chance level; the uniform one makes ReLU activations blow up
+    and stall. Either way every defense would seem to cost nothing.
+
+    ``chance_accuracy`` is always predicting the test split's most frequent class;
+    ``learned`` says whether the final accuracy clearly beats it (``LEARNED_MARGIN``), so a
+    defense's cost is only read off a training that learned.
     """
+    from auditlib.fl.federated import chance_accuracy, learned
+    from auditlib.models.registry import trainable_init
+
     utility = spec.utility
     assert utility is not None
     started = time.perf_counter()
@@ -276,7 +287,8 @@ def measure_utility(
     test = (test[0].to(device), test[1].to(device))
     from_weights = spec.model.weights or spec.model.weights_asset or spec.model.trusted_archive
     if not from_weights:
-        spec = replace(spec, model=replace(spec.model, spec=replace(model_spec, init="default")))
+        init = trainable_init(model_spec)
+        spec = replace(spec, model=replace(spec.model, spec=replace(model_spec, init=init)))
     model = build_audited_model(
         spec, allow_trusted_archive=allow_trusted_archive, assets=assets
     ).to(device)
@@ -287,14 +299,19 @@ def measure_utility(
         if is_cancelled():
             break
     last = rounds[-1]
+    chance = chance_accuracy(test[1])
+    if from_weights:
+        starts_from = "the uploaded weights"
+    elif trainable_init(model_spec) == "uniform":
+        starts_from = "DLG's uniform initialisation U(-0.5, 0.5) of the architecture"
+    else:
+        starts_from = "PyTorch's default initialisation of the architecture"
     return {
         "dataset": sets.source,
         "train_examples": len(train[1]),
         "test_examples": len(test[1]),
         "federation": utility.federation.as_dict(),
-        "starts_from": "the uploaded weights"
-        if from_weights
-        else "PyTorch's default initialisation of the architecture",
+        "starts_from": starts_from,
         "rounds": rounds,
         "rounds_completed": last["round"],
         "complete": last["round"] == utility.federation.rounds,
@@ -302,6 +319,8 @@ def measure_utility(
         "macro_f1": last["macro_f1"],
         "accuracy_without_key": last["accuracy_without_key"],
         "initial_accuracy": rounds[0]["accuracy"],
+        "chance_accuracy": chance,
+        "learned": learned(last["accuracy"], chance),
         "privacy": defense.privacy_report(),
         "seconds": time.perf_counter() - started,
     }
@@ -446,7 +465,7 @@ def iter_audit(
             "observation": release.observation.kind,
             "server_knows": [
                 "model architecture and parameters",
-                "client protocol " + str(asdict(spec.scenario.protocol)),
+                "client protocol: " + spec.scenario.protocol.describe(),
                 "input normalisation",
                 f"batch size {victim.batch.images.shape[0]}",
                 *(["labels"] if spec.scenario.labels_known else []),

@@ -38,10 +38,14 @@ def control_finding(store: Store, spec: RunSpec) -> tuple[Finding | None, str, R
         return None, "no undefended control has been run at this budget", None
     verdict = stored_verdict(run.summary) if run.status in WITH_RESULT else None
     if verdict is not None:
-        return verdict.finding, f"control run {run.id[:8]} ({run.status})", run
+        return verdict.finding, f"control run {run.id[:8]} ({run.status.replace('_', ' ')})", run
     if run.status in UNFINISHED:
         return None, f"the control run {run.id[:8]} has not finished yet", run
-    return None, f"the control run {run.id[:8]} ended {run.status} without a result", run
+    return (
+        None,
+        f"the control run {run.id[:8]} ended {run.status.replace('_', ' ')} without a result",
+        run,
+    )
 
 
 def verdict_of(store: Store, run: RunRecord) -> Verdict | None:

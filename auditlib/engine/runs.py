@@ -16,9 +16,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayError, TaskCancelledError
 
-from auditlib.attacks import build_attack_config, get_attack
 from auditlib.defenses import build_defense
 from auditlib.engine import ray_backend
+from auditlib.engine.attack_phase import plan_attacks
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
 from auditlib.store import Store
@@ -63,8 +63,7 @@ class RunManager:
 
         Parameter errors surface here as AuditInputError, before anything is recorded.
         """
-        get_attack(spec.attack.name)
-        build_attack_config(spec.attack.name, spec.attack.params_dict(), spec.attack.preset)
+        plan_attacks(spec.attack, spec.budget.iterations)  # one attack, or every applicable one
         build_defense(spec.defense.name, spec.defense.params_dict())
         ray_backend.ensure_ray(self.ray_address)
         run_id = self.store.create_run(spec.to_dict(), spec.identity(), title)

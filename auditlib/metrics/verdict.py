@@ -176,7 +176,10 @@ class Scope:
 
     def budget_words(self) -> str:
         clock = f", at most {self.time_budget_s:g} s" if self.time_budget_s else ""
-        return f"{self.iterations:,} steps per start{clock}; {self.steps:,} steps in {self.seconds:.1f} s spent"
+        return (
+            f"{_count(self.iterations, 'step')} per start{clock}; "
+            f"{_count(self.steps, 'step')} in {self.seconds:.1f} s spent"
+        )
 
 
 @dataclass(frozen=True)
@@ -288,3 +291,7 @@ def judge(
     return Verdict(
         "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")

@@ -228,6 +228,14 @@ class ModelSpec:
         return cls(**values)
 
 
+def trainable_init(spec: ModelSpec) -> str:
+    """The initialisation from which SGD trains ``spec``'s activation: DLG's uniform one for
+    sigmoid networks (PyTorch's default shrinks their signal about fourfold per layer and
+    training stays at chance level) and PyTorch's default otherwise (the uniform one makes
+    ReLU activations blow up and stall)."""
+    return "uniform" if spec.resolved().activation == "sigmoid" else "default"
+
+
 def _uniform_init(model: nn.Module, generator: torch.Generator) -> None:
     # DLG's weights_init touches every module's weight and bias, BatchNorm included; in the
     # built-in models those are all the parameters there are.

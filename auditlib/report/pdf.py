@@ -15,12 +15,14 @@ saying why.
 
 from __future__ import annotations
 
+import ast
 import functools
 import io
 import json
 import math
 import os
 import platform
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape
+from xml.sax.saxutils import escape, unescape
 
 import numpy as np
 from PIL import Image as PILImage
@@ -58,9 +60,9 @@ import auditlib
 from auditlib.attacks import ATTACKS
 from auditlib.errors import AuditInputError
 from auditlib.metrics.risk import LEVEL_MEANING, LEVELS
+from auditlib.report import verdict_section as verdicts
 from auditlib.report.images import split_grid
 from auditlib.report.subject import (
-    RECOVERED_PSNR_DB,
     ReportEntry,
     ReportSubject,
     dig,
@@ -96,17 +98,18 @@ METRIC_NAMES = {
 }
 # The attack-success table: short heads, widths in cm (the body is 17.4 cm wide).
 ATTACK_COLUMNS = (
-    ("Run", 4.3),
-    ("Status", 1.7),
-    ("PSNR dB", 1.4),
+    ("Run", 3.6),
+    ("Status", 1.6),
+    ("PSNR dB", 1.3),
     ("SSIM", 1.2),
     ("LPIPS", 1.2),
-    ("MSE", 1.3),
-    ("Labels", 1.4),
-    ("Recovered", 1.9),
+    ("MSE", 1.7),
+    ("Labels", 1.3),
+    ("Recovered", 1.6),
     ("RDLV", 1.3),
-    ("Risk", 1.5),
+    ("Verdict", 1.8),
 )
+CELL_PADDING = 3  # points each side of a table cell (see _Builder.table)
 REPORT_PACKAGES = ("reportlab", "plotly", "kaleido", "numpy", "torch", "pillow", "sqlalchemy")
 
 
@@ -203,17 +206,78 @@ def fmt(value: Any, kind: str) -> str:
         return f"{number * 100:.1f}%"
     if kind == "s":
         return f"{number:.1f}"
+    if kind == "e" and number != 0 and not 1e-3 <= abs(number) < 1e4:
+        mantissa, exponent = f"{number:.2e}".split("e")
+        return f"{mantissa}e{int(exponent)}"  # 2.06e-5: short, one word
     return f"{number:.3g}"
 
 
+def plain(value: Any) -> str:
+    """A value as words: mappings as "key: value" lists, sequences comma-separated, never
+    a Python repr of a dict."""
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {plain(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(plain(v) for v in value) or "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 def _settings_text(settings: Any) -> str:
+    """Settings as "key: value" items; nested settings (one set per attack) one line each."""
     if isinstance(settings, dict):
         items = list(settings.items())
     elif isinstance(settings, list | tuple):
         items = [tuple(p) for p in settings if isinstance(p, list | tuple) and len(p) == 2]
     else:
         items = []
-    return ", ".join(f"{k}={v}" for k, v in items) or "defaults"
+    if items and all(isinstance(v, dict) for _, v in items):
+        return "\n".join(f"{k}: ({_settings_text(v)})" for k, v in items)
+    return "; ".join(f"{k}: {plain(v)}" for k, v in items) or "defaults"
+
+
+def _lines(text: str) -> str:
+    """Escaped text whose line breaks become Paragraph breaks."""
+    return "<br/>".join(esc(line) for line in text.split("\n"))
+
+
+_DICT_TAIL = re.compile(r"^(.*?)(\{.*\})\s*$")
+
+
+def _knowledge_text(item: str) -> str:
+    """A "server knows" item whose tail is a Python dict (runs before verdicts wrote the
+    client protocol so) as "key: value" words."""
+    found = _DICT_TAIL.match(item)
+    if found is None:
+        return item
+    try:
+        value = ast.literal_eval(found.group(2))
+    except (ValueError, SyntaxError):
+        return item
+    return f"{found.group(1).strip()} ({plain(value)})" if isinstance(value, dict) else item
+
+
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _tokens(markup: str) -> list[str]:
+    """The words of a cell's markup, as printed (a table never breaks inside one)."""
+    text = unescape(_TAG.sub(" ", markup), {"&nbsp;": " ", "&quot;": '"', "&#39;": "'"})
+    return text.split()
+
+
+def fit_widths(widths: Sequence[float], minimums: Sequence[float], total: float) -> list[float]:
+    """Column widths that fit ``total`` and give each column at least its minimum (its
+    longest word) where the others have room to spare: a number never wraps mid-number."""
+    fitted = [max(w, m) for w, m in zip(widths, minimums, strict=True)]
+    excess = sum(fitted) - total
+    slack = [f - m for f, m in zip(fitted, minimums, strict=True)]
+    if excess > 0 and sum(slack) > 0:
+        share = min(1.0, excess / sum(slack))
+        fitted = [f - s * share for f, s in zip(fitted, slack, strict=True)]
+    scale = min(1.0, total / sum(fitted))
+    return [f * scale for f in fitted]
 
 
 def _when(moment: datetime | None) -> str:
@@ -275,9 +339,8 @@ class _Builder:
         self.entries = subject.entries
         self.rows = summary_rows(subject.entries)
         self.with_runs = [e for e in self.entries if e.run is not None]
-        self.completed = [
-            e for e in self.with_runs if e.run.status == "completed" and e.run.summary
-        ]
+        # Completed or timed out with scores: the runs whose numbers count.
+        self.completed = [e for e in self.with_runs if e.has_result]
         summarised = [e for e in self.with_runs if e.run.summary]
         reference = (self.completed or summarised or self.with_runs or [None])[0]
         self.reference = reference
@@ -349,8 +412,8 @@ class _Builder:
         *,
         header_column: bool = False,
     ) -> Table:
-        """A table of markup cells that fits the body width and repeats its header row."""
-        scale = min(1.0, BODY_WIDTH / sum(widths))
+        """A table of markup cells that fits the body width and repeats its header row;
+        columns widen (at the cost of the others' slack) so no word or number wraps."""
         data: list[list[Any]] = []
         if header:
             data.append([self.p(h, "head") for h in header])
@@ -359,7 +422,12 @@ class _Builder:
             if header_column:
                 cells[0] = self.p(row[0], "head")
             data.append(cells)
-        table = Table(data, colWidths=[w * scale for w in widths], repeatRows=1 if header else 0)
+        minimums = self.word_widths([list(header)] if header else [], rows, len(widths))
+        table = Table(
+            data,
+            colWidths=fit_widths(widths, minimums, BODY_WIDTH),
+            repeatRows=1 if header else 0,
+        )
         style = [
             ("VALIGN", (0, 0), (-1, -1), "TOP"),
             ("GRID", (0, 0), (-1, -1), 0.25, colors.lightgrey),
@@ -376,6 +444,20 @@ class _Builder:
         table.setStyle(TableStyle(style))
         table.hAlign = "LEFT"
         return table
+
+    def word_widths(
+        self, heads: Sequence[Sequence[str]], rows: Sequence[Sequence[str]], columns: int
+    ) -> list[float]:
+        """Per column, the width of its longest word (bold in the header) plus padding."""
+        minimums = [0.0] * columns
+        size = self.styles["cell"].fontSize
+        for font, lines in ((self.fonts.bold, heads), (self.fonts.regular, rows)):
+            for row in lines:
+                for i, cell in enumerate(row[:columns]):
+                    for word in _tokens(cell if self.fonts.unicode else _latin(cell)):
+                        width = pdfmetrics.stringWidth(word, font, size) + 2 * CELL_PADDING + 1
+                        minimums[i] = max(minimums[i], width)
+        return minimums
 
     def key_values(self, pairs: Sequence[tuple[str, str]], key_width: float = 4.2 * cm) -> Table:
         return self.table(
@@ -450,7 +532,7 @@ class _Builder:
                 "Private data",
                 esc(f"{self.batch_size() or '?'} images from {self.data_source()}"),
             ),
-            ("Runs", f"{len(self.completed)} completed of {len(self.entries)}"),
+            ("Runs", self.runs_text()),
             (
                 "Report generated",
                 esc(f"{_when(datetime.now(UTC))} by auditlib {auditlib.__version__}"),
@@ -473,6 +555,11 @@ class _Builder:
             PageBreak(),
         ]
 
+    def runs_text(self) -> str:
+        timed_out = sum(1 for e in self.completed if e.run.status == "timed_out")
+        text = f"{len(self.completed)} with results of {len(self.entries)}"
+        return text + (f" ({timed_out} of them timed out)" if timed_out else "")
+
     def executive_summary(self) -> list[Flowable]:
         out: list[Flowable] = [self.p("1 Executive summary", "h1")]
         attack = ", ".join(self.attacks()) or "the attack"
@@ -483,75 +570,79 @@ class _Builder:
                 f"on a {esc(self.model_text())}."
             )
         )
-        bands = (
-            ", ".join(f"{name} ≥ {floor:g} dB" for name, floor in LEVELS[:-1])
-            + f", Low below {LEVELS[-2][1]:g} dB"
-        )
-        by_row = {id(e): r for e, r in zip(self.entries, self.rows, strict=True)}
-        done = [(e, by_row[id(e)]) for e in self.completed if by_row[id(e)]["level"]]
-        if not done:
-            out.append(
-                self.p(
-                    "<b>No run of this report has completed</b>, so there is no verdict yet; "
-                    "the status of each run is in section 4."
-                )
-            )
-            return out
-        rank = {name: i for i, (name, _) in enumerate(LEVELS)}
-        done_sorted = sorted(done, key=lambda pair: rank.get(pair[1]["level"], len(rank)))
-        worst, best = done_sorted[0], done_sorted[-1]
-        if len(done) == 1:
-            entry, row = worst
-            out.append(self.p(f"<b>Risk: {esc(row['level'])}</b>: {esc(self.meaning(entry))}."))
+        if self.subject.kind == "run":
+            entry = self.entries[0]
+            out += self.run_summary(entry)
         else:
-            out.append(
-                self.p(
-                    f"<b>Highest risk: {esc(worst[1]['level'])}</b>, under "
-                    f"{esc(worst[0].label)}: {esc(self.meaning(worst[0]))}. "
-                    f"<b>Lowest risk: {esc(best[1]['level'])}</b>, under {esc(best[0].label)}."
-                )
+            out += verdicts.batch_summary(self, self.entries)
+            by_row = {id(e): r for e, r in zip(self.entries, self.rows, strict=True)}
+            out += self.bullets(
+                verdicts.run_line(e, self.utility_words(by_row[id(e)])) for e in self.entries
             )
-        verdicts = [self.verdict(e, by_row[id(e)]) for e in self.entries]
-        out += [self.p(verdicts[0])] if len(verdicts) == 1 else self.bullets(verdicts)
         out.append(
             self.p(
-                f"Risk levels are FedLeak's bands of the mean PSNR between each private image "
-                f"and its reconstruction: {esc(bands)}. An image counts as recovered at "
-                f"{RECOVERED_PSNR_DB:g} dB or more.",
+                "A verdict is a bound, never a guarantee: <b>leaks</b> when the attack recovered "
+                "images beyond the best guess that uses no update (levels: FedLeak's bands of "
+                "the mean PSNR); <b>Low</b> only when a defended run recovered nothing beyond "
+                "the guess while the same attack at the same budget broke the undefended "
+                "update; otherwise <b>Inconclusive</b>, with the reason. The sections below give "
+                "each run's scope, guesses and control.",
                 "small",
             )
         )
+        for number, entry in enumerate(self.entries, 1):
+            out.append(CondPageBreak(6 * cm))
+            out += verdicts.verdict_block(self, entry, f"1.{number} Verdict: {entry.label}")
         return out
 
-    def meaning(self, entry: ReportEntry) -> str:
-        meaning = dig(self.summary_of(entry), "metrics", "risk", "meaning")
-        level = dig(self.summary_of(entry), "metrics", "risk", "level")
-        return str(meaning or LEVEL_MEANING.get(str(level), ""))
+    def run_summary(self, entry: ReportEntry) -> list[Flowable]:
+        """The summary of a one-run report: its verdict's headline and sentence."""
+        verdict = entry.verdict
+        row = self.rows[0]
+        if verdict is None:
+            return [self.p(f"<b>{esc(verdicts.no_verdict_reason(entry).capitalize())}</b>.")]
+        out = [self.p(f"<b>{esc(verdict.headline)}</b>"), self.p(esc(verdict.sentence))]
+        utility = self.utility_words(row)
+        if utility:
+            out.append(self.p(utility.strip()))
+        return out
 
-    def verdict(self, entry: ReportEntry, row: dict[str, Any]) -> str:
-        label = f"<b>{esc(entry.label)}</b>"
-        if row["status"] != "completed" or not row["level"]:
-            return f"{label}: no result (run {esc(row['status'])})."
-        text = (
-            f"{label}: <b>{esc(row['level'])}</b> risk, {esc(self.meaning(entry))}; mean PSNR "
-            f"{fmt(row['psnr'], 'db')} dB, {fmt(row['recovered'], 'pct')} of the images "
-            "recovered"
-        )
-        if finite_number(row["label_accuracy"]) is not None:
-            text += f", {fmt(row['label_accuracy'], 'pct')} of the labels"
-        if finite_number(row["utility_accuracy"]) is not None:
-            text += (
-                f"; model accuracy after federated training {fmt(row['utility_accuracy'], 'pct')}"
-            )
+    def utility_words(self, row: dict[str, Any]) -> str:
+        """' Model accuracy after federated training x% (chance y%, undefended z%).' or ''."""
+        if finite_number(row["utility_accuracy"]) is None:
+            return ""
+        beside = self.beside_accuracy(row)
+        text = f" Model accuracy after federated training {fmt(row['utility_accuracy'], 'pct')}"
+        text += f" ({beside})" if beside else ""
         if finite_number(row["epsilon"]) is not None:
-            text += f" (ε = {fmt(row['epsilon'], 'g')})"
+            text += f", ε = {fmt(row['epsilon'], 'g')}"
         return text + "."
+
+    def beside_accuracy(self, row: dict[str, Any]) -> str:
+        """Chance level and the undefended accuracy, the figures an accuracy is read against."""
+        parts = []
+        if finite_number(row.get("utility_chance")) is not None:
+            parts.append(f"chance {fmt(row['utility_chance'], 'pct')}")
+        if row["series"] != "none" and finite_number(row.get("utility_undefended")) is not None:
+            parts.append(f"undefended {fmt(row['utility_undefended'], 'pct')}")
+        return ", ".join(parts)
 
     def threat_model(self) -> list[Flowable]:
         out: list[Flowable] = [self.p("2 Threat model and FL scenario", "h1")]
+        cards = verdicts.threat_card_flowables(self, self.entries)
+        out += cards or self.server_knows()
+        out += self.scenario()
+        return out
+
+    def server_knows(self) -> list[Flowable]:
+        """What the server knew, as runs recorded before verdicts (and their cards) list it."""
+        out: list[Flowable] = []
         observation = dig(self.summary, "threat_model", "observation") or "update"
         known_lists = [
-            [str(k) for k in dig(self.summary_of(e), "threat_model", "server_knows") or []]
+            [
+                _knowledge_text(str(k))
+                for k in dig(self.summary_of(e), "threat_model", "server_knows") or []
+            ]
             for e in self.with_runs
         ]
         known_lists = [k for k in known_lists if k]
@@ -570,13 +661,18 @@ class _Builder:
         extras = []
         for entry in self.with_runs:
             known = dig(self.summary_of(entry), "threat_model", "server_knows") or []
-            more = [str(k) for k in known if str(k) not in common]
+            more = [_knowledge_text(str(k)) for k in known]
+            more = [k for k in more if k not in common]
             if more:
                 extras.append(f"{esc(entry.label)}: also {esc('; '.join(more))}")
         if extras:
             out.append(self.p("Under some defenses the server knows more:"))
             out += self.bullets(extras)
-        out.append(self.p("Scenario", "h2"))
+        return out
+
+    def scenario(self) -> list[Flowable]:
+        out: list[Flowable] = [self.p("Scenario", "h2")]
+        observation = dig(self.summary, "threat_model", "observation") or "update"
         protocol = dig(self.spec, "scenario", "protocol") or {}
         scenario = self.spec.get("scenario") or {}
         pairs = [
@@ -594,6 +690,10 @@ class _Builder:
                 ),
             ),
             ("Client sends", esc(protocol.get("shared", NOT_AVAILABLE))),
+            (
+                "Server observes",
+                esc(f"the client's {observation} for one round, as the defense left it"),
+            ),
             ("BatchNorm mode", esc(protocol.get("batchnorm_mode", NOT_AVAILABLE))),
             ("Labels known to server", "yes" if scenario.get("labels_known") else "no"),
         ]
@@ -656,7 +756,7 @@ class _Builder:
                 ("Preset", esc(dig(spec, "attack", "preset") or "none")),
                 (
                     "Settings",
-                    esc(
+                    _lines(
                         _settings_text(settings)
                         if settings is not None
                         else _settings_text(dig(spec, "attack", "params"))
@@ -685,7 +785,7 @@ class _Builder:
                 (
                     esc(entry.label),
                     esc(row["series"]),
-                    esc(_settings_text(settings) if entry.run is not None else NOT_AVAILABLE),
+                    _lines(_settings_text(settings)) if entry.run is not None else NOT_AVAILABLE,
                     epsilon,
                     f"{fmt(before, 'g')} → {fmt(after, 'g')}",
                 )
@@ -703,112 +803,130 @@ class _Builder:
                 "caption",
             )
         )
+        out += self.utility_settings()
+        return out
+
+    def utility_settings(self) -> list[Flowable]:
+        """How utility was measured; "Training starts from" only where a run recorded it."""
         utility_specs = [e.run.spec.get("utility") for e in self.with_runs]
         utility_spec = next((u for u in utility_specs if u), None)
-        if utility_spec:
-            federation = utility_spec.get("federation") or {}
-            starts = next(
-                (
-                    dig(self.summary_of(e), "utility", "starts_from")
-                    for e in self.completed
-                    if dig(self.summary_of(e), "utility", "starts_from")
+        if not utility_spec:
+            return []
+        federation = utility_spec.get("federation") or {}
+        starts = next(
+            (
+                dig(self.summary_of(e), "utility", "starts_from")
+                for e in self.with_runs
+                if dig(self.summary_of(e), "utility", "starts_from")
+            ),
+            None,
+        )
+        pairs = [
+            ("Dataset", esc(utility_spec.get("dataset"))),
+            (
+                "Examples",
+                esc(f"{utility_spec.get('train')} training, {utility_spec.get('test')} held out"),
+            ),
+            (
+                "Federation",
+                esc(
+                    f"{federation.get('clients')} clients ({federation.get('split')}), "
+                    f"{federation.get('rounds')} rounds of {federation.get('local_epochs')} "
+                    f"local epoch(s) at learning rate {federation.get('local_lr')}, seed "
+                    f"{federation.get('seed')}"
                 ),
-                None,
-            )
-            out.append(self.p("Utility measurement", "h2"))
-            out.append(
-                self.key_values(
-                    [
-                        ("Dataset", esc(utility_spec.get("dataset"))),
-                        (
-                            "Examples",
-                            esc(
-                                f"{utility_spec.get('train')} training, "
-                                f"{utility_spec.get('test')} held out"
-                            ),
-                        ),
-                        (
-                            "Federation",
-                            esc(
-                                f"{federation.get('clients')} clients "
-                                f"({federation.get('split')}), {federation.get('rounds')} "
-                                f"rounds of {federation.get('local_epochs')} local epoch(s) at "
-                                f"learning rate {federation.get('local_lr')}, seed "
-                                f"{federation.get('seed')}"
-                            ),
-                        ),
-                        ("Training starts from", esc(starts or NOT_AVAILABLE)),
-                        ("Defense", "the run's defense, applied to every client's update"),
-                    ]
-                )
-            )
-        return out
+            ),
+        ]
+        if starts:
+            pairs.append(("Training starts from", esc(starts)))
+        pairs.append(("Defense", "the run's defense, applied to every client's update"))
+        return [self.p("Utility measurement", "h2"), self.key_values(pairs)]
 
     def results(self) -> list[Flowable]:
         out: list[Flowable] = [self.p("4 Results", "h1"), self.p("Attack success", "h2")]
-        attack_rows = [
-            (
-                esc(r["label"]),
-                esc(r["status"]),
-                fmt(r["psnr"], "db"),
-                fmt(r["ssim"], "ssim"),
-                fmt(r["lpips"], "lpips"),
-                fmt(r["mse"], "g"),
-                fmt(r["label_accuracy"], "pct"),
-                fmt(r["recovered"], "pct"),
-                fmt(r["rdlv"], "rdlv"),
-                f"<b>{esc(r['level'])}</b>" if r["level"] else NOT_AVAILABLE,
-            )
-            for r in self.rows
-        ]
         out.append(
             self.table(
                 [head for head, _ in ATTACK_COLUMNS],
-                attack_rows,
+                [self.attack_row(r) for r in self.rows],
                 [width * cm for _, width in ATTACK_COLUMNS],
             )
         )
         out.append(
             self.p(
                 "Means over the private images, attacker's selection among restarts. Labels: "
-                "share of labels recovered; Recovered: share of images at "
-                f"{RECOVERED_PSNR_DB:g} dB or more. n/a: the value does not exist for the run "
-                "(section 8 says why).",
+                "share of labels recovered; Recovered: images recovered beyond the best guess "
+                "that uses no update, of the batch. Verdict: the run's verdict beside its "
+                "undefended control (section 1); a level only where the run shows one. A timed "
+                "out run keeps what it recovered by then. n/a: the value does not exist for "
+                "the run (section 8 says why).",
                 "caption",
             )
         )
         if any(e.run is not None and e.run.spec.get("utility") for e in self.entries):
-            without_key = any(
-                finite_number(r["utility_without_key"]) is not None for r in self.rows
-            )
-            header = ["Run", "Accuracy", "Macro F1"]
-            widths = [5.6 * cm, 2.2 * cm, 2.2 * cm]
-            if without_key:
-                header.append("Accuracy w/o key")
-                widths.append(2.6 * cm)
-            header += ["ε", "Time s"]
-            widths += [2.2 * cm, 1.8 * cm]
-            utility_rows = []
-            for r in self.rows:
-                cells = [
-                    esc(r["label"]),
-                    fmt(r["utility_accuracy"], "pct"),
-                    fmt(r["utility_f1"], "pct"),
-                ]
-                if without_key:
-                    cells.append(fmt(r["utility_without_key"], "pct"))
-                cells += [fmt(r["epsilon"], "g"), fmt(r["seconds"], "s")]
-                utility_rows.append(cells)
-            out.append(self.p("Defense cost", "h2"))
-            out.append(self.table(header, utility_rows, widths))
-            out.append(
-                self.p(
-                    "Accuracy and macro F1 on held-out data after federated training under "
-                    "the run's defense; Time: the whole run, attack and training.",
-                    "caption",
-                )
-            )
+            out += self.defense_cost()
         return out
+
+    def attack_row(self, r: dict[str, Any]) -> tuple[str, ...]:
+        if r["beyond_guess"] is not None:
+            recovered = f"{r['beyond_guess'][0]}&nbsp;of&nbsp;{r['beyond_guess'][1]}"
+        else:
+            recovered = fmt(r["recovered"], "pct")
+        if r["level"] is None:
+            verdict = "no verdict" if r["has_result"] else NOT_AVAILABLE
+        else:
+            verdict = f"<b>{esc(r['level'])}</b>" if r["finding"] else esc(r["level"])
+        return (
+            esc(r["label"]),
+            esc(str(r["status"]).replace("_", " ")),
+            fmt(r["psnr"], "db"),
+            fmt(r["ssim"], "ssim"),
+            fmt(r["lpips"], "lpips"),
+            fmt(r["mse"], "e"),
+            fmt(r["label_accuracy"], "pct"),
+            recovered,
+            fmt(r["rdlv"], "rdlv"),
+            verdict,
+        )
+
+    def defense_cost(self) -> list[Flowable]:
+        """Accuracy under each defense, beside chance and the undefended accuracy."""
+        without_key = any(finite_number(r["utility_without_key"]) is not None for r in self.rows)
+        chance = any(finite_number(r["utility_chance"]) is not None for r in self.rows)
+        header = ["Run", "Accuracy"]
+        widths = [4.6 * cm, 1.9 * cm]
+        if chance:
+            header.append("Chance")
+            widths.append(1.7 * cm)
+        header += ["Undefended", "Macro F1"]
+        widths += [2.2 * cm, 1.9 * cm]
+        if without_key:
+            header.append("Accuracy w/o key")
+            widths.append(2.4 * cm)
+        header += ["ε", "Time s"]
+        widths += [1.8 * cm, 1.5 * cm]
+        rows = []
+        for r in self.rows:
+            undefended = r["utility_accuracy"] if r["series"] == "none" else r["utility_undefended"]
+            cells = [esc(r["label"]), fmt(r["utility_accuracy"], "pct")]
+            if chance:
+                cells.append(fmt(r["utility_chance"], "pct"))
+            cells += [fmt(undefended, "pct"), fmt(r["utility_f1"], "pct")]
+            if without_key:
+                cells.append(fmt(r["utility_without_key"], "pct"))
+            cells += [fmt(r["epsilon"], "g"), fmt(r["seconds"], "s")]
+            rows.append(cells)
+        return [
+            self.p("Defense cost", "h2"),
+            self.table(header, rows, widths),
+            self.p(
+                "Accuracy and macro F1 on held-out data after federated training under the "
+                "run's defense, beside "
+                + ("chance level (always guessing one class) and " if chance else "")
+                + "the accuracy of the same training without the defense (the undefended run "
+                "or the control); Time: the whole run, attack and training.",
+                "caption",
+            ),
+        ]
 
     def reconstructions(self) -> list[Flowable]:
         out: list[Flowable] = [
@@ -816,8 +934,9 @@ class _Builder:
             self.p("5 Reconstructions", "h1"),
             self.p(
                 "Each pair shows a private image (top) above the attacker's reconstruction of "
-                "it (bottom), matched by the Hungarian algorithm; below them the image's name "
-                "and PSNR."
+                "it (bottom), matched by the Hungarian algorithm; below them the image's name, "
+                "PSNR and level (FedLeak's band of its PSNR where it was recovered beyond the "
+                "best guess; '≤ guess' where it was not)."
             ),
         ]
         for entry in self.entries:
@@ -874,7 +993,9 @@ class _Builder:
             buffer.seek(0)
             info = per_image[i] if i < len(per_image) and isinstance(per_image[i], dict) else {}
             name = info.get("name", names[i])
-            caption = f"{esc(name, 22)}<br/>{fmt(info.get('psnr'), 'db')} dB"
+            caption = f"{esc(name, 22)}<br/>{fmt(info.get('psnr'), 'db')}&nbsp;dB"
+            level = verdicts.caption_level(info)
+            caption += f"<br/>{level}" if level else ""
             cells.append(
                 [PDFImage(buffer, width=pair_width, height=pair_height), self.p(caption, "tiny")]
             )
@@ -906,7 +1027,7 @@ class _Builder:
         """The charts of this subject with their captions (plotly figures)."""
         from auditlib.report.charts import comparison_figure, success_rate_figure, tradeoff_figure
 
-        done = [r for r in self.rows if r["status"] == "completed"]
+        done = [r for r in self.rows if r["has_result"]]
         if not done:
             return []
         with_utility = [
@@ -989,10 +1110,10 @@ class _Builder:
     def definitions(self) -> list[Flowable]:
         out: list[Flowable] = [self.p("7 Metric definitions", "h1")]
         bands = []
-        for (name, floor), (_, above) in zip(LEVELS, ((None, math.inf), *LEVELS), strict=False):
-            band = f"≥ {floor:g} dB" if math.isfinite(floor) else f"below {LEVELS[-2][1]:g} dB"
-            if math.isfinite(floor) and math.isfinite(above):
-                band = f"{floor:g}–{above:g} dB"
+        for (name, floor), (_, above) in zip(
+            LEVELS[:-1], ((None, math.inf), *LEVELS), strict=False
+        ):
+            band = f"≥ {floor:g} dB" if not math.isfinite(above) else f"{floor:g}–{above:g} dB"
             bands.append(f"<b>{esc(name)}</b> ({band}): {esc(LEVEL_MEANING[name])}")
         levels = "; ".join(bands)
         items = [
@@ -1005,16 +1126,25 @@ class _Builder:
             "lower means more leakage.",
             "<b>MSE</b>: mean squared pixel error. Lower means more leakage.",
             "<b>Labels</b>: share of the private labels the attacker recovered (order-free).",
-            f"<b>Recovered</b>: share of the images with PSNR of {RECOVERED_PSNR_DB:g} dB or "
-            "more (the attack's success rate).",
+            "<b>Best guess</b>: what a server gets without the update (mid-grey; the data's "
+            "mean image and mean colour where the data source gives one), scored like a "
+            "reconstruction; per image the best of them.",
+            "<b>Recovered</b>: images whose reconstruction beats the best guess by 1 dB PSNR "
+            "and in SSIM and reaches 10 dB, of the batch.",
             "<b>RDLV</b> (relative data leakage value): (SSIM(x, x̂) − SSIM(x, prior)) / "
             "SSIM(x, prior), the prior being the data's mean image; above 0 the reconstruction "
             "reveals more than a guess from the data's average does.",
-            f"<b>Risk level</b>, from the mean PSNR (FedLeak's bands): {levels}.",
+            "<b>Verdict</b>: <b>leaks</b> when the run recovered images beyond the best "
+            f"guess, with a level from its mean PSNR (FedLeak's bands: {levels}; Medium too "
+            "when only some images are recovered); <b>Low</b> only when under a defense the "
+            "attack recovered nothing beyond the guess while the same attack at the same "
+            f"budget broke the undefended update ({esc(LEVEL_MEANING['Low'])}); otherwise "
+            "<b>Inconclusive</b> (cut short, no defense, or a control that did not leak or "
+            "is missing), which says nothing about safety.",
             "<b>Accuracy</b>, <b>macro F1</b>: of the model trained with FedAvg under the "
             "defense, on held-out data; <b>accuracy w/o key</b>: FedKL's model used without "
             "its key.",
-            "<b>ε</b> (with δ): the differential-privacy guarantee the defense's accountant "
+            "<b>ε</b> (with δ): the differential-privacy bound the defense's accountant "
             "states for the client's update; smaller is more private.",
         ]
         out += self.bullets(items)
@@ -1043,8 +1173,8 @@ class _Builder:
         for (name, iterations), paper in reduced.items():
             items.append(
                 f"Budget reduced from the paper's: {esc(name)} ran {iterations} optimiser steps "
-                f"per restart, its paper {paper}. A longer attack may reconstruct more, so "
-                "these risk levels are lower bounds."
+                f"per restart, its paper {paper}. A longer attack may reconstruct more: a "
+                "leak found is a lower bound, and nothing found says little."
             )
         for entry in self.entries:
             summary = self.summary_of(entry)
@@ -1052,7 +1182,12 @@ class _Builder:
             if entry.run is None:
                 items.append(f"{label}: not run yet; it has no numbers.")
                 continue
-            if entry.run.status != "completed":
+            if entry.run.status == "timed_out" and entry.has_result:
+                items.append(
+                    f"{label}: the run timed out; its numbers are what it had measured by then, "
+                    "and count (a leak it found stands, a longer run can only find more)."
+                )
+            elif entry.run.status != "completed":
                 error = f": {esc(entry.run.error, 300)}" if entry.run.error else ""
                 items.append(f"{label}: the run is {esc(entry.run.status)}{error}.")
             stop = summary.get("stop_reason")
@@ -1074,7 +1209,7 @@ class _Builder:
             items.append(f"Utility: {esc(caveat)}.")
         no_epsilon: dict[str, list[str]] = {}
         for entry, row in zip(self.entries, self.rows, strict=True):
-            if row["status"] == "completed" and finite_number(row["epsilon"]) is None:
+            if row["has_result"] and finite_number(row["epsilon"]) is None:
                 reason = dig(self.summary_of(entry), "defense_report", "epsilon_unavailable_reason")
                 reason = str(reason or "the defense states no privacy guarantee")
                 no_epsilon.setdefault(reason, []).append(entry.label)

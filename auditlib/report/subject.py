@@ -12,7 +12,10 @@ from datetime import datetime
 from typing import Any, Literal
 
 from auditlib.engine.batches import batch_state
+from auditlib.engine.controls import WITH_RESULT, control_finding, stored_verdict, verdict_of
 from auditlib.errors import AuditInputError
+from auditlib.metrics.verdict import Verdict
+from auditlib.spec import run_spec_from_dict
 from auditlib.store import RECONSTRUCTION, RunRecord, Store
 
 RECOVERED_PSNR_DB = 20.0  # FedLeak's "Very High" floor: an image counts as recovered above it
@@ -28,6 +31,13 @@ class ReportEntry:
     value: float | None
     run: RunRecord | None  # None: the member has not been run yet
     grid_png: bytes | None  # originals (top row) over the matched reconstructions
+    verdict: Verdict | None = None  # composed with the control; None: no result or no verdict
+    control_run: RunRecord | None = None  # the undefended control of a defended run
+
+    @property
+    def has_result(self) -> bool:
+        """Completed or timed out with scores: a run whose numbers count."""
+        return self.run is not None and self.run.status in WITH_RESULT and bool(self.run.summary)
 
 
 @dataclass(frozen=True)
@@ -46,12 +56,37 @@ def _grid(store: Store, run: RunRecord | None) -> bytes | None:
     return None if image is None else image.png
 
 
+def _judged(store: Store, run: RunRecord | None) -> tuple[Verdict | None, RunRecord | None]:
+    """The run's verdict composed with its control (``controls.verdict_of``), and the
+    control's run; (None, None) for a run without a result or stored before verdicts."""
+    if run is None or run.status not in WITH_RESULT or not run.summary:
+        return None, None
+    try:
+        spec = run_spec_from_dict(run.spec)
+    except (AuditInputError, KeyError, TypeError, ValueError):  # a spec of an older version
+        return stored_verdict(run.summary), None
+    control_run = control_finding(store, spec)[2] if spec.control() is not None else None
+    return verdict_of(store, run), control_run
+
+
+def _entry(
+    store: Store,
+    label: str,
+    series: str,
+    knob: str | None,
+    value: float | None,
+    run: RunRecord | None,
+) -> ReportEntry:
+    verdict, control_run = _judged(store, run)
+    return ReportEntry(label, series, knob, value, run, _grid(store, run), verdict, control_run)
+
+
 def run_subject(store: Store, run_id: str) -> ReportSubject:
     run = store.get_run(run_id)
     if run is None:
         raise AuditInputError(f"no run {run_id!r} in {store.url}")
     defense = run.spec.get("defense", {}).get("name", "?")
-    entry = ReportEntry(run.title or defense, defense, None, None, run, _grid(store, run))
+    entry = _entry(store, run.title or defense, defense, None, None, run)
     return ReportSubject("run", run.id, run.title or f"run {run.id[:8]}", run.created_at, (entry,))
 
 
@@ -60,14 +95,7 @@ def batch_subject(store: Store, batch_id: str) -> ReportSubject:
     if batch is None:
         raise AuditInputError(f"no comparison or sweep {batch_id!r} in {store.url}")
     entries = tuple(
-        ReportEntry(
-            s.member.label,
-            s.member.series,
-            s.member.knob,
-            s.member.value,
-            s.run,
-            _grid(store, s.run),
-        )
+        _entry(store, s.member.label, s.member.series, s.member.knob, s.member.value, s.run)
         for s in batch_state(store, batch)
     )
     kind: Literal["comparison", "sweep"] = "sweep" if batch.kind == "sweep" else "comparison"
@@ -91,21 +119,51 @@ def recovered_share(metrics: dict[str, Any] | None) -> float | None:
     return None
 
 
+def beyond_guess(metrics: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(images recovered beyond the best guess, batch size); None for runs scored before
+    the guesses."""
+    risk = dig(metrics, "risk") or {}
+    if risk.get("images_recovered") is None or not risk.get("batch_size"):
+        return None
+    return int(risk["images_recovered"]), int(risk["batch_size"])
+
+
+def verdict_level(entry: ReportEntry) -> str | None:
+    """The level a table may print: the composed verdict's ("Inconclusive" where it is
+    one, never a band of a run that showed nothing); None without a verdict."""
+    return entry.verdict.level if entry.verdict is not None else None
+
+
+def undefended_accuracy(entry: ReportEntry) -> float | None:
+    """The accuracy of the same utility training without the defense: the run's own when
+    it has none, else its control's."""
+    if entry.run is not None and entry.run.spec.get("defense", {}).get("name") == "none":
+        return dig(entry.run.summary, "utility", "accuracy")
+    control = entry.control_run
+    if control is None or control.status not in WITH_RESULT:
+        return None
+    return dig(control.summary, "utility", "accuracy")
+
+
 def summary_row(entry: ReportEntry) -> dict[str, Any]:
     """The table row of one run: status, attack metrics, verdict, utility, epsilon.
 
     Values are None where the run has none (not run, unfinished, metric unavailable).
+    ``level`` is the composed verdict's level ("Inconclusive" included), ``finding``
+    whether it is one a reviewer may quote; both come only from ``entry.verdict``.
     """
     run = entry.run
     summary = run.summary if run is not None else None
     metrics = dig(summary, "metrics")
     utility = dig(summary, "utility")
+    verdict = entry.verdict
     return {
         "label": entry.label,
         "series": entry.series,
         "knob": entry.knob,
         "value": entry.value,
         "status": "not run" if run is None else run.status,
+        "has_result": entry.has_result,
         "run_id": None if run is None else run.id,
         "psnr": dig(metrics, "psnr_mean"),
         "ssim": dig(metrics, "ssim_mean"),
@@ -113,9 +171,14 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
         "mse": dig(metrics, "mse_mean"),
         "label_accuracy": dig(metrics, "label_accuracy"),
         "recovered": recovered_share(metrics),
+        "beyond_guess": beyond_guess(metrics),
         "rdlv": dig(metrics, "rdlv_mean"),
-        "level": dig(metrics, "risk", "level"),
+        "level": verdict_level(entry),
+        "finding": verdict is not None and verdict.is_finding,
+        "outcome": None if verdict is None else verdict.outcome,
         "utility_accuracy": dig(utility, "accuracy"),
+        "utility_chance": dig(utility, "chance_accuracy"),
+        "utility_undefended": undefended_accuracy(entry),
         "utility_f1": dig(utility, "macro_f1"),
         "utility_without_key": dig(utility, "accuracy_without_key"),
         "epsilon": dig(summary, "defense_report", "epsilon"),
