@@ -649,6 +649,18 @@ def config_defaults(config_type: type, overrides: Mapping[str, Any] | None = Non
     return values
 
 
+def _same_text(text: str, default: Any) -> bool:
+    """Whether an optional field's text stands for its default ("30" for 30.0 too)."""
+    if text.strip() == str(default):
+        return True
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        try:
+            return float(text) == float(default)
+        except ValueError:
+            return False
+    return False
+
+
 def changed_params(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """The form values that differ from the shown defaults (an empty text stands for None).
 
@@ -659,7 +671,7 @@ def changed_params(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> di
     for name, value in values.items():
         default = defaults.get(name)
         if isinstance(value, str) and not isinstance(default, str):
-            same = (value.strip() == "" and default is None) or value.strip() == str(default)
+            same = (value.strip() == "" and default is None) or _same_text(value, default)
         else:
             same = value == default
         if not same:

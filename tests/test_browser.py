@@ -281,6 +281,11 @@ def test_upload_start_and_watch_a_run_in_a_browser(server):
 
 def _set_number(scope, label: str, value: int, page) -> None:
     field = scope.get_by_label(label, exact=True)
+    # A rerun that swaps the widget (new settings, new key) shows the stale one until it ends.
+    for _ in range(40):
+        if field.count() == 1:
+            break
+        page.wait_for_timeout(250)
     field.fill(str(value))
     field.press("Enter")
     page.wait_for_timeout(700)  # the rerun that takes the new value

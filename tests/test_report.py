@@ -256,7 +256,7 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
         assert f"{row['psnr']:.2f}" in text
         assert pdf.fmt(row["mse"], "e") in attack_table_row(text, row["label"][:12])  # unbroken
     # The utility's starting point as recorded, and no Python dict printed raw.
-    assert "Training starts from PyTorch's default initialisation" in flat(text)
+    assert "Training starts from DLG's uniform initialisation" in flat(text)  # sigmoid LeNet
     assert "{'" not in text and "'}" not in text
     # Limits: LPIPS was not computed, and 5 steps are fewer than DLG's paper ran.
     assert "LPIPS-Alex unavailable" in text and "its paper 300" in text
