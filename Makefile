@@ -6,10 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.requirements-installed
 PORT ?= 8501
+# Only this machine by default; ADDRESS=0.0.0.0 serves the network (put sign-in and TLS first).
+ADDRESS ?= 127.0.0.1
 
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup system-deps run test lint format bench reproduce
+.PHONY: setup system-deps run test lint format bench reproduce verdicts
 
 setup: $(STAMP) system-deps
 
@@ -22,7 +24,9 @@ system-deps:
 	@bash scripts/install_system_deps.sh
 
 run: setup
-	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false --server.maxUploadSize 512
+	$(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
+		--server.headless true --browser.gatherUsageStats false --server.maxUploadSize 512 \
+		--server.fileWatcherType none
 
 test: setup
 	$(BIN)/python -m pytest
@@ -40,3 +44,8 @@ bench: setup
 
 reproduce: setup
 	$(BIN)/python benchmarks/reproduce_foundation.py
+
+# The audit preset against the paper's at one budget, and the verdict beside the guesses
+# (about 70 min on 2 cores; docs/REPRODUCTION.md, "Verdicts").
+verdicts: setup
+	$(BIN)/python -m benchmarks.verdicts

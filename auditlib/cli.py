@@ -250,6 +250,7 @@ def _utility_arguments(commands, architectures, defenses) -> None:
 
 def spec_from_args(args: argparse.Namespace):
     from auditlib.attacks import ALL_ATTACKS, ATTACKS, get_attack
+    from auditlib.attacks.restarts import AUDIT_PRESET
     from auditlib.config import parse_key_values
     from auditlib.fl.protocol import ClientProtocol
     from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
@@ -295,6 +296,11 @@ def spec_from_args(args: argparse.Namespace):
     )
     preset = None if args.preset in (None, "none") else args.preset
     if args.attack == ALL_ATTACKS:
+        if preset not in (None, AUDIT_PRESET):
+            raise AuditInputError(
+                f"--attack {ALL_ATTACKS} runs every attack at its audit preset; "
+                f"drop --preset {args.preset}"
+            )
         iterations = args.iterations or max(a.audit.iterations for a in ATTACKS.values() if a.audit)
         preset = None
     else:

@@ -14,6 +14,7 @@ import streamlit as st
 from auditlib.attacks import ALL_ATTACKS
 from auditlib.engine.controls import control_finding, start_with_control
 from auditlib.errors import AuditInputError
+from auditlib.metrics.risk import RECOVERED_RULE
 from auditlib.metrics.verdict import Verdict
 from auditlib.report.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
@@ -268,10 +269,7 @@ def _scope(summary: dict, verdict: Verdict) -> None:
                     ),
                 ]
             )
-            st.caption(
-                "An image counts as recovered only when its reconstruction beats the best of "
-                "these guesses (per image) in PSNR and SSIM and reaches 10 dB."
-            )
+            st.caption(RECOVERED_RULE[0].upper() + RECOVERED_RULE[1:] + ".")
             st.markdown("**Undefended control**")
             if verdict.control is not None:
                 st.markdown(f"{verdict.control.figures()} ({verdict.control_note}).")

@@ -165,6 +165,14 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         ["--images", str(good), "--defense", "prune", "--defense-param", "p=3"],
         "valid: ratio, scope",
     )
+    cases["a preset for every attack at once"] = (
+        ["--images", str(good), "--attack", "all", "--preset", "paper"],
+        "drop --preset paper",
+    )
+    cases["unknown attack parameter"] = (
+        ["--images", str(good), "--defense", "prune", "--attack-param", "steps=3"],
+        "has no parameter steps",
+    )
     cases["batch larger than the folder"] = (
         ["--images", str(good), "--batch-size", "4"],
         "holds 1 images",

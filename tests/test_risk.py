@@ -57,7 +57,7 @@ def _guess(psnr, ssim=0.1):
 def test_an_image_counts_only_beyond_the_best_guess():
     per_image = [
         {"psnr": 25.0, "ssim": 0.9},  # far beyond the guess
-        {"psnr": 15.5, "ssim": 0.3},  # above 15 dB, but the grey guess gets 15 dB: not 1 dB more
+        {"psnr": 15.5, "ssim": 0.15},  # above 15 dB, but the grey guess gets 15 dB: not 1 dB more
         {"psnr": 8.0, "ssim": 0.05},  # nothing
     ]
     summary = risk_summary(per_image, [_guess(12.0), _guess(15.0), _guess(11.0)])
@@ -67,7 +67,7 @@ def test_an_image_counts_only_beyond_the_best_guess():
     # The batch's mean (16.2 dB) beats its mean guess (12.7 dB) by 3.5 dB: FedLeak's band of it.
     assert summary["batch_beyond_guess"] and summary["level"] == "High"
     assert summary["images_per_level"] == {"Very High": 1, "High": 0, "Medium": 0}
-    assert summary["ssim_success_rate"][0] == {"threshold": 0.2, "rate": 2 / 3}
+    assert summary["ssim_success_rate"][0] == {"threshold": 0.2, "rate": 1 / 3}
 
 
 def test_a_batch_worse_than_a_grey_guess_gets_no_level():
@@ -85,10 +85,24 @@ def test_some_images_beyond_the_guess_make_a_portion():
     assert summary["level"] == "Medium" and summary["images_recovered"] == 1
 
 
-def test_a_better_psnr_with_a_worse_ssim_than_the_guess_is_not_recovered():
-    per_image = [{"psnr": 20.0, "ssim": 0.1}]
-    summary = risk_summary(per_image, [_guess(15.0, 0.3)])
-    assert summary["images_recovered"] == 0
+def test_structure_beyond_the_guess_counts_even_where_the_pixels_do_not():
+    # GRNN on the smooth chelsea photograph (docs/REPRODUCTION.md): 18.1 dB against the data
+    # mean image's 17.2 dB, but SSIM 0.82 against 0.19: a recognisable cat.
+    summary = risk_summary([{"psnr": 18.13, "ssim": 0.815}], [_guess(17.23, 0.191)])
+    assert summary["images_recovered"] == 1 and summary["level"] == "High"
+    # Structure recovered below FedLeak's lowest band is still a portion recovered.
+    summary = risk_summary([{"psnr": 9.0, "ssim": 0.6}], [_guess(12.0, 0.2)])
+    assert summary["images_recovered"] == 1 and summary["level"] == "Medium"
+    # An SSIM gain under the margin is not.
+    summary = risk_summary([{"psnr": 12.0, "ssim": 0.25}], [_guess(12.0, 0.2)])
+    assert summary["images_recovered"] == 0 and summary["level"] is None
+
+
+def test_pixels_beyond_the_guess_count_even_where_the_structure_does_not():
+    # Noise on the reconstruction can sink its SSIM while its pixels are 5 dB closer than
+    # any guess: information only the update can have given.
+    summary = risk_summary([{"psnr": 20.0, "ssim": 0.1}], [_guess(15.0, 0.3)])
+    assert summary["images_recovered"] == 1 and summary["level"] == "Very High"
 
 
 def test_every_score_carries_the_guesses_and_what_was_recovered():

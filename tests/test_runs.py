@@ -113,6 +113,19 @@ def test_bad_parameters_are_refused_before_anything_is_recorded(manager, store):
     assert store.list_runs() == []
 
 
+def test_cuda_where_ray_has_no_gpu_is_refused_at_once(manager, store):
+    import dataclasses
+
+    import ray
+
+    if ray.cluster_resources().get("GPU", 0) >= 1:
+        pytest.skip("this Ray instance has a GPU")
+    started = time.monotonic()
+    with pytest.raises(AuditInputError, match=r"needs a GPU.*choose cpu"):
+        manager.start(dataclasses.replace(spec(), device="cuda"))
+    assert time.monotonic() - started < 5 and store.list_runs() == []
+
+
 def test_runs_left_running_by_a_dead_dashboard_are_marked_failed(ray_instance, store):
     orphan = store.create_run(spec().to_dict(), spec().identity())
     store.mark_running(orphan)

@@ -371,19 +371,7 @@ register(
             "paper": _GI_PAPER,
             # breaching's seethroughgradients.yaml as a whole: squared L2 matching scaled by
             # 1e-4, so the priors weigh far more than in the paper preset.
-            "breaching": {
-                "lr": 0.1,
-                "distance": "l2",
-                "gradient_weight": 1e-4,
-                "tv": 1e-4,
-                "l2": 1e-6,
-                "bn": 0.1,
-                "noise": 0.01,
-                "schedule": "cosine",
-                "warmup": 50,
-                "boxed": True,
-                "label_reduce": "min",
-            },
+            "breaching": {**_GI_PAPER, "distance": "l2", "gradient_weight": 1e-4},
         },
         audit=AuditPreset(
             {**_GI_PAPER, "restarts": 4},

@@ -395,6 +395,18 @@ def _final_candidate(
     return Candidate(snapshot(images), state.hard_labels(labels), score, restart, steps, stop)
 
 
+# Rand2AI/GRNN GRNN.py; tv empty = 1e-3 on LeNet, 1e-6 on ResNet-18 (Sec. 3.3.1).
+_GRNN_PAPER = {
+    "lr": 1e-4,
+    "momentum": 0.99,
+    "tv": None,
+    "tv_form": "squared",
+    "wasserstein": "l2-norm",
+    "latent_dim": 128,
+    "labels": "auto",
+    "restarts": 1,
+}
+
 register(
     AttackInfo(
         name="grnn",
@@ -405,17 +417,7 @@ register(
         config_type=GrnnConfig,
         run=run_grnn,
         presets={
-            # Rand2AI/GRNN GRNN.py; tv empty = 1e-3 on LeNet, 1e-6 on ResNet-18 (Sec. 3.3.1).
-            "paper": {
-                "lr": 1e-4,
-                "momentum": 0.99,
-                "tv": None,
-                "tv_form": "squared",
-                "wasserstein": "l2-norm",
-                "latent_dim": 128,
-                "labels": "auto",
-                "restarts": 1,
-            },
+            "paper": _GRNN_PAPER,
             # The thesis's words rather than the code: W1 between gradient values, absolute TV.
             "thesis-text": {"wasserstein": "sorted", "tv_form": "absolute"},
             # The FedKL chapter's re-runs of GRNN (Rand2AI/FedKL GRNN_test.py): latent 1024,
@@ -424,16 +426,7 @@ register(
         },
         # The thesis gives no count; the public GRNN.py runs 1000 iterations.
         audit=AuditPreset(
-            {
-                "lr": 1e-4,
-                "momentum": 0.99,
-                "tv": None,
-                "tv_form": "squared",
-                "wasserstein": "l2-norm",
-                "latent_dim": 128,
-                "labels": "auto",
-                "restarts": 4,
-            },
+            {**_GRNN_PAPER, "restarts": 4},
             iterations=300,
             why="the public GRNN settings (RMSprop lr 1e-4, TV by architecture) with 4 raced starts of the generator",
         ),

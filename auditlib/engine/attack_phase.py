@@ -5,7 +5,7 @@ preset, one after another, sharing the run's time budget: each attack gets an eq
 of what is left when it starts (so time an attack does not use passes on). An attack that
 does not apply to the scenario (its declared requirement, or the attack's own refusal when
 it starts) is listed with its reason. The scores then take, per image, the best
-reconstruction any attack got (``metrics.worst_case``).
+reconstruction any attack got (:func:`worst_case`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from auditlib.errors import AuditInputError
 from auditlib.spec import RunSpec
 
 BOARD_NAME = "auditlib-cancel-board"
@@ -111,6 +112,20 @@ def ensure_ray(address: str | None = None, timeout: float = 120.0) -> None:
         raise RuntimeError(f"Ray did not start within {timeout:.0f} s")
     if _errors:
         raise RuntimeError(f"Ray could not start: {_errors[0]}") from _errors[0]
+
+
+def require_device(spec: RunSpec, address: str | None = None) -> None:
+    """Refuse a CUDA run at once where Ray has no GPU to give it (the task would wait for
+    a GPU worker forever)."""
+    if not spec.device.startswith("cuda"):
+        return
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus < 1:
+        where = f"the Ray cluster at {address}" if address else "this machine's Ray instance"
+        raise AuditInputError(
+            f"device {spec.device!r} needs a GPU, and {where} has none; choose cpu, or set "
+            "AUDIT_RAY_ADDRESS to a cluster with GPU workers"
+        )
 
 
 @ray.remote(num_cpus=0)

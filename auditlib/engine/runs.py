@@ -66,6 +66,7 @@ class RunManager:
         plan_attacks(spec.attack, spec.budget.iterations)  # one attack, or every applicable one
         build_defense(spec.defense.name, spec.defense.params_dict())
         ray_backend.ensure_ray(self.ray_address)
+        ray_backend.require_device(spec, self.ray_address)
         run_id = self.store.create_run(spec.to_dict(), spec.identity(), title)
         with self._lock:
             if self._board is None:

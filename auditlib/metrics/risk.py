@@ -1,9 +1,13 @@
 """What one run recovered beyond a guess: per image and for the batch, with a level.
 
-- Beyond the guess: an image counts as recovered only when its reconstruction beats the best
-  guess that uses no update (``metrics.baseline``) by ``MARGIN_DB`` in PSNR and in SSIM
-  (where SSIM exists: the sign of RDLV against that guess), and reaches FedLeak's lowest
-  band (10 dB). The batch is beyond the guess when its mean PSNR and mean SSIM are.
+- Beyond the guess: an image counts as recovered when its reconstruction shows more than the
+  best guess that uses no update (``metrics.baseline``), in pixels or in structure: PSNR
+  ``MARGIN_DB`` above the guess's and at least FedLeak's lowest band (10 dB), or SSIM
+  ``SSIM_MARGIN`` above the guess's (where SSIM exists). Either is information only the
+  update can have given; asking for both would call a recognisable reconstruction of a
+  smooth image (GRNN on ``chelsea``: 18.1 dB against the mean image's 17.2 dB, SSIM 0.82
+  against 0.19) "nothing recovered", and under a defense a "defense held". The batch is
+  beyond the guess when its means are, by the same test.
 - Level: FedLeak's bands (Fan et al., USENIX Security 2025, Sec. 5.4): Very High >= 20 dB
   ("nearly all of a client's data can be reconstructed semantically"), High 15-20 ("most of
   it"), Medium 10-15 ("a small portion"). A recovered image gets the band of its PSNR. The
@@ -42,8 +46,14 @@ LEVEL_MEANING = {
     "Low": "this attack, which broke the undefended update at the same budget, recovered "
     "nothing beyond a guess under the defense",
 }
-MARGIN_DB = 1.0  # PSNR an image must gain over the best guess to count as recovered
+MARGIN_DB = 1.0  # PSNR gain over the best guess that counts as recovered pixels
+SSIM_MARGIN = 0.1  # SSIM gain over the best guess that counts as recovered structure
 RECOVERED_FLOOR_DB = 10.0  # FedLeak's lowest band: below it nothing meaningful is visible
+RECOVERED_RULE = (
+    f"an image counts as recovered when its reconstruction beats the best guess without the "
+    f"update (per image) by {MARGIN_DB:g} dB PSNR and reaches {RECOVERED_FLOOR_DB:g} dB, or "
+    f"beats the guess's SSIM by {SSIM_MARGIN:g}"
+)
 PSNR_THRESHOLDS = (10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0)
 SSIM_THRESHOLDS = (0.2, 0.4, 0.6, 0.8, 0.9)
 
@@ -72,11 +82,17 @@ def rdlv(reconstruction: np.ndarray, original: np.ndarray, prior: np.ndarray) ->
 
 
 def beyond(psnr: float, ssim: float | None, guess_psnr: float, guess_ssim: float | None) -> bool:
-    """Whether a reconstruction (or a batch's means) beats the best guess: PSNR by the
-    margin and past the lowest band, and SSIM at all where both have one."""
-    if psnr < max(guess_psnr + MARGIN_DB, RECOVERED_FLOOR_DB):
-        return False
-    return ssim is None or guess_ssim is None or ssim > guess_ssim
+    """Whether a reconstruction (or a batch's means) shows more than the best guess: in
+    pixels (PSNR by the margin, past the lowest band) or in structure (SSIM by its margin)."""
+    by_pixels = psnr >= max(guess_psnr + MARGIN_DB, RECOVERED_FLOOR_DB)
+    by_structure = ssim is not None and guess_ssim is not None and ssim >= guess_ssim + SSIM_MARGIN
+    return by_pixels or by_structure
+
+
+def recovered_level(psnr: float) -> str:
+    """The level of a recovered image (or batch): FedLeak's band of its PSNR, at least
+    Medium (recovered in structure below the lowest band is still a portion recovered)."""
+    return leakage_level(max(psnr, RECOVERED_FLOOR_DB))
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -93,21 +109,22 @@ def risk_summary(per_image: Sequence[dict], best_guess: Sequence[dict]) -> dict:
         image["beyond_guess"] = beyond(
             image["psnr"], image.get("ssim"), guess["psnr"], guess["ssim"]
         )
-        image["leakage_level"] = leakage_level(image["psnr"]) if image["beyond_guess"] else None
+        image["leakage_level"] = recovered_level(image["psnr"]) if image["beyond_guess"] else None
     recovered = sum(1 for i in per_image if i["beyond_guess"])
     psnr_mean = float(np.mean([i["psnr"] for i in per_image]))
     ssim_mean = _mean([i.get("ssim") for i in per_image])
     guess_psnr = float(np.mean([g["psnr"] for g in best_guess]))
     guess_ssim = _mean([g["ssim"] for g in best_guess])
-    batch_beyond = beyond(psnr_mean, ssim_mean, guess_psnr, guess_ssim)
+    # The batch's means are judged only where some image was recovered (its means could beat
+    # the guesses' means with no image doing so); otherwise nothing was recovered.
+    batch_beyond = recovered > 0 and beyond(psnr_mean, ssim_mean, guess_psnr, guess_ssim)
     # A batch that is not beyond the guess as a whole, with some images that are: a portion.
-    level = leakage_level(psnr_mean) if batch_beyond else ("Medium" if recovered else None)
+    level = recovered_level(psnr_mean) if batch_beyond else ("Medium" if recovered else None)
     summary = {
         "level": level,
         "meaning": LEVEL_MEANING[level] if level else "nothing beyond the best guess was recovered",
-        "basis": f"images count when they beat the best guess without the update by {MARGIN_DB:g} dB "
-        "PSNR and in SSIM; the batch's level is FedLeak's band of its mean PSNR when the batch "
-        "beats the guess, Medium when only some images do",
+        "basis": f"{RECOVERED_RULE}; the batch's level is FedLeak's band of its mean PSNR when "
+        "the batch's means beat the guesses' means the same way, Medium when only some images do",
         "images_recovered": recovered,
         "batch_size": len(per_image),
         "batch_beyond_guess": batch_beyond,

@@ -238,7 +238,8 @@ def judge(
         level = finding.level or "Medium"
         cut = (
             f" The run was stopped by its {finding.stop_reason} at step {finding.steps:,} of "
-            f"{finding.planned_steps:,}; a complete run can only recover more."
+            f"{finding.planned_steps:,}; the leak it had shown by then stands, and a complete run "
+            "may show more."
             if finding.cut_short
             else ""
         )

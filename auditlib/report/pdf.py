@@ -59,7 +59,7 @@ from reportlab.platypus import Image as PDFImage
 import auditlib
 from auditlib.attacks import ATTACKS
 from auditlib.errors import AuditInputError
-from auditlib.metrics.risk import LEVEL_MEANING, LEVELS
+from auditlib.metrics.risk import LEVEL_MEANING, LEVELS, RECOVERED_RULE
 from auditlib.report import verdict_section as verdicts
 from auditlib.report.images import split_grid
 from auditlib.report.subject import (
@@ -1129,8 +1129,7 @@ class _Builder:
             "<b>Best guess</b>: what a server gets without the update (mid-grey; the data's "
             "mean image and mean colour where the data source gives one), scored like a "
             "reconstruction; per image the best of them.",
-            "<b>Recovered</b>: images whose reconstruction beats the best guess by 1 dB PSNR "
-            "and in SSIM and reaches 10 dB, of the batch.",
+            f"<b>Recovered</b>: the images recovered, of the batch: {RECOVERED_RULE}.",
             "<b>RDLV</b> (relative data leakage value): (SSIM(x, x̂) − SSIM(x, prior)) / "
             "SSIM(x, prior), the prior being the data's mean image; above 0 the reconstruction "
             "reveals more than a guess from the data's average does.",

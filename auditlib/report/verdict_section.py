@@ -17,7 +17,7 @@ from xml.sax.saxutils import escape
 from reportlab.lib.units import cm
 from reportlab.platypus import Flowable, KeepTogether, Spacer
 
-from auditlib.metrics.risk import LEVELS
+from auditlib.metrics.risk import LEVELS, RECOVERED_RULE
 from auditlib.metrics.verdict import OUTCOME_TITLE, Finding, ThreatCard, Verdict
 from auditlib.report.subject import ReportEntry, dig
 from auditlib.store.convert import finite_number
@@ -192,9 +192,8 @@ def verdict_block(b: Builder, entry: ReportEntry, title: str) -> list[Flowable]:
     out.append(
         b.p(
             "Guesses use no update (mid-grey; the data's mean image and mean colour where "
-            "the data source has one); an image counts as recovered only when it beats the "
-            "best of them by 1 dB PSNR and in SSIM. Control: the same attack at the same "
-            "budget on the undefended update.",
+            f"the data source has one); {RECOVERED_RULE}. Control: the same attack at the "
+            "same budget on the undefended update.",
             "caption",
         )
     )

@@ -1,0 +1,33 @@
+"""`make run` serves the dashboard as a shared machine needs it (issue 21, items 8 and 12)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_run_command(*overrides: str) -> str:
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    # -n prints the recipe without running it; the setup prerequisites print too.
+    done = subprocess.run(
+        ["make", "-n", "run", *overrides], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    text = done.stdout.replace("\\\n", " ")
+    return next(line for line in text.splitlines() if "streamlit run app.py" in line)
+
+
+def test_the_dashboard_listens_on_this_machine_only_unless_asked():
+    assert "--server.address 127.0.0.1" in make_run_command()
+    assert "--server.address 0.0.0.0" in make_run_command("ADDRESS=0.0.0.0")
+
+
+def test_the_dashboard_does_not_watch_the_tree():
+    # Streamlit's watcher over the whole tree (.venv included) overflowed inotify and kept
+    # the server near a full core; the app does not reload itself in production.
+    assert "--server.fileWatcherType none" in make_run_command()
