@@ -143,6 +143,31 @@ def test_pairwise_mse_is_indexed_original_then_reconstruction():
     np.testing.assert_allclose(cost, [[0.25, 0.81, 0.0], [0.25, 0.01, 1.0]])
 
 
+def test_pairwise_mse_equals_the_mean_of_each_pairs_squared_difference():
+    rng = np.random.default_rng(0)
+    originals, reconstructions = rng.random((5, 7, 7, 3)), rng.random((4, 7, 7, 3))
+    direct = [[np.mean((o - r) ** 2) for r in reconstructions] for o in originals]
+    np.testing.assert_allclose(pairwise_mse(reconstructions, originals), direct, rtol=1e-12)
+    assert (pairwise_mse(originals, originals).diagonal() >= 0).all()
+
+
+def test_matching_64_images_of_224x224_stays_within_the_two_batches_memory():
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    originals = rng.random((64, 224, 224, 3), dtype=np.float32)
+    reconstructions = originals[::-1].copy()
+    tracemalloc.start()
+    try:
+        order = match(reconstructions, originals)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(order, np.arange(64)[::-1])
+    # Two float64 copies of the batches are 2 x 77 MB; every pair's difference would be 4.9 GB.
+    assert peak < 200e6, f"{peak / 1e6:.0f} MB"
+
+
 def test_a_permuted_batch_is_matched_back():
     originals = np.stack([noise(6, 6, 3, seed=s) for s in range(5)])
     permutation = np.array([3, 0, 4, 1, 2])
