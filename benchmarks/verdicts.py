@@ -62,6 +62,13 @@ def audit_row(spec: RunSpec, **extra: Any) -> dict[str, Any]:
         "seconds": time.perf_counter() - began,
         "stop_reason": summary["stop_reason"],
         "psnr_by_restart": summary["psnr_by_restart"],
+        "per_image": [
+            {
+                k: p.get(k)
+                for k in ("name", "psnr", "ssim", "guess_psnr", "guess_ssim", "leakage_level")
+            }
+            for p in metrics["per_image"]
+        ],
         **extra,
     }
     print(row, flush=True)
@@ -216,6 +223,15 @@ def render_batch(rows: list[dict]) -> str:
         f"{g['name']} {g['psnr_mean']:.2f} dB / {g['ssim_mean']:.3f}" for g in rows[0]["guesses"]
     )
     lines += ["", f"- The guesses (PSNR / SSIM over the batch): {guesses}."]
+    for r in rows:
+        recovered = [p for p in r.get("per_image", []) if p["leakage_level"]]
+        if recovered:
+            images = "; ".join(
+                f"{p['name']} {p['psnr']:.2f} dB / {p['ssim']:.3f} (guess {p['guess_psnr']:.2f} / "
+                f"{p['guess_ssim']:.3f})"
+                for p in recovered
+            )
+            lines.append(f"- {r['preset']}: the images recovered (PSNR / SSIM): {images}.")
     return "\n".join(lines)
 
 
