@@ -33,7 +33,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "verdicts.json"
 DOC = ROOT / "docs" / "REPRODUCTION.md"
 SUCCESS_PSNR = 30.0
 # Budgets per image: a little above what the audit preset needs on this 2-core CPU (DLG's
-# 8-start race, 480 L-BFGS steps: 59 s; the paper preset's 300 steps: 36 s).
+# 8-start race, 480 L-BFGS steps: 55 s on average, 68 s at most; the paper preset's 300
+# steps: 27 s).
 DLG_SECONDS = 75.0
 RESNET_SECONDS = 150.0
 BATCH_SECONDS = 150.0

@@ -85,24 +85,41 @@ def test_some_images_beyond_the_guess_make_a_portion():
     assert summary["level"] == "Medium" and summary["images_recovered"] == 1
 
 
-def test_structure_beyond_the_guess_counts_even_where_the_pixels_do_not():
-    # GRNN on the smooth chelsea photograph (docs/REPRODUCTION.md): 18.1 dB against the data
-    # mean image's 17.2 dB, but SSIM 0.82 against 0.19: a recognisable cat.
-    summary = risk_summary([{"psnr": 18.13, "ssim": 0.815}], [_guess(17.23, 0.191)])
+def test_structure_beyond_the_guess_counts_with_pixels_close_to_it():
+    # GRNN on the smooth chelsea photograph (docs/REPRODUCTION.md): SSIM 0.72 against the data
+    # mean image's 0.19, a recognisable cat, while its colours leave it 0.6 dB behind in PSNR.
+    summary = risk_summary([{"psnr": 16.67, "ssim": 0.719}], [_guess(17.23, 0.191)])
     assert summary["images_recovered"] == 1 and summary["level"] == "High"
     # Structure recovered below FedLeak's lowest band is still a portion recovered.
-    summary = risk_summary([{"psnr": 9.0, "ssim": 0.6}], [_guess(12.0, 0.2)])
+    summary = risk_summary([{"psnr": 9.5, "ssim": 0.6}], [_guess(10.0, 0.2)])
     assert summary["images_recovered"] == 1 and summary["level"] == "Medium"
     # An SSIM gain under the margin is not.
     summary = risk_summary([{"psnr": 12.0, "ssim": 0.25}], [_guess(12.0, 0.2)])
     assert summary["images_recovered"] == 0 and summary["level"] is None
 
 
-def test_pixels_beyond_the_guess_count_even_where_the_structure_does_not():
-    # Noise on the reconstruction can sink its SSIM while its pixels are 5 dB closer than
-    # any guess: information only the update can have given.
-    summary = risk_summary([{"psnr": 20.0, "ssim": 0.1}], [_guess(15.0, 0.3)])
+def test_structure_far_behind_the_guess_in_pixels_is_not_recovered():
+    # FedLeak's batch of 16 at 16x16: a noise field whose bright centre matches the clock's
+    # (SSIM 0.57 against 0.06) is 5 dB worse than the guess in pixels; coffee 1.6 dB worse.
+    for psnr, ssim, guess in (
+        (13.78, 0.573, _guess(19.01, 0.060)),
+        (10.35, 0.383, _guess(11.95, 0.072)),
+    ):
+        summary = risk_summary([{"psnr": psnr, "ssim": ssim}], [guess])
+        assert summary["images_recovered"] == 0 and summary["level"] is None
+
+
+def test_pixels_beyond_the_guess_count_only_with_structure_no_worse():
+    # Pixels 5 dB closer than any guess, with structure to match: recovered.
+    summary = risk_summary([{"psnr": 20.0, "ssim": 0.35}], [_guess(15.0, 0.3)])
     assert summary["images_recovered"] == 1 and summary["level"] == "Very High"
+    # FedLeak's hubble_deep_field: a dark noise field beats the too-bright guesses by 1.6 dB,
+    # with less structure than they have: the image's brightness, not its content.
+    summary = risk_summary([{"psnr": 10.72, "ssim": 0.125}], [_guess(9.07, 0.199)])
+    assert summary["images_recovered"] == 0 and summary["level"] is None
+    # Without SSIM (images under its window), pixels alone decide.
+    summary = risk_summary([{"psnr": 20.0, "ssim": None}], [_guess(15.0, None)])
+    assert summary["images_recovered"] == 1
 
 
 def test_every_score_carries_the_guesses_and_what_was_recovered():

@@ -1,13 +1,18 @@
 """What one run recovered beyond a guess: per image and for the batch, with a level.
 
 - Beyond the guess: an image counts as recovered when its reconstruction shows more than the
-  best guess that uses no update (``metrics.baseline``), in pixels or in structure: PSNR
-  ``MARGIN_DB`` above the guess's and at least FedLeak's lowest band (10 dB), or SSIM
-  ``SSIM_MARGIN`` above the guess's (where SSIM exists). Either is information only the
-  update can have given; asking for both would call a recognisable reconstruction of a
-  smooth image (GRNN on ``chelsea``: 18.1 dB against the mean image's 17.2 dB, SSIM 0.82
-  against 0.19) "nothing recovered", and under a defense a "defense held". The batch is
-  beyond the guess when its means are, by the same test.
+  best guess that uses no update (``metrics.baseline``) and is no worse than it where it
+  matters. In structure: SSIM ``SSIM_MARGIN`` above the guess's, with PSNR no more than
+  ``MARGIN_DB`` below it (a colour or brightness shift; GRNN's ``chelsea`` at the paper
+  preset: 16.7 dB against the mean colour's 17.2 dB, SSIM 0.72 against 0.19, a recognisable
+  cat). In pixels: PSNR ``MARGIN_DB`` above the guess's and at least FedLeak's lowest band
+  (10 dB), with SSIM no lower than the guess's: a pixel gain with less structure than a flat
+  guess is the image's brightness, not its content (FedLeak's batch of 16 at 16x16:
+  ``hubble_deep_field`` 10.7 dB against 9.1 dB, SSIM 0.13 against 0.20, a dark noise field).
+  SSIM alone is not enough either: at 16x16 its 11x11 window sees little more than the
+  centre's coarse layout, and FedLeak's noise fields reach SSIM 0.40-0.57 against the
+  guesses' 0.06-0.13 while 1.5-5 dB behind them in PSNR. The batch is beyond the guess when
+  its means are, by the same test.
 - Level: FedLeak's bands (Fan et al., USENIX Security 2025, Sec. 5.4): Very High >= 20 dB
   ("nearly all of a client's data can be reconstructed semantically"), High 15-20 ("most of
   it"), Medium 10-15 ("a small portion"). A recovered image gets the band of its PSNR. The
@@ -51,8 +56,9 @@ SSIM_MARGIN = 0.1  # SSIM gain over the best guess that counts as recovered stru
 RECOVERED_FLOOR_DB = 10.0  # FedLeak's lowest band: below it nothing meaningful is visible
 RECOVERED_RULE = (
     f"an image counts as recovered when its reconstruction beats the best guess without the "
-    f"update (per image) by {MARGIN_DB:g} dB PSNR and reaches {RECOVERED_FLOOR_DB:g} dB, or "
-    f"beats the guess's SSIM by {SSIM_MARGIN:g}"
+    f"update (per image) in structure, SSIM {SSIM_MARGIN:g} above the guess's with PSNR at most "
+    f"{MARGIN_DB:g} dB below it, or in pixels, PSNR {MARGIN_DB:g} dB above the guess's and at "
+    f"least {RECOVERED_FLOOR_DB:g} dB with SSIM no lower than the guess's"
 )
 PSNR_THRESHOLDS = (10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0)
 SSIM_THRESHOLDS = (0.2, 0.4, 0.6, 0.8, 0.9)
@@ -83,10 +89,13 @@ def rdlv(reconstruction: np.ndarray, original: np.ndarray, prior: np.ndarray) ->
 
 def beyond(psnr: float, ssim: float | None, guess_psnr: float, guess_ssim: float | None) -> bool:
     """Whether a reconstruction (or a batch's means) shows more than the best guess: in
-    pixels (PSNR by the margin, past the lowest band) or in structure (SSIM by its margin)."""
-    by_pixels = psnr >= max(guess_psnr + MARGIN_DB, RECOVERED_FLOOR_DB)
-    by_structure = ssim is not None and guess_ssim is not None and ssim >= guess_ssim + SSIM_MARGIN
-    return by_pixels or by_structure
+    structure (SSIM by its margin, pixels at most the margin behind) or in pixels (PSNR by
+    the margin, past the lowest band, structure no worse). Without SSIM, pixels alone."""
+    if ssim is None or guess_ssim is None:
+        return psnr >= max(guess_psnr + MARGIN_DB, RECOVERED_FLOOR_DB)
+    by_structure = ssim >= guess_ssim + SSIM_MARGIN and psnr >= guess_psnr - MARGIN_DB
+    by_pixels = psnr >= max(guess_psnr + MARGIN_DB, RECOVERED_FLOOR_DB) and ssim >= guess_ssim
+    return by_structure or by_pixels
 
 
 def recovered_level(psnr: float) -> str:
