@@ -104,6 +104,11 @@ class UtilitySpec:
     longer trainings. Undefended, it takes the default LeNet from chance level (11.7 %) to
     72 % on 10-class Fashion-MNIST (71 % with 100 classes; ReLU LeNet 77 %, MLP 75 %), from
     the initialisation ``measure_utility`` picks for the activation.
+
+    ``seconds`` bounds the training, as ``Budget.seconds`` bounds the attack: a defense whose
+    client step is costly (Soteria's per-feature Jacobian) would otherwise hold its run for
+    many minutes after the attack ended. Checked before every client's local training; the
+    rounds done by then are the result, marked incomplete.
     """
 
     dataset: str = "fashion-mnist"
@@ -112,6 +117,7 @@ class UtilitySpec:
     federation: FederationSpec = field(
         default_factory=lambda: FederationSpec(clients=3, rounds=5, local_epochs=2, local_lr=0.05)
     )
+    seconds: float = 300.0
 
     def __post_init__(self) -> None:
         require_choice(self.dataset, UTILITY_DATASETS, "utility dataset")
@@ -122,6 +128,10 @@ class UtilitySpec:
         require(
             10 <= self.test <= 10_000,
             f"utility test examples must be in [10, 10000], got {self.test}",
+        )
+        require(
+            1 <= self.seconds <= 86_400,
+            f"the utility training's time budget must be in [1, 86400] seconds, got {self.seconds}",
         )
         require(
             self.dataset != "digits" or self.train + self.test <= 1797,

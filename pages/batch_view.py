@@ -198,6 +198,8 @@ def display_rows(
                 beside.append(f"no defense {undefended:.1%}")
             if chance is not None:
                 beside.append(f"chance {chance:.1%}")
+            if r["utility_cut_short"]:
+                beside.append(r["utility_cut_short"])
             if beside:
                 row["utility acc."] += f" ({', '.join(beside)})"
         out.append(row)
@@ -228,7 +230,8 @@ def _grids(entries) -> None:
                 st.image(live.png, width=min(png_width(live.png), 360), caption=f"step {live.step}")
             event = store.latest_event(run.id)
             progress = 0.0 if event is None or not event.total else event.step / event.total
-            st.progress(min(progress, 1.0), text=run.status)
+            status = f"{run.status}: {run.stage}" if run.stage else run.status
+            st.progress(min(progress, 1.0), text=status)
 
 
 def _live(kind: str, batch_id: str, live: bool) -> None:

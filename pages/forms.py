@@ -274,12 +274,23 @@ def utility_inputs() -> tuple[UtilitySpec | None, str | None]:
         persist_state="session",
         key=persist("utility.train", default.train),
     )
+    seconds = st.number_input(
+        "Training time budget (s)",
+        1,
+        86_400,
+        step=30,
+        persist_state="session",
+        key=persist("utility.seconds", int(default.seconds)),
+        help="The training stops here, before the next client trains, and reports the rounds "
+        "it finished as incomplete: a defense with a costly client step (Soteria) would "
+        "otherwise hold its run long after the attack.",
+    )
     test = default.test if dataset == "fashion-mnist" else 300  # digits: 1797 in all
     try:
         federation = dataclasses.replace(
             default.federation, rounds=int(rounds), clients=int(clients)
         )
-        return UtilitySpec(dataset, int(train), test, federation), None
+        return UtilitySpec(dataset, int(train), test, federation, float(seconds)), None
     except AuditInputError as exc:
         return None, f"Utility: {exc}"
 

@@ -141,6 +141,8 @@ def _progress(record: RunRecord, events: list) -> None:
         text += f" · {losses}"
     if record.finished:
         text = f"{STATUS_TEXT.get(record.status, record.status)}: {text}"
+    elif record.stage:  # the attack is done; the run goes on with its utility training
+        text = f"{record.stage} · the attack: {text}"
     st.progress(min(max(last.step / total, 0.0), 1.0), text=text)
 
 

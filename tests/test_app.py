@@ -456,10 +456,11 @@ def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
 
 
 def _small_utility(at: AppTest) -> None:
-    """A utility training of seconds: 2 clients, 1 round, 200 examples."""
+    """A utility training of seconds: 2 clients, 1 round, 200 examples, a 120 s budget."""
     at.number_input(key="utility.rounds").set_value(1)
     at.number_input(key="utility.clients").set_value(2)
     at.number_input(key="utility.train").set_value(200)
+    at.number_input(key="utility.seconds").set_value(120)
 
 
 def _wait_batch(manager, store, batch_id: str) -> list:
@@ -490,6 +491,9 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
     for state in states:
         utility = state.run.summary["utility"]
         assert utility["complete"] and 0.0 <= utility["accuracy"] <= 1.0
+        assert utility["budget_s"] == 120 and state.run.spec["utility"]["seconds"] == 120
+        # The last progress the run gave: its utility training's rounds, not "step 5".
+        assert state.run.stage.startswith("utility training: 1 of 1 rounds done")
 
     at.run()
     assert not at.exception and not _errors(at), _errors(at)

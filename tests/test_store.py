@@ -350,7 +350,7 @@ def _version(db: Path) -> int:
 
 def test_schema_created_with_version(db: Path) -> None:
     Store(url_of(db)).close()
-    assert _version(db) == SCHEMA_VERSION == 2
+    assert _version(db) == SCHEMA_VERSION == 3
     with sqlite3.connect(db) as raw:
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"schema_info", "assets", "runs", "run_events", "run_images", "batches"} <= tables
@@ -362,12 +362,28 @@ def test_schema_1_database_gains_the_batches_table(db: Path) -> None:
         run_id = old.create_run(SPEC, "abc")
     with sqlite3.connect(db) as raw:  # what release 1 wrote
         raw.execute("DROP TABLE batches")
+        raw.execute("ALTER TABLE runs DROP COLUMN stage")
         raw.execute("UPDATE schema_info SET version = 1")
     with Store(url_of(db)) as migrated:
         assert migrated.get_run(run_id) is not None
         batch_id = migrated.create_batch("sweep", "s", {"members": []})
         assert migrated.get_batch(batch_id).kind == "sweep"
-    assert _version(db) == 2
+    assert _version(db) == SCHEMA_VERSION
+
+
+def test_schema_2_database_gains_the_run_stage(db: Path) -> None:
+    """A database of the second release (no ``runs.stage``) is migrated, its runs kept."""
+    with Store(url_of(db)) as old:
+        run_id = old.create_run(SPEC, "abc")
+    with sqlite3.connect(db) as raw:  # what release 2 wrote
+        raw.execute("ALTER TABLE runs DROP COLUMN stage")
+        raw.execute("UPDATE schema_info SET version = 2")
+    with Store(url_of(db)) as migrated:
+        assert migrated.get_run(run_id).stage is None
+        migrated.mark_running(run_id)
+        migrated.set_stage(run_id, "utility training: round 1 of 5")
+        assert migrated.get_run(run_id).stage == "utility training: round 1 of 5"
+    assert _version(db) == 3
 
 
 def test_newer_schema_refused_untouched(db: Path) -> None:
@@ -375,7 +391,7 @@ def test_newer_schema_refused_untouched(db: Path) -> None:
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE schema_info SET version = 7")
     before = sha(db)
-    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 2"):
+    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 3"):
         Store(url_of(db))
     assert _version(db) == 7 and sha(db) == before
 
@@ -389,34 +405,34 @@ def test_migration_runs_once(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(1)
         connection.execute(text("ALTER TABLE runs ADD COLUMN note TEXT"))
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
-    monkeypatch.setattr(schema, "MIGRATIONS", {2: add_note_column})
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 4)
+    monkeypatch.setattr(schema, "MIGRATIONS", {**schema.MIGRATIONS, 3: add_note_column})
     with Store(url_of(db)) as migrated:
         assert migrated.get_run(run_id) is not None  # data survives the migration
-    assert calls == [1] and _version(db) == 3
+    assert calls == [1] and _version(db) == 4
     Store(url_of(db)).close()
-    assert calls == [1]  # already at 3: not again
+    assert calls == [1]  # already at 4: not again
     with sqlite3.connect(db) as raw:
         assert "note" in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
 
 
 def test_migration_missing_or_failing(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Store(url_of(db)).close()
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 4)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 5)
 
     def half_done(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE runs ADD COLUMN half TEXT"))
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(schema, "MIGRATIONS", {2: half_done})
-    with pytest.raises(AuditInputError, match="no migration from schema 3 to 4"):
+    monkeypatch.setattr(schema, "MIGRATIONS", {3: half_done})
+    with pytest.raises(AuditInputError, match="no migration from schema 4 to 5"):
         Store(url_of(db))
-    assert _version(db) == 2
+    assert _version(db) == 3
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
-    with pytest.raises(RuntimeError, match="left at schema 2"):
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 4)
+    with pytest.raises(RuntimeError, match="left at schema 3"):
         Store(url_of(db))
-    assert _version(db) == 2
+    assert _version(db) == 3
     with sqlite3.connect(db) as raw:  # the half-done step was rolled back with it
         assert "half" not in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
 

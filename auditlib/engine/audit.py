@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -247,6 +247,17 @@ def prepare_victim(
     return Victim(model, batch, normalization, records, prior, prior_reason)
 
 
+@dataclass(frozen=True)
+class UtilityProgress:
+    """Yielded after each round of the utility training (round 0: before training)."""
+
+    round: int
+    rounds: int  # planned
+    accuracy: float
+    elapsed_s: float
+    budget_s: float
+
+
 def measure_utility(
     spec: RunSpec,
     *,
@@ -254,8 +265,27 @@ def measure_utility(
     assets: Mapping[str, bytes] | None = None,
     is_cancelled: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any]:
+    """``iter_utility`` run to its end: the utility record alone."""
+    rounds = iter_utility(
+        spec, allow_trusted_archive=allow_trusted_archive, assets=assets, is_cancelled=is_cancelled
+    )
+    while True:
+        try:
+            next(rounds)
+        except StopIteration as done:
+            return done.value
+
+
+def iter_utility(
+    spec: RunSpec,
+    *,
+    allow_trusted_archive: bool = False,
+    assets: Mapping[str, bytes] | None = None,
+    is_cancelled: Callable[[], bool] = lambda: False,
+) -> Generator[UtilityProgress, None, dict[str, Any]]:
     """The defense's cost: the audited model trained with FedAvg under a fresh instance of
-    the run's defense (``spec.utility``).
+    the run's defense (``spec.utility``), yielding its progress after every round and
+    returning the utility record.
 
     Training starts from the uploaded weights where there are any (before any attack-stage
     pretraining). A built-in model without weights starts from the initialisation that
@@ -268,7 +298,9 @@ def measure_utility(
 
     ``chance_accuracy`` is always predicting the test split's most frequent class;
     ``learned`` says whether the final accuracy clearly beats it (``LEARNED_MARGIN``), so a
-    defense's cost is only read off a training that learned.
+    defense's cost is only read off a training that learned. The training stops at its time
+    budget (``UtilitySpec.seconds``) or a cancellation, before the next client trains; the
+    record then holds the rounds done, ``complete`` false and ``stop_reason`` saying why.
     """
     from auditlib.fl.federated import chance_accuracy, learned
     from auditlib.models.registry import trainable_init
@@ -293,12 +325,23 @@ def measure_utility(
         spec, allow_trusted_archive=allow_trusted_archive, assets=assets
     ).to(device)
     defense, _ = build_defense(spec.defense.name, spec.defense.params_dict())
+    deadline = started + utility.seconds
+
+    def should_stop() -> bool:
+        return is_cancelled() or time.perf_counter() >= deadline
+
     rounds = []
-    for result in train_federated(model, train, test, utility.federation, defense):
+    planned = utility.federation.rounds
+    for result in train_federated(model, train, test, utility.federation, defense, should_stop):
         rounds.append(asdict(result))
-        if is_cancelled():
-            break
+        yield UtilityProgress(
+            result.round, planned, result.accuracy, time.perf_counter() - started, utility.seconds
+        )
     last = rounds[-1]
+    if last["round"] == planned:
+        stop_reason = "completed"
+    else:
+        stop_reason = "cancelled" if is_cancelled() else "time budget"
     chance = chance_accuracy(test[1])
     if from_weights:
         starts_from = "the uploaded weights"
@@ -314,7 +357,9 @@ def measure_utility(
         "starts_from": starts_from,
         "rounds": rounds,
         "rounds_completed": last["round"],
-        "complete": last["round"] == utility.federation.rounds,
+        "complete": stop_reason == "completed",
+        "stop_reason": stop_reason,
+        "budget_s": utility.seconds,
         "accuracy": last["accuracy"],
         "macro_f1": last["macro_f1"],
         "accuracy_without_key": last["accuracy_without_key"],
@@ -335,11 +380,12 @@ def iter_audit(
     lpips_nets: tuple[str, ...] = LPIPS_NETS,
     allow_trusted_archive: bool = False,
     assets: Mapping[str, bytes] | None = None,
-) -> Iterator[AuditStart | ProgressEvent | LiveFrame | AuditResult]:
+) -> Iterator[AuditStart | ProgressEvent | LiveFrame | UtilityProgress | AuditResult]:
     """Run the audit described by ``spec``.
 
     Yields an :class:`AuditStart`, then the attack's progress events (each event with images
-    followed by a :class:`LiveFrame`), then the :class:`AuditResult`.
+    followed by a :class:`LiveFrame`), then, where the spec measures utility, one
+    :class:`UtilityProgress` per training round, then the :class:`AuditResult`.
     """
     began_unix = time.time()  # wall clock, for when runs overlapped (timing.*_unix)
     planned = plan_attacks(spec.attack, spec.budget.iterations, emit_every)
@@ -392,7 +438,7 @@ def iter_audit(
     elif stop_reason == "cancelled":
         utility = {"unavailable_reason": "the run was cancelled before the utility training"}
     else:
-        utility = measure_utility(
+        utility = yield from iter_utility(
             spec,
             allow_trusted_archive=allow_trusted_archive,
             assets=assets,

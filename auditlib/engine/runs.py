@@ -26,6 +26,14 @@ from auditlib.store import Store
 HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
 
 
+def utility_stage(message: Mapping[str, Any]) -> str:
+    """The stage text of a utility message: which round, against which time budget."""
+    return (
+        f"utility training: {message['round']} of {message['rounds']} rounds done, "
+        f"{message['elapsed']:.0f} s of its {message['budget']:g} s budget"
+    )
+
+
 class RunManager:
     def __init__(
         self,
@@ -88,6 +96,7 @@ class RunManager:
     def _consume(self, run_id: str, generator, board) -> None:
         store = self.store
         finished = False
+        stage = None  # what the worker last said it does after the attack
         try:
             for ref in generator:
                 message = ray.get(ref)
@@ -105,6 +114,9 @@ class RunManager:
                     )
                 elif kind == "frame":
                     store.add_image(run_id, message["step"], "live", message["png"])
+                elif kind == "utility":
+                    stage = utility_stage(message)
+                    store.set_stage(run_id, stage)
                 elif kind == "result":
                     store.add_image(
                         run_id,
@@ -118,9 +130,13 @@ class RunManager:
                     store.finish(run_id, "failed", error=message["message"])
                     finished = True
         except TaskCancelledError:
-            store.finish(
-                run_id, "cancelled", error="stopped by ray.cancel before the attack could finish"
+            where = (
+                f"during its {stage}, after the attack had finished; the attack's result was "
+                "lost with the worker"
+                if stage
+                else "before the attack could finish"
             )
+            store.finish(run_id, "cancelled", error=f"stopped by ray.cancel {where}")
             finished = True
         except RayError as exc:  # worker crash, node loss, task error
             store.finish(run_id, "failed", error=f"{type(exc).__name__}: {exc}")

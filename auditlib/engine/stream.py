@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from auditlib.attacks import ProgressEvent
-from auditlib.engine.audit import AuditResult, AuditStart, LiveFrame, iter_audit
+from auditlib.engine.audit import (
+    AuditResult,
+    AuditStart,
+    LiveFrame,
+    UtilityProgress,
+    iter_audit,
+)
 from auditlib.errors import AuditInputError
 from auditlib.metrics import LPIPS_NETS
 from auditlib.report.images import comparison_grid, image_row
@@ -49,7 +55,8 @@ def audit_messages(
     image_every: int = 50,
     lpips_nets: tuple[str, ...] = LPIPS_NETS,
 ) -> Iterator[dict[str, Any]]:
-    """Run ``spec`` and yield messages: start, event, frame ..., then result or error."""
+    """Run ``spec`` and yield messages: start, event, frame ..., utility (one per training
+    round), then result or error."""
     try:
         for item in iter_audit(
             spec,
@@ -80,6 +87,15 @@ def audit_messages(
                     "step": item.step,
                     "png": row_png(item.images),
                     "psnr_mean": item.psnr_mean,
+                }
+            elif isinstance(item, UtilityProgress):
+                yield {
+                    "type": "utility",
+                    "round": item.round,
+                    "rounds": item.rounds,
+                    "accuracy": item.accuracy,
+                    "elapsed": item.elapsed_s,
+                    "budget": item.budget_s,
                 }
             elif isinstance(item, AuditResult):
                 yield {

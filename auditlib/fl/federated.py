@@ -12,7 +12,7 @@ The model is trained in place, so the caller also has it at any chosen round (to
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
@@ -30,7 +30,7 @@ from auditlib.defenses.base import Defense, model_change
 from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.training import fedavg_round
+from auditlib.fl.training import RoundStopped, fedavg_round
 from auditlib.fl.update import copy_state, load_state, set_training_mode
 
 Split = Literal["iid", "dirichlet"]
@@ -174,11 +174,14 @@ def train_federated(
     test: tuple[torch.Tensor, torch.Tensor],
     federation: FederationSpec,
     defense: Defense,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Iterator[Utility]:
     """Train ``model`` in place with FedAvg under ``defense``; yield its utility per round.
 
     The first item is round 0 (the model as given). Stop iterating at any round to keep the
-    model as it stands after that round. A defense that changes the model (FedKL) changes
+    model as it stands after that round. ``should_stop`` (a time budget, a cancellation) is
+    asked before every client's training: when it says stop, the round under way is
+    abandoned and the iteration ends, the model as it was after the last round yielded. A defense that changes the model (FedKL) changes
     ``model`` in place first (the lock is inserted); each client then keeps its own key and
     lock, and ``model`` holds the shared weights with the initial lock and a random key.
     """
@@ -205,15 +208,19 @@ def train_federated(
         for c in chosen:
             index = torch.from_numpy(parts[c]).to(images.device)
             clients.append((images[index], labels[index]))
-        loss = fedavg_round(
-            model,
-            clients,
-            protocol,
-            defense,
-            generator=generator,
-            round=round - 1,
-            private_states=[states[c] for c in chosen] if states else None,
-        )
+        try:
+            loss = fedavg_round(
+                model,
+                clients,
+                protocol,
+                defense,
+                generator=generator,
+                round=round - 1,
+                private_states=[states[c] for c in chosen] if states else None,
+                should_stop=should_stop,
+            )
+        except RoundStopped:
+            return
         seconds = time.perf_counter() - start
         yield _utility(model, test, states, round, loss, seconds)
 

@@ -8,7 +8,7 @@ training.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +53,10 @@ class FederatedTraining:
         )
 
 
+class RoundStopped(Exception):
+    """``fedavg_round`` was asked to stop before a client trained; the model is unchanged."""
+
+
 def fedavg_round(
     model: nn.Module,
     clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -62,6 +66,7 @@ def fedavg_round(
     generator: torch.Generator,
     round: int = 0,
     private_states: Sequence[dict[str, torch.Tensor]] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> float:
     """One FedAvg round on ``model`` in place; returns the clients' mean training loss.
 
@@ -78,6 +83,10 @@ def fedavg_round(
 
     A defense that is an aggregation protocol (FedBoosting) holds out each client's last
     ``validation_fraction`` of examples and replaces the weighted mean by its ``aggregate``.
+
+    ``should_stop`` is asked before each client trains (one client's defended training can
+    take minutes); when it says stop, the round is abandoned with the model, and every
+    client's private part, as they were before it, and ``RoundStopped`` is raised.
     """
     parameters = trainable_parameters(model)
     private = set(private_states[0]) if private_states else set()
@@ -90,7 +99,13 @@ def fedavg_round(
     shares = [len(labels) / examples for _, labels in clients]
     updates: list[tuple[torch.Tensor, ...]] = []
     losses: list[float] = []
+    trained_private: list[tuple[int, str, torch.Tensor]] = []  # applied once the round is done
     for index, (images, labels) in enumerate(clients):
+        if should_stop is not None and should_stop():
+            load_state(model, start)
+            load_state(model, server_private)
+            set_training_mode(model, False)
+            raise RoundStopped
         with torch.no_grad():
             if private_states:
                 load_state(model, private_states[index])
@@ -110,8 +125,10 @@ def fedavg_round(
         )
         for i, n in enumerate(parameters):
             if n in private:  # the client keeps its own trained private part
-                private_states[index][n] = parameters[n].detach() + delta[i]  # type: ignore[index]
+                trained_private.append((index, n, parameters[n].detach() + delta[i]))
         updates.append(tuple(d for n, d in zip(parameters, delta, strict=True) if n not in private))
+    for index, n, value in trained_private:
+        private_states[index][n] = value  # type: ignore[index]
     shared = {n: p for n, p in parameters.items() if n not in private}
     load_state(model, start)
     if aggregate is not None:

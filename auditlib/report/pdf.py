@@ -353,7 +353,17 @@ class _Builder:
 
     def _styles(self) -> dict[str, ParagraphStyle]:
         regular, bold = self.fonts.regular, self.fonts.bold
-        body = ParagraphStyle("body", fontName=regular, fontSize=9.5, leading=12.5, spaceAfter=4)
+        # No paragraph leaves its last line alone at the top of a page (a page before a page
+        # break could otherwise hold that one line and nothing else).
+        body = ParagraphStyle(
+            "body",
+            fontName=regular,
+            fontSize=9.5,
+            leading=12.5,
+            spaceAfter=4,
+            allowWidows=0,
+            allowOrphans=0,
+        )
         return {
             "body": body,
             "title": ParagraphStyle("title", body, fontName=bold, fontSize=22, leading=27),
@@ -1199,9 +1209,15 @@ class _Builder:
             if isinstance(utility, dict) and utility.get("unavailable_reason"):
                 items.append(f"{label}: no utility: {esc(utility['unavailable_reason'])}.")
             elif isinstance(utility, dict) and utility.get("complete") is False:
+                why = {
+                    "time budget": f"at its time budget ({fmt(utility.get('budget_s'), 'g')} s)",
+                    "cancelled": "when the run was cancelled",
+                }.get(utility.get("stop_reason"), "early")
+                rounds = utility.get("federation", {}).get("rounds")
                 items.append(
-                    f"{label}: the utility training stopped after "
-                    f"{esc(utility.get('rounds_completed'))} rounds."
+                    f"{label}: the utility training stopped {esc(why)} after "
+                    f"{esc(utility.get('rounds_completed'))} of {esc(rounds)} rounds; its "
+                    "accuracy is that of a shorter training."
                 )
         caveat = utility_caveat(self.entries)
         if caveat:

@@ -181,9 +181,21 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
         "utility_undefended": undefended_accuracy(entry),
         "utility_f1": dig(utility, "macro_f1"),
         "utility_without_key": dig(utility, "accuracy_without_key"),
+        "utility_cut_short": utility_cut_short(utility),
         "epsilon": dig(summary, "defense_report", "epsilon"),
         "seconds": None if run is None else run.seconds,
     }
+
+
+def utility_cut_short(utility: Any) -> str | None:
+    """'2 of 5 rounds, time budget' for a utility training that stopped early; else None."""
+    if not isinstance(utility, dict) or utility.get("complete") is not False:
+        return None
+    rounds = dig(utility, "federation", "rounds")
+    return (
+        f"{utility.get('rounds_completed')} of {rounds} rounds, "
+        f"{utility.get('stop_reason') or 'stopped early'}"
+    )
 
 
 def success_curves(entries: Sequence[ReportEntry]) -> list[list[dict[str, float]]]:

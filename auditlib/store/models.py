@@ -104,6 +104,7 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     worker: Mapped[str] = mapped_column(String(200), default="")
+    stage: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

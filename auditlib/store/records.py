@@ -77,6 +77,7 @@ class RunRecord:
     error: str | None
     cancel_requested: bool
     worker: str
+    stage: str | None  # what a running run does after its attack (its utility training)
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from sqlalchemy import Connection, insert, inspect, select, update
+from sqlalchemy import Connection, insert, inspect, select, text, update
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from auditlib.errors import AuditInputError
@@ -30,8 +30,13 @@ def _add_batches(connection: Connection) -> None:
     Batch.__table__.create(connection)
 
 
-SCHEMA_VERSION: int = 2
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _add_batches}
+def _add_run_stage(connection: Connection) -> None:
+    """2 -> 3: the ``runs.stage`` column (what a run does after its attack)."""
+    connection.execute(text("ALTER TABLE runs ADD COLUMN stage VARCHAR(200)"))
+
+
+SCHEMA_VERSION: int = 3
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _add_batches, 2: _add_run_stage}
 
 _VERSION_ROW = 1
 

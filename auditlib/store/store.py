@@ -81,6 +81,7 @@ def _run_record(row: Run) -> RunRecord:
         error=row.error,
         cancel_requested=bool(row.cancel_requested),
         worker=row.worker,
+        stage=row.stage,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
@@ -280,6 +281,12 @@ class Store:
                     created_at=utcnow(),
                 )
             )
+
+    def set_stage(self, run_id: str, stage: str) -> None:
+        """Say what the running run does now, once its attack's events have ended (the
+        utility training's round); shown beside its progress."""
+        with self._session(write=True) as s:
+            self._open_run(s, run_id).stage = stage[:200]
 
     def add_image(self, run_id: str, step: int, kind: str, png: bytes) -> None:
         """Store a PNG. A "live" image replaces the run's previous one (bounded storage);
