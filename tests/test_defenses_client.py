@@ -4,6 +4,8 @@ quantisation). Every case is a small real model or update with a fixed seed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -302,3 +304,19 @@ def test_every_defense_changes_what_the_server_receives(name, params):
     assert not torch.equal(flat(defended), flat(clean))
     for c, u in zip(clean, update, strict=True):
         assert torch.equal(c, u)  # the undefended update is the client's own
+
+
+def test_soteria_scores_a_sample_of_a_large_client_and_all_of_a_small_batch():
+    """A FedAvg client's whole data is scored on ``score_examples`` of its images (the
+    utility training); an audited batch no larger than that is scored in full."""
+    model, context, _ = client(batch=6)
+    _, layer = representation_layer(model, None)
+    full = feature_scores(model, layer, context)
+    assert torch.equal(feature_scores(model, layer, context, 6, gen()), full)
+    sampled = feature_scores(model, layer, context, 2, gen(1))
+    picked = torch.randperm(6, generator=gen(1))[:2]
+    on_them = feature_scores(model, layer, replace(context, images=context.images[picked]))
+    torch.testing.assert_close(sampled, on_them)
+    assert not torch.allclose(sampled, full)
+    with pytest.raises(AuditInputError, match="score_examples"):
+        build_defense("soteria", {"score_examples": "-1"})

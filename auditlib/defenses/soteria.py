@@ -8,6 +8,13 @@ columns of that layer's weight update are zeroed; nothing else in the update cha
 paper's defense touches only that one layer, which is why BN-statistics attacks get round
 it). The public code hard-wires the layer (LeNet's fc input, ConvNet's last layer); here any
 ``nn.Linear`` of the model can be chosen by name, the last one by default.
+
+The scores cost one backward pass per feature over every scored image. The public code
+scores the one batch whose gradient is shared; a FedAvg client of the utility training
+shares an update over its whole local data (1000 images here: about 3 minutes per client
+on 2 cores for LeNet's 768 features), so at most ``score_examples`` of them, drawn with the
+client's generator, are scored (64 by default; 0 scores all). Audited batches are smaller,
+so the attack faces the defense exactly as the public code computes it.
 """
 
 from __future__ import annotations
@@ -31,8 +38,14 @@ _CHUNK = 64  # features back-propagated together (bounds memory: chunk x batch x
 class SoteriaConfig:
     ratio: float = 0.5
     layer: str | None = None  # module name of an nn.Linear; None = the last one
+    score_examples: int = 64  # images scored at most (a random sample of larger data); 0 = all
 
     def __post_init__(self) -> None:
+        require(
+            self.score_examples >= 0,
+            f"score_examples (images scored at most; 0 = all) must be >= 0, "
+            f"got {self.score_examples}",
+        )
         require(
             0 <= self.ratio < 1,
             f"ratio (fraction of representation features pruned) must be in [0, 1), "
@@ -56,12 +69,23 @@ def representation_layer(model: nn.Module, name: str | None) -> tuple[str, nn.Li
     )
 
 
-def feature_scores(model: nn.Module, layer: nn.Linear, context: ClientContext) -> torch.Tensor:
-    """Soteria's score of each input feature of ``layer`` on the client's batch."""
+def feature_scores(
+    model: nn.Module,
+    layer: nn.Linear,
+    context: ClientContext,
+    score_examples: int = 0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Soteria's score of each input feature of ``layer`` on the client's batch, or on a
+    random ``score_examples`` of it where it holds more (0: all)."""
     captured: list[torch.Tensor] = []
     hook = layer.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0]))
     saved = {n: b.clone() for n, b in model.named_buffers()}
-    images = context.images.detach().clone().requires_grad_()
+    images = context.images.detach()
+    if 0 < score_examples < len(images):
+        picked = torch.randperm(len(images), generator=generator)[:score_examples]
+        images = images[picked.to(images.device)]
+    images = images.clone().requires_grad_()
     try:
         set_training_mode(model, context.protocol.batchnorm_mode == "train")
         model(images)
@@ -105,7 +129,9 @@ class Soteria:
         names = list(context.parameters)
         if key not in names:
             raise AuditInputError(f"soteria: the weight of layer {name!r} is not trained")
-        scores = feature_scores(context.model, layer, context).abs()
+        scores = feature_scores(
+            context.model, layer, context, self.config.score_examples, generator
+        ).abs()
         pruned = int(self.config.ratio * scores.numel() + 0.5)
         mask = torch.ones_like(scores)
         if pruned:
