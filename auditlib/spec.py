@@ -105,9 +105,9 @@ class UtilitySpec:
     72 % on 10-class Fashion-MNIST (71 % with 100 classes; ReLU LeNet 77 %, MLP 75 %), from
     the initialisation ``measure_utility`` picks for the activation.
 
-    ``seconds`` bounds the training, as ``Budget.seconds`` bounds the attack: a defense whose
-    client step is costly (Soteria's per-feature Jacobian) would otherwise hold its run for
-    many minutes after the attack ended. Checked before every client's local training; the
+    ``seconds`` bounds the training, as ``Budget.max_seconds`` bounds the attack: a defense
+    whose client step is costly (Soteria's per-feature Jacobian) would otherwise hold its run
+    for many minutes after the attack ended. Checked before every client's local training; the
     rounds done by then are the result, marked incomplete.
     """
 

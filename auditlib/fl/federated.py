@@ -181,9 +181,10 @@ def train_federated(
     The first item is round 0 (the model as given). Stop iterating at any round to keep the
     model as it stands after that round. ``should_stop`` (a time budget, a cancellation) is
     asked before every client's training: when it says stop, the round under way is
-    abandoned and the iteration ends, the model as it was after the last round yielded. A defense that changes the model (FedKL) changes
-    ``model`` in place first (the lock is inserted); each client then keeps its own key and
-    lock, and ``model`` holds the shared weights with the initial lock and a random key.
+    abandoned and the iteration ends, the model as it was after the last round yielded.
+    A defense that changes the model (FedKL) changes ``model`` in place first (the lock is
+    inserted); each client then keeps its own key and lock, and ``model`` holds the shared
+    weights with the initial lock and a random key.
     """
     images, labels = train
     parts = split_clients(
