@@ -99,11 +99,11 @@ def _picked(kind: str) -> None:
         _set_url_state(kind, chosen)
 
 
-def _batch_picker(kind: str) -> None:
-    """Reopen a stored comparison or sweep."""
+def _batch_picker(kind: str) -> bool:
+    """Reopen a stored comparison or sweep; False where none is stored (no picker shown)."""
     stored = get_store().list_batches(kind, limit=50)
     if not stored:
-        return
+        return False
     labels = {
         b.id: f"{b.title or kind} · {b.created_at.astimezone():%Y-%m-%d %H:%M}" for b in stored
     }
@@ -119,6 +119,7 @@ def _batch_picker(kind: str) -> None:
         on_change=_picked,
         args=(kind,),
     )
+    return True
 
 
 def _utility(run) -> dict[str, Any] | None:
@@ -372,9 +373,11 @@ def _batch_view(kind: str, batch_id: str) -> None:
 
 def open_batch(kind: str) -> None:
     """The reopen picker, then the open comparison or sweep (``?comparison=`` / ``?sweep=``)."""
-    _batch_picker(kind)
+    stored = _batch_picker(kind)
     batch_id = st.session_state.get(kind)
     if batch_id:
         _batch_view(kind, batch_id)
+    elif stored:
+        st.info(f"No {kind} open. Run one with the button above, or open a stored one above.")
     else:
-        st.info(f"No {kind} open. Run one, or open a stored one above.")
+        st.info(f"No {kind} open, and none is stored yet. Run one with the button above.")

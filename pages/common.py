@@ -312,7 +312,7 @@ def batch_of(setup: Setup) -> LabelledImages | None:
     return images.window(0, setup.upload_count or len(images))
 
 
-def setup_problems(setup: Setup) -> tuple[list[str], list[str]]:
+def setup_problems(setup: Setup, where: str = "on the Setup page") -> tuple[list[str], list[str]]:
     """(errors, missing): what the library refuses, and what has not been given yet."""
     errors: list[str] = []
     missing: list[str] = []
@@ -333,9 +333,7 @@ def setup_problems(setup: Setup) -> tuple[list[str], list[str]]:
         errors.append(f"Images: {exc}")
         images = None
     if images is None and setup.source == "upload" and not errors:
-        missing.append(
-            "No images yet: upload them on the Setup page, or pick a bundled sample set."
-        )
+        missing.append(f"No images yet: upload them {where}, or pick a bundled sample set.")
     if images is not None and images.labels is not None:
         try:
             check_labels_fit(images.labels, setup.num_classes, images.names)

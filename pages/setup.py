@@ -352,7 +352,7 @@ def main() -> None:
         _data_section(errors)
 
     st.header("Private batch")
-    more_errors, missing = setup_problems(current_setup())
+    more_errors, missing = setup_problems(current_setup(), where="under Private images above")
     _batch_preview()
     if not errors:  # with an upload refused above, "no images yet" says nothing new
         for message in missing:

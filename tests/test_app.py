@@ -152,6 +152,9 @@ def test_setup_refuses_a_text_file_renamed_png(dashboard_store):
     at = _app()
     at.radio(key="source").set_value("upload").run()
     assert any("No images yet" in i.value for i in at.info)  # a hint, not an error
+    # On the Setup page itself, the hint points at its own upload, not "on the Setup page".
+    assert not any("on the Setup page" in i.value for i in at.info)
+    assert any("under Private images above" in i.value for i in at.info)
     assert not _errors(at)
     at.file_uploader(key="images_files.0").set_value(
         ("notes.png", b"just some text\n", "image/png")
@@ -471,6 +474,26 @@ def _wait_batch(manager, store, batch_id: str) -> list:
         assert state.run is not None
         assert manager.wait(state.run.id, 180)
     return batch_state(store, store.get_batch(batch_id))
+
+
+def test_an_empty_compare_page_points_at_nothing_it_does_not_show(dashboard_store):
+    # Issue 21, item 15: "open a stored one above" with nothing above.
+    store, _ = dashboard_store
+    at = _app()
+    at.switch_page("pages/compare.py").run()
+    assert not at.exception
+    infos = [i.value for i in at.info]
+    assert "No comparison open, and none is stored yet. Run one with the button above." in infos
+    assert not _has_key(at, "comparison.picker")
+    store.create_batch("comparison", "an earlier one", {"members": []})
+    at.run()
+    infos = [i.value for i in at.info]
+    assert any("or open a stored one above" in i for i in infos), infos
+    assert _has_key(at, "comparison.picker")
+
+
+def _has_key(at: AppTest, key: str) -> bool:
+    return any(getattr(w, "key", None) == key for w in at.selectbox)
 
 
 def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_store):

@@ -470,6 +470,7 @@ def test_a_defended_run_whose_control_did_not_leak_reads_inconclusive_not_low(
         assert row.rstrip().endswith("Inconclusive")
         assert not any(level in row for level in ("Very High", "High", "Medium", "Low"))
     assert "Low:" not in text and "Defense held" not in text and "Risk:" not in text
+    assert "1 image from" in text and "1 images" not in text  # issue 21, item 15
     keep_pages(tmp_path / "verdicts.pdf", "verdict_inconclusive")
 
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from auditlib.metrics.risk import LEVEL_MEANING
+from auditlib.words import count_of
 
 VERDICT_VERSION = 1
 Outcome = Literal["leaks", "defense_held", "inconclusive"]
@@ -177,8 +178,8 @@ class Scope:
     def budget_words(self) -> str:
         clock = f", at most {self.time_budget_s:g} s" if self.time_budget_s else ""
         return (
-            f"{_count(self.iterations, 'step')} per start{clock}; "
-            f"{_count(self.steps, 'step')} in {self.seconds:.1f} s spent"
+            f"{count_of(self.iterations, 'step')} per start{clock}; "
+            f"{count_of(self.steps, 'step')} in {self.seconds:.1f} s spent"
         )
 
 
@@ -292,7 +293,3 @@ def judge(
     return Verdict(
         "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
     )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")

@@ -72,6 +72,7 @@ from auditlib.report.subject import (
     utility_caveat,
 )
 from auditlib.store.convert import finite_number
+from auditlib.words import count_of
 
 PAGE_WIDTH, PAGE_HEIGHT = A4
 MARGIN = 1.8 * cm
@@ -489,6 +490,10 @@ class _Builder:
             return len(names)
         return dig(self.spec, "data", "batch_size")
 
+    def _images_count(self) -> str:
+        size = self.batch_size()
+        return "? images" if size is None else count_of(int(size), "image")
+
     def data_source(self) -> str:
         source = dig(self.summary, "victim", "data", "source")
         if source:
@@ -540,7 +545,7 @@ class _Builder:
             ("Target model", esc(self.model_text())),
             (
                 "Private data",
-                esc(f"{self.batch_size() or '?'} images from {self.data_source()}"),
+                esc(f"{self._images_count()} from {self.data_source()}"),
             ),
             ("Runs", self.runs_text()),
             (
