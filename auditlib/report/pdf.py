@@ -1218,7 +1218,7 @@ class _Builder:
                     "time budget": f"at its time budget ({fmt(utility.get('budget_s'), 'g')} s)",
                     "cancelled": "when the run was cancelled",
                 }.get(utility.get("stop_reason"), "early")
-                rounds = utility.get("federation", {}).get("rounds")
+                rounds = dig(utility, "federation", "rounds")
                 items.append(
                     f"{label}: the utility training stopped {esc(why)} after "
                     f"{esc(utility.get('rounds_completed'))} of {esc(rounds)} rounds; its "
