@@ -1,7 +1,7 @@
 """Streamlit entry point: page config, navigation and the state every page shares.
 
 UI only; the work is in ``auditlib``. Runs execute in the process-wide RunManager (see
-``pages/common.py``), so the pages only start, watch and read them. The open run's id and
+``dashboard/common.py``), so the pages only start, watch and read them. The open run's id and
 the uploaded assets' sha256 live in the URL (``?run=...&images=...&weights=...``, and the
 open ``comparison`` and ``sweep``), so a
 refresh or a shared link reopens the same state.
@@ -10,15 +10,15 @@ refresh or a shared link reopens the same state.
 import streamlit as st
 
 from auditlib.engine import ray_backend
-from pages.common import (
+from dashboard.common import (
     COMPARE_PAGE,
     HISTORY_PAGE,
     LAB_PAGE,
     METHOD_PAGE,
     SETUP_PAGE,
     TRADEOFF_PAGE,
-    sync_url_state,
 )
+from dashboard.state import sync_url_state
 
 st.set_page_config(
     page_title="FL gradient-leakage audit", page_icon=":material/shield:", layout="wide"

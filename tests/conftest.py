@@ -34,7 +34,7 @@ def dashboard_store(tmp_path, monkeypatch, ray_session):
     """
     import streamlit as st
 
-    from pages.common import get_manager, get_store
+    from dashboard.common import get_manager, get_store
 
     monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("AUDIT_DATABASE_URL", raising=False)

@@ -22,7 +22,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # pages.common is imported as a package from the repo root
+if str(ROOT) not in sys.path:  # dashboard.common is imported as a package from the repo root
     sys.path.insert(0, str(ROOT))
 
 from auditlib.engine.audit import METRIC_DEFINITION  # noqa: E402
@@ -35,7 +35,8 @@ from auditlib.spec import (  # noqa: E402
     RunSpec,
     ScenarioSpec,
 )
-from pages import common  # noqa: E402
+from dashboard import common  # noqa: E402
+from dashboard import state as url_state  # noqa: E402
 
 APP = str(ROOT / "app.py")
 EXAMPLES = ROOT / "assets" / "example-images"
@@ -111,11 +112,11 @@ def test_every_page_renders(dashboard_store):
     assert [t.value for t in at.title] == ["Setup"]
     assert not _errors(at)  # the defaults (bundled photographs, lenet) are valid
     for page, title in [
-        ("pages/lab.py", "Attack lab"),
-        ("pages/compare.py", "Compare defenses"),
-        ("pages/tradeoff.py", "Utility-privacy trade-off"),
-        ("pages/history.py", "History"),
-        ("pages/about.py", "Method"),
+        ("dashboard/lab.py", "Attack lab"),
+        ("dashboard/compare.py", "Compare defenses"),
+        ("dashboard/tradeoff.py", "Utility-privacy trade-off"),
+        ("dashboard/history.py", "History"),
+        ("dashboard/about.py", "Method"),
     ]:
         at.switch_page(page).run()
         assert not at.exception, page
@@ -140,9 +141,9 @@ def test_setup_bundled_samples_show_thumbnails_with_sizes(dashboard_store):
         c.value for c in at.caption
     ]
     # The choice survives a trip to another page and back.
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     assert any("3 from the 'digits' sample set" in m.value for m in at.markdown)
-    at.switch_page("pages/setup.py").run()
+    at.switch_page("dashboard/setup.py").run()
     assert at.selectbox(key="sample_set").value == "digits"
     assert at.number_input(key="count").value == 3
 
@@ -190,8 +191,72 @@ def test_setup_upload_is_stored_and_survives_a_refresh(dashboard_store):
     assert again.radio(key="source").value == "upload"
     assert any("Using uploaded images" in s.value for s in again.success)
     assert again.get("image")
-    again.number_input(key=common.upload_count_key(sha)).set_value(2).run()
+    # As uploaded: the file names and the class names of labels.csv, not the stored zip's.
+    captions = [c.caption for c in again.get("image")[0].proto.imgs]
+    assert [c.split(" (")[0] for c in captions] == [
+        "astronaut.png",
+        "chelsea.png",
+        "coffee.png",
+        "rocket.png",
+    ]
+    assert captions[1].endswith("· chelsea")
+    assert any("4 image(s) from upload; labels given" in c.value for c in again.caption)
+    again.number_input(key=url_state.upload_count_key(sha)).set_value(2).run()
     assert any("2 image(s) from" in c.value for c in again.caption)
+    assert again.query_params["batch"] == "2"
+
+    # The lab, opened by that link after a server restart, uses the upload, not a sample set.
+    lab = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    lab.query_params.update(images=sha, batch="2")
+    lab.switch_page("dashboard/lab.py").run()
+    assert any("Private images** 2 uploaded images" in m.value for m in lab.markdown), [
+        m.value for m in lab.markdown
+    ]
+
+
+def test_a_refresh_keeps_the_whole_setup_with_its_weights(dashboard_store):
+    """Weights checked against a 100-class LeNet at seed 7 come back with that model: the URL
+    holds every Setup choice that is not a default, not only the weights' id."""
+    at = _app()
+    at.number_input(key="num_classes").set_value(100)
+    at.number_input(key="seed").set_value(7)
+    at.selectbox(key="activation").set_value("relu").run()
+    at.file_uploader(key="weights_file.0").set_value(
+        ("mine.safetensors", _lenet_weights(100), "application/octet-stream")
+    )
+    at.run()
+    assert not _errors(at), _errors(at)
+    link = {k: v[0] if isinstance(v, list) else v for k, v in at.query_params.items()}
+    assert link["classes"] == "100" and link["seed"] == "7" and link["activation"] == "relu"
+    assert "arch" not in link  # defaults stay out of the URL
+
+    again = _app(**link)
+    assert not again.exception
+    assert not _errors(again), _errors(again)
+    assert again.number_input(key="num_classes").value == 100
+    assert again.number_input(key="seed").value == 7
+    assert again.selectbox(key="activation").value == "relu"
+    assert any("Using weights mine.safetensors" in s.value for s in again.success)
+    again.switch_page("dashboard/lab.py").run()
+    assert any("lenet, 100 classes" in m.value for m in again.markdown)
+
+    # Back to a default: the choice leaves the URL.
+    again.switch_page("dashboard/setup.py").run()
+    again.selectbox(key="activation").set_value("architecture default").run()
+    assert "activation" not in again.query_params
+
+
+def test_a_link_with_bad_values_says_what_it_did_not_use(dashboard_store):
+    at = _app(arch="vgg99", classes="1", size="64", run="../../etc")
+    assert not at.exception
+    warning = " ".join(w.value for w in at.warning)
+    assert "arch=vgg99 (expected one of" in warning
+    assert "classes=1 (expected an integer 2-100000)" in warning
+    assert "run=../../etc (expected 32 lowercase hex digits)" in warning
+    # The rest of the link still opens.
+    assert at.number_input(key="input_size").value == 64
+    assert at.selectbox(key="architecture").value == "lenet"
+    assert "arch" not in at.query_params and "run" not in at.query_params
 
 
 def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
@@ -213,7 +278,7 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
     sha = at.query_params["weights"]
     assert store.get_asset(sha).kind == "model"
     assert any("Using weights mine.safetensors" in s.value for s in at.success)
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     assert any("uploaded weights" in m.value for m in at.markdown)
 
     # A run with them: the worker gets the stored bytes, and the spec names them by hash.
@@ -234,7 +299,7 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
 def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     at.selectbox(key="attack").set_value("dlg").run()
     at.number_input(key="iterations.dlg.audit").set_value(5)
     at.button(key="start").click().run()
@@ -268,14 +333,14 @@ def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
 
     # A refresh (a new session with the URL) reopens the finished run.
     again = _app(run=run_id)
-    again.switch_page("pages/lab.py").run()
+    again.switch_page("dashboard/lab.py").run()
     assert any("PSNR" in m.label for m in again.metric)
 
 
 def test_lab_bad_parameter_is_refused_and_nothing_is_recorded(dashboard_store):
     store, _ = dashboard_store
     at = _app()
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     at.selectbox(key="defense").set_value("prune").run()
     at.number_input(key="defense.prune.ratio").set_value(1.5).run()
     assert not at.exception
@@ -290,7 +355,7 @@ def test_lab_every_attack_and_defense_renders_its_fields(dashboard_store):
     from auditlib.defenses import DEFENSES
 
     at = _app()
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     for name in sorted(ATTACKS):
         at.selectbox(key="attack").set_value(name).run()
         assert not at.exception, name
@@ -312,7 +377,7 @@ def test_lab_every_attack_and_defense_renders_its_fields(dashboard_store):
 def test_lab_cancel_stops_the_run_and_scores_what_it_has(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     at.number_input(key="iterations.dlg.audit").set_value(5000)
     at.button(key="start").click().run()
     run_id = at.query_params["run"]
@@ -338,7 +403,7 @@ def test_lab_defaults_to_the_audit_preset_and_offers_every_applicable_attack(das
     from auditlib.attacks import ALL_ATTACKS, ATTACKS
 
     at = _app()
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     attack = at.selectbox(key="attack")
     assert attack.value == "dlg"
     assert "every applicable attack" in attack.options  # the label of ALL_ATTACKS
@@ -375,7 +440,7 @@ def _run_lab_with_defense(at: AppTest, manager, store) -> tuple[str, str]:
 def test_lab_defended_run_whose_control_did_not_leak_is_inconclusive(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     at.selectbox(key="defense").set_value("prune").run()
     at.number_input(key="iterations.dlg.audit").set_value(1).run()  # too short to leak
     _, control_id = _run_lab_with_defense(at, manager, store)
@@ -397,7 +462,7 @@ def test_lab_defended_run_whose_control_leaked_is_a_finding_about_the_defense(da
     store, manager = dashboard_store
     at = _app()
     at.number_input(key="num_classes").set_value(100).run()  # DLG's LeNet: leaks in 100 steps
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     at.selectbox(key="preset.dlg").set_value("paper").run()
     at.number_input(key="iterations.dlg.paper").set_value(100)
     at.selectbox(key="defense").set_value("dp-gaussian").run()
@@ -412,7 +477,7 @@ def test_lab_defended_run_whose_control_leaked_is_a_finding_about_the_defense(da
     metric_rows = [t.value for t in at.table if "Metric" in t.value.columns]
     assert metric_rows and metric_rows[0]["Value"].iloc[0] == headline  # the verdict row
 
-    at.switch_page("pages/history.py").run()
+    at.switch_page("dashboard/history.py").run()
     table = at.dataframe[0].value
     verdicts = dict(zip(table["run"], table["verdict"], strict=True))
     assert verdicts[run_id].startswith("Low: defense held · control leaked")
@@ -424,7 +489,7 @@ def test_a_run_stopped_by_its_time_budget_that_recovered_nothing_never_reads_low
 ):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     at.number_input(key="iterations.dlg.audit").set_value(100_000)
     at.number_input(key="time_budget").set_value(1).run()
     at.button(key="start").click().run()
@@ -439,7 +504,7 @@ def test_a_run_stopped_by_its_time_budget_that_recovered_nothing_never_reads_low
     assert headline.startswith("Inconclusive: the attack was stopped by its time budget")
     assert not LOW.search(_page_text(at)), _page_text(at)
 
-    at.switch_page("pages/history.py").run()
+    at.switch_page("dashboard/history.py").run()
     assert not at.exception
     table = at.dataframe[0].value
     assert list(table["verdict"]) == ["Inconclusive (time budget)"]
@@ -448,7 +513,7 @@ def test_a_run_stopped_by_its_time_budget_that_recovered_nothing_never_reads_low
 
 def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
     at = _app(run="0" * 32)
-    at.switch_page("pages/lab.py").run()
+    at.switch_page("dashboard/lab.py").run()
     assert not at.exception
     assert any("not in this dashboard's store" in w.value for w in at.warning)
     at.button(key="close_run").click().run()
@@ -480,7 +545,7 @@ def test_an_empty_compare_page_points_at_nothing_it_does_not_show(dashboard_stor
     # Issue 21, item 15: "open a stored one above" with nothing above.
     store, _ = dashboard_store
     at = _app()
-    at.switch_page("pages/compare.py").run()
+    at.switch_page("dashboard/compare.py").run()
     assert not at.exception
     infos = [i.value for i in at.info]
     assert "No comparison open, and none is stored yet. Run one with the button above." in infos
@@ -499,7 +564,7 @@ def _has_key(at: AppTest, key: str) -> bool:
 def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("pages/compare.py").run()
+    at.switch_page("dashboard/compare.py").run()
     at.number_input(key="iterations.dlg.audit").set_value(5)
     at.multiselect(key="compare.defenses").set_value(["none", "dp-gaussian"])
     _small_utility(at)
@@ -544,7 +609,7 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
 
     # A refresh with the link reopens it.
     again = _app(comparison=batch_id)
-    again.switch_page("pages/compare.py").run()
+    again.switch_page("dashboard/compare.py").run()
     assert not again.exception
     assert list(again.dataframe[0].value["defense"]) == ["none", "dp-gaussian"]
 
@@ -552,7 +617,7 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
 def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("pages/tradeoff.py").run()
+    at.switch_page("dashboard/tradeoff.py").run()
     at.number_input(key="iterations.dlg.audit").set_value(5)
     _small_utility(at)
     at.text_input(key="sweep.dp-gaussian.grid").set_value("0.001, 0.1")
@@ -580,7 +645,7 @@ def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):
 def test_tradeoff_bad_grid_is_refused_before_anything_runs(dashboard_store):
     store, _ = dashboard_store
     at = _app()
-    at.switch_page("pages/tradeoff.py").run()
+    at.switch_page("dashboard/tradeoff.py").run()
     at.text_input(key="sweep.dp-gaussian.grid").set_value("0.1, lots").run()
     assert not at.exception
     assert any("'lots' is not a number" in m for m in _errors(at)), _errors(at)
@@ -596,7 +661,7 @@ def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
     run_id = manager.start(_tiny_spec(), title="tiny dlg")
     assert manager.wait(run_id, 120)
     at = _app()
-    at.switch_page("pages/history.py").run()
+    at.switch_page("dashboard/history.py").run()
     assert not at.exception
     table = at.dataframe[0].value
     assert list(table["run"]) == [run_id]
@@ -615,7 +680,7 @@ def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
     assert any("PSNR" in m.label for m in at.metric)
 
     # Deleting it (finished runs only) forgets it everywhere.
-    at.switch_page("pages/history.py").run()
+    at.switch_page("dashboard/history.py").run()
     at.button(key="delete_run").click().run()
     assert not at.exception
     assert store.get_run(run_id) is None
@@ -636,7 +701,7 @@ def test_history_says_when_runs_of_a_previous_dashboard_were_failed(
         store.create_run(_tiny_spec().to_dict(), _tiny_spec().identity(), "left behind")
     try:
         at = _app()
-        at.switch_page("pages/history.py").run()
+        at.switch_page("dashboard/history.py").run()
         assert not at.exception
         assert any("1 run(s) were still in progress" in w.value for w in at.warning)
         assert list(at.dataframe[0].value["status"]) == ["failed"]
@@ -694,6 +759,7 @@ def test_spec_text_names_the_settings():
     assert text["batch"] == "1 from 'photographs'"
 
 
-@pytest.mark.parametrize("value", ["0" * 31, "zz" * 16, "../../etc"])
+@pytest.mark.parametrize("value", ["0" * 31, "zz" * 16, "../../etc", "A" * 32])
 def test_url_ids_are_checked(value):
-    assert not common._URL_PATTERNS["run"].fullmatch(value)
+    assert not url_state.is_url_id("run", value)
+    assert url_state.is_url_id("run", "0" * 32)

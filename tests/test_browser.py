@@ -111,49 +111,82 @@ def _stop(process: subprocess.Popen) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+class Server:
+    """``streamlit run app.py`` on a free local port with its own data folder and its own Ray;
+    ``restart`` stops it and starts it again on the same port and data (a server restart)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in {"RAY_ADDRESS", "AUDIT_RAY_ADDRESS", "AUDIT_DATABASE_URL"}
+        }
+        self.env.update(AUDIT_DATA_DIR=str(data_dir), RAY_USAGE_STATS_ENABLED="0")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.log = (ARTIFACTS / "browser_server.log").open("wb")
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                "app.py",
+                "--server.port",
+                str(self.port),
+                "--server.address",
+                "127.0.0.1",
+                "--server.headless",
+                "true",
+                "--browser.gatherUsageStats",
+                "false",
+                "--server.fileWatcherType",
+                "none",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so teardown reaches Ray too
+        )
+        _wait_healthy(self.url, self.process, timeout=60)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
 @pytest.fixture
 def server(tmp_path):
     """The dashboard on a free port; yields its URL; always stopped at the end."""
-    port = _free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"RAY_ADDRESS", "AUDIT_RAY_ADDRESS", "AUDIT_DATABASE_URL"}
-    }
-    env.update(AUDIT_DATA_DIR=str(tmp_path / "data"), RAY_USAGE_STATS_ENABLED="0")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = (ARTIFACTS / "browser_server.log").open("wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app.py",
-            "--server.port",
-            str(port),
-            "--server.address",
-            "127.0.0.1",
-            "--server.headless",
-            "true",
-            "--browser.gatherUsageStats",
-            "false",
-            "--server.fileWatcherType",
-            "none",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so teardown reaches Ray too
-    )
-    url = f"http://127.0.0.1:{port}"
+    running = Server(tmp_path / "data")
     try:
-        _wait_healthy(url, process, timeout=60)
-        yield url
+        running.start()
+        yield running.url
     finally:
-        _stop(process)
-        log.close()
+        running.stop()
+        running.log.close()
+
+
+@pytest.fixture
+def restartable_server(tmp_path):
+    """The dashboard as a :class:`Server` the test can restart; always stopped at the end."""
+    running = Server(tmp_path / "data")
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+        running.log.close()
 
 
 def _progress_step(page) -> int | None:
@@ -204,7 +237,28 @@ def _start_and_watch(page, label: str, opened: float) -> dict[str, object]:
     }
 
 
-def test_upload_start_and_watch_a_run_in_a_browser(server):
+def _assert_titled_navigation(page) -> None:
+    """The sidebar lists the pages by their titles, never the modules of the UI package."""
+    nav = page.locator('[data-testid="stSidebarNav"]')
+    nav.get_by_text("Attack lab", exact=True).wait_for()
+    text = nav.inner_text()
+    for module in ("common", "forms", "batch view", "state", "app"):
+        assert module not in text.split("\n"), text
+
+
+def _wait_images_loaded(page) -> None:
+    """Every image of the page is served and decoded (none left broken by a restart)."""
+    images = page.locator('[data-testid="stImage"] img, [data-testid="stImageContainer"] img')
+    images.first.wait_for()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('img')].every(i => i.complete && i.naturalWidth > 0)",
+        timeout=30_000,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
+    server = restartable_server.url
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}")
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -254,6 +308,8 @@ def test_upload_start_and_watch_a_run_in_a_browser(server):
             steps = warm["progress_steps_seen"]
             assert len(steps) >= 2 and steps[-1] > steps[0], steps
 
+            run_link = page.url
+
             # History lists the run.
             page.get_by_role("link", name="History").first.click()
             page.get_by_role("heading", name="History").wait_for()
@@ -261,6 +317,29 @@ def test_upload_start_and_watch_a_run_in_a_browser(server):
             page.locator('[data-testid="stDataFrame"] canvas').first.wait_for()
             page.wait_for_timeout(1500)  # the grid draws its cells after the canvas appears
             page.screenshot(path=str(ARTIFACTS / "browser_history.png"), full_page=True)
+
+            # The run's link opens the run directly (a shared link, a bookmark).
+            heading = page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded image(s)")
+            page.goto(run_link)
+            heading.wait_for()
+            _assert_titled_navigation(page)
+            _wait_images_loaded(page)
+
+            # The server restarts while the tab stays open: it reconnects to the same run,
+            # with the pages' titles, and so does a reload.
+            restartable_server.restart()
+            page.get_by_text("Connection error").wait_for(state="hidden", timeout=90_000)
+            page.get_by_text("CONNECTING").wait_for(state="hidden", timeout=90_000)
+            page.get_by_text("PSNR mean (attacker's pick)").wait_for(timeout=90_000)
+            heading.wait_for()
+            _assert_titled_navigation(page)
+            assert "run=" in page.url
+            _wait_images_loaded(page)
+            page.screenshot(path=str(ARTIFACTS / "browser_after_restart.png"), full_page=True)
+            page.reload()
+            heading.wait_for(timeout=60_000)
+            _assert_titled_navigation(page)
+            _wait_images_loaded(page)
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)

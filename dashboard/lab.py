@@ -18,7 +18,8 @@ from auditlib.metrics.risk import RECOVERED_RULE
 from auditlib.metrics.verdict import Verdict
 from auditlib.report.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
-from pages.common import (
+from auditlib.words import count_of
+from dashboard.common import (
     HISTORY_PAGE,
     NO_VERDICT,
     OUTCOME_STYLE,
@@ -37,11 +38,11 @@ from pages.common import (
     png_width,
     privacy_text,
     run_verdict,
-    set_url_state,
     setup_problems,
     spec_text,
 )
-from pages.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
+from dashboard.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
+from dashboard.state import set_url_state
 
 REFRESH_S = 1.0
 # Entries of an event's "losses" that count work rather than measure a loss: shown in the
@@ -556,7 +557,9 @@ def main() -> None:
     images = (
         f"{setup.count} from the '{setup.sample_set}' sample set"
         if setup.source == "samples"
-        else "uploaded images"
+        else count_of(setup.upload_count, "uploaded image")
+        if setup.upload_count
+        else "every uploaded image"
     )
     info_col, link_col = st.columns([4, 1])
     info_col.markdown(f"**Model** {setup.model_text()} · **Private images** {images}")

@@ -1,6 +1,6 @@
 """The sidebar forms of the Attack lab, Compare and Trade-off pages (not a page).
 
-The three pages share one set of widget keys (see ``pages.common.persist``), so a scenario
+The three pages share one set of widget keys (see ``dashboard.common.persist``), so a scenario
 and attack chosen in the lab are already chosen when the auditor turns to Compare or
 Trade-off.
 """
@@ -15,7 +15,7 @@ from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL, ATTACKS
 from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
 from auditlib.spec import UTILITY_DATASETS, UtilitySpec
-from pages.common import (
+from dashboard.common import (
     SETUP_PAGE,
     LabChoices,
     Setup,
@@ -25,10 +25,10 @@ from pages.common import (
     config_defaults,
     config_inputs,
     current_setup,
-    persist,
     preset_label,
     setup_problems,
 )
+from dashboard.state import persist
 
 # Without an audit preset an attack's first run gets this many steps (every attack has one).
 DEFAULT_ITERATIONS = 300

@@ -3,9 +3,7 @@
 - The process-wide :class:`~auditlib.store.Store` and :class:`~auditlib.engine.runs.RunManager`
   (``st.cache_resource``): runs live in the server process, not in a browser session, so
   closing the browser does not stop them.
-- State that must survive a page switch or a refresh: the form fields (kept across pages,
-  see :func:`persist`) and the ids that live in the URL (``run``, ``images``, ``weights``,
-  see :func:`sync_url_state`).
+- (State that survives a page switch or a refresh is in ``dashboard/state.py``.)
 - The setup (model + private batch) as plain values, its checks, and the ``RunSpec`` of a run.
 - Formatting of results in plain words.
 
@@ -18,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import re
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -52,47 +49,22 @@ from auditlib.spec import (
     ScenarioSpec,
     run_spec_from_dict,
 )
-from auditlib.store import RunRecord, Store
+from auditlib.store import AssetRecord, RunRecord, Store
+from dashboard.state import SETUP_DEFAULTS, persist, upload_count_key
 
 MIB = 2**20
-SETUP_PAGE = "pages/setup.py"
-LAB_PAGE = "pages/lab.py"
-HISTORY_PAGE = "pages/history.py"
-COMPARE_PAGE = "pages/compare.py"
-TRADEOFF_PAGE = "pages/tradeoff.py"
-METHOD_PAGE = "pages/about.py"
-
-# Ids kept in the URL so that a refresh or a shared link reopens the same state.
-URL_KEYS = ("run", "images", "weights", "comparison", "sweep")
-_URL_PATTERNS = {
-    "run": re.compile(r"[0-9a-f]{32}"),
-    "comparison": re.compile(r"[0-9a-f]{32}"),
-    "sweep": re.compile(r"[0-9a-f]{32}"),
-    "images": re.compile(r"[0-9a-f]{64}"),
-    "weights": re.compile(r"[0-9a-f]{64}"),
-}
+SETUP_PAGE = "dashboard/setup.py"
+LAB_PAGE = "dashboard/lab.py"
+HISTORY_PAGE = "dashboard/history.py"
+COMPARE_PAGE = "dashboard/compare.py"
+TRADEOFF_PAGE = "dashboard/tradeoff.py"
+METHOD_PAGE = "dashboard/about.py"
 
 TRUSTED_ARCHIVES_NOTE = (
     "TorchScript and torch.export archives can run code when they are loaded, so the dashboard "
     "does not accept them: trusted archives are CLI-only (`python -m auditlib audit "
     "--trusted-model FILE --i-trust-this-file ...`)."
 )
-
-# Default value of every persisted form field of the Setup page.
-SETUP_DEFAULTS: dict[str, Any] = {
-    "architecture": "lenet",
-    "num_classes": 10,
-    "input_size": 32,
-    "channels": 3,
-    "init": "uniform",
-    "activation": "architecture default",
-    "source": "samples",
-    "sample_set": "photographs",
-    "count": 1,
-    "normalization": "none",
-    "seed": 0,
-}
-
 
 # --- process-wide resources -----------------------------------------------------------------
 
@@ -118,62 +90,6 @@ def get_manager() -> RunManager:
     page view) and ``RunManager.start`` waits for it.
     """
     return RunManager(get_store(), emit_every=EMIT_EVERY, image_every=IMAGE_EVERY)
-
-
-# --- state across pages and refreshes -------------------------------------------------------
-
-
-def persist(key: str, default: Any) -> str:
-    """A widget key whose value is ``default`` until the user changes it; returns ``key``.
-
-    The widget is created with ``persist_state="session"`` (its value then survives page
-    switches) and without a value argument: its value comes from the session state.
-    """
-    if key not in st.session_state:
-        st.session_state[key] = default
-    else:
-        # Written back before the widget is created, so a widget first drawn on this page
-        # takes the value chosen on another page instead of its element default.
-        st.session_state[key] = st.session_state[key]
-    return key
-
-
-def sync_url_state() -> None:
-    """The ids of ``URL_KEYS`` (run, uploads, open comparison and sweep) between the URL and
-    the session.
-
-    On the first run of a session (a refresh, a shared link) the URL's ids are adopted; after
-    that the session is authoritative and the URL follows it.
-    """
-    if not st.session_state.get("_url_loaded"):
-        for key in URL_KEYS:
-            value = st.query_params.get(key)
-            if value and _URL_PATTERNS[key].fullmatch(value):
-                st.session_state[key] = value
-        st.session_state["_url_loaded"] = True
-    for key in URL_KEYS:
-        value = st.session_state.get(key)
-        if value:
-            if st.query_params.get(key) != value:
-                st.query_params[key] = value
-        elif key in st.query_params:
-            del st.query_params[key]
-
-
-def set_url_state(key: str, value: str | None) -> None:
-    """Set (or, with None, clear) one of the URL ids in the session and the URL."""
-    if value:
-        st.session_state[key] = value
-        st.query_params[key] = value
-    else:
-        st.session_state.pop(key, None)
-        if key in st.query_params:
-            del st.query_params[key]
-
-
-def url_state() -> dict[str, str]:
-    """The URL ids of this session, for ``st.switch_page(..., query_params=...)``."""
-    return {k: st.session_state[k] for k in URL_KEYS if st.session_state.get(k)}
 
 
 # --- the setup: model and private batch -------------------------------------------------------
@@ -214,10 +130,6 @@ class Setup:
             f"{self.architecture}, {self.num_classes} classes, input {self.channels}x"
             f"{self.input_size}x{self.input_size}, {weights}"
         )
-
-
-def upload_count_key(sha: str) -> str:
-    return f"upload_count.{sha[:16]}"
 
 
 def current_setup() -> Setup:
@@ -262,8 +174,23 @@ def stored_images(sha: str) -> LabelledImages | None:
     cache = st.session_state.setdefault("_stored_images", {})
     if sha not in cache:
         asset = get_store().get_asset(sha)
-        cache[sha] = None if asset is None or asset.kind != "images" else load_zip(asset.data)
+        cache[sha] = None if asset is None or asset.kind != "images" else _uploaded(asset)
     return cache[sha]
+
+
+def _uploaded(asset: AssetRecord) -> LabelledImages:
+    """A stored upload as it was uploaded: the stored zip numbers its files to keep their
+    order and writes labels as class ids, so the names, the class names and where the images
+    came from are read back from the upload's record."""
+    images = load_zip(asset.data)
+    meta = asset.meta
+    names, classes = meta.get("names"), meta.get("class_names")
+    if isinstance(names, list) and len(names) == len(images):
+        images = dataclasses.replace(images, names=tuple(map(str, names)))
+    labels = images.labels
+    if isinstance(classes, list) and labels and all(i < len(classes) for i in labels):
+        images = dataclasses.replace(images, class_names=tuple(map(str, classes)))
+    return dataclasses.replace(images, source=str(meta.get("source", "upload")))
 
 
 def weights_problem(sha: str, spec: ModelSpec) -> str | None:

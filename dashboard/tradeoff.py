@@ -15,15 +15,15 @@ import streamlit as st
 from auditlib.defenses import DEFENSES, build_defense
 from auditlib.engine import batches
 from auditlib.errors import AuditInputError
-from pages.batch_view import open_batch, start_batch
-from pages.common import (
+from dashboard.batch_view import open_batch, start_batch
+from dashboard.common import (
     build_run,
     changed_params,
     config_defaults,
     config_inputs,
-    persist,
 )
-from pages.forms import batch_form, show_problems
+from dashboard.forms import batch_form, show_problems
+from dashboard.state import persist
 
 # A first grid per defense: from no visible effect to strong (the knob's own units).
 DEFAULT_GRIDS = {

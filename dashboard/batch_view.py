@@ -31,18 +31,18 @@ from auditlib.report.subject import (
     utility_caveat,
 )
 from auditlib.store import TIMED_OUT, UNFINISHED
-from pages.common import (
+from dashboard.common import (
     defended_spec,
     get_manager,
     get_store,
     number,
-    persist,
     png_width,
     run_assets,
     run_verdict,
     verdict_cell,
 )
-from pages.common import set_url_state as _set_url_state
+from dashboard.state import persist
+from dashboard.state import set_url_state as _set_url_state
 
 REFRESH_S = 1.0
 GRID_COLUMNS = 3

@@ -23,10 +23,9 @@ from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.report.images import thumbnail
-from pages.common import (
+from dashboard.common import (
     LAB_PAGE,
     MIB,
-    SETUP_DEFAULTS,
     TRUSTED_ARCHIVES_NOTE,
     batch_of,
     check_weights,
@@ -34,19 +33,30 @@ from pages.common import (
     get_store,
     image_captions,
     limits_text,
-    persist,
-    set_url_state,
     setup_problems,
     short_names,
     upload_cap,
+)
+from dashboard.state import (
+    ACTIVATIONS,
+    CHANNELS,
+    CLASSES_RANGE,
+    INITS,
+    INPUT_SIZE_RANGE,
+    MAX_SAMPLE_COUNT,
+    MAX_UPLOAD_BATCH,
+    SEED_RANGE,
+    SETUP_DEFAULTS,
+    SOURCES,
+    persist,
+    set_url_state,
     upload_count_key,
 )
 
 IMAGE_TYPES = ["png", "jpg", "jpeg", "bmp", "tif", "tiff", "webp"]
 WEIGHT_TYPES = ["safetensors", "pt", "pth"]
-MAX_SAMPLE_COUNT = 8
 THUMBNAIL = 112  # pixels
-SOURCES = {"samples": "Bundled sample set", "upload": "My own images"}
+SOURCE_LABELS = {"samples": "Bundled sample set", "upload": "My own images"}
 
 
 def _inline_error(shown: list[str], message: str) -> None:
@@ -73,12 +83,11 @@ def _model_section(errors: list[str]) -> None:
     st.caption(ARCHITECTURES[architecture].description)
     left, right = st.columns(2)
     left.number_input(
-        "Classes", 2, 100_000, step=1, persist_state="session", key=_field("num_classes")
+        "Classes", *CLASSES_RANGE, step=1, persist_state="session", key=_field("num_classes")
     )
     right.number_input(
         "Input size (pixels, height = width)",
-        8,
-        512,
+        *INPUT_SIZE_RANGE,
         step=1,
         persist_state="session",
         key=_field("input_size"),
@@ -86,21 +95,21 @@ def _model_section(errors: list[str]) -> None:
     )
     left.selectbox(
         "Channels",
-        [3, 1],
+        list(CHANNELS),
         format_func=lambda c: "3 (colour)" if c == 3 else "1 (grayscale)",
         persist_state="session",
         key=_field("channels"),
     )
     right.selectbox(
         "Activation",
-        ["architecture default", "sigmoid", "relu"],
+        list(ACTIVATIONS),
         persist_state="session",
         key=_field("activation"),
         help=f"Default for {architecture}: {ARCHITECTURES[architecture].default_activation}.",
     )
     st.radio(
         "Initialisation",
-        ["default", "uniform"],
+        list(INITS),
         horizontal=True,
         persist_state="session",
         key=_field("init"),
@@ -229,6 +238,8 @@ def _images_upload(errors: list[str]) -> None:
                     meta={
                         "count": len(decoded),
                         "names": list(decoded.names),
+                        "source": decoded.source,
+                        "class_names": decoded.class_names and list(decoded.class_names),
                         "labelled": decoded.labels is not None,
                     },
                 )
@@ -257,22 +268,20 @@ def _images_upload(errors: list[str]) -> None:
     st.number_input(
         "Images in the batch",
         1,
-        min(total, 64),
+        min(total, MAX_UPLOAD_BATCH),
         step=1,
         persist_state="session",
-        key=persist(upload_count_key(sha), min(total, 64)),
-        help="The first images, in file-name order (at most 64 in one batch).",
+        key=persist(upload_count_key(sha), min(total, MAX_UPLOAD_BATCH)),
+        help=f"The first images, in file-name order (at most {MAX_UPLOAD_BATCH} in one batch).",
     )
 
 
 def _data_section(errors: list[str]) -> None:
     st.header("Private images")
-    if st.session_state.get("images") and "source" not in st.session_state:
-        st.session_state["source"] = "upload"  # a link with uploaded images opens them
     source = st.radio(
         "Images the client holds",
         list(SOURCES),
-        format_func=SOURCES.get,
+        format_func=SOURCE_LABELS.get,
         horizontal=True,
         persist_state="session",
         key=_field("source"),
@@ -304,8 +313,7 @@ def _data_section(errors: list[str]) -> None:
     )
     right.number_input(
         "Seed",
-        0,
-        2**31 - 1,
+        *SEED_RANGE,
         step=1,
         persist_state="session",
         key=_field("seed"),

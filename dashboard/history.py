@@ -9,17 +9,16 @@ from __future__ import annotations
 import streamlit as st
 
 from auditlib.store import STATUSES
-from pages.common import (
+from dashboard.common import (
     LAB_PAGE,
     get_manager,
     get_store,
     number,
     run_verdict,
-    set_url_state,
     spec_text,
-    url_state,
     verdict_cell,
 )
+from dashboard.state import set_url_state, url_state
 
 LIMIT = 200
 REFRESH_S = 2.0

@@ -1,0 +1,218 @@
+"""State that survives a page switch, a refresh, a server restart and a shared link.
+
+- Form fields keep their value across pages (:func:`persist`).
+- The URL carries what a refresh must not lose: the ids of the open run, comparison and
+  sweep and of the uploaded images and weights (``URL_IDS``), and every Setup choice that
+  differs from its default (``SETUP_FIELDS``: architecture, classes, input size, ...), so
+  ``?weights=...`` never arrives without the architecture those weights were checked for.
+
+On the first run of a session (a refresh, a shared link, a tab reconnecting to a restarted
+server) the URL's values are adopted, each checked; after that the session is
+authoritative and the URL follows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from auditlib.data import SAMPLE_SETS
+from auditlib.models import ARCHITECTURES
+
+# Ids kept in the URL so that a refresh or a shared link reopens the same state.
+# Each is a lowercase hex id of a fixed length: run and batch ids, and assets' sha256.
+URL_IDS = {"run": 32, "comparison": 32, "sweep": 32, "images": 64, "weights": 64}
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+def is_url_id(key: str, value: str) -> bool:
+    """Whether ``value`` is a well-formed id for the URL key ``key``."""
+    return len(value) == URL_IDS[key] and _HEX.fullmatch(value) is not None
+
+
+CLASSES_RANGE = (2, 100_000)
+INPUT_SIZE_RANGE = (8, 512)  # pixels, height = width
+SEED_RANGE = (0, 2**31 - 1)
+MAX_SAMPLE_COUNT = 8  # images drawn from a bundled sample set
+MAX_UPLOAD_BATCH = 64  # images of an upload in one batch
+ACTIVATIONS = ("architecture default", "sigmoid", "relu")
+INITS = ("default", "uniform")
+CHANNELS = (3, 1)
+SOURCES = ("samples", "upload")
+MAX_NORMALIZATION_CHARS = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupField:
+    """One Setup choice: its session key, its URL name, its default and how a URL value is
+    read (``parse`` raises ValueError with what was expected)."""
+
+    key: str
+    url: str
+    default: Any
+    parse: Callable[[str], Any]
+
+
+def _choice(options) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ValueError(f"one of {', '.join(sorted(options))}")
+        return text
+
+    return parse
+
+
+def _integer(low: int, high: int, allowed: tuple[int, ...] | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        expected = (
+            f"one of {', '.join(map(str, allowed))}" if allowed else f"an integer {low}-{high}"
+        )
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(expected) from None
+        if not low <= value <= high or (allowed and value not in allowed):
+            raise ValueError(expected)
+        return value
+
+    return parse
+
+
+def _text(max_chars: int) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if len(text) > max_chars:
+            raise ValueError(f"at most {max_chars} characters")
+        return text
+
+    return parse
+
+
+SETUP_FIELDS = (
+    SetupField("architecture", "arch", "lenet", _choice(ARCHITECTURES)),
+    SetupField("num_classes", "classes", 10, _integer(*CLASSES_RANGE)),
+    SetupField("input_size", "size", 32, _integer(*INPUT_SIZE_RANGE)),
+    SetupField("channels", "channels", 3, _integer(1, 3, allowed=CHANNELS)),
+    SetupField("init", "init", "uniform", _choice(INITS)),
+    SetupField("activation", "activation", "architecture default", _choice(ACTIVATIONS)),
+    SetupField("source", "source", "samples", _choice(SOURCES)),
+    SetupField("sample_set", "samples", "photographs", _choice(SAMPLE_SETS)),
+    SetupField("count", "count", 1, _integer(1, MAX_SAMPLE_COUNT)),
+    # Checked by the library when the setup is read (setup_problems), like a typed value.
+    SetupField("normalization", "norm", "none", _text(MAX_NORMALIZATION_CHARS)),
+    SetupField("seed", "seed", 0, _integer(*SEED_RANGE)),
+)
+# Default value of every persisted form field of the Setup page.
+SETUP_DEFAULTS: dict[str, Any] = {f.key: f.default for f in SETUP_FIELDS}
+UPLOAD_COUNT_URL = "batch"  # images of the upload in the batch
+_upload_count = _integer(1, MAX_UPLOAD_BATCH)
+
+
+def upload_count_key(sha: str) -> str:
+    """The session key of how many images of upload ``sha`` the batch takes."""
+    return f"upload_count.{sha[:16]}"
+
+
+def persist(key: str, default: Any) -> str:
+    """A widget key whose value is ``default`` until the user changes it; returns ``key``.
+
+    The widget is created with ``persist_state="session"`` (its value then survives page
+    switches) and without a value argument: its value comes from the session state.
+    """
+    if key not in st.session_state:
+        st.session_state[key] = default
+    else:
+        # Written back before the widget is created, so a widget first drawn on this page
+        # takes the value chosen on another page instead of its element default.
+        st.session_state[key] = st.session_state[key]
+    return key
+
+
+def _adopt_url() -> list[str]:
+    """Take the URL's ids and Setup choices into the session; the values refused, in words."""
+    state, params = st.session_state, st.query_params
+    refused: list[str] = []
+    for key, digits in URL_IDS.items():
+        value = params.get(key)
+        if value and is_url_id(key, value):
+            state[key] = value
+        elif value:
+            refused.append(f"{key}={value[:40]} (expected {digits} lowercase hex digits)")
+    for field in SETUP_FIELDS:
+        value = params.get(field.url)
+        if value is None:
+            continue
+        try:
+            state[field.key] = field.parse(value)
+        except ValueError as exc:
+            refused.append(f"{field.url}={value[:40]} (expected {exc})")
+    if state.get("images"):
+        value = params.get(UPLOAD_COUNT_URL)
+        if value is not None:
+            try:
+                state[upload_count_key(state["images"])] = _upload_count(value)
+            except ValueError as exc:
+                refused.append(f"{UPLOAD_COUNT_URL}={value[:40]} (expected {exc})")
+        if params.get("source") is None:
+            state["source"] = "upload"  # a link from before the source was in the URL
+    return refused
+
+
+def url_state() -> dict[str, str]:
+    """What the URL holds for this session, as query parameters (also for
+    ``st.switch_page(..., query_params=...)``): the ids that are set and the Setup choices
+    that are not defaults."""
+    state = st.session_state
+    wanted: dict[str, str] = {}
+    for key in URL_IDS:
+        if state.get(key):
+            wanted[key] = str(state[key])
+    for field in SETUP_FIELDS:
+        value = state.get(field.key, field.default)
+        if value != field.default:
+            wanted[field.url] = str(value)
+    images = state.get("images")
+    if images and state.get(upload_count_key(images)) is not None:
+        wanted[UPLOAD_COUNT_URL] = str(state[upload_count_key(images)])
+    return wanted
+
+
+def _write_url() -> None:
+    """The URL follows the session."""
+    params = st.query_params
+    wanted = url_state()
+    names = (*URL_IDS, *(f.url for f in SETUP_FIELDS), UPLOAD_COUNT_URL)
+    for name in names:
+        if name in wanted:
+            if params.get(name) != wanted[name]:
+                params[name] = wanted[name]
+        elif name in params:
+            del params[name]
+
+
+def sync_url_state() -> None:
+    """The URL's state into a new session (once), then the session's state into the URL.
+
+    Values in a link that are not valid are left out with a warning that says what was
+    expected; the rest of the link still opens.
+    """
+    if not st.session_state.get("_url_loaded"):
+        refused = _adopt_url()
+        st.session_state["_url_loaded"] = True
+        if refused:
+            st.warning("This link's " + "; ".join(refused) + " was not used.")
+    _write_url()
+
+
+def set_url_state(key: str, value: str | None) -> None:
+    """Set (or, with None, clear) one of the URL ids in the session and the URL."""
+    if value:
+        st.session_state[key] = value
+        st.query_params[key] = value
+    else:
+        st.session_state.pop(key, None)
+        if key in st.query_params:
+            del st.query_params[key]
