@@ -50,6 +50,7 @@ from auditlib.spec import (
     run_spec_from_dict,
 )
 from auditlib.store import AssetRecord, RunRecord, Store
+from auditlib.store.convert import assets_in_spec
 from dashboard.state import SETUP_DEFAULTS, persist, upload_count_key
 
 MIB = 2**20
@@ -351,12 +352,7 @@ def run_assets(spec: RunSpec) -> dict[str, bytes]:
     """
     store = get_store()
     assets = {}
-    wanted = [spec.model.weights_asset]
-    if spec.data.source == "asset":
-        wanted.append(spec.data.location)
-    for sha in wanted:
-        if sha is None:
-            continue
+    for sha in sorted(assets_in_spec(spec.to_dict())):
         asset = store.get_asset(sha)
         if asset is None:
             raise AuditInputError(

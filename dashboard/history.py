@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from auditlib.store import STATUSES
+from auditlib.store import STATUSES, AssetInfo
+from auditlib.words import count_of
 from dashboard.common import (
     LAB_PAGE,
+    MIB,
     get_manager,
     get_store,
     number,
@@ -101,8 +103,20 @@ def _open(run_id: str) -> None:
     st.switch_page(LAB_PAGE, query_params=url_state())
 
 
+def deleted_text(run_id: str, freed: list[AssetInfo]) -> str:
+    """What a deletion removed, in words: the run and the uploads only it used."""
+    text = f"Deleted run {run_id[:8]}"
+    if not freed:
+        return text + "; the uploads it used (if any) stay, other runs use them."
+    megabytes = sum(a.size for a in freed) / MIB
+    names = ", ".join(a.name for a in freed)
+    return f"{text} and {count_of(len(freed), 'upload')} no other run used: {names} ({megabytes:.1f} MB)."
+
+
 def main() -> None:
     st.title("History")
+    if "_deleted" in st.session_state:
+        st.success(st.session_state.pop("_deleted"))
     manager = get_manager()
     if manager.orphans_failed:
         st.warning(
@@ -138,11 +152,20 @@ def main() -> None:
     record = by_id[run_id]
     active = manager.is_active(run_id) or not record.finished
     with delete_col.popover("Delete…", disabled=active, help="Only finished runs can be deleted."):
-        st.write(f"Delete run {run_id[:8]} with its events and images? This cannot be undone.")
+        st.write(
+            f"Delete run {run_id[:8]} with its events and images, and the uploads (weights, "
+            "images) no other run uses? This cannot be undone."
+        )
         if st.button("Delete", key="delete_run"):
-            get_store().delete_run(run_id)
+            freed = get_store().delete_run(run_id)
             if st.session_state.get("run") == run_id:
                 set_url_state("run", None)
+            for asset in freed:  # a page that still names it would say it is gone
+                if st.session_state.get("weights") == asset.sha256:
+                    set_url_state("weights", None)
+                if st.session_state.get("images") == asset.sha256:
+                    set_url_state("images", None)
+            st.session_state["_deleted"] = deleted_text(run_id, freed)
             st.rerun()
 
 

@@ -23,6 +23,7 @@ from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.report.images import thumbnail
+from auditlib.words import count_of
 from dashboard.common import (
     LAB_PAGE,
     MIB,
@@ -135,6 +136,7 @@ def _weights_upload(errors: list[str]) -> None:
         "Upload weights (a state_dict or safetensors) of one of the built-in architectures. "
         + TRUSTED_ARCHIVES_NOTE
     )
+    _removed_note("weights")
     setup = current_setup()
     try:
         spec = setup.model_spec()
@@ -172,22 +174,40 @@ def _weights_upload(errors: list[str]) -> None:
         col_button.button(
             "Remove",
             key="remove_weights",
-            on_click=_remove_weights,
-            help="Go back to the built-in initialisation.",
+            on_click=_remove,
+            args=("weights",),
+            help="Go back to the built-in initialisation; the file is deleted from the store "
+            "unless stored runs use it.",
         )
 
 
-def _remove_weights() -> None:
-    """Forget the stored weights and empty the uploader (a new key gives a new widget)."""
-    set_url_state("weights", None)
-    st.session_state.pop("_weights_upload", None)
-    st.session_state["_weights_uploader"] = st.session_state.get("_weights_uploader", 0) + 1
+def _remove(kind: str) -> None:
+    """Take the upload out of the setup, empty its uploader (a new key gives a new widget)
+    and delete it from the store unless stored runs use it (they name it)."""
+    sha = st.session_state.get(kind)
+    set_url_state(kind, None)
+    st.session_state.pop(f"_{kind}_upload", None)
+    st.session_state[f"_{kind}_uploader"] = st.session_state.get(f"_{kind}_uploader", 0) + 1
+    if not sha:
+        return
+    store = get_store()
+    users = store.runs_using_asset(sha)
+    if users:
+        note = (
+            "Removed from the setup. The upload stays in the store, used by "
+            f"{count_of(users, 'stored run')}; deleting those on the History page deletes it."
+        )
+    else:
+        deleted = store.delete_asset(sha)
+        note = "Removed" + (f" and deleted {deleted.name} from the store." if deleted else ".")
+    st.session_state[f"_{kind}_removed"] = note
 
 
-def _remove_images() -> None:
-    set_url_state("images", None)
-    st.session_state.pop("_images_upload", None)
-    st.session_state["_images_uploader"] = st.session_state.get("_images_uploader", 0) + 1
+def _removed_note(kind: str) -> None:
+    """What the last Remove did with the upload, shown once."""
+    note = st.session_state.pop(f"_{kind}_removed", None)
+    if note:
+        st.info(note)
 
 
 def _decode(files: list) -> LabelledImages:
@@ -219,6 +239,7 @@ def _images_upload(errors: list[str]) -> None:
         f"entries.{cap_note}",
     )
     st.caption(limits_text())
+    _removed_note("images")
     if files:
         signature = tuple((f.file_id, f.name, f.size) for f in files)
         cached = st.session_state.get("_images_upload")
@@ -264,7 +285,7 @@ def _images_upload(errors: list[str]) -> None:
     total = int(asset.meta.get("count") or 1)
     col_text, col_button = st.columns([4, 1])
     col_text.success(f"Using uploaded images: {asset.name} ({total} image(s)).")
-    col_button.button("Remove", key="remove_images", on_click=_remove_images)
+    col_button.button("Remove", key="remove_images", on_click=_remove, args=("images",))
     st.number_input(
         "Images in the batch",
         1,

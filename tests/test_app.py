@@ -6,6 +6,7 @@ for the session, see conftest.py) backed by a SQLite store in a temporary folder
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -291,6 +292,24 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
     record = store.get_run(run_id)
     assert record.status == "completed", record.error
     assert record.spec["model"]["weights_asset"] == sha
+
+    # Remove takes them out of the setup; the run names them, so the store keeps them.
+    at.switch_page("dashboard/setup.py").run()
+    at.button(key="remove_weights").click().run()
+    assert "weights" not in at.query_params
+    assert any("used by 1 stored run" in i.value for i in at.info), [i.value for i in at.info]
+    assert store.get_asset_info(sha) is not None
+
+    # Weights no run uses are deleted from the store by Remove.
+    at.number_input(key="num_classes").set_value(7).run()
+    at.file_uploader(key="weights_file.1").set_value(
+        ("seven.safetensors", _lenet_weights(7), "application/octet-stream")
+    )
+    at.run()
+    unused = at.query_params["weights"]
+    at.button(key="remove_weights").click().run()
+    assert any("deleted seven.safetensors from the store" in i.value for i in at.info)
+    assert store.get_asset_info(unused) is None
 
 
 # --- Attack lab -----------------------------------------------------------------------------
@@ -658,7 +677,13 @@ def test_tradeoff_bad_grid_is_refused_before_anything_runs(dashboard_store):
 
 def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
     store, manager = dashboard_store
-    run_id = manager.start(_tiny_spec(), title="tiny dlg")
+    weights = store.put_asset("model", "mine.safetensors", _lenet_weights(10))
+    spec = _tiny_spec()
+    spec = dataclasses.replace(
+        spec,
+        model=dataclasses.replace(spec.model, weights_asset=weights, content_sha256=weights),
+    )
+    run_id = manager.start(spec, {weights: _lenet_weights(10)}, title="tiny dlg")
     assert manager.wait(run_id, 120)
     at = _app()
     at.switch_page("dashboard/history.py").run()
@@ -686,6 +711,12 @@ def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
     assert store.get_run(run_id) is None
     assert "run" not in at.query_params
     assert any("No runs yet" in i.value for i in at.info)
+    # With it went the weights it alone used, and the page says so.
+    assert store.get_asset_info(weights) is None
+    assert any(
+        "Deleted run" in m.value and "1 upload no other run used: mine.safetensors" in m.value
+        for m in at.success
+    ), [m.value for m in at.success]
 
 
 def test_history_says_when_runs_of_a_previous_dashboard_were_failed(

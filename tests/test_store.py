@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import sqlite3
 import threading
@@ -207,6 +208,43 @@ def test_delete_run_removes_events_and_images(store: Store) -> None:
         store.add_event(gone, 2, 2, 0.0, {})
 
 
+def _spec_using(weights: str | None, images: str | None) -> dict:
+    spec = json.loads(json.dumps(SPEC))
+    spec.setdefault("model", {})["weights_asset"] = weights
+    if images is not None:
+        spec["data"] = {"source": "asset", "location": images, "batch_size": 1}
+    return spec
+
+
+def test_deleting_the_last_run_that_uses_an_upload_deletes_the_upload(store: Store) -> None:
+    weights = store.put_asset("model", "w.safetensors", b"w" * 1000)
+    images = store.put_asset("images", "a.png", b"i" * 100)
+    first = store.create_run(_spec_using(weights, images), "one")
+    second = store.create_run(_spec_using(weights, None), "two")
+    assert store.runs_using_asset(weights) == 2 and store.runs_using_asset(images) == 1
+
+    # Only the images were this run's alone: they go with it, the weights stay.
+    assert [a.name for a in store.delete_run(first)] == ["a.png"]
+    assert store.get_asset_info(images) is None
+    assert store.get_asset(weights).data == b"w" * 1000
+    with pytest.raises(AuditInputError, match="used by 1 stored run"):
+        store.delete_asset(weights)
+
+    freed = store.delete_run(second)
+    assert [(a.name, a.size) for a in freed] == [("w.safetensors", 1000)]
+    assert store.list_assets() == []
+    assert store.delete_run(second) == []  # idempotent
+
+
+def test_an_upload_no_run_uses_can_be_deleted(store: Store) -> None:
+    kept = store.put_asset("images", "kept.png", b"k")
+    unused = store.put_asset("images", "unused.png", b"u")
+    store.create_run(_spec_using(None, kept), "one")
+    assert store.delete_asset(unused).name == "unused.png"
+    assert store.delete_asset(unused) is None  # already gone
+    assert [a.name for a in store.list_assets()] == ["kept.png"]
+
+
 def test_persistence_across_reopen(db: Path) -> None:
     first = Store(url_of(db))
     run_id = first.create_run(SPEC, "abc", title="kept")
@@ -350,10 +388,18 @@ def _version(db: Path) -> int:
 
 def test_schema_created_with_version(db: Path) -> None:
     Store(url_of(db)).close()
-    assert _version(db) == SCHEMA_VERSION == 3
+    assert _version(db) == SCHEMA_VERSION == 4
     with sqlite3.connect(db) as raw:
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"schema_info", "assets", "runs", "run_events", "run_images", "batches"} <= tables
+    assert {
+        "schema_info",
+        "assets",
+        "runs",
+        "run_events",
+        "run_images",
+        "batches",
+        "run_assets",
+    } <= tables
 
 
 def test_schema_1_database_gains_the_batches_table(db: Path) -> None:
@@ -361,6 +407,7 @@ def test_schema_1_database_gains_the_batches_table(db: Path) -> None:
     with Store(url_of(db)) as old:
         run_id = old.create_run(SPEC, "abc")
     with sqlite3.connect(db) as raw:  # what release 1 wrote
+        raw.execute("DROP TABLE run_assets")
         raw.execute("DROP TABLE batches")
         raw.execute("ALTER TABLE runs DROP COLUMN stage")
         raw.execute("UPDATE schema_info SET version = 1")
@@ -376,6 +423,7 @@ def test_schema_2_database_gains_the_run_stage(db: Path) -> None:
     with Store(url_of(db)) as old:
         run_id = old.create_run(SPEC, "abc")
     with sqlite3.connect(db) as raw:  # what release 2 wrote
+        raw.execute("DROP TABLE run_assets")
         raw.execute("ALTER TABLE runs DROP COLUMN stage")
         raw.execute("UPDATE schema_info SET version = 2")
     with Store(url_of(db)) as migrated:
@@ -383,7 +431,25 @@ def test_schema_2_database_gains_the_run_stage(db: Path) -> None:
         migrated.mark_running(run_id)
         migrated.set_stage(run_id, "utility training: round 1 of 5")
         assert migrated.get_run(run_id).stage == "utility training: round 1 of 5"
-    assert _version(db) == 3
+    assert _version(db) == SCHEMA_VERSION
+
+
+def test_schema_3_database_learns_which_runs_use_which_uploads(db: Path) -> None:
+    """A database of the third release (no ``run_assets``): the migration reads each
+    stored run's spec, so deleting an old run still deletes the uploads only it used."""
+    with Store(url_of(db)) as old:
+        weights = old.put_asset("model", "w.safetensors", b"w")
+        images = old.put_asset("images", "a.png", b"i")
+        both = old.create_run(_spec_using(weights, images), "one")
+        only_weights = old.create_run(_spec_using(weights, None), "two")
+    with sqlite3.connect(db) as raw:  # what release 3 wrote
+        raw.execute("DROP TABLE run_assets")
+        raw.execute("UPDATE schema_info SET version = 3")
+    with Store(url_of(db)) as migrated:
+        assert migrated.runs_using_asset(weights) == 2
+        assert [a.sha256 for a in migrated.delete_run(both)] == [images]
+        assert [a.sha256 for a in migrated.delete_run(only_weights)] == [weights]
+    assert _version(db) == SCHEMA_VERSION
 
 
 def test_newer_schema_refused_untouched(db: Path) -> None:
@@ -391,7 +457,7 @@ def test_newer_schema_refused_untouched(db: Path) -> None:
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE schema_info SET version = 7")
     before = sha(db)
-    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 3"):
+    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 4"):
         Store(url_of(db))
     assert _version(db) == 7 and sha(db) == before
 
@@ -405,34 +471,34 @@ def test_migration_runs_once(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(1)
         connection.execute(text("ALTER TABLE runs ADD COLUMN note TEXT"))
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 4)
-    monkeypatch.setattr(schema, "MIGRATIONS", {**schema.MIGRATIONS, 3: add_note_column})
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 5)
+    monkeypatch.setattr(schema, "MIGRATIONS", {**schema.MIGRATIONS, 4: add_note_column})
     with Store(url_of(db)) as migrated:
         assert migrated.get_run(run_id) is not None  # data survives the migration
-    assert calls == [1] and _version(db) == 4
+    assert calls == [1] and _version(db) == 5
     Store(url_of(db)).close()
-    assert calls == [1]  # already at 4: not again
+    assert calls == [1]  # already at 5: not again
     with sqlite3.connect(db) as raw:
         assert "note" in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
 
 
 def test_migration_missing_or_failing(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Store(url_of(db)).close()
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 5)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 6)
 
     def half_done(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE runs ADD COLUMN half TEXT"))
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(schema, "MIGRATIONS", {3: half_done})
-    with pytest.raises(AuditInputError, match="no migration from schema 4 to 5"):
+    monkeypatch.setattr(schema, "MIGRATIONS", {4: half_done})
+    with pytest.raises(AuditInputError, match="no migration from schema 5 to 6"):
         Store(url_of(db))
-    assert _version(db) == 3
+    assert _version(db) == 4
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 4)
-    with pytest.raises(RuntimeError, match="left at schema 3"):
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 5)
+    with pytest.raises(RuntimeError, match="left at schema 4"):
         Store(url_of(db))
-    assert _version(db) == 3
+    assert _version(db) == 4
     with sqlite3.connect(db) as raw:  # the half-done step was rolled back with it
         assert "half" not in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
 

@@ -32,6 +32,18 @@ def plain_json(value: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def assets_in_spec(spec: Mapping[str, Any]) -> set[str]:
+    """The sha256 of every upload a run spec (as stored) names: its weights and its images."""
+    found: set[str] = set()
+    model, data = spec.get("model") or {}, spec.get("data") or {}
+    if isinstance(model, Mapping) and isinstance(model.get("weights_asset"), str):
+        found.add(model["weights_asset"])
+    is_upload = isinstance(data, Mapping) and data.get("source") == "asset"
+    if is_upload and isinstance(data.get("location"), str):
+        found.add(data["location"])
+    return found
+
+
 def check_choice(value: str, valid: Iterable[str], what: str) -> str:
     """``value`` if it is one of ``valid``; otherwise a ValueError naming the valid ones."""
     choices = sorted(valid)

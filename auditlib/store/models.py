@@ -116,6 +116,16 @@ class Run(Base):
     seconds: Mapped[float | None]
 
 
+class RunAsset(Base):
+    """An upload a run uses (its weights, its images): an upload no run uses any more is
+    deleted with the last run that used it."""
+
+    __tablename__ = "run_assets"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+
+
 class RunEvent(Base):
     """A progress event; ``seq`` is 0, 1, 2... within its run (unique per run)."""
 

@@ -20,9 +20,9 @@ from sqlalchemy import Connection, insert, inspect, select, text, update
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from auditlib.errors import AuditInputError
-from auditlib.store.convert import utcnow
+from auditlib.store.convert import assets_in_spec, utcnow
 from auditlib.store.engine import WRITE_OPTION, SharedEngine, describe, enable_wal
-from auditlib.store.models import Base, Batch, SchemaInfo
+from auditlib.store.models import Base, Batch, Run, RunAsset, SchemaInfo
 
 
 def _add_batches(connection: Connection) -> None:
@@ -35,8 +35,25 @@ def _add_run_stage(connection: Connection) -> None:
     connection.execute(text("ALTER TABLE runs ADD COLUMN stage VARCHAR(200)"))
 
 
-SCHEMA_VERSION: int = 3
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _add_batches, 2: _add_run_stage}
+def _add_run_assets(connection: Connection) -> None:
+    """3 -> 4: the ``run_assets`` table (which uploads each run uses), filled from the
+    stored runs' specs, so deleting a run can delete the uploads only it used."""
+    RunAsset.__table__.create(connection)
+    rows = [
+        {"run_id": run_id, "sha256": sha}
+        for run_id, spec in connection.execute(select(Run.id, Run.spec))
+        for sha in sorted(assets_in_spec(spec or {}))
+    ]
+    if rows:
+        connection.execute(insert(RunAsset), rows)
+
+
+SCHEMA_VERSION: int = 4
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _add_batches,
+    2: _add_run_stage,
+    3: _add_run_assets,
+}
 
 _VERSION_ROW = 1
 

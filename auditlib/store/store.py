@@ -27,10 +27,17 @@ from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
+from auditlib.errors import AuditInputError
 from auditlib.store import schema
-from auditlib.store.convert import check_choice, headline_metrics, plain_json, utcnow
+from auditlib.store.convert import (
+    assets_in_spec,
+    check_choice,
+    headline_metrics,
+    plain_json,
+    utcnow,
+)
 from auditlib.store.engine import WRITE_OPTION, acquire, default_database_url, describe, release
-from auditlib.store.models import Asset, Batch, Run, RunEvent, RunImage
+from auditlib.store.models import Asset, Batch, Run, RunAsset, RunEvent, RunImage
 from auditlib.store.records import (
     ASSET_KINDS,
     BATCH_KINDS,
@@ -231,6 +238,9 @@ class Store:
                     created_at=utcnow(),
                 )
             )
+            s.flush()  # the run row first: run_assets refers to it
+            for sha in sorted(assets_in_spec(clean_spec)):
+                s.add(RunAsset(run_id=run_id, sha256=sha))
         return run_id
 
     @staticmethod
@@ -349,15 +359,51 @@ class Store:
             result = cast(CursorResult[Any], s.execute(statement))
             return int(result.rowcount or 0)
 
-    def delete_run(self, run_id: str) -> None:
-        """Delete the run with its events and images; an unknown id is a no-op.
+    def delete_run(self, run_id: str) -> list[AssetInfo]:
+        """Delete the run with its events and images, and the uploads (weights, images) that
+        no other run uses; returns those uploads. An unknown id is a no-op.
 
         A writer still attached to a deleted run gets UnknownRunError on its next write.
         """
         with self._session(write=True) as s:
+            used = list(s.scalars(select(RunAsset.sha256).where(RunAsset.run_id == run_id)))
+            s.execute(delete(RunAsset).where(RunAsset.run_id == run_id))
             s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
             s.execute(delete(RunImage).where(RunImage.run_id == run_id))
             s.execute(delete(Run).where(Run.id == run_id))
+            return [info for sha in used if (info := self._delete_unused_asset(s, sha))]
+
+    def runs_using_asset(self, sha256: str) -> int:
+        """How many stored runs use the upload ``sha256``."""
+        with self._session() as s:
+            query = select(func.count()).select_from(RunAsset).where(RunAsset.sha256 == sha256)
+            return int(s.scalar(query) or 0)
+
+    def delete_asset(self, sha256: str) -> AssetInfo | None:
+        """Delete the upload ``sha256`` when no run uses it; returns what was deleted (None
+        when it is unknown). Raises AuditInputError while runs use it: they name it, and
+        their results would no longer say what was audited."""
+        with self._session(write=True) as s:
+            users = s.scalar(
+                select(func.count()).select_from(RunAsset).where(RunAsset.sha256 == sha256)
+            )
+            if users:
+                raise AuditInputError(
+                    f"the upload {sha256[:12]}... is used by {users} stored run(s); delete "
+                    "those runs first (the upload goes with the last of them)"
+                )
+            return self._delete_unused_asset(s, sha256)
+
+    @staticmethod
+    def _delete_unused_asset(s: Session, sha256: str) -> AssetInfo | None:
+        if s.scalar(select(RunAsset.sha256).where(RunAsset.sha256 == sha256).limit(1)):
+            return None
+        row = s.get(Asset, sha256, options=[defer(Asset.data)])
+        if row is None:
+            return None
+        info = _asset_info(row)
+        s.execute(delete(Asset).where(Asset.sha256 == sha256))
+        return info
 
     # ---------------------------------------------------------------- runs: reads
 
