@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from auditlib.errors import AuditInputError
+from auditlib.words import size_text
 
 
 def _sha256_file(path: str) -> str:
@@ -189,6 +190,12 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
         "--activation", choices=("sigmoid", "relu"), help="default: the architecture's"
     )
     model.add_argument(
+        "--stem",
+        choices=("cifar", "imagenet"),
+        help="ResNet stem: cifar (one 3x3 convolution) or imagenet (torchvision's 7x7 and a "
+        "max pool, which torchvision checkpoints need); default: cifar up to 64 pixels",
+    )
+    model.add_argument(
         "--model-seed", type=int, default=0, help="seed of the weight initialisation"
     )
     return model
@@ -207,6 +214,7 @@ def _model_spec(args: argparse.Namespace):
         input_shape=(args.channels, args.input_size, args.input_size),
         init=args.init or "default",
         activation=args.activation,
+        stem=args.stem,
         seed=args.model_seed,
     )
     if args.init is None:  # the utility command: start where SGD trains the activation
@@ -246,6 +254,12 @@ def _utility_arguments(commands, architectures, defenses) -> None:
     defense.add_argument("--defense", default="none", choices=sorted(defenses))
     defense.add_argument("--defense-param", action="append", metavar="NAME=VALUE")
     utility.add_argument("--out", help="write the rounds as JSON to this file")
+    utility.add_argument(
+        "--save-weights",
+        metavar="FILE",
+        help="write the trained model's weights as safetensors: the file the dashboard's Setup "
+        "page (and --weights) takes for the same architecture, classes and input size",
+    )
 
 
 def spec_from_args(args: argparse.Namespace):
@@ -473,6 +487,11 @@ def utility_command(args: argparse.Namespace) -> int:
     model = build_model(spec)
     if args.weights:
         load_weights(model, args.weights)
+    save_to = Path(args.save_weights) if args.save_weights else None
+    if save_to is not None and not save_to.parent.is_dir():
+        raise AuditInputError(
+            f"--save-weights {save_to}: the folder {save_to.parent} does not exist"
+        )
     print(
         f"{args.model} on {sets.source}: {len(train[1])} training examples over "
         f"{federation.clients} clients ({federation.split}), {len(test[1])} held out; "
@@ -493,6 +512,8 @@ def utility_command(args: argparse.Namespace) -> int:
             + f" ({result.seconds:.1f} s)",
             flush=True,
         )
+    if save_to is not None:
+        _save_weights(model, spec, save_to, args.defense)
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -512,6 +533,24 @@ def utility_command(args: argparse.Namespace) -> int:
             + "\n"
         )
     return 0
+
+
+def _save_weights(model, spec, path: Path, defense: str) -> None:
+    """The trained model's state_dict as safetensors, when it is still the architecture's
+    (a defense that inserts layers, such as FedKL's lock, changes it)."""
+    import safetensors.torch
+
+    from auditlib.models import build_model
+
+    state = model.state_dict()
+    expected = build_model(spec).state_dict()
+    if set(state) != set(expected):
+        raise AuditInputError(
+            f"--save-weights: the defense {defense} changed the model's layers, so its weights "
+            f"no longer fit {spec.architecture}; train with --defense none to save weights"
+        )
+    safetensors.torch.save_file({k: v.detach().contiguous() for k, v in state.items()}, path)
+    print(f"weights saved to {path} ({size_text(path.stat().st_size)})")
 
 
 def _existing_store(url: str):

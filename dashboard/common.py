@@ -39,7 +39,7 @@ from auditlib.engine.runs import RunManager
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.metrics.verdict import Verdict
-from auditlib.models import ModelSpec, build_model, load_weights
+from auditlib.models import ARCHITECTURES, ModelSpec, build_model, load_weights
 from auditlib.spec import (
     Budget,
     ComponentSpec,
@@ -51,9 +51,9 @@ from auditlib.spec import (
 )
 from auditlib.store import AssetRecord, RunRecord, Store
 from auditlib.store.convert import assets_in_spec
+from auditlib.words import size_text
 from dashboard.state import SETUP_DEFAULTS, persist, upload_count_key
 
-MIB = 2**20
 SETUP_PAGE = "dashboard/setup.py"
 LAB_PAGE = "dashboard/lab.py"
 HISTORY_PAGE = "dashboard/history.py"
@@ -106,6 +106,7 @@ class Setup:
     channels: int = 3
     init: str = "uniform"
     activation: str | None = None
+    stem: str | None = None  # ResNets: None = by input size
     weights: str | None = None  # sha256 of an uploaded weights asset
     source: str = "samples"  # "samples" or "upload"
     sample_set: str = "photographs"
@@ -122,14 +123,16 @@ class Setup:
             input_shape=(self.channels, self.input_size, self.input_size),
             init=self.init,
             activation=self.activation,
+            stem=self.stem if ARCHITECTURES[self.architecture].accepts_stem else None,
             seed=self.seed,
         )
 
     def model_text(self) -> str:
         weights = "uploaded weights" if self.weights else f"{self.init} initialisation"
+        stem = f", {self.stem} stem" if self.stem and self.model_spec().stem else ""
         return (
             f"{self.architecture}, {self.num_classes} classes, input {self.channels}x"
-            f"{self.input_size}x{self.input_size}, {weights}"
+            f"{self.input_size}x{self.input_size}{stem}, {weights}"
         )
 
 
@@ -153,6 +156,7 @@ def current_setup() -> Setup:
         channels=int(get("channels")),
         init=get("init"),
         activation=None if activation == "architecture default" else activation,
+        stem=None if get("stem") == "automatic" else get("stem"),
         weights=state.get("weights") or None,
         source=get("source"),
         sample_set=get("sample_set"),
@@ -426,15 +430,14 @@ def number(value: Any, fmt: str) -> str:
     return format(value, fmt)
 
 
-def _unavailable(metrics: Mapping[str, Any], key: str) -> str:
-    reason = metrics.get(f"{key}_unavailable_reason")
-    return f"unavailable: {reason}" if reason else "not computed"
-
-
-def metric_rows(metrics: Mapping[str, Any], verdict: Verdict | None = None) -> list[dict[str, str]]:
-    """The headline metrics as (metric, value) rows, the verdict first; an unavailable metric
-    shows its reason. The run's FedLeak band is never shown alone: only the verdict's level,
-    which is "Inconclusive" where nothing follows from the run."""
+def metric_rows(
+    metrics: Mapping[str, Any], verdict: Verdict | None = None
+) -> tuple[list[dict[str, str]], list[str]]:
+    """The headline metrics as (metric, value) rows, the verdict first, and the notes that
+    say why a metric is unavailable: the table says "unavailable (note 1)" and each
+    distinct reason is written once below it, however many rows share it. The run's FedLeak
+    band is never shown alone: only the verdict's level, which is "Inconclusive" where
+    nothing follows from the run."""
     rows = [
         ("PSNR mean (dB)", "psnr_mean", ".2f", "psnr"),
         ("PSNR std (dB)", "psnr_std", ".2f", "psnr"),
@@ -446,13 +449,20 @@ def metric_rows(metrics: Mapping[str, Any], verdict: Verdict | None = None) -> l
         ("Label accuracy", "label_accuracy", ".0%", "label_accuracy"),
         ("RDLV mean (vs the data's mean image)", "rdlv_mean", ".3f", "rdlv"),
     ]
-    out = []
+    out = [{"Metric": "Verdict", "Value": verdict.headline if verdict else NO_VERDICT}]
+    notes: list[str] = []
     for label, key, fmt, base in rows:
         value = metrics.get(key)
-        text = _unavailable(metrics, base) if value is None else number(value, fmt)
+        if value is not None:
+            text = number(value, fmt)
+        elif reason := metrics.get(f"{base}_unavailable_reason"):
+            if reason not in notes:
+                notes.append(reason)
+            text = f"unavailable (note {notes.index(reason) + 1})"
+        else:
+            text = "not computed"
         out.append({"Metric": label, "Value": text})
-    out.insert(0, {"Metric": "Verdict", "Value": verdict.headline if verdict else NO_VERDICT})
-    return out
+    return out, [f"{i}. {reason}" for i, reason in enumerate(notes, 1)]
 
 
 # --- verdicts -----------------------------------------------------------------------------------
@@ -653,23 +663,24 @@ def config_inputs(
     return values
 
 
-def upload_cap(wanted_mib: int) -> tuple[int, str]:
+def upload_cap(wanted_mb: int) -> tuple[int, str]:
     """Per-widget upload limit in MB and a note when the server's own cap is lower."""
     server_cap = int(st.get_option("server.maxUploadSize"))
-    if server_cap >= wanted_mib:
-        return wanted_mib, ""
+    if server_cap >= wanted_mb:
+        return wanted_mb, ""
     return server_cap, (
         f" This server accepts uploads up to {server_cap} MB (server.maxUploadSize); start it "
-        f"with `--server.maxUploadSize {wanted_mib}` to allow {wanted_mib} MB."
+        f"with `--server.maxUploadSize {wanted_mb}` to allow {wanted_mb} MB."
     )
 
 
 def limits_text() -> str:
     limits = DEFAULT_LIMITS
     return (
-        f"At most {limits.max_images} images, each up to {limits.max_file_bytes // MIB} MB and "
-        f"{limits.max_pixels / 1e6:.0f} megapixels, {limits.min_side} to {limits.max_side} "
-        "pixels per side; PNG, JPEG, BMP, TIFF or WebP."
+        f"At most {limits.max_images} images, each file up to {size_text(limits.max_file_bytes)} "
+        f"and {limits.max_pixels / 1e6:.0f} megapixels, {limits.min_side} to {limits.max_side} "
+        "pixels per side; PNG, JPEG, BMP, TIFF or WebP; or one zip of them up to "
+        f"{size_text(limits.max_archive_bytes)}."
     )
 
 

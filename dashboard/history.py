@@ -9,10 +9,9 @@ from __future__ import annotations
 import streamlit as st
 
 from auditlib.store import STATUSES, AssetInfo
-from auditlib.words import count_of
+from auditlib.words import count_of, size_text
 from dashboard.common import (
     LAB_PAGE,
-    MIB,
     get_manager,
     get_store,
     number,
@@ -108,9 +107,9 @@ def deleted_text(run_id: str, freed: list[AssetInfo]) -> str:
     text = f"Deleted run {run_id[:8]}"
     if not freed:
         return text + "; the uploads it used (if any) stay, other runs use them."
-    megabytes = sum(a.size for a in freed) / MIB
+    size = size_text(sum(a.size for a in freed))
     names = ", ".join(a.name for a in freed)
-    return f"{text} and {count_of(len(freed), 'upload')} no other run used: {names} ({megabytes:.1f} MB)."
+    return f"{text} and {count_of(len(freed), 'upload')} no other run used: {names} ({size})."
 
 
 def main() -> None:

@@ -369,7 +369,10 @@ def _results(record: RunRecord) -> None:
     table_col, side_col = st.columns([1, 1], gap="large")
     with table_col:
         st.subheader("Metrics (attacker's pick)")
-        st.table(metric_rows(metrics, verdict))
+        rows, notes = metric_rows(metrics, verdict)
+        st.table(rows)
+        for note in notes:
+            st.caption(note)
         definition = summary.get("config", {}).get("metric_definition")
         if definition:
             st.caption(f"Metric definition: {definition}.")

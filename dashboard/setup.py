@@ -23,10 +23,9 @@ from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.report.images import thumbnail
-from auditlib.words import count_of
+from auditlib.words import MB, count_of, size_text
 from dashboard.common import (
     LAB_PAGE,
-    MIB,
     TRUSTED_ARCHIVES_NOTE,
     batch_of,
     check_weights,
@@ -49,6 +48,7 @@ from dashboard.state import (
     SEED_RANGE,
     SETUP_DEFAULTS,
     SOURCES,
+    STEMS,
     persist,
     set_url_state,
     upload_count_key,
@@ -108,6 +108,16 @@ def _model_section(errors: list[str]) -> None:
         key=_field("activation"),
         help=f"Default for {architecture}: {ARCHITECTURES[architecture].default_activation}.",
     )
+    if ARCHITECTURES[architecture].accepts_stem:
+        st.selectbox(
+            "Stem",
+            list(STEMS),
+            persist_state="session",
+            key=_field("stem"),
+            help="The first layers of a ResNet: cifar = one 3x3 convolution; imagenet = "
+            "torchvision's 7x7 convolution and max pool (torchvision checkpoints need it). "
+            "automatic = cifar up to 64 pixels, imagenet above.",
+        )
     st.radio(
         "Initialisation",
         list(INITS),
@@ -122,14 +132,14 @@ def _model_section(errors: list[str]) -> None:
 
 def _weights_upload(errors: list[str]) -> None:
     """Weights for the chosen architecture: checked against it at once, stored when they fit."""
-    cap, cap_note = upload_cap(DEFAULT_MAX_BYTES // MIB)
+    cap, cap_note = upload_cap(DEFAULT_MAX_BYTES // MB)
     upload = st.file_uploader(
         "Your trained weights (optional)",
         type=WEIGHT_TYPES,
         key=f"weights_file.{st.session_state.get('_weights_uploader', 0)}",
         max_upload_size=cap,
         help=f"A .safetensors file or a state_dict saved with torch.save (.pt/.pth), read "
-        f"without running code, up to {DEFAULT_MAX_BYTES // MIB} MB, for the architecture, "
+        f"without running code, up to {size_text(DEFAULT_MAX_BYTES)}, for the architecture, "
         f"classes and input size chosen above.{cap_note}",
     )
     st.caption(
@@ -143,6 +153,8 @@ def _weights_upload(errors: list[str]) -> None:
     except AuditInputError as exc:
         _inline_error(errors, f"Model: {exc}")
         return
+    with st.expander("How do I get weights for this model?"):
+        _weights_howto(setup, spec)
     if upload is not None:
         signature = (upload.file_id, upload.name, upload.size, repr(spec))
         cached = st.session_state.get("_weights_upload")
@@ -168,7 +180,7 @@ def _weights_upload(errors: list[str]) -> None:
     if sha:
         asset = get_store().get_asset_info(sha)
         name = asset.name if asset is not None else "unknown file"
-        size = f"{asset.size / MIB:.1f} MB" if asset is not None else "?"
+        size = size_text(asset.size) if asset is not None else "?"
         col_text, col_button = st.columns([4, 1])
         col_text.success(f"Using weights {name} ({size}, sha256 {sha[:12]}...).")
         col_button.button(
@@ -179,6 +191,44 @@ def _weights_upload(errors: list[str]) -> None:
             help="Go back to the built-in initialisation; the file is deleted from the store "
             "unless stored runs use it.",
         )
+
+
+def _weights_howto(setup, spec) -> None:
+    """Three ways to weights that fit the model chosen above, with its own values filled in."""
+    shape = f"({setup.channels}, {setup.input_size}, {setup.input_size})"
+    stem = f', stem="{spec.stem}"' if spec.stem else ""
+    file = f"{setup.architecture}.safetensors"
+    st.markdown(
+        "**Train it here** (FedAvg on a bundled labelled set, or `--images FOLDER` of your "
+        "own), and save the trained model:"
+    )
+    st.code(
+        f"python -m auditlib utility --model {setup.architecture} --num-classes "
+        f"{setup.num_classes} --input-size {setup.input_size} --channels {setup.channels}"
+        + (f" --stem {spec.stem}" if spec.stem else "")
+        + f" --samples fashion-mnist --rounds 10 --save-weights {file}",
+        language="bash",
+    )
+    st.markdown("**From your own training code**: build the same model, train it, save it:")
+    st.code(
+        "from safetensors.torch import save_file\n"
+        "from auditlib.models import ModelSpec, build_model\n\n"
+        f'model = build_model(ModelSpec("{setup.architecture}", {setup.num_classes}, '
+        f"{shape}{stem}))\n"
+        "...  # your training loop\n"
+        f'save_file(model.state_dict(), "{file}")',
+        language="python",
+    )
+    if ARCHITECTURES[setup.architecture].accepts_stem:
+        st.markdown(
+            "**A torchvision ResNet checkpoint** has the same layer names as the built-in "
+            "ResNets with Stem **imagenet** (its 7x7 first convolution); choose that stem, its "
+            "class count and input size, and upload its `state_dict` saved with `torch.save`."
+        )
+    st.caption(
+        "The classes, the input size and the channels above must be the ones the weights "
+        "were trained with; the upload is checked against them at once."
+    )
 
 
 def _remove(kind: str) -> None:
@@ -225,7 +275,7 @@ def _decode(files: list) -> LabelledImages:
 def _images_upload(errors: list[str]) -> None:
     """Validated uploads become a stored images asset; its sha256 goes into the URL."""
     limits = DEFAULT_LIMITS
-    cap, cap_note = upload_cap(limits.max_archive_bytes // MIB)
+    cap, cap_note = upload_cap(limits.max_archive_bytes // MB)
     files = st.file_uploader(
         "Images, a labels.csv, or one zip",
         type=[*IMAGE_TYPES, "csv", "zip"],
@@ -235,7 +285,7 @@ def _images_upload(errors: list[str]) -> None:
         help=f"{limits_text()} Labels: a labels.csv with columns filename,label (class ids or "
         "names), or in a zip one level of class folders (the folder names become the labels); "
         "without labels they are drawn at random from the model's classes. A zip may hold up "
-        f"to {limits.max_archive_bytes // MIB} MB unpacked in {limits.max_archive_members} "
+        f"to {size_text(limits.max_archive_bytes)} unpacked in {limits.max_archive_members} "
         f"entries.{cap_note}",
     )
     st.caption(limits_text())

@@ -42,6 +42,7 @@ MAX_UPLOAD_BATCH = 64  # images of an upload in one batch
 ACTIVATIONS = ("architecture default", "sigmoid", "relu")
 INITS = ("default", "uniform")
 CHANNELS = (3, 1)
+STEMS = ("automatic", "cifar", "imagenet")  # ResNets only; automatic = by input size
 SOURCES = ("samples", "upload")
 MAX_NORMALIZATION_CHARS = 200
 
@@ -98,6 +99,7 @@ SETUP_FIELDS = (
     SetupField("channels", "channels", 3, _integer(1, 3, allowed=CHANNELS)),
     SetupField("init", "init", "uniform", _choice(INITS)),
     SetupField("activation", "activation", "architecture default", _choice(ACTIVATIONS)),
+    SetupField("stem", "stem", "automatic", _choice(STEMS)),
     SetupField("source", "source", "samples", _choice(SOURCES)),
     SetupField("sample_set", "samples", "photographs", _choice(SAMPLE_SETS)),
     SetupField("count", "count", 1, _integer(1, MAX_SAMPLE_COUNT)),

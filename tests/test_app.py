@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import safetensors.torch
+import torch
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -310,6 +311,31 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
     at.button(key="remove_weights").click().run()
     assert any("deleted seven.safetensors from the store" in i.value for i in at.info)
     assert store.get_asset_info(unused) is None
+
+
+def test_a_torchvision_resnet_checkpoint_is_told_which_stem_it_needs(dashboard_store):
+    """At input 32 the built-in ResNet-18 has the 3x3 cifar stem; a torchvision checkpoint
+    has the 7x7 one. The refusal says so and names the setting; with it, the file loads."""
+    torchvision = pytest.importorskip("torchvision")
+    buffer = io.BytesIO()
+    torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), buffer)
+    at = _app()
+    at.selectbox(key="architecture").set_value("resnet18").run()
+    howto = " ".join(c.value for c in at.code)
+    assert "--model resnet18" in howto and "--save-weights resnet18.safetensors" in howto
+    at.file_uploader(key="weights_file.0").set_value(
+        ("resnet18.pth", buffer.getvalue(), "application/octet-stream")
+    )
+    at.run()
+    message = " ".join(_errors(at))
+    assert "saved with the imagenet stem" in message and "Choose the stem 'imagenet'" in message
+    assert "weights" not in at.query_params
+
+    at.selectbox(key="stem").set_value("imagenet").run()
+    assert not _errors(at), _errors(at)
+    assert any("Using weights resnet18.pth" in s.value for s in at.success)
+    assert at.query_params["stem"] == "imagenet" and at.query_params["arch"] == "resnet18"
+    assert 'stem="imagenet"' in " ".join(c.value for c in at.code)
 
 
 # --- Attack lab -----------------------------------------------------------------------------
@@ -756,10 +782,18 @@ def test_result_helpers_speak_plainly():
         "lpips_vgg_mean": 0.4,
         "label_accuracy": 0.5,
     }
-    rows = {r["Metric"]: r["Value"] for r in common.metric_rows(metrics)}
+    metrics["lpips_vgg_mean"] = None
+    metrics["lpips_vgg_unavailable_reason"] = metrics["lpips_unavailable_reason"]
+    table, notes = common.metric_rows(metrics)
+    rows = {r["Metric"]: r["Value"] for r in table}
     assert rows["PSNR mean (dB)"] == "12.35"
-    assert rows["SSIM mean"] == "unavailable: images smaller than the 11-pixel window"
-    assert rows["LPIPS mean (AlexNet)"] == "unavailable: LPIPS-alex unavailable: no weights"
+    assert rows["SSIM mean"] == "unavailable (note 1)"
+    # A reason two rows share is written once, below the table, not in each row.
+    assert rows["LPIPS mean (AlexNet)"] == rows["LPIPS mean (VGG)"] == "unavailable (note 2)"
+    assert notes == [
+        "1. images smaller than the 11-pixel window",
+        "2. LPIPS-alex unavailable: no weights",
+    ]
     assert rows["Label accuracy"] == "50%"
     assert common.number(math.nan, ".2f") == "nan"
 

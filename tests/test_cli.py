@@ -314,3 +314,31 @@ def test_every_applicable_attack_reports_the_worst_case_per_image(image_dir, tmp
     best = max(a["psnr_mean"] for a in result["attacks"] if not a["skipped"])
     assert result["metrics"]["psnr_mean"] >= best - 1e-9  # per image, never worse than any one
     assert result["verdict"]["scope"]["attacks"] == [f"{a} (audit preset)" for a in ran]
+
+
+def test_utility_saves_trained_weights_that_setup_and_audit_accept(tmp_path, capsys):
+    """How to produce weights for a built-in architecture: train it here and save them."""
+    out = tmp_path / "trained.safetensors"
+    args = ["utility", "--model", "lenet", "--samples", "digits", "--train", "200"]
+    args += ["--test", "50", "--clients", "2", "--rounds", "1", "--channels", "1"]
+    assert main([*args, "--save-weights", str(out)]) == 0
+    assert f"weights saved to {out}" in capsys.readouterr().out
+    from dataclasses import replace
+
+    from auditlib.models.loading import load_weights
+    from auditlib.models.registry import trainable_init
+
+    spec = ModelSpec("lenet", 10, (1, 32, 32))
+    spec = replace(spec, init=trainable_init(spec))  # where the utility command starts
+    untrained, model = build_model(spec), build_model(spec)
+    load_weights(model, out)  # strict: every key and shape fits the architecture
+    changed = [
+        name
+        for name, value in model.state_dict().items()
+        if not torch.equal(value, untrained.state_dict()[name])
+    ]
+    assert changed, "the saved weights are the untrained initialisation"
+
+    bad = main([*args, "--save-weights", str(tmp_path / "no" / "such" / "w.safetensors")])
+    assert bad == 2
+    assert "the folder" in capsys.readouterr().err

@@ -388,6 +388,8 @@ def test_lpips_is_unavailable_without_backbone_weights(no_lpips_weights):
     assert ALEX_FILE in state.reason
     assert "AUDIT_LPIPS_WEIGHTS_DIR" in state.reason
     assert "vgg16-397923af.pth" in lpips_availability("vgg").reason
+    # Both missing: one reason for both, so a table that lists both says it once.
+    assert lpips_availability("alex").reason == lpips_availability("vgg").reason
 
 
 def test_score_reports_lpips_unavailable_with_the_reason(no_lpips_weights):

@@ -348,7 +348,7 @@ def test_empty_missing_and_oversized_files_are_refused(tmp_path, lenet):
         load_weights(lenet, tmp_path / "nowhere.pt")
     big = tmp_path / "big.safetensors"
     safetensors.torch.save_file(lenet.state_dict(), big)
-    with pytest.raises(AuditInputError, match=r"over the 0\.0 MiB limit"):
+    with pytest.raises(AuditInputError, match=r"over the 1,000 bytes limit"):
         load_weights(lenet, big, max_bytes=1000)
 
 

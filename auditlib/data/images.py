@@ -25,6 +25,7 @@ from PIL import Image, ImageFile, ImageOps
 from auditlib.data.labels import parse_labels_csv
 from auditlib.data.normalization import Normalization
 from auditlib.errors import AuditInputError
+from auditlib.words import MB, size_text
 
 # As reported by PIL after opening, not by file extension.
 ALLOWED_FORMATS = {"PNG", "JPEG", "BMP", "TIFF", "WEBP"}
@@ -40,12 +41,12 @@ _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 class ImageLimits:
     """What one audit accepts; checked before anything is decoded where possible."""
 
-    max_file_bytes: int = 20 * 2**20
+    max_file_bytes: int = 20 * MB
     max_pixels: int = 40_000_000  # width*height, from the header (decompression bombs)
     max_side: int = 16384
     max_images: int = 64  # the attacks handle batches up to 64
     min_side: int = 8
-    max_archive_bytes: int = 256 * 2**20  # total uncompressed size of a zip (zip bombs)
+    max_archive_bytes: int = 256 * MB  # total uncompressed size of a zip (zip bombs)
     max_archive_members: int = 512  # entries in a zip, directories and junk included
 
 
@@ -81,10 +82,6 @@ class LabelledImages:
         )
 
 
-def _size_text(num_bytes: int) -> str:
-    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{num_bytes:,} bytes"
-
-
 def _open_header(data: bytes) -> tuple[ImageFile.ImageFile | None, bool]:
     """Identify the format and read only the header; no pixel data is decoded.
 
@@ -116,8 +113,8 @@ def _check_header(data: bytes, name: str, limits: ImageLimits) -> ImageFile.Imag
         raise AuditInputError(f"{name} is empty (0 bytes); expected a {_FORMATS_TEXT} image file")
     if len(data) > limits.max_file_bytes:
         raise AuditInputError(
-            f"{name} is {_size_text(len(data))}; image files up to "
-            f"{_size_text(limits.max_file_bytes)} are accepted"
+            f"{name} is {size_text(len(data))}; image files up to "
+            f"{size_text(limits.max_file_bytes)} are accepted"
         )
     im, recognised = _open_header(data)
     if im is None and recognised:
@@ -299,8 +296,8 @@ def _assemble(
     for member in chosen:
         if member.size > limits.max_file_bytes:  # refuse before reading it into memory
             raise AuditInputError(
-                f"in {where}: {member.name} is {_size_text(member.size)}; image files up to "
-                f"{_size_text(limits.max_file_bytes)} are accepted"
+                f"in {where}: {member.name} is {size_text(member.size)}; image files up to "
+                f"{size_text(limits.max_file_bytes)} are accepted"
             )
         try:
             images.append(decode_image(member.read(), member.name, limits))
@@ -318,7 +315,7 @@ def _assemble(
         csv_member = csv_members[0]
         if csv_member.size > limits.max_file_bytes:
             raise AuditInputError(
-                f"{_LABELS_FILE} in {where} is {_size_text(csv_member.size)}; expected a small "
+                f"{_LABELS_FILE} in {where} is {size_text(csv_member.size)}; expected a small "
                 "CSV with one row per image"
             )
         labels_csv_text = _read_text(csv_member.read(), f"{_LABELS_FILE} in {where}")
@@ -444,8 +441,8 @@ def load_zip(data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> LabelledImage
     where = "the zip upload"
     if len(data) > limits.max_archive_bytes:
         raise AuditInputError(
-            f"the zip upload is {_size_text(len(data))}; zips up to "
-            f"{_size_text(limits.max_archive_bytes)} are accepted"
+            f"the zip upload is {size_text(len(data))}; zips up to "
+            f"{size_text(limits.max_archive_bytes)} are accepted"
         )
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
@@ -469,8 +466,8 @@ def load_zip(data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> LabelledImage
         total = sum(info.file_size for _, info in entries)
         if total > limits.max_archive_bytes:
             raise AuditInputError(
-                f"the zip upload unpacks to {_size_text(total)}; at most "
-                f"{_size_text(limits.max_archive_bytes)} in total are accepted"
+                f"the zip upload unpacks to {size_text(total)}; at most "
+                f"{size_text(limits.max_archive_bytes)} in total are accepted"
             )
         tops = {parts[0] for parts, _ in entries}
         if len(tops) == 1 and all(len(parts) > 1 for parts, _ in entries):

@@ -44,12 +44,16 @@ class LpipsAvailability:
 
 
 def availability(net: str) -> LpipsAvailability:
+    """Whether LPIPS-``net`` can be computed here. The reason names every backbone that is
+    missing, so the two LPIPS variants share one reason when both are (said once, not twice)."""
     path = backbone_path(net)
     if path is None:
+        missing = [n for n in BACKBONE_FILES if backbone_path(n) is None]
         searched = ", ".join(str(d) for d in weight_dirs())
         return LpipsAvailability(
             False,
-            f"LPIPS-{net} unavailable: backbone weights {BACKBONE_FILES[net]} are not on this machine "
+            f"LPIPS-{'/'.join(missing)} unavailable: backbone weights "
+            f"{', '.join(BACKBONE_FILES[n] for n in missing)} are not on this machine "
             f"(searched {searched}); set AUDIT_LPIPS_WEIGHTS_DIR to a folder holding them",
             None,
         )

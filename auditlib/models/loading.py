@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from auditlib.errors import AuditInputError
+from auditlib.words import MB, size_text
 
-DEFAULT_MAX_BYTES = 512 * 2**20
+DEFAULT_MAX_BYTES = 500 * MB  # the browser's uploader shows limits above 500 MB as '1GB'
 _EXPECTED = "expected a .safetensors file or a PyTorch state_dict saved with torch.save"
 _ZIP_MAGIC = b"PK\x03\x04"
 # Protocol 2+ pickles start with PROTO (0x80); legacy torch.save files are such pickles.
@@ -30,10 +31,6 @@ _PICKLE_MAGIC = b"\x80"
 _WRAPPER_KEYS = ("state_dict", "model_state_dict")
 _EXAMPLES = 3
 _BATCHNORM_NAMES = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"}
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
 def _reason(exc: BaseException) -> str:
@@ -47,7 +44,7 @@ def _check_size(size: int, label: str, max_bytes: int, kind: str) -> None:
         raise AuditInputError(f"{label} is empty (0 bytes); expected a non-empty {kind} file")
     if size > max_bytes:
         raise AuditInputError(
-            f"{label} is {_mib(size)}, over the {_mib(max_bytes)} limit for {kind} files; "
+            f"{label} is {size_text(size)}, over the {size_text(max_bytes)} limit for {kind} files; "
             "expected a smaller file"
         )
 
@@ -233,6 +230,27 @@ def _fit_problems(state: Mapping[str, torch.Tensor], expected: Mapping[str, torc
     return "; ".join(problems)
 
 
+def _stem_hint(
+    model: nn.Module, state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+) -> str:
+    """Why a ResNet's first convolution differs, when it does: the stem (3x3 for CIFAR-sized
+    inputs, torchvision's 7x7 above that) is chosen from the input size unless set."""
+    stem = getattr(model, "stem", None)
+    key = "conv1.weight"
+    if stem is None or key not in state or key not in expected:
+        return ""
+    if state[key].shape[-2:] == expected[key].shape[-2:]:
+        return ""
+    kernel = "x".join(str(v) for v in state[key].shape[-2:])
+    other = "imagenet" if stem == "cifar" else "cifar"
+    return (
+        f". The file's first convolution is {kernel}: it was saved with the {other} stem, and "
+        f"this model has the {stem} stem (chosen from the input size: the 3x3 cifar stem up "
+        "to 64 pixels, torchvision's 7x7 imagenet stem above). Choose the stem "
+        f"'{other}' (Setup: Stem; CLI: --stem {other}) to load it at this input size"
+    )
+
+
 def load_weights(
     model: nn.Module,
     source: str | Path | bytes,
@@ -256,6 +274,7 @@ def load_weights(
         raise AuditInputError(
             f"weights in {label} do not fit {_model_label(model)}: {problems}; expected a "
             "state_dict saved from the same architecture, class count and input shape"
+            + _stem_hint(model, state, expected)
         )
     try:
         model.load_state_dict(state, strict=True)
