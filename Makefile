@@ -11,7 +11,7 @@ ADDRESS ?= 127.0.0.1
 
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup system-deps run test lint format bench reproduce verdicts
+.PHONY: setup system-deps run test lint format bench reproduce verdicts walk
 
 setup: $(STAMP) system-deps
 
@@ -49,3 +49,8 @@ reproduce: setup
 # (about 70 min on 2 cores; docs/REPRODUCTION.md, "Verdicts").
 verdicts: setup
 	$(BIN)/python -m benchmarks.verdicts
+
+# The README walkthrough and the Compare / Trade-off defaults in a real browser, screenshots
+# and PDF pages in tests/artifacts/walk_* (about 30 min on 2 cores).
+walk: setup
+	$(BIN)/python -m benchmarks.browser_walk

@@ -51,7 +51,7 @@ from auditlib.spec import (
 )
 from auditlib.store import AssetRecord, RunRecord, Store
 from auditlib.store.convert import assets_in_spec
-from auditlib.words import size_text
+from auditlib.words import count_of, size_text
 from dashboard.state import SETUP_DEFAULTS, persist, upload_count_key
 
 SETUP_PAGE = "dashboard/setup.py"
@@ -323,7 +323,7 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
     )
     if setup.source == "samples":
         data = DataSpec(source="samples", location=setup.sample_set, batch_size=setup.count)
-        images_text = f"{setup.count} from '{setup.sample_set}'"
+        images_text = f"{count_of(setup.count, 'image')} from '{setup.sample_set}'"
     else:
         if not setup.images:
             raise AuditInputError("no images uploaded yet; upload images or pick a sample set")
@@ -333,7 +333,9 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
         assets[asset.sha256] = asset.data
         data = DataSpec(source="asset", location=asset.sha256, batch_size=setup.upload_count)
         count = setup.upload_count or asset.meta.get("count", "?")
-        images_text = f"{count} uploaded"
+        images_text = (
+            count_of(count, "uploaded image") if isinstance(count, int) else "uploaded images"
+        )
     data = dataclasses.replace(data, normalization=setup.normalization)
     spec = RunSpec(
         model=model,
@@ -345,7 +347,7 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
         seed=setup.seed,
         device=lab.device,
     )
-    title = f"{attack_label(lab.attack)} vs {lab.defense} · {setup.architecture} · {images_text} image(s)"
+    title = f"{attack_label(lab.attack)} vs {lab.defense} · {setup.architecture} · {images_text}"
     return spec, assets, title
 
 
@@ -547,7 +549,9 @@ def privacy_text(report: Mapping[str, Any]) -> str:
     if report.get("noise_multiplier") is not None:
         parts.append(f"noise multiplier {number(report['noise_multiplier'], '.3g')}")
     text = ", ".join(parts)
-    details = [str(report[k]) for k in ("accountant", "unit") if report.get(k)]
+    details = [
+        str(report[k]) for k in ("accountant", "unit", "neighbours", "sampling") if report.get(k)
+    ]
     return f"{text} ({'; '.join(details)})" if details else text
 
 

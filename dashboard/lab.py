@@ -281,7 +281,7 @@ def _scope(summary: dict, verdict: Verdict) -> None:
         with right:
             share = finding.images_recovered / finding.batch_size if finding.batch_size else 0.0
             st.markdown(
-                f"**Recovered** {finding.images_recovered} of {finding.batch_size} image(s) "
+                f"**Recovered** {finding.images_recovered} of {count_of(finding.batch_size, 'image')} "
                 f"({share:.0%} of the batch) beyond the best guess"
             )
             every = any("attack" in p for p in metrics.get("per_image", []))
@@ -332,7 +332,7 @@ def _results(record: RunRecord) -> None:
         f"{'every applicable attack' if attack == ALL_ATTACKS else attack} against "
         f"{summary.get('defense', '?')}: PSNR "
         f"{number(metrics.get('psnr_mean'), '.2f')} dB (mean over "
-        f"{len(metrics.get('per_image', []))} image(s)), {timing.get('iterations', '?')} "
+        f"{count_of(len(metrics.get('per_image', [])), 'image')}), {timing.get('iterations', '?')} "
         f"iterations in {number(timing.get('seconds'), '.1f')} s, stopped: {stop_reason}."
     )
     if status == COMPLETED:

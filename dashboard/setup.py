@@ -334,7 +334,7 @@ def _images_upload(errors: list[str]) -> None:
         return
     total = int(asset.meta.get("count") or 1)
     col_text, col_button = st.columns([4, 1])
-    col_text.success(f"Using uploaded images: {asset.name} ({total} image(s)).")
+    col_text.success(f"Using uploaded images: {asset.name} ({count_of(total, 'image')}).")
     col_button.button("Remove", key="remove_images", on_click=_remove, args=("images",))
     st.number_input(
         "Images in the batch",
@@ -412,7 +412,7 @@ def _batch_preview() -> None:
         else "no labels: they will be drawn at random from the model's classes (seeded)"
     )
     st.caption(
-        f"{len(images)} image(s) from {images.source}; {labels_note}. Sizes as uploaded; "
+        f"{count_of(len(images), 'image')} from {images.source}; {labels_note}. Sizes as uploaded; "
         f"the model sees them at {setup.input_size}x{setup.input_size}."
     )
 

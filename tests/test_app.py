@@ -139,7 +139,7 @@ def test_setup_bundled_samples_show_thumbnails_with_sizes(dashboard_store):
     assert not at.exception
     assert not _errors(at)
     assert at.get("image"), "no thumbnails"
-    assert any("3 image(s) from sample set 'digits'" in c.value for c in at.caption), [
+    assert any("3 images from sample set 'digits'" in c.value for c in at.caption), [
         c.value for c in at.caption
     ]
     # The choice survives a trip to another page and back.
@@ -185,7 +185,7 @@ def test_setup_upload_is_stored_and_survives_a_refresh(dashboard_store):
     assert asset is not None and asset.kind == "images"
     assert asset.sha256 == hashlib.sha256(asset.data).hexdigest()
     assert asset.meta["count"] == 4 and asset.meta["labelled"]
-    assert any("4 image(s) from" in c.value and "labels given" in c.value for c in at.caption)
+    assert any("4 images from" in c.value and "labels given" in c.value for c in at.caption)
 
     # A refresh is a new session with the same URL: the upload is back, without re-uploading.
     again = _app(images=sha)
@@ -202,9 +202,9 @@ def test_setup_upload_is_stored_and_survives_a_refresh(dashboard_store):
         "rocket.png",
     ]
     assert captions[1].endswith("· chelsea")
-    assert any("4 image(s) from upload; labels given" in c.value for c in again.caption)
+    assert any("4 images from upload; labels given" in c.value for c in again.caption)
     again.number_input(key=url_state.upload_count_key(sha)).set_value(2).run()
-    assert any("2 image(s) from" in c.value for c in again.caption)
+    assert any("2 images from" in c.value for c in again.caption)
     assert again.query_params["batch"] == "2"
 
     # The lab, opened by that link after a server restart, uses the upload, not a sample set.
@@ -809,7 +809,15 @@ def test_form_fields_record_only_changes():
 
     defaults = common.config_defaults(GaussianNoiseConfig)
     assert defaults["clip"] == 30.0 and defaults["sigma"] == 0.1
-    values = {"sigma": 0.1, "clip": "30", "delta": 1e-5, "rounds": 3, "sample_rate": 1.0}
+    values = {
+        "sigma": 0.1,
+        "clip": "30",
+        "delta": 1e-5,
+        "rounds": 3,
+        "neighbours": "replace-one",
+        "sample_rate": 1.0,
+        "trusted_sampler": False,
+    }
     assert common.changed_params(values, defaults) == {"rounds": 3}
     assert common.changed_params({**values, "clip": "2"}, defaults) == {"rounds": 3, "clip": "2"}
     # An emptied optional field is a change to None ("no clip"), not the default.

@@ -146,6 +146,8 @@ class Server:
                 "false",
                 "--server.fileWatcherType",
                 "none",
+                "--server.maxUploadSize",  # as `make run` starts it
+                "512",
             ],
             cwd=ROOT,
             env=self.env,
@@ -210,7 +212,7 @@ def _start_and_watch(page, label: str, opened: float) -> dict[str, object]:
     page.get_by_text("The attacker's reconstruction at step").wait_for(timeout=90_000)
     first_frame = round(time.monotonic() - clicked, 2)
     assert "run=" in page.url
-    page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded image(s)").wait_for()
+    page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded images").wait_for()
 
     # The progress advances while the page stays responsive.
     steps: list[int] = []
@@ -282,7 +284,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
                 sorted(str(p) for p in EXAMPLES.iterdir())
             )
             page.get_by_text("Using uploaded images").wait_for()
-            page.get_by_text("4 image(s) from").wait_for()
+            page.get_by_text("4 images from").wait_for()
             assert "images=" in page.url
             page.screenshot(path=str(ARTIFACTS / "browser_setup.png"), full_page=True)
 
@@ -319,7 +321,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             page.screenshot(path=str(ARTIFACTS / "browser_history.png"), full_page=True)
 
             # The run's link opens the run directly (a shared link, a bookmark).
-            heading = page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded image(s)")
+            heading = page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded images")
             page.goto(run_link)
             heading.wait_for()
             _assert_titled_navigation(page)

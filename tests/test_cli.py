@@ -78,7 +78,9 @@ def test_audit_writes_result_json_and_reconstruction_png(image_dir, tmp_path, ca
         "clip": 1.0,
         "delta": 1e-5,
         "rounds": 1,
+        "neighbours": "replace-one",
         "sample_rate": 1.0,
+        "trusted_sampler": False,
     }
     metrics = result["metrics"]
     for key in ("psnr_mean", "ssim_mean", "mse_mean", "label_accuracy"):

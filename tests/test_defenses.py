@@ -85,7 +85,15 @@ def test_no_defense_returns_equal_copies():
 
 def test_build_defense_returns_effective_settings_and_parses_strings():
     _, settings = build_defense("dp-gaussian", {"sigma": "0.5", "clip": "none", "rounds": "3"})
-    assert settings == {"sigma": 0.5, "clip": None, "delta": 1e-5, "rounds": 3, "sample_rate": 1.0}
+    assert settings == {
+        "sigma": 0.5,
+        "clip": None,
+        "delta": 1e-5,
+        "rounds": 3,
+        "neighbours": "replace-one",
+        "sample_rate": 1.0,
+        "trusted_sampler": False,
+    }
 
 
 # --- Gaussian noise -------------------------------------------------------------------------
@@ -161,7 +169,10 @@ def test_default_gaussian_clips_and_reports_a_finite_epsilon():
     assert settings["clip"] == DEFAULT_CLIP == 30.0 and settings["sigma"] == 0.1
     report = defense.privacy_report()
     assert report["epsilon"] is not None and math.isfinite(report["epsilon"])
-    assert report["epsilon"] > 0 and report["noise_multiplier"] == pytest.approx(0.1 / 30)
+    # Replace-one neighbours: two clipped updates are up to 2 x clip apart.
+    assert report["epsilon"] > 0 and report["noise_multiplier"] == pytest.approx(0.1 / 60)
+    assert "one example replaced" in report["neighbours"]
+    assert "no amplification" in report["sampling"]
     # The same mechanism as sigma 1 at clip 300 (noise multiplier 1 / 300 either way).
     assert report["epsilon"] == pytest.approx(epsilon("dp-gaussian", sigma=1.0, clip=300.0))
     # An update below the bound is left as it is; only the noise is added.
@@ -182,9 +193,13 @@ def test_gaussian_epsilon_is_infinite_without_noise():
 
 
 def test_gaussian_epsilon_for_one_release_at_noise_multiplier_one():
+    """sigma 2 at clip 1: replacing one example moves the clipped update by up to 2, so the
+    noise multiplier is 2 / 2 = 1 (4.73 at delta 1e-5); counting only the client's update
+    present or absent (sensitivity 1), sigma 1 gives the same number, and sigma 2 a smaller
+    one that promises less than it seems (docs/ALGORITHMS.md, "Epsilon")."""
     from opacus.accountants import RDPAccountant
 
-    report = build_defense("dp-gaussian", {"sigma": 1.0, "clip": 1.0, "delta": DELTA})[
+    report = build_defense("dp-gaussian", {"sigma": 2.0, "clip": 1.0, "delta": DELTA})[
         0
     ].privacy_report()
     accountant = RDPAccountant()
@@ -194,19 +209,22 @@ def test_gaussian_epsilon_for_one_release_at_noise_multiplier_one():
     assert report["epsilon"] == pytest.approx(4.7285, abs=1e-3)
     assert report["delta"] == DELTA
     assert report["noise_multiplier"] == 1.0
+    present = {"clip": 1.0, "delta": DELTA, "neighbours": "client-present"}
+    assert epsilon("dp-gaussian", sigma=1.0, **present) == pytest.approx(report["epsilon"])
+    assert epsilon("dp-gaussian", sigma=2.0, **present) < report["epsilon"] / 2
 
 
 def test_gaussian_epsilon_depends_on_sigma_over_clip():
-    # Noise multiplier 2: sigma 2 at clip 1 and sigma 4 at clip 2 are the same mechanism.
+    # Noise multiplier 1: sigma 2 at clip 1 and sigma 4 at clip 2 are the same mechanism.
     eps = epsilon("dp-gaussian", sigma=2.0, clip=1.0)
-    assert eps == pytest.approx(gaussian_rdp_epsilon(2.0, 1, DELTA), rel=1e-9)
+    assert eps == pytest.approx(gaussian_rdp_epsilon(1.0, 1, DELTA), rel=1e-9)
     assert epsilon("dp-gaussian", sigma=4.0, clip=2.0) == pytest.approx(eps, rel=1e-12)
 
 
 def test_gaussian_epsilon_composes_over_rounds():
     eps = [epsilon("dp-gaussian", sigma=1.0, clip=1.0, rounds=r) for r in (1, 10, 100)]
     assert eps[0] < eps[1] < eps[2]
-    assert eps[1] == pytest.approx(gaussian_rdp_epsilon(1.0, 10, DELTA), rel=1e-9)
+    assert eps[1] == pytest.approx(gaussian_rdp_epsilon(0.5, 10, DELTA), rel=1e-9)
 
 
 def test_more_noise_gives_smaller_epsilon():
@@ -215,15 +233,22 @@ def test_more_noise_gives_smaller_epsilon():
     assert len(set(eps)) == 4
 
 
-def test_client_subsampling_lowers_epsilon():
+def test_client_subsampling_lowers_epsilon_only_with_a_trusted_sampler():
     from opacus.accountants import RDPAccountant
 
-    eps = epsilon("dp-gaussian", sigma=1.0, clip=1.0, rounds=100, sample_rate=0.01)
+    # The server picks the clients and is the adversary: no amplification unless a trusted
+    # party draws the sample and keeps it from the server.
+    with pytest.raises(AuditInputError, match="trusted party"):
+        build_defense("dp-gaussian", {"sigma": 2.0, "clip": 1.0, "sample_rate": 0.01})
+    trusted = {"sample_rate": 0.01, "trusted_sampler": True}
+    eps = epsilon("dp-gaussian", sigma=2.0, clip=1.0, rounds=100, **trusted)
     accountant = RDPAccountant()
     for _ in range(100):
         accountant.step(noise_multiplier=1.0, sample_rate=0.01)
     assert eps == pytest.approx(accountant.get_epsilon(delta=DELTA), rel=1e-9)
-    assert eps < epsilon("dp-gaussian", sigma=1.0, clip=1.0, rounds=100)
+    assert eps < epsilon("dp-gaussian", sigma=2.0, clip=1.0, rounds=100)
+    report = build_defense("dp-gaussian", {"sigma": 2.0, "clip": 1.0, **trusted})[0]
+    assert "trusted sampler at rate 0.01" in report.privacy_report()["sampling"]
 
 
 def test_larger_delta_gives_smaller_epsilon():
@@ -262,10 +287,13 @@ def test_laplace_clip_bounds_the_l1_norm():
     assert float(flat(out).abs().sum()) == pytest.approx(2.0, abs=1e-6)
 
 
-def test_laplace_epsilon_is_rounds_times_clip_over_scale():
-    assert epsilon("dp-laplace", scale=0.5, clip=1.0) == pytest.approx(2.0)
-    assert epsilon("dp-laplace", scale=0.5, clip=1.0, rounds=3) == pytest.approx(6.0)
-    assert epsilon("dp-laplace", scale=2.0, clip=0.1, rounds=10) == pytest.approx(0.5)
+def test_laplace_epsilon_is_rounds_times_sensitivity_over_scale():
+    # Replace-one: L1 sensitivity 2 x clip.
+    assert epsilon("dp-laplace", scale=0.5, clip=1.0) == pytest.approx(4.0)
+    assert epsilon("dp-laplace", scale=0.5, clip=1.0, rounds=3) == pytest.approx(12.0)
+    assert epsilon("dp-laplace", scale=2.0, clip=0.1, rounds=10) == pytest.approx(1.0)
+    present = epsilon("dp-laplace", scale=0.5, clip=1.0, neighbours="client-present")
+    assert present == pytest.approx(2.0)
     report = build_defense("dp-laplace", {"scale": 0.5, "clip": 1.0})[0].privacy_report()
     assert report["delta"] == 0.0
 
@@ -365,7 +393,9 @@ def test_prune_gives_no_epsilon():
 
 def test_unknown_parameter_lists_the_valid_ones():
     with pytest.raises(
-        AuditInputError, match="no parameter sigmaa; valid: clip, delta, rounds, sample_rate, sigma"
+        AuditInputError,
+        match="no parameter sigmaa; valid: clip, delta, neighbours, rounds, sample_rate, sigma, "
+        "trusted_sampler",
     ):
         build_defense("dp-gaussian", {"sigmaa": 1.0})
 

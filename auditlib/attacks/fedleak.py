@@ -44,7 +44,7 @@ from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
 from auditlib.attacks.objectives import cosine_distance, matched_parameters, total_variation
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
-from auditlib.fl.update import client_update
+from auditlib.fl.update import client_update, read_as_gradient
 from auditlib.threat import AttackerKnowledge, Observation
 
 Tensors = tuple[torch.Tensor, ...]
@@ -248,7 +248,6 @@ class GradientModel:
             protocol if self.unroll else dataclasses.replace(protocol, algorithm="fedsgd")
         )
         self.passes = len(protocol.minibatch_slices(knowledge.batch_size)) if self.unroll else 1
-        self.scale = protocol.local_lr * protocol.steps_for(knowledge.batch_size)
         self.target = tuple(
             gradient_estimate(observation, knowledge, i).to(device)
             for i in range(len(observation.tensors))
@@ -266,11 +265,7 @@ class GradientModel:
         if not self.unroll:
             return update
         # The simulated local steps read as the server reads the observed ones.
-        if self.protocol.shared == "weights":
-            update = tuple(
-                w - p.detach() for w, p in zip(update, self.parameters.values(), strict=True)
-            )
-        return tuple(-u / self.scale for u in update)
+        return read_as_gradient(update, self.parameters, self.protocol, images.shape[0])
 
 
 # --- The attack -------------------------------------------------------------------------------

@@ -44,7 +44,6 @@ from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.objectives import UpdateMatcher, l2_distance, total_variation
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
-from auditlib.fl.update import client_update
 from auditlib.threat import AttackerKnowledge, Observation
 
 # Thesis Sec. 3.3.1: TV weight 1e-3 for LeNet, 1e-6 for ResNet-18.
@@ -205,24 +204,18 @@ class GrnnLoss:
     """Eq. 3.4 on the candidate batch; the terms are returned for the progress events."""
 
     def __init__(self, observation: Observation, knowledge: AttackerKnowledge, config: GrnnConfig):
-        matcher = UpdateMatcher(observation, knowledge, "l2")  # checks names, moves targets
+        # Checks the names, moves the targets, reads both updates as gradients.
+        self.matcher = UpdateMatcher(observation, knowledge, "l2")
         self.knowledge = knowledge
-        self.parameters = matcher.parameters
-        self.target = matcher.target
+        self.parameters = self.matcher.parameters
+        self.target = self.matcher.target
         self.config = config
         self.tv = tv_weight(knowledge, config)
 
     def gradient_terms(
         self, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        simulated = client_update(
-            self.knowledge.model,
-            self.parameters,
-            images,
-            labels,
-            self.knowledge.protocol,
-            differentiable=True,
-        )
+        simulated = self.matcher.simulate(images, labels)
         mse = l2_distance(simulated, self.target)
         if self.config.wasserstein == "sorted":
             wd = sorted_wasserstein(simulated, self.target)

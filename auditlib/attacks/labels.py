@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from auditlib.errors import AttackUnsupportedError, AuditInputError
+from auditlib.fl.update import read_as_gradient
 from auditlib.models import last_linear
 from auditlib.threat import AttackerKnowledge, Observation
 
@@ -46,22 +47,16 @@ def _last_layer_prefix(observation: Observation, knowledge: AttackerKnowledge) -
 def gradient_estimate(
     observation: Observation, knowledge: AttackerKnowledge, index: int
 ) -> torch.Tensor:
-    """The observed update of parameter ``index`` read as one gradient of the batch loss.
-
-    FedSGD shares the gradient itself. FedAvg shares w' - w (or w'), the sum of ``K`` local
-    SGD steps w <- w - lr * g; the server knows lr and K, so -(w' - w) / (lr * K) is the mean
-    of the K local gradients. Each was taken at different weights, so this is an estimate,
-    the one FedLeak (Sec. 4.5) and the label rules of the FedAvg papers rely on.
-    """
+    """The observed update of parameter ``index`` read as one gradient of the batch loss
+    (:func:`~auditlib.fl.update.read_as_gradient`): for FedAvg the mean of the K local
+    gradients, each taken at different weights, so an estimate, the one FedLeak (Sec. 4.5)
+    and the label rules of the FedAvg papers rely on."""
+    name = observation.parameter_names[index]
     update = observation.tensors[index].detach()
     if observation.kind == "gradient":
         return update
-    if observation.kind == "weights":
-        name = observation.parameter_names[index]
-        update = update - knowledge.parameters()[name].detach().to(update.device)
-    protocol = knowledge.protocol
-    steps = protocol.steps_for(knowledge.batch_size)
-    return -update / (protocol.local_lr * steps)
+    parameter = {name: knowledge.parameters()[name]}
+    return read_as_gradient([update], parameter, knowledge.protocol, knowledge.batch_size)[0]
 
 
 def last_layer_gradient(

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from auditlib.fl.update import client_update
+from auditlib.fl.update import client_update, read_as_gradient
 from auditlib.threat import AttackerKnowledge, Observation
 
 
@@ -69,7 +69,14 @@ def matched_parameters(
 
 
 class UpdateMatcher:
-    """Simulates the client on candidate data and measures the distance to the observation."""
+    """Simulates the client on candidate data and measures the distance to the observation.
+
+    Both updates are read as a gradient of the batch loss (``read_as_gradient``): for FedAvg
+    the weight change (or the new weights minus the server's) over -(lr x local steps). The
+    objective is then at a gradient's scale whatever the local learning rate, which the
+    absolute tolerances of L-BFGS need, and the cosine compares weight changes, never whole
+    weight vectors (Geiping et al. 2020 compare updates, Sec. 5).
+    """
 
     def __init__(
         self, observation: Observation, knowledge: AttackerKnowledge, distance: str
@@ -77,10 +84,14 @@ class UpdateMatcher:
         self.knowledge = knowledge
         self.parameters = matched_parameters(observation, knowledge)
         device = knowledge.device
-        self.target = tuple(t.to(device) for t in observation.tensors)
+        observed = tuple(t.to(device) for t in observation.tensors)
+        self.target = read_as_gradient(
+            observed, self.parameters, knowledge.protocol, knowledge.batch_size
+        )
         self.distance = DISTANCES[distance]
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def simulate(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The candidate batch's update, read as the target is read (differentiable)."""
         simulated = client_update(
             self.knowledge.model,
             self.parameters,
@@ -89,7 +100,12 @@ class UpdateMatcher:
             self.knowledge.protocol,
             differentiable=True,
         )
-        return self.distance(simulated, self.target)
+        return read_as_gradient(
+            simulated, self.parameters, self.knowledge.protocol, images.shape[0]
+        )
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.distance(self.simulate(images, labels), self.target)
 
 
 def random_images(knowledge: AttackerKnowledge, generator: torch.Generator) -> torch.Tensor:

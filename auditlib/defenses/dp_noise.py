@@ -2,27 +2,46 @@
 
 Gaussian: each coordinate gets N(0, sigma^2), the convention of DLG (Zhu et al. 2019,
 Sec. 5: "variance 1e-2" = sigma 0.1) and of the GRNN thesis (Table 3.16). With an L2 clip
-bound C on the whole update the release is a Gaussian mechanism of sensitivity C and noise
-multiplier sigma / C; epsilon comes from Opacus's RDP accountant, composed over ``rounds``
-releases at client sampling rate ``sample_rate`` (user-level DP of this client's updates).
+bound C on the whole update the release is a Gaussian mechanism; epsilon comes from Opacus's
+RDP accountant, composed over ``rounds`` releases.
+
+Which epsilon depends on what counts as neighbouring data, and it is said beside the
+figure (``neighbours``):
+
+- ``replace-one`` (default): the client's local data with one example replaced (or
+  added, or removed). The whole update is clipped, not each example's gradient, so the
+  two clipped updates can be any two points of the C-ball: the L2 sensitivity is 2C and
+  the noise multiplier sigma / (2C). This is the guarantee a client's locally noised
+  update gives against the server that sees it.
+- ``client-present``: this client's update present or absent (replaced by nothing), as
+  central DP-FedAvg (McMahan et al. 2018) accounts a sum over many clients: sensitivity C,
+  noise multiplier sigma / C. For one client's update seen alone it is not a guarantee about
+  the client's examples; it is offered to compare with papers that report it.
+
+Amplification by subsampling (``sample_rate`` < 1) holds only when the party that draws
+the sample is trusted and keeps it secret from the adversary; in cross-device FL the server
+picks the clients, and the server is the adversary here. It is applied only with
+``trusted_sampler=true`` and refused otherwise.
+
 The clip bound is 30 by default (see ``DEFAULT_CLIP``), so the default reports an epsilon;
 ``clip=none`` removes it (DLG's noise alone, as its paper and our reproductions use), and
 then the sensitivity is unbounded and epsilon is reported unavailable.
 
 Laplace: each coordinate gets Laplace(0, b) (variance 2 b^2). With an L1 clip bound C the
-release is the Laplace mechanism with epsilon = C / b per round (pure DP, basic composition
-over rounds). Opacus has no Laplace accountant; this closed form is the textbook one.
+release is the Laplace mechanism: L1 sensitivity 2C under ``replace-one`` (C under
+``client-present``), epsilon = sensitivity / b per round (pure DP, basic composition over
+rounds). Opacus has no Laplace accountant; this closed form is the textbook one.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from auditlib.config import require
+from auditlib.config import require, require_choice
 from auditlib.defenses.base import DefenseInfo, clip_update, register
 
 
@@ -52,20 +71,44 @@ def noise_like(
 DEFAULT_CLIP = 30.0
 
 
+Neighbours = Literal["replace-one", "client-present"]
+# How far apart two neighbouring clipped updates can be, in units of the clip bound.
+SENSITIVITY_IN_CLIPS = {"replace-one": 2.0, "client-present": 1.0}
+NEIGHBOURS_TEXT = {
+    "replace-one": "neighbours: the client's data with one example replaced (sensitivity 2 x clip)",
+    "client-present": "neighbours: this client's update present or absent, as central "
+    "DP-FedAvg counts (sensitivity 1 x clip); not a guarantee about the client's examples "
+    "against a server that sees its update alone",
+}
+
+
+def _check_sampling(sample_rate: float, trusted_sampler: bool) -> None:
+    require(0 < sample_rate <= 1, f"sample_rate must be in (0, 1], got {sample_rate}")
+    require(
+        sample_rate == 1 or trusted_sampler,
+        f"sample_rate {sample_rate:g} lowers epsilon only when the sample is drawn by a "
+        "trusted party and kept from the server; here the server picks the clients and is "
+        "the adversary. Set trusted_sampler=true if that holds, or leave sample_rate at 1",
+    )
+
+
 @dataclass(frozen=True)
 class GaussianNoiseConfig:
     sigma: float = 0.1
     clip: float | None = DEFAULT_CLIP
     delta: float = 1e-5
     rounds: int = 1
+    neighbours: Neighbours = "replace-one"
     sample_rate: float = 1.0
+    trusted_sampler: bool = False
 
     def __post_init__(self) -> None:
         require(0 <= self.sigma <= 1e3, f"sigma must be in [0, 1000], got {self.sigma}")
         require(self.clip is None or self.clip > 0, f"clip must be > 0, got {self.clip}")
         require(0 < self.delta < 1, f"delta must be in (0, 1), got {self.delta}")
         require(1 <= self.rounds <= 100_000, f"rounds must be in [1, 100000], got {self.rounds}")
-        require(0 < self.sample_rate <= 1, f"sample_rate must be in (0, 1], got {self.sample_rate}")
+        require_choice(self.neighbours, tuple(SENSITIVITY_IN_CLIPS), "neighbours")
+        _check_sampling(self.sample_rate, self.trusted_sampler)
 
 
 class GaussianNoise:
@@ -93,7 +136,7 @@ class GaussianNoise:
         from opacus.accountants import RDPAccountant
 
         accountant = RDPAccountant()
-        multiplier = c.sigma / c.clip
+        multiplier = c.sigma / (SENSITIVITY_IN_CLIPS[c.neighbours] * c.clip)
         accountant.history = [(multiplier, c.sample_rate, c.rounds)]
         with warnings.catch_warnings():
             # At tiny noise multipliers (the default sigma 0.1 at clip 30) the best RDP order
@@ -106,7 +149,13 @@ class GaussianNoise:
             "delta": c.delta,
             "noise_multiplier": multiplier,
             "accountant": "opacus RDPAccountant",
-            "unit": "user-level, whole client update per round",
+            "unit": "this client's update, per round",
+            "neighbours": NEIGHBOURS_TEXT[c.neighbours],
+            "sampling": (
+                f"amplified by a trusted sampler at rate {c.sample_rate:g}"
+                if c.sample_rate < 1
+                else "no amplification by subsampling (the server picks the clients)"
+            ),
         }
 
 
@@ -115,11 +164,13 @@ class LaplaceNoiseConfig:
     scale: float = 0.1
     clip: float | None = None
     rounds: int = 1
+    neighbours: Neighbours = "replace-one"
 
     def __post_init__(self) -> None:
         require(0 <= self.scale <= 1e3, f"scale must be in [0, 1000], got {self.scale}")
         require(self.clip is None or self.clip > 0, f"clip must be > 0, got {self.clip}")
         require(1 <= self.rounds <= 100_000, f"rounds must be in [1, 100000], got {self.rounds}")
+        require_choice(self.neighbours, tuple(SENSITIVITY_IN_CLIPS), "neighbours")
 
 
 class LaplaceNoise:
@@ -144,11 +195,13 @@ class LaplaceNoise:
                 "epsilon": None,
                 "epsilon_unavailable_reason": "scale=0 adds no noise: epsilon is infinite",
             }
+        sensitivity = SENSITIVITY_IN_CLIPS[c.neighbours] * c.clip
         return {
-            "epsilon": c.rounds * c.clip / c.scale,
+            "epsilon": c.rounds * sensitivity / c.scale,
             "delta": 0.0,
-            "accountant": "Laplace mechanism, L1 sensitivity = clip, basic composition",
-            "unit": "user-level, whole client update per round",
+            "accountant": "Laplace mechanism, L1 sensitivity / scale, basic composition",
+            "unit": "this client's update, per round",
+            "neighbours": NEIGHBOURS_TEXT[c.neighbours],
         }
 
 

@@ -9,7 +9,7 @@ code guarantees the attacker simulates exactly what the client computed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -130,3 +130,29 @@ def client_update(
         return tuple(current[n] if differentiable else current[n].detach() for n in names)
     deltas = tuple(current[n] - parameters[n] for n in names)
     return deltas if differentiable else tuple(d.detach() for d in deltas)
+
+
+def read_as_gradient(
+    update: Sequence[torch.Tensor],
+    parameters: Mapping[str, torch.Tensor],
+    protocol: ClientProtocol,
+    batch_size: int,
+) -> tuple[torch.Tensor, ...]:
+    """An update as the server reads it: one gradient of the batch loss.
+
+    FedSGD shares the gradient itself. FedAvg shares w' - w (or w'), the sum of ``K`` local
+    SGD steps w <- w - lr * g; the server knows lr and K, so -(w' - w) / (lr * K) is the mean
+    of the K local gradients. Matching updates read this way keeps every objective at a
+    gradient's scale whatever the local learning rate: matched raw, an L2 distance is
+    (lr * K)^2 times smaller, and optimisers with absolute tolerances (torch's L-BFGS) stop
+    long before they converge at a small lr (issue 16). Works on simulated updates (the
+    graph is kept) and on observed ones alike.
+    """
+    if protocol.algorithm == "fedsgd":
+        return tuple(update)
+    if protocol.shared == "weights":
+        update = [
+            u - p.detach().to(u.device) for u, p in zip(update, parameters.values(), strict=True)
+        ]
+    scale = protocol.local_lr * protocol.steps_for(batch_size)
+    return tuple(-u / scale for u in update)

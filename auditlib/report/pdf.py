@@ -1238,6 +1238,20 @@ class _Builder:
             if len(labels) > 6:
                 named += f" and {len(labels) - 6} more"
             items.append(f"ε n/a for {named}: {esc(reason)}.")
+        # What each ε is about: the neighbouring relation and any amplification, once each.
+        relations: dict[str, list[str]] = {}
+        for entry, row in zip(self.entries, self.rows, strict=True):
+            report = dig(self.summary_of(entry), "defense_report")
+            if row["has_result"] and finite_number(row["epsilon"]) is not None:
+                said = [report.get(k) for k in ("neighbours", "sampling")] if report else []
+                text = "; ".join(str(x) for x in said if x)
+                if text:
+                    relations.setdefault(text, []).append(entry.label)
+        for text, labels in relations.items():
+            named = ", ".join(esc(label) for label in labels[:6])
+            if len(labels) > 6:
+                named += f" and {len(labels) - 6} more"
+            items.append(f"ε of {named}: {esc(text)}.")
         items += self.limits
         items.append(
             "Each run attacks one batch of one client once, with one seed; another batch, "
