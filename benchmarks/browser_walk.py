@@ -90,7 +90,9 @@ def _lab_run(page, label: str) -> dict[str, object]:
         .first.inner_text()
     )
     _shot(page, label)
-    return {"seconds_to_result": seconds, "verdict": verdict.strip(), "url": page.url}
+    # The alert's text starts with its icon's name; the headline is its last line.
+    headline = verdict.strip().splitlines()[-1]
+    return {"seconds_to_result": seconds, "verdict": headline, "url": page.url}
 
 
 def _batch_figures(store: Store, kind: str) -> list[dict[str, object]]:
@@ -192,10 +194,11 @@ def _walk(page, url: str, data: Path) -> dict[str, object]:
     _shot(page, "6_tradeoff")
     sweep_pdf = _pdf(page, "sweep_report")
     out["sweep_pdf"] = {"pages": sweep_pdf["pages"]}
-    summary_line = next(
-        (line.strip() for line in sweep_pdf["text"].splitlines() if "Risk:" in line), None
+    # The sweep's summary names its worst measured point (issue 21).
+    out["sweep_pdf_worst_point"] = next(
+        (line.strip() for line in sweep_pdf["text"].splitlines() if "Worst measured" in line),
+        None,
     )
-    out["sweep_pdf_risk_line"] = summary_line
 
     with Store(f"sqlite:///{data / 'data' / 'audit.db'}") as store:
         out["compare_runs"] = _batch_figures(store, "comparison")

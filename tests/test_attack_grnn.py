@@ -241,6 +241,18 @@ def test_tv_weight_follows_the_thesis_per_model():
     assert ATTACKS["grnn"].paper_iterations == 1000
 
 
+def test_fedkl_lock_does_not_change_grnns_tv_weight():
+    """FedKL inserts a BatchNorm into LeNet (its lock); the attack's settings stay LeNet's,
+    so a none-vs-FedKL comparison compares one attack on two updates."""
+    from auditlib.models.keylock import insert_key_lock, random_key
+
+    _, release = release_of(victim_for())
+    config, _ = build_attack_config("grnn", preset="paper")
+    insert_key_lock(release.knowledge.model, random_key(1024, 0), (3, 16, 16))
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in release.knowledge.model.modules())
+    assert tv_weight(release.knowledge, config) == 1e-3
+
+
 @pytest.mark.parametrize(
     "params, message",
     [

@@ -274,6 +274,9 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
     assert "{'" not in text and "'}" not in text
     # Limits: LPIPS was not computed, and 5 steps are fewer than DLG's paper ran.
     assert "LPIPS-Alex unavailable" in text and "its paper 300" in text
+    # What the dp-gaussian run's epsilon is about: its neighbours, and no amplification.
+    assert "one example replaced (sensitivity 2 x clip)" in flat(text)
+    assert "no amplification by subsampling" in flat(text)
     # Reproducibility: the spec hashes of both runs.
     for entry in subject.entries:
         assert entry.run.spec_id in text

@@ -44,6 +44,7 @@ from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.objectives import UpdateMatcher, l2_distance, total_variation
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
+from auditlib.models.keylock import key_lock_modules
 from auditlib.threat import AttackerKnowledge, Observation
 
 # Thesis Sec. 3.3.1: TV weight 1e-3 for LeNet, 1e-6 for ResNet-18.
@@ -192,11 +193,19 @@ def sorted_wasserstein(
 
 
 def tv_weight(knowledge: AttackerKnowledge, config: GrnnConfig) -> float:
-    """The configured TV weight, or the thesis's: 1e-6 for a model with BatchNorm layers
-    (its ResNet-18), 1e-3 otherwise (its LeNet)."""
+    """The configured TV weight, or the thesis's for the architecture: 1e-6 for one with
+    BatchNorm layers (its ResNet-18), 1e-3 otherwise (its LeNet). A defense's own
+    normalisation (FedKL's key-lock) does not count: it changes the model, and the attack's
+    settings must not change with it, or a none-vs-FedKL comparison compares two attacks."""
     if config.tv is not None:
         return config.tv
-    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in knowledge.model.modules())
+    inserted = {
+        id(inner) for _, lock in key_lock_modules(knowledge.model) for inner in lock.modules()
+    }
+    has_bn = any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and id(m) not in inserted
+        for m in knowledge.model.modules()
+    )
     return TV_RESNET if has_bn else TV_LENET
 
 

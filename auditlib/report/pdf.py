@@ -194,6 +194,12 @@ def esc(value: Any, limit: int | None = None) -> str:
     return escape(text)
 
 
+def _named(labels: Sequence[str], most: int = 6) -> str:
+    """'a, b, c and 4 more': the runs a note is about, escaped, at most ``most`` named."""
+    named = ", ".join(esc(label) for label in labels[:most])
+    return named + (f" and {len(labels) - most} more" if len(labels) > most else "")
+
+
 def fmt(value: Any, kind: str) -> str:
     """A table number: PSNR 2 decimals, SSIM/LPIPS/RDLV 3, shares as %, None as n/a."""
     number = finite_number(value)
@@ -490,9 +496,9 @@ class _Builder:
             return len(names)
         return dig(self.spec, "data", "batch_size")
 
-    def _images_count(self) -> str:
+    def _images_count(self, noun: str = "image") -> str:
         size = self.batch_size()
-        return "? images" if size is None else count_of(int(size), "image")
+        return f"? {noun}s" if size is None else count_of(int(size), noun)
 
     def data_source(self) -> str:
         source = dig(self.summary, "victim", "data", "source")
@@ -581,7 +587,7 @@ class _Builder:
         out.append(
             self.p(
                 f"The server ran <b>{esc(attack)}</b> against the update of one client holding "
-                f"{esc(self.batch_size() or '?')} private images ({esc(self.data_source())}) "
+                f"{esc(self._images_count('private image'))} ({esc(self.data_source())}) "
                 f"on a {esc(self.model_text())}."
             )
         )
@@ -1234,10 +1240,7 @@ class _Builder:
                 reason = str(reason or "the defense states no privacy guarantee")
                 no_epsilon.setdefault(reason, []).append(entry.label)
         for reason, labels in no_epsilon.items():
-            named = ", ".join(esc(label) for label in labels[:6])
-            if len(labels) > 6:
-                named += f" and {len(labels) - 6} more"
-            items.append(f"ε n/a for {named}: {esc(reason)}.")
+            items.append(f"ε n/a for {_named(labels)}: {esc(reason)}.")
         # What each ε is about: the neighbouring relation and any amplification, once each.
         relations: dict[str, list[str]] = {}
         for entry, row in zip(self.entries, self.rows, strict=True):
@@ -1248,10 +1251,7 @@ class _Builder:
                 if text:
                     relations.setdefault(text, []).append(entry.label)
         for text, labels in relations.items():
-            named = ", ".join(esc(label) for label in labels[:6])
-            if len(labels) > 6:
-                named += f" and {len(labels) - 6} more"
-            items.append(f"ε of {named}: {esc(text)}.")
+            items.append(f"ε of {_named(labels)}: {esc(text)}.")
         items += self.limits
         items.append(
             "Each run attacks one batch of one client once, with one seed; another batch, "
