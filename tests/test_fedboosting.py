@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from auditlib.defenses import build_defense
-from auditlib.defenses.fedboosting import boosting_weights, fusion_weights
-from auditlib.errors import AuditInputError
+from auditlib.defenses.fedboosting import boosting_weights, fusion_weights, recover_fusion_weights
+from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.paillier import PaillierChannel, integer_weights
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.training import fedavg_round
@@ -129,21 +130,82 @@ def test_a_client_too_small_to_hold_out_is_refused():
         fedavg_round(small_model(), one, protocol, defense, generator=torch.Generator())
 
 
-def test_the_curious_partner_recovers_the_victims_update():
+def recovered_matches(recovered, update) -> bool:
+    return all(
+        got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6)
+        for got, want in zip(recovered, update, strict=True)
+    )
+
+
+def test_the_curious_partner_finds_the_private_fusion_weights_and_the_update():
     update = updates(1, seed=3, dtype=torch.float32)[0]
-    defense, _ = build_defense("fedboosting")
+    defense, _ = build_defense("fedboosting")  # private weights drawn by the server
     assert all(torch.equal(a, b) for a, b in zip(defense.apply(update, None), update, strict=True))
     assert defense.audit_cost is None  # the client's own step encrypts nothing in an audit
     recovered = defense.attacker_view(update, torch.Generator().manual_seed(0))
-    for got, want in zip(recovered, update, strict=True):
-        assert got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6)
+    assert recovered_matches(recovered, update)
+    record = defense.audit_record
+    assert record["weights_found"] and record["partner_used"] == record["fusion_weights"]
+    assert 90 <= record["fusion_weights"][0] <= 100  # p^ drawn in [fused_share, 1]
     report = defense.privacy_report()
-    assert report["epsilon"] is None and "ciphertexts only" in report["server_view"]
+    assert report["epsilon"] is None and "finding the fusion weights" in report["attacker"]
     assert report["cost"]["values_encrypted"] == 2 * 17
     with pytest.raises(AuditInputError, match="fused_share"):
         build_defense("fedboosting", {"fused_share": 0.4})
     with pytest.raises(AuditInputError, match="key_bits"):
         build_defense("fedboosting", {"key_bits": 100})
+    with pytest.raises(AuditInputError, match="view='clients' is not one of client, server"):
+        build_defense("fedboosting", {"view": "clients"})
+
+
+@pytest.mark.parametrize("share", [0.55, 0.75, 0.9, 0.99, 1.0])
+def test_every_fusion_share_is_found_from_the_integers(share):
+    # Drawn or fixed, the weights are integers of at most P, and only the right weight of the
+    # partner's own share leaves the victim's weight as a common divisor.
+    channel = PaillierChannel(key_bits=128, scale=1e32, pieces=100)
+    victim, partner = (channel.quantise(u, 100) for u in updates(2, seed=5))
+    a, b = round(share * 100), round((1 - share) * 100)
+    fused = [a * v + b * p for v, p in zip(victim, partner, strict=True)]
+    assert recover_fusion_weights(fused, partner, 100) == (a, b)
+
+
+def test_leaked_weights_give_the_same_update_as_found_ones():
+    update = updates(1, seed=6, dtype=torch.float32)[0]
+    found, _ = build_defense("fedboosting", {"fused_share": 0.6})
+    leaked, _ = build_defense("fedboosting", {"fused_share": 0.6, "weights_leaked": True})
+    for defense in (found, leaked):
+        assert recovered_matches(defense.attacker_view(update, torch.Generator()), update)
+    assert not leaked.audit_record["weights_found"]
+    assert "handed the fusion weights" in leaked.privacy_report()["attacker"]
+
+
+def test_the_server_factors_the_thesis_128_bit_key_and_reads_the_update():
+    update = updates(1, seed=7, dtype=torch.float32)[0]
+    defense, _ = build_defense("fedboosting", {"view": "server"})
+    recovered = defense.attacker_view(update, torch.Generator())
+    assert recovered_matches(recovered, update)
+    assert defense.audit_cost["factor_s"] > 0
+    assert "factors the 128-bit public key" in defense.privacy_report()["attacker"]
+
+
+def test_the_server_view_with_a_key_it_cannot_factor_is_not_an_attack():
+    defense, _ = build_defense("fedboosting", {"view": "server", "key_bits": 256})
+    with pytest.raises(AttackUnsupportedError, match="no gradient attack applies to the server"):
+        defense.attacker_view(updates(1)[0], torch.Generator())
+
+
+def test_training_losses_are_taken_after_local_training():
+    # Alg. 2, line 19: T_i = f(TrnD_i | w_r), the client's loss at its trained weights.
+    protocol = ClientProtocol("fedavg", local_epochs=1, local_lr=0.5, local_batch_size=9)
+    model, clients = small_model(), client_data(1)
+    with torch.no_grad():  # each client's training split (the first 9 of 10) at the start
+        before = [float(F.cross_entropy(model(x[:9]), y[:9])) for x, y in clients]
+    defense, _ = build_defense("fedboosting", {"encrypt": False})
+    fedavg_round(model, clients, protocol, defense, generator=torch.Generator().manual_seed(0))
+    after = defense.rounds[0]["train_losses"]
+    assert all(t < b for t, b in zip(after, before, strict=True))
+    fusion = np.array(defense.rounds[0]["fusion_weights"])
+    assert ((np.diag(fusion) >= 90) & (np.diag(fusion) <= 100)).all()
 
 
 def test_an_audit_observes_what_the_partner_decrypts():

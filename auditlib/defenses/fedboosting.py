@@ -3,21 +3,31 @@ quantised updates and "DP fusion" of the local models.
 
 In federated training (``aggregate``, called by ``fl.training.fedavg_round``), each round:
 the clients quantise and encrypt their weight differences (``fl.paillier``); for each
-client i the server builds the fused model  G^_i = round(p^ P) g*_i + sum_{j != i}
-round((1 - p^) P / (N - 1)) g*_j  homomorphically; every client decrypts each fused model
-and reports its loss on its own validation split, V[i, j]; the server weighs client i by
-the public code's rule r_i = (1 / mean_j V[i, j]) * ((1 / T_i) / sum_k 1 / T_k), p = r / sum r
-(the thesis's Eq. 4.2 cannot be recovered: Eq. 4.3, which defines its terms, is lost, and the
-code's rule is the one that produced the thesis's results), and sums round(p_i P) g*_i
-homomorphically; the clients decrypt the sum and divide by the scale.
+client i the server builds the fused model  G^_i = round(p^_i P) g*_i + sum_{j != i}
+round((1 - p^_i) P / (N - 1)) g*_j  homomorphically (Eq. 4.5), with p^_i drawn at random
+and kept private by the server (Sec. 4.2.3, ``fusion="random"``) or fixed at ``fused_share``
+(``fusion="fixed"``); every client decrypts each fused model and reports its loss on its
+own validation split, V[i, j]; the server weighs client i by the public code's rule
+r_i = (1 / mean_j V[i, j]) * ((1 / T_i) / sum_k 1 / T_k), p = r / sum r, with T_i the
+client's training loss after its local training (Alg. 2, line 19) (the thesis's Eq. 4.2
+cannot be recovered: Eq. 4.3, which defines its terms, is lost, and the code's rule is the
+one that produced the thesis's results), and sums round(p_i P) g*_i homomorphically; the
+clients decrypt the sum and divide by the scale.
 
-What an attacker sees: the server, only ciphertexts (it never holds the private key), so
-no gradient attack applies to it. A curious client holds the shared key and decrypts the
-fused model of every other client. In an audit (``attacker_view``), the victim is client 1 of the
-thesis's two-client setting and the attacker is the other client: it decrypts the victim's
-fused model and subtracts its own (known, exactly quantised) share in the integers, which
-leaves the victim's update up to quantisation. The partner's values cancel exactly, so they
-are drawn at random here.
+Two adversaries, chosen by ``view`` (``attacker_view`` gives what each recovers of the
+victim's update in the thesis's two-client setting):
+
+- ``client``: the curious partner. It holds the clients' shared private key and decrypts
+  the victim's fused model, which mixes its own update in. It knows its own quantised
+  share, and the fusion weights are integers of at most P: for the right weight b of its
+  own share, fused - b * own is the victim's integers times the victim's weight a, so the
+  greatest common divisor of its coordinates is a (``recover_fusion_weights``). The
+  partner finds both weights exactly whether they were drawn in private or not, and
+  removes its share in the integers. ``weights_leaked`` hands it the weights instead.
+- ``server``: it holds only ciphertexts and never the private key. A key it can factor
+  (``fl.paillier.factor_public_key``: up to 128 bits, the thesis's setting) gives it the
+  private key and the victim's own ciphertexts; a larger key is refused as an attack that
+  does not apply, with what that assumes.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -33,15 +43,26 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from auditlib.config import require
+from auditlib.config import require, require_choice
 from auditlib.defenses.base import DefenseInfo, copied, register
-from auditlib.fl.paillier import PaillierChannel, integer_weights
+from auditlib.errors import AttackUnsupportedError
+from auditlib.fl.paillier import PaillierChannel, factor_public_key, integer_weights
 from auditlib.fl.update import set_training_mode
+
+Fusion = Literal["random", "fixed"]
+View = Literal["client", "server"]
+FUSIONS: tuple[str, ...] = ("random", "fixed")
+VIEWS: tuple[str, ...] = ("client", "server")
 
 
 @dataclass(frozen=True)
 class FedBoostingConfig:
-    fused_share: float = 0.9  # p^: the target model's share of its fused model
+    # p^, the target model's share of its fused model: with fusion="fixed" every client's;
+    # with fusion="random" the lowest share the server draws, p^_i ~ U[fused_share, 1].
+    fused_share: float = 0.9
+    fusion: Fusion = "random"  # the thesis's Sec. 4.2.3: private weights drawn by the server
+    view: View = "client"  # the adversary audited: the curious partner, or the server
+    weights_leaked: bool = False  # client view: the partner is handed the fusion weights
     encrypt: bool = True
     key_bits: int = 128  # the thesis's setting; 2048 or more for real security
     scale: float = 1e32
@@ -54,6 +75,8 @@ class FedBoostingConfig:
             f"fused_share must be in (0.5, 1] (the target keeps the largest share), "
             f"got {self.fused_share}",
         )
+        require_choice(self.fusion, FUSIONS, "fusion")
+        require_choice(self.view, VIEWS, "view")
         require(
             self.key_bits in (128, 256, 512, 1024, 2048, 3072, 4096),
             f"key_bits must be one of 128, 256, 512, 1024, 2048, 3072, 4096; got {self.key_bits}",
@@ -66,14 +89,57 @@ class FedBoostingConfig:
         )
 
 
-def fusion_weights(clients: int, share: float, pieces: int) -> np.ndarray:
-    """W[i, j]: the integer weight of client j's update in client i's fused model (Eq. 4.5)."""
+def fusion_matrix(shares: Sequence[float], pieces: int) -> np.ndarray:
+    """W[i, j]: the integer weight of client j's update in client i's fused model (Eq. 4.5),
+    client i keeping ``shares[i]`` of it and the others splitting the rest evenly."""
+    clients = len(shares)
     if clients == 1:
         return np.array([[pieces]])
-    other = round((1 - share) * pieces / (clients - 1))
-    weights = np.full((clients, clients), other, dtype=np.int64)
-    np.fill_diagonal(weights, round(share * pieces))
+    weights = np.empty((clients, clients), dtype=np.int64)
+    for i, share in enumerate(shares):
+        weights[i, :] = round((1 - share) * pieces / (clients - 1))
+        weights[i, i] = round(share * pieces)
     return weights
+
+
+def fusion_weights(clients: int, share: float, pieces: int) -> np.ndarray:
+    """Eq. 4.5 with one fixed p^ for every client."""
+    return fusion_matrix([share] * clients, pieces)
+
+
+def drawn_shares(clients: int, lowest: float, generator: torch.Generator | None) -> list[float]:
+    """The server's private p^_i, uniform in [lowest, 1] (the thesis: drawn at random, the
+    target always the largest; it does not say from what, so we draw uniformly above the
+    configured share)."""
+    draws = torch.rand(clients, generator=generator, dtype=torch.float64)
+    return [lowest + (1 - lowest) * float(u) for u in draws]
+
+
+def recover_fusion_weights(
+    fused: Sequence[int], own: Sequence[int], pieces: int
+) -> tuple[int, int]:
+    """The partner's search for (a, b), fused = a * victim + b * own in the integers.
+
+    For the right b, the greatest common divisor of fused - b * own is a times that of the
+    victim's integers (1 for any real update quantised at a large scale); for a wrong b it is
+    almost always 1. The target keeps the largest share, so a > b. A few coordinates screen
+    each b; the survivor is checked on all of them.
+    """
+    screen = [k for k, (f, o) in enumerate(zip(fused, own, strict=True)) if f or o][:64]
+    best: tuple[int, int] | None = None
+    for b in range(pieces + 1):
+        a = math.gcd(*(fused[k] - b * own[k] for k in screen))
+        if not b < a <= pieces:
+            continue
+        a = math.gcd(*(f - b * o for f, o in zip(fused, own, strict=True)))
+        if b < a <= pieces and (best is None or a > best[0]):
+            best = (a, b)
+    if best is None:
+        raise AttackUnsupportedError(
+            "the partner could not identify the fusion weights (no weight of its own share "
+            "leaves a common divisor); the victim's update may be zero"
+        )
+    return best
 
 
 def boosting_weights(train_losses: Sequence[float], validation: np.ndarray) -> np.ndarray:
@@ -98,10 +164,17 @@ class FedBoosting:
         self.validation_fraction = config.validation_fraction
         self.rounds: list[dict[str, Any]] = []  # per aggregated round: weights, time, bytes
         self.audit_cost: dict[str, float] | None = None
+        self.audit_record: dict[str, Any] | None = None  # what the audited adversary did
 
     def _channel(self) -> PaillierChannel:
         c = self.config
         return PaillierChannel(key_bits=c.key_bits, scale=c.scale, pieces=c.pieces)
+
+    def _fusion(self, clients: int, generator: torch.Generator | None) -> np.ndarray:
+        c = self.config
+        if c.fusion == "fixed":
+            return fusion_weights(clients, c.fused_share, c.pieces)
+        return fusion_matrix(drawn_shares(clients, c.fused_share, generator), c.pieces)
 
     # -- federated training: the server's combination -------------------------------------
     def aggregate(
@@ -109,13 +182,17 @@ class FedBoosting:
         model: nn.Module,
         parameters: dict[str, torch.Tensor],
         updates: Sequence[tuple[torch.Tensor, ...]],
-        train_losses: Sequence[float],
+        training: Sequence[tuple[torch.Tensor, torch.Tensor]],
         validation: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """The boosted sum of the clients' updates, through Paillier when ``encrypt``."""
+        """The boosted sum of the clients' updates, through Paillier when ``encrypt``.
+
+        ``training`` and ``validation`` are each client's splits; T_i is the client's loss on
+        its training split at its trained weights (Alg. 2, line 19)."""
         c = self.config
         n = len(updates)
-        fusion = fusion_weights(n, c.fused_share, c.pieces)
+        fusion = self._fusion(n, generator)
         channel = self._channel() if c.encrypt else None
         if channel is not None:
             bound = int(fusion.sum(axis=1).max())
@@ -131,6 +208,10 @@ class FedBoosting:
                 for k in range(len(updates[0]))
             )
 
+        train_losses = [
+            _loss_at(model, parameters, update, *data)
+            for update, data in zip(updates, training, strict=True)
+        ]
         fused = [mix(fusion[i].tolist()) for i in range(n)]
         validation_losses = np.array(
             [
@@ -143,6 +224,8 @@ class FedBoosting:
         combined = mix(weights)
         self.rounds.append(
             {
+                "fusion_weights": fusion.tolist(),  # the server's private draws
+                "train_losses": train_losses,
                 "boosting_weights": shares.tolist(),
                 "integer_weights": weights,
                 "validation_losses": validation_losses.tolist(),
@@ -156,14 +239,20 @@ class FedBoosting:
         # (encryption, fusion), which `aggregate` and `attacker_view` model.
         return copied(update)
 
-    # -- an audit: what the curious partner of a two-client federation recovers ------------
+    # -- an audit: what the chosen adversary recovers of the victim's update ---------------
     def attacker_view(self, update, generator):
-        """The victim's released update as its curious partner decrypts and unmixes it."""
+        """The victim's update as the audited adversary recovers it (client 1 of two)."""
+        if self.config.view == "server":
+            return self._server_view(update)
+        return self._partner_view(update, generator)
+
+    def _partner_view(self, update, generator):
         c = self.config
         channel = self._channel()
-        fusion = fusion_weights(2, c.fused_share, c.pieces)
+        fusion = self._fusion(2, generator)
         scale = float(torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in update])))
         size = math.sqrt(sum(t.numel() for t in update))
+        # The partner's own values cancel exactly in the integers, so any will do.
         partner = tuple(
             torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device) * scale / size
             for t in update
@@ -174,21 +263,59 @@ class FedBoosting:
             fusion[0].tolist(), [channel.encrypt(victim_q), channel.encrypt(partner_q)]
         )
         decrypted = channel.decrypt(fused)  # the partner holds the shared private key
-        own = int(fusion[0, 1])
+        if c.weights_leaked:
+            victim_weight, own = int(fusion[0, 0]), int(fusion[0, 1])
+        else:
+            victim_weight, own = recover_fusion_weights(decrypted, partner_q, c.pieces)
         recovered = [value - own * mine for value, mine in zip(decrypted, partner_q, strict=True)]
         self.audit_cost = channel.cost.as_dict()
-        return channel.dequantise(recovered, update, divisor=float(fusion[0, 0]) / c.pieces)
+        self.audit_record = {
+            "fusion_weights": [int(fusion[0, 0]), int(fusion[0, 1])],
+            "partner_used": [victim_weight, own],
+            "weights_found": not c.weights_leaked,
+        }
+        return channel.dequantise(recovered, update, divisor=victim_weight / c.pieces)
+
+    def _server_view(self, update):
+        c = self.config
+        channel = self._channel()
+        ciphertexts = channel.encrypt(channel.quantise(update, c.pieces))
+        key, seconds = factor_public_key(channel.public_key)  # refuses a key it cannot factor
+        plain = [key.decrypt(value) for value in ciphertexts]
+        self.audit_cost = {**channel.cost.as_dict(), "factor_s": seconds}
+        self.audit_record = {"key_factored_s": seconds}
+        return channel.dequantise(plain, update, divisor=1 / c.pieces)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config
+        if c.view == "server":
+            attacker = (
+                f"the server: it holds the clients' Paillier ciphertexts and factors the "
+                f"{c.key_bits}-bit public key, which gives it the private key and the victim's "
+                "own update"
+            )
+        else:
+            how = (
+                "handed the fusion weights"
+                if c.weights_leaked
+                else "finding the fusion weights from the integers (they are at most P)"
+            )
+            attacker = (
+                "a curious client of a two-client federation, holding the shared key: it "
+                f"decrypts the victim's fused model and removes its own share exactly, {how}"
+            )
         return {
             "epsilon": None,
-            "epsilon_unavailable_reason": "FedBoosting's 'DP fusion' mixes fixed shares of "
-            "other clients' updates; it adds no calibrated noise and has no DP guarantee",
-            "server_view": f"Paillier ciphertexts only ({c.key_bits}-bit key held by the "
-            "clients): no gradient attack applies to the server",
-            "attacker": "a curious client of a two-client federation, holding the shared key; "
-            "it removes its own share of the victim's fused model exactly",
+            "epsilon_unavailable_reason": "FedBoosting's 'DP fusion' mixes shares of other "
+            "clients' updates; it adds no calibrated noise and has no DP guarantee",
+            "fusion": f"{c.fusion} (target share "
+            + (
+                f"{c.fused_share:g})"
+                if c.fusion == "fixed"
+                else f"drawn in [{c.fused_share:g}, 1])"
+            ),
+            "attacker": attacker,
+            **({"recovered_by_attacker": self.audit_record} if self.audit_record else {}),
             **({"cost": self.audit_cost} if self.audit_cost is not None else {}),
         }
 
@@ -197,8 +324,10 @@ register(
     DefenseInfo(
         "fedboosting",
         "FedBoosting protocol: boosted aggregation of Paillier-encrypted quantised updates "
-        "with DP fusion; the server sees ciphertexts only, the audit attacks what a curious "
-        "client decrypts. `fused_share` is the victim's share of its fused model.",
+        "with DP fusion (weights drawn in private by the server). `view` picks the adversary: "
+        "a curious client that decrypts the victim's fused model, or the server, which holds "
+        "ciphertexts only and needs to factor the key. `fused_share` is the victim's lowest "
+        "share of its fused model.",
         FedBoostingConfig,
         FedBoosting,
         strength="fused_share",

@@ -2,7 +2,8 @@
 thesis chapter 4, Algorithms 2-3): each value becomes the integer round(G * scale / pieces),
 is encrypted with the clients' shared public key (``phe``), the server combines ciphertexts
 with integer weights round(p * pieces) (a homomorphic weighted sum), and a client holding
-the private key decrypts and divides by ``scale``. The server never holds the private key.
+the private key decrypts and divides by ``scale``. The server never holds the private key,
+unless it can factor the public modulus (``factor_public_key``).
 """
 
 from __future__ import annotations
@@ -11,14 +12,20 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 import torch
 from phe import paillier
 
-from auditlib.errors import AuditInputError
+from auditlib.errors import AttackUnsupportedError, AuditInputError
 
 Ciphertexts = list[paillier.EncryptedNumber]
+
+# sympy's quadratic sieve factors a 128-bit modulus in about 5-15 s on one core here;
+# 256 bits would take it hours (a number field sieve, which we do not ship, far less).
+FACTORABLE_BITS = 128
+SIEVE = {"prime_bound": 3000, "M": 30000}  # the sieve's factor base and interval
 
 
 @dataclass
@@ -52,11 +59,15 @@ class PaillierChannel:
         self.ciphertext_size = math.ceil(2 * self.key_bits / 8)  # an integer mod n^2
 
     def quantise(self, update: Sequence[torch.Tensor], weight_sum: int) -> list[int]:
-        """round(G * scale / pieces) for every value, checked to survive a weighted sum."""
+        """round(G * scale / pieces) for every value, checked to survive a weighted sum.
+
+        In exact rational arithmetic: a float64 product would round the integer to 53
+        significant bits, leaving every value a multiple of a large power of two."""
         flat = torch.cat([t.detach().reshape(-1).double().cpu() for t in update]).numpy()
         if not np.isfinite(flat).all():
             raise AuditInputError("the update holds NaN or infinite values; nothing to encrypt")
-        integers = [int(v) for v in np.rint(flat * (self.scale / self.pieces))]
+        factor = Fraction(self.scale) / self.pieces
+        integers = [round(Fraction(v) * factor) for v in flat.tolist()]
         largest = max((abs(i) for i in integers), default=0)
         if largest * weight_sum >= self.public_key.max_int:
             raise AuditInputError(
@@ -108,3 +119,31 @@ class PaillierChannel:
 def integer_weights(shares: Sequence[float], pieces: int) -> list[int]:
     """round(p * pieces) for each share (the integers the server multiplies ciphertexts by)."""
     return [round(p * pieces) for p in shares]
+
+
+def factor_public_key(
+    public_key: paillier.PaillierPublicKey,
+) -> tuple[paillier.PaillierPrivateKey, float]:
+    """The private key from the public modulus n = p q, and the seconds it took; refused
+    (``AttackUnsupportedError``) for a key larger than this audit can factor."""
+    bits = public_key.n.bit_length()
+    if bits > FACTORABLE_BITS:
+        raise AttackUnsupportedError(
+            f"the server holds only Paillier ciphertexts under a {bits}-bit key, which this "
+            f"audit does not factor (it factors keys of up to {FACTORABLE_BITS} bits), so no "
+            "gradient attack applies to the server. That assumes no client gives the server "
+            "the key; and a key under 2048 bits is below current recommendations (NIST SP "
+            "800-57): a dedicated attacker with the number field sieve factors 256- to "
+            "512-bit moduli in hours or less"
+        )
+    from sympy.ntheory import qs
+
+    start = time.perf_counter()
+    n = public_key.n
+    p = next((f for f in qs(n, SIEVE["prime_bound"], SIEVE["M"]) if 1 < f < n and n % f == 0), None)
+    if p is None:
+        raise AttackUnsupportedError(
+            f"the quadratic sieve did not factor this {bits}-bit key; the server view is "
+            "unavailable for it (run again for a new key)"
+        )
+    return paillier.PaillierPrivateKey(public_key, p, n // p), time.perf_counter() - start

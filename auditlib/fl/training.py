@@ -82,7 +82,8 @@ def fedavg_round(
     afterwards, and never averaged.
 
     A defense that is an aggregation protocol (FedBoosting) holds out each client's last
-    ``validation_fraction`` of examples and replaces the weighted mean by its ``aggregate``.
+    ``validation_fraction`` of examples and replaces the weighted mean by its ``aggregate``,
+    which gets every client's update, training and validation splits, and the generator.
 
     ``should_stop`` is asked before each client trains (one client's defended training can
     take minutes); when it says stop, the round is abandoned with the model, and every
@@ -132,7 +133,7 @@ def fedavg_round(
     shared = {n: p for n, p in parameters.items() if n not in private}
     load_state(model, start)
     if aggregate is not None:
-        total = aggregate(model, shared, updates, losses, validation)
+        total = aggregate(model, shared, updates, clients, validation, generator)
     else:
         total = tuple(
             sum(share * u[k] for share, u in zip(shares, updates, strict=True))
