@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--labels-known", action="store_true", help="threat model: the server knows the labels"
     )
     scenario.add_argument(
+        "--attacker-knows-defense",
+        default="auto",
+        choices=("auto", "yes", "no"),
+        help="threat model: run beside each attack its adaptive twin, which knows the "
+        "defense's mechanism and public parameters (auto: yes, except for --preset paper)",
+    )
+    scenario.add_argument(
         "--pretrain-rounds",
         type=int,
         default=0,
@@ -305,6 +312,9 @@ def spec_from_args(args: argparse.Namespace):
     scenario = ScenarioSpec(
         protocol=protocol,
         labels_known=args.labels_known,
+        attacker_knows_defense={"auto": None, "yes": True, "no": False}[
+            args.attacker_knows_defense
+        ],
         pretrain_rounds=args.pretrain_rounds,
         pretrain_data=args.pretrain_data,
     )

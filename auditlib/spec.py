@@ -49,6 +49,10 @@ class ScenarioSpec:
     labels_known: bool = False  # threat model: the server learns the labels
     pretrain_rounds: int = 0  # attack stage: FedAvg rounds the global model trained before
     pretrain_data: str = "fashion-mnist"
+    # Threat model: the attacker knows the defense's mechanism and public parameters and
+    # runs an adaptive variant beside the plain attack. None: yes, except for the paper
+    # preset (a reproduction faces the paper's own attacker).
+    attacker_knows_defense: bool | None = None
 
     def __post_init__(self) -> None:
         require(

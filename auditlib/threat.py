@@ -6,6 +6,7 @@ The :class:`PrivateBatch` (the client's images and labels) goes only to ``metric
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,6 +42,28 @@ class Observation:
         )
 
 
+Tensors = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class KnownDefense:
+    """What an adaptive attacker knows of the defense, and how it matches through it.
+
+    It knows the defense's mechanism and public parameters, never its secret randomness or
+    keys; what it can see of the defense's action it reads off the observation (the zeros
+    that pruning leaves). An attack then compares only the ``mask``ed coordinates, passes its
+    candidate's update through ``transform`` (the defense's deterministic part, on the update
+    the client would send: gradient or weight difference) and, where the defense's noise
+    calls for one, uses ``distance`` (its likelihood) instead of its own.
+    """
+
+    name: str
+    summary: str  # plain words: what the attacker knows and what it does with it
+    mask: Tensors | None = None  # per observed tensor: 1.0 where compared, 0.0 where not
+    transform: Callable[[Tensors], Tensors] | None = None  # differentiable
+    distance: str | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class AttackerKnowledge:
     """What an honest-but-curious server knows besides the observation.
@@ -59,6 +82,7 @@ class AttackerKnowledge:
     normalization: Normalization
     labels: torch.Tensor | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    defense: KnownDefense | None = None  # set for an adaptive attacker only
 
     @property
     def device(self) -> torch.device:

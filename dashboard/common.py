@@ -287,6 +287,7 @@ class LabChoices:
     local_batch_size: int | None = None
     share: str = "delta"
     labels_known: bool = False
+    attacker_knows_defense: bool = True
     attack: str = "dlg"
     preset: str | None = None
     attack_params: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -340,7 +341,11 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
     spec = RunSpec(
         model=model,
         data=data,
-        scenario=ScenarioSpec(protocol=lab.protocol(), labels_known=lab.labels_known),
+        scenario=ScenarioSpec(
+            protocol=lab.protocol(),
+            labels_known=lab.labels_known,
+            attacker_knows_defense=lab.attacker_knows_defense,
+        ),
         attack=ComponentSpec.of(lab.attack, lab.attack_params, lab.preset),
         defense=ComponentSpec.of(lab.defense, lab.defense_params),
         budget=Budget(iterations=lab.iterations, max_seconds=lab.time_budget),

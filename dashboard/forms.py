@@ -97,6 +97,15 @@ def scenario_inputs(lab: LabChoices) -> None:
         key=persist("labels_known", False),
         help="Threat model: the client shares its labels with the server.",
     )
+    lab.attacker_knows_defense = st.checkbox(
+        "Attacker knows the defense",
+        persist_state="session",
+        key=persist("attacker_knows_defense", True),
+        help="Threat model: beside each attack, run its adaptive twin, which knows the "
+        "defense's mechanism and public parameters (not its secrets) and matches through "
+        "it. The verdict takes the stronger. Off: the plain attack only, as the papers' own "
+        "comparisons.",
+    )
 
 
 def _use_paper_iterations(attack: str, preset: str | None, count: int) -> None:

@@ -38,7 +38,7 @@ DEFAULT_GRIDS = {
     "outpost": "0.2, 0.8, 2, 5",
     "shadow": "0.05, 0.19, 0.5",
     "fedkl": "64, 256, 1024",
-    "fedboosting": "0.5, 0.9, 0.99",
+    "fedboosting": "0.55, 0.75, 0.9, 0.99",
 }
 
 

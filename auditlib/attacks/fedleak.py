@@ -41,7 +41,12 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
-from auditlib.attacks.objectives import cosine_distance, matched_parameters, total_variation
+from auditlib.attacks.objectives import (
+    ThroughDefense,
+    cosine_distance,
+    matched_parameters,
+    total_variation,
+)
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
 from auditlib.fl.update import client_update, read_as_gradient
@@ -248,9 +253,12 @@ class GradientModel:
             protocol if self.unroll else dataclasses.replace(protocol, algorithm="fedsgd")
         )
         self.passes = len(protocol.minibatch_slices(knowledge.batch_size)) if self.unroll else 1
-        self.target = tuple(
-            gradient_estimate(observation, knowledge, i).to(device)
-            for i in range(len(observation.tensors))
+        self.view = ThroughDefense(knowledge)  # the identity for the plain attacker
+        self.target = self.view.masked(
+            tuple(
+                gradient_estimate(observation, knowledge, i).to(device)
+                for i in range(len(observation.tensors))
+            )
         )
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, differentiable: bool) -> Tensors:
@@ -262,10 +270,9 @@ class GradientModel:
             self.protocol,
             differentiable=differentiable,
         )
-        if not self.unroll:
-            return update
-        # The simulated local steps read as the server reads the observed ones.
-        return read_as_gradient(update, self.parameters, self.protocol, images.shape[0])
+        if self.unroll:  # the simulated local steps read as the server reads the observed ones
+            update = read_as_gradient(update, self.parameters, self.protocol, images.shape[0])
+        return self.view.candidate(update)
 
 
 # --- The attack -------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from auditlib.fl.update import client_update, read_as_gradient
-from auditlib.threat import AttackerKnowledge, Observation
+from auditlib.fl.update import client_update, difference_per_gradient, read_as_gradient
+from auditlib.threat import AttackerKnowledge, KnownDefense, Observation
 
 
 def l2_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -15,6 +15,14 @@ def l2_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor
     total = candidate[0].new_zeros(())
     for c, t in zip(candidate, target, strict=True):
         total = total + (c - t).pow(2).sum()
+    return total
+
+
+def l1_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum of absolute differences: the negative log-likelihood under Laplace noise."""
+    total = candidate[0].new_zeros(())
+    for c, t in zip(candidate, target, strict=True):
+        total = total + (c - t).abs().sum()
     return total
 
 
@@ -45,7 +53,12 @@ def layer_l2_distance(
     return total
 
 
-DISTANCES = {"l2": l2_distance, "cosine": cosine_distance, "layer-l2": layer_l2_distance}
+DISTANCES = {
+    "l2": l2_distance,
+    "cosine": cosine_distance,
+    "layer-l2": layer_l2_distance,
+    "l1": l1_distance,
+}
 
 
 def total_variation(images: torch.Tensor) -> torch.Tensor:
@@ -68,6 +81,41 @@ def matched_parameters(
     return parameters
 
 
+class ThroughDefense:
+    """An adaptive attacker's view through the defense it knows (``KnownDefense``), on
+    updates read as gradients: the candidate's update goes through the defense's
+    deterministic part (in the client's own units: gradient or weight difference), and
+    candidate and target are compared on the coordinates the defense left intact. With no
+    known defense (the plain attacker) both are the identity."""
+
+    def __init__(self, knowledge: AttackerKnowledge) -> None:
+        self.known: KnownDefense | None = knowledge.defense
+        device = knowledge.device
+        known = self.known
+        self.mask = (
+            None if known is None or known.mask is None else [m.to(device) for m in known.mask]
+        )
+        self.factor = difference_per_gradient(knowledge.protocol, knowledge.batch_size)
+
+    def candidate(self, gradient: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The candidate's update as the defense would release it, then masked."""
+        known = self.known
+        if known is not None and known.transform is not None:
+            released = known.transform(tuple(g * self.factor for g in gradient))
+            gradient = tuple(r / self.factor for r in released)
+        return self.masked(gradient)
+
+    def masked(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if self.mask is None:
+            return tuple(tensors)
+        return tuple(t * m for t, m in zip(tensors, self.mask, strict=True))
+
+    def distance(self, own: str) -> str:
+        """The distance to use: the known noise's likelihood where there is one."""
+        known = self.known
+        return own if known is None or known.distance is None else known.distance
+
+
 class UpdateMatcher:
     """Simulates the client on candidate data and measures the distance to the observation.
 
@@ -75,7 +123,8 @@ class UpdateMatcher:
     the weight change (or the new weights minus the server's) over -(lr x local steps). The
     objective is then at a gradient's scale whatever the local learning rate, which the
     absolute tolerances of L-BFGS need, and the cosine compares weight changes, never whole
-    weight vectors (Geiping et al. 2020 compare updates, Sec. 5).
+    weight vectors (Geiping et al. 2020 compare updates, Sec. 5). An adaptive attacker
+    (``knowledge.defense``) matches through the defense (:class:`ThroughDefense`).
     """
 
     def __init__(
@@ -85,10 +134,11 @@ class UpdateMatcher:
         self.parameters = matched_parameters(observation, knowledge)
         device = knowledge.device
         observed = tuple(t.to(device) for t in observation.tensors)
-        self.target = read_as_gradient(
-            observed, self.parameters, knowledge.protocol, knowledge.batch_size
+        self.view = ThroughDefense(knowledge)
+        self.target = self.view.masked(
+            read_as_gradient(observed, self.parameters, knowledge.protocol, knowledge.batch_size)
         )
-        self.distance = DISTANCES[distance]
+        self.distance = DISTANCES[self.view.distance(distance)]
 
     def simulate(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The candidate batch's update, read as the target is read (differentiable)."""
@@ -100,8 +150,8 @@ class UpdateMatcher:
             self.knowledge.protocol,
             differentiable=True,
         )
-        return read_as_gradient(
-            simulated, self.parameters, self.knowledge.protocol, images.shape[0]
+        return self.view.candidate(
+            read_as_gradient(simulated, self.parameters, self.knowledge.protocol, images.shape[0])
         )
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torch import nn
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
+from auditlib.threat import KnownDefense, Observation
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,6 +93,11 @@ class Defense(Protocol):
         """What the defense guarantees, e.g. {"epsilon": 2.3, "delta": 1e-5}."""
         ...
 
+    # A defense may also offer ``known_to_attacker(observation, weights)`` (the weights the
+    # server sent, by name) ``-> KnownDefense | None``:
+    # what an adaptive attacker, who knows its mechanism and public parameters (from the
+    # config, never from the instance's secrets), does about it (``auditlib.threat``).
+
 
 @dataclass(frozen=True)
 class DefenseInfo:
@@ -134,6 +140,35 @@ def clip_update(update: tuple[torch.Tensor, ...], bound: float, order: float = 2
     norm = global_norm(update, order)
     factor = torch.clamp(bound / (norm + 1e-12), max=1.0)
     return tuple(t * factor for t in update)
+
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+def known_defense(
+    defense: object, observation: Observation, weights: Mapping[str, torch.Tensor]
+) -> KnownDefense | None:
+    """The adaptive attacker's knowledge of ``defense``, given the observation and the
+    weights the server sent; None where none is offered."""
+    offer = getattr(defense, "known_to_attacker", None)
+    return None if offer is None else offer(observation, weights)
+
+
+def visible_survivors(observation: Observation) -> Tensors:
+    """1.0 where the observation is not exactly zero: a pruned coordinate shows as a 0."""
+    return tuple((t != 0).to(t.dtype) for t in observation.tensors)
+
+
+def straight_through(function: Callable[[Tensors], Tensors]) -> Callable[[Tensors], Tensors]:
+    """``function`` on a candidate's update, back-propagated as the identity (the
+    straight-through estimator of Bengio et al. 2013), for a quantiser whose own derivative
+    is zero almost everywhere."""
+
+    def transform(update: Tensors) -> Tensors:
+        released = function(tuple(u.detach() for u in update))
+        return tuple(u + (r - u).detach() for u, r in zip(update, released, strict=True))
+
+    return transform
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 
 from auditlib.config import require
 from auditlib.defenses.base import DefenseInfo, clip_update, register
+from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,16 @@ class GradientClipping:
         if self.config.mode == "norm":
             return clip_update(update, self.config.bound, 2.0)
         return tuple(torch.clamp(t, -self.config.bound, self.config.bound) for t in update)
+
+    def known_to_attacker(self, observation, weights):
+        c = self.config
+        how = "its whole-update L2 norm" if c.mode == "norm" else "each entry"
+        return KnownDefense(
+            "clip",
+            f"knows the update was clipped ({how} to {c.bound:g}): clips its candidate's "
+            "update the same way before comparing",
+            transform=lambda update: self.apply(update, None),
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         return {

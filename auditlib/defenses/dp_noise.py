@@ -43,6 +43,7 @@ import torch
 
 from auditlib.config import require, require_choice
 from auditlib.defenses.base import DefenseInfo, clip_update, register
+from auditlib.threat import KnownDefense
 
 
 def noise_like(
@@ -120,6 +121,21 @@ class GaussianNoise:
             update = clip_update(update, self.config.clip, 2.0)
         return tuple(t + noise_like(t, generator, "gaussian", self.config.sigma) for t in update)
 
+    def known_to_attacker(self, observation, weights):
+        c = self.config
+        clip = c.clip
+        return KnownDefense(
+            "dp-gaussian",
+            f"knows Gaussian noise of sigma {c.sigma:g} was added"
+            + (f" after clipping to L2 norm {clip:g}" if clip is not None else "")
+            + ": "
+            + ("clips its candidate's update the same way and " if clip is not None else "")
+            + "matches with the noise's likelihood (squared distance); one release per audit, "
+            "so independent draws from several rounds are not averaged",
+            transform=None if clip is None else lambda update: clip_update(update, clip, 2.0),
+            distance="l2",
+        )
+
     def privacy_report(self) -> dict[str, Any]:
         c = self.config
         if c.clip is None:
@@ -181,6 +197,21 @@ class LaplaceNoise:
         if self.config.clip is not None:
             update = clip_update(update, self.config.clip, 1.0)
         return tuple(t + noise_like(t, generator, "laplace", self.config.scale) for t in update)
+
+    def known_to_attacker(self, observation, weights):
+        c = self.config
+        clip = c.clip
+        return KnownDefense(
+            "dp-laplace",
+            f"knows Laplace noise of scale {c.scale:g} was added"
+            + (f" after clipping to L1 norm {clip:g}" if clip is not None else "")
+            + ": "
+            + ("clips its candidate's update the same way and " if clip is not None else "")
+            + "matches with the noise's likelihood (absolute distance); one release per "
+            "audit, so independent draws from several rounds are not averaged",
+            transform=None if clip is None else lambda update: clip_update(update, clip, 1.0),
+            distance="l1",
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config

@@ -279,8 +279,8 @@ class FedBoosting:
     def _server_view(self, update):
         c = self.config
         channel = self._channel()
-        ciphertexts = channel.encrypt(channel.quantise(update, c.pieces))
         key, seconds = factor_public_key(channel.public_key)  # refuses a key it cannot factor
+        ciphertexts = channel.encrypt(channel.quantise(update, c.pieces))
         plain = [key.decrypt(value) for value in ciphertexts]
         self.audit_cost = {**channel.cost.as_dict(), "factor_s": seconds}
         self.audit_record = {"key_factored_s": seconds}

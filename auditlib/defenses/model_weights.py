@@ -24,9 +24,17 @@ from typing import Any, Literal
 import torch
 
 from auditlib.config import require
-from auditlib.defenses.base import ClientContext, DefenseInfo, copied, register, require_context
+from auditlib.defenses.base import (
+    ClientContext,
+    DefenseInfo,
+    copied,
+    register,
+    require_context,
+    visible_survivors,
+)
 from auditlib.defenses.dp_noise import noise_like
 from auditlib.errors import AuditInputError
+from auditlib.threat import KnownDefense
 
 
 def _weights(update, context: ClientContext | None, name: str) -> tuple[torch.Tensor, ...]:
@@ -73,6 +81,17 @@ class WeightNoise:
             out.append((w + draw) / c.group_size)
         return _as_update(out, require_context(context, "dlm-dp"))
 
+    def known_to_attacker(self, observation, weights):
+        noise = self.config.noise
+        return KnownDefense(
+            "dlm-dp",
+            f"knows {noise} noise of variance {self.config.variance:g} was added to the "
+            "weights: matches with the noise's likelihood ("
+            + ("squared" if noise == "gaussian" else "absolute")
+            + " distance); the per-layer clip is not modelled",
+            distance="l2" if noise == "gaussian" else "l1",
+        )
+
     def privacy_report(self) -> dict[str, Any]:
         return {
             "epsilon": None,
@@ -111,6 +130,14 @@ class WeightSparsification:
         pieces = torch.split(kept, [w.numel() for w in weights])
         sparse = tuple(p.view_as(w) for p, w in zip(pieces, weights, strict=True))
         return _as_update(sparse, require_context(context, "dlm-sparsify"))
+
+    def known_to_attacker(self, observation, weights):
+        return KnownDefense(
+            "dlm-sparsify",
+            "knows the uploaded weights were sparsified: compares only the weights that "
+            "survived (the zeroed ones are visible as exact zeros)",
+            mask=visible_survivors(observation),
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         return {

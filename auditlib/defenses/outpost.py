@@ -29,8 +29,15 @@ from typing import Any
 import torch
 
 from auditlib.config import require
-from auditlib.defenses.base import DefenseInfo, copied, register, require_context
+from auditlib.defenses.base import (
+    DefenseInfo,
+    copied,
+    register,
+    require_context,
+    visible_survivors,
+)
 from auditlib.defenses.pruning import prune_smallest
+from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,11 @@ def _largest(values: torch.Tensor, share: float) -> torch.Tensor:
     return mask.view_as(values)
 
 
+def _risk(weights: torch.Tensor) -> float:
+    """OUTPOST's per-layer risk: the weights' variance, at most 1 (0 for a single value)."""
+    return min(float(weights.detach().float().var()) if weights.numel() > 1 else 0.0, 1.0)
+
+
 class Outpost:
     def __init__(self, config: OutpostConfig) -> None:
         self.config = config
@@ -78,7 +90,7 @@ class Outpost:
         noisy = torch.split(_largest(fisher, c.phi / 100), [t.numel() for t in update])
         out = []
         for t, weights, where in zip(update, context.parameters.values(), noisy, strict=True):
-            risk = min(float(weights.detach().float().var()) if weights.numel() > 1 else 0.0, 1.0)
+            risk = _risk(weights)
             kept = prune_smallest(t.reshape(-1), c.prune_base / 100).view_as(t)
             if risk * c.noise_base > 0:
                 noise = torch.randn(t.shape, generator=generator, dtype=torch.float64)
@@ -86,6 +98,35 @@ class Outpost:
                 kept = torch.where(where.view_as(t), kept + noise, kept)
             out.append(kept)
         return tuple(out)
+
+    def known_to_attacker(self, observation, weights):
+        c = self.config
+        survivors = visible_survivors(observation)
+        zeros = sum(float((1 - m).sum()) for m in survivors)
+        total = sum(m.numel() for m in survivors)
+        if zeros < 0.1 * (c.prune_base / 100) * total:  # no pruning zeros: not perturbed
+            return KnownDefense(
+                "outpost",
+                "knows OUTPOST perturbs only with a decaying probability, and sees from the "
+                "update (no pruning zeros) that it did not this round: compares everything",
+            )
+        # The noise's standard deviation per tensor is public: the weights' variance (the
+        # server sent them) times noise_base. Each surviving entry counts by 1 / sigma (the
+        # Gaussian likelihood); zeros are pruned entries and say next to nothing.
+        sigmas = [_risk(weights[name]) * c.noise_base for name in observation.parameter_names]
+        smallest = min((s for s in sigmas if s > 0), default=1.0)
+        mask = tuple(
+            m * (1.0 if s == 0 else smallest / s) for m, s in zip(survivors, sigmas, strict=True)
+        )
+        return KnownDefense(
+            "outpost",
+            f"knows OUTPOST pruned {c.prune_base:g} % of each layer and noised the "
+            f"largest-Fisher {c.phi:g} % with noise of known scale per layer (the weights' "
+            "variance times noise_base): compares the surviving entries, each by the inverse "
+            "of its layer's noise scale (the Gaussian likelihood)",
+            mask=mask,
+            distance="l2",
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import torch
 
 from auditlib.config import require
-from auditlib.defenses.base import DefenseInfo, register
+from auditlib.defenses.base import DefenseInfo, register, visible_survivors
+from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,15 @@ class GradientPruning:
         flat = prune_smallest(torch.cat([t.reshape(-1) for t in update]), self.config.ratio)
         pieces = torch.split(flat, [t.numel() for t in update])
         return tuple(p.view_as(t) for p, t in zip(pieces, update, strict=True))
+
+    def known_to_attacker(self, observation, weights):
+        return KnownDefense(
+            "prune",
+            "knows the update was pruned: compares only the coordinates that survived (the "
+            "pruned ones are visible as exact zeros), on its candidate's update as on the "
+            "observed one (Huang et al., NeurIPS 2021)",
+            mask=visible_survivors(observation),
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         return {

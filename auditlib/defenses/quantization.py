@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from auditlib.config import require
-from auditlib.defenses.base import DefenseInfo, copied, register
+from auditlib.defenses.base import DefenseInfo, copied, register, straight_through
+from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,24 @@ class Quantization:
         levels = 2 ** (bits - 1) - 1
         c = self.config
         return tuple(_qsgd(t, levels, c.bucket_size, c.stochastic, generator) for t in update)
+
+    def known_to_attacker(self, observation, weights):
+        c = self.config
+        if c.bits == 32:
+            return None
+        if c.stochastic and 2 <= c.bits <= 8:
+            return KnownDefense(
+                "quantize",
+                f"knows the update was quantised to {c.bits} bits with stochastic rounding, "
+                "which is unbiased: matches with the squared distance, as under noise",
+                distance="l2",
+            )
+        return KnownDefense(
+            "quantize",
+            f"knows the update was quantised to {c.bits} bits: quantises its candidate's "
+            "update the same way (straight-through gradient) before comparing",
+            transform=straight_through(lambda update: self.apply(update, None)),
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         return {

@@ -26,9 +26,16 @@ import torch
 from torch import nn
 
 from auditlib.config import require
-from auditlib.defenses.base import ClientContext, DefenseInfo, register, require_context
+from auditlib.defenses.base import (
+    ClientContext,
+    DefenseInfo,
+    register,
+    require_context,
+    visible_survivors,
+)
 from auditlib.errors import AuditInputError
 from auditlib.fl.update import set_training_mode
+from auditlib.threat import KnownDefense
 
 _SCORE_OFFSET = 0.1  # the public code's denominator r_f + 0.1
 _CHUNK = 64  # features back-propagated together (bounds memory: chunk x batch x image)
@@ -139,6 +146,16 @@ class Soteria:
         index = names.index(key)
         return tuple(
             t * mask.to(t.dtype) if i == index else t.clone() for i, t in enumerate(update)
+        )
+
+    def known_to_attacker(self, observation, weights):
+        return KnownDefense(
+            "soteria",
+            f"knows Soteria pruned {self.config.ratio:.0%} of the representation's columns of "
+            "one layer's update: compares only what survived (the pruned columns are visible "
+            "as exact zeros), the rest of the update being untouched (Huang et al., NeurIPS "
+            "2021, leave the defended layer out)",
+            mask=visible_survivors(observation),
         )
 
     def privacy_report(self) -> dict[str, Any]:

@@ -41,6 +41,13 @@ class PlannedAttack:
     config: Any
     settings: dict[str, Any]
     planned_steps: int
+    adaptive: bool = False  # the attacker knows the defense (``KnownDefense``)
+
+    @property
+    def label(self) -> str:
+        words = [f"{self.preset} preset"] if self.preset else []
+        words += ["knows the defense"] if self.adaptive else []
+        return self.name + (f" ({', '.join(words)})" if words else "")
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,8 +61,7 @@ class AttackRun:
 
     @property
     def label(self) -> str:
-        preset = f" ({self.planned.preset} preset)" if self.planned.preset else ""
-        return f"{self.planned.name}{preset}"
+        return self.planned.label
 
 
 def _planned_steps(config: Any, preset: str | None, iterations: int, every: int) -> int:
@@ -88,6 +94,16 @@ def plan_attacks(attack: ComponentSpec, iterations: int, every: int = 10) -> lis
     return planned
 
 
+def with_adaptive(planned: list[PlannedAttack]) -> list[PlannedAttack]:
+    """Each attack followed by its adaptive twin: same settings and seed, told the defense."""
+    return [twin for p in planned for twin in (p, replace(p, adaptive=True))]
+
+
+def adaptive_wanted(knows: bool | None, attack: ComponentSpec) -> bool:
+    """The threat model's switch; by default on, except for a paper-preset reproduction."""
+    return attack.preset != "paper" if knows is None else knows
+
+
 def run_attacks(
     planned: list[PlannedAttack],
     release: Release,
@@ -102,8 +118,13 @@ def run_attacks(
     started = time.perf_counter()
     total = sum(p.planned_steps for p in planned)
     offset = 0
-    observation, knowledge = release.observation, release.knowledge
+    observation = release.observation
+    # One seed per attack name, so an attack and its adaptive twin start alike.
+    single = len({p.name for p in planned}) == 1
     for index, attack in enumerate(planned):
+        knowledge = release.knowledge
+        if attack.adaptive:
+            knowledge = replace(knowledge, defense=release.known_defense)
         info = ATTACKS[attack.name]
         began = time.perf_counter()
         reason = info.why_not_applicable(observation, knowledge) if len(planned) > 1 else None
@@ -118,7 +139,7 @@ def run_attacks(
                 continue
             share = left / (len(planned) - index)
         sub = replace(control, max_seconds=share)
-        seed_of_attack = seed if len(planned) == 1 else derive_seed(seed, attack.name)
+        seed_of_attack = seed if single else derive_seed(seed, attack.name)
         final = None
         try:
             events = run_attack(

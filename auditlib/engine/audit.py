@@ -33,7 +33,14 @@ from auditlib.data import (
 from auditlib.data.samples import PHOTOGRAPHS
 from auditlib.data.training_sets import bundled_sets
 from auditlib.defenses import build_defense
-from auditlib.engine.attack_phase import AttackRun, plan_attacks, run_attacks, worst_case
+from auditlib.engine.attack_phase import (
+    AttackRun,
+    adaptive_wanted,
+    plan_attacks,
+    run_attacks,
+    with_adaptive,
+    worst_case,
+)
 from auditlib.engine.device import resolve_device
 from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AttackUnsupportedError, AuditInputError
@@ -410,6 +417,9 @@ def iter_audit(
         labels_known=spec.scenario.labels_known,
         seed=derive_seed(spec.seed, "defense"),
     )
+    adaptive = adaptive_wanted(spec.scenario.attacker_knows_defense, spec.attack)
+    if adaptive and release.known_defense is not None:
+        planned = with_adaptive(planned)
 
     started = time.perf_counter()
     first_event_s = None
@@ -476,7 +486,9 @@ def iter_audit(
         attacks=tuple(r.label for r in ran),
         defense=_component_words(spec.defense),
         restarts="; ".join(
-            f"{r.planned.name}: {r.planned.settings['restart_schedule']}" for r in ran
+            dict.fromkeys(
+                f"{r.planned.name}: {r.planned.settings['restart_schedule']}" for r in ran
+            )
         ),
         iterations=spec.budget.iterations,
         time_budget_s=spec.budget.max_seconds,
@@ -487,6 +499,7 @@ def iter_audit(
             labels_known=spec.scenario.labels_known,
             batchnorm_statistics=any(_uses_batchnorm(r, victim.model) for r in ran),
             batch_size=int(victim.batch.images.shape[0]),
+            defense=_defense_knowledge(spec, release, adaptive),
         ),
     )
     verdict = judge(finding, scope, defended=spec.defense.name != "none")
@@ -574,10 +587,24 @@ def _uses_batchnorm(run: AttackRun, model: nn.Module) -> bool:
     return bool(weight > 0 and has_bn)
 
 
+def _defense_knowledge(spec: RunSpec, release, adaptive: bool) -> tuple[bool, str]:
+    """The threat card's line on the defense: (known to an attacker here, in words)."""
+    if spec.defense.name == "none":
+        return False, "no defense"
+    if not adaptive:
+        return False, "not used: the plain attack only (the paper preset, or switched off)"
+    known = release.known_defense
+    if known is None:
+        return False, f"no adaptive attacker is offered for {spec.defense.name}"
+    return True, f"an adaptive twin of each attack {known.summary}"
+
+
 def _attack_record(run: AttackRun, scores: dict[str, Any] | None) -> dict[str, Any]:
     record: dict[str, Any] = {
         "attack": run.planned.name,
         "preset": run.planned.preset,
+        "adaptive": run.planned.adaptive,
+        "label": run.label,
         "skipped": run.skipped,
         "seconds": run.seconds,
     }

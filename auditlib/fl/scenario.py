@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from auditlib.data.normalization import Normalization
-from auditlib.defenses.base import ClientContext, Defense, model_change
+from auditlib.defenses.base import ClientContext, Defense, known_defense, model_change
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.update import client_update, trainable_parameters
-from auditlib.threat import AttackerKnowledge, Observation, PrivateBatch
+from auditlib.threat import AttackerKnowledge, KnownDefense, Observation, PrivateBatch
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,6 +25,7 @@ class Release:
     undefended_norm: float
     defended_norm: float
     privacy: dict[str, Any]
+    known_defense: KnownDefense | None = None  # what an adaptive attacker knows of it
 
 
 def release_update(
@@ -88,6 +89,9 @@ def release_update(
         undefended_norm=_norm(tuple(update[i] for i in shared)),
         defended_norm=_norm(tuple(defended[i] for i in shared)),
         privacy=defense.privacy_report(),
+        known_defense=known_defense(
+            defense, observation, {n: p.detach() for n, p in server_model.named_parameters()}
+        ),
     )
 
 

@@ -154,5 +154,13 @@ def read_as_gradient(
         update = [
             u - p.detach().to(u.device) for u, p in zip(update, parameters.values(), strict=True)
         ]
-    scale = protocol.local_lr * protocol.steps_for(batch_size)
-    return tuple(-u / scale for u in update)
+    factor = difference_per_gradient(protocol, batch_size)
+    return tuple(u / factor for u in update)
+
+
+def difference_per_gradient(protocol: ClientProtocol, batch_size: int) -> float:
+    """The client's update (what a defense acts on) per unit of its reading as a gradient:
+    1 for FedSGD, -(lr x local steps) for FedAvg's weight difference."""
+    if protocol.algorithm == "fedsgd":
+        return 1.0
+    return -protocol.local_lr * protocol.steps_for(batch_size)

@@ -127,11 +127,17 @@ SOK_MODELS = {
 
 
 def threat_card(
-    *, protocol: str, labels_known: bool, batchnorm_statistics: bool, batch_size: int
+    *,
+    protocol: str,
+    labels_known: bool,
+    batchnorm_statistics: bool,
+    batch_size: int,
+    defense: tuple[bool, str] = (False, "no defense"),
 ) -> ThreatCard:
     """The card of an honest-but-curious server of this tool: it sends the model, so it
     knows architecture and weights, and it asks for the local training (C); labels the
-    client shares or BatchNorm statistics of the client's data inform it further (E). No
+    client shares or BatchNorm statistics of the client's data inform it further (E).
+    ``defense``: whether an adaptive attacker knew the defense, and what it did. No
     attack here uses surrogate data or manipulates the model or the client selection."""
     informed = labels_known or batchnorm_statistics
     model = "E" if informed else "C"
@@ -150,6 +156,7 @@ def threat_card(
             batchnorm_statistics,
             "used as a prior" if batchnorm_statistics else "not used",
         ),
+        Knowledge("the defense's mechanism and public parameters", *defense),
         Knowledge("surrogate data", False, "not used by any attack here"),
         Knowledge("active manipulation of the model or clients", False, "honest-but-curious"),
     )

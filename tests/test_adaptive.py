@@ -1,0 +1,143 @@
+"""Specification of the adaptive attacker (issue 17): every defense faced by an attacker
+who knows its mechanism and public parameters (``KnownDefense``), matching through it
+(``ThroughDefense``), run beside the plain attack as its twin."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from auditlib.attacks.objectives import UpdateMatcher
+from auditlib.defenses import DEFENSES, build_defense
+from auditlib.engine.audit import run_audit
+from auditlib.fl.protocol import ClientProtocol
+from auditlib.spec import ComponentSpec, ScenarioSpec
+from auditlib.threat import KnownDefense
+from tests.test_attacks import lenet_spec, release_for
+
+torch.set_num_threads(1)
+
+# Defenses with no adaptive attacker of this kind, and why (docs/ALGORITHMS.md).
+NOT_OFFERED = {
+    "none": "nothing to know",
+    "fedkl": "the lock-fitting attacker is still to build",
+    "shadow": "the update is exactly the perturbed images' update",
+    "fedboosting": "its audit already is the adversary that knows the protocol",
+}
+
+
+def matcher(release, known: bool) -> UpdateMatcher:
+    knowledge = release.knowledge
+    if known:
+        knowledge = dataclasses.replace(knowledge, defense=release.known_defense)
+    return UpdateMatcher(release.observation, knowledge, "l2")
+
+
+def test_every_defense_offers_an_adaptive_attacker_or_says_why_not():
+    offered = {n for n, info in DEFENSES.items() if hasattr(info.factory, "known_to_attacker")}
+    assert offered.isdisjoint(NOT_OFFERED)
+    assert offered | set(NOT_OFFERED) == set(DEFENSES)
+
+
+def test_with_nothing_known_the_adaptive_objective_is_the_plain_one():
+    _, batch, release = release_for(lenet_spec(), defense="none")
+    assert release.known_defense is None
+    empty = dataclasses.replace(release.knowledge, defense=KnownDefense("none", "knows nothing"))
+    images = torch.randn_like(batch.images)
+    plain = UpdateMatcher(release.observation, release.knowledge, "l2")(images, batch.labels)
+    same = UpdateMatcher(release.observation, empty, "l2")(images, batch.labels)
+    assert torch.equal(plain, same)
+
+
+@pytest.mark.parametrize(
+    "defense, params, protocol",
+    [
+        ("prune", {"ratio": 0.8}, None),
+        ("soteria", {"ratio": 0.5}, None),
+        ("clip", {"bound": 1.0}, None),
+        ("clip", {"bound": 0.02, "mode": "value"}, None),
+        ("quantize", {"bits": 4, "stochastic": False}, None),
+        ("quantize", {"bits": 1}, None),
+        # FedAvg: the transform acts on the weight difference, not on its gradient reading.
+        ("clip", {"bound": 0.01}, ClientProtocol("fedavg", local_lr=0.1, local_steps=2)),
+        (
+            "dlm-sparsify",
+            {"ratio": 0.5},
+            ClientProtocol("fedavg", local_lr=0.01, shared="weights"),
+        ),
+    ],
+)
+def test_at_the_true_batch_the_adaptive_objective_is_zero_and_the_plain_one_is_not(
+    defense, params, protocol
+):
+    # The attacker who knows a deterministic defense models its release exactly.
+    _, batch, release = release_for(
+        lenet_spec(), protocol=protocol, defense=defense, defense_params=params
+    )
+    images, labels = batch.images, batch.labels
+    target = matcher(release, False).target
+    scale = sum(float(t.pow(2).sum()) for t in target)
+    assert float(matcher(release, True)(images, labels)) <= 1e-9 * scale
+    assert float(matcher(release, False)(images, labels)) > 1e-3 * scale
+
+
+def test_outposts_attacker_weighs_each_layer_by_its_known_noise_scale():
+    _, _, release = release_for(lenet_spec(), defense="outpost", defense_params={})
+    known, observed = release.known_defense, release.observation.tensors
+    assert known.distance == "l2"
+    for weight, tensor in zip(known.mask, observed, strict=True):
+        assert torch.equal(weight == 0, tensor == 0)  # the pruned entries are left out
+    # The noise's scale is the layer weights' variance times noise_base: larger variance,
+    # smaller weight (LeNet's layers differ in fan-in, so in their init's spread).
+    variances = [float(p.var()) for p in release.knowledge.model.parameters() if p.numel() > 1]
+    scales = [float(w.max()) for w, t in zip(known.mask, observed, strict=True) if t.numel() > 1]
+    pairs = sorted(zip(variances, scales, strict=True))
+    assert all(a[1] >= b[1] - 1e-12 for a, b in itertools.pairwise(pairs))
+    # A round in which OUTPOST did not perturb (its probability decays with the round)
+    # releases the update as computed, with no pruning zeros; the attacker sees that.
+    _, _, plain = release_for(lenet_spec(), defense="none")
+    outpost, _ = build_defense("outpost")
+    weights = dict(release.knowledge.model.named_parameters())
+    assert outpost.known_to_attacker(plain.observation, weights).mask is None
+
+
+def test_noise_is_matched_with_its_likelihood():
+    _, _, gaussian = release_for(lenet_spec(), defense="dp-gaussian", defense_params={"sigma": 0.1})
+    _, _, laplace = release_for(lenet_spec(), defense="dp-laplace", defense_params={"scale": 0.1})
+    assert gaussian.known_defense.distance == "l2" and laplace.known_defense.distance == "l1"
+    assert "clipping to L2 norm 30" in gaussian.known_defense.summary
+    assert matcher(laplace, True).distance.__name__ == "l1_distance"
+    assert "not averaged" in gaussian.known_defense.summary  # one release per audit
+
+
+def test_soteria_holds_against_dlg_but_not_against_dlg_that_knows_it():
+    spec = lenet_spec("dlg", 100, defense=ComponentSpec.of("soteria", {"ratio": 0.5}))
+    summary = run_audit(spec, lpips_nets=()).summary
+    plain, adaptive = summary["attacks"]
+    assert (plain["adaptive"], adaptive["adaptive"]) == (False, True)
+    assert adaptive["label"] == "dlg (knows the defense)"
+    assert plain["psnr_mean"] < 15 < 30 < adaptive["psnr_mean"]
+    # The verdict counts the stronger: the adaptive twin's recovery.
+    assert summary["metrics"]["psnr_mean"] >= adaptive["psnr_mean"] - 1e-9
+    assert summary["verdict"]["level"] == "Very High"
+    card = {k["item"]: k for k in summary["verdict"]["scope"]["threat"]["knowledge"]}
+    line = card["the defense's mechanism and public parameters"]
+    assert line["known"] and "Soteria pruned 50%" in line["detail"]
+
+
+@pytest.mark.parametrize(
+    "preset, knows, twins",
+    [("paper", None, False), (None, False, False), ("paper", True, True), (None, None, True)],
+)
+def test_the_twin_runs_by_default_except_for_the_paper_preset(preset, knows, twins):
+    spec = lenet_spec("dlg", 1, defense=ComponentSpec.of("prune", {"ratio": 0.5}))
+    spec = dataclasses.replace(
+        spec,
+        attack=ComponentSpec.of("dlg", preset=preset),
+        scenario=ScenarioSpec(attacker_knows_defense=knows),
+    )
+    attacks = run_audit(spec, lpips_nets=()).summary["attacks"]
+    assert [a["adaptive"] for a in attacks] == ([False, True] if twins else [False])
