@@ -330,7 +330,11 @@ def render_privacy(rows: list[dict]) -> str:
     headers = [
         h
         for a in attacks
-        for h in ([f"{a}: plain", f"{a}: knows the defense"] if twins else [f"{a}: PSNR / SSIM"])
+        for h in (
+            [f"{a}: plain (PSNR / SSIM)", f"{a}: knows the defense"]
+            if twins
+            else [f"{a}: PSNR / SSIM"]
+        )
     ]
     lines = ["| defense | " + " | ".join(headers) + " |", "|---|" + "---|" * len(headers)]
     for setting in dict.fromkeys(r["setting"] for r in rows):

@@ -187,6 +187,10 @@ def display_rows(
                 "label acc.": number(r["label_accuracy"], ".0%"),
                 f"recovered ≥{RECOVERED_PSNR_DB:g} dB": number(r["recovered"], ".0%"),
                 "RDLV": number(r["rdlv"], ".3f"),
+                # Where the adaptive twin ran: the plain attack's PSNR and the PSNR of the
+                # attack that knows the defense (the verdict takes the stronger).
+                "plain attack PSNR": number(r["plain_psnr"], ".2f"),
+                "knowing the defense PSNR": number(r["adaptive_psnr"], ".2f"),
                 "utility acc.": number(r["utility_accuracy"], ".1%"),
                 "ε": number(r["epsilon"], ".3g"),
             }

@@ -241,7 +241,7 @@ def _scope(summary: dict, verdict: Verdict) -> None:
                 st.table(
                     [
                         {
-                            "attack": a.get("attack"),
+                            "attack": a.get("label") or a.get("attack"),
                             "settings": a.get("preset") or "library defaults",
                             "result": f"skipped: {a['skipped']}"
                             if a.get("skipped")

@@ -93,6 +93,25 @@ def _check_sampling(sample_rate: float, trusted_sampler: bool) -> None:
     )
 
 
+def _known_noise(name: str, noise: str, clip: float | None, order: float) -> KnownDefense:
+    """The adaptive attacker of a noise defense: the same clip on its candidate, and the
+    noise's likelihood as its distance (squared for Gaussian, absolute for Laplace)."""
+    norm, distance = ("L2", "l2") if order == 2.0 else ("L1", "l1")
+    clipped = clip is not None
+    return KnownDefense(
+        name,
+        f"knows {noise} was added"
+        + (f" after clipping to {norm} norm {clip:g}" if clipped else "")
+        + ": "
+        + ("clips its candidate's update the same way and " if clipped else "")
+        + f"matches with the noise's likelihood ({'squared' if order == 2.0 else 'absolute'} "
+        "distance); one release per audit, so independent draws from several rounds are not "
+        "averaged",
+        transform=None if clip is None else lambda update: clip_update(update, clip, order),
+        distance=distance,
+    )
+
+
 @dataclass(frozen=True)
 class GaussianNoiseConfig:
     sigma: float = 0.1
@@ -123,18 +142,7 @@ class GaussianNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        clip = c.clip
-        return KnownDefense(
-            "dp-gaussian",
-            f"knows Gaussian noise of sigma {c.sigma:g} was added"
-            + (f" after clipping to L2 norm {clip:g}" if clip is not None else "")
-            + ": "
-            + ("clips its candidate's update the same way and " if clip is not None else "")
-            + "matches with the noise's likelihood (squared distance); one release per audit, "
-            "so independent draws from several rounds are not averaged",
-            transform=None if clip is None else lambda update: clip_update(update, clip, 2.0),
-            distance="l2",
-        )
+        return _known_noise("dp-gaussian", f"Gaussian noise of sigma {c.sigma:g}", c.clip, 2.0)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config
@@ -200,18 +208,7 @@ class LaplaceNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        clip = c.clip
-        return KnownDefense(
-            "dp-laplace",
-            f"knows Laplace noise of scale {c.scale:g} was added"
-            + (f" after clipping to L1 norm {clip:g}" if clip is not None else "")
-            + ": "
-            + ("clips its candidate's update the same way and " if clip is not None else "")
-            + "matches with the noise's likelihood (absolute distance); one release per "
-            "audit, so independent draws from several rounds are not averaged",
-            transform=None if clip is None else lambda update: clip_update(update, clip, 1.0),
-            distance="l1",
-        )
+        return _known_noise("dp-laplace", f"Laplace noise of scale {c.scale:g}", c.clip, 1.0)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config

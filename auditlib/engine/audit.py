@@ -504,11 +504,9 @@ def iter_audit(
     )
     verdict = judge(finding, scope, defended=spec.defense.name != "none")
 
-    attack_settings = (
-        ran[0].planned.settings
-        if len(planned) == 1
-        else {r.planned.name: r.planned.settings for r in ran}
-    )
+    # An adaptive twin runs with its attack's settings, so one attack keeps the flat form.
+    settings_by_name = {r.planned.name: r.planned.settings for r in ran}
+    attack_settings = ran[0].planned.settings if len(settings_by_name) == 1 else settings_by_name
     summary = {
         "spec_id": spec.identity(),
         "attack": spec.attack.name,

@@ -173,6 +173,8 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
         "recovered": recovered_share(metrics),
         "beyond_guess": beyond_guess(metrics),
         "rdlv": dig(metrics, "rdlv_mean"),
+        "plain_psnr": twin_psnr(summary, adaptive=False),
+        "adaptive_psnr": twin_psnr(summary, adaptive=True),
         "level": verdict_level(entry),
         "finding": verdict is not None and verdict.is_finding,
         "outcome": None if verdict is None else verdict.outcome,
@@ -185,6 +187,20 @@ def summary_row(entry: ReportEntry) -> dict[str, Any]:
         "epsilon": dig(summary, "defense_report", "epsilon"),
         "seconds": None if run is None else run.seconds,
     }
+
+
+def twin_psnr(summary: Any, *, adaptive: bool) -> float | None:
+    """The best mean PSNR of the run's plain attacks, or of their adaptive twins (the
+    attacker that knows the defense); None unless twins ran (the verdict takes the stronger)."""
+    records = dig(summary, "attacks") or []
+    if not any(r.get("adaptive") for r in records):
+        return None
+    values = [
+        r["psnr_mean"]
+        for r in records
+        if bool(r.get("adaptive")) == adaptive and r.get("psnr_mean") is not None
+    ]
+    return max(values, default=None)
 
 
 def utility_cut_short(utility: Any) -> str | None:
