@@ -62,6 +62,23 @@ class KnownDefense:
     mask: Tensors | None = None  # per observed tensor: 1.0 where compared, 0.0 where not
     transform: Callable[[Tensors], Tensors] | None = None  # differentiable
     distance: str | None = None
+    # Model parameters the attacker cannot know and fits jointly with its images (FedKL's
+    # lock): called on the attacker's own copy of the model, returns the tensors to fit.
+    unknowns: Callable[[nn.Module], Tensors] | None = None
+
+    def needs(self) -> frozenset[str]:
+        """What an attack must support to match through this defense."""
+        parts = {
+            "mask": self.mask,
+            "transform": self.transform,
+            "distance": self.distance,
+            "unknowns": self.unknowns,
+        }
+        return frozenset(name for name, part in parts.items() if part is not None)
+
+
+# What an attack that matches through ``ThroughDefense`` supports of a ``KnownDefense``.
+MATCHES_THROUGH = frozenset({"mask", "transform", "distance", "unknowns"})
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,11 +10,14 @@ import itertools
 import pytest
 import torch
 
+from auditlib.attacks.base import ATTACKS
 from auditlib.attacks.fedleak import GradientModel
 from auditlib.attacks.objectives import UpdateMatcher
 from auditlib.defenses import DEFENSES, build_defense
-from auditlib.engine.audit import run_audit
+from auditlib.defenses.fedkl import FedKL, FedKLConfig
+from auditlib.engine.audit import prepare_victim, run_audit
 from auditlib.fl.protocol import ClientProtocol
+from auditlib.models.keylock import key_lock_modules
 from auditlib.spec import ComponentSpec, ScenarioSpec
 from auditlib.threat import KnownDefense
 from tests.test_attacks import lenet_spec, release_for
@@ -24,7 +27,6 @@ torch.set_num_threads(1)
 # Defenses with no adaptive attacker of this kind, and why (docs/ALGORITHMS.md).
 NOT_OFFERED = {
     "none": "nothing to know",
-    "fedkl": "the lock-fitting attacker is still to build",
     "shadow": "the update is exactly the perturbed images' update",
     "fedboosting": "its audit already is the adversary that knows the protocol",
 }
@@ -82,7 +84,7 @@ def test_at_the_true_batch_the_adaptive_objective_is_zero_and_the_plain_one_is_n
     target = matcher(release, False).target
     scale = sum(float(t.pow(2).sum()) for t in target)
     assert float(matcher(release, True)(images, labels).detach()) <= 1e-9 * scale
-    assert float(matcher(release, False)(images, labels)) > 1e-3 * scale
+    assert float(matcher(release, False)(images, labels).detach()) > 1e-3 * scale
 
 
 def test_outposts_attacker_weighs_each_layer_by_its_known_noise_scale():
@@ -155,3 +157,71 @@ def test_fedleak_matches_through_the_defense_too():
         assert torch.equal(target[mask == 0], torch.zeros_like(target[mask == 0]))
         assert torch.equal(simulated[mask == 0], torch.zeros_like(simulated[mask == 0]))
     assert sum(int((s != 0).sum()) for s in candidate) > 0
+
+
+@pytest.mark.parametrize("fit", ["affine", "key"])
+def test_fedkls_attacker_fits_the_lock_and_at_the_clients_lock_matches_exactly(fit):
+    # The key and the lock are the client's secrets; the adaptive attacker makes them free
+    # parameters of its own copy of the model, and the plain attacker's model is untouched.
+    _, batch, release = release_for(
+        lenet_spec(), defense="fedkl", defense_params={"adaptive_fit": fit}
+    )
+    adaptive, plain = matcher(release, True), matcher(release, False)
+    assert adaptive.view.model is not release.knowledge.model
+    assert plain.view.model is release.knowledge.model and plain.unknowns == ()
+    assert all(u.requires_grad for u in adaptive.unknowns)
+    assert len(adaptive.unknowns) == (2 if fit == "affine" else 1)
+    # The client's lock, rebuilt from the run's seed as release_for's client built it.
+    client = (
+        FedKL(FedKLConfig(adaptive_fit=fit))
+        .change_model(lenet_spec_model(), (3, 32, 32), seed=0)
+        .client
+    )
+    ((_, lock),) = key_lock_modules(client)
+    truth = lock.affine() if fit == "affine" else (lock.key,)
+    images, labels = batch.images, batch.labels
+    target = sum(float(t.pow(2).sum()) for t in adaptive.target)
+    at_guess = float(adaptive(images, labels).detach())
+    with torch.no_grad():
+        for unknown, value in zip(adaptive.unknowns, truth, strict=True):
+            unknown.copy_(value)
+    assert float(adaptive(images, labels).detach()) <= 1e-9 * target < 1e-3 * target < at_guess
+    # A new restart starts again from the attacker's own guess.
+    adaptive.restart()
+    assert float(adaptive(images, labels).detach()) == pytest.approx(at_guess, rel=1e-5)
+    # The objective reaches the unknowns: the attack can fit them.
+    loss = adaptive(torch.randn_like(images), labels)
+    grads = torch.autograd.grad(loss, adaptive.unknowns)
+    assert all(float(g.abs().sum()) > 0 for g in grads)
+
+
+def lenet_spec_model():
+    return prepare_victim(lenet_spec()).model
+
+
+def test_attacks_that_cannot_match_through_a_defense_have_no_twin_and_say_why():
+    _, _, fedkl = release_for(lenet_spec(), defense="fedkl")
+    _, _, clip = release_for(lenet_spec(), defense="clip", defense_params={"bound": 1.0})
+    for name in ("dlg", "idlg", "ig", "grnn"):
+        assert ATTACKS[name].why_not_adaptive(fedkl.known_defense) is None
+    reason = ATTACKS["fedleak"].why_not_adaptive(fedkl.known_defense)
+    assert "unknown model parameters" in reason and "fedkl" in reason
+    assert ATTACKS["gi"].why_not_adaptive(fedkl.known_defense) is not None
+    assert "clip or quantiser" in ATTACKS["dlm+"].why_not_adaptive(clip.known_defense)
+
+
+def test_dlm_compares_only_the_weights_that_survived_sparsification():
+    from auditlib.attacks.dlm import DlmPlusConfig, ModelLeakageObjective
+
+    protocol = ClientProtocol("fedavg", local_lr=0.01, shared="weights")
+    _, batch, release = release_for(
+        lenet_spec(), protocol=protocol, defense="dlm-sparsify", defense_params={"ratio": 0.5}
+    )
+    assert ATTACKS["dlm+"].why_not_adaptive(release.known_defense) is None
+    knows = dataclasses.replace(release.knowledge, defense=release.known_defense)
+    adaptive = ModelLeakageObjective(release.observation, knows, DlmPlusConfig())
+    plain = ModelLeakageObjective(release.observation, release.knowledge, DlmPlusConfig())
+    for mask, target in zip(release.known_defense.mask, adaptive.target, strict=True):
+        assert torch.equal(target[mask == 0], torch.zeros_like(target[mask == 0]))
+    images = torch.randn_like(batch.images)
+    assert float(adaptive(images, batch.labels)) != float(plain(images, batch.labels))

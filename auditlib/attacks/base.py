@@ -17,7 +17,7 @@ import torch
 
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
-from auditlib.threat import AttackerKnowledge, Observation
+from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, KnownDefense, Observation
 
 
 def _never() -> bool:
@@ -132,11 +132,31 @@ class AttackInfo:
     audit: AuditPreset | None = None
     # What the attack needs of the scenario, as a reason it does not apply (None: it does).
     not_applicable: Callable[[Observation, AttackerKnowledge], str | None] | None = None
+    # What the attack's objective can take of a known defense (``KnownDefense.needs``).
+    adapts: frozenset[str] = MATCHES_THROUGH
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge
     ) -> str | None:
         return None if self.not_applicable is None else self.not_applicable(observation, knowledge)
+
+    def why_not_adaptive(self, known: KnownDefense | None) -> str | None:
+        """Why this attack has no adaptive twin against ``known`` (None: it has one)."""
+        missing = sorted(set() if known is None else known.needs() - self.adapts)
+        if not missing:
+            return None
+        return (
+            f"{self.name} cannot match through {known.name}: its objective does not take the "
+            f"defense's {' or '.join(ADAPTIVE_PARTS[m] for m in missing)}"
+        )
+
+
+ADAPTIVE_PARTS = {
+    "mask": "visible survivors",
+    "transform": "clip or quantiser on the candidate",
+    "distance": "noise likelihood",
+    "unknowns": "unknown model parameters (fitted jointly)",
+}
 
 
 ATTACKS: dict[str, AttackInfo] = {}

@@ -91,9 +91,10 @@ def run_lbfgs_attack(
             def current_labels(labels=labels) -> torch.Tensor:
                 return labels.cpu()
 
+        matcher.restart()
         outcome = RestartOutcome()
         yield from lbfgs_restart(
-            variables,
+            [*variables, *matcher.unknowns],  # unknowns: fitted by an adaptive attacker
             objective,
             images,
             current_labels,

@@ -39,7 +39,8 @@ from auditlib.attacks.base import (
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.lbfgs import RestartOutcome, lbfgs_restart
 from auditlib.attacks.objectives import (
-    l2_distance,
+    DISTANCES,
+    ThroughDefense,
     random_images,
     random_label_logits,
     total_variation,
@@ -171,7 +172,11 @@ class ModelLeakageObjective:
         # The paper's dummy gradient: one gradient of the whole dummy batch at W, whatever
         # local schedule the client ran (the same client_update, in its FedSGD form).
         self.gradient_protocol = dataclasses.replace(protocol, algorithm="fedsgd")
-        target = observed_descent(observation, knowledge)
+        # An adaptive attacker compares only what the defense left (its visible survivors)
+        # and with the defense's noise likelihood; the identity for the plain attacker.
+        self.view = ThroughDefense(knowledge)
+        self.metric = DISTANCES[self.view.distance("l2")]
+        target = self.view.masked(observed_descent(observation, knowledge))
         if not float(update_scale(target, "frobenius")) > 0:
             raise AttackUnsupportedError("the observed update is zero; there is nothing to match")
         self.target = normalised(target, self.norm) if self.plus else target
@@ -210,16 +215,17 @@ class ModelLeakageObjective:
         return tuple(-d / protocol.local_lr for d in update)
 
     def distance(self, descent: Sequence[torch.Tensor], gamma: torch.Tensor | None) -> torch.Tensor:
+        descent = self.view.masked(descent)
         if self.plus:
-            return l2_distance(normalised(descent, self.norm), self.target)
+            return self.metric(normalised(descent, self.norm), self.target)
         if gamma is None:
             raise ValueError("DLM's distance needs the tuning factor gamma")
         if self.gamma_on == "dummy":
             # Both sides times the nominal gamma (a constant): the objective then has a
             # gradient's magnitude, not lr^2 times it, which L-BFGS's absolute tolerances need.
             scale = self.nominal_gamma() / gamma
-            return l2_distance(tuple(d * scale for d in descent), self.nominal_target)
-        return l2_distance(descent, tuple(gamma * t for t in self.target))
+            return self.metric(tuple(d * scale for d in descent), self.nominal_target)
+        return self.metric(descent, tuple(gamma * t for t in self.target))
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, gamma: torch.Tensor | None = None
@@ -509,6 +515,7 @@ register(
         ),
         paper_iterations=200,
         not_applicable=_fedavg_only,
+        adapts=frozenset({"mask", "distance"}),
     )
 )
 
@@ -535,5 +542,6 @@ register(
         ),
         paper_iterations=200,
         not_applicable=_fedavg_only,
+        adapts=frozenset({"mask", "distance"}),
     )
 )

@@ -46,7 +46,7 @@ from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.objectives import UpdateMatcher, random_images, total_variation
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
-from auditlib.threat import AttackerKnowledge, Observation
+from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, Observation
 
 BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -380,5 +380,7 @@ register(
         ),
         paper_iterations=20_000,
         not_applicable=_needs_batchnorm,
+        # Its BatchNorm prior hooks the server's model, so it fits no unknown parameters.
+        adapts=MATCHES_THROUGH - {"unknowns"},
     )
 )

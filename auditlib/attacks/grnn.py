@@ -285,6 +285,7 @@ class _Restart:
         config: GrnnConfig,
         generator: torch.Generator,
         fixed_labels: torch.Tensor | None,
+        unknowns: tuple[torch.Tensor, ...] = (),
     ) -> None:
         self.knowledge = knowledge
         self.config = config
@@ -292,8 +293,9 @@ class _Restart:
         shape = (knowledge.batch_size, config.latent_dim)
         self.latent = torch.randn(shape, generator=generator).to(knowledge.device)
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        # An adaptive attacker's unknown model parameters train with the generator.
         self.optimizer = torch.optim.RMSprop(
-            self.net.parameters(), lr=config.lr, momentum=config.momentum
+            [*self.net.parameters(), *unknowns], lr=config.lr, momentum=config.momentum
         )
 
     def generate(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -326,7 +328,8 @@ def _run(
     stop = "completed"
 
     for restart in range(config.restarts):
-        state = _Restart(knowledge, config, generator, fixed_labels)
+        loss.matcher.restart()
+        state = _Restart(knowledge, config, generator, fixed_labels, loss.matcher.unknowns)
         with torch.no_grad():
             _, images, labels = state.generate()
         yield ProgressEvent(

@@ -113,6 +113,8 @@ def _run(observation, knowledge, config, control, seed, fixed_labels, inference)
         if fixed_labels is None:
             logits = random_label_logits(knowledge, generator).requires_grad_(True)
             variables.append(logits)
+        matcher.restart()
+        variables += matcher.unknowns  # fitted with the images (an adaptive attacker's)
         labels_fixed = fixed_labels.to(device) if fixed_labels is not None else None
 
         def labels_now(logits=logits, labels_fixed=labels_fixed) -> torch.Tensor:

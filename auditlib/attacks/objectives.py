@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from auditlib.fl.update import client_update, difference_per_gradient, read_as_gradient
 from auditlib.threat import AttackerKnowledge, KnownDefense, Observation
@@ -72,10 +74,15 @@ def total_variation(images: torch.Tensor) -> torch.Tensor:
 
 
 def matched_parameters(
-    observation: Observation, knowledge: AttackerKnowledge
+    observation: Observation, knowledge: AttackerKnowledge, model: nn.Module | None = None
 ) -> dict[str, torch.Tensor]:
-    """The attacker's trainable parameters, checked to be those the observation holds."""
-    parameters = knowledge.parameters()
+    """The attacker's trainable parameters (of ``model``, by default the server's copy),
+    checked to be those the observation holds."""
+    if model is None:
+        parameters = knowledge.parameters()
+    else:
+        names = set(observation.parameter_names)
+        parameters = {n: p for n, p in model.named_parameters() if n in names}
     if tuple(parameters) != observation.parameter_names:
         raise ValueError("observation does not match the attacker's model parameters")
     return parameters
@@ -96,6 +103,20 @@ class ThroughDefense:
             None if known is None or known.mask is None else [m.to(device) for m in known.mask]
         )
         self.factor = difference_per_gradient(knowledge.protocol, knowledge.batch_size)
+        # The model the candidate runs through: the server's copy, or, where the defense
+        # hides some of its parameters (FedKL's lock), a copy of its own with those free.
+        self.model = knowledge.model
+        self.unknowns: tuple[torch.Tensor, ...] = ()
+        if known is not None and known.unknowns is not None:
+            self.model = copy.deepcopy(knowledge.model)
+            self.unknowns = tuple(known.unknowns(self.model))
+        self._start = tuple(u.detach().clone() for u in self.unknowns)
+
+    def restart(self) -> None:
+        """The unknown parameters back at the attacker's first guess, for a new restart."""
+        with torch.no_grad():
+            for unknown, start in zip(self.unknowns, self._start, strict=True):
+                unknown.copy_(start)
 
     def candidate(self, gradient: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The candidate's update as the defense would release it, then masked."""
@@ -131,10 +152,12 @@ class UpdateMatcher:
         self, observation: Observation, knowledge: AttackerKnowledge, distance: str
     ) -> None:
         self.knowledge = knowledge
-        self.parameters = matched_parameters(observation, knowledge)
+        self.view = ThroughDefense(knowledge)
+        self.parameters = matched_parameters(observation, knowledge, self.view.model)
+        # What the attack fits besides its images (empty unless the defense hides some).
+        self.unknowns = self.view.unknowns
         device = knowledge.device
         observed = tuple(t.to(device) for t in observation.tensors)
-        self.view = ThroughDefense(knowledge)
         self.target = self.view.masked(
             read_as_gradient(observed, self.parameters, knowledge.protocol, knowledge.batch_size)
         )
@@ -143,7 +166,7 @@ class UpdateMatcher:
     def simulate(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The candidate batch's update, read as the target is read (differentiable)."""
         simulated = client_update(
-            self.knowledge.model,
+            self.view.model,
             self.parameters,
             images,
             labels,
@@ -156,6 +179,10 @@ class UpdateMatcher:
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.distance(self.simulate(images, labels), self.target)
+
+    def restart(self) -> None:
+        """A new restart starts the unknown parameters from the attacker's first guess."""
+        self.view.restart()
 
 
 def random_images(knowledge: AttackerKnowledge, generator: torch.Generator) -> torch.Tensor:

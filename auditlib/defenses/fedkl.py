@@ -38,8 +38,12 @@ from auditlib.models.keylock import (
     private_parameter_names,
     random_key,
 )
+from auditlib.threat import KnownDefense
 
 Attacker = Literal["random-key", "plain-bn", "shared-key"]
+# What the adaptive attacker fits jointly with its images: the lock's output (gamma and
+# beta per channel, all the forward pass depends on) or the key through the initial lock.
+AdaptiveFit = Literal["affine", "key"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class FedKLConfig:
     activation: LockActivation = "none"
     gamma_bias: float = 0.0
     attacker: Attacker = "random-key"
+    adaptive_fit: AdaptiveFit = "affine"
 
     def __post_init__(self) -> None:
         require(
@@ -58,6 +63,33 @@ class FedKLConfig:
 
 def client_key(config: FedKLConfig, seed: int) -> torch.Tensor:
     return random_key(config.key_length, derive_seed(seed, "fedkl-key"))
+
+
+def free_lock_affine(model: nn.Module) -> tuple[torch.Tensor, ...]:
+    """Make each lock's gamma and beta free parameters of ``model``, started at what its
+    lock gives now (the attacker's guess): the lock's weights zeroed, its biases fitted."""
+    fitted: list[torch.Tensor] = []
+    for _, lock in key_lock_modules(model):
+        with torch.no_grad():
+            gamma, beta = lock.affine()
+            for layer, value in ((lock.lock_gamma, gamma), (lock.lock_beta, beta)):
+                layer.weight.zero_()
+                layer.bias.copy_(value)
+                fitted.append(layer.bias.requires_grad_(True))
+        lock.activation = "none"
+    return tuple(fitted)
+
+
+def free_lock_key(model: nn.Module) -> tuple[torch.Tensor, ...]:
+    """Make each lock's key a free parameter of ``model`` (the lock's weights stay the
+    initial ones the server built), started at the attacker's guess."""
+    fitted: list[torch.Tensor] = []
+    for _, lock in key_lock_modules(model):
+        key = lock.key.detach().clone()
+        del lock._buffers["key"]
+        lock.key = nn.Parameter(key)
+        fitted.append(lock.key)
+    return tuple(fitted)
 
 
 def private_names(model: nn.Module) -> frozenset[str]:
@@ -130,6 +162,21 @@ class FedKL:
     def apply(self, update, generator, context=None):
         return copied(update)
 
+    def known_to_attacker(self, observation, weights):
+        fit = self.config.adaptive_fit
+        what = (
+            "the lock's scale and shift (gamma, beta per channel of the first block)"
+            if fit == "affine"
+            else f"the key ({self.config.key_length} values) through the lock's initial weights"
+        )
+        return KnownDefense(
+            "fedkl",
+            "knows the key-lock's place and form but not the client's key or lock: fits "
+            f"{what} jointly with its images, started from its own guess "
+            f"({self.config.attacker}), in every restart",
+            unknowns=free_lock_affine if fit == "affine" else free_lock_key,
+        )
+
     def privacy_report(self) -> dict[str, Any]:
         return {
             "epsilon": None,
@@ -137,6 +184,7 @@ class FedKL:
             "shift; it is an obfuscation argument, not differential privacy",
             "private": "key and lock layers stay on the client",
             "attacker": self.config.attacker,
+            "adaptive_fit": self.config.adaptive_fit,
         }
 
 

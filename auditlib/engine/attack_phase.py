@@ -128,6 +128,8 @@ def run_attacks(
         info = ATTACKS[attack.name]
         began = time.perf_counter()
         reason = info.why_not_applicable(observation, knowledge) if len(planned) > 1 else None
+        if reason is None and attack.adaptive:
+            reason = info.why_not_adaptive(knowledge.defense)
         if reason is not None or control.is_cancelled():
             outcomes.append(AttackRun(attack, None, reason or "the run was cancelled first", 0.0))
             continue
