@@ -65,6 +65,12 @@ class KnownDefense:
     # Model parameters the attacker cannot know and fits jointly with its images (FedKL's
     # lock): called on the attacker's own copy of the model, returns the tensors to fit.
     unknowns: Callable[[nn.Module], Tensors] | None = None
+    # The attacker's undoing of a defense that acted on the images (Shadow): maps each
+    # candidate the attack ends with (model space, its labels or None) to its estimate of
+    # the client's own images, given what the server knows.
+    postprocess: (
+        Callable[[torch.Tensor, torch.Tensor | None, AttackerKnowledge], torch.Tensor] | None
+    ) = None
 
     def needs(self) -> frozenset[str]:
         """What an attack must support to match through this defense."""
@@ -73,12 +79,14 @@ class KnownDefense:
             "transform": self.transform,
             "distance": self.distance,
             "unknowns": self.unknowns,
+            "postprocess": self.postprocess,
         }
         return frozenset(name for name, part in parts.items() if part is not None)
 
 
-# What an attack that matches through ``ThroughDefense`` supports of a ``KnownDefense``.
-MATCHES_THROUGH = frozenset({"mask", "transform", "distance", "unknowns"})
+# What an attack that matches through ``ThroughDefense`` supports of a ``KnownDefense``
+# (a post-processing step is the engine's, after any attack).
+MATCHES_THROUGH = frozenset({"mask", "transform", "distance", "unknowns", "postprocess"})
 
 
 @dataclass(frozen=True, eq=False)

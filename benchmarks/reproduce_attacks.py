@@ -93,6 +93,9 @@ def audit(spec: RunSpec, **extra: Any) -> dict[str, Any]:
         "label_rule": (summary.get("label_inference") or {}).get("rule"),
         "stop_reason": summary["stop_reason"],
         "adversary": summary["defense_report"].get("recovered_by_attacker"),
+        # The product's own reading of the run (without a control): did anything leak, how much.
+        "leaked": summary["verdict"]["finding"]["leaked"],
+        "level": summary["verdict"]["finding"]["level"],
         # Each attack of the run (an attack and its adaptive twin), where there were several.
         "by_attack": [
             {k: a.get(k) for k in ("label", "adaptive", "psnr_mean", "ssim_mean")}

@@ -14,6 +14,7 @@ from auditlib.attacks.base import ATTACKS
 from auditlib.attacks.fedleak import GradientModel
 from auditlib.attacks.objectives import UpdateMatcher
 from auditlib.defenses import DEFENSES, build_defense
+from auditlib.defenses.base import ClientContext
 from auditlib.defenses.fedkl import FedKL, FedKLConfig
 from auditlib.engine.audit import prepare_victim, run_audit
 from auditlib.fl.protocol import ClientProtocol
@@ -27,7 +28,6 @@ torch.set_num_threads(1)
 # Defenses with no adaptive attacker of this kind, and why (docs/ALGORITHMS.md).
 NOT_OFFERED = {
     "none": "nothing to know",
-    "shadow": "the update is exactly the perturbed images' update",
     "fedboosting": "its audit already is the adversary that knows the protocol",
 }
 
@@ -225,3 +225,38 @@ def test_dlm_compares_only_the_weights_that_survived_sparsification():
         assert torch.equal(target[mask == 0], torch.zeros_like(target[mask == 0]))
     images = torch.randn_like(batch.images)
     assert float(adaptive(images, batch.labels)) != float(plain(images, batch.labels))
+
+
+def test_a_twin_that_cannot_match_through_the_defense_is_skipped_and_the_card_says_so():
+    spec = lenet_spec("gi", 3, defense=ComponentSpec.of("fedkl", {}))
+    summary = run_audit(spec, lpips_nets=()).summary
+    plain, twin = summary["attacks"]
+    assert not plain["skipped"] and plain["psnr_mean"] is not None
+    assert twin["adaptive"] and "gi cannot match through fedkl" in twin["skipped"]
+    card = {k["item"]: k for k in summary["verdict"]["scope"]["threat"]["knowledge"]}
+    line = card["the defense's mechanism and public parameters"]
+    assert not line["known"] and "offered, but no twin ran: gi cannot match" in line["detail"]
+
+
+def test_shadows_attacker_undoes_the_perturbation_it_can_compute():
+    # Given the perturbed images (what any attack recovers at best), the attacker that
+    # knows Shadow gets closer to the client's own by removing the perturbation's level.
+    params = {"shadow": "prior", "sigma0": 0.5}
+    _, batch, release = release_for(lenet_spec(), defense="shadow", defense_params=params)
+    known = release.known_defense
+    assert ATTACKS["dlg"].why_not_adaptive(known) is None and known.postprocess is not None
+    shadow, _ = build_defense("shadow", params)
+    perturbed = shadow.perturb_images(
+        ClientContext(
+            release.knowledge.model,
+            {n: p.detach() for n, p in release.knowledge.parameters().items()},
+            batch.images,
+            batch.labels,
+            release.knowledge.protocol,
+        ),
+        torch.Generator().manual_seed(1),
+    )
+    undone = known.postprocess(perturbed, batch.labels, release.knowledge)
+    before = float((perturbed - batch.images).pow(2).mean())
+    after = float((undone - batch.images).pow(2).mean())
+    assert after < 0.85 * before

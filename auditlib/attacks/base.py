@@ -156,6 +156,7 @@ ADAPTIVE_PARTS = {
     "transform": "clip or quantiser on the candidate",
     "distance": "noise likelihood",
     "unknowns": "unknown model parameters (fitted jointly)",
+    "postprocess": "inversion of its action on the images",
 }
 
 

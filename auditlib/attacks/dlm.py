@@ -515,7 +515,7 @@ register(
         ),
         paper_iterations=200,
         not_applicable=_fedavg_only,
-        adapts=frozenset({"mask", "distance"}),
+        adapts=frozenset({"mask", "distance", "postprocess"}),
     )
 )
 
@@ -542,6 +542,6 @@ register(
         ),
         paper_iterations=200,
         not_applicable=_fedavg_only,
-        adapts=frozenset({"mask", "distance"}),
+        adapts=frozenset({"mask", "distance", "postprocess"}),
     )
 )

@@ -52,6 +52,7 @@ from auditlib.defenses.shadow_noise import (
 )
 from auditlib.fl.update import client_update, trainable_parameters
 from auditlib.models.saliency import grad_cam_plus_plus, last_convolution
+from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,34 @@ def client_key(images: torch.Tensor) -> str:
     return hashlib.sha256(images.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
+def invert_shadow(
+    config: ShadowConfig,
+    recovered: torch.Tensor,
+    labels: torch.Tensor | None,
+    knowledge: Any,
+    seed: int = 0,
+) -> torch.Tensor:
+    """The adaptive attacker's estimate of the client's images from its recovery x' of the
+    perturbed ones: x' minus the level of delta, per image. delta is never negative and its
+    level is stable, so the attacker estimates it by running Shadow (the same code, a fresh
+    shadow of its own, its own seed) on x' as the client ran it in the audited round (0).
+    Its pattern is not recoverable this way: the histogram equalisation makes it a
+    near-random function of the image (docs/ALGORITHMS.md), so x = x' - delta(x) solved by
+    fixed-point iteration moves away from x. Model space in and out (CPU)."""
+    model = knowledge.model
+    device = knowledge.device
+    observed = recovered.detach().to(device)
+    if labels is None:  # the attack recovered no labels: the model's own reading
+        with torch.no_grad():
+            labels = model(observed).argmax(dim=-1)
+    labels = labels.to(device).long()
+    parameters = {n: p.detach() for n, p in knowledge.parameters().items()}
+    context = ClientContext(model, parameters, observed, labels, knowledge.protocol, round=0)
+    shadow = Shadow(config)  # no state from the client's shadow: it is private
+    delta = shadow.perturb_images(context, torch.Generator().manual_seed(seed)) - observed
+    return (observed - delta.mean(dim=(1, 2, 3), keepdim=True)).cpu()
+
+
 class Shadow:
     def __init__(self, config: ShadowConfig) -> None:
         self.config = config
@@ -370,6 +399,20 @@ class Shadow:
     def apply(self, update, generator, context=None):
         # The defense acted on the images; the update taken on them leaves unchanged.
         return copied(update)
+
+    def known_to_attacker(self, observation, weights):
+        c = self.config
+        return KnownDefense(
+            "shadow",
+            f"knows Shadow's mechanism and settings (sigma0 {c.sigma0:g}, {c.schedule} "
+            f"schedule, shadow={c.shadow}, round 0) but not the client's images, shadow or "
+            "randomness: takes its recovery as the perturbed images and subtracts the "
+            "perturbation's level, estimated by running Shadow on them with a shadow of its "
+            "own (the perturbation's pattern cannot be re-run: it changes with the image)",
+            postprocess=lambda images, labels, knowledge: invert_shadow(
+                c, images, labels, knowledge
+            ),
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         return {

@@ -32,6 +32,7 @@ from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
 from auditlib.spec import ComponentSpec
+from auditlib.threat import AttackerKnowledge
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,8 +158,25 @@ def run_attacks(
                 raise
             outcomes.append(AttackRun(attack, None, str(exc), time.perf_counter() - began))
             continue
+        if final is not None and attack.adaptive:
+            final = _undone(final, knowledge)
         offset += final.steps if final is not None else 0
         outcomes.append(AttackRun(attack, final, None, time.perf_counter() - began))
+
+
+def _undone(final: Reconstruction, knowledge: AttackerKnowledge) -> Reconstruction:
+    """An adaptive attacker's candidates with the defense's action on the images undone
+    (``KnownDefense.postprocess``, Shadow's); the attacker's pick by loss is unchanged."""
+    known = knowledge.defense
+    if known is None or known.postprocess is None:
+        return final
+    undo = known.postprocess
+    return replace(
+        final,
+        candidates=tuple(
+            replace(c, images=undo(c.images, c.labels, knowledge)) for c in final.candidates
+        ),
+    )
 
 
 def worst_case(runs: list[AttackRun], per_image: list[list[dict]]) -> tuple[Candidate, list[str]]:

@@ -499,7 +499,7 @@ def iter_audit(
             labels_known=spec.scenario.labels_known,
             batchnorm_statistics=any(_uses_batchnorm(r, victim.model) for r in ran),
             batch_size=int(victim.batch.images.shape[0]),
-            defense=_defense_knowledge(spec, release, adaptive),
+            defense=_defense_knowledge(spec, release, adaptive, runs),
         ),
     )
     verdict = judge(finding, scope, defended=spec.defense.name != "none")
@@ -585,7 +585,9 @@ def _uses_batchnorm(run: AttackRun, model: nn.Module) -> bool:
     return bool(weight > 0 and has_bn)
 
 
-def _defense_knowledge(spec: RunSpec, release, adaptive: bool) -> tuple[bool, str]:
+def _defense_knowledge(
+    spec: RunSpec, release, adaptive: bool, runs: list[AttackRun]
+) -> tuple[bool, str]:
     """The threat card's line on the defense: (known to an attacker here, in words)."""
     if spec.defense.name == "none":
         return False, "no defense"
@@ -594,7 +596,13 @@ def _defense_knowledge(spec: RunSpec, release, adaptive: bool) -> tuple[bool, st
     known = release.known_defense
     if known is None:
         return False, f"no adaptive attacker is offered for {spec.defense.name}"
-    return True, f"an adaptive twin of each attack {known.summary}"
+    twins = [r for r in runs if r.planned.adaptive]
+    if not any(r.final is not None for r in twins):
+        reasons = "; ".join(dict.fromkeys(r.skipped for r in twins if r.skipped))
+        return False, f"offered, but no twin ran: {reasons or 'none was planned'}"
+    skipped = [r.planned.name for r in twins if r.final is None]
+    besides = f" (none for {', '.join(skipped)}: see the attacks run)" if skipped else ""
+    return True, f"an adaptive twin of each attack {known.summary}{besides}"
 
 
 def _attack_record(run: AttackRun, scores: dict[str, Any] | None) -> dict[str, Any]:
