@@ -106,7 +106,9 @@ def run_holds_again() -> list[dict]:
         base = spec_of(LENET, attack, data=photograph(0), iterations=iterations)
         for member in batches.sweep_members(base, curves):
             if member.label not in accuracy:
-                defense, _ = build_defense(member.defense, member.spec.defense.params_dict())
+                defense, _ = build_defense(
+                    member.spec.defense.name, member.spec.defense.params_dict()
+                )
                 model = build_model(UTILITY_MODEL)
                 *_, last = train_federated(model, train, test, FEDERATION, defense)
                 accuracy[member.label] = last.accuracy

@@ -295,6 +295,30 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
 
 
 @needs_poppler
+def test_the_plain_attack_and_the_one_that_knows_the_defense_are_side_by_side(comparison):
+    subject = batch_subject(comparison.store, comparison.batch_id)
+    undefended, noised = summary_rows(subject.entries)
+    # No twin without a defense; under the noise both figures, and the verdict's PSNR is
+    # the per-image best of the two, so never below either.
+    assert undefended["plain_psnr"] is None and undefended["adaptive_psnr"] is None
+    plain, adaptive = noised["plain_psnr"], noised["adaptive_psnr"]
+    assert plain is not None and adaptive is not None
+    assert noised["psnr"] >= max(plain, adaptive) - 1e-9
+    # The Compare page's table shows the two columns.
+    from dashboard.batch_view import display_rows
+
+    shown = {r["defense"]: r for r in display_rows([undefended, noised])}
+    assert shown[noised["label"]]["plain attack PSNR"] == f"{plain:.2f}"
+    assert shown[noised["label"]]["knowing the defense PSNR"] == f"{adaptive:.2f}"
+    data, _ = render_report(subject, charts=False)
+    path = Path(comparison.url.removeprefix("sqlite:///")).with_name("twins.pdf")
+    path.write_bytes(data)
+    section = between(pdf_text(path), "The attacker that knows the defense", "Beside each")
+    assert f"{plain:.2f}" in section and f"{adaptive:.2f}" in section
+    assert "dp-gaussian" in section and "none" not in section.split("stronger", 1)[1]
+
+
+@needs_poppler
 def test_charts_that_cannot_be_drawn_are_replaced_by_the_reason(comparison, tmp_path, monkeypatch):
     monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium"))
     out = tmp_path / "report.pdf"
