@@ -1,0 +1,200 @@
+"""The product beside breaching (Geiping et al.'s library, the field's reference optimisation
+attacks), in one run, on the same model weights, the same photograph and the same observed
+gradient: seconds per run, iterations per second and PSNR of each.
+
+breaching is never a dependency of the product: it is installed into its own folder,
+``.peers/site`` (git-ignored), and imported only here::
+
+    .venv/bin/python -m pip install --target .peers/site --no-deps \\
+        breaching==0.1.2 hydra-core omegaconf antlr4-python3-runtime==4.9.3
+
+(its own requirements besides these, torch, torchvision, scipy and lpips, are the product's).
+Rows, interleaved (ours, breaching, ours, breaching) so that load on the machine falls on both:
+
+- DLG on DLG's LeNet (sigmoid, U(-0.5, 0.5), 100 classes), 32x32, labels optimised jointly,
+  L-BFGS lr 1 with 20 evaluations per step: breaching's ``deepleakage`` against our ``dlg``;
+- IG on the same LeNet, labels known to both, Adam lr 0.1 with signed gradients, step
+  decay at 3/8, 5/8, 7/8, boxed, cosine distance, TV 1e-4 (breaching's TV scale set to ours):
+  breaching's ``invertinggradients`` against our ``ig`` (paper preset);
+- IG on ResNet-18 (the GRNN thesis's sigmoid, uniform-initialised form), 32x32, the same.
+
+One restart each, the same iteration count on both sides, after an untimed warm-up of each. Seconds are wall-clock per run on
+this machine's 2 threads, from the attack's start to its last image (model already built,
+gradient already computed); PSNR against the photograph in [0, 1] (docs/METRICS.md).
+
+Writes benchmarks/results/peers.json and the table in docs/PERFORMANCE.md.
+Usage: python -m benchmarks.peers
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.engine.audit import prepare_victim
+from auditlib.fl.protocol import ClientProtocol
+from auditlib.fl.update import client_update, trainable_parameters
+from auditlib.threat import AttackerKnowledge, Observation
+from benchmarks.common import ROOT, machine, replace_section
+from benchmarks.reproduce_attacks import LENET, RESNET18, photograph, spec_of
+
+PEERS = ROOT / ".peers" / "site"
+RESULTS = ROOT / "benchmarks" / "results" / "peers.json"
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+REPEATS = 2
+# (name, our attack, our preset, breaching's attack, model, iterations, labels known)
+ROWS = (
+    ("DLG, LeNet 32x32", "dlg", None, "deepleakage", LENET, 100, False),
+    ("IG, LeNet 32x32", "ig", "paper", "invertinggradients", LENET, 500, True),
+    ("IG, ResNet-18 32x32", "ig", "paper", "invertinggradients", RESNET18, 100, True),
+)
+
+
+def _case(model_spec):
+    """The victim's model, photograph and FedSGD gradient, as both sides get them."""
+    spec = spec_of(model_spec, "ig", data=photograph(0), iterations=1)
+    victim = prepare_victim(spec)
+    model = victim.model
+    parameters = trainable_parameters(model)
+    gradient = client_update(
+        model,
+        parameters,
+        victim.batch.images,
+        victim.batch.labels,
+        ClientProtocol(),
+        differentiable=False,
+    )
+    return victim, tuple(parameters), tuple(g.detach() for g in gradient)
+
+
+def _psnr(images: torch.Tensor, victim) -> float:
+    norm = victim.normalization
+    mean = torch.tensor(norm.mean).view(1, -1, 1, 1)
+    std = torch.tensor(norm.std).view(1, -1, 1, 1)
+    unit = (images.cpu() * std + mean).clamp(0, 1)
+    truth = victim.batch.images * std + mean
+    mse = float((unit - truth).pow(2).mean())
+    return 10 * torch.log10(torch.tensor(1 / max(mse, 1e-10))).item()
+
+
+def ours(victim, classes, names, gradient, attack, preset, iterations, labels_known):
+    knowledge = AttackerKnowledge(
+        model=copy.deepcopy(victim.model),
+        protocol=ClientProtocol(),
+        batch_size=1,
+        input_shape=tuple(victim.batch.images.shape[1:]),
+        num_classes=classes,
+        normalization=victim.normalization,
+        labels=victim.batch.labels.clone() if labels_known else None,
+    )
+    observation = Observation("gradient", gradient, names)
+    config, _ = build_attack_config(attack, {"restarts": 1}, preset)
+    control = RunControl(iterations, emit_every=iterations, image_every=iterations)
+    start = time.perf_counter()
+    final = None
+    for event in get_attack(attack).run(observation, knowledge, config, control, 0):
+        final = event.final or final
+    seconds = time.perf_counter() - start
+    return seconds, final.steps, _psnr(final.selected.images, victim)
+
+
+def theirs(victim, classes, gradient, attack, iterations, labels_known):
+    sys.path.insert(0, str(PEERS))
+    import breaching  # the peer is optional and lives outside the product
+
+    cfg = breaching.get_config(overrides=["case=1_single_image_small", f"attack={attack}"])
+    cfg.attack.optim.max_iterations = iterations
+    cfg.attack.optim.callback = iterations
+    cfg.attack.restarts.num_trials = 1
+    if attack == "invertinggradients":
+        cfg.attack.regularization.total_variation.scale = 1e-4  # ours
+    norm = victim.normalization
+    data = cfg.case.data
+    data.mean, data.std = list(norm.mean), list(norm.std)
+    data.shape = list(victim.batch.images.shape[1:])
+    data.classes = classes
+    setup = {"dtype": torch.float, "device": torch.device("cpu")}
+    model = copy.deepcopy(victim.model)
+    loss = torch.nn.CrossEntropyLoss()
+    attacker = breaching.attacks.prepare_attack(model, loss, cfg.attack, setup)
+    payload = [
+        {
+            "parameters": [p.detach().clone() for p in model.parameters()],
+            "buffers": None,
+            "metadata": data,
+        }
+    ]
+    shared = [
+        {
+            "gradients": [g.clone() for g in gradient],
+            "buffers": None,
+            "metadata": {
+                "num_data_points": 1,
+                "labels": victim.batch.labels.clone() if labels_known else None,
+                "local_hyperparams": None,
+            },
+        }
+    ]
+    start = time.perf_counter()
+    output, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    seconds = time.perf_counter() - start
+    return seconds, iterations, _psnr(output["data"].detach(), victim)
+
+
+def main() -> None:
+    if not (PEERS / "breaching").is_dir():
+        raise SystemExit(f"breaching is not installed in {PEERS}; see this module's docstring")
+    torch.set_num_threads(2)
+    rows = []
+    for label, attack, preset, peer, model_spec, iterations, labels_known in ROWS:
+        victim, names, gradient = _case(model_spec)
+        classes = model_spec.num_classes
+        runs = {"ours": [], "breaching": []}
+        # Warm-up of both sides (lazy imports, first optimiser, allocator), not timed.
+        ours(victim, classes, names, gradient, attack, preset, 2, labels_known)
+        theirs(victim, classes, gradient, peer, 2, labels_known)
+        for _ in range(REPEATS):
+            runs["ours"].append(
+                ours(victim, classes, names, gradient, attack, preset, iterations, labels_known)
+            )
+            runs["breaching"].append(
+                theirs(victim, classes, gradient, peer, iterations, labels_known)
+            )
+        row = {"row": label, "iterations": iterations}
+        for side, results in runs.items():
+            row[side] = {
+                "seconds": statistics.median(r[0] for r in results),
+                "steps": results[0][1],
+                "psnr": [r[2] for r in results],
+            }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    RESULTS.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
+    lines = [
+        "| row | iterations | ours: s / it/s / PSNR | breaching: s / it/s / PSNR | time ours / breaching |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = []
+        for side in ("ours", "breaching"):
+            s = r[side]
+            psnr = " and ".join(f"{p:.2f}" for p in s["psnr"])
+            cells.append(f"{s['seconds']:.1f} / {s['steps'] / s['seconds']:.1f} / {psnr}")
+        ratio = r["ours"]["seconds"] / r["breaching"]["seconds"]
+        lines.append(f"| {r['row']} | {r['iterations']} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
+    text = (
+        "\n".join(lines)
+        + f"\n\nMedian of {REPEATS} interleaved runs each. Measured on: {machine()}."
+    )
+    replace_section(DOC, "peers", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
