@@ -1,128 +1,134 @@
-"""Before vectorising restarts (issue 18), the measurement that chooses how: R restarts of
-IG's objective (cosine distance of FedSGD gradients, Adam lr 0.1 on the pixels) on DLG's
-LeNet at 32x32, batch 1, advanced one after the other (what the attacks do today) or
-together with ``torch.func.vmap`` over the restarts (per-restart gradients of the shared
-weights, so each restart's objective is exactly its own; LeNet has no BatchNorm).
+"""Restarts advanced together against one after the other, through the product's attacks.
 
-Both arms use the same objective code and the same starting images; the table gives
-restart-steps per second and the largest pixel difference between the two arms' results
-after 5 and after 50 steps. The first step's pixel gradients of the two arms agree to a
-relative 1e-6 (float32 summation order); Adam's division by the root of its second moment
-then amplifies that where a pixel's gradient is near zero. Not a product path yet.
+Each attack runs R = 8 restarts on DLG's LeNet at 32x32 (one photograph, FedSGD) twice per
+repetition, interleaved: ``together=false`` (the restarts one after another, each its own
+step loop) and ``together=true`` (``attacks.loop``: the R restarts are one batched
+computation, ``torch.func.vmap`` over the restarts). The figure is restart-steps per second
+(steps summed over restarts, over wall-clock seconds of the whole run, events included),
+the median of the repetitions. Agreement: the largest relative difference of the restarts'
+final objectives and the largest pixel difference, after ``SHORT`` steps, same seeds.
+Attacks whose restarts cannot advance together say why instead (their row has one arm).
 
 Writes benchmarks/results/restart_batching.json and the table in docs/PERFORMANCE.md.
-Usage: python -m benchmarks.restart_batching
+Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 3]
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import statistics
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
-from auditlib.models import ModelSpec, build_model
-from benchmarks.common import ROOT, machine, replace_section
+from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.engine.audit import prepare_victim
+from auditlib.fl.scenario import release_update
+from auditlib.defenses import build_defense
+from benchmarks.common import ROOT, lenet_spec, machine, replace_section
 
 RESULTS = ROOT / "benchmarks" / "results" / "restart_batching.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
-MODEL = ModelSpec("lenet", 100, (3, 32, 32), init="uniform")
-RESTARTS = (1, 4, 8, 16)
-STEPS = 50
+RESTARTS = 8
+SHORT = 3
+ATTACKS = ("ig", "grnn", "fedleak", "dlg")
 
 
-def _setting():
-    torch.manual_seed(0)
-    model = build_model(MODEL)
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    label = torch.tensor([3])
-
-    def loss(p, x):
-        return F.cross_entropy(functional_call(model, p, (x,)), label)
-
-    target = tuple(grad(loss)(params, torch.randn(1, 3, 32, 32)).values())
-    return params, loss, target
-
-
-def _cosine(grads, target):
-    """1 - cosine per restart (the leading dimension of every tensor in ``grads``)."""
-    dot = sum((g * t).flatten(1).sum(1) for g, t in zip(grads, target, strict=True))
-    norm = sum(g.pow(2).flatten(1).sum(1) for g in grads).sqrt()
-    return 1 - dot / (norm * sum(t.pow(2).sum() for t in target).sqrt() + 1e-12)
+def _release(attack: str):
+    spec = lenet_spec(attack)
+    victim = prepare_victim(spec)
+    release = release_update(
+        victim.model,
+        victim.batch,
+        spec.scenario.protocol,
+        build_defense("none", None)[0],
+        normalization=victim.normalization,
+        num_classes=spec.model.spec.num_classes,
+        labels_known=False,
+        seed=0,
+    )
+    return release
 
 
-def _starts(restarts: int) -> torch.Tensor:
-    return torch.randn(restarts, 1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-
-
-def sequential(restarts: int, steps: int) -> torch.Tensor:
-    params, loss, target = _setting()
-    weights = {n: p.clone().requires_grad_(True) for n, p in params.items()}
-    out = []
-    for start in _starts(restarts):
-        x = start.clone().requires_grad_(True)
-        optimizer = torch.optim.Adam([x], lr=0.1)
-        for _ in range(steps):
-            optimizer.zero_grad()
-            grads = torch.autograd.grad(loss(weights, x), list(weights.values()), create_graph=True)
-            _cosine([g.unsqueeze(0) for g in grads], target).sum().backward()
-            optimizer.step()
-        out.append(x.detach())
-    return torch.stack(out)
-
-
-def batched(restarts: int, steps: int) -> torch.Tensor:
-    params, loss, target = _setting()
-    x = _starts(restarts).requires_grad_(True)
-    optimizer = torch.optim.Adam([x], lr=0.1)  # elementwise: each restart's own moments
-    per_restart = vmap(grad(loss), in_dims=(None, 0))
-    for _ in range(steps):
-        optimizer.zero_grad()
-        # The sum's gradient for each restart's pixels is its own objective's gradient.
-        _cosine(tuple(per_restart(params, x).values()), target).sum().backward()
-        optimizer.step()
-    return x.detach()
-
-
-def _rate(arm, restarts: int) -> float:
-    arm(restarts, 2)  # warm-up (lazy imports, allocator)
+def _run(attack: str, release, steps: int, together: bool | None):
+    params = {"restarts": RESTARTS}
+    if together is not None:
+        params["together"] = together
+    config, _ = build_attack_config(attack, params)
+    control = RunControl(steps, emit_every=10, image_every=50)
     start = time.perf_counter()
-    arm(restarts, STEPS)
-    return restarts * STEPS / (time.perf_counter() - start)
+    final = None
+    for event in get_attack(attack).run(
+        release.observation, release.knowledge, config, control, 0
+    ):
+        final = event.final or final
+    seconds = time.perf_counter() - start
+    return sum(c.steps for c in final.candidates) / seconds, final
 
 
-def main() -> None:
-    torch.set_num_threads(2)
-    rows = []
-    for restarts in RESTARTS:
-        rate_seq, rate_vmap = _rate(sequential, restarts), _rate(batched, restarts)
-        rows.append(
-            {
-                "restarts": restarts,
-                "sequential": rate_seq,
-                "vmap": rate_vmap,
-                "speedup": rate_vmap / rate_seq,
-                "max_diff_5": float((sequential(restarts, 5) - batched(restarts, 5)).abs().max()),
-                "max_diff_50": float(
-                    (sequential(restarts, STEPS) - batched(restarts, STEPS)).abs().max()
-                ),
-            }
+def _has_together(attack: str) -> bool:
+    return any(f.name == "together" for f in dataclasses.fields(get_attack(attack).config_type))
+
+
+def measure(attack: str, steps: int, repeats: int) -> dict:
+    release = _release(attack)
+    arms = (False, True) if _has_together(attack) else (None,)
+    _run(attack, release, 2, arms[-1])  # warm-up: lazy imports, allocator
+    rates: dict = {arm: [] for arm in arms}
+    for _ in range(repeats):
+        for arm in arms:
+            rates[arm].append(_run(attack, release, steps, arm)[0])
+    row = {"attack": attack, "steps": steps, "restarts": RESTARTS}
+    row["apart"] = statistics.median(rates[arms[0]])
+    if len(arms) == 2:
+        row["together"] = statistics.median(rates[True])
+        row["speedup"] = row["together"] / row["apart"]
+        apart = _run(attack, release, SHORT, False)[1].candidates
+        joint = _run(attack, release, SHORT, True)[1].candidates
+        row["objective_rel_diff"] = max(
+            abs(a.loss - b.loss) / max(abs(a.loss), 1e-12) for a, b in zip(apart, joint)
         )
-        print(json.dumps(rows[-1]), flush=True)
-    RESULTS.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
+        row["pixel_diff"] = max(
+            float((a.images - b.images).abs().max()) for a, b in zip(apart, joint)
+        )
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def table(rows: list[dict]) -> str:
     lines = [
-        "| restarts | sequential: restart-steps/s | vmap: restart-steps/s | speed-up | "
-        "largest pixel difference after 5 / 50 steps |",
+        f"| attack (LeNet 32x32, batch 1, R = {RESTARTS}) | apart: restart-steps/s | "
+        f"together: restart-steps/s | speed-up | after {SHORT} steps: objective rel. diff / "
+        "largest pixel diff |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(
-            f"| {r['restarts']} | {r['sequential']:.0f} | {r['vmap']:.0f} | "
-            f"{r['speedup']:.2f}x | {r['max_diff_5']:.1e} / {r['max_diff_50']:.1e} |"
-        )
-    text = "\n".join(lines) + f"\n\nMeasured on: {machine()}."
+        if "together" in r:
+            lines.append(
+                f"| {r['attack']} | {r['apart']:.0f} | {r['together']:.0f} | "
+                f"{r['speedup']:.2f}x | {r['objective_rel_diff']:.1e} / {r['pixel_diff']:.1e} |"
+            )
+        else:
+            lines.append(f"| {r['attack']} | {r['apart']:.0f} | apart only | - | - |")
+    return "\n".join(lines) + f"\n\nMeasured on: {machine()}."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="*", choices=ATTACKS, default=list(ATTACKS))
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    previous = json.loads(RESULTS.read_text())["rows"] if RESULTS.exists() else []
+    kept = {r["attack"]: r for r in previous if "attack" in r}
+    for attack in args.only:
+        kept[attack] = measure(attack, args.steps, args.repeats)
+    rows = [kept[a] for a in ATTACKS if a in kept]
+    RESULTS.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
+    text = table(rows)
     replace_section(DOC, "restart-batching", text)
     print(text)
 

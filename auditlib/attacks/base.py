@@ -11,13 +11,16 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, KnownDefense, Observation
+
+if TYPE_CHECKING:
+    from auditlib.attacks.loop import HalvingPlan
 
 
 def _never() -> bool:
@@ -33,6 +36,8 @@ class RunControl:
     emit_every: int = 10
     image_every: int = 50
     is_cancelled: Callable[[], bool] = _never
+    # Restarts raced by successive halving (the audit preset's schedule; ``attacks.loop``).
+    race: HalvingPlan | None = None
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -134,6 +139,8 @@ class AttackInfo:
     not_applicable: Callable[[Observation, AttackerKnowledge], str | None] | None = None
     # What the attack's objective can take of a known defense (``KnownDefense.needs``).
     adapts: frozenset[str] = MATCHES_THROUGH
+    # Its restarts run in ``attacks.loop`` (which races them itself under the audit preset).
+    in_loop: bool = False
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge

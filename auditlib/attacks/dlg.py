@@ -16,14 +16,13 @@ import torch
 from auditlib.attacks.base import (
     AttackInfo,
     AuditPreset,
-    Candidate,
-    Clock,
     ProgressEvent,
     RunControl,
-    final_event,
     register,
+    snapshot,
 )
-from auditlib.attacks.lbfgs import RestartOutcome, lbfgs_restart
+from auditlib.attacks.lbfgs import LbfgsSteps
+from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import UpdateMatcher, random_images, random_label_logits
 from auditlib.config import require
 from auditlib.threat import AttackerKnowledge, Observation
@@ -51,6 +50,58 @@ class LbfgsConfig:
         require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
 
 
+class _Restart:
+    """One L-BFGS restart. Torch's L-BFGS keeps one curvature history and one step size
+    for all it optimises, so restarts stacked into one would steer each other: they run
+    one at a time (raced under the audit preset), each with its own history."""
+
+    def __init__(self, generators, observation, knowledge, config, fixed_labels, clock):
+        (generator,) = generators
+        self.matcher = UpdateMatcher(observation, knowledge, config.distance)
+        self.images = random_images(knowledge, generator).requires_grad_(True)
+        self.logits = None
+        self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        variables = [self.images]
+        if fixed_labels is None:
+            self.logits = random_label_logits(knowledge, generator).requires_grad_(True)
+            variables.append(self.logits)
+        self.matcher.restart()
+        self.steps = LbfgsSteps(
+            [*variables, *self.matcher.unknowns],  # unknowns: fitted by an adaptive attacker
+            self._objective,
+            clock,
+            lr=config.lr,
+            max_iter=config.lbfgs_max_iter,
+            history_size=config.history_size,
+            line_search=None if config.line_search == "none" else config.line_search,
+        )
+
+    def _labels(self) -> torch.Tensor:
+        return self.fixed if self.logits is None else torch.softmax(self.logits, dim=-1)
+
+    def _objective(self) -> torch.Tensor:
+        return self.matcher(self.images, self._labels())
+
+    def _hard_labels(self) -> torch.Tensor:
+        return (self.fixed if self.logits is None else self.logits.detach().argmax(-1)).cpu()
+
+    def step(self, alive):
+        loss = self.steps.step()
+        return {
+            "gradient_distance": torch.tensor([loss]),
+            "evaluations": torch.tensor([float(self.steps.evaluations)]),
+        }
+
+    def frame(self, position):
+        return snapshot(self.images), self._hard_labels()
+
+    def candidate(self, position):
+        self.steps.restore()  # the last full step, not a cut-short or diverged one
+        with torch.enable_grad():
+            score = float(self.matcher(self.images.detach(), self._labels().detach()).detach())
+        return snapshot(self.images), self._hard_labels(), score
+
+
 def run_lbfgs_attack(
     observation: Observation,
     knowledge: AttackerKnowledge,
@@ -61,80 +112,12 @@ def run_lbfgs_attack(
     label_inference: dict | None,
 ) -> Iterator[ProgressEvent]:
     """DLG when ``fixed_labels`` is None (labels optimised jointly), else iDLG-style."""
-    matcher = UpdateMatcher(observation, knowledge, config.distance)
-    generator = torch.Generator().manual_seed(seed)
-    clock = Clock(control)
-    total = control.max_steps * config.restarts
-    candidates: list[Candidate] = []
-    steps_done = 0
-    stop = "completed"
-    line_search = None if config.line_search == "none" else config.line_search
 
-    for restart in range(config.restarts):
-        images = random_images(knowledge, generator).requires_grad_(True)
-        if fixed_labels is None:
-            logits = random_label_logits(knowledge, generator).requires_grad_(True)
-            variables = [images, logits]
+    def make(generators, clock):
+        return _Restart(generators, observation, knowledge, config, fixed_labels, clock)
 
-            def objective(images=images, logits=logits) -> torch.Tensor:
-                return matcher(images, torch.softmax(logits, dim=-1))
-
-            def current_labels(logits=logits) -> torch.Tensor:
-                return logits.detach().argmax(dim=-1).cpu()
-        else:
-            labels = fixed_labels.to(knowledge.device)
-            variables = [images]
-
-            def objective(images=images, labels=labels) -> torch.Tensor:
-                return matcher(images, labels)
-
-            def current_labels(labels=labels) -> torch.Tensor:
-                return labels.cpu()
-
-        matcher.restart()
-        outcome = RestartOutcome()
-        yield from lbfgs_restart(
-            [*variables, *matcher.unknowns],  # unknowns: fitted by an adaptive attacker
-            objective,
-            images,
-            current_labels,
-            lr=config.lr,
-            max_iter=config.lbfgs_max_iter,
-            history_size=config.history_size,
-            line_search=line_search,
-            control=control,
-            clock=clock,
-            restart=restart,
-            step_offset=steps_done,
-            total_steps=total,
-            outcome=outcome,
-        )
-        steps_done += outcome.steps
-        final_images = outcome.images.to(knowledge.device)
-        final_labels = current_labels()
-        with torch.enable_grad():
-            soft = (
-                torch.softmax(logits.detach(), -1)
-                if fixed_labels is None
-                else final_labels.to(knowledge.device)
-            )
-            final_loss = float(matcher(final_images, soft).detach())
-        candidates.append(
-            Candidate(
-                outcome.images,
-                final_labels,
-                final_loss,
-                restart,
-                outcome.steps,
-                outcome.stop_reason,
-            )
-        )
-        if outcome.stop_reason in {"cancelled", "time budget"}:
-            stop = outcome.stop_reason
-            break
-
-    yield final_event(
-        candidates, stop, steps_done, total, clock, label_inference, "gradient_distance"
+    return run_restarts(
+        make, config.restarts, False, control, seed, "gradient_distance", label_inference
     )
 
 
@@ -156,5 +139,6 @@ register(
             why="DLG's own settings (L-BFGS lr 1, L2), which converge in about 100 steps when they converge at all; its failures are bad starts (a first step that never moves, a poor minimum), so 8 starts race and the lowest gradient distance wins",
         ),
         paper_iterations=300,
+        in_loop=True,
     )
 )

@@ -20,6 +20,7 @@ TV differences) are options. See docs/ALGORITHMS.md for every departure.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,20 +29,24 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from auditlib.attacks.base import (
     AttackInfo,
     AuditPreset,
-    Candidate,
-    Clock,
     ProgressEvent,
     RunControl,
-    final_event,
     register,
     snapshot,
 )
 from auditlib.attacks.labels import infer_batch_labels
-from auditlib.attacks.objectives import UpdateMatcher, l2_distance, total_variation
+from auditlib.attacks.loop import run_restarts
+from auditlib.attacks.objectives import (
+    UpdateMatcher,
+    l2_distance,
+    total_variation,
+    why_not_together,
+)
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
 from auditlib.models.keylock import key_lock_modules
@@ -65,6 +70,9 @@ class GrnnConfig:
     labels: Literal["auto", "joint", "known", "inferred"] = "auto"
     label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = "auto"
     restarts: int = 1
+    # Restarts advance together, one batched computation (attacks.loop); False: one after
+    # another. The same objective either way.
+    together: bool = True
 
     def __post_init__(self) -> None:
         require(0 < self.lr <= 1, f"lr must be in (0, 1], got {self.lr}")
@@ -272,132 +280,139 @@ def run_grnn(
     seed: int,
 ) -> Iterator[ProgressEvent]:
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
-    loss = GrnnLoss(observation, knowledge, config)
-    return _run(knowledge, config, control, seed, loss, fixed_labels, inference)
+    tv_weight(knowledge, config)  # checks the model before any restart runs
+
+    def make(generators, clock):
+        # A loss of its own per group: an adaptive attacker's unknowns live in its matcher.
+        loss = GrnnLoss(observation, knowledge, config)
+        return _Restarts(generators, knowledge, config, loss, fixed_labels)
+
+    together = config.together and _why_apart(knowledge, config) is None
+    return run_restarts(
+        make, config.restarts, together, control, seed, "gradient_distance", inference
+    )
 
 
-class _Restart:
-    """One restart's generator, fixed latent and optimiser."""
+def _why_apart(knowledge: AttackerKnowledge, config: GrnnConfig) -> str | None:
+    if config.wasserstein == "sorted":
+        return "the sorted Wasserstein term is computed one restart at a time"
+    return why_not_together(knowledge)
 
-    def __init__(
-        self,
-        knowledge: AttackerKnowledge,
-        config: GrnnConfig,
-        generator: torch.Generator,
-        fixed_labels: torch.Tensor | None,
-        unknowns: tuple[torch.Tensor, ...] = (),
-    ) -> None:
+
+class _Restarts:
+    """GRNN's restarts: each a generator of its own (fresh weights, a fixed latent) trained
+    with RMSprop; several advance together as one stacked set of generator weights."""
+
+    def __init__(self, generators, knowledge, config, loss: GrnnLoss, fixed_labels) -> None:
         self.knowledge = knowledge
         self.config = config
-        self.net = build_generator(knowledge, config, generator)
-        shape = (knowledge.batch_size, config.latent_dim)
-        self.latent = torch.randn(shape, generator=generator).to(knowledge.device)
+        self.loss = loss
+        nets, latents = [], []
+        for generator in generators:  # per restart: its generator's weights, then its latent
+            nets.append(build_generator(knowledge, config, generator))
+            shape = (knowledge.batch_size, config.latent_dim)
+            latents.append(torch.randn(shape, generator=generator).to(knowledge.device))
+        self.latent = torch.stack(latents)
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        loss.matcher.restart()
+        if len(nets) == 1:
+            self.net, self.weights, self.buffers = nets[0], None, None
+            variables = list(self.net.parameters())
+        else:  # stacked weights: one leaf per parameter, a slice per restart
+            self.weights, self.buffers = torch.func.stack_module_state(nets)
+            self.net = copy.deepcopy(nets[0]).to("meta")
+            variables = list(self.weights.values())
         # An adaptive attacker's unknown model parameters train with the generator.
         self.optimizer = torch.optim.RMSprop(
-            [*self.net.parameters(), *unknowns], lr=config.lr, momentum=config.momentum
+            [*variables, *loss.matcher.unknowns], lr=config.lr, momentum=config.momentum
         )
+        self.shown: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # last frame, by position
+        self.diverged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def generate(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Images in [0, 1], the same in model space, and the labels fed to the client."""
+    def _one(self, weights, buffers, latent):
+        """One restart's images in [0, 1], in model space, and its labels."""
         _, height, width = self.knowledge.input_shape
-        images01, soft = self.net(self.latent)
+        if weights is None:
+            images01, soft = self.net(latent)
+        else:
+            images01, soft = functional_call(self.net, (weights, buffers), (latent,))
         images01 = fit_to_input(images01, height, width, self.config.fit)
         labels = soft if self.fixed is None else self.fixed
         return images01, self.knowledge.normalization.normalize(images01), labels
 
-    def hard_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return (labels if self.fixed is not None else labels.detach().argmax(-1)).cpu()
-
-
-def _run(
-    knowledge: AttackerKnowledge,
-    config: GrnnConfig,
-    control: RunControl,
-    seed: int,
-    loss: GrnnLoss,
-    fixed_labels: torch.Tensor | None,
-    inference: dict[str, Any],
-) -> Iterator[ProgressEvent]:
-    generator = torch.Generator().manual_seed(seed)
-    clock = Clock(control)
-    iterations = control.max_steps
-    total = iterations * config.restarts
-    candidates: list[Candidate] = []
-    steps_done = 0
-    stop = "completed"
-
-    for restart in range(config.restarts):
-        loss.matcher.restart()
-        state = _Restart(knowledge, config, generator, fixed_labels, loss.matcher.unknowns)
-        with torch.no_grad():
-            _, images, labels = state.generate()
-        yield ProgressEvent(
-            steps_done,
-            total,
-            clock.elapsed,
-            {},
-            restart,
-            snapshot(images),
-            state.hard_labels(labels),
+    def generate(self, positions):
+        """Images in [0, 1], the same in model space and the labels fed to the client, one
+        slice per position."""
+        if self.weights is None:
+            images01, images, labels = self._one(None, None, self.latent[0])
+            soft = labels.unsqueeze(0) if self.fixed is None else labels
+            return images01.unsqueeze(0), images.unsqueeze(0), soft
+        index = torch.tensor(positions, device=self.latent.device)
+        weights = {n: w[index] for n, w in self.weights.items()}
+        buffers = {n: b[index] for n, b in self.buffers.items()}
+        label_dim = 0 if self.fixed is None else None
+        return torch.func.vmap(self._one, out_dims=(0, 0, label_dim))(
+            weights, buffers, self.latent[index]
         )
-        restart_stop = "completed"
-        step = 0
-        for step in range(1, iterations + 1):
-            reason = clock.stop_reason()
-            if reason is not None:
-                restart_stop = reason
-                step -= 1
-                break
-            state.optimizer.zero_grad()
-            images01, images, labels = state.generate()
-            mse, wd = loss.gradient_terms(images, labels)
-            tv = loss.smoothness(images01)
-            objective = mse + wd + loss.tv * tv
-            if not torch.isfinite(objective):
-                # Stop before the step so the generator keeps its last finite weights.
-                restart_stop = "diverged"
-                step -= 1
-                break
-            objective.backward()
-            state.optimizer.step()
-            if step % control.emit_every == 0 or step == iterations:
-                # The frame is the output the step was taken from (one forward per step).
-                with_images = step % control.image_every == 0 or step == iterations
-                yield ProgressEvent(
-                    steps_done + step,
-                    total,
-                    clock.elapsed,
-                    {
-                        "objective": float(objective.detach()),
-                        "gradient_distance": float(mse.detach()),
-                        "wasserstein": float(wd.detach()),
-                        "tv": float(tv.detach()),
-                    },
-                    restart,
-                    snapshot(images) if with_images else None,
-                    state.hard_labels(labels) if with_images else None,
-                )
-        steps_done += step
-        candidates.append(_final_candidate(state, loss, restart, step, restart_stop))
-        if restart_stop in {"cancelled", "time budget"}:
-            stop = restart_stop
-            break
 
-    yield final_event(candidates, stop, steps_done, total, clock, inference, "gradient_distance")
+    def _row(self, labels: torch.Tensor, index: int) -> torch.Tensor:
+        """One restart's labels: its soft labels, or the fixed ones all restarts share."""
+        return labels[index] if self.fixed is None else labels
 
+    def _terms(self, images, labels):
+        if images.shape[0] == 1:
+            mse, wd = self.loss.gradient_terms(images[0], self._row(labels, 0))
+            return mse.unsqueeze(0), wd.unsqueeze(0)
+        mse = self.loss.matcher.together(images, labels, l2_distance)
+        # The code's wasserstein_distance of one row: the L2 norm of the difference.
+        return mse, mse.clamp_min(1e-30).sqrt()
 
-def _final_candidate(
-    state: _Restart, loss: GrnnLoss, restart: int, steps: int, stop: str
-) -> Candidate:
-    """The generator's output after its last step, scored by the gradient terms of Eq. 3.4
-    (MSE + WD; the TV prior is not part of the score)."""
-    with torch.no_grad():
-        _, images, labels = state.generate()
-    with torch.enable_grad():
-        mse, wd = loss.gradient_terms(images.detach(), labels.detach())
-    score = float((mse + wd).detach())
-    return Candidate(snapshot(images), state.hard_labels(labels), score, restart, steps, stop)
+    def step(self, alive):
+        self.optimizer.zero_grad()
+        images01, images, labels = self.generate(alive)
+        mse, wd = self._terms(images, labels)
+        tv = torch.func.vmap(self.loss.smoothness)(images01)
+        objective = mse + wd + self.loss.tv * tv
+        finite = torch.isfinite(objective.detach())
+        for index, position in enumerate(alive):
+            self.shown[position] = (images[index].detach(), self._row(labels, index).detach())
+            if not finite[index]:
+                # Its generator keeps the weights that made these images (no step taken).
+                self.diverged[position] = self.shown[position]
+        if bool(finite.any()):
+            objective[finite].sum().backward()
+            self.optimizer.step()
+        return {
+            "objective": objective.detach(),
+            "gradient_distance": mse.detach(),
+            "wasserstein": wd.detach(),
+            "tv": tv.detach(),
+        }
+
+    def _hard(self, labels: torch.Tensor) -> torch.Tensor:
+        return (labels if self.fixed is not None else labels.argmax(-1)).cpu()
+
+    def frame(self, position):
+        # The frame is the output the last step was taken from (one forward per step).
+        if position not in self.shown:
+            with torch.no_grad():
+                _, images, labels = self.generate([position])
+            self.shown[position] = (images[0], self._row(labels, 0))
+        images, labels = self.shown[position]
+        return snapshot(images), self._hard(labels)
+
+    def candidate(self, position):
+        """The generator's output after its last step, scored by the gradient terms of
+        Eq. 3.4 (MSE + WD; the TV prior is not part of the score)."""
+        if position in self.diverged:
+            images, labels = self.diverged[position]
+        else:
+            with torch.no_grad():
+                _, images, labels = self.generate([position])
+            images, labels = images[0], self._row(labels, 0)
+        with torch.enable_grad():
+            mse, wd = self.loss.gradient_terms(images.detach(), labels.detach())
+        return snapshot(images), self._hard(labels), float((mse + wd).detach())
 
 
 # Rand2AI/GRNN GRNN.py; tv empty = 1e-3 on LeNet, 1e-6 on ResNet-18 (Sec. 3.3.1).
@@ -436,5 +451,6 @@ register(
             why="the public GRNN settings (RMSprop lr 1e-4, TV by architecture) with 4 raced starts of the generator",
         ),
         paper_iterations=1000,
+        in_loop=True,
     )
 )

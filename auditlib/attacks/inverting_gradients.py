@@ -22,20 +22,19 @@ import torch
 from auditlib.attacks.base import (
     AttackInfo,
     AuditPreset,
-    Candidate,
-    Clock,
     ProgressEvent,
     RunControl,
-    final_event,
     register,
     snapshot,
 )
 from auditlib.attacks.labels import idlg_label
+from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     UpdateMatcher,
     random_images,
     random_label_logits,
     total_variation,
+    why_not_together,
 )
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
@@ -52,6 +51,9 @@ class InvertingGradientsConfig:
     lr_decay: bool = True
     distance: Literal["cosine", "l2"] = "cosine"
     labels: Literal["auto", "known", "idlg", "joint"] = "auto"
+    # Restarts advance together, one batched computation (attacks.loop); False: one after
+    # another. The same objective either way.
+    together: bool = True
 
     def __post_init__(self) -> None:
         require(0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr}")
@@ -94,96 +96,96 @@ def run_inverting_gradients(
     return _run(observation, knowledge, config, control, seed, fixed_labels, inference)
 
 
-def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
-    matcher = UpdateMatcher(observation, knowledge, config.distance)
-    device = knowledge.device
-    generator = torch.Generator().manual_seed(seed)
-    clock = Clock(control)
-    iterations = control.max_steps
-    total = iterations * config.restarts
-    low, high = knowledge.normalization.pixel_bounds(torch.zeros((), device=device))
-    candidates: list[Candidate] = []
-    steps_done = 0
-    stop = "completed"
+class _Restarts:
+    """IG's restarts: signed Adam on the images (and soft labels), stacked one per restart."""
 
-    for restart in range(config.restarts):
-        images = random_images(knowledge, generator).requires_grad_(True)
-        variables = [images]
-        logits = None
-        if fixed_labels is None:
-            logits = random_label_logits(knowledge, generator).requires_grad_(True)
-            variables.append(logits)
-        matcher.restart()
-        variables += matcher.unknowns  # fitted with the images (an adaptive attacker's)
-        labels_fixed = fixed_labels.to(device) if fixed_labels is not None else None
-
-        def labels_now(logits=logits, labels_fixed=labels_fixed) -> torch.Tensor:
-            return labels_fixed if logits is None else torch.softmax(logits, dim=-1)
-
-        def hard_labels(logits=logits, labels_fixed=labels_fixed) -> torch.Tensor:
-            return (labels_fixed if logits is None else logits.detach().argmax(-1)).cpu()
-
-        optimizer = torch.optim.Adam(variables, lr=config.lr)
-        scheduler = (
+    def __init__(self, generators, observation, knowledge, config, iterations, fixed_labels):
+        self.config = config
+        self.knowledge = knowledge
+        self.matcher = UpdateMatcher(observation, knowledge, config.distance)
+        self.together = len(generators) > 1
+        images, logits = [], []
+        for generator in generators:  # per restart: images, then label logits (its own draw)
+            images.append(random_images(knowledge, generator))
+            if fixed_labels is None:
+                logits.append(random_label_logits(knowledge, generator))
+        self.images = stacked(images)
+        self.logits = stacked(logits) if logits else None
+        self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        variables = [self.images] + ([self.logits] if self.logits is not None else [])
+        # An adaptive attacker's unknowns are fitted with the images (one restart per group).
+        self.matcher.restart()
+        variables += self.matcher.unknowns
+        self.optimizer = torch.optim.Adam(variables, lr=config.lr)
+        self.scheduler = (
             torch.optim.lr_scheduler.MultiStepLR(
-                optimizer, milestones=_milestones(iterations), gamma=0.1
+                self.optimizer, milestones=_milestones(iterations), gamma=0.1
             )
             if config.lr_decay
             else None
         )
-        yield ProgressEvent(
-            steps_done, total, clock.elapsed, {}, restart, snapshot(images), hard_labels()
+        self.low, self.high = knowledge.normalization.pixel_bounds(
+            torch.zeros((), device=knowledge.device)
         )
-        restart_stop = "completed"
-        step = 0
-        for step in range(1, iterations + 1):
-            reason = clock.stop_reason()
-            if reason is not None:
-                restart_stop = reason
-                step -= 1
-                break
-            optimizer.zero_grad()
-            distance = matcher(images, labels_now())
-            loss = distance + config.tv * total_variation(images) if config.tv > 0 else distance
-            loss.backward()
-            if config.signed:
-                images.grad.sign_()
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            if config.boxed:
-                with torch.no_grad():
-                    images.copy_(torch.maximum(torch.minimum(images, high), low))
-            if not torch.isfinite(loss):
-                restart_stop = "diverged"
-                break
-            if step % control.emit_every == 0 or step == iterations:
-                with_images = step % control.image_every == 0 or step == iterations
-                yield ProgressEvent(
-                    steps_done + step,
-                    total,
-                    clock.elapsed,
-                    {
-                        "objective": float(loss.detach()),
-                        "update_distance": float(distance.detach()),
-                    },
-                    restart,
-                    snapshot(images) if with_images else None,
-                    hard_labels() if with_images else None,
-                )
-        steps_done += step
+
+    def _labels(self, positions) -> torch.Tensor:
+        if self.logits is None:
+            return self.fixed
+        return torch.softmax(self.logits[positions], dim=-1)
+
+    def _distance(self, images: torch.Tensor, positions) -> torch.Tensor:
+        labels = self._labels(positions)
+        if len(positions) == 1:  # one restart: plain autograd, the fastest way alone
+            single = labels if self.logits is None else labels[0]
+            return self.matcher(images[0], single).unsqueeze(0)
+        return self.matcher.together(images, labels)
+
+    def step(self, alive):
+        self.optimizer.zero_grad()
+        images = self.images[alive]
+        distance = self._distance(images, alive)
+        tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
+        objective = distance + tv
+        objective.sum().backward()  # each restart's variables get its own objective's gradient
+        if self.config.signed:
+            self.images.grad.sign_()
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if self.config.boxed:
+            with torch.no_grad():
+                self.images.copy_(torch.maximum(torch.minimum(self.images, self.high), self.low))
+        return {"objective": objective.detach(), "update_distance": distance.detach()}
+
+    def _hard_labels(self, position: int) -> torch.Tensor:
+        if self.logits is None:
+            return self.fixed.cpu()
+        return self.logits[position].detach().argmax(-1).cpu()
+
+    def frame(self, position):
+        return snapshot(self.images[position]), self._hard_labels(position)
+
+    def candidate(self, position):
         # Restarts are scored by the update distance alone, as the public code's
         # scoring_choice="loss" does (the TV prior is not part of the score).
+        images = self.images[position].detach()
+        labels = self._labels([position])
+        labels = labels if self.logits is None else labels[0].detach()
         with torch.enable_grad():
-            final_loss = float(matcher(images.detach(), labels_now()).detach())
-        candidates.append(
-            Candidate(snapshot(images), hard_labels(), final_loss, restart, step, restart_stop)
-        )
-        if restart_stop in {"cancelled", "time budget"}:
-            stop = restart_stop
-            break
+            score = float(self.matcher(images, labels).detach())
+        return snapshot(images), self._hard_labels(position), score
 
-    yield final_event(candidates, stop, steps_done, total, clock, inference, "update_distance")
+
+def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
+    def make(generators, clock):
+        return _Restarts(
+            generators, observation, knowledge, config, control.max_steps, fixed_labels
+        )
+
+    together = config.together and why_not_together(knowledge) is None
+    return run_restarts(
+        make, config.restarts, together, control, seed, "update_distance", inference
+    )
 
 
 register(
@@ -218,5 +220,6 @@ register(
             why="the paper's optimiser (signed Adam lr 0.1, step decay, box, TV 1e-4) with the restarts its ImageNet experiments use, raced: 4 starts",
         ),
         paper_iterations=24_000,
+        in_loop=True,
     )
 )

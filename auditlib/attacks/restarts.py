@@ -16,13 +16,12 @@ through its cancellation flag, so it ends with its own final event and candidate
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from auditlib.attacks.base import (
+    AttackInfo,
     AttackRun,
     Candidate,
     Clock,
@@ -31,52 +30,10 @@ from auditlib.attacks.base import (
     RunControl,
     final_event,
 )
+from auditlib.attacks.loop import PLAN, HalvingPlan, start_seed
 from auditlib.threat import AttackerKnowledge, Observation
 
 AUDIT_PRESET = "audit"
-
-
-@dataclass(frozen=True)
-class HalvingPlan:
-    """Where the race drops starts: at each rung (a fraction of the step budget) the better
-    ``keep`` share of the running starts, by the attack's objective, goes on."""
-
-    rungs: tuple[float, ...] = (0.03, 0.1, 0.25)
-    keep: float = 0.5
-
-    def rung_steps(self, max_steps: int, every: int = 1) -> list[int]:
-        """The rungs in steps; a start is seen only at its events, every ``every`` steps."""
-        steps = {every * math.ceil(f * max_steps / every) for f in self.rungs}
-        return sorted(s for s in steps if 0 < s < max_steps)
-
-    def planned_steps(self, starts: int, max_steps: int, every: int = 1) -> int:
-        """Steps over all starts if none stops early."""
-        total, alive, done = 0, starts, 0
-        for rung in self.rung_steps(max_steps, every):
-            total += alive * (rung - done)
-            alive, done = self.survivors(alive), rung
-        return total + alive * (max_steps - done)
-
-    def survivors(self, alive: int) -> int:
-        return max(1, math.ceil(alive * self.keep))
-
-    def describe(self) -> str:
-        rungs = ", ".join(f"{f:.0%}" for f in self.rungs)
-        return (
-            f"successive halving: all starts run to {rungs} of the steps, keeping the better "
-            f"{self.keep:.0%} by the attack's own objective at each"
-        )
-
-
-PLAN = HalvingPlan()
-
-
-def start_seed(seed: int, start: int) -> int:
-    """Start 0 keeps the run's seed (so it is the single run of the same seed)."""
-    if start == 0:
-        return seed
-    digest = hashlib.sha256(f"{seed}/restart/{start}".encode()).digest()
-    return int.from_bytes(digest[:7], "big")
 
 
 def _objective(event: ProgressEvent) -> float | None:
@@ -176,7 +133,7 @@ def run_halving(
 
 
 def run_attack(
-    run: AttackRun,
+    info: AttackInfo,
     observation: Observation,
     knowledge: AttackerKnowledge,
     config: Any,
@@ -187,8 +144,11 @@ def run_attack(
     """An attack with its preset's restart schedule: raced under the audit preset, the
     attack's own sequential restarts otherwise (the papers' way)."""
     if preset == AUDIT_PRESET and getattr(config, "restarts", 1) > 1:
-        return run_halving(run, observation, knowledge, config, control, seed)
-    return run(observation, knowledge, config, control, seed)
+        if info.in_loop:  # attacks.loop races the restarts itself
+            control = dataclasses.replace(control, race=PLAN)
+        else:
+            return run_halving(info.run, observation, knowledge, config, control, seed)
+    return info.run(observation, knowledge, config, control, seed)
 
 
 def restart_schedule(config: Any, preset: str | None) -> str:

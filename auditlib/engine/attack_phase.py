@@ -146,7 +146,7 @@ def run_attacks(
         final = None
         try:
             events = run_attack(
-                info.run, observation, knowledge, attack.config, sub, seed_of_attack, attack.preset
+                info, observation, knowledge, attack.config, sub, seed_of_attack, attack.preset
             )
             for event in events:
                 if event.final is not None:

@@ -95,32 +95,45 @@ def client_update(
     protocol: ClientProtocol,
     *,
     differentiable: bool,
+    buffers: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The update the client computes from ``parameters`` on (images, labels).
 
     Returns one tensor per entry of ``parameters`` (same order): the gradient (FedSGD), the
     weight difference after local training, or the new weights (FedAvg), per
-    ``protocol.observation_kind``. ``parameters`` must require grad.
+    ``protocol.observation_kind``. ``parameters`` must require grad, unless ``buffers`` is
+    given: then the gradients are taken with ``torch.func.grad`` over those parameters and
+    buffers (a copy of its own per call, which BatchNorm may update), so the update can run
+    under ``torch.func.vmap``, one restart per slice (``attacks.loop``).
     """
     set_training_mode(model, protocol.batchnorm_mode == "train")
     if isinstance(model, torch.jit.ScriptModule):
         return _scripted_gradient(model, parameters, images, labels, protocol, differentiable)
+    functional = buffers is not None
     # Buffers are copied so BatchNorm's running statistics in the caller's model stay as the
     # server sent them, however often the attacker simulates the client.
-    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    if buffers is None:
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
     names = list(parameters)
-    if protocol.algorithm == "fedsgd":
-        logits = functional_call(model, ({**parameters, **buffers},), (images,))
-        loss = classification_loss(logits, labels)
-        return tuple(
-            torch.autograd.grad(loss, list(parameters.values()), create_graph=differentiable)
+
+    def gradient(current: Mapping[str, torch.Tensor], x, y) -> tuple[torch.Tensor, ...]:
+        def loss_of(weights: Mapping[str, torch.Tensor], state: Mapping) -> torch.Tensor:
+            logits = functional_call(model, ({**weights, **state},), (x,))
+            return classification_loss(logits, y)
+
+        if functional:  # the buffers are an input: BatchNorm in train mode updates them
+            found = torch.func.grad(loss_of)(dict(current), buffers)
+            return tuple(found[n] for n in names)
+        return torch.autograd.grad(
+            loss_of(current, buffers), list(current.values()), create_graph=differentiable
         )
+
+    if protocol.algorithm == "fedsgd":
+        return tuple(gradient(parameters, images, labels))
 
     current = dict(parameters)
     for window in protocol.minibatch_slices(images.shape[0]):
-        logits = functional_call(model, ({**current, **buffers},), (images[window],))
-        loss = classification_loss(logits, labels[window])
-        grads = torch.autograd.grad(loss, list(current.values()), create_graph=differentiable)
+        grads = gradient(current, images[window], labels[window])
         step = {n: current[n] - protocol.local_lr * g for n, g in zip(names, grads, strict=True)}
         # The victim's loop needs no graph across steps; the attacker's does.
         current = (

@@ -1,0 +1,157 @@
+"""Specification of the one restart loop (attacks.loop) and of restarts that advance together."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from test_attacks import lenet_spec, release_for, run_attack
+
+from auditlib.attacks.base import RunControl
+from auditlib.attacks.loop import PLAN, StepInterrupted, run_restarts, start_seed
+from auditlib.attacks.objectives import UpdateMatcher, why_not_together
+from auditlib.fl.protocol import ClientProtocol
+from auditlib.models import ModelSpec
+from auditlib.spec import ModelRef
+
+
+class Descent:
+    """Restarts whose objective is fixed by their generator's first draw, over the step."""
+
+    def __init__(self, generators, clock, nan_at=None, interrupt_at=None):
+        self.start = [float(torch.rand((), generator=g)) for g in generators]
+        self.step_count = 0
+        self.nan_at = nan_at or {}  # position -> step at which its objective stops being finite
+        self.interrupt_at = interrupt_at
+
+    def step(self, alive):
+        self.step_count += 1
+        if self.step_count == self.interrupt_at:
+            raise StepInterrupted("time budget")
+        values = [
+            math.nan if self.nan_at.get(p) == self.step_count else self.start[p] / self.step_count
+            for p in alive
+        ]
+        return {"objective": torch.tensor(values)}
+
+    def frame(self, position):
+        return torch.full((1, 1, 2, 2), float(position)), None
+
+    def candidate(self, position):
+        return torch.full((1, 1, 2, 2), float(position)), None, self.start[position] / max(
+            self.step_count, 1
+        )
+
+
+def run(restarts, together, control, **descent):
+    events = list(
+        run_restarts(
+            lambda generators, clock: Descent(generators, clock, **descent),
+            restarts,
+            together,
+            control,
+            seed=7,
+            loss_name="objective",
+            label_inference=None,
+        )
+    )
+    return events[:-1], events[-1].final
+
+
+def test_every_restart_runs_the_budget_and_the_pick_is_the_lowest_objective():
+    for together in (False, True):
+        events, final = run(4, together, RunControl(10, emit_every=5))
+        assert [c.restart for c in final.candidates] == [0, 1, 2, 3]
+        assert all(c.steps == 10 and c.stop_reason == "completed" for c in final.candidates)
+        assert final.steps == 40 and final.stop_reason == "completed"
+        assert final.selected.loss == min(c.loss for c in final.candidates)
+        steps = [e.step for e in events]
+        assert steps == sorted(steps) and steps[-1] == 40
+
+
+def test_each_restart_draws_from_its_own_seed_together_or_apart():
+    _, apart = run(3, False, RunControl(2))
+    _, together = run(3, True, RunControl(2))
+    assert [c.loss for c in apart.candidates] == [c.loss for c in together.candidates]
+    first = float(torch.rand((), generator=torch.Generator().manual_seed(start_seed(7, 1))))
+    assert apart.candidates[1].loss == pytest.approx(first / 2)
+
+
+def test_a_diverged_restart_stops_alone_and_the_others_go_on():
+    _, final = run(3, True, RunControl(10), nan_at={1: 4})
+    reasons = {c.restart: (c.stop_reason, c.steps) for c in final.candidates}
+    assert reasons == {0: ("completed", 10), 1: ("diverged", 4), 2: ("completed", 10)}
+    assert final.stop_reason == "completed"
+
+
+def test_a_race_drops_the_worse_half_at_each_rung():
+    control = RunControl(100, emit_every=1, race=PLAN)
+    _, final = run(8, True, control)
+    dropped = [c for c in final.candidates if c.stop_reason.startswith("dropped")]
+    assert len(dropped) == 7  # 8 -> 4 -> 2 -> 1 at 3, 10 and 25 steps
+    kept = next(c for c in final.candidates if c.stop_reason == "completed")
+    assert kept.steps == 100 and kept is final.selected
+    assert final.steps == PLAN.planned_steps(8, 100)
+
+
+def test_an_interrupted_step_ends_the_run_with_its_reason():
+    _, final = run(2, True, RunControl(10), interrupt_at=3)
+    assert {c.stop_reason for c in final.candidates} == {"time budget"}
+    assert all(c.steps == 2 for c in final.candidates)
+    assert final.stop_reason == "time budget"
+
+
+def test_cancellation_stops_every_restart():
+    _, final = run(3, False, RunControl(10, is_cancelled=lambda: True))
+    assert final.stop_reason == "cancelled"
+    assert [c.stop_reason for c in final.candidates] == ["cancelled"]  # later ones never ran
+
+
+def test_ig_restarts_together_end_where_they_end_apart():
+    """R = 3 restarts of IG on LeNet, advanced together by vmap, against one after the
+    other: same seeds, each restart's own objective; equal to float tolerance after 3 steps."""
+    _, _, release = release_for(lenet_spec("ig"))
+    finals = [
+        run_attack("ig", release, 3, params={"restarts": 3, "together": together, "signed": False})[
+            1
+        ]
+        for together in (False, True)
+    ]
+    for apart, together in zip(*(f.candidates for f in finals), strict=True):
+        assert together.restart == apart.restart and together.steps == apart.steps == 3
+        assert together.loss == pytest.approx(apart.loss, rel=1e-5)
+        torch.testing.assert_close(together.images, apart.images, rtol=0, atol=1e-5)
+        assert torch.equal(together.labels, apart.labels)
+
+
+def test_together_gives_each_restart_its_own_objective_and_gradient_on_a_fedavg_batch():
+    """Two local steps, soft labels: the batched objective and its pixel gradient are each
+    restart's own (compared at the same point: Adam's first steps are sign-like, so a run's
+    end state magnifies float differences where a pixel's gradient is near zero)."""
+    protocol = ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.05, local_batch_size=1)
+    _, _, release = release_for(lenet_spec("ig", batch=2), protocol=protocol)
+    matcher = UpdateMatcher(release.observation, release.knowledge, "cosine")
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(3, 2, 3, 32, 32, generator=generator).requires_grad_(True)
+    labels = torch.softmax(torch.randn(3, 2, 100, generator=generator), dim=-1)
+    together = matcher.together(images, labels)
+    (batched,) = torch.autograd.grad(together.sum(), images)
+    for r in range(3):
+        alone = matcher(images[r], labels[r])
+        (own,) = torch.autograd.grad(alone, images)
+        assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
+        torch.testing.assert_close(batched[r], own[r], rtol=1e-4, atol=1e-4 * own.abs().max())
+
+
+def test_batchnorm_on_batch_statistics_keeps_restarts_apart():
+    """torch.func's gradient through train-mode BatchNorm departs from autograd's (measured
+    in docs/ALGORITHMS.md), so such models run restarts one after another."""
+    spec = dataclasses.replace(
+        lenet_spec("ig", batch=2), model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16)))
+    )
+    _, _, train = release_for(spec)
+    assert "BatchNorm" in why_not_together(train.knowledge)
+    _, _, frozen = release_for(spec, protocol=ClientProtocol(batchnorm_mode="eval"))
+    assert why_not_together(frozen.knowledge) is None
