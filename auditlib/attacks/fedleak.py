@@ -32,20 +32,19 @@ from torch import nn
 from auditlib.attacks.base import (
     AttackInfo,
     AuditPreset,
-    Candidate,
-    Clock,
     ProgressEvent,
     RunControl,
-    final_event,
     register,
     snapshot,
 )
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
+from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     ThroughDefense,
     cosine_distance,
     matched_parameters,
     total_variation,
+    why_not_together,
 )
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
@@ -94,6 +93,9 @@ class FedLeakConfig:
     label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = "auto"
     label_fill: Literal["largest-remainder", "lowest-class"] = "largest-remainder"
     unroll: bool = False
+    # Restarts advance together, one batched computation (attacks.loop); False: one after
+    # another. The same objective either way.
+    together: bool = True
 
     def __post_init__(self) -> None:
         require(0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr}")
@@ -119,9 +121,8 @@ def _top_fraction(values: torch.Tensor, ratio: float) -> torch.Tensor:
     k = min(n, max(1, math.ceil(ratio * n)))
     if k == n:
         return torch.ones_like(values)
-    mask = torch.zeros_like(values)
-    mask[torch.topk(values, k, sorted=False).indices] = 1
-    return mask
+    indices = torch.topk(values, k, sorted=False).indices
+    return torch.zeros_like(values).scatter(0, indices, 1.0)  # out of place: runs under vmap
 
 
 def top_ratio_masks(
@@ -261,7 +262,10 @@ class GradientModel:
             )
         )
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, differentiable: bool) -> Tensors:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, differentiable: bool, buffers=None
+    ) -> Tensors:
+        """The candidate's update; with ``buffers``, through torch.func (under vmap)."""
         update = client_update(
             self.knowledge.model,
             self.parameters,
@@ -269,6 +273,7 @@ class GradientModel:
             labels,
             self.protocol,
             differentiable=differentiable,
+            buffers=buffers,
         )
         if self.unroll:  # the simulated local steps read as the server reads the observed ones
             update = read_as_gradient(update, self.parameters, self.protocol, images.shape[0])
@@ -319,14 +324,15 @@ class Objective:
     def masks(self, candidate: Tensors) -> Tensors:
         return top_ratio_masks(candidate, self.config.match_ratio, self.config.mask_scope)
 
-    def evaluate(
-        self, x01: torch.Tensor, masks: Tensors | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tensors]:
-        """(direction grad_x J, J, D, masks) at ``x01``; fresh masks unless given."""
+    def _terms(
+        self, x01: torch.Tensor, masks: Tensors | None, buffers=None
+    ) -> tuple[torch.Tensor, torch.Tensor, Tensors]:
+        """(J, D, masks) at one restart's ``x01``; fresh masks unless given."""
         config = self.config
-        x01 = x01.detach().requires_grad_(True)
         with capture_outputs(self.modules) as outputs:
-            candidate = self.gradients(self.normalize(x01), self.labels, differentiable=True)
+            candidate = self.gradients(
+                self.normalize(x01), self.labels, differentiable=True, buffers=buffers
+            )
         if masks is None:
             masks = self.masks(candidate)
         distance = masked_distance(candidate, self.gradients.target, masks, config.distance)
@@ -336,10 +342,37 @@ class Objective:
         if outputs:
             penalty = _activation_penalty(outputs, self.gradients.passes, distance)
             objective = objective + config.activation * penalty
-        (direction,) = torch.autograd.grad(objective, x01)
-        if config.signed:
-            direction = direction.sign()
-        return direction, objective.detach(), distance.detach(), masks
+        return objective, distance, masks
+
+    def _direction(self, objective: torch.Tensor, x01: torch.Tensor) -> torch.Tensor:
+        (direction,) = torch.autograd.grad(objective.sum(), x01)
+        return direction.sign() if self.config.signed else direction
+
+    def evaluate(
+        self, x01: torch.Tensor, masks: Tensors | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tensors]:
+        """(direction grad_x J, J, D, masks) at ``x01``; fresh masks unless given."""
+        x01 = x01.detach().requires_grad_(True)
+        objective, distance, masks = self._terms(x01, masks)
+        return self._direction(objective, x01), objective.detach(), distance.detach(), masks
+
+    def evaluate_together(
+        self, x01: torch.Tensor, masks: Tensors | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tensors]:
+        """:meth:`evaluate` of R restarts at once (``x01`` is R x B x C x H x W), each its own
+        J, masks and direction, in one ``torch.func.vmap`` pass."""
+        x01 = x01.detach().requires_grad_(True)
+        model = self.gradients.knowledge.model
+        buffers = {
+            n: b.detach().unsqueeze(0).repeat(x01.shape[0], *([1] * b.dim()))
+            for n, b in model.named_buffers()
+        }
+        if masks is None:
+            terms = torch.func.vmap(lambda x, b: self._terms(x, None, b))(x01, buffers)
+        else:
+            terms = torch.func.vmap(self._terms)(x01, masks, buffers)
+        objective, distance, masks = terms
+        return self._direction(objective, x01), objective.detach(), distance.detach(), masks
 
     def score(self, x01: torch.Tensor) -> float:
         """The attacker's selection score: D at ``x01`` with its own top-R mask, no priors."""
@@ -395,81 +428,104 @@ def run_fedleak(
     labels, inference = _resolve_labels(observation, knowledge, config)
     gradients = GradientModel(observation, knowledge, config.unroll)
     inference = {**inference, "labels": labels.tolist()}
-    return _run(knowledge, config, control, seed, gradients, labels, inference)
+    objective = Objective(gradients, knowledge, labels.to(knowledge.device), config)
+
+    def make(generators, clock):
+        return _Restarts(generators, knowledge, config, objective, labels, control.max_steps)
+
+    together = config.together and why_not_together(knowledge) is None
+    return run_restarts(
+        make, config.restarts, together, control, seed, "gradient_distance", inference
+    )
 
 
-def _run(
-    knowledge: AttackerKnowledge,
-    config: FedLeakConfig,
-    control: RunControl,
-    seed: int,
-    gradients: GradientModel,
-    labels: torch.Tensor,
-    inference: dict,
-) -> Iterator[ProgressEvent]:
-    device = knowledge.device
-    generator = torch.Generator().manual_seed(seed)
-    clock = Clock(control)
-    objective = Objective(gradients, knowledge, labels.to(device), config)
-    normalize = knowledge.normalization.normalize
-    iterations = control.max_steps
-    total = iterations * config.restarts
-    shape = (knowledge.batch_size, *knowledge.input_shape)
-    candidates: list[Candidate] = []
-    steps_done = 0
-    stop = "completed"
+class _Restarts:
+    """FedLeak's restarts: Adam on pixels in [0, 1], one x01 per restart, stacked when
+    they advance together (each its own masks, look-ahead and direction)."""
 
-    def model_space(x01: torch.Tensor) -> torch.Tensor:
-        return snapshot(normalize(x01.detach()))
-
-    for restart in range(config.restarts):
-        x01 = torch.rand(shape, generator=generator).to(device).requires_grad_(True)
-        optimizer = torch.optim.Adam([x01], lr=config.lr)
-        scheduler = (
-            torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=iterations)
+    def __init__(self, generators, knowledge, config, objective, labels, iterations) -> None:
+        self.config = config
+        self.objective = objective
+        self.labels = labels
+        self.normalize = knowledge.normalization.normalize
+        shape = (knowledge.batch_size, *knowledge.input_shape)
+        starts = [torch.rand(shape, generator=g).to(knowledge.device) for g in generators]
+        self.together = len(starts) > 1
+        self.x01 = stacked(starts) if self.together else starts[0].requires_grad_(True)
+        self.optimizer = torch.optim.Adam([self.x01], lr=config.lr)
+        self.scheduler = (
+            torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=iterations)
             if config.schedule == "cosine"
             else None
         )
-        yield ProgressEvent(steps_done, total, clock.elapsed, {}, restart, model_space(x01), labels)
-        restart_stop = "completed"
-        step = 0
-        for step in range(1, iterations + 1):
-            reason = clock.stop_reason()
-            if reason is not None:
-                restart_stop = reason
-                step -= 1
-                break
-            value, distance, finite = _step(x01, optimizer, objective, config)
-            if not finite:
-                restart_stop = "diverged"
-                step -= 1
-                break
-            if scheduler is not None:
-                scheduler.step()
-            if step % control.emit_every == 0 or step == iterations:
-                with_images = step % control.image_every == 0 or step == iterations
-                yield ProgressEvent(
-                    steps_done + step,
-                    total,
-                    clock.elapsed,
-                    {"objective": float(value), "gradient_distance": float(distance)},
-                    restart,
-                    model_space(x01) if with_images else None,
-                    labels if with_images else None,
-                )
-        steps_done += step
-        final_loss = objective.score(x01)
-        final01 = x01.detach()
-        if config.median_filter:
-            final01 = median_filter(final01, config.median_filter)
-        candidates.append(
-            Candidate(model_space(final01), labels.clone(), final_loss, restart, step, restart_stop)
-        )
-        if restart_stop in {"cancelled", "time budget"}:
-            stop = restart_stop
-            break
+        self.diverged: dict[int, torch.Tensor] = {}  # the pixels it had, by position
 
-    yield final_event(candidates, stop, steps_done, total, clock, inference, "gradient_distance")
+    def _pixels(self, position: int) -> torch.Tensor:
+        if position in self.diverged:
+            return self.diverged[position]
+        return (self.x01[position] if self.together else self.x01).detach()
+
+    def step(self, alive):
+        if not self.together:
+            value, distance, finite = _step(self.x01, self.optimizer, self.objective, self.config)
+            if finite and self.scheduler is not None:
+                self.scheduler.step()
+            if not finite:  # no step was taken: the pixels stay as they were
+                self.diverged[0] = self.x01.detach().clone()
+                value = torch.tensor(math.nan)
+            return {"objective": value.reshape(1), "gradient_distance": distance.reshape(1)}
+        value, distance, finite = self._step_together(alive)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        value = torch.where(finite, value, torch.full_like(value, math.nan))
+        return {"objective": value, "gradient_distance": distance}
+
+    def _full(self, rows: torch.Tensor, alive) -> torch.Tensor:
+        """A gradient for the stacked pixels: ``rows`` for the alive restarts, 0 elsewhere."""
+        full = torch.zeros_like(self.x01)
+        full[alive] = rows
+        return full
+
+    def _step_together(self, alive):
+        """One FedLeak iteration (Algorithm 1, lines 5-10) of every alive restart at once."""
+        config, objective, x01 = self.config, self.objective, self.x01
+        current, value, distance, masks = objective.evaluate_together(x01[alive])
+        finite = torch.isfinite(value) & torch.isfinite(current).flatten(1).all(1)
+        for index in torch.nonzero(~finite).flatten().tolist():
+            self.diverged[alive[index]] = x01[alive[index]].detach().clone()
+        keep = finite.view(-1, *([1] * (current.dim() - 1)))
+        current = torch.where(keep, current, torch.zeros_like(current))
+        direction = current
+        if config.blend > 0:
+            reuse = masks if config.lookahead_mask == "reuse" else None
+            if config.lookahead == "ascent_normalized":
+                offset = torch.func.vmap(ascent_offset, in_dims=(0, None))(current, config.k)
+                ahead, *_ = objective.evaluate_together(x01[alive] + offset, reuse)
+            else:  # the released code's look-ahead, as in _step
+                saved = x01.detach().clone()
+                x01.grad = self._full(current, alive)
+                self.optimizer.step()
+                with torch.no_grad():
+                    x01.clamp_(0, 1)
+                ahead, *_ = objective.evaluate_together(x01[alive], reuse)
+                with torch.no_grad():
+                    x01.copy_(saved)
+            direction = torch.where(keep, blend_directions(current, ahead, config.blend), 0.0)
+        x01.grad = self._full(direction, alive)
+        self.optimizer.step()
+        with torch.no_grad():
+            x01.clamp_(0, 1)
+        return value, distance, finite
+
+    def frame(self, position):
+        return snapshot(self.normalize(self._pixels(position))), self.labels
+
+    def candidate(self, position):
+        pixels = self._pixels(position)
+        score = self.objective.score(pixels)
+        if self.config.median_filter:
+            pixels = median_filter(pixels, self.config.median_filter)
+        return snapshot(self.normalize(pixels)), self.labels.clone(), score
 
 
 PAPER = {
@@ -521,6 +577,7 @@ register(
             why="the paper's loss (top-50% partial matching, look-ahead regularisation, TV and activation priors) with Adam lr 0.1 and cosine decay, which converge in hundreds of steps where the paper's lr 1e-4 needs 10 000, and 4 raced starts",
         ),
         paper_iterations=10_000,
+        in_loop=True,
         # Its objective differentiates by hand in pixel space: no unknown model parameters.
         adapts=MATCHES_THROUGH - {"unknowns"},
     )
