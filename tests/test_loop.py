@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
-from test_attacks import lenet_spec, release_for, run_attack
+from test_attacks import lenet_spec, release_for
+from test_attacks import run_attack as run_named
 
+from auditlib.attacks import build_attack_config, get_attack
 from auditlib.attacks.base import RunControl
-from auditlib.attacks.loop import PLAN, StepInterrupted, run_restarts, start_seed
+from auditlib.attacks.loop import PLAN, HalvingPlan, StepInterrupted, run_restarts, start_seed
 from auditlib.attacks.objectives import UpdateMatcher, why_not_together
+from auditlib.attacks.restarts import run_attack
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ModelSpec
 from auditlib.spec import ModelRef
@@ -40,8 +44,10 @@ class Descent:
         return torch.full((1, 1, 2, 2), float(position)), None
 
     def candidate(self, position):
-        return torch.full((1, 1, 2, 2), float(position)), None, self.start[position] / max(
-            self.step_count, 1
+        return (
+            torch.full((1, 1, 2, 2), float(position)),
+            None,
+            self.start[position] / max(self.step_count, 1),
         )
 
 
@@ -96,6 +102,80 @@ def test_a_race_drops_the_worse_half_at_each_rung():
     assert final.steps == PLAN.planned_steps(8, 100)
 
 
+def test_a_race_keeps_the_restart_with_the_lowest_objective_to_the_end():
+    for together in (False, True):
+        _, final = run(8, together, RunControl(100, emit_every=1, race=PLAN))
+        winner = min(final.candidates, key=lambda c: c.loss)
+        assert [c.restart for c in final.candidates if c.steps == 100] == [winner.restart]
+        assert final.selected is winner and final.stop_reason == "completed"
+
+
+def test_rungs_fall_on_event_steps():
+    assert HalvingPlan((0.03, 0.1, 0.25)).rung_steps(300, every=10) == [10, 30, 80]
+    assert (
+        HalvingPlan((0.03, 0.1, 0.25)).planned_steps(8, 300, every=10)
+        == 8 * 10 + 4 * 20 + 2 * 50 + 220
+    )
+
+
+def test_start_zero_is_the_single_run_of_the_same_seed():
+    assert start_seed(7, 0) == 7 and start_seed(7, 1) != 7
+
+
+def test_a_race_shares_one_time_budget():
+    class Slow(Descent):
+        def step(self, alive):
+            time.sleep(0.01)
+            return super().step(alive)
+
+    began = time.perf_counter()
+    events = list(
+        run_restarts(
+            lambda generators, clock: Slow(generators, clock),
+            4,
+            False,
+            RunControl(10_000, max_seconds=0.5, emit_every=5, race=PLAN),
+            seed=7,
+            loss_name="objective",
+            label_inference=None,
+        )
+    )
+    final = events[-1].final
+    assert time.perf_counter() - began < 1.5
+    assert final.stop_reason == "time budget" and len(final.candidates) == 4
+    assert all(math.isfinite(c.loss) for c in final.candidates)
+
+
+def test_a_cancelled_race_says_so():
+    calls = {"n": 0}
+
+    def cancelled() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 50
+
+    _, final = run(4, False, RunControl(1000, emit_every=1, is_cancelled=cancelled, race=PLAN))
+    assert final.stop_reason == "cancelled"
+    assert all(
+        c.stop_reason in {"cancelled", "completed"} or c.stop_reason.startswith("dropped")
+        for c in final.candidates
+    )
+
+
+def test_the_audit_preset_races_and_the_paper_preset_does_not():
+    _, _, release = release_for(lenet_spec("ig"))
+    info = get_attack("ig")
+    finals = {}
+    for preset in ("audit", "paper"):
+        config, _ = build_attack_config("ig", {"restarts": 4}, preset)
+        control = RunControl(40, emit_every=1)
+        events = list(
+            run_attack(info, release.observation, release.knowledge, config, control, 0, preset)
+        )
+        finals[preset] = events[-1].final
+    assert sum(c.stop_reason.startswith("dropped") for c in finals["audit"].candidates) == 3
+    assert all(c.steps == 40 for c in finals["paper"].candidates)
+
+
 def test_an_interrupted_step_ends_the_run_with_its_reason():
     _, final = run(2, True, RunControl(10), interrupt_at=3)
     assert {c.stop_reason for c in final.candidates} == {"time budget"}
@@ -114,7 +194,7 @@ def test_ig_restarts_together_end_where_they_end_apart():
     other: same seeds, each restart's own objective; equal to float tolerance after 3 steps."""
     _, _, release = release_for(lenet_spec("ig"))
     finals = [
-        run_attack("ig", release, 3, params={"restarts": 3, "together": together, "signed": False})[
+        run_named("ig", release, 3, params={"restarts": 3, "together": together, "signed": False})[
             1
         ]
         for together in (False, True)
@@ -141,7 +221,7 @@ def test_together_gives_each_restart_its_own_objective_and_gradient_on_a_fedavg_
     for r in range(3):
         alone = matcher(images[r], labels[r])
         (own,) = torch.autograd.grad(alone, images)
-        assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
+        assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=1e-5)
         torch.testing.assert_close(batched[r], own[r], rtol=1e-4, atol=1e-4 * own.abs().max())
 
 

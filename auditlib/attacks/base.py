@@ -139,8 +139,6 @@ class AttackInfo:
     not_applicable: Callable[[Observation, AttackerKnowledge], str | None] | None = None
     # What the attack's objective can take of a known defense (``KnownDefense.needs``).
     adapts: frozenset[str] = MATCHES_THROUGH
-    # Its restarts run in ``attacks.loop`` (which races them itself under the audit preset).
-    in_loop: bool = False
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge

@@ -139,6 +139,5 @@ register(
             why="DLG's own settings (L-BFGS lr 1, L2), which converge in about 100 steps when they converge at all; its failures are bad starts (a first step that never moves, a poor minimum), so 8 starts race and the lowest gradient distance wins",
         ),
         paper_iterations=300,
-        in_loop=True,
     )
 )

@@ -19,7 +19,8 @@ labels, TV for batches, Adam) are documented in docs/ALGORITHMS.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,16 +29,14 @@ import torch
 from auditlib.attacks.base import (
     AttackInfo,
     AuditPreset,
-    Candidate,
-    Clock,
     ProgressEvent,
     RunControl,
-    final_event,
     register,
     snapshot,
 )
 from auditlib.attacks.labels import infer_batch_labels
-from auditlib.attacks.lbfgs import RestartOutcome, lbfgs_restart
+from auditlib.attacks.lbfgs import LbfgsSteps
+from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
     DISTANCES,
     ThroughDefense,
@@ -304,18 +303,42 @@ def run_model_leakage(
 
 
 def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
-    device = knowledge.device
-    generator = torch.Generator().manual_seed(seed)
-    clock = Clock(control)
-    total = control.max_steps * config.restarts
     gamma0 = None if objective.plus else config.gamma_init_ratio * objective.nominal_gamma()
-    candidates: list[Candidate] = []
+    record = dict(inference)
     gammas: dict[int, float] = {}
-    steps_done = 0
-    stop = "completed"
+    if gamma0 is not None:
+        record["gamma_init"] = gamma0
+        # gamma / nominal gamma ~ nominal lr / client lr: the client's lr as the attack sees it.
+        record["gamma_ratio_by_restart"] = gammas  # filled in as restarts finish
 
-    for restart in range(config.restarts):
-        state = _Restart(
+    made: list[_Restarts] = []  # one per restart, made in restart order (they run apart)
+
+    def make(generators, clock):
+        made.append(
+            _Restarts(generators, objective, knowledge, config, fixed_labels, gamma0, clock)
+        )
+        return made[-1]
+
+    for event in run_restarts(
+        make, config.restarts, False, control, seed, "update_distance", record
+    ):
+        if event.final is not None and gamma0 is not None:
+            gammas.update({c.restart: made[c.restart].gamma_ratio for c in event.final.candidates})
+            event = dataclasses.replace(
+                event, losses={**event.losses, "gamma_ratio": gammas[event.restart]}
+            )
+        yield event
+
+
+class _Restarts:
+    """One DLM/DLM+ restart: images (and soft labels, and DLM's gamma) by L-BFGS or Adam."""
+
+    def __init__(self, generators, objective, knowledge, config, fixed_labels, gamma0, clock):
+        (generator,) = generators
+        device = knowledge.device
+        self.objective = objective
+        self.config = config
+        self.state = _Restart(
             random_images(knowledge, generator).requires_grad_(True),
             None
             if fixed_labels is not None
@@ -325,149 +348,67 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
             else torch.tensor(gamma0, dtype=torch.float32, device=device).requires_grad_(),
             fixed_labels,
         )
+        if config.optimizer == "lbfgs":
+            self.lbfgs = LbfgsSteps(
+                self.state.variables,
+                lambda: self.loss_terms()[0],
+                clock,
+                lr=config.lr,
+                max_iter=config.lbfgs_max_iter,
+                history_size=config.history_size,
+                line_search=None if config.line_search == "none" else config.line_search,
+            )
+        else:  # plain Adam on all variables (the paper's optimiser for its MLP, lr 0.1)
+            self.lbfgs = None
+            self.adam = torch.optim.Adam(self.state.variables, lr=config.lr)
+            self.completed = [v.detach().clone() for v in self.state.variables]
+        self.gamma_ratio: float | None = None  # gamma / nominal gamma at the candidate
 
-        def loss_terms(state=state) -> tuple[torch.Tensor, torch.Tensor]:
-            distance = objective(state.images, state.soft_labels(), state.gamma)
-            if config.tv > 0:
-                return distance + config.tv * total_variation(state.images), distance
-            return distance, distance
+    def loss_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
+        state = self.state
+        distance = self.objective(state.images, state.soft_labels(), state.gamma)
+        if self.config.tv > 0:
+            return distance + self.config.tv * total_variation(state.images), distance
+        return distance, distance
 
-        optimise = _lbfgs if config.optimizer == "lbfgs" else _adam
-        events = optimise(state, loss_terms, config, control, clock, restart, steps_done, total)
-        for event in events:
-            yield _with_gamma(event, state, objective) if event.losses else event
-        outcome = events.outcome  # filled in once the events are exhausted
-        steps_done += outcome.steps
+    def _adam_step(self) -> float:
+        self.adam.zero_grad()
+        loss, _ = self.loss_terms()
+        loss.backward()
+        self.adam.step()
+        if not bool(torch.isfinite(loss)) or not bool(torch.isfinite(self.state.images).all()):
+            return math.nan  # the last finite state is restored for the candidate
+        self.completed = [v.detach().clone() for v in self.state.variables]
+        return float(loss.detach())
+
+    def step(self, alive):
+        if self.lbfgs is not None:
+            losses = {"objective": self.lbfgs.step(), "evaluations": self.lbfgs.evaluations}
+        else:
+            losses = {"objective": self._adam_step()}
+        gamma = self.state.gamma
+        if gamma is not None:
+            losses["gamma"] = float(gamma.detach())
+            # ~ nominal lr / client lr once converged: 1 when the server's lr is the client's.
+            losses["gamma_ratio"] = float(gamma.detach()) / self.objective.nominal_gamma()
+        return {k: torch.tensor([float(v)]) for k, v in losses.items()}
+
+    def frame(self, position):
+        return snapshot(self.state.images), self.state.hard_labels()
+
+    def candidate(self, position):
+        if self.lbfgs is not None:
+            self.lbfgs.restore()
+        else:  # a diverged step leaves non-finite values: keep the last good ones
+            with torch.no_grad():
+                for variable, saved in zip(self.state.variables, self.completed, strict=True):
+                    variable.copy_(saved)
         # Restarts are scored by the attack's own distance (the TV prior is not part of it).
         with torch.enable_grad():
-            final_loss = float(loss_terms()[1].detach())
-        candidates.append(
-            Candidate(
-                snapshot(state.images),
-                state.hard_labels(),
-                final_loss,
-                restart,
-                outcome.steps,
-                outcome.stop_reason,
-            )
-        )
-        if state.gamma is not None:
-            gammas[restart] = float(state.gamma.detach()) / objective.nominal_gamma()
-        if outcome.stop_reason in {"cancelled", "time budget"}:
-            stop = outcome.stop_reason
-            break
-
-    record = dict(inference)
-    if gamma0 is not None:
-        record["gamma_init"] = gamma0
-        # gamma / nominal gamma ~ nominal lr / client lr: the client's lr as the attack sees it.
-        record["gamma_ratio_by_restart"] = gammas
-    last = final_event(candidates, stop, steps_done, total, clock, record, "update_distance")
-    if last.restart in gammas:
-        last = dataclasses.replace(
-            last, losses={**last.losses, "gamma_ratio": gammas[last.restart]}
-        )
-    yield last
-
-
-def _with_gamma(event: ProgressEvent, state: _Restart, objective) -> ProgressEvent:
-    """Adds gamma, and gamma relative to its nominal value, to an event's losses."""
-    losses = dict(event.losses)
-    if "gradient_distance" in losses:  # the shared L-BFGS loop's name for the objective
-        losses["objective"] = losses.pop("gradient_distance")
-    if state.gamma is not None:
-        gamma = float(state.gamma.detach())
-        losses["gamma"] = gamma
-        # ~ nominal lr / client lr once converged: 1 when the server's lr is the client's.
-        losses["gamma_ratio"] = gamma / objective.nominal_gamma()
-    return dataclasses.replace(event, losses=losses)
-
-
-class _Steps:
-    """An event generator that also hands back its RestartOutcome once exhausted."""
-
-    def __init__(self, events: Iterator[ProgressEvent], outcome: RestartOutcome) -> None:
-        self.events = events
-        self.outcome = outcome
-
-    def __iter__(self) -> Iterator[ProgressEvent]:
-        return self.events
-
-
-def _lbfgs(state, loss_terms, config, control, clock, restart, offset, total) -> _Steps:
-    outcome = RestartOutcome()
-    events = lbfgs_restart(
-        state.variables,
-        lambda: loss_terms()[0],
-        state.images,
-        state.hard_labels,
-        lr=config.lr,
-        max_iter=config.lbfgs_max_iter,
-        history_size=config.history_size,
-        line_search=None if config.line_search == "none" else config.line_search,
-        control=control,
-        clock=clock,
-        restart=restart,
-        step_offset=offset,
-        total_steps=total,
-        outcome=outcome,
-    )
-    return _Steps(events, outcome)
-
-
-def _adam(state, loss_terms, config, control, clock, restart, offset, total) -> _Steps:
-    outcome = RestartOutcome()
-    return _Steps(
-        _adam_events(state, loss_terms, config, control, clock, restart, offset, total, outcome),
-        outcome,
-    )
-
-
-def _adam_events(
-    state: _Restart,
-    loss_terms: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    config,
-    control: RunControl,
-    clock: Clock,
-    restart: int,
-    offset: int,
-    total: int,
-    outcome: RestartOutcome,
-) -> Iterator[ProgressEvent]:
-    """Plain Adam on all variables (the paper's optimiser for its MLP, lr 0.1)."""
-    optimizer = torch.optim.Adam(state.variables, lr=config.lr)
-    yield ProgressEvent(
-        offset, total, clock.elapsed, {}, restart, snapshot(state.images), state.hard_labels()
-    )
-    completed = [v.detach().clone() for v in state.variables]
-    for step in range(1, control.max_steps + 1):
-        reason = clock.stop_reason()
-        if reason is not None:
-            outcome.stop_reason = reason
-            break
-        optimizer.zero_grad()
-        loss, _ = loss_terms()
-        loss.backward()
-        optimizer.step()
-        if not bool(torch.isfinite(loss)) or not bool(torch.isfinite(state.images).all()):
-            outcome.stop_reason = "diverged"
-            break
-        outcome.steps = step
-        completed = [v.detach().clone() for v in state.variables]
-        if step % control.emit_every == 0 or step == control.max_steps:
-            with_images = step % control.image_every == 0 or step == control.max_steps
-            yield ProgressEvent(
-                offset + step,
-                total,
-                clock.elapsed,
-                {"objective": float(loss.detach())},
-                restart,
-                snapshot(state.images) if with_images else None,
-                state.hard_labels() if with_images else None,
-            )
-    with torch.no_grad():  # a diverged step leaves non-finite values: keep the last good ones
-        for variable, saved in zip(state.variables, completed, strict=True):
-            variable.copy_(saved)
+            score = float(self.loss_terms()[1].detach())
+        if self.state.gamma is not None:
+            self.gamma_ratio = float(self.state.gamma.detach()) / self.objective.nominal_gamma()
+        return snapshot(self.state.images), self.state.hard_labels(), score
 
 
 def _fedavg_only(observation: Observation, knowledge: AttackerKnowledge) -> str | None:

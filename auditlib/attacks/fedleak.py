@@ -577,7 +577,6 @@ register(
             why="the paper's loss (top-50% partial matching, look-ahead regularisation, TV and activation priors) with Adam lr 0.1 and cosine decay, which converge in hundreds of steps where the paper's lr 1e-4 needs 10 000, and 4 raced starts",
         ),
         paper_iterations=10_000,
-        in_loop=True,
         # Its objective differentiates by hand in pixel space: no unknown model parameters.
         adapts=MATCHES_THROUGH - {"unknowns"},
     )

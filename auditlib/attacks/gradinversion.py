@@ -34,15 +34,13 @@ from torch import nn
 from auditlib.attacks.base import (
     AttackInfo,
     AuditPreset,
-    Candidate,
-    Clock,
     ProgressEvent,
     RunControl,
-    final_event,
     register,
     snapshot,
 )
 from auditlib.attacks.labels import infer_batch_labels
+from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import UpdateMatcher, random_images, total_variation
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
@@ -263,76 +261,58 @@ def _with_hooks(prior: BatchNormPrior, events: Iterator[ProgressEvent]) -> Itera
 
 
 def _run(objective, knowledge, config, control, seed, fixed_labels, record):
-    device = knowledge.device
-    labels = fixed_labels.to(device)
-    hard_labels = fixed_labels.cpu()
-    generator = torch.Generator().manual_seed(seed)
-    clock = Clock(control)
-    iterations = control.max_steps
-    total = iterations * config.restarts
-    low, high = knowledge.normalization.pixel_bounds(torch.zeros((), device=device))
-    candidates: list[Candidate] = []
-    steps_done = 0
-    stop = "completed"
+    def make(generators, clock):
+        return _Restart(generators, objective, knowledge, config, fixed_labels, control.max_steps)
 
-    for restart in range(config.restarts):
-        images = random_images(knowledge, generator).requires_grad_(True)
-        optimizer = torch.optim.Adam([images], lr=config.lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_factor(config.schedule, config.warmup, iterations)
+    # Apart: the BatchNorm prior reads the model's activations through hooks, one restart
+    # at a time (and torch.func's gradient through train-mode BatchNorm is not exact).
+    return run_restarts(make, config.restarts, False, control, seed, "objective", record)
+
+
+class _Restart:
+    """One GradInversion restart: Adam on the images with warm-up, decay and noise."""
+
+    def __init__(self, generators, objective, knowledge, config, fixed_labels, iterations):
+        (self.generator,) = generators
+        self.objective = objective
+        self.config = config
+        self.labels = fixed_labels.to(knowledge.device)
+        self.hard_labels = fixed_labels.cpu()
+        self.images = random_images(knowledge, self.generator).requires_grad_(True)
+        self.optimizer = torch.optim.Adam([self.images], lr=config.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(config.schedule, config.warmup, iterations)
         )
-        yield ProgressEvent(
-            steps_done, total, clock.elapsed, {}, restart, snapshot(images), hard_labels
+        self.low, self.high = knowledge.normalization.pixel_bounds(
+            torch.zeros((), device=knowledge.device)
         )
-        restart_stop = "completed"
-        step = 0
-        for step in range(1, iterations + 1):
-            reason = clock.stop_reason()
-            if reason is not None:
-                restart_stop = reason
-                step -= 1
-                break
-            optimizer.zero_grad()
-            loss, parts = objective(images, labels)
-            loss.backward()
-            if config.noise > 0:
-                # Langevin-style exploration: noise on the gradient, scaled by the current lr.
-                lr_now = optimizer.param_groups[0]["lr"]
-                noise = torch.randn(images.shape, generator=generator).to(device)
-                images.grad.add_(noise, alpha=config.noise * lr_now)
-            optimizer.step()
-            scheduler.step()
-            if config.boxed:
-                with torch.no_grad():
-                    images.copy_(torch.maximum(torch.minimum(images, high), low))
-            if not torch.isfinite(loss):
-                restart_stop = "diverged"
-                break
-            if step % control.emit_every == 0 or step == iterations:
-                with_images = step % control.image_every == 0 or step == iterations
-                losses = {"objective": float(loss.detach())}
-                losses.update({k: float(v.detach()) for k, v in parts.items()})
-                yield ProgressEvent(
-                    steps_done + step,
-                    total,
-                    clock.elapsed,
-                    losses,
-                    restart,
-                    snapshot(images) if with_images else None,
-                    hard_labels if with_images else None,
-                )
-        steps_done += step
+
+    def step(self, alive):
+        images = self.images
+        self.optimizer.zero_grad()
+        loss, parts = self.objective(images, self.labels)
+        loss.backward()
+        if self.config.noise > 0:
+            # Langevin-style exploration: noise on the gradient, scaled by the current lr.
+            lr_now = self.optimizer.param_groups[0]["lr"]
+            noise = torch.randn(images.shape, generator=self.generator).to(images.device)
+            images.grad.add_(noise, alpha=self.config.noise * lr_now)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.config.boxed:
+            with torch.no_grad():
+                images.copy_(torch.maximum(torch.minimum(images, self.high), self.low))
+        losses = {"objective": loss.detach()} | {k: v.detach() for k, v in parts.items()}
+        return {k: v.reshape(1) for k, v in losses.items()}
+
+    def frame(self, position):
+        return snapshot(self.images), self.hard_labels
+
+    def candidate(self, position):
         # Restarts are scored by the whole objective at the final images (no ground truth).
         with torch.enable_grad():
-            final_loss = float(objective(images.detach(), labels)[0].detach())
-        candidates.append(
-            Candidate(snapshot(images), hard_labels, final_loss, restart, step, restart_stop)
-        )
-        if restart_stop in {"cancelled", "time budget"}:
-            stop = restart_stop
-            break
-
-    yield final_event(candidates, stop, steps_done, total, clock, record, "objective")
+            score = float(self.objective(self.images.detach(), self.labels)[0].detach())
+        return snapshot(self.images), self.hard_labels, score
 
 
 def _needs_batchnorm(observation: Observation, knowledge: AttackerKnowledge) -> str | None:

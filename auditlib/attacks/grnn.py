@@ -451,6 +451,5 @@ register(
             why="the public GRNN settings (RMSprop lr 1e-4, TV by architecture) with 4 raced starts of the generator",
         ),
         paper_iterations=1000,
-        in_loop=True,
     )
 )

@@ -42,6 +42,5 @@ register(
             why="iDLG's settings with DLG's cure for bad starts: 8 starts race, the lowest gradient distance wins",
         ),
         paper_iterations=300,
-        in_loop=True,
     )
 )

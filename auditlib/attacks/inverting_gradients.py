@@ -220,6 +220,5 @@ register(
             why="the paper's optimiser (signed Adam lr 0.1, step decay, box, TV 1e-4) with the restarts its ImageNet experiments use, raced: 4 starts",
         ),
         paper_iterations=24_000,
-        in_loop=True,
     )
 )

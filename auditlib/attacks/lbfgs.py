@@ -1,23 +1,14 @@
-"""The L-BFGS restart loop shared by DLG and iDLG."""
+"""One restart's L-BFGS steps, shared by DLG, iDLG and DLM (the restarts are attacks.loop's)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
-from auditlib.attacks.base import Clock, ProgressEvent, RunControl, snapshot
+from auditlib.attacks.base import Clock
 from auditlib.attacks.loop import StepInterrupted
-
-
-class RestartOutcome:
-    """Filled in by :func:`lbfgs_restart` when its generator finishes."""
-
-    steps: int = 0
-    evaluations: int = 0  # objective evaluations (an L-BFGS step makes up to max_iter)
-    stop_reason: str = "completed"
-    images: torch.Tensor | None = None  # the images of the last full step
 
 
 class LbfgsSteps:
@@ -79,64 +70,3 @@ class LbfgsSteps:
         with torch.no_grad():
             for variable, saved in zip(self.variables, self.completed, strict=True):
                 variable.copy_(saved)
-
-
-def lbfgs_restart(
-    variables: list[torch.Tensor],
-    objective: Callable[[], torch.Tensor],
-    images: torch.Tensor,
-    current_labels: Callable[[], torch.Tensor | None],
-    *,
-    lr: float,
-    max_iter: int,
-    history_size: int,
-    line_search: str | None,
-    control: RunControl,
-    clock: Clock,
-    restart: int,
-    step_offset: int,
-    total_steps: int,
-    outcome: RestartOutcome,
-) -> Iterator[ProgressEvent]:
-    """Minimise ``objective`` over ``variables`` for up to ``control.max_steps`` L-BFGS steps.
-
-    One step is one ``optimizer.step(closure)`` call, which may evaluate the objective up to
-    ``max_iter`` times (torch's default 20), as in the original DLG and iDLG scripts.
-    """
-    steps = LbfgsSteps(
-        variables,
-        objective,
-        clock,
-        lr=lr,
-        max_iter=max_iter,
-        history_size=history_size,
-        line_search=line_search,
-    )
-    yield ProgressEvent(
-        step_offset, total_steps, clock.elapsed, {}, restart, snapshot(images), current_labels()
-    )
-    for step in range(1, control.max_steps + 1):
-        try:
-            loss = steps.step()
-        except StepInterrupted as stop:
-            outcome.stop_reason = stop.reason
-            break
-        finally:
-            outcome.evaluations = steps.evaluations
-        if not math.isfinite(loss):
-            outcome.stop_reason = "diverged"
-            break
-        outcome.steps = step
-        if step % control.emit_every == 0 or step == control.max_steps:
-            with_images = step % control.image_every == 0 or step == control.max_steps
-            yield ProgressEvent(
-                step_offset + step,
-                total_steps,
-                clock.elapsed,
-                {"gradient_distance": loss, "evaluations": float(outcome.evaluations)},
-                restart,
-                snapshot(images) if with_images else None,
-                current_labels() if with_images else None,
-            )
-    steps.restore()
-    outcome.images = snapshot(images)
