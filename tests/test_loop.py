@@ -77,12 +77,21 @@ def test_every_restart_runs_the_budget_and_the_pick_is_the_lowest_objective():
         assert steps == sorted(steps) and steps[-1] == 40
 
 
-def test_each_restart_draws_from_its_own_seed_together_or_apart():
+def test_restarts_draw_the_same_starts_together_or_apart():
     _, apart = run(3, False, RunControl(2))
     _, together = run(3, True, RunControl(2))
     assert [c.loss for c in apart.candidates] == [c.loss for c in together.candidates]
-    first = float(torch.rand((), generator=torch.Generator().manual_seed(start_seed(7, 1))))
-    assert apart.candidates[1].loss == pytest.approx(first / 2)
+    stream = torch.Generator().manual_seed(7)  # one stream, drawn in restart order
+    draws = [float(torch.rand((), generator=stream)) for _ in range(3)]
+    assert [c.loss for c in apart.candidates] == pytest.approx([d / 2 for d in draws])
+
+
+def test_raced_restarts_draw_from_seeds_of_their_own():
+    _, final = run(4, True, RunControl(100, emit_every=1, race=PLAN))
+    for candidate in final.candidates:
+        seed = start_seed(7, candidate.restart)
+        first = float(torch.rand((), generator=torch.Generator().manual_seed(seed)))
+        assert candidate.loss == pytest.approx(first / candidate.steps)
 
 
 def test_a_diverged_restart_stops_alone_and_the_others_go_on():

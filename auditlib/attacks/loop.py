@@ -8,9 +8,10 @@ running, why each stopped, and the candidates the attacker picks from by its own
 Restarts advance together when the attack's objective allows it (``together``): R
 restarts are then one batched computation (``UpdateMatcher.together``, ``torch.func.vmap``
 over the restarts) whose every slice is that restart's own objective, so each restart ends
-where it would alone, up to float summation order. Every restart draws from a generator of
-its own (:func:`start_seed`), so restart r is the same whether the restarts run one after
-another, together, or raced.
+where it would alone, up to float summation order. Restarts draw their starts in turn from
+one generator seeded with the run's seed, so restart r starts from the same draw whether
+the restarts run one after another or together; raced restarts each draw from a seed of
+their own (:func:`start_seed`; restart 0 keeps the run's seed).
 
 A race (``RunControl.race``, the audit preset's schedule) drops the worse share of the
 running restarts by the attack's objective at each rung of the step budget; a restart whose
@@ -139,6 +140,10 @@ def run_restarts(
         if together
         else [_Group(None, [r], [0]) for r in ids]
     )
+    # Restarts that run to the end draw in turn from one stream seeded with ``seed`` (the
+    # papers' code, and so the same numbers apart or together); raced ones interleave, so
+    # each draws from a seed of its own.
+    stream = torch.Generator().manual_seed(seed) if race is None else None
     steps = [0] * restarts
     objective = [math.inf] * restarts
     finished: dict[int, Candidate] = {}
@@ -151,7 +156,11 @@ def run_restarts(
 
     def advance(group: _Group, until: int) -> Iterator[ProgressEvent]:
         if group.restarts is None:  # made when it first runs: a restart never run costs nothing
-            generators = [torch.Generator().manual_seed(start_seed(seed, r)) for r in group.ids]
+            generators = (
+                [stream] * len(group.ids)
+                if stream is not None
+                else [torch.Generator().manual_seed(start_seed(seed, r)) for r in group.ids]
+            )
             group.restarts = make(generators, clock)
             for position in group.alive:
                 images, labels = group.restarts.frame(position)
