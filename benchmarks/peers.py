@@ -18,7 +18,10 @@ Rows, interleaved (ours, breaching, ours, breaching) so that load on the machine
   breaching's ``invertinggradients`` against our ``ig`` (paper preset);
 - IG on ResNet-18 (the GRNN thesis's sigmoid, uniform-initialised form), 32x32, the same.
 
-One restart each, the same iteration count on both sides, after an untimed warm-up of each. Seconds are wall-clock per run on
+One restart each, the same iteration count on both sides, after an untimed warm-up of each;
+five runs each with seeds 0 to 4, and for each seed both sides start from the same draw
+(ours; breaching's initialiser returns it, its algorithm untouched), so PSNRs compare start
+for start. Seconds are wall-clock per run on
 this machine's 2 threads, from the attack's start to its last image (model already built,
 gradient already computed); PSNR against the photograph in [0, 1] (docs/METRICS.md).
 
@@ -47,7 +50,7 @@ from benchmarks.reproduce_attacks import LENET, RESNET18, photograph, spec_of
 PEERS = ROOT / ".peers" / "site"
 RESULTS = ROOT / "benchmarks" / "results" / "peers.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
-REPEATS = 2
+REPEATS = 5  # seeds 0..4 on each side: PSNR is compared as a median over starts
 # (name, our attack, our preset, breaching's attack, model, iterations, labels known)
 ROWS = (
     ("DLG, LeNet 32x32", "dlg", None, "deepleakage", LENET, 100, False),
@@ -83,7 +86,7 @@ def _psnr(images: torch.Tensor, victim) -> float:
     return 10 * torch.log10(torch.tensor(1 / max(mse, 1e-10))).item()
 
 
-def ours(victim, classes, names, gradient, attack, preset, iterations, labels_known):
+def ours(victim, classes, names, gradient, attack, preset, iterations, labels_known, seed=0):
     knowledge = AttackerKnowledge(
         model=copy.deepcopy(victim.model),
         protocol=ClientProtocol(),
@@ -98,13 +101,44 @@ def ours(victim, classes, names, gradient, attack, preset, iterations, labels_kn
     control = RunControl(iterations, emit_every=iterations, image_every=iterations)
     start = time.perf_counter()
     final = None
-    for event in get_attack(attack).run(observation, knowledge, config, control, 0):
+    for event in get_attack(attack).run(observation, knowledge, config, control, seed):
         final = event.final or final
     seconds = time.perf_counter() - start
     return seconds, final.steps, _psnr(final.selected.images, victim)
 
 
-def theirs(victim, classes, gradient, attack, iterations, labels_known):
+def our_start(victim, classes, labels_known, seed):
+    """The start our attack draws for ``seed``: images, then (labels unknown) label logits,
+    from one generator (``attacks.loop``, ``objectives.random_images``)."""
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(victim.batch.images.shape, generator=generator)
+    logits = None if labels_known else torch.randn((1, classes), generator=generator)
+    return images, logits
+
+
+def _start_from_ours(attacker, victim, classes, labels_known, seed) -> None:
+    """breaching draws its start from the global generator through ``_initialize_data``
+    (the candidate images, and for DLG the label logits after a label template); here
+    that method returns our draw for the same seed instead, so both sides start from the
+    same point and their PSNRs compare start for start. The algorithm is untouched."""
+    images, logits = our_start(victim, classes, labels_known, seed)
+    original = attacker._initialize_data
+    calls = {"labels": 0}
+
+    def same_start(shape):
+        candidate = original(shape)  # breaching's own set-up (grad, memory format)
+        if tuple(shape) == tuple(images.shape):
+            candidate.data.copy_(images)
+        elif logits is not None and tuple(shape) == tuple(logits.shape):
+            calls["labels"] += 1
+            if calls["labels"] == 2:  # the first is prepare_attack's label template
+                candidate.data.copy_(logits)
+        return candidate
+
+    attacker._initialize_data = same_start
+
+
+def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0):
     sys.path.insert(0, str(PEERS))
     import breaching  # the peer is optional and lives outside the product
 
@@ -141,10 +175,59 @@ def theirs(victim, classes, gradient, attack, iterations, labels_known):
             },
         }
     ]
+    _start_from_ours(attacker, victim, classes, labels_known, seed)
     start = time.perf_counter()
     output, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
     seconds = time.perf_counter() - start
     return seconds, iterations, _psnr(output["data"].detach(), victim)
+
+
+def render(rows: list[dict]) -> str:
+    """The summary table (seconds summed over the seeds, median PSNR), then every seed."""
+    lines = [
+        "| row | iterations | ours: s over the seeds / it/s / median PSNR | breaching: s / "
+        "it/s / median PSNR | time ours / breaching | seeds where our PSNR is lower |",
+        "|---|---|---|---|---|---|",
+    ]
+    details = []
+    for r in rows:
+        cells = []
+        for side in ("ours", "breaching"):
+            s = r[side]
+            seconds = sum(s["seconds"])
+            steps = s["steps"] * len(s["seconds"])
+            cells.append(
+                f"{seconds:.1f} / {steps / seconds:.1f} / {statistics.median(s['psnr']):.2f}"
+            )
+        ratio = sum(r["ours"]["seconds"]) / sum(r["breaching"]["seconds"])
+        lower = sum(
+            o < b - 0.01 for o, b in zip(r["ours"]["psnr"], r["breaching"]["psnr"], strict=True)
+        )
+        lines.append(
+            f"| {r['row']} | {r['iterations']} | {cells[0]} | {cells[1]} | {ratio:.2f} | "
+            f"{lower} of {len(r['ours']['psnr'])} |"
+        )
+        per_seed = ", ".join(
+            f"{seed}: {o:.2f}/{b:.2f} dB, {os_:.1f}/{bs:.1f} s"
+            for seed, (o, b, os_, bs) in enumerate(
+                zip(
+                    r["ours"]["psnr"],
+                    r["breaching"]["psnr"],
+                    r["ours"]["seconds"],
+                    r["breaching"]["seconds"],
+                    strict=True,
+                )
+            )
+        )
+        details.append(f"- {r['row']}, seed: ours/breaching: {per_seed}")
+    seeds = len(rows[0]["ours"]["psnr"]) if rows else 0
+    return (
+        "\n".join(lines)
+        + "\n\n"
+        + "\n".join(details)
+        + f"\n\n{seeds} interleaved runs each, seeds 0 to {seeds - 1}, each seed's start the "
+        f"same on both sides. Measured on: {machine()}."
+    )
 
 
 def main() -> None:
@@ -159,39 +242,26 @@ def main() -> None:
         # Warm-up of both sides (lazy imports, first optimiser, allocator), not timed.
         ours(victim, classes, names, gradient, attack, preset, 2, labels_known)
         theirs(victim, classes, gradient, peer, 2, labels_known)
-        for _ in range(REPEATS):
+        for seed in range(REPEATS):
             runs["ours"].append(
-                ours(victim, classes, names, gradient, attack, preset, iterations, labels_known)
+                ours(
+                    victim, classes, names, gradient, attack, preset, iterations, labels_known, seed
+                )
             )
             runs["breaching"].append(
-                theirs(victim, classes, gradient, peer, iterations, labels_known)
+                theirs(victim, classes, gradient, peer, iterations, labels_known, seed)
             )
         row = {"row": label, "iterations": iterations}
         for side, results in runs.items():
             row[side] = {
-                "seconds": statistics.median(r[0] for r in results),
+                "seconds": [r[0] for r in results],
                 "steps": results[0][1],
                 "psnr": [r[2] for r in results],
             }
         print(json.dumps(row), flush=True)
         rows.append(row)
     RESULTS.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
-    lines = [
-        "| row | iterations | ours: s / it/s / PSNR | breaching: s / it/s / PSNR | time ours / breaching |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        cells = []
-        for side in ("ours", "breaching"):
-            s = r[side]
-            psnr = " and ".join(f"{p:.2f}" for p in s["psnr"])
-            cells.append(f"{s['seconds']:.1f} / {s['steps'] / s['seconds']:.1f} / {psnr}")
-        ratio = r["ours"]["seconds"] / r["breaching"]["seconds"]
-        lines.append(f"| {r['row']} | {r['iterations']} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
-    text = (
-        "\n".join(lines)
-        + f"\n\nMedian of {REPEATS} interleaved runs each. Measured on: {machine()}."
-    )
+    text = render(rows)
     replace_section(DOC, "peers", text)
     print(text)
 

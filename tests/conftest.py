@@ -49,3 +49,33 @@ def dashboard_store(tmp_path, monkeypatch, ray_session):
         manager.wait_all(60)
         st.cache_resource.clear()
         store.close()
+
+
+# Markers, so the inner loop can leave out what is slow to start (``make test-fast``);
+# ``make test`` runs everything. ``browser``: a real Streamlit server and Chromium;
+# ``ray``: a Ray instance; ``slow``: a test that takes more than about 10 s here
+# (listed in SLOW from ``pytest --durations``).
+BROWSER_MODULES = {"test_browser.py", "test_make_run.py"}
+RAY_FIXTURES = {"ray_session", "dashboard_store", "ray_instance"}
+SLOW = {
+    # filled from `pytest --durations=60` on this machine (2 cores)
+}
+
+
+def pytest_configure(config):
+    for name, what in (
+        ("browser", "starts a real Streamlit server and drives Chromium"),
+        ("ray", "starts a Ray instance"),
+        ("slow", "takes more than about 10 s on 2 cores"),
+    ):
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in BROWSER_MODULES:
+            item.add_marker(pytest.mark.browser)
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)
+        if item.nodeid.split("[")[0] in SLOW:
+            item.add_marker(pytest.mark.slow)
