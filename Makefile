@@ -11,7 +11,7 @@ ADDRESS ?= 127.0.0.1
 
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup system-deps run test lint format bench reproduce verdicts walk
+.PHONY: setup system-deps run test test-fast lint format bench reproduce verdicts walk
 
 setup: $(STAMP) system-deps
 
@@ -30,6 +30,11 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The inner loop: everything but the real browser, Ray and the tests over 10 s
+# (markers set in tests/conftest.py); `make test` still runs them all.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not browser and not ray and not slow"
 
 lint: setup
 	$(BIN)/ruff check .
