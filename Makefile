@@ -39,6 +39,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	PYTHONPATH=. $(BIN)/lint-imports
 
 format: setup
 	$(BIN)/ruff format .

@@ -350,8 +350,8 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def write_outputs(result, out: Path) -> None:
-    from auditlib.report.images import save_comparison_png
-    from auditlib.report.result_json import summary_json
+    from auditlib.grids import save_comparison_png
+    from auditlib.result_json import summary_json
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(summary_json(result.summary))

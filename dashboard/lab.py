@@ -16,7 +16,7 @@ from auditlib.engine.controls import control_finding, start_with_control
 from auditlib.errors import AuditInputError
 from auditlib.metrics.risk import RECOVERED_RULE
 from auditlib.metrics.verdict import Verdict
-from auditlib.report.result_json import summary_json
+from auditlib.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
 from auditlib.words import count_of
 from dashboard.common import (

@@ -20,9 +20,9 @@ from auditlib.data import (
     load_zip,
 )
 from auditlib.errors import AuditInputError
+from auditlib.grids import thumbnail
 from auditlib.models import ARCHITECTURES
 from auditlib.models.loading import DEFAULT_MAX_BYTES
-from auditlib.report.images import thumbnail
 from auditlib.words import MB, count_of, size_text
 from dashboard.common import (
     LAB_PAGE,

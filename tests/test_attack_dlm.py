@@ -82,7 +82,7 @@ def run_attack(name, observation, knowledge, steps, params=None, preset=None, se
 
 
 def psnr_of(images, victim):
-    from auditlib.attacks.base import Candidate, Reconstruction
+    from auditlib.reconstruction import Candidate, Reconstruction
 
     candidate = Candidate(images, None, 0.0, 0, 0, "completed")
     scores = evaluate(

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from auditlib.attacks import ATTACKS, RunControl, build_attack_config, get_attack
-from auditlib.attacks.base import Candidate, Reconstruction
 from auditlib.attacks.grnn import generated_side, tv_weight
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.defenses import build_defense
@@ -23,6 +22,7 @@ from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import evaluate
 from auditlib.models import ModelSpec
+from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 from auditlib.threat import PrivateBatch
 

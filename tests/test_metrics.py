@@ -13,7 +13,6 @@ import pytest
 import torch
 from skimage.metrics import structural_similarity
 
-from auditlib.attacks.base import Candidate, Reconstruction
 from auditlib.data.normalization import Normalization
 from auditlib.metrics import (
     PSNR_CAP_DB,
@@ -30,6 +29,7 @@ from auditlib.metrics import (
     to_unit_range,
 )
 from auditlib.metrics.matching import pairwise_mse
+from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.threat import PrivateBatch
 
 ALEX_FILE = "alexnet-owt-7be5be79.pth"

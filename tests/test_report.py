@@ -26,10 +26,10 @@ from auditlib.engine.audit import run_audit
 from auditlib.engine.batches import SweepCurve, comparison_members, record_batch, sweep_members
 from auditlib.engine.stream import png_bytes
 from auditlib.fl.federated import FederationSpec
+from auditlib.grids import comparison_grid, image_grid, split_grid
 from auditlib.models import ModelSpec
 from auditlib.report import pdf
 from auditlib.report.export import figures_to_png
-from auditlib.report.images import comparison_grid, image_grid, split_grid
 from auditlib.report.pdf import build_report, render_report, report_bytes
 from auditlib.report.subject import batch_subject, run_subject, summary_rows
 from auditlib.report.verdict_section import SOK_CITATION

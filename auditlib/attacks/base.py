@@ -7,7 +7,6 @@ cancellation flag through :class:`RunControl`, and draw all randomness from ``se
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -17,6 +16,7 @@ import torch
 
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
+from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, KnownDefense, Observation
 
 if TYPE_CHECKING:
@@ -65,34 +65,6 @@ class Clock:
         if self.control.max_seconds is not None and self.elapsed >= self.control.max_seconds:
             return "time budget"
         return None
-
-
-@dataclass(frozen=True, eq=False)
-class Candidate:
-    """One restart's result. ``loss`` is the attack's own objective (lower is better)."""
-
-    images: torch.Tensor  # B x C x H x W, model space, CPU
-    labels: torch.Tensor | None  # B class ids, or None when the attack does not recover labels
-    loss: float
-    restart: int
-    steps: int
-    stop_reason: str
-
-
-@dataclass(frozen=True, eq=False)
-class Reconstruction:
-    candidates: tuple[Candidate, ...]
-    stop_reason: str  # "completed", "time budget", "cancelled" or "diverged"
-    steps: int  # optimiser steps over all restarts
-    label_inference: Mapping[str, Any] | None = None
-
-    @property
-    def selected(self) -> Candidate:
-        """The candidate the attacker would choose without ground truth: lowest loss."""
-        finite = [c for c in self.candidates if math.isfinite(c.loss)]
-        return min(
-            finite or self.candidates, key=lambda c: c.loss if math.isfinite(c.loss) else math.inf
-        )
 
 
 @dataclass(frozen=True, eq=False)

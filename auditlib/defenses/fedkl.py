@@ -28,7 +28,6 @@ from torch import nn
 
 from auditlib.config import require
 from auditlib.defenses.base import DefenseInfo, ModelChange, copied, register
-from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
 from auditlib.fl.update import copy_state
 from auditlib.models.keylock import (
@@ -38,6 +37,7 @@ from auditlib.models.keylock import (
     private_parameter_names,
     random_key,
 )
+from auditlib.seeds import derive_seed
 from auditlib.threat import KnownDefense
 
 Attacker = Literal["random-key", "plain-bn", "shared-key"]

@@ -28,9 +28,9 @@ from auditlib.attacks import (
     build_attack_config,
 )
 from auditlib.attacks.restarts import AUDIT_PRESET, PLAN, restart_schedule, run_attack
-from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
+from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec
 from auditlib.threat import AttackerKnowledge
 

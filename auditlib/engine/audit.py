@@ -42,7 +42,6 @@ from auditlib.engine.attack_phase import (
     worst_case,
 )
 from auditlib.engine.device import resolve_device
-from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.federated import train_federated, utility_tensors
 from auditlib.fl.scenario import release_update
@@ -51,6 +50,7 @@ from auditlib.fl.update import set_training_mode
 from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
 from auditlib.metrics.verdict import Finding, Scope, judge, threat_card
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
+from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec, RunSpec
 from auditlib.threat import PrivateBatch
 

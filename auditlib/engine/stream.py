@@ -23,8 +23,8 @@ from auditlib.engine.audit import (
     iter_audit,
 )
 from auditlib.errors import AuditInputError
+from auditlib.grids import comparison_grid, image_row
 from auditlib.metrics import LPIPS_NETS
-from auditlib.report.images import comparison_grid, image_row
 from auditlib.spec import RunSpec
 
 # stop_reason of a finished attack -> run status in the store

@@ -27,11 +27,11 @@ from auditlib.data.labels import check_labels_fit
 from auditlib.data.normalization import Normalization
 from auditlib.data.training_sets import TrainTestSets
 from auditlib.defenses.base import Defense, model_change
-from auditlib.engine.seeds import derive_seed
 from auditlib.errors import AuditInputError
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.training import RoundStopped, fedavg_round
 from auditlib.fl.update import copy_state, load_state, set_training_mode
+from auditlib.seeds import derive_seed
 
 Split = Literal["iid", "dirichlet"]
 

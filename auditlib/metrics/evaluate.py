@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from auditlib.attacks.base import Candidate, Reconstruction
 from auditlib.data.normalization import Normalization
 from auditlib.metrics import image as image_metrics
 from auditlib.metrics.baseline import baseline_record, best_guess_per_image, score_guesses
 from auditlib.metrics.lpips_metric import availability, lpips_distances
 from auditlib.metrics.matching import label_accuracy, match
 from auditlib.metrics.risk import rdlv, risk_summary
+from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.threat import PrivateBatch
 
 LPIPS_NETS = ("alex", "vgg")

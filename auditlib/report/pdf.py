@@ -59,9 +59,9 @@ from reportlab.platypus import Image as PDFImage
 import auditlib
 from auditlib.attacks import ATTACKS
 from auditlib.errors import AuditInputError
+from auditlib.grids import split_grid
 from auditlib.metrics.risk import LEVEL_MEANING, LEVELS, RECOVERED_RULE
 from auditlib.report import verdict_section as verdicts
-from auditlib.report.images import split_grid
 from auditlib.report.subject import (
     ReportEntry,
     ReportSubject,

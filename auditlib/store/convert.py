@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from auditlib.report.result_json import summary_json
+from auditlib.result_json import summary_json
 
 
 def utcnow() -> datetime:

@@ -1,0 +1,41 @@
+"""What an attack ends with: every restart's candidate and the attacker's own pick.
+
+Plain data (tensors and numbers), so the metrics score it without importing the attacks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """One restart's result. ``loss`` is the attack's own objective (lower is better)."""
+
+    images: torch.Tensor  # B x C x H x W, model space, CPU
+    labels: torch.Tensor | None  # B class ids, or None when the attack does not recover labels
+    loss: float
+    restart: int
+    steps: int
+    stop_reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class Reconstruction:
+    candidates: tuple[Candidate, ...]
+    stop_reason: str  # "completed", "time budget", "cancelled" or "diverged"
+    steps: int  # optimiser steps over all restarts
+    label_inference: Mapping[str, Any] | None = None
+
+    @property
+    def selected(self) -> Candidate:
+        """The candidate the attacker would choose without ground truth: lowest loss."""
+        finite = [c for c in self.candidates if math.isfinite(c.loss)]
+        return min(
+            finite or self.candidates, key=lambda c: c.loss if math.isfinite(c.loss) else math.inf
+        )

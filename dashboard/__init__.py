@@ -1,0 +1,1 @@
+"""The dashboard's pages and their helpers (UI only: they call auditlib)."""
