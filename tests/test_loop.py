@@ -77,6 +77,16 @@ def test_every_restart_runs_the_budget_and_the_pick_is_the_lowest_objective():
         assert steps == sorted(steps) and steps[-1] == 40
 
 
+def test_restarts_together_stream_one_frame_per_step_the_leaders():
+    events, final = run(3, True, RunControl(4, emit_every=1, image_every=2))
+    stepped = [e for e in events if e.losses]
+    assert len(stepped) == 3 * 4  # every restart's losses at every emitted step
+    framed = [e for e in stepped if e.images is not None]
+    assert len(framed) == 2  # steps 2 and 4, one frame each
+    leader = min(final.candidates, key=lambda c: c.loss).restart
+    assert {e.restart for e in framed} == {leader}
+
+
 def test_restarts_draw_the_same_starts_together_or_apart():
     _, apart = run(3, False, RunControl(2))
     _, together = run(3, True, RunControl(2))

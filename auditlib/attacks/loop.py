@@ -96,7 +96,8 @@ class Restarts(Protocol):
         race, and a restart whose objective is not finite has diverged."""
 
     def frame(self, position: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The restart's current images (model space, CPU) and hard labels."""
+        """The restart's current images (model space, CPU) and hard labels; the loop asks
+        for the frame of one restart per group and image step, its leader."""
 
     def candidate(self, position: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """The restart's result: images, hard labels and its score (the attacker's pick is
@@ -184,6 +185,7 @@ def run_restarts(
             first = next(iter(losses))
             emit = group.step % control.emit_every == 0 or group.step == control.max_steps
             with_images = group.step % control.image_every == 0 or group.step == control.max_steps
+            running = []
             for index, position in enumerate(alive):
                 restart = group.ids[position]
                 steps[restart] = group.step
@@ -192,17 +194,24 @@ def run_restarts(
                     finish(group, position, "diverged")
                     continue
                 objective[restart] = value
-                if emit:
-                    images, labels = group.restarts.frame(position) if with_images else (None, None)
-                    yield ProgressEvent(
-                        sum(steps),
-                        total,
-                        clock.elapsed,
-                        {k: float(v[index]) for k, v in losses.items()},
-                        restart,
-                        images,
-                        labels,
-                    )
+                running.append((index, position))
+            if not emit or not running:
+                continue
+            # Restarts that advance together share one frame per image step: the leader's by
+            # the attack's own objective (the live view follows the restart it would pick).
+            leader = min(running, key=lambda ip: objective[group.ids[ip[1]]])[1]
+            for index, position in running:
+                shown = with_images and position == leader
+                images, labels = group.restarts.frame(position) if shown else (None, None)
+                yield ProgressEvent(
+                    sum(steps),
+                    total,
+                    clock.elapsed,
+                    {k: float(v[index]) for k, v in losses.items()},
+                    group.ids[position],
+                    images,
+                    labels,
+                )
 
     def running() -> list[tuple[_Group, int]]:
         return [(g, p) for g in groups for p in g.alive]
