@@ -185,7 +185,7 @@ def run_restarts(
             first = next(iter(losses))
             emit = group.step % control.emit_every == 0 or group.step == control.max_steps
             with_images = group.step % control.image_every == 0 or group.step == control.max_steps
-            running = []
+            live = []
             for index, position in enumerate(alive):
                 restart = group.ids[position]
                 steps[restart] = group.step
@@ -194,13 +194,13 @@ def run_restarts(
                     finish(group, position, "diverged")
                     continue
                 objective[restart] = value
-                running.append((index, position))
-            if not emit or not running:
+                live.append((index, position))
+            if not emit or not live:
                 continue
             # Restarts that advance together share one frame per image step: the leader's by
             # the attack's own objective (the live view follows the restart it would pick).
-            leader = min(running, key=lambda ip: objective[group.ids[ip[1]]])[1]
-            for index, position in running:
+            leader = min(live, key=lambda ip: objective[group.ids[ip[1]]])[1]
+            for index, position in live:
                 shown = with_images and position == leader
                 images, labels = group.restarts.frame(position) if shown else (None, None)
                 yield ProgressEvent(
