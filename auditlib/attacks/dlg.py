@@ -66,14 +66,11 @@ class _Restart:
             self.logits = random_label_logits(knowledge, generator).requires_grad_(True)
             variables.append(self.logits)
         self.matcher.restart()
-        self.steps = LbfgsSteps(
+        self.steps = LbfgsSteps.of(
             [*variables, *self.matcher.unknowns],  # unknowns: fitted by an adaptive attacker
             self._objective,
             clock,
-            lr=config.lr,
-            max_iter=config.lbfgs_max_iter,
-            history_size=config.history_size,
-            line_search=None if config.line_search == "none" else config.line_search,
+            config,
         )
 
     def _labels(self) -> torch.Tensor:

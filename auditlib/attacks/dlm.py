@@ -349,14 +349,8 @@ class _Restarts:
             fixed_labels,
         )
         if config.optimizer == "lbfgs":
-            self.lbfgs = LbfgsSteps(
-                self.state.variables,
-                lambda: self.loss_terms()[0],
-                clock,
-                lr=config.lr,
-                max_iter=config.lbfgs_max_iter,
-                history_size=config.history_size,
-                line_search=None if config.line_search == "none" else config.line_search,
+            self.lbfgs = LbfgsSteps.of(
+                self.state.variables, lambda: self.loss_terms()[0], clock, config
             )
         else:  # plain Adam on all variables (the paper's optimiser for its MLP, lr 0.1)
             self.lbfgs = None

@@ -43,6 +43,7 @@ from auditlib.attacks.objectives import (
     ThroughDefense,
     cosine_distance,
     matched_parameters,
+    restart_buffers,
     total_variation,
     why_not_together,
 )
@@ -362,11 +363,7 @@ class Objective:
         """:meth:`evaluate` of R restarts at once (``x01`` is R x B x C x H x W), each its own
         J, masks and direction, in one ``torch.func.vmap`` pass."""
         x01 = x01.detach().requires_grad_(True)
-        model = self.gradients.knowledge.model
-        buffers = {
-            n: b.detach().unsqueeze(0).repeat(x01.shape[0], *([1] * b.dim()))
-            for n, b in model.named_buffers()
-        }
+        buffers = restart_buffers(self.gradients.knowledge.model, x01.shape[0])
         if masks is None:
             terms = torch.func.vmap(lambda x, b: self._terms(x, None, b))(x01, buffers)
         else:

@@ -237,10 +237,14 @@ class GrnnLoss:
         if self.config.wasserstein == "sorted":
             wd = sorted_wasserstein(simulated, self.target)
         else:
-            # The code's wasserstein_distance of one row: the L2 norm of the difference.
-            # The clamp keeps the derivative of the square root finite at an exact match.
-            wd = mse.clamp_min(1e-30).sqrt()
+            wd = self.row_wasserstein(mse)
         return mse, wd
+
+    @staticmethod
+    def row_wasserstein(mse: torch.Tensor) -> torch.Tensor:
+        """The code's wasserstein_distance of one row: the L2 norm of the difference. The
+        clamp keeps the derivative of the square root finite at an exact match."""
+        return mse.clamp_min(1e-30).sqrt()
 
     def smoothness(self, images01: torch.Tensor) -> torch.Tensor:
         if self.config.tv_form == "absolute":
@@ -280,12 +284,12 @@ def run_grnn(
     seed: int,
 ) -> Iterator[ProgressEvent]:
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
-    tv_weight(knowledge, config)  # checks the model before any restart runs
+    loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 
     def make(generators, clock):
-        # A loss of its own per group: an adaptive attacker's unknowns live in its matcher.
-        loss = GrnnLoss(observation, knowledge, config)
-        return _Restarts(generators, knowledge, config, loss, fixed_labels)
+        # An adaptive attacker's unknowns live in the loss's matcher: one of its own per group.
+        own = GrnnLoss(observation, knowledge, config) if loss.matcher.unknowns else loss
+        return _Restarts(generators, knowledge, config, own, fixed_labels)
 
     together = config.together and _why_apart(knowledge, config) is None
     return run_restarts(
@@ -364,8 +368,7 @@ class _Restarts:
             mse, wd = self.loss.gradient_terms(images[0], self._row(labels, 0))
             return mse.unsqueeze(0), wd.unsqueeze(0)
         mse = self.loss.matcher.together(images, labels, l2_distance)
-        # The code's wasserstein_distance of one row: the L2 norm of the difference.
-        return mse, mse.clamp_min(1e-30).sqrt()
+        return mse, self.loss.row_wasserstein(mse)  # wasserstein=sorted runs apart
 
     def step(self, alive):
         self.optimizer.zero_grad()

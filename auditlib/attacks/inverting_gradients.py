@@ -101,9 +101,7 @@ class _Restarts:
 
     def __init__(self, generators, observation, knowledge, config, iterations, fixed_labels):
         self.config = config
-        self.knowledge = knowledge
         self.matcher = UpdateMatcher(observation, knowledge, config.distance)
-        self.together = len(generators) > 1
         images, logits = [], []
         for generator in generators:  # per restart: images, then label logits (its own draw)
             images.append(random_images(knowledge, generator))

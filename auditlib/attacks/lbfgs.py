@@ -40,6 +40,20 @@ class LbfgsSteps:
         )
         self.completed = [v.detach().clone() for v in variables]
 
+    @classmethod
+    def of(cls, variables, objective, clock: Clock, config) -> LbfgsSteps:
+        """From an attack config's ``lr``, ``lbfgs_max_iter``, ``history_size`` and
+        ``line_search`` (DLG's, iDLG's, DLM's)."""
+        return cls(
+            variables,
+            objective,
+            clock,
+            lr=config.lr,
+            max_iter=config.lbfgs_max_iter,
+            history_size=config.history_size,
+            line_search=None if config.line_search == "none" else config.line_search,
+        )
+
     def _closure(self) -> torch.Tensor:
         # One L-BFGS step may evaluate the objective 20 times (seconds on a large model), so
         # budgets and cancellation are checked at every evaluation, not only between steps.

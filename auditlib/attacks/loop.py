@@ -28,7 +28,8 @@ from typing import Protocol
 
 import torch
 
-from auditlib.attacks.base import Candidate, Clock, ProgressEvent, RunControl, final_event
+from auditlib.attacks.base import Clock, ProgressEvent, RunControl, final_event
+from auditlib.reconstruction import Candidate
 
 
 @dataclass(frozen=True)

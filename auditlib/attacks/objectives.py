@@ -196,12 +196,7 @@ class UpdateMatcher:
         :meth:`__call__` gives it alone (its own BatchNorm statistics), up to float summation
         order; the R updates are computed by ``torch.func.vmap`` in one batched pass.
         ``distance`` replaces the matcher's own (GRNN's summed squares)."""
-        restarts = images.shape[0]
-        # Each restart's own copy of the buffers: BatchNorm in train mode updates them.
-        buffers = {
-            name: b.detach().unsqueeze(0).repeat(restarts, *([1] * b.dim()))
-            for name, b in self.view.model.named_buffers()
-        }
+        buffers = restart_buffers(self.view.model, images.shape[0])
         protocol = self.knowledge.protocol
 
         def distance_of(x: torch.Tensor, y: torch.Tensor, own: dict) -> torch.Tensor:
@@ -214,6 +209,15 @@ class UpdateMatcher:
         measure = self.distance if distance is None else distance
         label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
         return torch.func.vmap(distance_of, in_dims=(0, label_dim, 0))(images, labels, buffers)
+
+
+def restart_buffers(model: nn.Module, restarts: int) -> dict[str, torch.Tensor]:
+    """Each restart's own copy of the model's buffers, stacked for ``vmap`` (BatchNorm in
+    train mode updates them, and restarts must not share its statistics)."""
+    return {
+        name: b.detach().unsqueeze(0).repeat(restarts, *([1] * b.dim()))
+        for name, b in model.named_buffers()
+    }
 
 
 def why_not_together(knowledge: AttackerKnowledge) -> str | None:
