@@ -16,9 +16,10 @@ from auditlib.attacks.base import RunControl
 from auditlib.attacks.loop import PLAN, HalvingPlan, StepInterrupted, run_restarts, start_seed
 from auditlib.attacks.objectives import UpdateMatcher, why_not_together
 from auditlib.attacks.restarts import run_attack
+from auditlib.engine.attack_phase import plan_attacks
 from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ModelSpec
-from auditlib.spec import ModelRef
+from auditlib.spec import ComponentSpec, ModelRef
 
 
 class Descent:
@@ -193,6 +194,37 @@ def test_the_audit_preset_races_and_the_paper_preset_does_not():
         finals[preset] = events[-1].final
     assert sum(c.stop_reason.startswith("dropped") for c in finals["audit"].candidates) == 3
     assert all(c.steps == 40 for c in finals["paper"].candidates)
+
+
+@pytest.mark.parametrize(
+    ("preset", "every", "expected"),
+    [
+        ("audit", 1, 4 * 2 + 2 * 2 + 1 * 6 + 1 * 30),  # rungs at 2, 4 and 10 of 40 steps
+        ("audit", 5, 4 * 5 + 2 * 5 + 1 * 30),  # on the event grid: rungs at 5 and 10
+        ("paper", 5, 4 * 40),  # one after another, each to the end
+    ],
+)
+def test_the_planned_steps_are_the_steps_a_run_takes(preset, every, expected):
+    """The engine's plan (plan_attacks, through attacks.restarts.planned_steps) is the total
+    the restart loop announces in every event, and the steps a completed run takes."""
+    _, _, release = release_for(lenet_spec("ig"))
+    (planned,) = plan_attacks(ComponentSpec.of("ig", {"restarts": 4}, preset), 40, every)
+    assert planned.planned_steps == expected
+    events = list(
+        run_attack(
+            get_attack("ig"),
+            release.observation,
+            release.knowledge,
+            planned.config,
+            RunControl(40, emit_every=every),
+            0,
+            preset,
+        )
+    )
+    final = events[-1].final
+    assert final.stop_reason == "completed"
+    assert {e.total_steps for e in events} == {expected}
+    assert final.steps == expected
 
 
 def test_an_interrupted_step_ends_the_run_with_its_reason():

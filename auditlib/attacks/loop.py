@@ -67,6 +67,16 @@ class HalvingPlan:
 PLAN = HalvingPlan()
 
 
+def total_steps(restarts: int, race: HalvingPlan | None, max_steps: int, every: int) -> int:
+    """Steps over all restarts if none stops early: ``restarts`` to ``max_steps`` each, or
+    fewer where they race (a race needs more than one restart): the loop's
+    ``ProgressEvent.total_steps``, and the engine's plan through
+    ``attacks.restarts.planned_steps``."""
+    if race is None or restarts <= 1:
+        return restarts * max_steps
+    return race.planned_steps(restarts, max_steps, every)
+
+
 def start_seed(seed: int, start: int) -> int:
     """Restart 0 keeps the run's seed (so it is the single run of the same seed)."""
     if start == 0:
@@ -131,11 +141,7 @@ def run_restarts(
     every restart's candidate."""
     clock = Clock(control)
     race = control.race if restarts > 1 else None
-    total = (
-        race.planned_steps(restarts, control.max_steps, control.emit_every)
-        if race is not None
-        else restarts * control.max_steps
-    )
+    total = total_steps(restarts, race, control.max_steps, control.emit_every)
     ids = list(range(restarts))
     groups = (
         [_Group(None, ids, list(range(restarts)))]

@@ -18,10 +18,24 @@ from collections.abc import Iterator
 from typing import Any
 
 from auditlib.attacks.base import AttackInfo, ProgressEvent, RunControl
-from auditlib.attacks.loop import PLAN
+from auditlib.attacks.loop import PLAN, HalvingPlan, total_steps
 from auditlib.threat import AttackerKnowledge, Observation
 
 AUDIT_PRESET = "audit"
+
+
+def race_of(config: Any, preset: str | None) -> HalvingPlan | None:
+    """The race an attack's restarts run (the audit preset's, with more than one start), or
+    None: they run one after another, each to the full step budget."""
+    if preset == AUDIT_PRESET and getattr(config, "restarts", 1) > 1:
+        return PLAN
+    return None
+
+
+def planned_steps(config: Any, preset: str | None, iterations: int, every: int) -> int:
+    """Steps over all restarts of the attack if none stops early, as :func:`run_attack`'s
+    loop counts them (``iterations`` per start, events every ``every`` steps)."""
+    return total_steps(getattr(config, "restarts", 1), race_of(config, preset), iterations, every)
 
 
 def run_attack(
@@ -34,8 +48,9 @@ def run_attack(
     preset: str | None,
 ) -> Iterator[ProgressEvent]:
     """An attack with its preset's restart schedule."""
-    if preset == AUDIT_PRESET and getattr(config, "restarts", 1) > 1:
-        control = dataclasses.replace(control, race=PLAN)
+    race = race_of(config, preset)
+    if race is not None:
+        control = dataclasses.replace(control, race=race)
     return info.run(observation, knowledge, config, control, seed)
 
 
@@ -43,6 +58,7 @@ def restart_schedule(config: Any, preset: str | None) -> str:
     restarts = getattr(config, "restarts", 1)
     if restarts <= 1:
         return "one start"
-    if preset == AUDIT_PRESET:
-        return f"{restarts} starts, {PLAN.describe()}"
+    race = race_of(config, preset)
+    if race is not None:
+        return f"{restarts} starts, {race.describe()}"
     return f"{restarts} starts, each to the full step budget"

@@ -27,7 +27,7 @@ from auditlib.attacks import (
     RunControl,
     build_attack_config,
 )
-from auditlib.attacks.restarts import AUDIT_PRESET, PLAN, restart_schedule, run_attack
+from auditlib.attacks.restarts import AUDIT_PRESET, planned_steps, restart_schedule, run_attack
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
 from auditlib.seeds import derive_seed
@@ -65,13 +65,6 @@ class AttackRun:
         return self.planned.label
 
 
-def _planned_steps(config: Any, preset: str | None, iterations: int, every: int) -> int:
-    restarts = int(getattr(config, "restarts", 1))
-    if preset == AUDIT_PRESET and restarts > 1:
-        return PLAN.planned_steps(restarts, iterations, every)
-    return restarts * iterations
-
-
 def plan_attacks(attack: ComponentSpec, iterations: int, every: int = 10) -> list[PlannedAttack]:
     """The attacks a run will try, each with its resolved configuration."""
     if attack.name == ALL_ATTACKS:
@@ -89,7 +82,7 @@ def plan_attacks(attack: ComponentSpec, iterations: int, every: int = 10) -> lis
         settings["restart_schedule"] = restart_schedule(config, preset)
         planned.append(
             PlannedAttack(
-                name, preset, config, settings, _planned_steps(config, preset, iterations, every)
+                name, preset, config, settings, planned_steps(config, preset, iterations, every)
             )
         )
     return planned
