@@ -11,9 +11,14 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auditlib.errors import AuditInputError
 from auditlib.words import size_text
+
+if TYPE_CHECKING:
+    from auditlib.metrics.verdict import Verdict
+    from auditlib.result import AuditSummary
 
 
 def _sha256_file(path: str) -> str:
@@ -354,7 +359,7 @@ def write_outputs(result, out: Path) -> None:
     from auditlib.result_json import summary_json
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(summary_json(result.summary))
+    (out / "result.json").write_text(summary_json(result.summary.to_json()))
     save_comparison_png(result.originals, result.reconstruction, out / "reconstruction.png")
 
 
@@ -417,42 +422,50 @@ def audit_command(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    import dataclasses
+
+    from auditlib.metrics.catalogue import CATALOGUE
+    from auditlib.result import ControlRecord
+
     verdict = with_control(result.summary, control_result, defended=spec.control() is not None)
-    result.summary["verdict"] = verdict.to_dict()
+    control_record = None
     if control_result is not None:
-        result.summary["control"] = {
-            "spec_id": control_result.summary["spec_id"],
-            "metrics": control_result.summary["metrics"],
-            "stop_reason": control_result.summary["stop_reason"],
-            "timing": control_result.summary["timing"],
-        }
+        control_record = ControlRecord(
+            spec_id=control_result.summary.spec_id,
+            metrics=control_result.summary.metrics,
+            stop_reason=control_result.summary.stop_reason,
+            timing=control_result.summary.timing,
+        )
+    summary = dataclasses.replace(result.summary, verdict=verdict, control=control_record)
+    result = dataclasses.replace(result, summary=summary)
     write_outputs(result, out)
-    metrics = result.summary["metrics"]
-    timing = result.summary["timing"]
-    ssim = metrics.get("ssim_mean")
-    accuracy = metrics["label_accuracy"]
-    ssim_text = "n/a" if ssim is None else f"{ssim:.3f}"
-    accuracy_text = "n/a" if accuracy is None else f"{accuracy:.0%}"
+    metrics, timing = summary.metrics, summary.timing
+    psnr, ssim, accuracy = (CATALOGUE[k] for k in ("psnr", "ssim", "label_accuracy"))
     print(
-        f"{spec.attack.name} vs {spec.defense.name}: PSNR {metrics['psnr_mean']:.2f} dB, "
-        f"SSIM {ssim_text}, label accuracy {accuracy_text}, {timing['iterations']} steps in "
-        f"{timing['seconds']:.1f} s ({result.summary['stop_reason']}); wrote {out / 'result.json'}"
+        f"{spec.attack.name} vs {spec.defense.name}: PSNR {psnr.text(metrics.psnr_mean)} dB, "
+        f"SSIM {ssim.text(metrics.ssim_mean)}, label accuracy "
+        f"{accuracy.text(metrics.label_accuracy)}, {timing.iterations} steps in "
+        f"{timing.seconds:.1f} s ({summary.stop_reason}); wrote {out / 'result.json'}"
     )
     print(f"verdict: {verdict.headline}\n  {verdict.sentence}")
     return 0
 
 
-def with_control(summary: dict, control_result, *, defended: bool):
+def with_control(summary: AuditSummary, control_result, *, defended: bool) -> Verdict:
     """The run's verdict, judged beside its control's finding where it has a defense."""
-    from auditlib.metrics.verdict import Verdict, judge
+    from auditlib.metrics.verdict import judge
 
-    own = Verdict.from_dict(summary["verdict"])
+    own = summary.verdict
+    assert own is not None  # every run judges itself
     if not defended:
         return own
     if control_result is None:
         return judge(own.finding, own.scope, defended=True, control_note="--no-control was given")
-    control = Verdict.from_dict(control_result.summary["verdict"]).finding
-    note = f"the same attack and budget without the defense, run first ({control_result.summary['spec_id'][:12]})"
+    control = control_result.summary.verdict.finding
+    note = (
+        "the same attack and budget without the defense, run first "
+        f"({control_result.summary.spec_id[:12]})"
+    )
     return judge(own.finding, own.scope, defended=True, control=control, control_note=note)
 
 

@@ -30,6 +30,7 @@ from auditlib.attacks import (
 from auditlib.attacks.restarts import AUDIT_PRESET, planned_steps, restart_schedule, run_attack
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
+from auditlib.metrics.scores import ImageScore
 from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec
 from auditlib.threat import AttackerKnowledge
@@ -172,7 +173,9 @@ def _undone(final: Reconstruction, knowledge: AttackerKnowledge) -> Reconstructi
     )
 
 
-def worst_case(runs: list[AttackRun], per_image: list[list[dict]]) -> tuple[Candidate, list[str]]:
+def worst_case(
+    runs: list[AttackRun], per_image: list[tuple[ImageScore, ...]]
+) -> tuple[Candidate, list[str]]:
     """Per image, the best of the attacks' own picks (by PSNR, which needs the ground truth:
     the auditor's worst case, an attacker who can tell an image from noise), as one
     candidate, with the attack each of its images came from.
@@ -181,9 +184,9 @@ def worst_case(runs: list[AttackRun], per_image: list[list[dict]]) -> tuple[Cand
     """
     images, labels, sources = [], [], []
     for i in range(len(per_image[0])):
-        k = max(range(len(runs)), key=lambda k: per_image[k][i]["psnr"])
+        k = max(range(len(runs)), key=lambda k: per_image[k][i].psnr)
         selected = runs[k].final.selected
-        j = per_image[k][i]["reconstruction_index"]
+        j = per_image[k][i].reconstruction_index
         images.append(selected.images[j])
         labels.append(None if selected.labels is None else selected.labels[j])
         sources.append(runs[k].label)

@@ -11,7 +11,7 @@ import hashlib
 import platform
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,24 +48,33 @@ from auditlib.fl.scenario import release_update
 from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
 from auditlib.fl.update import set_training_mode
 from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
+from auditlib.metrics.catalogue import METRIC_DEFINITION
+from auditlib.metrics.scores import Scores
 from auditlib.metrics.verdict import Finding, Scope, judge, threat_card
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
+from auditlib.result import (
+    AttackRecord,
+    AuditSummary,
+    DefenseReport,
+    RecordedConfig,
+    ThreatModel,
+    Timing,
+    UtilityRecord,
+    UtilityRound,
+    UtilityUnavailable,
+)
+from auditlib.result import Victim as VictimRecord
 from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec, RunSpec
 from auditlib.threat import PrivateBatch
 
 PRIOR_IMAGES = 64  # sample-set images averaged into the prior of RDLV
-METRIC_DEFINITION = (
-    "images de-normalised with the batch mean/std and clamped to [0,1]; reconstructions matched "
-    "to originals by the Hungarian algorithm on MSE; PSNR = 10 log10(1/MSE) per image (data range 1, "
-    "capped at 100 dB); SSIM Gaussian window 11, sigma 1.5, data range 1 (scikit-image); LPIPS "
-    "(lpips package, normalize=True) AlexNet and VGG; label accuracy order-free (multiset)"
-)
+__all__ = ["METRIC_DEFINITION"]  # re-exported: the catalogue holds the one definition
 
 
 @dataclass(frozen=True, eq=False)
 class AuditResult:
-    summary: dict[str, Any]  # what result.json holds
+    summary: AuditSummary  # what result.json holds (summary.to_json())
     originals: np.ndarray  # B x H x W x C in [0, 1]
     reconstruction: np.ndarray  # attacker's selection, matched to the originals, same layout
 
@@ -271,7 +280,7 @@ def measure_utility(
     allow_trusted_archive: bool = False,
     assets: Mapping[str, bytes] | None = None,
     is_cancelled: Callable[[], bool] = lambda: False,
-) -> dict[str, Any]:
+) -> UtilityRecord:
     """``iter_utility`` run to its end: the utility record alone."""
     rounds = iter_utility(
         spec, allow_trusted_archive=allow_trusted_archive, assets=assets, is_cancelled=is_cancelled
@@ -289,7 +298,7 @@ def iter_utility(
     allow_trusted_archive: bool = False,
     assets: Mapping[str, bytes] | None = None,
     is_cancelled: Callable[[], bool] = lambda: False,
-) -> Generator[UtilityProgress, None, dict[str, Any]]:
+) -> Generator[UtilityProgress, None, UtilityRecord]:
     """The defense's cost: the audited model trained with FedAvg under a fresh instance of
     the run's defense (``spec.utility``), yielding its progress after every round and
     returning the utility record.
@@ -337,15 +346,15 @@ def iter_utility(
     def should_stop() -> bool:
         return is_cancelled() or time.perf_counter() >= deadline
 
-    rounds = []
+    rounds: list[UtilityRound] = []
     planned = utility.federation.rounds
     for result in train_federated(model, train, test, utility.federation, defense, should_stop):
-        rounds.append(asdict(result))
+        rounds.append(UtilityRound(**result.__dict__))
         yield UtilityProgress(
             result.round, planned, result.accuracy, time.perf_counter() - started, utility.seconds
         )
     last = rounds[-1]
-    if last["round"] == planned:
+    if last.round == planned:
         stop_reason = "completed"
     else:
         stop_reason = "cancelled" if is_cancelled() else "time budget"
@@ -356,26 +365,26 @@ def iter_utility(
         starts_from = "DLG's uniform initialisation U(-0.5, 0.5) of the architecture"
     else:
         starts_from = "PyTorch's default initialisation of the architecture"
-    return {
-        "dataset": sets.source,
-        "train_examples": len(train[1]),
-        "test_examples": len(test[1]),
-        "federation": utility.federation.as_dict(),
-        "starts_from": starts_from,
-        "rounds": rounds,
-        "rounds_completed": last["round"],
-        "complete": stop_reason == "completed",
-        "stop_reason": stop_reason,
-        "budget_s": utility.seconds,
-        "accuracy": last["accuracy"],
-        "macro_f1": last["macro_f1"],
-        "accuracy_without_key": last["accuracy_without_key"],
-        "initial_accuracy": rounds[0]["accuracy"],
-        "chance_accuracy": chance,
-        "learned": learned(last["accuracy"], chance),
-        "privacy": defense.privacy_report(),
-        "seconds": time.perf_counter() - started,
-    }
+    return UtilityRecord(
+        dataset=sets.source,
+        train_examples=len(train[1]),
+        test_examples=len(test[1]),
+        federation=utility.federation,
+        starts_from=starts_from,
+        rounds=tuple(rounds),
+        rounds_completed=last.round,
+        complete=stop_reason == "completed",
+        stop_reason=stop_reason,
+        budget_s=utility.seconds,
+        accuracy=last.accuracy,
+        macro_f1=last.macro_f1,
+        accuracy_without_key=last.accuracy_without_key,
+        initial_accuracy=rounds[0].accuracy,
+        chance_accuracy=chance,
+        learned=learned(last.accuracy, chance),
+        privacy=defense.privacy_report(),
+        seconds=time.perf_counter() - started,
+    )
 
 
 def iter_audit(
@@ -443,10 +452,11 @@ def iter_audit(
 
     cancelled = control.is_cancelled
     stop_reason = _stop_reason(ran, cancelled())
+    utility: UtilityRecord | UtilityUnavailable | None
     if spec.utility is None:
         utility = None
     elif stop_reason == "cancelled":
-        utility = {"unavailable_reason": "the run was cancelled before the utility training"}
+        utility = UtilityUnavailable("the run was cancelled before the utility training")
     else:
         utility = yield from iter_utility(
             spec,
@@ -464,24 +474,29 @@ def iter_audit(
     if len(planned) == 1:
         final = ran[0].final
         scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
+        selected_scores = scores.attacker_selected
     else:  # the worst case over the attacks, per image
         for run in ran:
             quick = evaluate(run.final, truth, victim.normalization, (), **score_args)
-            per_attack.append(quick["attacker_selected"])
-        combined, sources = worst_case(ran, [s["per_image"] for s in per_attack])
+            per_attack.append(quick.attacker_selected)
+        combined, sources = worst_case(ran, [s.per_image for s in per_attack])
         final = Reconstruction((combined,), stop_reason, sum(r.final.steps for r in ran))
         scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
-        for image in scores["attacker_selected"]["per_image"]:
-            image["attack"] = sources[image["reconstruction_index"]]
+        selected_scores = replace(
+            scores.attacker_selected,
+            per_image=tuple(
+                replace(image, attack=sources[image.reconstruction_index])
+                for image in scores.attacker_selected.per_image
+            ),
+        )
     selected = final.selected
-    order = [p["reconstruction_index"] for p in scores["attacker_selected"]["per_image"]]
+    order = [p.reconstruction_index for p in selected_scores.per_image]
     reconstruction = to_unit_range(selected.images, victim.normalization)[order]
 
     steps = sum(r.final.steps for r in ran)
     planned_steps = sum(p.planned_steps for p in planned)
-    finding = Finding.from_scores(
-        scores["attacker_selected"]["risk"], stop_reason, steps, planned_steps
-    )
+    assert selected_scores.risk is not None  # scored now: the risk is always there
+    finding = Finding.from_scores(selected_scores.risk, stop_reason, steps, planned_steps)
     scope = Scope(
         attacks=tuple(r.label for r in ran),
         defense=_component_words(spec.defense),
@@ -507,58 +522,60 @@ def iter_audit(
     # An adaptive twin runs with its attack's settings, so one attack keeps the flat form.
     settings_by_name = {r.planned.name: r.planned.settings for r in ran}
     attack_settings = ran[0].planned.settings if len(settings_by_name) == 1 else settings_by_name
-    summary = {
-        "spec_id": spec.identity(),
-        "attack": spec.attack.name,
-        "defense": spec.defense.name,
-        "config": {
-            **spec.to_dict(),
-            "attack_settings": attack_settings,
-            "defense_settings": defense_settings,
-            "lpips_nets": list(lpips_nets),
-            "metric_definition": METRIC_DEFINITION,
-        },
-        "threat_model": {
-            "observation": release.observation.kind,
-            "server_knows": [
+    summary = AuditSummary(
+        spec_id=spec.identity(),
+        attack=spec.attack.name,
+        defense=spec.defense.name,
+        config=RecordedConfig(
+            spec=spec.to_dict(),
+            attack_settings=attack_settings,
+            defense_settings=defense_settings,
+            lpips_nets=tuple(lpips_nets),
+            metric_definition=METRIC_DEFINITION,
+        ),
+        threat_model=ThreatModel(
+            observation=release.observation.kind,
+            server_knows=(
                 "model architecture and parameters",
                 "client protocol: " + spec.scenario.protocol.describe(),
                 "input normalisation",
                 f"batch size {victim.batch.images.shape[0]}",
                 *(["labels"] if spec.scenario.labels_known else []),
                 *release.knowledge.notes,
-            ],
-        },
-        "victim": victim.records,
-        "defense_report": {
-            **release.privacy,
-            "update_norm_before": release.undefended_norm,
-            "update_norm_after": release.defended_norm,
-        },
-        "label_inference": dict(final.label_inference or {}),
-        "metrics": scores["attacker_selected"],
-        "oracle_best": scores["oracle_best"],
-        "psnr_by_restart": scores["psnr_by_restart"],
-        "attacks": [_attack_record(r, s) for r, s in zip(ran, per_attack or [None], strict=False)]
-        + [_attack_record(r, None) for r in runs if r.final is None],
-        "verdict": verdict.to_dict(),
-        "stop_reason": stop_reason,
-        "utility": utility,
-        "timing": {
-            "seconds": seconds,
-            "iterations": steps,
-            "planned_iterations": planned_steps,
-            "iterations_per_second": steps / seconds if seconds > 0 else None,
-            "time_to_first_event_s": first_event_s,
-            "began_unix": began_unix,
-            "ended_unix": time.time(),
-        },
-        "versions": {
+            ),
+        ),
+        victim=VictimRecord.from_json(victim.records),
+        defense_report=DefenseReport.from_json(
+            {
+                **release.privacy,
+                "update_norm_before": release.undefended_norm,
+                "update_norm_after": release.defended_norm,
+            }
+        ),
+        label_inference=dict(final.label_inference or {}),
+        metrics=selected_scores,
+        oracle_best=scores.oracle_best,
+        psnr_by_restart=scores.psnr_by_restart,
+        attacks=tuple(_attack_record(r, s) for r, s in zip(ran, per_attack or [None], strict=False))
+        + tuple(_attack_record(r, None) for r in runs if r.final is None),
+        verdict=verdict,
+        stop_reason=stop_reason,
+        utility=utility,
+        timing=Timing(
+            seconds=seconds,
+            iterations=steps,
+            planned_iterations=planned_steps,
+            iterations_per_second=steps / seconds if seconds > 0 else None,
+            time_to_first_event_s=first_event_s,
+            began_unix=began_unix,
+            ended_unix=time.time(),
+        ),
+        versions={
             "auditlib": auditlib.__version__,
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
-    }
+    )
     yield AuditResult(summary, originals, reconstruction)
 
 
@@ -605,25 +622,24 @@ def _defense_knowledge(
     return True, f"an adaptive twin of each attack {known.summary}{besides}"
 
 
-def _attack_record(run: AttackRun, scores: dict[str, Any] | None) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "attack": run.planned.name,
-        "preset": run.planned.preset,
-        "adaptive": run.planned.adaptive,
-        "label": run.label,
-        "skipped": run.skipped,
-        "seconds": run.seconds,
-    }
-    if run.final is not None:
-        record.update(stop_reason=run.final.stop_reason, steps=run.final.steps)
-    if scores is not None:
-        record.update(
-            psnr_mean=scores["psnr_mean"],
-            ssim_mean=scores.get("ssim_mean"),
-            images_recovered=scores["risk"]["images_recovered"],
-            level=scores["risk"]["level"],
-        )
-    return record
+def _attack_record(run: AttackRun, scores: Scores | None) -> AttackRecord:
+    ran = run.final is not None
+    return AttackRecord(
+        attack=run.planned.name,
+        label=run.label,
+        preset=run.planned.preset,
+        adaptive=run.planned.adaptive,
+        skipped=run.skipped,
+        seconds=run.seconds,
+        stop_reason=run.final.stop_reason if ran else None,
+        steps=run.final.steps if ran else None,
+        psnr_mean=None if scores is None else scores.psnr_mean,
+        ssim_mean=None if scores is None else scores.ssim_mean,
+        images_recovered=None
+        if scores is None or scores.risk is None
+        else scores.risk.images_recovered,
+        level=None if scores is None or scores.risk is None else scores.risk.level,
+    )
 
 
 def run_audit(

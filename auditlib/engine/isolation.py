@@ -34,7 +34,8 @@ def _child(spec: RunSpec, conn, kwargs: dict[str, Any]) -> None:
     try:
         for item in iter_audit(spec, allow_trusted_archive=True, **kwargs):
             if isinstance(item, AuditResult):
-                conn.send_bytes(json.dumps({"type": "result", "summary": item.summary}).encode())
+                summary = item.summary.to_json()
+                conn.send_bytes(json.dumps({"type": "result", "summary": summary}).encode())
                 conn.send_bytes(_array_bytes(item.originals))
                 conn.send_bytes(_array_bytes(item.reconstruction))
             elif isinstance(item, ProgressEvent):
@@ -62,6 +63,7 @@ def run_isolated(
     """Run ``spec`` in a spawned process; same result type as :func:`run_audit`."""
     from auditlib.engine.audit import AuditResult
     from auditlib.errors import AuditInputError
+    from auditlib.result import AuditSummary
 
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe(duplex=False)
@@ -86,7 +88,8 @@ def run_isolated(
             elif kind == "result":
                 originals = np.load(io.BytesIO(parent.recv_bytes()), allow_pickle=False)
                 reconstruction = np.load(io.BytesIO(parent.recv_bytes()), allow_pickle=False)
-                return AuditResult(message["summary"], originals, reconstruction)
+                summary = AuditSummary.from_json(message["summary"])
+                return AuditResult(summary, originals, reconstruction)
             elif kind == "input-error":
                 raise AuditInputError(message["message"])
             elif kind == "error":

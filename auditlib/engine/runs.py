@@ -19,19 +19,21 @@ from ray.exceptions import RayError, TaskCancelledError
 from auditlib.defenses import build_defense
 from auditlib.engine import ray_backend
 from auditlib.engine.attack_phase import plan_attacks
+from auditlib.engine.identity import run_identity
+from auditlib.engine.messages import (
+    ErrorMessage,
+    EventMessage,
+    FrameMessage,
+    ResultMessage,
+    StartMessage,
+    UtilityMessage,
+    from_wire,
+)
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
 from auditlib.store import Store
 
 HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
-
-
-def utility_stage(message: Mapping[str, Any]) -> str:
-    """The stage text of a utility message: which round, against which time budget."""
-    return (
-        f"utility training: {message['round']} of {message['rounds']} rounds done, "
-        f"{message['elapsed']:.0f} s of its {message['budget']:g} s budget"
-    )
 
 
 class RunManager:
@@ -75,7 +77,7 @@ class RunManager:
         build_defense(spec.defense.name, spec.defense.params_dict())
         ray_backend.ensure_ray(self.ray_address)
         ray_backend.require_device(spec, self.ray_address)
-        run_id = self.store.create_run(spec.to_dict(), spec.identity(), title)
+        run_id = self.store.create_run(spec.to_dict(), run_identity(spec), title)
         with self._lock:
             if self._board is None:
                 self._board = ray_backend.cancel_board()
@@ -99,35 +101,26 @@ class RunManager:
         stage = None  # what the worker last said it does after the attack
         try:
             for ref in generator:
-                message = ray.get(ref)
-                kind = message["type"]
-                if kind == "start":
+                message = from_wire(ray.get(ref))
+                if isinstance(message, StartMessage):
                     store.mark_running(run_id)
-                    store.add_image(run_id, 0, "originals", message["png"])
-                elif kind == "event":
+                    store.add_image(run_id, 0, "originals", message.png)
+                elif isinstance(message, EventMessage):
                     store.add_event(
-                        run_id,
-                        message["step"],
-                        message["total"],
-                        message["elapsed"],
-                        message["losses"],
+                        run_id, message.step, message.total, message.elapsed, message.losses
                     )
-                elif kind == "frame":
-                    store.add_image(run_id, message["step"], "live", message["png"])
-                elif kind == "utility":
-                    stage = utility_stage(message)
+                elif isinstance(message, FrameMessage):
+                    store.add_image(run_id, message.step, "live", message.png)
+                elif isinstance(message, UtilityMessage):
+                    stage = message.stage()
                     store.set_stage(run_id, stage)
-                elif kind == "result":
-                    store.add_image(
-                        run_id,
-                        message["summary"]["timing"]["iterations"],
-                        "reconstruction",
-                        message["png"],
-                    )
-                    store.finish(run_id, message["status"], summary=message["summary"])
+                elif isinstance(message, ResultMessage):
+                    iterations = message.summary.timing.iterations
+                    store.add_image(run_id, iterations, "reconstruction", message.png)
+                    store.finish(run_id, message.status, summary=message.summary)
                     finished = True
-                elif kind == "error":
-                    store.finish(run_id, "failed", error=message["message"])
+                elif isinstance(message, ErrorMessage):
+                    store.finish(run_id, "failed", error=message.message)
                     finished = True
         except TaskCancelledError:
             where = (

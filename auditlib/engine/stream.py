@@ -1,8 +1,8 @@
-"""An audit as a stream of plain messages: what a worker sends to the run's consumer.
+"""An audit as a stream of messages: what a worker sends to the run's consumer.
 
-Messages are dicts of JSON-able values and PNG bytes, so they cross process and machine
-boundaries (Ray's object store) without the consumer having to trust or unpickle library
-objects, and the consumer can write them to the store as they are.
+The messages are ``engine.messages``' typed ones, sent in their wire form (plain dicts of
+JSON-able values and PNG bytes), so they cross process and machine boundaries (Ray's
+object store) without the consumer having to trust or unpickle library objects.
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ from auditlib.engine.audit import (
     LiveFrame,
     UtilityProgress,
     iter_audit,
+)
+from auditlib.engine.messages import (
+    ErrorMessage,
+    EventMessage,
+    FrameMessage,
+    Message,
+    ResultMessage,
+    StartMessage,
+    UtilityMessage,
+    to_wire,
 )
 from auditlib.errors import AuditInputError
 from auditlib.grids import comparison_grid, image_row
@@ -55,8 +65,13 @@ def audit_messages(
     image_every: int = 50,
     lpips_nets: tuple[str, ...] = LPIPS_NETS,
 ) -> Iterator[dict[str, Any]]:
-    """Run ``spec`` and yield messages: start, event, frame ..., utility (one per training
-    round), then result or error."""
+    """Run ``spec`` and yield wire messages (``engine.messages``): start, event, frame ...,
+    utility (one per training round), then result or error."""
+    for message in _messages(spec, assets, is_cancelled, emit_every, image_every, lpips_nets):
+        yield to_wire(message)
+
+
+def _messages(spec, assets, is_cancelled, emit_every, image_every, lpips_nets) -> Iterator[Message]:
     try:
         for item in iter_audit(
             spec,
@@ -67,49 +82,26 @@ def audit_messages(
             lpips_nets=lpips_nets,
         ):
             if isinstance(item, AuditStart):
-                yield {
-                    "type": "start",
-                    "names": list(item.names),
-                    "labels": list(item.labels),
-                    "png": row_png(item.originals),
-                }
+                yield StartMessage(item.names, item.labels, row_png(item.originals))
             elif isinstance(item, ProgressEvent):
-                yield {
-                    "type": "event",
-                    "step": item.step,
-                    "total": item.total_steps,
-                    "elapsed": item.elapsed_s,
-                    "losses": dict(item.losses),
-                }
+                yield EventMessage(item.step, item.total_steps, item.elapsed_s, dict(item.losses))
             elif isinstance(item, LiveFrame):
-                yield {
-                    "type": "frame",
-                    "step": item.step,
-                    "png": row_png(item.images),
-                    "psnr_mean": item.psnr_mean,
-                }
+                yield FrameMessage(item.step, row_png(item.images), item.psnr_mean)
             elif isinstance(item, UtilityProgress):
-                yield {
-                    "type": "utility",
-                    "round": item.round,
-                    "rounds": item.rounds,
-                    "accuracy": item.accuracy,
-                    "elapsed": item.elapsed_s,
-                    "budget": item.budget_s,
-                }
+                yield UtilityMessage(
+                    item.round, item.rounds, item.accuracy, item.elapsed_s, item.budget_s
+                )
             elif isinstance(item, AuditResult):
-                yield {
-                    "type": "result",
-                    "status": STATUS_BY_STOP_REASON.get(item.summary["stop_reason"], "completed"),
-                    "summary": item.summary,
-                    "png": png_bytes(comparison_grid(item.originals, item.reconstruction)),
-                }
+                yield ResultMessage(
+                    STATUS_BY_STOP_REASON.get(item.summary.stop_reason, "completed"),
+                    item.summary,
+                    png_bytes(comparison_grid(item.originals, item.reconstruction)),
+                )
     except AuditInputError as exc:
-        yield {"type": "error", "message": str(exc), "input_error": True}
+        yield ErrorMessage(str(exc), input_error=True)
     except Exception as exc:  # the consumer marks the run failed and keeps the error
-        yield {
-            "type": "error",
-            "message": f"{type(exc).__name__}: {exc}",
-            "input_error": False,
-            "traceback": traceback.format_exc(limit=20),
-        }
+        yield ErrorMessage(
+            f"{type(exc).__name__}: {exc}",
+            input_error=False,
+            traceback=traceback.format_exc(limit=20),
+        )

@@ -17,6 +17,7 @@ and the oracle best (highest mean PSNR, which needs the ground truth).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from auditlib.metrics.baseline import baseline_record, best_guess_per_image, sco
 from auditlib.metrics.lpips_metric import availability, lpips_distances
 from auditlib.metrics.matching import label_accuracy, match
 from auditlib.metrics.risk import rdlv, risk_summary
+from auditlib.metrics.scores import Evaluation, Scores
 from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.threat import PrivateBatch
 
@@ -60,7 +62,7 @@ def score(
     *,
     prior: np.ndarray | None = None,
     prior_unavailable_reason: str = "no prior image (the data's mean) was given",
-) -> dict[str, Any]:
+) -> Scores:
     originals = to_unit_range(truth.images, normalization)
     recon = to_unit_range(candidate_images, normalization)
     order = match(recon, originals)
@@ -143,7 +145,8 @@ def score(
         for p in per_image:
             p["recovered_label"] = predicted[p["reconstruction_index"]]
     result["per_image"] = per_image
-    return result
+    # Assembled in result.json's flat form, typed at the boundary: one reader for both.
+    return Scores.from_json(result)
 
 
 def evaluate(
@@ -154,7 +157,7 @@ def evaluate(
     *,
     prior: np.ndarray | None = None,
     prior_unavailable_reason: str | None = None,
-) -> dict[str, Any]:
+) -> Evaluation:
     """Scores of the attacker's selection and of the oracle-best candidate.
 
     ``prior`` (the data's mean image, H x W x C in [0, 1]) adds RDLV to both.
@@ -163,30 +166,31 @@ def evaluate(
     if prior_unavailable_reason is not None:
         prior_args["prior_unavailable_reason"] = prior_unavailable_reason
 
-    def scored(candidate: Candidate) -> dict[str, Any]:
+    def scored(candidate: Candidate) -> Scores:
         result = score(
             candidate.images, candidate.labels, truth, normalization, lpips_nets, **prior_args
         )
-        result.update(restart=candidate.restart, attack_loss=candidate.loss, steps=candidate.steps)
-        return result
+        return replace(
+            result, restart=candidate.restart, attack_loss=candidate.loss, steps=candidate.steps
+        )
 
     selected = reconstruction.selected
     selected_scores = scored(selected)
-    psnr_by_restart = {selected.restart: selected_scores["psnr_mean"]}
+    psnr_by_restart = {selected.restart: selected_scores.psnr_mean}
     oracle, oracle_scores = selected, selected_scores
     for candidate in reconstruction.candidates:
         if candidate is selected:
             continue
         # Ranking needs PSNR only; the full scores (LPIPS included) go to the winner alone.
         quick = score(candidate.images, candidate.labels, truth, normalization, lpips_nets=())
-        psnr_by_restart[candidate.restart] = quick["psnr_mean"]
-        if quick["psnr_mean"] > oracle_scores["psnr_mean"]:
+        psnr_by_restart[candidate.restart] = quick.psnr_mean
+        if quick.psnr_mean > oracle_scores.psnr_mean:
             oracle, oracle_scores = candidate, quick
     if oracle is not selected:
         oracle_scores = scored(oracle)
-    return {
-        "attacker_selected": selected_scores,
-        "oracle_best": oracle_scores,
-        "restarts": len(reconstruction.candidates),
-        "psnr_by_restart": {str(k): v for k, v in sorted(psnr_by_restart.items())},
-    }
+    return Evaluation(
+        attacker_selected=selected_scores,
+        oracle_best=oracle_scores,
+        restarts=len(reconstruction.candidates),
+        psnr_by_restart={str(k): v for k, v in sorted(psnr_by_restart.items())},
+    )

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from auditlib.metrics.risk import LEVEL_MEANING
+from auditlib.metrics.scores import Risk
 from auditlib.words import count_of
 
 VERDICT_VERSION = 1
@@ -72,18 +73,16 @@ class Finding:
         )
 
     @classmethod
-    def from_scores(
-        cls, risk: dict[str, Any], stop_reason: str, steps: int, planned: int
-    ) -> Finding:
+    def from_scores(cls, risk: Risk, stop_reason: str, steps: int, planned: int) -> Finding:
         return cls(
-            leaked=risk["images_recovered"] > 0,
-            level=risk["level"],
-            images_recovered=risk["images_recovered"],
-            batch_size=risk["batch_size"],
-            psnr_mean=risk["psnr_mean"],
-            guess_psnr_mean=risk["guess_psnr_mean"],
-            ssim_mean=risk.get("ssim_mean"),
-            guess_ssim_mean=risk.get("guess_ssim_mean"),
+            leaked=risk.images_recovered > 0,
+            level=risk.level,
+            images_recovered=risk.images_recovered,
+            batch_size=risk.batch_size,
+            psnr_mean=risk.psnr_mean,
+            guess_psnr_mean=risk.guess_psnr_mean,
+            ssim_mean=risk.ssim_mean,
+            guess_ssim_mean=risk.guess_ssim_mean,
             stop_reason=stop_reason,
             steps=steps,
             planned_steps=planned,

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from auditlib.result import AuditSummary
 from auditlib.result_json import summary_json
 
 
@@ -60,33 +61,28 @@ def finite_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-# Column name -> where the value lives in a run summary (see auditlib.engine.audit): the
-# attacker-selected metrics under "metrics", timing under "timing". A top-level key of the
-# same name is the fallback, for summaries of runs that ended early.
-_HEADLINE_PATHS: dict[str, tuple[str, str]] = {
-    "psnr_mean": ("metrics", "psnr_mean"),
-    "ssim_mean": ("metrics", "ssim_mean"),
-    "lpips_mean": ("metrics", "lpips_mean"),
-    "label_accuracy": ("metrics", "label_accuracy"),
-    "iterations": ("timing", "iterations"),
-    "seconds": ("timing", "seconds"),
-}
-
-
 def headline_metrics(summary: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The listing columns taken from a summary; None where absent or not a finite number."""
-    result: dict[str, Any] = {}
-    for column, (section, key) in _HEADLINE_PATHS.items():
-        value = None
-        if summary is not None:
-            nested = summary.get(section)
-            if isinstance(nested, Mapping) and key in nested:
-                value = nested[key]
-            else:
-                value = summary.get(column)
-        number = finite_number(value)
-        if column == "iterations" and number is not None:
-            result[column] = int(number)
-        else:
-            result[column] = number
-    return result
+    """The listing columns taken from a stored summary (any shape ``AuditSummary`` reads):
+    the attacker-selected metrics and the timing; None where absent or not finite."""
+    if not summary:
+        return dict.fromkeys(HEADLINE_COLUMNS)
+    result = AuditSummary.from_json(summary)
+    iterations = finite_number(result.timing.iterations)
+    return {
+        "psnr_mean": finite_number(result.metrics.mean("psnr")),
+        "ssim_mean": finite_number(result.metrics.mean("ssim")),
+        "lpips_mean": finite_number(result.metrics.mean("lpips")),
+        "label_accuracy": finite_number(result.metrics.label_accuracy),
+        "iterations": None if iterations is None else int(iterations),
+        "seconds": finite_number(result.timing.seconds),
+    }
+
+
+HEADLINE_COLUMNS = (
+    "psnr_mean",
+    "ssim_mean",
+    "lpips_mean",
+    "label_accuracy",
+    "iterations",
+    "seconds",
+)

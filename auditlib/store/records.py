@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
+
+from auditlib.result import AuditSummary
 
 # Run statuses. QUEUED -> RUNNING -> one of FINISHED; QUEUED may also go straight to a
 # finished status (cancelled before it started, or failed to start).
@@ -91,6 +94,12 @@ class RunRecord:
     @property
     def finished(self) -> bool:
         return self.status in FINISHED
+
+    @cached_property
+    def result(self) -> AuditSummary | None:
+        """The summary, typed (any stored shape, ``AuditSummary.from_json``); None while the
+        run has none."""
+        return None if not self.summary else AuditSummary.from_json(self.summary)
 
 
 @dataclass(frozen=True)

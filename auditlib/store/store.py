@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from auditlib.errors import AuditInputError
+from auditlib.result import AuditSummary
 from auditlib.store import schema
 from auditlib.store.convert import (
     assets_in_spec,
@@ -315,16 +316,16 @@ class Store:
         self,
         run_id: str,
         status: str,
-        summary: Mapping[str, Any] | None = None,
+        summary: AuditSummary | None = None,
         error: str | None = None,
     ) -> None:
-        """Give the run its final status, summary (NaN -> null) and headline columns.
+        """Give the run its final status, summary (as JSON, NaN -> null) and headline columns.
 
         Raises RunFinishedError when it is already finished: a second, different ending
         (say "completed" after "cancelled") is a bug in the caller, not something to hide.
         """
         check_choice(status, FINISHED, "final status")
-        clean = None if summary is None else plain_json(summary)
+        clean = None if summary is None else plain_json(summary.to_json())
         with self._session(write=True) as s:
             run = self._open_run(s, run_id)
             run.status = status
