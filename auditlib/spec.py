@@ -1,4 +1,5 @@
-"""A run, described by one frozen, serialisable spec; its hash is the run's identity."""
+"""A run, described by one frozen, serialisable spec (its resolved identity is
+``engine.identity.run_identity``)."""
 
 from __future__ import annotations
 
@@ -166,11 +167,11 @@ class RunSpec:
             return None
         return replace(self, defense=ComponentSpec("none"))
 
-    def identity(self) -> str:
-        """sha256 of the canonical JSON of everything that determines the result.
+    def payload(self) -> dict[str, Any]:
+        """The spec as the JSON an identity hashes: everything that determines the result.
 
-        Paths are not part of the identity when a content hash stands for them; the device
-        is, since CUDA kernels are not bit-identical to CPU ones.
+        Paths are left out where a content hash stands for them; the device is kept, since
+        CUDA kernels are not bit-identical to CPU ones.
         """
         payload = self.to_dict()
         if payload["utility"] is None:  # runs recorded before utility existed keep their id
@@ -179,7 +180,16 @@ class RunSpec:
             payload["model"]["weights"] = payload["model"]["trusted_archive"] = None
         if self.data.content_sha256:
             payload["data"]["location"] = payload["data"]["labels_csv"] = None
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return payload
+
+    def identity(self) -> str:
+        """The *legacy* (raw) id: sha256 of :meth:`payload` with the attack's and defense's
+        parameters as written (``lr=1`` and ``lr=1.0`` differ).
+
+        Runs are stored under ``engine.identity.run_identity`` (the resolved configuration);
+        this id is how runs recorded before it are still found (``engine.identity``).
+        """
+        text = json.dumps(self.payload(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
 

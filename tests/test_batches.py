@@ -13,6 +13,7 @@ import torch
 from auditlib.data import Normalization
 from auditlib.engine import batches
 from auditlib.engine.audit import run_audit
+from auditlib.engine.identity import run_identity, stored_run
 from auditlib.errors import AuditInputError
 from auditlib.fl.federated import FederationSpec
 from auditlib.metrics.evaluate import score
@@ -149,7 +150,7 @@ class RecordingManager:
         self.cancelled: list[str] = []
 
     def start(self, spec: RunSpec, assets=None, title: str = "") -> str:
-        run_id = self.store.create_run(spec.to_dict(), spec.identity(), title)
+        run_id = self.store.create_run(spec.to_dict(), run_identity(spec), title)
         self.started.append(run_id)
         return run_id
 
@@ -168,13 +169,13 @@ def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(stor
     first = batches.launch(manager, batch)
     assert len(first) == 4  # three points and the undefended control they are judged by
     done, failed, running, control = first
-    assert store.get_run(control).spec_id == members[0].spec.control().identity()
+    assert store.get_run(control).spec_id == run_identity(members[0].spec.control())
     store.finish(done, "completed", summary={"metrics": {"psnr_mean": 12.0}})
     store.finish(failed, "failed", error="worker lost")
     store.mark_running(running)
 
     again = batches.launch(manager, batch)  # only the failed point is run again
-    assert len(again) == 1 and store.get_run(again[0]).spec_id == members[1].spec.identity()
+    assert len(again) == 1 and store.get_run(again[0]).spec_id == run_identity(members[1].spec)
     state = {s.member.label: s.run for s in batches.batch_state(store, batch)}
     assert state["dp-gaussian sigma=0"].id == done
     assert state["dp-gaussian sigma=0.1"].id == again[0]  # the newest, none completed yet
@@ -186,10 +187,7 @@ def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(stor
     store.finish(again[0], "completed", summary={})
     later = manager.start(members[1].spec)
     store.finish(later, "failed", error="x")
-    assert (
-        store.runs_for_specs([members[1].spec.identity()])[members[1].spec.identity()].id
-        == (again[0])
-    )
+    assert stored_run(store, members[1].spec).id == again[0]
 
     # Another batch over the same specs computes nothing new once they are completed.
     store.finish(running, "completed", summary={})

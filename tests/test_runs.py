@@ -7,6 +7,7 @@ import time
 import pytest
 
 from auditlib.engine import ray_backend
+from auditlib.engine.identity import run_identity
 from auditlib.engine.runs import RunManager
 from auditlib.errors import AuditInputError
 from auditlib.models import ModelSpec
@@ -59,7 +60,7 @@ def test_a_run_streams_into_the_store_and_completes(manager, store):
     for kind in ("originals", "live", "reconstruction"):
         assert store.image(run_id, kind).png.startswith(b"\x89PNG")
     assert record.summary["metrics"]["psnr_mean"] == record.psnr_mean
-    assert record.spec_id == spec(20).identity()
+    assert record.spec_id == run_identity(spec(20))
 
 
 def test_several_runs_execute_at_once(manager, store):

@@ -19,6 +19,7 @@ from auditlib.defenses.base import (
     DefenseInfo,
     ModelChange,
     build_defense,
+    build_defense_config,
     clip_update,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "DefenseInfo",
     "ModelChange",
     "build_defense",
+    "build_defense_config",
     "clip_update",
 ]

@@ -116,13 +116,19 @@ def register(info: DefenseInfo) -> None:
     DEFENSES[info.name] = info
 
 
-def build_defense(name: str, params: Mapping[str, Any] | None = None) -> tuple[Defense, dict]:
-    """The defense registered as ``name`` with ``params``; also its effective settings."""
+def build_defense_config(name: str, params: Mapping[str, Any] | None = None):
+    """Config of defense ``name`` from ``params`` (checked), and its effective settings."""
     info = DEFENSES.get(name)
     if info is None:
         raise AuditInputError(f"unknown defense {name!r}; available: {', '.join(sorted(DEFENSES))}")
     config = build_config(info.config_type, params, f"defense {name}")
-    return info.factory(config), config_dict(config)
+    return config, config_dict(config)
+
+
+def build_defense(name: str, params: Mapping[str, Any] | None = None) -> tuple[Defense, dict]:
+    """The defense registered as ``name`` with ``params``; also its effective settings."""
+    config, settings = build_defense_config(name, params)
+    return DEFENSES[name].factory(config), settings
 
 
 def copied(update: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

@@ -4,7 +4,7 @@ A comparison runs one scenario and attack under several defenses; a sweep runs i
 grid of one defense's strength knob (several defenses may share a chart, one curve each).
 Each member is a plain :class:`RunSpec` started through the :class:`RunManager`, so it
 streams, persists and cancels like any run, and Ray runs as many at once as there are
-workers. Members are matched to runs by spec id: restarting a batch (after a cancel or a
+workers. Members are matched to runs by spec id (``engine.identity``): restarting a batch (after a cancel or a
 restart of the dashboard) only starts members without a completed or active run, and a
 point that any earlier run computed with the same spec is not recomputed.
 """
@@ -20,6 +20,7 @@ from typing import Any
 from auditlib.config import require
 from auditlib.defenses import DEFENSES, build_defense
 from auditlib.engine.controls import WITH_RESULT, needs_control
+from auditlib.engine.identity import run_identity, stored_runs
 from auditlib.errors import AuditInputError
 from auditlib.spec import ComponentSpec, RunSpec, run_spec_from_dict
 from auditlib.store import UNFINISHED, BatchRecord, RunRecord, Store
@@ -44,7 +45,7 @@ class BatchMember:
             "knob": self.knob,
             "value": self.value,
             "spec": self.spec.to_dict(),
-            "spec_id": self.spec.identity(),
+            "spec_id": run_identity(self.spec),
         }
 
     @classmethod
@@ -124,7 +125,7 @@ def _checked(members: list[BatchMember]) -> list[BatchMember]:
     for member in members:
         # Refuse bad parameters before anything is recorded or started.
         build_defense(member.spec.defense.name, member.spec.defense.params_dict())
-        spec_id = member.spec.identity()
+        spec_id = run_identity(member.spec)  # one configuration however its values are written
         if spec_id in seen:
             raise AuditInputError(f"{member.label} appears twice in the batch")
         seen.add(spec_id)
@@ -181,8 +182,8 @@ class MemberState:
 
 def batch_state(store: Store, batch: BatchRecord) -> list[MemberState]:
     members = members_of(batch)
-    runs = store.runs_for_specs(m.spec.identity() for m in members)
-    return [MemberState(m, runs.get(m.spec.identity())) for m in members]
+    runs = stored_runs(store, [m.spec for m in members])
+    return [MemberState(m, run) for m, run in zip(members, runs, strict=True)]
 
 
 def needs_run(state: MemberState) -> bool:
@@ -212,7 +213,7 @@ def launch(
     for state in states:
         control = needs_control(manager.store, state.member.spec)
         if control is not None:
-            controls.setdefault(control.identity(), control)
+            controls.setdefault(run_identity(control), control)
     for control in controls.values():
         title = f"{batch.title} · control (no defense)" if batch.title else "control (no defense)"
         started.append(manager.start(control, assets, title=title))

@@ -1,7 +1,7 @@
 """Positive controls: every defended run is judged beside the same attack on the undefended
 update at the same budget (``RunSpec.control``).
 
-The control is an ordinary run, stored by its spec id, so it runs once and serves every
+The control is an ordinary run, stored by its spec id (``engine.identity``), so it runs once and serves every
 defended run that shares it (a comparison's "none" member is the control of the others;
 a sweep's points share one). The verdict of a defended run is composed when it is read,
 from its own finding and its control's, so a control that finishes later still counts.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from auditlib.engine.identity import stored_run
 from auditlib.metrics.verdict import Finding, Verdict, judge
 from auditlib.spec import RunSpec, run_spec_from_dict
 from auditlib.store import Store
@@ -33,7 +34,7 @@ def control_finding(store: Store, spec: RunSpec) -> tuple[Finding | None, str, R
     and its run."""
     control = spec.control()
     assert control is not None
-    run = store.runs_for_specs([control.identity()]).get(control.identity())
+    run = stored_run(store, control)
     if run is None:
         return None, "no undefended control has been run at this budget", None
     verdict = stored_verdict(run.summary) if run.status in WITH_RESULT else None
@@ -66,7 +67,7 @@ def needs_control(store: Store, spec: RunSpec) -> RunSpec | None:
     control = spec.control()
     if control is None:
         return None
-    run = store.runs_for_specs([control.identity()]).get(control.identity())
+    run = stored_run(store, control)
     if run is not None and (run.status in WITH_RESULT or run.status in UNFINISHED):
         return None
     return control
