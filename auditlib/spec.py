@@ -8,10 +8,10 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from auditlib.client.protocol import ClientProtocol
 from auditlib.config import require, require_choice
 from auditlib.errors import AuditInputError
 from auditlib.fl.federated import FederationSpec
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ModelSpec
 
 

@@ -13,8 +13,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
 from auditlib.data.normalization import Normalization
-from auditlib.fl.protocol import ClientProtocol
 
 ObservationKind = Literal["gradient", "weight_delta", "weights"]
 

@@ -21,9 +21,9 @@ import torch
 
 from auditlib.attacks import ProgressEvent, RunControl, build_attack_config, get_attack
 from auditlib.attacks.base import snapshot
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec

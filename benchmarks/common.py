@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from auditlib.fl.protocol import ClientProtocol
+from auditlib.client.protocol import ClientProtocol
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 

@@ -40,9 +40,9 @@ import time
 import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import client_update, trainable_parameters
 from auditlib.engine.audit import prepare_victim
-from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.update import client_update, trainable_parameters
 from auditlib.threat import AttackerKnowledge, Observation
 from benchmarks.common import ROOT, machine, replace_section
 from benchmarks.reproduce_attacks import LENET, RESNET18, photograph, spec_of

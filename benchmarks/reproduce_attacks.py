@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from auditlib.attacks.labels import infer_batch_labels
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim, run_audit
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import score
 from auditlib.metrics.matching import label_accuracy

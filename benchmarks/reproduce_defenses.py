@@ -32,13 +32,13 @@ import json
 import statistics
 import time
 
+from auditlib.client.protocol import ClientProtocol
 from auditlib.data import Normalization
 from auditlib.data.training_sets import bundled_sets
 from auditlib.defenses import build_defense
 from auditlib.engine import batches
 from auditlib.errors import AttackUnsupportedError
 from auditlib.fl.federated import FederationSpec, train_federated, utility_tensors
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ModelSpec, build_model
 from auditlib.spec import ComponentSpec
 from benchmarks.common import ROOT, Experiment, run_experiments

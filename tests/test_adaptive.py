@@ -13,11 +13,11 @@ import torch
 from auditlib.attacks.base import ATTACKS
 from auditlib.attacks.fedleak import GradientModel
 from auditlib.attacks.objectives import UpdateMatcher
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import DEFENSES, build_defense
 from auditlib.defenses.base import ClientContext
 from auditlib.defenses.fedkl import FedKL, FedKLConfig
 from auditlib.engine.audit import prepare_victim, run_audit
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.models.keylock import key_lock_modules
 from auditlib.spec import ComponentSpec, ScenarioSpec
 from auditlib.threat import KnownDefense
@@ -119,16 +119,16 @@ def test_noise_is_matched_with_its_likelihood():
 def test_soteria_holds_against_dlg_but_not_against_dlg_that_knows_it():
     spec = lenet_spec("dlg", 100, defense=ComponentSpec.of("soteria", {"ratio": 0.5}))
     summary = run_audit(spec, lpips_nets=()).summary
-    plain, adaptive = summary["attacks"]
-    assert (plain["adaptive"], adaptive["adaptive"]) == (False, True)
-    assert adaptive["label"] == "dlg (knows the defense)"
-    assert plain["psnr_mean"] < 15 < 30 < adaptive["psnr_mean"]
+    plain, adaptive = summary.attacks
+    assert (plain.adaptive, adaptive.adaptive) == (False, True)
+    assert adaptive.label == "dlg (knows the defense)"
+    assert plain.psnr_mean < 15 < 30 < adaptive.psnr_mean
     # The verdict counts the stronger: the adaptive twin's recovery.
-    assert summary["metrics"]["psnr_mean"] >= adaptive["psnr_mean"] - 1e-9
-    assert summary["verdict"]["level"] == "Very High"
-    card = {k["item"]: k for k in summary["verdict"]["scope"]["threat"]["knowledge"]}
+    assert summary.metrics.psnr_mean >= adaptive.psnr_mean - 1e-9
+    assert summary.verdict.level == "Very High"
+    card = {k.item: k for k in summary.verdict.scope.threat.knowledge}
     line = card["the defense's mechanism and public parameters"]
-    assert line["known"] and "Soteria pruned 50%" in line["detail"]
+    assert line.known and "Soteria pruned 50%" in line.detail
 
 
 @pytest.mark.parametrize(
@@ -142,8 +142,8 @@ def test_the_twin_runs_by_default_except_for_the_paper_preset(preset, knows, twi
         attack=ComponentSpec.of("dlg", preset=preset),
         scenario=ScenarioSpec(attacker_knows_defense=knows),
     )
-    attacks = run_audit(spec, lpips_nets=()).summary["attacks"]
-    assert [a["adaptive"] for a in attacks] == ([False, True] if twins else [False])
+    attacks = run_audit(spec, lpips_nets=()).summary.attacks
+    assert [a.adaptive for a in attacks] == ([False, True] if twins else [False])
 
 
 def test_fedleak_matches_through_the_defense_too():
@@ -230,12 +230,12 @@ def test_dlm_compares_only_the_weights_that_survived_sparsification():
 def test_a_twin_that_cannot_match_through_the_defense_is_skipped_and_the_card_says_so():
     spec = lenet_spec("gi", 3, defense=ComponentSpec.of("fedkl", {}))
     summary = run_audit(spec, lpips_nets=()).summary
-    plain, twin = summary["attacks"]
-    assert not plain["skipped"] and plain["psnr_mean"] is not None
-    assert twin["adaptive"] and "gi cannot match through fedkl" in twin["skipped"]
-    card = {k["item"]: k for k in summary["verdict"]["scope"]["threat"]["knowledge"]}
+    plain, twin = summary.attacks
+    assert not plain.skipped and plain.psnr_mean is not None
+    assert twin.adaptive and "gi cannot match through fedkl" in twin.skipped
+    card = {k.item: k for k in summary.verdict.scope.threat.knowledge}
     line = card["the defense's mechanism and public parameters"]
-    assert not line["known"] and "offered, but no twin ran: gi cannot match" in line["detail"]
+    assert not line.known and "offered, but no twin ran: gi cannot match" in line.detail
 
 
 def test_shadows_attacker_undoes_the_perturbation_it_can_compute():

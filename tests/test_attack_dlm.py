@@ -18,10 +18,10 @@ import torch
 from auditlib.attacks import RunControl, build_attack_config, get_attack
 from auditlib.attacks.dlm import DlmPlusConfig, ModelLeakageObjective
 from auditlib.attacks.objectives import random_images, random_label_logits
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import evaluate
 from auditlib.models import ModelSpec
@@ -91,7 +91,7 @@ def psnr_of(images, victim):
         victim.normalization,
         lpips_nets=(),
     )
-    return scores["attacker_selected"]["psnr_mean"]
+    return scores.attacker_selected.psnr_mean
 
 
 def scaled(observation: Observation, knowledge, factor: float) -> Observation:

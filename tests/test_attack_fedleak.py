@@ -24,10 +24,10 @@ from auditlib.attacks.fedleak import (
     median_filter,
     top_ratio_masks,
 )
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.errors import AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import evaluate, psnr, to_unit_range
 from auditlib.models import ModelSpec, build_model
@@ -92,7 +92,7 @@ def run(release, steps, params=None, seed=0, preset=None, **control):
 
 def scores(victim, final):
     truth = PrivateBatch(victim.batch.images.cpu(), victim.batch.labels.cpu(), victim.batch.names)
-    return evaluate(final, truth, victim.normalization, lpips_nets=())["attacker_selected"]
+    return evaluate(final, truth, victim.normalization, lpips_nets=()).attacker_selected
 
 
 # --- Partial gradient matching and the distance ------------------------------------------------
@@ -206,7 +206,7 @@ def test_fedleak_lowers_its_distance_and_beats_its_random_start():
     originals = to_unit_range(victim.batch.images, victim.normalization)
     start_psnr = psnr(to_unit_range(events[0].images, victim.normalization)[0], originals[0])
     # Measured: 7.8 dB at the U(0, 1) start, 20.5 dB after 100 steps (seeds 0, 1, 2).
-    assert scores(victim, final)["psnr_mean"] > start_psnr + 8
+    assert scores(victim, final).psnr_mean > start_psnr + 8
     assert final.stop_reason == "completed" and final.steps == 100
 
 
@@ -221,7 +221,7 @@ def test_labels_are_counted_when_the_batch_exceeds_the_classes():
     victim, release = release_for(spec_for(batch=16, classes=5, activation="relu"))
     _, final = run(release, 2)
     assert final.label_inference["rule"].startswith("FedLeak count")
-    assert scores(victim, final)["label_accuracy"] == 1.0  # 16 images, 5 classes, 3-4 each
+    assert scores(victim, final).label_accuracy == 1.0  # 16 images, 5 classes, 3-4 each
 
 
 def test_activation_prior_reads_the_activation_modules_or_the_residual_stages():

@@ -16,14 +16,14 @@ from torch import nn
 
 from auditlib.attacks import ATTACKS, RunControl, build_attack_config, get_attack
 from auditlib.attacks.gradinversion import BatchNormPrior, lr_factor
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import client_update, trainable_parameters
 from auditlib.data.images import to_model_batch
 from auditlib.data.normalization import Normalization
 from auditlib.data.samples import load_sample_set
 from auditlib.defenses import build_defense
 from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
-from auditlib.fl.update import client_update, trainable_parameters
 from auditlib.metrics.evaluate import score
 from auditlib.models import ModelSpec, build_model
 from auditlib.threat import PrivateBatch
@@ -88,7 +88,7 @@ def run_gi(release, steps, seed=0, params=None, **control):
 
 def psnr_ssim(images, batch):
     scores = score(images, None, batch, NORMALIZATION, lpips_nets=())
-    return scores["psnr_mean"], scores["ssim_mean"]
+    return scores.psnr_mean, scores.ssim_mean
 
 
 def objectives(events):

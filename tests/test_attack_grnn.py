@@ -15,10 +15,10 @@ import torch
 from auditlib.attacks import ATTACKS, RunControl, build_attack_config, get_attack
 from auditlib.attacks.grnn import generated_side, tv_weight
 from auditlib.attacks.labels import infer_batch_labels
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import evaluate
 from auditlib.models import ModelSpec
@@ -78,7 +78,7 @@ def run_grnn(release, steps, seed=0, params=None, **control):
 
 def psnr(images, labels, batch, normalization) -> float:
     guess = Reconstruction((Candidate(images, labels, 0.0, 0, 0, "completed"),), "completed", 0)
-    return evaluate(guess, batch, normalization, lpips_nets=())["attacker_selected"]["psnr_mean"]
+    return evaluate(guess, batch, normalization, lpips_nets=()).attacker_selected.psnr_mean
 
 
 @pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (3, 16, 16), (3, 20, 12)])

@@ -15,11 +15,11 @@ import torch
 
 from auditlib.attacks import ATTACKS, RunControl, build_attack_config, get_attack
 from auditlib.attacks.labels import idlg_label
+from auditlib.client.protocol import ClientProtocol
 from auditlib.data.samples import PHOTOGRAPHS
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim, run_audit
 from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import evaluate
 from auditlib.models import ModelSpec
@@ -71,11 +71,11 @@ def run_attack(name, release, steps, seed=0, **control):
 
 def test_dlg_reaches_30_db_on_a_photograph_within_300_lbfgs_steps():
     result = run_audit(lenet_spec("dlg", 300), lpips_nets=())
-    metrics = result.summary["metrics"]
-    assert result.summary["timing"]["iterations"] == 300
-    assert metrics["psnr_mean"] >= 30.0
-    assert metrics["ssim_mean"] > 0.95
-    assert metrics["label_accuracy"] == 1.0  # DLG's jointly optimised soft label
+    metrics = result.summary.metrics
+    assert result.summary.timing.iterations == 300
+    assert metrics.psnr_mean >= 30.0
+    assert metrics.ssim_mean > 0.95
+    assert metrics.label_accuracy == 1.0  # DLG's jointly optimised soft label
 
 
 def test_dlg_on_fedavg_weights_does_not_depend_on_the_local_learning_rate():
@@ -88,7 +88,7 @@ def test_dlg_on_fedavg_weights_does_not_depend_on_the_local_learning_rate():
         protocol = ClientProtocol(algorithm="fedavg", local_lr=lr, shared="weights")
         spec = dataclasses.replace(lenet_spec("dlg", 100), scenario=ScenarioSpec(protocol=protocol))
         spec = dataclasses.replace(spec, attack=ComponentSpec.of("dlg", preset="paper"))
-        psnr[lr] = run_audit(spec, lpips_nets=()).summary["metrics"]["psnr_mean"]
+        psnr[lr] = run_audit(spec, lpips_nets=()).summary.metrics.psnr_mean
     assert psnr[1.0] > 30.0, psnr
     assert abs(psnr[0.01] - psnr[1.0]) < 1.0, psnr
 
@@ -97,9 +97,9 @@ def test_gaussian_noise_of_sigma_0_1_stops_dlg():
     # Same photograph, model and seed as above; 50 steps here, 300 in the benchmark.
     spec = lenet_spec("dlg", 50, defense=ComponentSpec.of("dp-gaussian", {"sigma": 0.1}))
     result = run_audit(spec, lpips_nets=())
-    assert result.summary["metrics"]["psnr_mean"] < 15.0
+    assert result.summary.metrics.psnr_mean < 15.0
     # The default clip bound (30) gives an epsilon, but one that promises nothing.
-    assert result.summary["defense_report"]["epsilon"] > 1e3
+    assert result.summary.defense_report.epsilon > 1e3
 
 
 @pytest.mark.parametrize("offset", range(len(PHOTOGRAPHS)))
@@ -138,7 +138,7 @@ def test_idlg_reconstructs_with_the_inferred_label():
     assert losses[-1] < losses[0] / 100
     spec = lenet_spec("idlg")
     scores = evaluate(final, batch, prepare_victim(spec).normalization, lpips_nets=())
-    assert scores["attacker_selected"]["psnr_mean"] > 25
+    assert scores.attacker_selected.psnr_mean > 25
 
 
 def test_events_follow_the_contract():
@@ -253,9 +253,9 @@ def test_every_registered_attack_runs_end_to_end_and_repeats_for_a_seed(name):
     )
     first = run_audit(spec, lpips_nets=()).summary
     again = run_audit(spec, lpips_nets=()).summary
-    assert first["stop_reason"] in {"completed", "diverged"}
-    assert 1 <= first["timing"]["iterations"] <= 3
-    assert len(first["metrics"]["per_image"]) == batch
-    assert first["label_inference"]["rule"]  # every attack says how it got its labels
-    assert first["metrics"]["psnr_mean"] == again["metrics"]["psnr_mean"]
-    assert first["metrics"]["recovered_labels"] == again["metrics"]["recovered_labels"]
+    assert first.stop_reason in {"completed", "diverged"}
+    assert 1 <= first.timing.iterations <= 3
+    assert len(first.metrics.per_image) == batch
+    assert first.label_inference["rule"]  # every attack says how it got its labels
+    assert first.metrics.psnr_mean == again.metrics.psnr_mean
+    assert first.metrics.recovered_labels == again.metrics.recovered_labels

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import trainable_parameters
 from auditlib.defenses import ClientContext, build_defense
 from auditlib.defenses.soteria import feature_scores, representation_layer
 from auditlib.errors import AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import defended_update
-from auditlib.fl.update import trainable_parameters
 
 torch.set_num_threads(1)
 

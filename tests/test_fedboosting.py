@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from auditlib.client.paillier import PaillierChannel, integer_weights
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.defenses.fedboosting import boosting_weights, fusion_weights, recover_fusion_weights
 from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.paillier import PaillierChannel, integer_weights
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.training import fedavg_round
 
 torch.set_num_threads(1)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import client_update
 from auditlib.data.normalization import Normalization
 from auditlib.defenses import build_defense
 from auditlib.fl.federated import FederationSpec, train_federated
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
-from auditlib.fl.update import client_update
 from auditlib.models import ModelSpec, build_model
 from auditlib.models.keylock import KeyLockNorm
 from auditlib.threat import PrivateBatch
@@ -112,8 +112,8 @@ def test_every_attack_runs_against_the_locked_model(name):
         seed=1,
     )
     summary = run_audit(spec, lpips_nets=()).summary
-    assert summary["timing"]["iterations"] >= 1
-    assert any("FedKL" in line for line in summary["threat_model"]["server_knows"])
+    assert summary.timing.iterations >= 1
+    assert any("FedKL" in line for line in summary.threat_model.server_knows)
 
 
 # --- federated training with a lock per client ----------------------------------------------------

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import classification_loss, client_update, trainable_parameters
 from auditlib.data.normalization import Normalization
 from auditlib.defenses import build_defense
 from auditlib.errors import AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.fl.training import FederatedTraining, federated_averaging
-from auditlib.fl.update import classification_loss, client_update, trainable_parameters
 from auditlib.threat import PrivateBatch
 
 NUM_CLASSES = 3

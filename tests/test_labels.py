@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import release_update
 from auditlib.metrics.matching import label_accuracy
 from auditlib.models import ModelSpec

@@ -16,8 +16,8 @@ from auditlib.attacks.base import RunControl
 from auditlib.attacks.loop import PLAN, HalvingPlan, StepInterrupted, run_restarts, start_seed
 from auditlib.attacks.objectives import UpdateMatcher, why_not_together
 from auditlib.attacks.restarts import run_attack
+from auditlib.client.protocol import ClientProtocol
 from auditlib.engine.attack_phase import plan_attacks
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.models import ModelSpec
 from auditlib.spec import ComponentSpec, ModelRef
 

@@ -264,27 +264,27 @@ def test_evaluate_keeps_the_attackers_pick_apart_from_the_oracle_best(no_lpips_w
 
     result = evaluate(reconstruction, truth, Normalization.identity(1), lpips_nets=())
 
-    selected, oracle = result["attacker_selected"], result["oracle_best"]
-    assert selected["restart"] == 0
-    assert selected["attack_loss"] == 0.1
-    assert selected["steps"] == 7
-    assert oracle["restart"] == 1
-    assert oracle["attack_loss"] == 0.5
-    assert result["restarts"] == 2
-    assert selected["mse_mean"] == pytest.approx(0.09, abs=1e-6)
-    assert selected["psnr_mean"] == pytest.approx(10 * math.log10(1 / 0.09), abs=1e-4)
-    assert oracle["psnr_mean"] == pytest.approx(20.0, abs=1e-4)
-    assert result["psnr_by_restart"] == {
-        "0": selected["psnr_mean"],
-        "1": pytest.approx(oracle["psnr_mean"]),
+    selected, oracle = result.attacker_selected, result.oracle_best
+    assert selected.restart == 0
+    assert selected.attack_loss == 0.1
+    assert selected.steps == 7
+    assert oracle.restart == 1
+    assert oracle.attack_loss == 0.5
+    assert result.restarts == 2
+    assert selected.mse_mean == pytest.approx(0.09, abs=1e-6)
+    assert selected.psnr_mean == pytest.approx(10 * math.log10(1 / 0.09), abs=1e-4)
+    assert oracle.psnr_mean == pytest.approx(20.0, abs=1e-4)
+    assert result.psnr_by_restart == {
+        "0": selected.psnr_mean,
+        "1": pytest.approx(oracle.psnr_mean),
     }
-    assert [p["name"] for p in selected["per_image"]] == ["img0.png", "img1.png"]
-    assert [p["reconstruction_index"] for p in selected["per_image"]] == [0, 1]
-    assert [p["reconstruction_index"] for p in oracle["per_image"]] == [1, 0]
-    assert [p["true_label"] for p in oracle["per_image"]] == [0, 1]
-    for entry in oracle["per_image"]:
-        assert entry["mse"] == pytest.approx(0.01, abs=1e-6)
-        assert entry["psnr"] == pytest.approx(20.0, abs=1e-4)
+    assert [p.name for p in selected.per_image] == ["img0.png", "img1.png"]
+    assert [p.reconstruction_index for p in selected.per_image] == [0, 1]
+    assert [p.reconstruction_index for p in oracle.per_image] == [1, 0]
+    assert [p.true_label for p in oracle.per_image] == [0, 1]
+    for entry in oracle.per_image:
+        assert entry.mse == pytest.approx(0.01, abs=1e-6)
+        assert entry.psnr == pytest.approx(20.0, abs=1e-4)
 
 
 def test_evaluate_when_the_attackers_pick_is_also_the_best():
@@ -297,9 +297,9 @@ def test_evaluate_when_the_attackers_pick_is_also_the_best():
         Normalization.identity(1),
         lpips_nets=(),
     )
-    assert result["attacker_selected"]["restart"] == 0
-    assert result["oracle_best"]["restart"] == 0
-    assert result["oracle_best"]["psnr_mean"] == result["attacker_selected"]["psnr_mean"]
+    assert result.attacker_selected.restart == 0
+    assert result.oracle_best.restart == 0
+    assert result.oracle_best.psnr_mean == result.attacker_selected.psnr_mean
 
 
 def test_the_attacker_never_picks_a_diverged_candidate():
@@ -312,18 +312,18 @@ def test_the_attacker_never_picks_a_diverged_candidate():
         Normalization.identity(1),
         lpips_nets=(),
     )
-    assert result["attacker_selected"]["restart"] == 1
-    assert result["oracle_best"]["restart"] == 0  # the oracle may still see it was exact
-    assert result["oracle_best"]["psnr_mean"] == PSNR_CAP_DB
+    assert result.attacker_selected.restart == 1
+    assert result.oracle_best.restart == 0  # the oracle may still see it was exact
+    assert result.oracle_best.psnr_mean == PSNR_CAP_DB
 
 
 def test_score_reports_label_accuracy_unavailable_without_candidate_labels(no_lpips_weights):
     result = score(
         candidate_images([0.2, 0.6]), None, batch_of([0.2, 0.6]), Normalization.identity(1), ()
     )
-    assert result["label_accuracy"] is None
-    assert "labels" in result["label_accuracy_unavailable_reason"]
-    assert "recovered_labels" not in result
+    assert result.label_accuracy is None
+    assert "labels" in result.why_unavailable("label_accuracy")
+    assert result.recovered_labels is None
 
 
 def test_score_reports_recovered_labels_by_matched_reconstruction():
@@ -336,28 +336,28 @@ def test_score_reports_recovered_labels_by_matched_reconstruction():
         Normalization.identity(1),
         (),
     )
-    assert result["label_accuracy"] == pytest.approx(0.5)
-    assert result["recovered_labels"] == [5, 4]
-    assert [p["recovered_label"] for p in result["per_image"]] == [4, 5]
-    assert [p["true_label"] for p in result["per_image"]] == [3, 5]
+    assert result.label_accuracy == pytest.approx(0.5)
+    assert result.recovered_labels == (5, 4)
+    assert [p.recovered_label for p in result.per_image] == [4, 5]
+    assert [p.true_label for p in result.per_image] == [3, 5]
 
 
 def test_score_summaries_are_mean_std_min_max_over_the_batch():
     truth = batch_of([0.2, 0.6])
     result = score(candidate_images([0.3, 0.9]), None, truth, Normalization.identity(1), ())
     # Per-image MSE 0.01 and 0.09.
-    assert result["mse_mean"] == pytest.approx(0.05, abs=1e-6)
-    assert result["mse_std"] == pytest.approx(0.04, abs=1e-6)
-    assert result["mse_min"] == pytest.approx(0.01, abs=1e-6)
-    assert result["mse_max"] == pytest.approx(0.09, abs=1e-6)
-    assert result["psnr_max"] == pytest.approx(20.0, abs=1e-4)
+    assert result.mse_mean == pytest.approx(0.05, abs=1e-6)
+    assert result.spreads["mse"].std == pytest.approx(0.04, abs=1e-6)
+    assert result.spreads["mse"].min == pytest.approx(0.01, abs=1e-6)
+    assert result.spreads["mse"].max == pytest.approx(0.09, abs=1e-6)
+    assert result.spreads["psnr"].max == pytest.approx(20.0, abs=1e-4)
 
 
 def test_score_reports_ssim_unavailable_below_the_window_size():
     result = score(candidate_images([0.3]), None, batch_of([0.2]), Normalization.identity(1), ())
-    assert result["ssim_mean"] is None
-    assert "11x11" in result["ssim_unavailable_reason"]
-    assert "ssim" not in result["per_image"][0]
+    assert result.ssim_mean is None
+    assert "11x11" in result.why_unavailable("ssim")
+    assert result.per_image[0].ssim is None
 
 
 def test_score_reports_ssim_from_eleven_pixels_up():
@@ -365,17 +365,17 @@ def test_score_reports_ssim_from_eleven_pixels_up():
     result = score(
         candidate_images([0.8, 0.2], size=11), None, truth, Normalization.identity(1), ()
     )
-    assert "ssim_unavailable_reason" not in result
-    assert result["ssim_mean"] == pytest.approx(1.0, abs=1e-6)
-    assert [p["ssim"] for p in result["per_image"]] == [pytest.approx(1.0, abs=1e-6)] * 2
+    assert result.why_unavailable("ssim") is None
+    assert result.ssim_mean == pytest.approx(1.0, abs=1e-6)
+    assert [p.ssim for p in result.per_image] == [pytest.approx(1.0, abs=1e-6)] * 2
 
 
 def test_score_names_lpips_nets_that_were_not_requested():
     result = score(candidate_images([0.3]), None, batch_of([0.2]), Normalization.identity(1), ())
-    assert result["lpips_mean"] is None
-    assert result["lpips_unavailable_reason"] == "LPIPS-alex not requested"
-    assert result["lpips_vgg_mean"] is None
-    assert result["lpips_vgg_unavailable_reason"] == "LPIPS-vgg not requested"
+    assert result.lpips_mean is None
+    assert result.why_unavailable("lpips") == "LPIPS-alex not requested"
+    assert result.mean("lpips_vgg") is None
+    assert result.why_unavailable("lpips_vgg") == "LPIPS-vgg not requested"
 
 
 # --- LPIPS ----------------------------------------------------------------------------------
@@ -395,11 +395,11 @@ def test_lpips_is_unavailable_without_backbone_weights(no_lpips_weights):
 def test_score_reports_lpips_unavailable_with_the_reason(no_lpips_weights):
     truth = batch_of([0.2, 0.6], size=32)
     result = score(candidate_images([0.3, 0.5], size=32), None, truth, Normalization.identity(1))
-    assert result["lpips_mean"] is None
-    assert ALEX_FILE in result["lpips_unavailable_reason"]
-    assert result["lpips_vgg_mean"] is None
-    assert "vgg16-397923af.pth" in result["lpips_vgg_unavailable_reason"]
-    assert "lpips_alex" not in result["per_image"][0]
+    assert result.lpips_mean is None
+    assert ALEX_FILE in result.why_unavailable("lpips")
+    assert result.mean("lpips_vgg") is None
+    assert "vgg16-397923af.pth" in result.why_unavailable("lpips_vgg")
+    assert result.per_image[0].lpips_alex is None
 
 
 @pytest.fixture(scope="module")
@@ -448,7 +448,7 @@ def test_lpips_plumbing_with_a_local_backbone_file(random_alexnet):
     result = score(
         torch.from_numpy(b).permute(0, 3, 1, 2).float(), None, truth, Normalization.identity(3)
     )
-    assert "lpips_unavailable_reason" not in result
-    assert math.isfinite(result["lpips_mean"]) and result["lpips_mean"] > 0
-    assert all("lpips_alex" in p for p in result["per_image"])
-    assert result["lpips_vgg_mean"] is None
+    assert result.why_unavailable("lpips") is None
+    assert math.isfinite(result.lpips_mean) and result.lpips_mean > 0
+    assert all(p.lpips_alex is not None for p in result.per_image)
+    assert result.mean("lpips_vgg") is None

@@ -128,13 +128,13 @@ def test_every_score_carries_the_guesses_and_what_was_recovered():
     truth = PrivateBatch(images, torch.tensor([0, 1]), ("a", "b"))
     normalization = Normalization.parse("none", 1)
     exact = score(images.clone(), None, truth, normalization, lpips_nets=())
-    assert exact["risk"]["level"] == "Very High"
-    assert exact["risk"]["images_recovered"] == 2
-    assert exact["risk"]["psnr_success_rate"][-1]["rate"] == 1.0
-    assert [g["name"] for g in exact["baseline"]["guesses"]] == ["grey"]  # no prior given
+    assert exact.risk.level == "Very High"
+    assert exact.risk.images_recovered == 2
+    assert exact.risk.psnr_success_rate[-1].rate == 1.0
+    assert [g.name for g in exact.guesses] == ["grey"]  # no prior given
     noise = score(torch.rand(2, 1, 16, 16, generator=g), None, truth, normalization, ())
-    assert noise["risk"]["level"] is None
-    assert noise["risk"]["images_recovered"] == 0
+    assert noise.risk.level is None
+    assert noise.risk.images_recovered == 0
 
 
 def test_the_grey_guess_is_scored_like_a_reconstruction():
@@ -143,6 +143,6 @@ def test_the_grey_guess_is_scored_like_a_reconstruction():
     normalization = Normalization.parse("none", 1)
     grey = score(torch.full((1, 1, 16, 16), 0.5), None, truth, normalization, lpips_nets=())
     # MSE 0.0625: 12.04 dB, for the guess and for a "reconstruction" that is the guess.
-    assert grey["baseline"]["guesses"][0]["psnr_mean"] == pytest.approx(12.041, abs=1e-3)
-    assert grey["risk"]["guess_psnr_mean"] == pytest.approx(grey["psnr_mean"])
-    assert grey["risk"]["images_recovered"] == 0
+    assert grey.guesses[0].psnr_mean == pytest.approx(12.041, abs=1e-3)
+    assert grey.risk.guess_psnr_mean == pytest.approx(grey.psnr_mean)
+    assert grey.risk.images_recovered == 0

@@ -59,7 +59,7 @@ def test_a_run_streams_into_the_store_and_completes(manager, store):
     assert [e.step for e in events][-1] == 20 and len(events) >= 10
     for kind in ("originals", "live", "reconstruction"):
         assert store.image(run_id, kind).png.startswith(b"\x89PNG")
-    assert record.summary["metrics"]["psnr_mean"] == record.psnr_mean
+    assert record.result.metrics.psnr_mean == record.psnr_mean
     assert record.spec_id == run_identity(spec(20))
 
 
@@ -83,7 +83,7 @@ def test_cancel_stops_the_run_within_seconds_and_keeps_its_result(manager, store
     record = store.get_run(run_id)
     assert record.status == "cancelled"
     assert record.cancel_requested
-    assert record.summary["stop_reason"] == "cancelled"  # cooperative: metrics of what it had
+    assert record.result.stop_reason == "cancelled"  # cooperative: metrics of what it had
 
 
 def test_a_time_budget_marks_the_run_timed_out(manager, store):
@@ -167,9 +167,9 @@ def test_runs_never_outnumber_the_cpus_ray_has(manager, store):
     run_ids = [manager.start(spec(40 + i)) for i in range(cpus + 2)]
     for run_id in run_ids:
         assert manager.wait(run_id, 300)
-    timings = [store.get_run(r).summary["timing"] for r in run_ids]
+    timings = [store.get_run(r).result.timing for r in run_ids]
     moments = sorted(
-        [(t["began_unix"], 1) for t in timings] + [(t["ended_unix"], -1) for t in timings]
+        [(t.began_unix, 1) for t in timings] + [(t.ended_unix, -1) for t in timings]
     )
     running = most = 0
     for _, change in moments:

@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import named_tensors, trainable_parameters
 from auditlib.defenses import ClientContext, build_defense
 from auditlib.defenses.shadow_noise import (
     amplitude,
@@ -19,9 +21,7 @@ from auditlib.defenses.shadow_noise import (
     spare_foreground,
 )
 from auditlib.errors import AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.scenario import defended_update
-from auditlib.fl.update import named_tensors, trainable_parameters
 from auditlib.models.saliency import grad_cam_plus_plus, last_convolution
 
 torch.set_num_threads(1)

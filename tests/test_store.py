@@ -10,12 +10,16 @@ import math
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC
 from pathlib import Path
 
 import pytest
 from PIL import Image
 from sqlalchemy import Connection, text
+
+from auditlib.metrics.scores import Spread
+from auditlib.result import AuditSummary
 
 from auditlib.errors import AuditInputError
 from auditlib.store import (
@@ -29,17 +33,12 @@ from auditlib.store import (
 )
 
 SPEC = {"model": {"spec": {"name": "lenet"}}, "budget": {"iterations": 50}, "seed": 0}
-SUMMARY = {
-    "spec_id": "abc",
-    "metrics": {
-        "psnr_mean": 21.5,
-        "ssim_mean": 0.61,
-        "lpips_mean": None,
-        "label_accuracy": 1.0,
-        "per_image": [{"name": "a.png", "psnr": 21.5}],
-    },
-    "timing": {"seconds": 3.25, "iterations": 50},
-}
+# A real result.json, written by an earlier version (before verdicts): the store keeps any
+# shape AuditSummary reads.
+SUMMARY = AuditSummary.from_json(
+    json.loads((Path(__file__).parent / "fixtures/results/result_9555ea9_parent.json").read_text())
+)
+PSNR = SUMMARY.metrics.psnr_mean  # 6.47 dB
 
 
 def png(value: int) -> bytes:
@@ -84,10 +83,12 @@ def test_run_lifecycle(store: Store) -> None:
     run = store.get_run(run_id)
     assert run is not None
     assert run.status == "completed" and run.finished and run.worker == "ray-task-1"
-    assert run.spec == SPEC and run.summary == SUMMARY  # dict round trip
+    assert run.spec == SPEC and run.result == SUMMARY  # typed round trip
+    assert run.summary == json.loads(json.dumps(SUMMARY.to_json()))  # and its JSON
     assert run.created_at <= run.started_at <= run.finished_at  # type: ignore[operator]
-    assert (run.psnr_mean, run.ssim_mean, run.lpips_mean) == (21.5, 0.61, None)
-    assert (run.label_accuracy, run.iterations, run.seconds) == (1.0, 50, 3.25)
+    assert (run.psnr_mean, run.ssim_mean, run.lpips_mean) == (PSNR, SUMMARY.metrics.ssim_mean, None)
+    assert (run.label_accuracy, run.iterations) == (0.5, 20)
+    assert run.seconds == SUMMARY.timing.seconds
 
     events = store.events(run_id)
     assert [e.seq for e in events] == [0, 1, 2]
@@ -107,7 +108,7 @@ def test_list_runs_newest_first_with_filters(store: Store) -> None:
     store.finish(ids[1], "completed", SUMMARY)
     runs = store.list_runs()
     assert [r.id for r in runs] == ids[::-1]
-    assert runs[2].psnr_mean == 21.5 and runs[0].psnr_mean is None
+    assert runs[2].psnr_mean == PSNR and runs[0].psnr_mean is None
     assert [r.id for r in store.list_runs(limit=2)] == ids[:1:-1]
     assert [r.id for r in store.list_runs(status="completed")] == [ids[1]]
     assert [r.id for r in store.list_runs(status="queued")] == [ids[3], ids[2], ids[0]]
@@ -144,13 +145,20 @@ def test_finish_rules_and_nan(store: Store) -> None:
         store.finish(run_id, "done")
     with pytest.raises(ValueError, match="valid"):
         store.finish(run_id, "running")  # not a final status
-    summary = {"metrics": {"psnr_mean": math.nan, "ssim_mean": math.inf}, "timing": {}}
+    metrics = SUMMARY.metrics
+    spreads = {
+        **metrics.spreads,
+        "psnr": Spread(math.nan, 0.0, math.nan, math.nan),
+        "ssim": Spread(math.inf, 0.0, 0.0, math.inf),
+    }
+    summary = replace(SUMMARY, metrics=replace(metrics, spreads=spreads))
     store.finish(run_id, "timed_out", summary, error=None)
 
     run = store.get_run(run_id)
     assert run is not None and run.status == "timed_out"
-    assert run.summary == {"metrics": {"psnr_mean": None, "ssim_mean": None}, "timing": {}}
-    assert run.psnr_mean is None and run.ssim_mean is None and run.iterations is None
+    assert run.summary["metrics"]["psnr_mean"] is None  # JSON has no NaN
+    assert run.summary["metrics"]["ssim_mean"] is None
+    assert run.psnr_mean is None and run.ssim_mean is None and run.iterations == 20
     with sqlite3.connect(store.url.removeprefix("sqlite:///")) as raw:
         stored = raw.execute("SELECT summary FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
     assert "NaN" not in stored and "Infinity" not in stored and "null" in stored
@@ -260,8 +268,8 @@ def test_persistence_across_reopen(db: Path) -> None:
 
     with Store(url_of(db)) as second:  # `make run` again
         run = second.get_run(run_id)
-        assert run is not None and run.title == "kept" and run.summary == SUMMARY
-        assert run.psnr_mean == 21.5
+        assert run is not None and run.title == "kept" and run.result == SUMMARY
+        assert run.psnr_mean == PSNR
         assert [e.losses for e in second.events(run_id)] == [{"loss": 0.5}]
         live = second.image(run_id, "live")
         assert live is not None and live.png == png(5)

@@ -8,7 +8,7 @@ import torch
 
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import measure_utility
-from auditlib.engine.runs import utility_stage
+from auditlib.engine.messages import UtilityMessage, from_wire
 from auditlib.engine.stream import audit_messages
 from auditlib.fl.federated import FederationSpec, train_federated
 from auditlib.models import ModelSpec
@@ -75,40 +75,40 @@ def test_a_round_asked_to_stop_leaves_the_model_as_it_was():
 def test_the_utility_training_stops_at_its_time_budget():
     # The default training (5 rounds, 3000 examples) takes about 7 s here; 1 s stops it.
     result = measure_utility(_spec(UtilitySpec(seconds=1)))
-    assert result["complete"] is False and result["stop_reason"] == "time budget"
-    assert result["rounds_completed"] < 5 and result["budget_s"] == 1
-    assert result["seconds"] < 5
+    assert result.complete is False and result.stop_reason == "time budget"
+    assert result.rounds_completed < 5 and result.budget_s == 1
+    assert result.seconds < 5
     # Tables and reports say so beside the accuracy.
-    done = result["rounds_completed"]
+    done = result.rounds_completed
     assert utility_cut_short(result) == f"{done} of 5 rounds, time budget"
     assert utility_cut_short({**result, "complete": True}) is None
 
 
 def test_a_cancelled_utility_training_says_so():
     result = measure_utility(_spec(UtilitySpec(train=200, test=100)), is_cancelled=lambda: True)
-    assert result["stop_reason"] == "cancelled" and result["rounds_completed"] == 0
-    assert result["complete"] is False
+    assert result.stop_reason == "cancelled" and result.rounds_completed == 0
+    assert result.complete is False
 
 
 def test_a_complete_training_says_completed():
     tiny = UtilitySpec(train=200, test=100, federation=FederationSpec(clients=2, rounds=2))
     result = measure_utility(_spec(tiny))
-    assert result["complete"] is True and result["stop_reason"] == "completed"
-    assert result["rounds_completed"] == 2 and result["budget_s"] == 300
+    assert result.complete is True and result.stop_reason == "completed"
+    assert result.rounds_completed == 2 and result.budget_s == 300
 
 
 def test_the_stream_reports_every_round_of_the_utility_training_before_the_result():
     tiny = UtilitySpec(train=200, test=100, federation=FederationSpec(clients=2, rounds=2))
-    messages = list(audit_messages(_spec(tiny), emit_every=1, lpips_nets=()))
-    kinds = [m["type"] for m in messages]
+    messages = [from_wire(m) for m in audit_messages(_spec(tiny), emit_every=1, lpips_nets=())]
+    kinds = [m.kind for m in messages]
     assert kinds[-1] == "result"
-    utility = [m for m in messages if m["type"] == "utility"]
-    assert [m["round"] for m in utility] == [0, 1, 2]
-    assert {m["rounds"] for m in utility} == {2} and {m["budget"] for m in utility} == {300}
+    utility = [m for m in messages if isinstance(m, UtilityMessage)]
+    assert [m.round for m in utility] == [0, 1, 2]
+    assert {m.rounds for m in utility} == {2} and {m.budget for m in utility} == {300}
     last_event = max(i for i, k in enumerate(kinds) if k == "event")
     assert kinds.index("utility") > last_event  # after the attack
-    assert utility_stage(utility[1]).startswith("utility training: 1 of 2 rounds done, ")
-    assert utility_stage(utility[1]).endswith("s of its 300 s budget")
+    assert utility[1].stage().startswith("utility training: 1 of 2 rounds done, ")
+    assert utility[1].stage().endswith("s of its 300 s budget")
 
 
 def test_the_utility_budget_is_validated():

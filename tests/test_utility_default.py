@@ -50,10 +50,10 @@ def test_default_utility_trains_the_default_lenet_above_chance():
         utility=UtilitySpec(),
     )
     result = measure_utility(spec)
-    assert result["complete"] and result["rounds_completed"] == 5
-    assert 0.1 <= result["chance_accuracy"] < 0.2  # 10 Fashion-MNIST classes, 1000 tests
-    assert result["learned"] is True
+    assert result.complete and result.rounds_completed == 5
+    assert 0.1 <= result.chance_accuracy < 0.2  # 10 Fashion-MNIST classes, 1000 tests
+    assert result.learned is True
     # Measured 0.724 (chance 0.117); PyTorch's default init stayed at 0.112.
-    assert result["accuracy"] >= result["chance_accuracy"] + 0.3
-    assert result["accuracy"] > result["initial_accuracy"] + 0.3
-    assert result["starts_from"].startswith("DLG's uniform initialisation")
+    assert result.accuracy >= result.chance_accuracy + 0.3
+    assert result.accuracy > result.initial_accuracy + 0.3
+    assert result.starts_from.startswith("DLG's uniform initialisation")

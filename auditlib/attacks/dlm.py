@@ -44,9 +44,9 @@ from auditlib.attacks.objectives import (
     random_label_logits,
     total_variation,
 )
+from auditlib.client.update import client_update
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
-from auditlib.fl.update import client_update
 from auditlib.threat import AttackerKnowledge, Observation
 
 Tensors = tuple[torch.Tensor, ...]

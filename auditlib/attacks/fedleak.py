@@ -47,9 +47,9 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
+from auditlib.client.update import client_update, read_as_gradient
 from auditlib.config import require
 from auditlib.errors import AttackUnsupportedError
-from auditlib.fl.update import client_update, read_as_gradient
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, Observation
 
 Tensors = tuple[torch.Tensor, ...]

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import torch
 
+from auditlib.client.update import read_as_gradient
 from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.update import read_as_gradient
 from auditlib.models import last_linear
 from auditlib.threat import AttackerKnowledge, Observation
 
@@ -48,7 +48,7 @@ def gradient_estimate(
     observation: Observation, knowledge: AttackerKnowledge, index: int
 ) -> torch.Tensor:
     """The observed update of parameter ``index`` read as one gradient of the batch loss
-    (:func:`~auditlib.fl.update.read_as_gradient`): for FedAvg the mean of the K local
+    (:func:`~auditlib.client.update.read_as_gradient`): for FedAvg the mean of the K local
     gradients, each taken at different weights, so an estimate, the one FedLeak (Sec. 4.5)
     and the label rules of the FedAvg papers rely on."""
     name = observation.parameter_names[index]

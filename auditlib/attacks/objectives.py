@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from auditlib.fl.update import client_update, difference_per_gradient, read_as_gradient
+from auditlib.client.update import client_update, difference_per_gradient, read_as_gradient
 from auditlib.threat import AttackerKnowledge, KnownDefense, Observation
 
 

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.threat import KnownDefense, Observation
 
 

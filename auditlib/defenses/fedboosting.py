@@ -2,7 +2,7 @@
 quantised updates and "DP fusion" of the local models.
 
 In federated training (``aggregate``, called by ``fl.training.fedavg_round``), each round:
-the clients quantise and encrypt their weight differences (``fl.paillier``); for each
+the clients quantise and encrypt their weight differences (``client.paillier``); for each
 client i the server builds the fused model  G^_i = round(p^_i P) g*_i + sum_{j != i}
 round((1 - p^_i) P / (N - 1)) g*_j  homomorphically (Eq. 4.5), with p^_i drawn at random
 and kept private by the server (Sec. 4.2.3, ``fusion="random"``) or fixed at ``fused_share``
@@ -25,7 +25,7 @@ victim's update in the thesis's two-client setting):
   partner finds both weights exactly whether they were drawn in private or not, and
   removes its share in the integers. ``weights_leaked`` hands it the weights instead.
 - ``server``: it holds only ciphertexts and never the private key. A key it can factor
-  (``fl.paillier.factor_public_key``: up to 128 bits, the thesis's setting) gives it the
+  (``client.paillier.factor_public_key``: up to 128 bits, the thesis's setting) gives it the
   private key and the victim's own ciphertexts; a larger key is refused as an attack that
   does not apply, with what that assumes.
 """
@@ -43,11 +43,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from auditlib.client.paillier import PaillierChannel, factor_public_key, integer_weights
+from auditlib.client.update import set_training_mode
 from auditlib.config import require, require_choice
 from auditlib.defenses.base import DefenseInfo, copied, register
 from auditlib.errors import AttackUnsupportedError
-from auditlib.fl.paillier import PaillierChannel, factor_public_key, integer_weights
-from auditlib.fl.update import set_training_mode
 
 Fusion = Literal["random", "fixed"]
 View = Literal["client", "server"]

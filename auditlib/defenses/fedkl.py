@@ -26,10 +26,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from auditlib.client.update import copy_state
 from auditlib.config import require
 from auditlib.defenses.base import DefenseInfo, ModelChange, copied, register
 from auditlib.errors import AuditInputError
-from auditlib.fl.update import copy_state
 from auditlib.models.keylock import (
     LockActivation,
     insert_key_lock,

@@ -38,6 +38,7 @@ from torch import nn
 from auditlib.attacks.gradinversion import BatchNormPrior, image_norm
 from auditlib.attacks.grnn import fit_to_input, generated_side
 from auditlib.attacks.objectives import layer_l2_distance, total_variation
+from auditlib.client.update import client_update, trainable_parameters
 from auditlib.config import require
 from auditlib.defenses.base import ClientContext, DefenseInfo, copied, register, require_context
 from auditlib.defenses.shadow_noise import (
@@ -50,7 +51,6 @@ from auditlib.defenses.shadow_noise import (
     perturbation,
     spare_foreground,
 )
-from auditlib.fl.update import client_update, trainable_parameters
 from auditlib.models.saliency import grad_cam_plus_plus, last_convolution
 from auditlib.threat import KnownDefense
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from auditlib.client.update import set_training_mode
 from auditlib.config import require
 from auditlib.defenses.base import (
     ClientContext,
@@ -34,7 +35,6 @@ from auditlib.defenses.base import (
     visible_survivors,
 )
 from auditlib.errors import AuditInputError
-from auditlib.fl.update import set_training_mode
 from auditlib.threat import KnownDefense
 
 _SCORE_OFFSET = 0.1  # the public code's denominator r_f + 0.1

@@ -8,6 +8,7 @@ stream it. Everything a run does is determined by its :class:`RunSpec`.
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -64,6 +65,7 @@ from auditlib.result import (
     UtilityUnavailable,
 )
 from auditlib.result import Victim as VictimRecord
+from auditlib.result_json import summary_json
 from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec, RunSpec
 from auditlib.threat import PrivateBatch
@@ -526,12 +528,18 @@ def iter_audit(
         spec_id=spec.identity(),
         attack=spec.attack.name,
         defense=spec.defense.name,
-        config=RecordedConfig(
-            spec=spec.to_dict(),
-            attack_settings=attack_settings,
-            defense_settings=defense_settings,
-            lpips_nets=tuple(lpips_nets),
-            metric_definition=METRIC_DEFINITION,
+        config=RecordedConfig.from_json(  # as JSON holds it: lists, no NaN
+            json.loads(
+                summary_json(
+                    {
+                        **spec.to_dict(),
+                        "attack_settings": attack_settings,
+                        "defense_settings": defense_settings,
+                        "lpips_nets": list(lpips_nets),
+                        "metric_definition": METRIC_DEFINITION,
+                    }
+                )
+            )
         ),
         threat_model=ThreatModel(
             observation=release.observation.kind,

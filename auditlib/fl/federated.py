@@ -21,6 +21,8 @@ import torch
 from sklearn.metrics import f1_score
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import copy_state, load_state, set_training_mode
 from auditlib.config import require, require_choice
 from auditlib.data.images import to_model_batch
 from auditlib.data.labels import check_labels_fit
@@ -28,9 +30,7 @@ from auditlib.data.normalization import Normalization
 from auditlib.data.training_sets import TrainTestSets
 from auditlib.defenses.base import Defense, model_change
 from auditlib.errors import AuditInputError
-from auditlib.fl.protocol import ClientProtocol
 from auditlib.fl.training import RoundStopped, fedavg_round
-from auditlib.fl.update import copy_state, load_state, set_training_mode
 from auditlib.seeds import derive_seed
 
 Split = Literal["iid", "dirichlet"]

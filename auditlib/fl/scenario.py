@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import client_update, trainable_parameters
 from auditlib.data.normalization import Normalization
 from auditlib.defenses.base import ClientContext, Defense, known_defense, model_change
-from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.update import client_update, trainable_parameters
 from auditlib.threat import AttackerKnowledge, KnownDefense, Observation, PrivateBatch
 
 

@@ -16,18 +16,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from auditlib.config import require
-from auditlib.data.normalization import Normalization
-from auditlib.defenses.base import Defense
-from auditlib.errors import AuditInputError
-from auditlib.fl.protocol import ClientProtocol
-from auditlib.fl.scenario import defended_update
-from auditlib.fl.update import (
+from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import (
     copy_state,
     load_state,
     set_training_mode,
     trainable_parameters,
 )
+from auditlib.config import require
+from auditlib.data.normalization import Normalization
+from auditlib.defenses.base import Defense
+from auditlib.errors import AuditInputError
+from auditlib.fl.scenario import defended_update
 
 
 @dataclass(frozen=True)

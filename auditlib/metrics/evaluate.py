@@ -16,6 +16,7 @@ and the oracle best (highest mean PSNR, which needs the ground truth).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -170,9 +171,9 @@ def evaluate(
         result = score(
             candidate.images, candidate.labels, truth, normalization, lpips_nets, **prior_args
         )
-        return replace(
-            result, restart=candidate.restart, attack_loss=candidate.loss, steps=candidate.steps
-        )
+        # A combined candidate (several attacks' worst case) has no loss of its own: NaN.
+        loss = candidate.loss if math.isfinite(candidate.loss) else None
+        return replace(result, restart=candidate.restart, attack_loss=loss, steps=candidate.steps)
 
     selected = reconstruction.selected
     selected_scores = scored(selected)

@@ -1,0 +1,179 @@
+"""The one definition of a client update, used by the victim and by every attacker.
+
+The victim calls it once on its private batch (``differentiable=False``); an optimisation
+attack calls it on its candidate batch with ``differentiable=True`` so the distance between
+candidate and observed update can be back-propagated to the candidate images. Sharing the
+code guarantees the attacker simulates exactly what the client computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from auditlib.client.protocol import ClientProtocol
+from auditlib.errors import AttackUnsupportedError
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy; ``labels`` are class ids (long) or probability rows (float).
+
+    Probability rows are the soft labels that DLG optimises jointly with the images; for a
+    one-hot row this is exactly the cross-entropy of the class id.
+    """
+    if labels.dtype == torch.long:
+        return F.cross_entropy(logits, labels)
+    return torch.mean(torch.sum(-labels * F.log_softmax(logits, dim=-1), dim=-1))
+
+
+def set_training_mode(model: nn.Module, training: bool) -> None:
+    """``model.train(training)``, except for torch.export modules, whose mode is fixed at export."""
+    with contextlib.suppress(NotImplementedError):
+        model.train(training)
+
+
+def _scripted_gradient(
+    model: torch.jit.ScriptModule,
+    parameters: Mapping[str, torch.Tensor],
+    images,
+    labels,
+    protocol,
+    differentiable,
+) -> tuple[torch.Tensor, ...]:
+    # TorchScript modules refuse torch.func's stateless calls, so the gradient is taken with
+    # respect to the module's own parameters; only FedSGD needs nothing more.
+    if protocol.algorithm != "fedsgd":
+        raise AttackUnsupportedError(
+            "FedAvg needs functional parameters, which TorchScript models do not allow; "
+            "use FedSGD, or weights for a built-in architecture"
+        )
+    own = dict(model.named_parameters())
+    if any(own.get(name) is not tensor for name, tensor in parameters.items()):
+        raise ValueError("a TorchScript model's update is taken at its own parameters")
+    saved = {name: b.clone() for name, b in model.named_buffers()}
+    loss = classification_loss(model(images), labels)
+    grads = torch.autograd.grad(loss, list(parameters.values()), create_graph=differentiable)
+    with torch.no_grad():  # keep BatchNorm statistics as the server sent them
+        for name, b in model.named_buffers():
+            b.copy_(saved[name])
+    return tuple(grads)
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` by its name."""
+    return dict(model.named_parameters()) | dict(model.named_buffers())
+
+
+def copy_state(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Detached copies of the named parameters and buffers (e.g. a client's private part)."""
+    tensors = named_tensors(model)
+    return {n: tensors[n].detach().clone() for n in names}
+
+
+@torch.no_grad()
+def load_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy named parameters and buffers into ``model``, in place."""
+    tensors = named_tensors(model)
+    for name, value in state.items():
+        tensors[name].copy_(value)
+
+
+def client_update(
+    model: nn.Module,
+    parameters: Mapping[str, torch.Tensor],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    protocol: ClientProtocol,
+    *,
+    differentiable: bool,
+    buffers: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The update the client computes from ``parameters`` on (images, labels).
+
+    Returns one tensor per entry of ``parameters`` (same order): the gradient (FedSGD), the
+    weight difference after local training, or the new weights (FedAvg), per
+    ``protocol.observation_kind``. ``parameters`` must require grad, unless ``buffers`` is
+    given: then the gradients are taken with ``torch.func.grad`` over those parameters and
+    buffers (a copy of its own per call, which BatchNorm may update), so the update can run
+    under ``torch.func.vmap``, one restart per slice (``attacks.loop``).
+    """
+    set_training_mode(model, protocol.batchnorm_mode == "train")
+    if isinstance(model, torch.jit.ScriptModule):
+        return _scripted_gradient(model, parameters, images, labels, protocol, differentiable)
+    functional = buffers is not None
+    # Buffers are copied so BatchNorm's running statistics in the caller's model stay as the
+    # server sent them, however often the attacker simulates the client.
+    if buffers is None:
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
+    names = list(parameters)
+
+    def gradient(current: Mapping[str, torch.Tensor], x, y) -> tuple[torch.Tensor, ...]:
+        def loss_of(weights: Mapping[str, torch.Tensor], state: Mapping) -> torch.Tensor:
+            logits = functional_call(model, ({**weights, **state},), (x,))
+            return classification_loss(logits, y)
+
+        if functional:  # the buffers are an input: BatchNorm in train mode updates them
+            found = torch.func.grad(loss_of)(dict(current), buffers)
+            return tuple(found[n] for n in names)
+        return torch.autograd.grad(
+            loss_of(current, buffers), list(current.values()), create_graph=differentiable
+        )
+
+    if protocol.algorithm == "fedsgd":
+        return tuple(gradient(parameters, images, labels))
+
+    current = dict(parameters)
+    for window in protocol.minibatch_slices(images.shape[0]):
+        grads = gradient(current, images[window], labels[window])
+        step = {n: current[n] - protocol.local_lr * g for n, g in zip(names, grads, strict=True)}
+        # The victim's loop needs no graph across steps; the attacker's does.
+        current = (
+            step if differentiable else {n: t.detach().requires_grad_() for n, t in step.items()}
+        )
+    if protocol.shared == "weights":
+        return tuple(current[n] if differentiable else current[n].detach() for n in names)
+    deltas = tuple(current[n] - parameters[n] for n in names)
+    return deltas if differentiable else tuple(d.detach() for d in deltas)
+
+
+def read_as_gradient(
+    update: Sequence[torch.Tensor],
+    parameters: Mapping[str, torch.Tensor],
+    protocol: ClientProtocol,
+    batch_size: int,
+) -> tuple[torch.Tensor, ...]:
+    """An update as the server reads it: one gradient of the batch loss.
+
+    FedSGD shares the gradient itself. FedAvg shares w' - w (or w'), the sum of ``K`` local
+    SGD steps w <- w - lr * g; the server knows lr and K, so -(w' - w) / (lr * K) is the mean
+    of the K local gradients. Matching updates read this way keeps every objective at a
+    gradient's scale whatever the local learning rate: matched raw, an L2 distance is
+    (lr * K)^2 times smaller, and optimisers with absolute tolerances (torch's L-BFGS) stop
+    long before they converge at a small lr (issue 16). Works on simulated updates (the
+    graph is kept) and on observed ones alike.
+    """
+    if protocol.algorithm == "fedsgd":
+        return tuple(update)
+    if protocol.shared == "weights":
+        update = [
+            u - p.detach().to(u.device) for u, p in zip(update, parameters.values(), strict=True)
+        ]
+    factor = difference_per_gradient(protocol, batch_size)
+    return tuple(u / factor for u in update)
+
+
+def difference_per_gradient(protocol: ClientProtocol, batch_size: int) -> float:
+    """The client's update (what a defense acts on) per unit of its reading as a gradient:
+    1 for FedSGD, -(lr x local steps) for FedAvg's weight difference."""
+    if protocol.algorithm == "fedsgd":
+        return 1.0
+    return -protocol.local_lr * protocol.steps_for(batch_size)
