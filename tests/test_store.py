@@ -18,10 +18,9 @@ import pytest
 from PIL import Image
 from sqlalchemy import Connection, text
 
+from auditlib.errors import AuditInputError
 from auditlib.metrics.scores import Spread
 from auditlib.result import AuditSummary
-
-from auditlib.errors import AuditInputError
 from auditlib.store import (
     SCHEMA_VERSION,
     RunFinishedError,
