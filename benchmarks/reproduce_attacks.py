@@ -72,7 +72,7 @@ def audit(spec: RunSpec, **extra: Any) -> dict[str, Any]:
     """One audit as the CLI runs it; the figures the tables need."""
     start = time.perf_counter()
     result = run_audit(spec, lpips_nets=())
-    summary = result.summary
+    summary = result.summary.to_json()  # read as result.json holds it
     metrics = summary["metrics"]
     row = {
         "attack": spec.attack.name,
@@ -271,8 +271,8 @@ def baselines(spec: RunSpec, setting: str) -> list[dict]:
                 "attack": name,
                 "images": None,
                 "batch": shape[0],
-                "psnr": scores["psnr_mean"],
-                "ssim": scores["ssim_mean"],
+                "psnr": scores.psnr_mean,
+                "ssim": scores.ssim_mean,
                 "label_accuracy": None,
                 "steps_done": 0,
                 "seconds": 0.0,

@@ -51,7 +51,7 @@ def dlg_run(
     victim_truth["norm"] = victim.normalization
     start = time.perf_counter()
     result = run_audit(spec, on_event=on_event, lpips_nets=(), image_every=10)
-    m = result.summary["metrics"]
+    m = result.summary.to_json()["metrics"]  # read as result.json holds it
     return {
         "image": m["per_image"][0]["name"],
         "seed": seed,
@@ -60,7 +60,7 @@ def dlg_run(
         "ssim": m["ssim_mean"],
         "label_accuracy": m["label_accuracy"],
         "first_step_at_30db": crossed["step"],
-        "stop_reason": result.summary["stop_reason"],
+        "stop_reason": result.summary.stop_reason,
         "seconds": time.perf_counter() - start,
     }
 

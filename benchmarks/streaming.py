@@ -55,7 +55,7 @@ def main() -> None:
     bare = []
     for _ in range(REPEATS):
         result = run_audit(spec, lpips_nets=())
-        bare.append(result.summary["timing"]["iterations_per_second"])
+        bare.append(result.summary.timing.iterations_per_second)
 
     with tempfile.TemporaryDirectory() as folder:
         store = Store(f"sqlite:///{folder}/bench.db")
@@ -68,7 +68,7 @@ def main() -> None:
             manager.wait(run_id, 600)
             record = store.get_run(run_id)
             assert record.status == "completed", record.error
-            streamed.append(record.summary["timing"]["iterations_per_second"])
+            streamed.append(record.result.timing.iterations_per_second)
             starts.append({"run": repeat, "first_event_s": event_s, "first_frame_s": frame_s})
 
     overhead = statistics.median(bare) / statistics.median(streamed) - 1

@@ -71,18 +71,18 @@ def child() -> None:
         wall = time.perf_counter() - started
         runs = [store.get_run(r) for r in run_ids]
         assert all(r.status == "completed" for r in runs), [(r.status, r.error) for r in runs]
-        attack = [r.summary["timing"]["seconds"] for r in runs]
+        attack = [r.result.timing.seconds for r in runs]
         # Most runs executing at the same moment (the workers' own clock: begin and end of
         # each audit, utility included).
-        timings = [r.summary["timing"] for r in runs]
+        timings = [r.result.timing for r in runs]
         moments = sorted(
-            [(t["began_unix"], 1) for t in timings] + [(t["ended_unix"], -1) for t in timings]
+            [(t.began_unix, 1) for t in timings] + [(t.ended_unix, -1) for t in timings]
         )
         concurrent = most = 0
         for _, step in moments:
             concurrent += step
             most = max(most, concurrent)
-        utility = [r.summary["utility"]["seconds"] for r in runs]
+        utility = [r.result.measured_utility.seconds for r in runs]
         print(
             json.dumps(
                 {
@@ -91,7 +91,7 @@ def child() -> None:
                     "attack_s": attack,
                     "utility_s": utility,
                     "psnr": [r.psnr_mean for r in runs],
-                    "accuracy": [r.summary["utility"]["accuracy"] for r in runs],
+                    "accuracy": [r.result.measured_utility.accuracy for r in runs],
                 }
             )
         )

@@ -42,7 +42,7 @@ BATCH_SECONDS = 150.0
 
 def audit_row(spec: RunSpec, **extra: Any) -> dict[str, Any]:
     began = time.perf_counter()
-    summary = run_audit(spec, lpips_nets=()).summary
+    summary = run_audit(spec, lpips_nets=()).summary.to_json()  # as result.json holds it
     metrics, verdict = summary["metrics"], summary["verdict"]
     row = {
         "attack": spec.attack.name,
