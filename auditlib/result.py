@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditlib.errors import AuditInputError
-from auditlib.fl.federated import FederationSpec
+from auditlib.fl.federation import FederationSpec
 from auditlib.metrics.scores import Scores
 from auditlib.metrics.verdict import Verdict
 

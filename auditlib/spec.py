@@ -11,7 +11,7 @@ from typing import Any, Literal
 from auditlib.client.protocol import ClientProtocol
 from auditlib.config import require, require_choice
 from auditlib.errors import AuditInputError
-from auditlib.fl.federated import FederationSpec
+from auditlib.fl.federation import FederationSpec
 from auditlib.models import ModelSpec
 
 

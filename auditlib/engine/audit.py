@@ -43,6 +43,7 @@ from auditlib.engine.attack_phase import (
     worst_case,
 )
 from auditlib.engine.device import resolve_device
+from auditlib.engine.identity import run_identity
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.federated import train_federated, utility_tensors
 from auditlib.fl.scenario import release_update
@@ -525,7 +526,7 @@ def iter_audit(
     settings_by_name = {r.planned.name: r.planned.settings for r in ran}
     attack_settings = ran[0].planned.settings if len(settings_by_name) == 1 else settings_by_name
     summary = AuditSummary(
-        spec_id=spec.identity(),
+        spec_id=run_identity(spec),
         attack=spec.attack.name,
         defense=spec.defense.name,
         config=RecordedConfig.from_json(  # as JSON holds it: lists, no NaN
