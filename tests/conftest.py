@@ -6,9 +6,22 @@ for these fixtures never start it.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
+
+RESULTS = Path(__file__).parent / "fixtures" / "results"
+
+
+@pytest.fixture
+def stored_summary():
+    """A real audit result, as result.json held it before verdicts (schema 1), typed: for
+    tests that need a finished run in a store without running an audit."""
+    from auditlib.result import AuditSummary
+
+    return AuditSummary.from_json(json.loads((RESULTS / "result_9555ea9_parent.json").read_text()))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from auditlib.errors import AuditInputError
 from auditlib.fl.federated import FederationSpec
 from auditlib.metrics.evaluate import score
 from auditlib.models import ModelSpec
+from auditlib.result import UtilityRecord
 from auditlib.spec import (
     Budget,
     ComponentSpec,
@@ -158,7 +159,7 @@ class RecordingManager:
         self.cancelled.append(run_id)
 
 
-def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(store):
+def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(store, stored_summary):
     members = batches.sweep_members(_base(), [batches.SweepCurve("dp-gaussian", (0.0, 0.1, 1.0))])
     batch_id = batches.record_batch(store, "sweep", "dp <b>sweep</b>", members)
     batch = store.get_batch(batch_id)
@@ -170,7 +171,7 @@ def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(stor
     assert len(first) == 4  # three points and the undefended control they are judged by
     done, failed, running, control = first
     assert store.get_run(control).spec_id == run_identity(members[0].spec.control())
-    store.finish(done, "completed", summary={"metrics": {"psnr_mean": 12.0}})
+    store.finish(done, "completed", summary=stored_summary)
     store.finish(failed, "failed", error="worker lost")
     store.mark_running(running)
 
@@ -181,16 +182,16 @@ def test_a_batch_reopens_with_its_members_and_restarts_only_what_is_missing(stor
     assert state["dp-gaussian sigma=0.1"].id == again[0]  # the newest, none completed yet
     assert set(batches.cancel(manager, batch)) == {again[0], running}
     assert set(manager.cancelled) == {again[0], running}  # not the finished ones
-    store.finish(control, "completed", summary={})
+    store.finish(control, "completed", summary=stored_summary)
 
     # A completed run stands for its spec even when a newer run of it failed.
-    store.finish(again[0], "completed", summary={})
+    store.finish(again[0], "completed", summary=stored_summary)
     later = manager.start(members[1].spec)
     store.finish(later, "failed", error="x")
     assert stored_run(store, members[1].spec).id == again[0]
 
     # Another batch over the same specs computes nothing new once they are completed.
-    store.finish(running, "completed", summary={})
+    store.finish(running, "completed", summary=stored_summary)
     other = store.get_batch(batches.record_batch(store, "comparison", "again", members))
     assert batches.launch(manager, other) == []
 
@@ -205,11 +206,11 @@ def test_rdlv_compares_the_reconstruction_with_the_data_mean():
     prior = np.full((16, 16, 3), 0.5)
     none = Normalization.parse("none", 3)
     perfect = score(images, None, truth, none, lpips_nets=(), prior=prior)
-    assert perfect["rdlv_min"] > 0  # a copy reveals more than the template
+    assert perfect.spreads["rdlv"].min > 0  # a copy reveals more than the template
     flat = score(torch.full_like(images, 0.5), None, truth, none, lpips_nets=(), prior=prior)
-    assert flat["rdlv_max"] == pytest.approx(0.0, abs=1e-9)  # the template itself: 0
+    assert flat.spreads["rdlv"].max == pytest.approx(0.0, abs=1e-9)  # the template itself: 0
     without = score(images, None, truth, none, lpips_nets=())
-    assert without["rdlv_mean"] is None and "prior" in without["rdlv_unavailable_reason"]
+    assert without.rdlv_mean is None and "prior" in without.why_unavailable("rdlv")
 
 
 def test_a_run_with_utility_reports_accuracy_rdlv_and_epsilon():
@@ -218,16 +219,16 @@ def test_a_run_with_utility_reports_accuracy_rdlv_and_epsilon():
         defense=ComponentSpec.of("dp-gaussian", {"sigma": 0.01, "clip": 1}),
     )
     summary = run_audit(spec, lpips_nets=()).summary
-    utility = summary["utility"]
-    assert utility["complete"] and utility["rounds_completed"] == 1
-    assert [r["round"] for r in utility["rounds"]] == [0, 1]
-    assert 0.0 <= utility["accuracy"] <= 1.0
-    assert utility["starts_from"].startswith("DLG's uniform")  # sigmoid LeNet
-    assert utility["privacy"]["epsilon"] == pytest.approx(summary["defense_report"]["epsilon"])
+    utility = summary.utility
+    assert utility.complete and utility.rounds_completed == 1
+    assert [r.round for r in utility.rounds] == [0, 1]
+    assert 0.0 <= utility.accuracy <= 1.0
+    assert utility.starts_from.startswith("DLG's uniform")  # sigmoid LeNet
+    assert utility.privacy["epsilon"] == pytest.approx(summary.defense_report.epsilon)
     # The photographs set holds 17 images, more than the batch: the prior is their mean.
-    assert summary["metrics"]["rdlv_mean"] is not None
-    assert len([p["rdlv"] for p in summary["metrics"]["per_image"]]) == 2
-    assert summary["victim"]["data"]["rdlv_prior"] == "mean of 17 images of the data source"
+    assert summary.metrics.rdlv_mean is not None
+    assert len([p.rdlv for p in summary.metrics.per_image]) == 2
+    assert summary.victim.data.rdlv_prior == "mean of 17 images of the data source"
 
 
 def test_rdlv_is_unavailable_when_the_source_is_the_batch(tmp_path):
@@ -238,12 +239,12 @@ def test_rdlv_is_unavailable_when_the_source_is_the_batch(tmp_path):
             tmp_path / f"{name}.png"
         )
     spec = _base(data=DataSpec("folder", str(tmp_path)), budget=Budget(2))
-    metrics = run_audit(spec, lpips_nets=()).summary["metrics"]
-    assert metrics["rdlv_mean"] is None
-    assert "no more than the audited batch" in metrics["rdlv_unavailable_reason"]
+    metrics = run_audit(spec, lpips_nets=()).summary.metrics
+    assert metrics.rdlv_mean is None
+    assert "no more than the audited batch" in metrics.why_unavailable("rdlv")
 
 
-def test_a_utility_that_did_not_learn_is_flagged_not_read_as_a_cost(store):
+def test_a_utility_that_did_not_learn_is_flagged_not_read_as_a_cost(store, stored_summary):
     from auditlib.report.subject import batch_subject, utility_caveat
 
     members = batches.comparison_members(
@@ -254,8 +255,23 @@ def test_a_utility_that_did_not_learn_is_flagged_not_read_as_a_cost(store):
     none_run, prune_run = batches.launch(manager, store.get_batch(batch_id))
 
     def finish(run_id: str, before: float, after: float) -> None:
-        utility = {"initial_accuracy": before, "accuracy": after, "rounds_completed": 5}
-        store.finish(run_id, "completed", summary={"utility": utility})
+        utility = UtilityRecord.from_json(
+            {
+                "dataset": "fashion-mnist",
+                "train_examples": 200,
+                "test_examples": 100,
+                "federation": {"rounds": 5},
+                "rounds": [
+                    {"round": 0, "accuracy": before, "macro_f1": 0.0},
+                    {"round": 5, "accuracy": after, "macro_f1": 0.0},
+                ],
+                "accuracy": after,
+                "macro_f1": 0.0,
+                "seconds": 1.0,
+            }
+        )
+        summary = dataclasses.replace(stored_summary, utility=utility)
+        store.finish(run_id, "completed", summary=summary)
 
     finish(none_run, 0.10, 0.112)  # the undefended model stayed at chance
     finish(prune_run, 0.10, 0.30)

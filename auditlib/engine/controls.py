@@ -21,12 +21,10 @@ from auditlib.store.records import COMPLETED, TIMED_OUT, UNFINISHED, RunRecord
 WITH_RESULT = (COMPLETED, TIMED_OUT)  # statuses whose run carries scores
 
 
-def stored_verdict(summary: Mapping[str, Any] | None) -> Verdict | None:
-    """The verdict a run recorded for itself (without its control); None for runs stored
-    before verdicts existed."""
-    if not summary or "verdict" not in summary:
-        return None
-    return Verdict.from_dict(summary["verdict"])
+def stored_verdict(run: RunRecord) -> Verdict | None:
+    """The verdict a run recorded for itself (without its control); None for runs without a
+    result or stored before verdicts existed."""
+    return None if run.result is None else run.result.verdict
 
 
 def control_finding(store: Store, spec: RunSpec) -> tuple[Finding | None, str, RunRecord | None]:
@@ -37,7 +35,7 @@ def control_finding(store: Store, spec: RunSpec) -> tuple[Finding | None, str, R
     run = stored_run(store, control)
     if run is None:
         return None, "no undefended control has been run at this budget", None
-    verdict = stored_verdict(run.summary) if run.status in WITH_RESULT else None
+    verdict = stored_verdict(run) if run.status in WITH_RESULT else None
     if verdict is not None:
         return verdict.finding, f"control run {run.id[:8]} ({run.status.replace('_', ' ')})", run
     if run.status in UNFINISHED:
@@ -51,7 +49,7 @@ def control_finding(store: Store, spec: RunSpec) -> tuple[Finding | None, str, R
 
 def verdict_of(store: Store, run: RunRecord) -> Verdict | None:
     """The verdict of a stored run, with its control where it has a defense."""
-    own = stored_verdict(run.summary)
+    own = stored_verdict(run)
     if own is None:
         return None
     spec = run_spec_from_dict(run.spec)
