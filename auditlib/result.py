@@ -82,7 +82,7 @@ class VictimData:
 
 
 @dataclass(frozen=True)
-class Victim:
+class VictimRecord:
     data: VictimData
     model: Mapping[str, Any]  # describe_model: architecture, layers, parameter count
     pretraining: Mapping[str, Any] | None = None
@@ -102,7 +102,7 @@ class Victim:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Victim:
+    def from_json(cls, data: Mapping[str, Any]) -> VictimRecord:
         raw = dict(data.get("data") or {})
         for key in ("names", "labels", "class_names"):
             if raw.get(key) is not None:
@@ -283,7 +283,7 @@ class AuditSummary:
     defense: str
     config: RecordedConfig
     threat_model: ThreatModel
-    victim: Victim
+    victim: VictimRecord
     defense_report: DefenseReport
     label_inference: Mapping[str, Any]
     metrics: Scores  # the attacker's selection: the headline numbers
@@ -371,7 +371,7 @@ class AuditSummary:
                 str(threat.get("observation", "not recorded")),
                 tuple(threat.get("server_knows") or ()),
             ),
-            victim=Victim.from_json(data["victim"]),
+            victim=VictimRecord.from_json(data["victim"]),
             defense_report=DefenseReport.from_json(data.get("defense_report") or {}),
             label_inference=data.get("label_inference") or {},
             metrics=Scores.from_json(data["metrics"]),

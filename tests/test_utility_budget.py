@@ -4,12 +4,14 @@ minutes, and its cancel was reported as "before the attack could finish")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from auditlib.defenses import build_defense
-from auditlib.engine.audit import measure_utility
 from auditlib.engine.messages import UtilityMessage, from_wire
 from auditlib.engine.stream import audit_messages
+from auditlib.engine.utility import measure_utility
 from auditlib.fl.federated import FederationSpec, train_federated
 from auditlib.models import ModelSpec
 from auditlib.report.subject import utility_cut_short
@@ -81,7 +83,7 @@ def test_the_utility_training_stops_at_its_time_budget():
     # Tables and reports say so beside the accuracy.
     done = result.rounds_completed
     assert utility_cut_short(result) == f"{done} of 5 rounds, time budget"
-    assert utility_cut_short({**result, "complete": True}) is None
+    assert utility_cut_short(dataclasses.replace(result, complete=True)) is None
 
 
 def test_a_cancelled_utility_training_says_so():

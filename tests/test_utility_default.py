@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from auditlib.engine.audit import measure_utility
+from auditlib.engine.utility import measure_utility
 from auditlib.fl.federated import LEARNED_MARGIN, chance_accuracy, learned
 from auditlib.models import ModelSpec
 from auditlib.spec import (

@@ -7,11 +7,10 @@ stream it. Everything a run does is determined by its :class:`RunSpec`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,18 +20,6 @@ from torch import nn
 
 import auditlib
 from auditlib.attacks import ProgressEvent, Reconstruction, RunControl
-from auditlib.data import (
-    LabelledImages,
-    Normalization,
-    assign_labels,
-    check_labels_fit,
-    load_image_folder,
-    load_sample_set,
-    load_zip,
-    to_model_batch,
-)
-from auditlib.data.samples import PHOTOGRAPHS
-from auditlib.data.training_sets import bundled_sets
 from auditlib.defenses import build_defense
 from auditlib.engine.attack_phase import (
     AttackRun,
@@ -42,18 +29,15 @@ from auditlib.engine.attack_phase import (
     with_adaptive,
     worst_case,
 )
-from auditlib.engine.device import resolve_device
 from auditlib.engine.identity import run_identity
-from auditlib.errors import AttackUnsupportedError, AuditInputError
-from auditlib.fl.federated import train_federated, utility_tensors
+from auditlib.engine.utility import UtilityProgress, iter_utility
+from auditlib.engine.victim import prepare_victim
+from auditlib.errors import AttackUnsupportedError
 from auditlib.fl.scenario import release_update
-from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
-from auditlib.fl.update import set_training_mode
 from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
 from auditlib.metrics.catalogue import METRIC_DEFINITION
 from auditlib.metrics.scores import Scores
 from auditlib.metrics.verdict import Finding, Scope, judge, threat_card
-from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
 from auditlib.result import (
     AttackRecord,
     AuditSummary,
@@ -62,17 +46,13 @@ from auditlib.result import (
     ThreatModel,
     Timing,
     UtilityRecord,
-    UtilityRound,
     UtilityUnavailable,
+    VictimRecord,
 )
-from auditlib.result import Victim as VictimRecord
 from auditlib.result_json import summary_json
 from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec, RunSpec
 from auditlib.threat import PrivateBatch
-
-PRIOR_IMAGES = 64  # sample-set images averaged into the prior of RDLV
-__all__ = ["METRIC_DEFINITION"]  # re-exported: the catalogue holds the one definition
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,292 +82,6 @@ class LiveFrame:
     step: int
     images: np.ndarray  # B x H x W x C in [0, 1], in the originals' order
     psnr_mean: float
-
-
-@dataclass(frozen=True, eq=False)
-class Victim:
-    model: nn.Module
-    batch: PrivateBatch
-    normalization: Normalization
-    records: dict[str, Any]
-    prior: np.ndarray | None = None  # the data's mean image in [0, 1], for RDLV
-    prior_unavailable_reason: str | None = None
-
-
-def _sha256_arrays(images: LabelledImages, labels: tuple[int, ...]) -> str:
-    digest = hashlib.sha256()
-    for array in images.images:
-        digest.update(str(array.shape).encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-    digest.update(str(labels).encode())
-    return digest.hexdigest()
-
-
-def _asset(assets: Mapping[str, bytes] | None, sha256: str, what: str) -> bytes:
-    if assets is None or sha256 not in assets:
-        raise AuditInputError(f"the {what} asset {sha256[:12]}... was not handed to this worker")
-    return assets[sha256]
-
-
-def _load_images(
-    spec: RunSpec, num_classes: int, assets: Mapping[str, bytes] | None
-) -> tuple[LabelledImages, tuple[int, ...], str, tuple[np.ndarray, ...]]:
-    """The victim's images, their labels, where the labels came from, and the data source's
-    images (every image of a folder; up to PRIOR_IMAGES of a sample set) for the prior."""
-    data = spec.data
-    if data.source in ("folder", "asset"):
-        if data.source == "folder":
-            loaded = load_image_folder(data.location, labels_csv=data.labels_csv)
-        else:  # an uploaded zip, stored by content hash, passed to the worker as bytes
-            loaded = load_zip(_asset(assets, data.location, "images"))
-        end = len(loaded.images) if data.batch_size is None else data.offset + data.batch_size
-        if end > len(loaded.images) or data.offset >= len(loaded.images):
-            raise AuditInputError(
-                f"{data.location} holds {len(loaded.images)} images; batch size {data.batch_size} "
-                f"from offset {data.offset} needs {end}"
-            )
-        picked = loaded.window(data.offset, end)
-        pool = loaded.images
-    elif data.source == "samples":
-        picked = load_sample_set(
-            data.location, data.batch_size or 1, seed=spec.seed, offset=data.offset
-        )
-        count = len(PHOTOGRAPHS) if data.location == "photographs" else PRIOR_IMAGES
-        pool = load_sample_set(data.location, count, seed=spec.seed).images
-    else:
-        raise AuditInputError(
-            f"unknown data source {data.source!r}; expected folder, samples or asset"
-        )
-    if picked.labels is None:
-        labels = assign_labels(len(picked.images), num_classes, derive_seed(spec.seed, "labels"))
-        source = "assigned (no labels given; seeded draw)"
-    else:
-        labels = picked.labels
-        check_labels_fit(labels, num_classes, picked.names)
-        source = "given"
-    return picked, labels, source, pool
-
-
-def data_prior(
-    pool: tuple[np.ndarray, ...], batch_size: int, spec: RunSpec, normalization: Normalization
-) -> tuple[np.ndarray | None, str | None]:
-    """The data's mean image (H x W x C in [0, 1]) for RDLV, or None and why not.
-
-    A mean over the audited batch alone is no prior (with one image it is the image), so the
-    source must hold more images than the batch.
-    """
-    if len(pool) <= batch_size:
-        return None, (
-            f"the data source holds {len(pool)} image(s), no more than the audited batch, so it "
-            "gives no data-level mean image to compare against"
-        )
-    batch = to_model_batch(list(pool), spec.model.spec.input_shape, normalization)
-    return to_unit_range(batch, normalization).mean(axis=0), None
-
-
-def build_audited_model(
-    spec: RunSpec, *, allow_trusted_archive: bool = False, assets: Mapping[str, bytes] | None = None
-) -> nn.Module:
-    """The model as the auditor gave it: built-in architecture with its weights, or an archive."""
-    if spec.model.trusted_archive is not None:
-        if not allow_trusted_archive:
-            raise AuditInputError(
-                "trusted model archives run code when loaded; they are loaded only in an isolated worker"
-            )
-        model = load_trusted_archive(spec.model.trusted_archive)
-    else:
-        model = build_model(spec.model.spec)
-        if spec.model.weights is not None:
-            load_weights(model, spec.model.weights)
-        elif spec.model.weights_asset is not None:
-            load_weights(model, _asset(assets, spec.model.weights_asset, "weights"))
-    for p in model.parameters():
-        p.requires_grad_(True)
-    return model
-
-
-def prepare_victim(
-    spec: RunSpec,
-    *,
-    allow_trusted_archive: bool = False,
-    assets: Mapping[str, bytes] | None = None,
-) -> Victim:
-    """Build the global model and the private batch the victim client holds."""
-    device = resolve_device(spec.device)
-    model_spec = spec.model.spec
-    model = build_audited_model(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
-    normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
-
-    images, labels, label_source, pool = _load_images(spec, model_spec.num_classes, assets)
-    batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
-    prior, prior_reason = data_prior(pool, len(images.images), spec, normalization)
-
-    records: dict[str, Any] = {
-        "data": {
-            "source": images.source,
-            "names": list(images.names),
-            "labels": list(labels),
-            "label_source": label_source,
-            "class_names": list(images.class_names) if images.class_names else None,
-            "content_sha256": _sha256_arrays(images, labels),
-            "normalization": normalization.as_dict(),
-            "rdlv_prior": prior_reason or f"mean of {len(pool)} images of the data source",
-        }
-    }
-    if spec.scenario.pretrain_rounds > 0:
-        training = FederatedTraining(rounds=spec.scenario.pretrain_rounds)
-        pool, pool_labels = pretraining_pool(
-            spec.scenario.pretrain_data,
-            1024,
-            model_spec.input_shape,
-            model_spec.num_classes,
-            normalization,
-            derive_seed(spec.seed, "pretrain-data"),
-        )
-        losses = federated_averaging(
-            model, pool, pool_labels, training, derive_seed(spec.seed, "pretrain")
-        )
-        records["pretraining"] = {
-            "rounds": training.rounds,
-            "dataset": spec.scenario.pretrain_data,
-            "clients_per_round": training.clients_per_round,
-            "examples_per_client": training.examples_per_client,
-            "local": training.protocol.as_dict(),
-            "loss_per_round": losses,
-        }
-    model = model.to(device)
-    set_training_mode(model, False)
-    batch = PrivateBatch(
-        images=batch_images.to(device),
-        labels=torch.tensor(labels, dtype=torch.long, device=device),
-        names=tuple(images.names),
-    )
-    records["model"] = {k: v for k, v in describe_model(model).items() if k != "parameters"}
-    return Victim(model, batch, normalization, records, prior, prior_reason)
-
-
-@dataclass(frozen=True)
-class UtilityProgress:
-    """Yielded after each round of the utility training (round 0: before training)."""
-
-    round: int
-    rounds: int  # planned
-    accuracy: float
-    elapsed_s: float
-    budget_s: float
-
-
-def measure_utility(
-    spec: RunSpec,
-    *,
-    allow_trusted_archive: bool = False,
-    assets: Mapping[str, bytes] | None = None,
-    is_cancelled: Callable[[], bool] = lambda: False,
-) -> UtilityRecord:
-    """``iter_utility`` run to its end: the utility record alone."""
-    rounds = iter_utility(
-        spec, allow_trusted_archive=allow_trusted_archive, assets=assets, is_cancelled=is_cancelled
-    )
-    while True:
-        try:
-            next(rounds)
-        except StopIteration as done:
-            return done.value
-
-
-def iter_utility(
-    spec: RunSpec,
-    *,
-    allow_trusted_archive: bool = False,
-    assets: Mapping[str, bytes] | None = None,
-    is_cancelled: Callable[[], bool] = lambda: False,
-) -> Generator[UtilityProgress, None, UtilityRecord]:
-    """The defense's cost: the audited model trained with FedAvg under a fresh instance of
-    the run's defense (``spec.utility``), yielding its progress after every round and
-    returning the utility record.
-
-    Training starts from the uploaded weights where there are any (before any attack-stage
-    pretraining). A built-in model without weights starts from the initialisation that
-    trains its activation: DLG's uniform U(-0.5, 0.5) for sigmoid networks (the lab's
-    default LeNet), under which it is the very model audited, and PyTorch's default for
-    the others. PyTorch's default shrinks a sigmoid network's signal about fourfold per layer
-    (the default LeNet's last features vary by ~4e-4 across images), and SGD, with or
-    without momentum, stays at chance level; the uniform one makes ReLU activations blow up
-    and stall. Either way every defense would seem to cost nothing.
-
-    ``chance_accuracy`` is always predicting the test split's most frequent class;
-    ``learned`` says whether the final accuracy clearly beats it (``LEARNED_MARGIN``), so a
-    defense's cost is only read off a training that learned. The training stops at its time
-    budget (``UtilitySpec.seconds``) or a cancellation, before the next client trains; the
-    record then holds the rounds done, ``complete`` false and ``stop_reason`` saying why.
-    """
-    from auditlib.fl.federated import chance_accuracy, learned
-    from auditlib.models.registry import trainable_init
-
-    utility = spec.utility
-    assert utility is not None
-    started = time.perf_counter()
-    model_spec = spec.model.spec
-    device = resolve_device(spec.device)
-    normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
-    sets = bundled_sets(utility.dataset, utility.train, utility.test, utility.federation.seed)
-    train, test = utility_tensors(
-        sets, model_spec.input_shape, model_spec.num_classes, normalization
-    )
-    train = (train[0].to(device), train[1].to(device))
-    test = (test[0].to(device), test[1].to(device))
-    from_weights = spec.model.weights or spec.model.weights_asset or spec.model.trusted_archive
-    if not from_weights:
-        init = trainable_init(model_spec)
-        spec = replace(spec, model=replace(spec.model, spec=replace(model_spec, init=init)))
-    model = build_audited_model(
-        spec, allow_trusted_archive=allow_trusted_archive, assets=assets
-    ).to(device)
-    defense, _ = build_defense(spec.defense.name, spec.defense.params_dict())
-    deadline = started + utility.seconds
-
-    def should_stop() -> bool:
-        return is_cancelled() or time.perf_counter() >= deadline
-
-    rounds: list[UtilityRound] = []
-    planned = utility.federation.rounds
-    for result in train_federated(model, train, test, utility.federation, defense, should_stop):
-        rounds.append(UtilityRound(**result.__dict__))
-        yield UtilityProgress(
-            result.round, planned, result.accuracy, time.perf_counter() - started, utility.seconds
-        )
-    last = rounds[-1]
-    if last.round == planned:
-        stop_reason = "completed"
-    else:
-        stop_reason = "cancelled" if is_cancelled() else "time budget"
-    chance = chance_accuracy(test[1])
-    if from_weights:
-        starts_from = "the uploaded weights"
-    elif trainable_init(model_spec) == "uniform":
-        starts_from = "DLG's uniform initialisation U(-0.5, 0.5) of the architecture"
-    else:
-        starts_from = "PyTorch's default initialisation of the architecture"
-    return UtilityRecord(
-        dataset=sets.source,
-        train_examples=len(train[1]),
-        test_examples=len(test[1]),
-        federation=utility.federation,
-        starts_from=starts_from,
-        rounds=tuple(rounds),
-        rounds_completed=last.round,
-        complete=stop_reason == "completed",
-        stop_reason=stop_reason,
-        budget_s=utility.seconds,
-        accuracy=last.accuracy,
-        macro_f1=last.macro_f1,
-        accuracy_without_key=last.accuracy_without_key,
-        initial_accuracy=rounds[0].accuracy,
-        chance_accuracy=chance,
-        learned=learned(last.accuracy, chance),
-        privacy=defense.privacy_report(),
-        seconds=time.perf_counter() - started,
-    )
 
 
 def iter_audit(

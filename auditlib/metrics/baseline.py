@@ -6,7 +6,7 @@ therefore scores the guesses that use no update with the same metrics, and the v
 counts only what an attack recovers beyond the best of them (``metrics.risk``).
 
 The guesses need nothing a server lacks: mid-grey, and, where the data source gives a
-mean image (``engine.audit.data_prior``: public knowledge of the data's distribution,
+mean image (``engine.victim.data_prior``: public knowledge of the data's distribution,
 more than an eavesdropper has), that mean image and its flat mean colour. Every image of
 a batch gets the same guess, so the Hungarian matching is the identity. The best guess is
 taken per image with the ground truth: the baseline is as strong as any guess could be,

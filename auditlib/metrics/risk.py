@@ -27,7 +27,7 @@
   the reconstruction reveals more than the template does. Computed per matched pair (the
   Hungarian matching of every other metric, not the authors' best match over all of a
   client's images). The audit passes the data source's mean image as the prior
-  (``engine.audit.data_prior``); where there is none the scores say why.
+  (``engine.victim.data_prior``); where there is none the scores say why.
 """
 
 from __future__ import annotations

@@ -1,0 +1,200 @@
+"""The victim client: the audited model as the auditor gave it and the private batch it
+holds (images decoded and checked, labels given or drawn), with the data's mean image for
+RDLV and the attack stage's optional FedAvg pretraining.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from auditlib.client.update import set_training_mode
+from auditlib.data import (
+    LabelledImages,
+    Normalization,
+    assign_labels,
+    check_labels_fit,
+    load_image_folder,
+    load_sample_set,
+    load_zip,
+    to_model_batch,
+)
+from auditlib.data.samples import PHOTOGRAPHS
+from auditlib.engine.device import resolve_device
+from auditlib.errors import AuditInputError
+from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
+from auditlib.metrics import to_unit_range
+from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
+from auditlib.seeds import derive_seed
+from auditlib.spec import RunSpec
+from auditlib.threat import PrivateBatch
+
+PRIOR_IMAGES = 64  # sample-set images averaged into the prior of RDLV
+
+
+@dataclass(frozen=True, eq=False)
+class Victim:
+    model: nn.Module
+    batch: PrivateBatch
+    normalization: Normalization
+    records: dict[str, Any]
+    prior: np.ndarray | None = None  # the data's mean image in [0, 1], for RDLV
+    prior_unavailable_reason: str | None = None
+
+
+def _sha256_arrays(images: LabelledImages, labels: tuple[int, ...]) -> str:
+    digest = hashlib.sha256()
+    for array in images.images:
+        digest.update(str(array.shape).encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update(str(labels).encode())
+    return digest.hexdigest()
+
+
+def _asset(assets: Mapping[str, bytes] | None, sha256: str, what: str) -> bytes:
+    if assets is None or sha256 not in assets:
+        raise AuditInputError(f"the {what} asset {sha256[:12]}... was not handed to this worker")
+    return assets[sha256]
+
+
+def _load_images(
+    spec: RunSpec, num_classes: int, assets: Mapping[str, bytes] | None
+) -> tuple[LabelledImages, tuple[int, ...], str, tuple[np.ndarray, ...]]:
+    """The victim's images, their labels, where the labels came from, and the data source's
+    images (every image of a folder; up to PRIOR_IMAGES of a sample set) for the prior."""
+    data = spec.data
+    if data.source in ("folder", "asset"):
+        if data.source == "folder":
+            loaded = load_image_folder(data.location, labels_csv=data.labels_csv)
+        else:  # an uploaded zip, stored by content hash, passed to the worker as bytes
+            loaded = load_zip(_asset(assets, data.location, "images"))
+        end = len(loaded.images) if data.batch_size is None else data.offset + data.batch_size
+        if end > len(loaded.images) or data.offset >= len(loaded.images):
+            raise AuditInputError(
+                f"{data.location} holds {len(loaded.images)} images; batch size {data.batch_size} "
+                f"from offset {data.offset} needs {end}"
+            )
+        picked = loaded.window(data.offset, end)
+        pool = loaded.images
+    elif data.source == "samples":
+        picked = load_sample_set(
+            data.location, data.batch_size or 1, seed=spec.seed, offset=data.offset
+        )
+        count = len(PHOTOGRAPHS) if data.location == "photographs" else PRIOR_IMAGES
+        pool = load_sample_set(data.location, count, seed=spec.seed).images
+    else:
+        raise AuditInputError(
+            f"unknown data source {data.source!r}; expected folder, samples or asset"
+        )
+    if picked.labels is None:
+        labels = assign_labels(len(picked.images), num_classes, derive_seed(spec.seed, "labels"))
+        source = "assigned (no labels given; seeded draw)"
+    else:
+        labels = picked.labels
+        check_labels_fit(labels, num_classes, picked.names)
+        source = "given"
+    return picked, labels, source, pool
+
+
+def data_prior(
+    pool: tuple[np.ndarray, ...], batch_size: int, spec: RunSpec, normalization: Normalization
+) -> tuple[np.ndarray | None, str | None]:
+    """The data's mean image (H x W x C in [0, 1]) for RDLV, or None and why not.
+
+    A mean over the audited batch alone is no prior (with one image it is the image), so the
+    source must hold more images than the batch.
+    """
+    if len(pool) <= batch_size:
+        return None, (
+            f"the data source holds {len(pool)} image(s), no more than the audited batch, so it "
+            "gives no data-level mean image to compare against"
+        )
+    batch = to_model_batch(list(pool), spec.model.spec.input_shape, normalization)
+    return to_unit_range(batch, normalization).mean(axis=0), None
+
+
+def build_audited_model(
+    spec: RunSpec, *, allow_trusted_archive: bool = False, assets: Mapping[str, bytes] | None = None
+) -> nn.Module:
+    """The model as the auditor gave it: built-in architecture with its weights, or an archive."""
+    if spec.model.trusted_archive is not None:
+        if not allow_trusted_archive:
+            raise AuditInputError(
+                "trusted model archives run code when loaded; they are loaded only in an isolated worker"
+            )
+        model = load_trusted_archive(spec.model.trusted_archive)
+    else:
+        model = build_model(spec.model.spec)
+        if spec.model.weights is not None:
+            load_weights(model, spec.model.weights)
+        elif spec.model.weights_asset is not None:
+            load_weights(model, _asset(assets, spec.model.weights_asset, "weights"))
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def prepare_victim(
+    spec: RunSpec,
+    *,
+    allow_trusted_archive: bool = False,
+    assets: Mapping[str, bytes] | None = None,
+) -> Victim:
+    """Build the global model and the private batch the victim client holds."""
+    device = resolve_device(spec.device)
+    model_spec = spec.model.spec
+    model = build_audited_model(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
+    normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
+
+    images, labels, label_source, pool = _load_images(spec, model_spec.num_classes, assets)
+    batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
+    prior, prior_reason = data_prior(pool, len(images.images), spec, normalization)
+
+    records: dict[str, Any] = {
+        "data": {
+            "source": images.source,
+            "names": list(images.names),
+            "labels": list(labels),
+            "label_source": label_source,
+            "class_names": list(images.class_names) if images.class_names else None,
+            "content_sha256": _sha256_arrays(images, labels),
+            "normalization": normalization.as_dict(),
+            "rdlv_prior": prior_reason or f"mean of {len(pool)} images of the data source",
+        }
+    }
+    if spec.scenario.pretrain_rounds > 0:
+        training = FederatedTraining(rounds=spec.scenario.pretrain_rounds)
+        pool, pool_labels = pretraining_pool(
+            spec.scenario.pretrain_data,
+            1024,
+            model_spec.input_shape,
+            model_spec.num_classes,
+            normalization,
+            derive_seed(spec.seed, "pretrain-data"),
+        )
+        losses = federated_averaging(
+            model, pool, pool_labels, training, derive_seed(spec.seed, "pretrain")
+        )
+        records["pretraining"] = {
+            "rounds": training.rounds,
+            "dataset": spec.scenario.pretrain_data,
+            "clients_per_round": training.clients_per_round,
+            "examples_per_client": training.examples_per_client,
+            "local": training.protocol.as_dict(),
+            "loss_per_round": losses,
+        }
+    model = model.to(device)
+    set_training_mode(model, False)
+    batch = PrivateBatch(
+        images=batch_images.to(device),
+        labels=torch.tensor(labels, dtype=torch.long, device=device),
+        names=tuple(images.names),
+    )
+    records["model"] = {k: v for k, v in describe_model(model).items() if k != "parameters"}
+    return Victim(model, batch, normalization, records, prior, prior_reason)
