@@ -18,7 +18,7 @@ from auditlib.attacks import ATTACKS, RunControl, build_attack_config, get_attac
 from auditlib.attacks.gradinversion import BatchNormPrior, lr_factor
 from auditlib.client.protocol import ClientProtocol
 from auditlib.client.update import client_update, trainable_parameters
-from auditlib.data.images import to_model_batch
+from auditlib.data.model_input import to_model_batch
 from auditlib.data.normalization import Normalization
 from auditlib.data.samples import load_sample_set
 from auditlib.defenses import build_defense

@@ -1,19 +1,16 @@
 """The private batch: decoding and validating user images, labels and bundled sample sets."""
 
+from auditlib.data.decode import ALLOWED_FORMATS, DEFAULT_LIMITS, ImageLimits, decode_image
 from auditlib.data.images import (
-    ALLOWED_FORMATS,
-    DEFAULT_LIMITS,
-    ImageLimits,
     LabelledImages,
-    decode_image,
     images_zip,
     load_image_folder,
     load_image_uploads,
     load_zip,
-    to_model_batch,
     write_image_folder,
 )
 from auditlib.data.labels import assign_labels, check_labels_fit, parse_labels_csv
+from auditlib.data.model_input import to_model_batch
 from auditlib.data.normalization import Normalization
 from auditlib.data.samples import (
     SAMPLE_SETS,

@@ -1,9 +1,9 @@
-"""Decoding and validating the private images an audit reconstructs.
+"""The private images an audit reconstructs, as a labelled collection: from a folder,
+browser uploads or a zip, and back to a folder or a zip.
 
-Everything a user hands in (a folder, browser uploads, a zip) goes through ``decode_image``,
-which refuses anything it cannot decode completely and safely with a one-line
-``AuditInputError``. Nothing is skipped silently: an auditor must know exactly which images
-were used.
+Every image goes through ``data.decode.decode_image``, which refuses anything it cannot
+decode completely and safely with a one-line ``AuditInputError``. Nothing is skipped
+silently: an auditor must know exactly which images were used.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
-import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
@@ -19,38 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-from PIL import Image, ImageFile, ImageOps
+from PIL import Image
 
+from auditlib.data.decode import (
+    DEFAULT_LIMITS,
+    FORMATS_TEXT,
+    ImageLimits,
+    decode_image,
+)
 from auditlib.data.labels import parse_labels_csv
-from auditlib.data.normalization import Normalization
 from auditlib.errors import AuditInputError
-from auditlib.words import MB, size_text
+from auditlib.words import size_text
 
-# As reported by PIL after opening, not by file extension.
-ALLOWED_FORMATS = {"PNG", "JPEG", "BMP", "TIFF", "WEBP"}
-_FORMATS_TEXT = "PNG, JPEG, BMP, TIFF or WebP"
 _LABELS_FILE = "labels.csv"
 # Windows marks these hidden with a file attribute rather than a leading dot.
 _OS_JUNK = {"thumbs.db", "desktop.ini", "__macosx"}
-# ITU-R BT.601 luma weights (the ones PIL's convert("L") uses).
-_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    """What one audit accepts; checked before anything is decoded where possible."""
-
-    max_file_bytes: int = 20 * MB
-    max_pixels: int = 40_000_000  # width*height, from the header (decompression bombs)
-    max_side: int = 16384
-    max_images: int = 64  # the attacks handle batches up to 64
-    min_side: int = 8
-    max_archive_bytes: int = 256 * MB  # total uncompressed size of a zip (zip bombs)
-    max_archive_members: int = 512  # entries in a zip, directories and junk included
-
-
-DEFAULT_LIMITS = ImageLimits()
 
 
 @dataclass(frozen=True)
@@ -80,161 +62,6 @@ class LabelledImages:
             names=self.names[start:stop],
             labels=None if self.labels is None else self.labels[start:stop],
         )
-
-
-def _open_header(data: bytes) -> tuple[ImageFile.ImageFile | None, bool]:
-    """Identify the format and read only the header; no pixel data is decoded.
-
-    Returns the opened image (or None) and whether some format recognised the file's magic
-    bytes (then a failure to open means a damaged file rather than a non-image). This is
-    ``Image.open`` without PIL's own decompression-bomb check: that check raises a generic
-    error above ~179 megapixels before the size can be reported, while we refuse far earlier
-    with our own limits and a message that gives the size.
-    """
-    Image.init()  # register every plugin, so unsupported formats (GIF, ...) can be named
-    prefix = data[:16]
-    recognised = False
-    for fmt in Image.ID:
-        factory, accept = Image.OPEN[fmt]
-        try:
-            verdict = accept(prefix) if accept else True
-            if not verdict or isinstance(verdict, str):  # a str is PIL's "maybe" warning
-                continue
-            # A format with magic bytes matched: if its header fails, the file is damaged.
-            recognised = recognised or accept is not None
-            return factory(io.BytesIO(data), ""), True
-        except (SyntaxError, IndexError, TypeError, struct.error, OSError, ValueError, EOFError):
-            continue  # not this format, or a damaged file of it
-    return None, recognised
-
-
-def _check_header(data: bytes, name: str, limits: ImageLimits) -> ImageFile.ImageFile:
-    if not data:
-        raise AuditInputError(f"{name} is empty (0 bytes); expected a {_FORMATS_TEXT} image file")
-    if len(data) > limits.max_file_bytes:
-        raise AuditInputError(
-            f"{name} is {size_text(len(data))}; image files up to "
-            f"{size_text(limits.max_file_bytes)} are accepted"
-        )
-    im, recognised = _open_header(data)
-    if im is None and recognised:
-        raise AuditInputError(
-            f"{name} is truncated or corrupt; expected a complete {_FORMATS_TEXT} file"
-        )
-    if im is None:
-        raise AuditInputError(f"{name} is not an image file ({_FORMATS_TEXT} expected)")
-    # Phones write JPEGs with extra preview frames ("MPO"); the first frame is a plain JPEG.
-    fmt = "JPEG" if im.format == "MPO" else str(im.format)
-    if fmt not in ALLOWED_FORMATS:
-        raise AuditInputError(
-            f"{name} is a {fmt} image; only {_FORMATS_TEXT} images are accepted (convert it first)"
-        )
-    width, height = im.size
-    if width * height > limits.max_pixels or width > limits.max_side or height > limits.max_side:
-        raise AuditInputError(
-            f"{name} is {width}x{height} pixels ({width * height:,}); at most "
-            f"{limits.max_pixels:,} pixels and {limits.max_side} per side are accepted"
-        )
-    if width < limits.min_side or height < limits.min_side:
-        raise AuditInputError(
-            f"{name} is {width}x{height} pixels; at least {limits.min_side} per side is expected"
-        )
-    return im
-
-
-def _composite_on_white(values: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    # Models see no alpha channel, and the colour of fully transparent pixels is arbitrary
-    # (often black or leftovers). White is what viewers and documents show behind them, so
-    # the model sees the image the way the user saw it.
-    a = alpha.astype(np.float32)[..., None] / 255.0
-    mixed = values.astype(np.float32) * a + 255.0 * (1.0 - a)
-    return np.rint(mixed).astype(np.uint8)
-
-
-def _to_array(im: Image.Image, name: str) -> np.ndarray:
-    """Pixels as H x W x 1 or H x W x 3 uint8."""
-    mode = im.mode
-    if mode == "1":
-        im, mode = im.convert("L"), "L"
-    elif mode in {"P", "PA"}:
-        transparent = mode == "PA" or "transparency" in im.info
-        im = im.convert("RGBA" if transparent else "RGB")
-        mode = im.mode
-    elif mode in {"RGBa", "La"}:  # premultiplied alpha
-        im = im.convert(mode[0] + "A" if mode == "La" else "RGBA")
-        mode = im.mode
-    elif mode in {"CMYK", "YCbCr", "LAB", "HSV", "RGBX"}:
-        im, mode = im.convert("RGB"), "RGB"
-
-    arr = np.asarray(im)
-    if mode == "L":
-        out = arr[..., None]
-    elif mode == "LA":
-        out = _composite_on_white(arr[..., :1], arr[..., 1])
-    elif mode == "RGB":
-        out = arr
-    elif mode == "RGBA":
-        out = _composite_on_white(arr[..., :3], arr[..., 3])
-    elif mode.startswith("I"):
-        # 16-bit sources (PIL's "I;16*", and "I" for some 16-bit PNG/TIFF): 65535 -> 255.
-        values = arr.astype(np.int64)
-        if values.min() < 0 or values.max() > 65535:
-            raise AuditInputError(
-                f"{name} holds integer pixels outside 0-65535 (min {values.min()}, max "
-                f"{values.max()}); expected 8-bit or 16-bit images"
-            )
-        out = np.rint(values / 257.0).astype(np.uint8)[..., None]
-    elif mode == "F":
-        values = arr.astype(np.float64)
-        if not np.isfinite(values).all() or values.min() < 0 or values.max() > 255:
-            raise AuditInputError(
-                f"{name} holds floating-point pixels outside 0-255 or not finite; expected "
-                "8-bit or 16-bit images, or floats in 0-1"
-            )
-        scale = 255.0 if values.max() <= 1.0 else 1.0  # floats in 0-1 are the usual convention
-        out = np.rint(values * scale).astype(np.uint8)[..., None]
-    else:
-        raise AuditInputError(
-            f"{name} uses the pixel mode {mode!r}, which is not supported; expected grayscale, "
-            "RGB, RGBA, palette or CMYK images"
-        )
-    return np.array(out, dtype=np.uint8, order="C")  # an owned, writable copy
-
-
-def decode_image(data: bytes, name: str, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
-    """Decode one image file completely, or refuse it with a one-line ``AuditInputError``.
-
-    Size limits are checked from the header before any pixel is decoded. Multi-frame TIFF and
-    WebP files give their first frame; the EXIF orientation is applied. The result is
-    H x W x 1 (grayscale, 16-bit scaled to 8-bit) or H x W x 3 (colour) uint8; transparency is
-    composited onto white.
-    """
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        # A programming error elsewhere in the process, not a user error: with it, a
-        # truncated upload would decode into a partly grey image without any complaint.
-        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES must stay False")
-    im = _check_header(data, name, limits)
-    try:
-        im.load()  # the first frame for multi-frame files (the header leaves us on frame 0)
-        im = ImageOps.exif_transpose(im)
-        return _to_array(im, name)
-    except AuditInputError:
-        raise
-    except (
-        OSError,
-        SyntaxError,
-        ValueError,
-        EOFError,
-        struct.error,
-        zlib.error,
-        Image.DecompressionBombError,
-    ) as exc:
-        raise AuditInputError(
-            f"{name} is truncated or corrupt; expected a complete {_FORMATS_TEXT} file"
-        ) from exc
-
-
-# --- collections of images: folder, uploads, zip ------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -283,7 +110,7 @@ def _assemble(
     chosen = flat or nested
     if not chosen:
         raise AuditInputError(
-            f"no images found in {where}; expected {_FORMATS_TEXT} files directly inside it or "
+            f"no images found in {where}; expected {FORMATS_TEXT} files directly inside it or "
             "in one level of class subfolders"
         )
     if len(chosen) > limits.max_images:
@@ -403,7 +230,7 @@ def load_image_uploads(
     the labels unless ``labels_csv_text`` is given.
     """
     if not files:
-        raise AuditInputError(f"no images uploaded; expected one or more {_FORMATS_TEXT} files")
+        raise AuditInputError(f"no images uploaded; expected one or more {FORMATS_TEXT} files")
     members: list[_Member] = []
     seen: set[str] = set()
     for raw_name, data in files:
@@ -503,72 +330,6 @@ def load_zip(data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> LabelledImage
 
         members = [_Member(parts, info.file_size, reader(info)) for parts, info in entries]
         return _assemble(members, None, where, "zip upload", limits)
-
-
-# --- to the model ------------------------------------------------------------------------
-
-
-def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    h, w = image.shape[:2]
-    # Centre crop to the target aspect ratio (whole pixels, so nothing cropped away bleeds
-    # into the edges through the resize filter), then resize.
-    if w * height > width * h:  # too wide
-        crop_w = max(1, round(h * width / height))
-        left = (w - crop_w) // 2
-        image = image[:, left : left + crop_w]
-    elif w * height < width * h:  # too tall
-        crop_h = max(1, round(w * height / width))
-        top = (h - crop_h) // 2
-        image = image[top : top + crop_h]
-    if image.shape[:2] == (height, width):
-        return image
-    pil = Image.fromarray(np.ascontiguousarray(image[..., 0] if image.shape[2] == 1 else image))
-    out = np.asarray(pil.resize((width, height), Image.Resampling.BICUBIC))
-    return out[..., None] if out.ndim == 2 else out
-
-
-def to_model_batch(
-    images: Sequence[np.ndarray],
-    input_shape: tuple[int, int, int],
-    normalization: Normalization,
-) -> torch.Tensor:
-    """Turn decoded images into the model's input: a B x C x H x W float32 tensor.
-
-    ``input_shape`` is (C, H, W). Each image is centre-cropped (whole pixels) to the target
-    aspect ratio, then resized to H x W with PIL's bicubic filter on the 8-bit pixels (PIL
-    widens the filter when shrinking, so it antialiases), scaled to [0, 1], converted to C
-    channels (grayscale -> RGB by replication, RGB -> grayscale by ITU-R BT.601 luma
-    0.299 R + 0.587 G + 0.114 B) and finally normalised with ``normalization.normalize``.
-    """
-    channels, height, width = input_shape
-    if channels not in (1, 3) or height < 1 or width < 1:
-        raise AuditInputError(
-            f"model input shape {input_shape} is not supported; expected (C, H, W) with C = 1 or 3"
-        )
-    if len(normalization.mean) != channels:
-        raise AuditInputError(
-            f"the normalisation has {len(normalization.mean)} channels but the model takes "
-            f"{channels}; expected one mean and std per model input channel"
-        )
-    if not images:
-        raise AuditInputError("no images to convert; expected at least one image")
-    batch = np.empty((len(images), channels, height, width), dtype=np.float32)
-    for i, image in enumerate(images):
-        arr = np.asarray(image)
-        if arr.ndim == 2:
-            arr = arr[..., None]
-        if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (1, 3):
-            raise AuditInputError(
-                f"image {i + 1} has shape {arr.shape} and type {arr.dtype}; expected "
-                "H x W x 1 or H x W x 3 uint8"
-            )
-        pixels = _resize(arr, height, width).astype(np.float32) / 255.0
-        if pixels.shape[2] == 1 and channels == 3:
-            pixels = np.repeat(pixels, 3, axis=2)
-        elif pixels.shape[2] == 3 and channels == 1:
-            pixels = (pixels @ _LUMA)[..., None]
-        batch[i] = pixels.transpose(2, 0, 1)
-    return normalization.normalize(torch.from_numpy(batch))
 
 
 def safe_stem(name: str) -> str:

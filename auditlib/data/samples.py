@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from auditlib.data.images import DEFAULT_LIMITS, LabelledImages
+from auditlib.data.decode import DEFAULT_LIMITS
+from auditlib.data.images import LabelledImages
 from auditlib.errors import AuditInputError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")

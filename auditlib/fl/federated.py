@@ -21,8 +21,8 @@ from sklearn.metrics import f1_score
 from torch import nn
 
 from auditlib.client.update import copy_state, load_state, set_training_mode
-from auditlib.data.images import to_model_batch
 from auditlib.data.labels import check_labels_fit
+from auditlib.data.model_input import to_model_batch
 from auditlib.data.normalization import Normalization
 from auditlib.data.training_sets import TrainTestSets
 from auditlib.defenses.base import Defense, model_change
