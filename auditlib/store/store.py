@@ -12,6 +12,11 @@ Rules the methods enforce, so every caller gets them without repeating them:
 - writes to an unknown (or deleted) run raise :class:`UnknownRunError`, which tells a
   consumer whose run was deleted to stop;
 - JSON columns hold plain JSON: NaN and infinities become null.
+
+Why one module of about 500 lines: the rules above hold because every read and write is a
+method of one class over one pair of sessionmakers; split across modules, a new method
+could open its own session and skip them. The class is in sections (assets, run writes,
+run reads, batches); records and conversions live apart (``records.py``, ``convert.py``).
 """
 
 from __future__ import annotations
