@@ -168,9 +168,7 @@ def test_runs_never_outnumber_the_cpus_ray_has(manager, store):
     for run_id in run_ids:
         assert manager.wait(run_id, 300)
     timings = [store.get_run(r).result.timing for r in run_ids]
-    moments = sorted(
-        [(t.began_unix, 1) for t in timings] + [(t.ended_unix, -1) for t in timings]
-    )
+    moments = sorted([(t.began_unix, 1) for t in timings] + [(t.ended_unix, -1) for t in timings])
     running = most = 0
     for _, change in moments:
         running += change
