@@ -1,5 +1,6 @@
 """Command line: ``python -m auditlib audit ...`` runs one audit and writes its results;
-``utility`` trains under a defense; ``report`` writes the PDF report of stored runs.
+``utility`` trains under a defense; ``report`` writes the PDF report of stored runs;
+``params`` lists an attack's or a defense's parameters (type, default, range, description).
 
 Exit codes: 0 done, 2 bad input (one line on stderr saying what was expected), 1 failure.
 """
@@ -10,8 +11,9 @@ import argparse
 import hashlib
 import os
 import sys
+import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from auditlib.errors import AuditInputError
 from auditlib.words import size_text
@@ -39,11 +41,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+# --attacker-knows-defense: the CLI's words for ScenarioSpec.attacker_knows_defense.
+KNOWS_DEFENSE = {"auto": None, "yes": True, "no": False}
+PARAMS_HINT = "`python -m auditlib params NAME` lists them: type, default, range, description"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from auditlib.attacks import ALL_ATTACKS, ATTACKS
     from auditlib.attacks.restarts import AUDIT_PRESET
+    from auditlib.client.protocol import Algorithm, BatchNormMode, Shared
+    from auditlib.data.samples import SAMPLE_SETS
     from auditlib.defenses import DEFENSES
     from auditlib.models import ARCHITECTURES
+    from auditlib.spec import UTILITY_DATASETS
 
     parser = _Parser(
         prog="python -m auditlib", description="Gradient-leakage audits for federated learning."
@@ -66,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--images", help="folder of images (labels from labels.csv or class subfolders)"
     )
-    source.add_argument(
-        "--samples", help="bundled sample set: photographs, faces, digits, fashion-mnist"
-    )
+    source.add_argument("--samples", help=f"bundled sample set: {', '.join(SAMPLE_SETS)}")
     data.add_argument("--labels-csv", help="CSV with columns filename,label")
     data.add_argument("--offset", type=int, default=0, help="first image to use")
     data.add_argument(
@@ -78,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     scenario = audit.add_argument_group("scenario")
-    scenario.add_argument("--scenario", default="fedsgd", choices=("fedsgd", "fedavg"))
+    scenario.add_argument("--scenario", default="fedsgd", choices=get_args(Algorithm))
     scenario.add_argument(
         "--batch-size",
         type=int,
@@ -91,17 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     scenario.add_argument(
         "--share",
         default="delta",
-        choices=("delta", "weights"),
+        choices=get_args(Shared),
         help="FedAvg: what the client sends",
     )
-    scenario.add_argument("--bn-mode", default="train", choices=("train", "eval"))
+    scenario.add_argument("--bn-mode", default="train", choices=get_args(BatchNormMode))
     scenario.add_argument(
         "--labels-known", action="store_true", help="threat model: the server knows the labels"
     )
     scenario.add_argument(
         "--attacker-knows-defense",
         default="auto",
-        choices=("auto", "yes", "no"),
+        choices=tuple(KNOWS_DEFENSE),
         help="threat model: run beside each attack its adaptive twin, which knows the "
         "defense's mechanism and public parameters (auto: yes, except for --preset paper)",
     )
@@ -111,9 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="attack stage: FedAvg rounds before the attack",
     )
-    scenario.add_argument(
-        "--pretrain-data", default="fashion-mnist", choices=("fashion-mnist", "digits")
-    )
+    scenario.add_argument("--pretrain-data", default=UTILITY_DATASETS[0], choices=UTILITY_DATASETS)
 
     attack = audit.add_argument_group("attack and defense")
     attack.add_argument(
@@ -130,9 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
         "'paper' (the paper's settings, for reproduction), another the attack lists, or "
         "'none' (the library's defaults)",
     )
-    attack.add_argument("--attack-param", action="append", metavar="NAME=VALUE")
+    attack.add_argument(
+        "--attack-param",
+        action="append",
+        metavar="NAME=VALUE",
+        help=f"an attack parameter (repeatable); {PARAMS_HINT.replace('NAME', 'ATTACK')}",
+    )
     attack.add_argument("--defense", default="none", choices=sorted(DEFENSES))
-    attack.add_argument("--defense-param", action="append", metavar="NAME=VALUE")
+    attack.add_argument(
+        "--defense-param",
+        action="append",
+        metavar="NAME=VALUE",
+        help=f"a defense parameter (repeatable); {PARAMS_HINT.replace('NAME', 'DEFENSE')}",
+    )
 
     run = audit.add_argument_group("run")
     run.add_argument(
@@ -155,6 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _utility_arguments(commands, ARCHITECTURES, DEFENSES)
     _report_arguments(commands)
+    params = commands.add_parser(
+        "params",
+        help="list an attack's or a defense's parameters: type, default, range, description",
+    )
+    params.add_argument(
+        "name",
+        nargs="?",
+        metavar="ATTACK-OR-DEFENSE",
+        help="an attack or defense name; none: list the attacks and defenses",
+    )
     return parser
 
 
@@ -176,6 +202,9 @@ def _report_arguments(commands) -> None:
 
 
 def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str | None):
+    from auditlib.models.architectures import ACTIVATIONS, STEMS
+    from auditlib.models.registry import INITS
+
     model = parser.add_argument_group("model")
     model.add_argument(
         "--model", required=True, choices=sorted(architectures), help="built-in architecture"
@@ -189,7 +218,7 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
     model.add_argument(
         "--init",
         default=init,
-        choices=("default", "uniform"),
+        choices=INITS,
         help="uniform = U(-0.5, 0.5), the DLG/GRNN setting (default: "
         + (
             init
@@ -198,12 +227,10 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
         )
         + ")",
     )
-    model.add_argument(
-        "--activation", choices=("sigmoid", "relu"), help="default: the architecture's"
-    )
+    model.add_argument("--activation", choices=ACTIVATIONS, help="default: the architecture's")
     model.add_argument(
         "--stem",
-        choices=("cifar", "imagenet"),
+        choices=STEMS,
         help="ResNet stem: cifar (one 3x3 convolution) or imagenet (torchvision's 7x7 and a "
         "max pool, which torchvision checkpoints need); default: cifar up to 64 pixels",
     )
@@ -235,6 +262,9 @@ def _model_spec(args: argparse.Namespace):
 
 
 def _utility_arguments(commands, architectures, defenses) -> None:
+    from auditlib.fl.federation import Split
+    from auditlib.spec import UTILITY_DATASETS
+
     utility = commands.add_parser(
         "utility",
         help="train the model with FedAvg under a defense; test accuracy and macro F1 per round",
@@ -242,7 +272,7 @@ def _utility_arguments(commands, architectures, defenses) -> None:
     _model_arguments(utility, architectures, init=None)
     data = utility.add_argument_group("data")
     source = data.add_mutually_exclusive_group(required=True)
-    source.add_argument("--samples", help="bundled labelled set: fashion-mnist or digits")
+    source.add_argument("--samples", help=f"bundled labelled set: {' or '.join(UTILITY_DATASETS)}")
     source.add_argument(
         "--images", help="folder of labelled images (class subfolders or labels.csv)"
     )
@@ -255,7 +285,7 @@ def _utility_arguments(commands, architectures, defenses) -> None:
     federation = utility.add_argument_group("federation")
     federation.add_argument("--clients", type=int, default=10)
     federation.add_argument("--clients-per-round", type=int)
-    federation.add_argument("--split", default="iid", choices=("iid", "dirichlet"))
+    federation.add_argument("--split", default="iid", choices=get_args(Split))
     federation.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
     federation.add_argument("--rounds", type=int, default=10)
     federation.add_argument("--local-epochs", type=int, default=1)
@@ -264,7 +294,12 @@ def _utility_arguments(commands, architectures, defenses) -> None:
     federation.add_argument("--seed", type=int, default=0)
     defense = utility.add_argument_group("defense")
     defense.add_argument("--defense", default="none", choices=sorted(defenses))
-    defense.add_argument("--defense-param", action="append", metavar="NAME=VALUE")
+    defense.add_argument(
+        "--defense-param",
+        action="append",
+        metavar="NAME=VALUE",
+        help=f"a defense parameter (repeatable); {PARAMS_HINT.replace('NAME', 'DEFENSE')}",
+    )
     utility.add_argument("--out", help="write the rounds as JSON to this file")
     utility.add_argument(
         "--save-weights",
@@ -277,8 +312,8 @@ def _utility_arguments(commands, architectures, defenses) -> None:
 def spec_from_args(args: argparse.Namespace):
     from auditlib.attacks import ALL_ATTACKS, ATTACKS, get_attack
     from auditlib.attacks.restarts import AUDIT_PRESET
+    from auditlib.client.protocol import ClientProtocol
     from auditlib.config import parse_key_values
-    from auditlib.fl.protocol import ClientProtocol
     from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 
     if args.trusted_model and not args.i_trust_this_file:
@@ -317,9 +352,7 @@ def spec_from_args(args: argparse.Namespace):
     scenario = ScenarioSpec(
         protocol=protocol,
         labels_known=args.labels_known,
-        attacker_knows_defense={"auto": None, "yes": True, "no": False}[
-            args.attacker_knows_defense
-        ],
+        attacker_knows_defense=KNOWS_DEFENSE[args.attacker_knows_defense],
         pretrain_rounds=args.pretrain_rounds,
         pretrain_data=args.pretrain_data,
     )
@@ -477,7 +510,8 @@ def utility_command(args: argparse.Namespace) -> int:
     from auditlib.data import ImageLimits, Normalization, load_image_folder
     from auditlib.data.training_sets import bundled_sets, labelled_sets
     from auditlib.defenses import build_defense
-    from auditlib.fl.federated import FederationSpec, train_federated, utility_tensors
+    from auditlib.fl.federated import train_federated, utility_tensors
+    from auditlib.fl.federation import FederationSpec
     from auditlib.models import build_model
     from auditlib.models.loading import load_weights
 
@@ -617,6 +651,75 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wrapped(text: str, indent: int) -> str:
+    return textwrap.fill(
+        text, width=100, initial_indent=" " * indent, subsequent_indent=" " * indent
+    )
+
+
+def params_text(name: str) -> str:
+    """The parameters of attack or defense ``name``, from their declarations
+    (``auditlib.config.field_info``): one line of type, default and range per field, then its
+    description; an attack's presets follow."""
+    from auditlib.attacks import ATTACKS
+    from auditlib.attacks.restarts import AUDIT_PRESET
+    from auditlib.config import field_info, value_text
+    from auditlib.defenses import DEFENSES
+
+    if name in ATTACKS:
+        info, kind, option = ATTACKS[name], "attack", "--attack-param"
+    elif name in DEFENSES:
+        info, kind, option = DEFENSES[name], "defense", "--defense-param"
+    else:
+        raise AuditInputError(
+            f"no attack or defense {name!r}; attacks: {', '.join(sorted(ATTACKS))}; "
+            f"defenses: {', '.join(sorted(DEFENSES))}"
+        )
+    lines = [f"{kind} {name}: {info.summary}"]
+    fields = field_info(info.config_type)
+    if not fields:
+        lines.append("no parameters")
+    else:
+        lines.append(f"parameters ({option} NAME=VALUE; 'or none': VALUE may be none or empty):")
+    for field in fields:
+        facts = [field.type + (" or none" if field.optional else "")]
+        facts.append(f"default {field.default_text}")
+        if field.range_text:
+            facts.append(field.range_text)
+        lines.append(f"  {field.name}: {'; '.join(facts)}")
+        lines.append(_wrapped(field.description, 6))
+    presets = getattr(info, "presets", {})
+    if presets:
+        lines.append(
+            _wrapped(
+                f"presets (--preset NAME; '{AUDIT_PRESET}' is the default, 'none' the defaults "
+                "above; --attack-param overrides a preset's value):",
+                0,
+            )
+        )
+        for preset, values in presets.items():
+            settings = " ".join(f"{k}={value_text(v)}" for k, v in values.items())
+            lines.append(_wrapped(f"{preset}: {settings or '(the defaults)'}", 2))
+    return "\n".join(lines)
+
+
+def params_command(args: argparse.Namespace) -> int:
+    from auditlib.attacks import ATTACKS
+    from auditlib.defenses import DEFENSES
+
+    if args.name:
+        print(params_text(args.name))
+        return 0
+    print("attacks:")
+    for name, info in ATTACKS.items():
+        print(f"  {name}: {info.summary}")
+    print("defenses:")
+    for name, info in DEFENSES.items():
+        print(f"  {name}: {info.summary}")
+    print("python -m auditlib params NAME lists the parameters of one of them.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -627,6 +730,8 @@ def main(argv: list[str] | None = None) -> int:
             return utility_command(args)
         if args.command == "report":
             return report_command(args)
+        if args.command == "params":
+            return params_command(args)
     except AuditInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -24,30 +24,38 @@ from auditlib.attacks.base import (
 from auditlib.attacks.lbfgs import LbfgsSteps
 from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import UpdateMatcher, random_images, random_label_logits
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.threat import AttackerKnowledge, Observation
 
 
 @dataclass(frozen=True)
 class LbfgsConfig:
-    lr: float = 1.0
-    lbfgs_max_iter: int = 20  # objective evaluations per L-BFGS step (torch default, as in DLG)
-    history_size: int = 100
-    line_search: Literal["none", "strong_wolfe"] = "none"
-    restarts: int = 1
-    distance: Literal["l2", "cosine"] = "l2"
+    lr: float = param(1.0, "L-BFGS step size (DLG: 1)", low=0, low_open=True, high=100)
+    lbfgs_max_iter: int = param(
+        20,
+        "objective evaluations per L-BFGS step at most (torch's max_iter; DLG: 20)",
+        low=1,
+        high=100,
+    )
+    history_size: int = param(
+        100, "L-BFGS curvature pairs kept (torch's history_size)", low=1, high=1000
+    )
+    line_search: Literal["none", "strong_wolfe"] = param(
+        "none", "L-BFGS line search: none (a fixed step, as in DLG) or strong Wolfe"
+    )
+    restarts: int = param(
+        1,
+        "random starts; the one with the lowest gradient distance is kept (raced under the "
+        "audit preset)",
+        low=1,
+        high=64,
+    )
+    distance: Literal["l2", "cosine"] = param(
+        "l2", "distance between the dummy and the observed update: squared L2 (DLG) or cosine"
+    )
 
     def __post_init__(self) -> None:
-        require(0 < self.lr <= 100, f"lr must be in (0, 100], got {self.lr}")
-        require(
-            1 <= self.lbfgs_max_iter <= 100,
-            f"lbfgs_max_iter must be in [1, 100], got {self.lbfgs_max_iter}",
-        )
-        require(
-            1 <= self.history_size <= 1000,
-            f"history_size must be in [1, 1000], got {self.history_size}",
-        )
-        require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
+        check_ranges(self)
 
 
 class _Restart:

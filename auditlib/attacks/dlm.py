@@ -45,7 +45,7 @@ from auditlib.attacks.objectives import (
     total_variation,
 )
 from auditlib.client.update import client_update
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import AttackerKnowledge, Observation
 
@@ -54,30 +54,51 @@ Tensors = tuple[torch.Tensor, ...]
 
 @dataclass(frozen=True)
 class _ModelLeakageConfig:
-    optimizer: Literal["lbfgs", "adam"] = "lbfgs"
-    lr: float = 1.0
-    lbfgs_max_iter: int = 20  # objective evaluations per L-BFGS step (torch default)
-    history_size: int = 100
-    line_search: Literal["none", "strong_wolfe"] = "none"
+    optimizer: Literal["lbfgs", "adam"] = param(
+        "lbfgs",
+        "optimiser of the dummy images and labels: L-BFGS (the paper's LeNet) or Adam (its MLP)",
+    )
+    lr: float = param(
+        1.0, "step size (paper: 1 with L-BFGS, 0.1 with Adam)", low=0, low_open=True, high=100
+    )
+    lbfgs_max_iter: int = param(
+        20,
+        "objective evaluations per L-BFGS step at most (torch's max_iter, its default)",
+        low=1,
+        high=100,
+    )
+    history_size: int = param(100, "L-BFGS curvature pairs kept (paper: 100)", low=1, high=1000)
+    line_search: Literal["none", "strong_wolfe"] = param(
+        "none", "L-BFGS line search: none (a fixed step) or strong Wolfe"
+    )
     # "gradient": one dummy gradient at the global weights (paper); "client": unroll the
     # protocol's local steps at the server's nominal learning rate (our option).
-    simulate: Literal["gradient", "client"] = "gradient"
-    labels: Literal["auto", "joint", "known", "inferred"] = "auto"
-    tv: float = 0.0
-    restarts: int = 1
+    simulate: Literal["gradient", "client"] = param(
+        "gradient",
+        "dummy side: one gradient at the global weights (paper), or the client's local steps "
+        "unrolled at the server's nominal learning rate",
+    )
+    labels: Literal["auto", "joint", "known", "inferred"] = param(
+        "auto",
+        "labels: soft labels optimised with the images (joint, as DLG), known to the server, or "
+        "inferred from the last layer's update; auto: known if the server knows them, else joint",
+    )
+    tv: float = param(
+        0.0,
+        "weight of a total-variation prior on the images (for batches; 0: off, the paper)",
+        low=0,
+        high=10,
+    )
+    restarts: int = param(
+        1,
+        "random starts; the one with the lowest update distance is kept (raced under the "
+        "audit preset)",
+        low=1,
+        high=64,
+    )
 
     def __post_init__(self) -> None:
-        require(0 < self.lr <= 100, f"lr must be in (0, 100], got {self.lr}")
-        require(
-            1 <= self.lbfgs_max_iter <= 100,
-            f"lbfgs_max_iter must be in [1, 100], got {self.lbfgs_max_iter}",
-        )
-        require(
-            1 <= self.history_size <= 1000,
-            f"history_size must be in [1, 1000], got {self.history_size}",
-        )
-        require(0 <= self.tv <= 10, f"tv must be in [0, 10], got {self.tv}")
-        require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -85,18 +106,22 @@ class DlmConfig(_ModelLeakageConfig):
     # Initial gamma as a multiple of its ideal value under the server's nominal learning rate
     # eta (1 / eta, or 1 / (eta * K) for K local steps matched by one gradient). The paper
     # sweeps gamma around 1 / alpha = 100 (alpha = 0.01) and finds 120 best for LeNet (Fig. 2a).
-    gamma_init_ratio: float = 1.2
+    gamma_init_ratio: float = param(
+        1.2,
+        "initial gamma as a multiple of its ideal value under the server's nominal learning "
+        "rate, 1 / (lr x local steps); 1.2 is the paper's best for LeNet (120 at lr 0.01)",
+        low=0,
+        low_open=True,
+        high=1000,
+    )
     # "update": ||grad - gamma (W - W')||^2 (paper Eq. 3 and its code); "dummy": the factor on
     # the dummy side, ||grad / gamma - (W - W')||^2, where the factor sits in Eq. 10 (DLG with
     # a tuning factor k) and in the public DLG_k script; it has no trivial zero at gamma = 0.
-    gamma_on: Literal["update", "dummy"] = "update"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            0 < self.gamma_init_ratio <= 1000,
-            f"gamma_init_ratio must be in (0, 1000], got {self.gamma_init_ratio}",
-        )
+    gamma_on: Literal["update", "dummy"] = param(
+        "update",
+        "side gamma multiplies: the observed descent, ||grad - gamma (W - W')||^2 (Eq. 3), or "
+        "the dummy gradient, ||grad / gamma - (W - W')||^2 (Eq. 10)",
+    )
 
 
 @dataclass(frozen=True)
@@ -105,7 +130,11 @@ class DlmPlusConfig(_ModelLeakageConfig):
     # paper's results computes it; "frobenius": the norm of the whole update, as Eq. 8 is
     # printed. Both are one scalar per update, so alpha cancels either way. With L-BFGS at a
     # fixed step the Frobenius form (bounded by 4) stalls more often (docs/ALGORITHMS.md).
-    norm: Literal["frobenius", "layer-mean"] = "layer-mean"
+    norm: Literal["frobenius", "layer-mean"] = param(
+        "layer-mean",
+        "the scalar each update is divided by: the mean of its per-layer norms (the public "
+        "code) or the norm of the whole update (Eq. 8)",
+    )
 
 
 # --- The objective -------------------------------------------------------------------------

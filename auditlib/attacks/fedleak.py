@@ -48,7 +48,7 @@ from auditlib.attacks.objectives import (
     why_not_together,
 )
 from auditlib.client.update import client_update, read_as_gradient
-from auditlib.config import require
+from auditlib.config import check_ranges, param, require
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, Observation
 
@@ -75,42 +75,112 @@ ACTIVATION_TYPES = (
 
 @dataclass(frozen=True)
 class FedLeakConfig:
-    lr: float = 1e-4  # Adam step (Sec. 5)
-    tv: float = 1e-5  # alpha
-    activation: float = 1e-4  # beta
-    activation_layers: Literal["activations", "stages"] = "activations"
-    match_ratio: float = 0.5  # R
-    mask_scope: Literal["global", "per_layer"] = "global"
-    distance: Literal["mean", "sum", "per_layer"] = "mean"
-    blend: float = 0.7  # lambda', the weight of the look-ahead gradient
-    lookahead: Literal["descent_step", "ascent_normalized"] = "descent_step"
-    k: float = 1e-4  # ascent_normalized: RMS per-pixel length of phi (||phi|| = k sqrt(n))
-    lookahead_mask: Literal["reuse", "recompute"] = "reuse"
-    signed: bool = False
-    schedule: Literal["none", "cosine"] = "none"
-    median_filter: int = 0  # odd window of a median filter on the output; 0 = none
-    restarts: int = 1
-    labels: Literal["auto", "known", "infer"] = "auto"
-    label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = "auto"
-    label_fill: Literal["largest-remainder", "lowest-class"] = "largest-remainder"
-    unroll: bool = False
+    lr: float = param(
+        1e-4, "Adam step size on the pixels (paper: 1e-4)", low=0, low_open=True, high=10
+    )
+    tv: float = param(1e-5, "alpha, weight of the total-variation prior", low=0, high=10)
+    activation: float = param(
+        1e-4,
+        "beta, weight of the activation-sparsity prior (mean |output| per layer)",
+        low=0,
+        high=10,
+    )
+    activation_layers: Literal["activations", "stages"] = param(
+        "activations",
+        "outputs the sparsity prior reads: every activation module, or a ResNet's residual "
+        "stages (the activations without them)",
+    )
+    match_ratio: float = param(
+        0.5,
+        "R, share of the gradient entries matched: the largest by the candidate's own gradient, "
+        "re-ranked every iteration",
+        low=0,
+        low_open=True,
+        high=1,
+    )
+    mask_scope: Literal["global", "per_layer"] = param(
+        "global", "the top-R ranking over the whole update or within each layer"
+    )
+    distance: Literal["mean", "sum", "per_layer"] = param(
+        "mean",
+        "L1 + (1 - cosine) on the matched entries: L1 averaged over them, L1 summed, or both "
+        "per layer and summed (the released code)",
+    )
+    blend: float = param(
+        0.7,
+        "lambda', weight of the look-ahead gradient in the step (0: plain gradient matching)",
+        low=0,
+        high=1,
+    )
+    lookahead: Literal["descent_step", "ascent_normalized"] = param(
+        "descent_step",
+        "look-ahead point: after one optimiser step (the released code), or a step of RMS "
+        "length k per pixel along the gradient (Eqs. 10-12)",
+    )
+    k: float = param(
+        1e-4,
+        "ascent_normalized: RMS length per pixel of the look-ahead step (||phi|| = k sqrt(n))",
+        low=0,
+        low_open=True,
+        high=1,
+    )
+    lookahead_mask: Literal["reuse", "recompute"] = param(
+        "reuse", "entries matched at the look-ahead point: those of the iterate, or ranked anew"
+    )
+    signed: bool = param(
+        False, "use the sign of each pixel gradient (the iterate's and the look-ahead's)"
+    )
+    schedule: Literal["none", "cosine"] = param(
+        "none", "step-size schedule: constant (paper) or cosine decay over the iterations"
+    )
+    median_filter: int = param(
+        0,
+        "odd window of a median filter on the output images, 3 to 15 (the released code); 0: none",
+        low=0,
+        high=15,
+    )
+    restarts: int = param(
+        1,
+        "random starts; the one with the lowest gradient distance is kept (raced under the "
+        "audit preset)",
+        low=1,
+        high=64,
+    )
+    labels: Literal["auto", "known", "infer"] = param(
+        "auto",
+        "labels: known to the server, or inferred from the last layer's update (paper); auto: "
+        "known if the server knows them, else inferred",
+    )
+    label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = param(
+        "auto",
+        "batch label rule: distinct (the most negative class scores, no repeats), counts "
+        "(the paper's estimate), bias-counts (from the bias update); auto: distinct while the "
+        "batch fits in the classes, else counts",
+    )
+    label_fill: Literal["largest-remainder", "lowest-class"] = param(
+        "largest-remainder",
+        "counts: the samples the floors leave out go one each to the largest remainders, or "
+        "all to the class of the most negative row (the paper read literally)",
+    )
+    unroll: bool = param(
+        False,
+        "simulate the client's FedAvg local steps, instead of reading the update as one "
+        "gradient (paper)",
+    )
     # Restarts advance together, one batched computation (attacks.loop); False: one after
     # another. The same objective either way.
-    together: bool = True
+    together: bool = param(
+        True,
+        "advance the restarts together as one batched computation (false: one after another; "
+        "the same objective)",
+    )
 
     def __post_init__(self) -> None:
-        require(0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr}")
-        require(0 <= self.tv <= 10, f"tv must be in [0, 10], got {self.tv}")
-        require(0 <= self.activation <= 10, f"activation must be in [0, 10], got {self.activation}")
-        require(0 < self.match_ratio <= 1, f"match_ratio must be in (0, 1], got {self.match_ratio}")
-        require(0 <= self.blend <= 1, f"blend must be in [0, 1], got {self.blend}")
-        require(0 < self.k <= 1, f"k must be in (0, 1], got {self.k}")
+        check_ranges(self)
         require(
-            self.median_filter == 0
-            or (self.median_filter % 2 == 1 and 3 <= self.median_filter <= 15),
+            self.median_filter == 0 or (self.median_filter % 2 == 1 and self.median_filter >= 3),
             f"median_filter must be 0 (off) or an odd window from 3 to 15, got {self.median_filter}",
         )
-        require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
 
 
 # --- Partial gradient matching ---------------------------------------------------------------

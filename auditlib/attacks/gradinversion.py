@@ -42,7 +42,7 @@ from auditlib.attacks.base import (
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import UpdateMatcher, random_images, total_variation
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, Observation
 
@@ -51,33 +51,65 @@ BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchN
 
 @dataclass(frozen=True)
 class GradInversionConfig:
-    lr: float = 0.1
-    distance: Literal["layer-l2", "l2", "cosine"] = "layer-l2"
-    gradient_weight: float = 1.0  # alpha_G
-    tv: float = 1e-4  # alpha_TV
-    l2: float = 1e-6  # alpha_l2
-    bn: float = 0.1  # alpha_BN
-    noise: float = 0.01  # Langevin-style noise on the image gradient, times the current lr
-    schedule: Literal["cosine", "step", "constant"] = "cosine"
-    warmup: int = 50
-    boxed: bool = True
-    restarts: int = 1
-    labels: Literal["auto", "known", "inferred"] = "auto"
-    label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = "auto"
-    label_reduce: Literal["sum", "min"] = "min"
+    lr: float = param(
+        0.1, "Adam step size on the images (peak, after the warm-up)", low=0, low_open=True, high=10
+    )
+    distance: Literal["layer-l2", "l2", "cosine"] = param(
+        "layer-l2",
+        "update distance: per-layer L2 norms of the difference, summed (paper), squared L2, or "
+        "1 - cosine",
+    )
+    gradient_weight: float = param(
+        1.0, "alpha_G, weight of the update distance", low=0, low_open=True, high=1e6
+    )
+    tv: float = param(1e-4, "alpha_TV, weight of the total-variation prior", low=0, high=1e3)
+    l2: float = param(1e-6, "alpha_l2, weight of the images' L2-norm prior", low=0, high=1e3)
+    bn: float = param(
+        0.1,
+        "alpha_BN, weight of the BatchNorm prior (the batch's statistics against the model's "
+        "running ones; 0: off)",
+        low=0,
+        high=1e3,
+    )
+    noise: float = param(
+        0.01,
+        "Langevin-style noise added to the image gradient, times the current step size",
+        low=0,
+        high=10,
+    )
+    schedule: Literal["cosine", "step", "constant"] = param(
+        "cosine",
+        "step-size schedule after the warm-up: cosine decay, steps of 0.1 at 3/8, 5/8 and 7/8 "
+        "of the run, or constant",
+    )
+    warmup: int = param(50, "steps of linear warm-up of the step size", low=0, high=100_000)
+    boxed: bool = param(True, "clamp the images into the valid pixel range after every step")
+    restarts: int = param(
+        1,
+        "random starts; the one with the lowest final objective is kept (raced under the "
+        "audit preset)",
+        low=1,
+        high=64,
+    )
+    labels: Literal["auto", "known", "inferred"] = param(
+        "auto",
+        "labels: known to the server, or inferred from the last layer's update and kept "
+        "fixed; auto: known if the server knows them, else inferred",
+    )
+    label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = param(
+        "auto",
+        "batch label rule: distinct (the most negative class scores, no repeats), counts "
+        "(FedLeak's estimate), bias-counts (from the bias update); auto: distinct while the "
+        "batch fits in the classes, else counts",
+    )
+    label_reduce: Literal["sum", "min"] = param(
+        "min",
+        "class score from the last layer's weight rows: the most negative entry (paper) or "
+        "the row's sum (iDLG)",
+    )
 
     def __post_init__(self) -> None:
-        require(0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr}")
-        require(
-            0 < self.gradient_weight <= 1e6,
-            f"gradient_weight must be in (0, 1e6], got {self.gradient_weight}",
-        )
-        for name in ("tv", "l2", "bn"):
-            value = getattr(self, name)
-            require(0 <= value <= 1e3, f"{name} must be in [0, 1000], got {value}")
-        require(0 <= self.noise <= 10, f"noise must be in [0, 10], got {self.noise}")
-        require(0 <= self.warmup <= 100_000, f"warmup must be in [0, 100000], got {self.warmup}")
-        require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
+        check_ranges(self)
 
 
 # --- Objective pieces ---------------------------------------------------------------------

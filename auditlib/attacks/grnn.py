@@ -47,7 +47,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.models.keylock import key_lock_modules
 from auditlib.threat import AttackerKnowledge, Observation
@@ -58,34 +58,71 @@ TV_LENET, TV_RESNET = 1e-3, 1e-6
 
 @dataclass(frozen=True)
 class GrnnConfig:
-    lr: float = 1e-4
-    momentum: float = 0.99
-    tv: float | None = None  # None: the thesis's weight for the model (see tv_weight)
-    tv_form: Literal["squared", "absolute"] = "squared"
-    wasserstein: Literal["l2-norm", "sorted"] = "l2-norm"
-    latent_dim: int = 128
-    width: int = 32
-    generator_init: Literal["default", "normal"] = "default"
-    fit: Literal["crop", "resize"] = "crop"
-    labels: Literal["auto", "joint", "known", "inferred"] = "auto"
-    label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = "auto"
-    restarts: int = 1
+    lr: float = param(
+        1e-4,
+        "RMSprop step size on the generator's weights (thesis: 1e-4)",
+        low=0,
+        low_open=True,
+        high=1,
+    )
+    momentum: float = param(0.99, "RMSprop momentum (thesis: 0.99)", low=0, high=1, high_open=True)
+    tv: float | None = param(
+        None,
+        "weight alpha of the total-variation term; empty: the thesis's weight for the model "
+        "(1e-6 with BatchNorm layers, as its ResNet-18; 1e-3 otherwise, as its LeNet)",
+        low=0,
+        high=10,
+    )
+    tv_form: Literal["squared", "absolute"] = param(
+        "squared",
+        "total variation of squared differences (the public code) or absolute ones (the "
+        "thesis's text)",
+    )
+    wasserstein: Literal["l2-norm", "sorted"] = param(
+        "l2-norm",
+        "the WD term: the L2 norm of the update difference (the public code) or the 1-D "
+        "Wasserstein distance between the two updates' value distributions (the thesis's text)",
+    )
+    latent_dim: int = param(128, "length of the fixed latent vector per image", low=1, high=4096)
+    width: int = param(
+        32, "channels of the generator's last block, doubled at each earlier one", low=1, high=256
+    )
+    generator_init: Literal["default", "normal"] = param(
+        "default",
+        "generator weights: PyTorch's initialisation (what the public code runs) or N(0, 0.02)",
+    )
+    fit: Literal["crop", "resize"] = param(
+        "crop",
+        "generated square images to the model's input size: centre crop or area resize",
+    )
+    labels: Literal["auto", "joint", "known", "inferred"] = param(
+        "auto",
+        "labels: the generator's label branch (joint, the thesis), known to the server, or "
+        "inferred from the last layer's update; auto: known if the server knows them, else joint",
+    )
+    label_rule: Literal["auto", "distinct", "counts", "bias-counts"] = param(
+        "auto",
+        "batch label rule with labels=inferred: distinct (the most negative class scores, no "
+        "repeats), counts (FedLeak's estimate), bias-counts (from the bias update); auto: "
+        "distinct while the batch fits in the classes, else counts",
+    )
+    restarts: int = param(
+        1,
+        "random starts (each a fresh generator and latent); the one with the lowest gradient "
+        "distance is kept (raced under the audit preset)",
+        low=1,
+        high=64,
+    )
     # Restarts advance together, one batched computation (attacks.loop); False: one after
     # another. The same objective either way.
-    together: bool = True
+    together: bool = param(
+        True,
+        "advance the restarts together as one batched computation (false: one after another; "
+        "the same objective)",
+    )
 
     def __post_init__(self) -> None:
-        require(0 < self.lr <= 1, f"lr must be in (0, 1], got {self.lr}")
-        require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
-        require(
-            self.tv is None or 0 <= self.tv <= 10,
-            f"tv must be empty (the thesis's weight) or in [0, 10], got {self.tv}",
-        )
-        require(
-            1 <= self.latent_dim <= 4096, f"latent_dim must be in [1, 4096], got {self.latent_dim}"
-        )
-        require(1 <= self.width <= 256, f"width must be in [1, 256], got {self.width}")
-        require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
+        check_ranges(self)
 
 
 # --- Generator --------------------------------------------------------------------------

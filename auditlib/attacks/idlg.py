@@ -14,11 +14,15 @@ import torch
 from auditlib.attacks.base import AttackInfo, AuditPreset, RunControl, register
 from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack
 from auditlib.attacks.labels import idlg_label
+from auditlib.config import param
 
 
 @dataclass(frozen=True)
 class IdlgConfig(LbfgsConfig):
-    label_source: Literal["weight", "bias"] = "weight"
+    label_source: Literal["weight", "bias"] = param(
+        "weight",
+        "last-layer update the label is read from: the weight rows' sums (iDLG) or the bias",
+    )
 
 
 def run_idlg(observation, knowledge, config: IdlgConfig, control: RunControl, seed: int):

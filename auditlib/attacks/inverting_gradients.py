@@ -36,29 +36,48 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import AttackerKnowledge, Observation
 
 
 @dataclass(frozen=True)
 class InvertingGradientsConfig:
-    lr: float = 0.1
-    tv: float = 1e-4
-    restarts: int = 1
-    signed: bool = True
-    boxed: bool = True
-    lr_decay: bool = True
-    distance: Literal["cosine", "l2"] = "cosine"
-    labels: Literal["auto", "known", "idlg", "joint"] = "auto"
+    lr: float = param(
+        0.1, "Adam step size on the images (paper: 0.1)", low=0, low_open=True, high=10
+    )
+    tv: float = param(
+        1e-4, "weight of the total-variation prior on the images (paper: 1e-4)", low=0, high=10
+    )
+    restarts: int = param(
+        1,
+        "random starts; the one with the lowest update distance is kept (raced under the "
+        "audit preset)",
+        low=1,
+        high=64,
+    )
+    signed: bool = param(True, "step along the sign of the image gradient (signed gradients)")
+    boxed: bool = param(True, "clamp the images into the valid pixel range after every step")
+    lr_decay: bool = param(True, "divide the step size by 10 at 3/8, 5/8 and 7/8 of the iterations")
+    distance: Literal["cosine", "l2"] = param(
+        "cosine", "update distance: 1 - cosine similarity (paper) or squared L2"
+    )
+    labels: Literal["auto", "known", "idlg", "joint"] = param(
+        "auto",
+        "labels: known to the server, the iDLG rule (one image), soft labels optimised with "
+        "the images (joint); auto: known if the server knows them, else iDLG for one image, "
+        "joint for a batch",
+    )
     # Restarts advance together, one batched computation (attacks.loop); False: one after
     # another. The same objective either way.
-    together: bool = True
+    together: bool = param(
+        True,
+        "advance the restarts together as one batched computation (false: one after another; "
+        "the same objective)",
+    )
 
     def __post_init__(self) -> None:
-        require(0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr}")
-        require(0 <= self.tv <= 10, f"tv must be in [0, 10], got {self.tv}")
-        require(1 <= self.restarts <= 64, f"restarts must be in [1, 64], got {self.restarts}")
+        check_ranges(self)
 
 
 def _milestones(iterations: int) -> list[int]:

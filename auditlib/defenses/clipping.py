@@ -13,18 +13,27 @@ from typing import Any, Literal
 
 import torch
 
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import DefenseInfo, clip_update, register
 from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
 class ClippingConfig:
-    bound: float = 4.0
-    mode: Literal["norm", "value"] = "norm"
+    bound: float = param(
+        4.0,
+        "the bound: the update's L2 norm (norm) or each entry's magnitude (value)",
+        low=0,
+        low_open=True,
+        high=1e6,
+    )
+    mode: Literal["norm", "value"] = param(
+        "norm",
+        "scale the whole update down to L2 norm bound, or clamp every entry to [-bound, bound]",
+    )
 
     def __post_init__(self) -> None:
-        require(0 < self.bound <= 1e6, f"bound must be in (0, 1e6], got {self.bound}")
+        check_ranges(self)
 
 
 class GradientClipping:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import torch
 
-from auditlib.config import require, require_choice
+from auditlib.config import check_ranges, param, require
 from auditlib.defenses.base import DefenseInfo, clip_update, register
 from auditlib.threat import KnownDefense
 
@@ -112,22 +112,50 @@ def _known_noise(name: str, noise: str, clip: float | None, order: float) -> Kno
     )
 
 
+# RUF009: param() makes a field with an immutable default; ruff cannot see through the
+# Literal alias Neighbours.
 @dataclass(frozen=True)
 class GaussianNoiseConfig:
-    sigma: float = 0.1
-    clip: float | None = DEFAULT_CLIP
-    delta: float = 1e-5
-    rounds: int = 1
-    neighbours: Neighbours = "replace-one"
-    sample_rate: float = 1.0
-    trusted_sampler: bool = False
+    sigma: float = param(
+        0.1, "standard deviation of the Gaussian noise added to every entry", low=0, high=1e3
+    )
+    clip: float | None = param(
+        DEFAULT_CLIP,
+        "L2 norm the whole update is scaled down to before the noise; empty: no clip (and no "
+        "epsilon)",
+        low=0,
+        low_open=True,
+    )
+    delta: float = param(
+        1e-5,
+        "delta of the (epsilon, delta) guarantee",
+        low=0,
+        low_open=True,
+        high=1,
+        high_open=True,
+    )
+    rounds: int = param(1, "rounds of release the accountant composes (RDP)", low=1, high=100_000)
+    neighbours: Neighbours = param(  # noqa: RUF009
+        "replace-one",
+        "what epsilon protects: the client's data with one example replaced (sensitivity "
+        "2 x clip), or its update present or absent, as central DP-FedAvg counts (1 x clip)",
+    )
+    sample_rate: float = param(
+        1.0,
+        "probability a client takes part in a round, for amplification by subsampling; "
+        "below 1 only with trusted_sampler",
+        low=0,
+        low_open=True,
+        high=1,
+    )
+    trusted_sampler: bool = param(
+        False,
+        "the clients of a round are drawn by a trusted party and kept from the server (the "
+        "premise of sample_rate < 1)",
+    )
 
     def __post_init__(self) -> None:
-        require(0 <= self.sigma <= 1e3, f"sigma must be in [0, 1000], got {self.sigma}")
-        require(self.clip is None or self.clip > 0, f"clip must be > 0, got {self.clip}")
-        require(0 < self.delta < 1, f"delta must be in (0, 1), got {self.delta}")
-        require(1 <= self.rounds <= 100_000, f"rounds must be in [1, 100000], got {self.rounds}")
-        require_choice(self.neighbours, tuple(SENSITIVITY_IN_CLIPS), "neighbours")
+        check_ranges(self)
         _check_sampling(self.sample_rate, self.trusted_sampler)
 
 
@@ -185,16 +213,23 @@ class GaussianNoise:
 
 @dataclass(frozen=True)
 class LaplaceNoiseConfig:
-    scale: float = 0.1
-    clip: float | None = None
-    rounds: int = 1
-    neighbours: Neighbours = "replace-one"
+    scale: float = param(0.1, "scale b of the Laplace noise added to every entry", low=0, high=1e3)
+    clip: float | None = param(
+        None,
+        "L1 norm the whole update is scaled down to before the noise; empty: no clip (and no "
+        "epsilon)",
+        low=0,
+        low_open=True,
+    )
+    rounds: int = param(1, "rounds of release composed (basic composition)", low=1, high=100_000)
+    neighbours: Neighbours = param(  # noqa: RUF009
+        "replace-one",
+        "what epsilon protects: the client's data with one example replaced (sensitivity "
+        "2 x clip), or its update present or absent, as central DP-FedAvg counts (1 x clip)",
+    )
 
     def __post_init__(self) -> None:
-        require(0 <= self.scale <= 1e3, f"scale must be in [0, 1000], got {self.scale}")
-        require(self.clip is None or self.clip > 0, f"clip must be > 0, got {self.clip}")
-        require(1 <= self.rounds <= 100_000, f"rounds must be in [1, 100000], got {self.rounds}")
-        require_choice(self.neighbours, tuple(SENSITIVITY_IN_CLIPS), "neighbours")
+        check_ranges(self)
 
 
 class LaplaceNoise:

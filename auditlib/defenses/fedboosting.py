@@ -45,7 +45,7 @@ from torch.func import functional_call
 
 from auditlib.client.paillier import PaillierChannel, factor_public_key, integer_weights
 from auditlib.client.update import set_training_mode
-from auditlib.config import require, require_choice
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import DefenseInfo, copied, register
 from auditlib.errors import AttackUnsupportedError
 
@@ -55,38 +55,65 @@ FUSIONS: tuple[str, ...] = ("random", "fixed")
 VIEWS: tuple[str, ...] = ("client", "server")
 
 
+# RUF009: param() makes a field with an immutable default; ruff cannot see through the
+# Literal aliases Fusion and View.
 @dataclass(frozen=True)
 class FedBoostingConfig:
     # p^, the target model's share of its fused model: with fusion="fixed" every client's;
     # with fusion="random" the lowest share the server draws, p^_i ~ U[fused_share, 1].
-    fused_share: float = 0.9
-    fusion: Fusion = "random"  # the thesis's Sec. 4.2.3: private weights drawn by the server
-    view: View = "client"  # the adversary audited: the curious partner, or the server
-    weights_leaked: bool = False  # client view: the partner is handed the fusion weights
-    encrypt: bool = True
-    key_bits: int = 128  # the thesis's setting; 2048 or more for real security
-    scale: float = 1e32
-    pieces: int = 100  # P
-    validation_fraction: float = 0.1  # of each client's data, held out for cross-validation
+    fused_share: float = param(
+        0.9,
+        "p^, a client's share of its own fused model: every client's with fusion=fixed, the "
+        "lowest the server draws (U[fused_share, 1]) with fusion=random; the target keeps the "
+        "largest share",
+        low=0.5,
+        low_open=True,
+        high=1,
+    )
+    fusion: Fusion = param(  # noqa: RUF009
+        "random",
+        "fusion weights: drawn by the server and kept private (the thesis, Sec. 4.2.3), or "
+        "fixed at fused_share",
+    )
+    view: View = param(  # noqa: RUF009
+        "client",
+        "the adversary audited: the curious partner client, which holds the private key, or "
+        "the server, which must factor the public key",
+    )
+    weights_leaked: bool = param(
+        False, "client view: the partner is handed the fusion weights instead of recovering them"
+    )
+    encrypt: bool = param(
+        True, "aggregate through Paillier encryption (false: the same sums in the clear)"
+    )
+    key_bits: int = param(
+        128,
+        "Paillier key size in bits (the thesis: 128; 2048 or more for real security)",
+        values=(128, 256, 512, 1024, 2048, 3072, 4096),
+    )
+    scale: float = param(
+        1e32,
+        "fixed-point scale: each value is encrypted as the integer round(value x scale / pieces)",
+        low=1,
+        high=1e60,
+    )
+    pieces: int = param(
+        100,
+        "P: a share p of a fused model becomes the integer weight round(p P)",
+        low=1,
+        high=10_000,
+    )
+    validation_fraction: float = param(
+        0.1,
+        "fraction of each client's data held out to cross-validate the fused models",
+        low=0,
+        low_open=True,
+        high=1,
+        high_open=True,
+    )
 
     def __post_init__(self) -> None:
-        require(
-            0.5 < self.fused_share <= 1,
-            f"fused_share must be in (0.5, 1] (the target keeps the largest share), "
-            f"got {self.fused_share}",
-        )
-        require_choice(self.fusion, FUSIONS, "fusion")
-        require_choice(self.view, VIEWS, "view")
-        require(
-            self.key_bits in (128, 256, 512, 1024, 2048, 3072, 4096),
-            f"key_bits must be one of 128, 256, 512, 1024, 2048, 3072, 4096; got {self.key_bits}",
-        )
-        require(1 <= self.scale <= 1e60, f"scale must be in [1, 1e60], got {self.scale}")
-        require(1 <= self.pieces <= 10_000, f"pieces must be in [1, 10000], got {self.pieces}")
-        require(
-            0 < self.validation_fraction < 1,
-            f"validation_fraction must be in (0, 1), got {self.validation_fraction}",
-        )
+        check_ranges(self)
 
 
 def fusion_matrix(shares: Sequence[float], pieces: int) -> np.ndarray:

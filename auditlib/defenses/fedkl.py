@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from auditlib.client.update import copy_state
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import DefenseInfo, ModelChange, copied, register
 from auditlib.errors import AuditInputError
 from auditlib.models.keylock import (
@@ -46,19 +46,36 @@ Attacker = Literal["random-key", "plain-bn", "shared-key"]
 AdaptiveFit = Literal["affine", "key"]
 
 
+# RUF009: param() makes a field with an immutable default; ruff cannot see through the
+# Literal aliases that these annotations are.
 @dataclass(frozen=True)
 class FedKLConfig:
-    key_length: int = 1024
-    activation: LockActivation = "none"
-    gamma_bias: float = 0.0
-    attacker: Attacker = "random-key"
-    adaptive_fit: AdaptiveFit = "affine"
+    key_length: int = param(
+        1024, "S, entries of the client's secret U[0, 1) key (paper: 1024)", low=1, high=65536
+    )
+    activation: LockActivation = param(  # noqa: RUF009
+        "none",
+        "applied to the lock's gamma and beta: none (the paper's Eq. 29), or ReLU or sigmoid "
+        "(the public code)",
+    )
+    gamma_bias: float = param(
+        0.0,
+        "offset of the scale lock's bias, so gamma starts near it (0: PyTorch's init, gamma "
+        "near 0)",
+    )
+    attacker: Attacker = param(  # noqa: RUF009
+        "random-key",
+        "the server's lock: its initial weights with a key of its own (random-key, the paper), "
+        "plain normalisation (plain-bn), or the client's leaked key (shared-key)",
+    )
+    adaptive_fit: AdaptiveFit = param(  # noqa: RUF009
+        "affine",
+        "what the adaptive attacker fits with its images: the lock's output gamma and beta "
+        "per channel (affine), or the key through the initial lock",
+    )
 
     def __post_init__(self) -> None:
-        require(
-            1 <= self.key_length <= 65536,
-            f"key_length must be in [1, 65536], got {self.key_length}",
-        )
+        check_ranges(self)
 
 
 def client_key(config: FedKLConfig, seed: int) -> torch.Tensor:

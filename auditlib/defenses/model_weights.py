@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import (
     ClientContext,
     DefenseInfo,
@@ -53,15 +53,28 @@ def _as_update(weights, context: ClientContext) -> tuple[torch.Tensor, ...]:
 
 @dataclass(frozen=True)
 class WeightNoiseConfig:
-    variance: float = 1e-4
-    noise: Literal["gaussian", "laplace"] = "gaussian"
-    clip: float | None = None
-    group_size: int = 1
+    variance: float = param(
+        1e-4,
+        "variance of the noise added to every weight (paper: 1e-1 to 1e-5, 1e-4 recommended)",
+        low=0,
+        high=1e3,
+    )
+    noise: Literal["gaussian", "laplace"] = param(
+        "gaussian", "distribution of the noise (Eq. 13): Gaussian or Laplacian"
+    )
+    clip: float | None = param(
+        None,
+        "L2 norm each layer's weights are clipped to before the noise (Eq. 12); empty: no clip "
+        "(the paper gives no C)",
+        low=0,
+        low_open=True,
+    )
+    group_size: int = param(
+        1, "L, the noised weights are divided by it (1: one client)", low=1, high=10_000
+    )
 
     def __post_init__(self) -> None:
-        require(0 <= self.variance <= 1e3, f"variance must be in [0, 1000], got {self.variance}")
-        require(self.clip is None or self.clip > 0, f"clip must be > 0, got {self.clip}")
-        require(1 <= self.group_size <= 10_000, f"group_size must be >= 1, got {self.group_size}")
+        check_ranges(self)
 
 
 class WeightNoise:
@@ -104,13 +117,17 @@ class WeightNoise:
 
 @dataclass(frozen=True)
 class WeightSparsityConfig:
-    ratio: float = 0.5
+    ratio: float = param(
+        0.5,
+        "fraction of the model's weights set to zero, the smallest in magnitude over the whole "
+        "model (paper: 0-60 %)",
+        low=0,
+        high=1,
+        high_open=True,
+    )
 
     def __post_init__(self) -> None:
-        require(
-            0 <= self.ratio < 1,
-            f"ratio (fraction of model weights zeroed) must be in [0, 1), got {self.ratio}",
-        )
+        check_ranges(self)
 
 
 class WeightSparsification:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import (
     DefenseInfo,
     copied,
@@ -42,19 +42,33 @@ from auditlib.threat import KnownDefense
 
 @dataclass(frozen=True)
 class OutpostConfig:
-    beta: float = 0.125
-    phi: float = 40.0  # percent of entries (largest Fisher) that get noise
-    prune_base: float = 80.0  # percent of entries per layer zeroed by magnitude
-    noise_base: float = 0.8
+    beta: float = param(
+        0.125,
+        "decay: the update is perturbed with probability 1 / (1 + beta k), k the client's "
+        "update count",
+        low=0,
+    )
+    phi: float = param(
+        40.0,
+        "percent of all entries, largest in Fisher information, that get noise",
+        low=0,
+        high=100,
+    )
+    prune_base: float = param(
+        80.0,
+        "percent of each layer's entries zeroed, smallest in magnitude",
+        low=0,
+        high=100,
+        high_open=True,
+    )
+    noise_base: float = param(
+        0.8,
+        "noise standard deviation on the entries at risk, times the layer's risk min(Var(W), 1)",
+        low=0,
+    )
 
     def __post_init__(self) -> None:
-        require(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        require(0 <= self.phi <= 100, f"phi must be a percentage in [0, 100], got {self.phi}")
-        require(
-            0 <= self.prune_base < 100,
-            f"prune_base must be a percentage in [0, 100), got {self.prune_base}",
-        )
-        require(self.noise_base >= 0, f"noise_base must be >= 0, got {self.noise_base}")
+        check_ranges(self)
 
 
 def _largest(values: torch.Tensor, share: float) -> torch.Tensor:

@@ -12,21 +12,28 @@ from typing import Any, Literal
 
 import torch
 
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import DefenseInfo, register, visible_survivors
 from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
 class PruningConfig:
-    ratio: float = 0.9
-    scope: Literal["layer", "global"] = "layer"
+    ratio: float = param(
+        0.9,
+        "fraction of the update's entries set to zero, the smallest in magnitude",
+        low=0,
+        high=1,
+        high_open=True,
+    )
+    scope: Literal["layer", "global"] = param(
+        "layer",
+        "prune each parameter tensor at its own quantile (GradAttack), or the whole update "
+        "at one threshold",
+    )
 
     def __post_init__(self) -> None:
-        require(
-            0 <= self.ratio < 1,
-            f"ratio (fraction of entries zeroed) must be in [0, 1), got {self.ratio}",
-        )
+        check_ranges(self)
 
 
 def _keep_count(numel: int, ratio: float) -> int:

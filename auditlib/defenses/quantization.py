@@ -24,26 +24,32 @@ from typing import Any
 
 import torch
 
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import DefenseInfo, copied, register, straight_through
 from auditlib.threat import KnownDefense
 
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    bits: int = 8
-    stochastic: bool = True
-    bucket_size: int = 512
+    bits: int = param(
+        8,
+        "bits per entry: 32 unchanged, 16 half precision, 2-8 QSGD with 2^(bits-1) - 1 levels "
+        "and a sign, 1 the sign times the mean magnitude",
+        values=(1, 2, 3, 4, 5, 6, 7, 8, 16, 32),
+    )
+    stochastic: bool = param(
+        True, "QSGD: round up or down at random, unbiased (false: to the nearest level)"
+    )
+    bucket_size: int = param(
+        512,
+        "QSGD: entries per bucket sharing one norm (QSGD's experiments: 512); 0: one bucket "
+        "per tensor",
+        low=0,
+        high=10**8,
+    )
 
     def __post_init__(self) -> None:
-        require(
-            self.bits in (1, 2, 3, 4, 5, 6, 7, 8, 16, 32),
-            f"bits must be 1-8, 16 or 32, got {self.bits}",
-        )
-        require(
-            0 <= self.bucket_size <= 10**8,
-            f"bucket_size must be >= 0 (0: one bucket per tensor), got {self.bucket_size}",
-        )
+        check_ranges(self)
 
 
 def _qsgd(

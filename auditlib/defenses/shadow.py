@@ -39,7 +39,7 @@ from auditlib.attacks.gradinversion import BatchNormPrior, image_norm
 from auditlib.attacks.grnn import fit_to_input, generated_side
 from auditlib.attacks.objectives import layer_l2_distance, total_variation
 from auditlib.client.update import client_update, trainable_parameters
-from auditlib.config import require
+from auditlib.config import check_ranges, param, require
 from auditlib.defenses.base import ClientContext, DefenseInfo, copied, register, require_context
 from auditlib.defenses.shadow_noise import (
     CamMode,
@@ -55,68 +55,98 @@ from auditlib.models.saliency import grad_cam_plus_plus, last_convolution
 from auditlib.threat import KnownDefense
 
 
+# RUF009: param() makes a field with an immutable default; ruff cannot see through the
+# Literal aliases Schedule and CamMode.
 @dataclass(frozen=True)
 class ShadowConfig:
-    sigma0: float = 0.19  # peak noise / image peak at round 0
-    schedule: Schedule = "increasing"  # sigma0 * exp(t / T)
-    rounds: int = 100  # T, the training length the schedule is scaled to
-    shadow_rounds: int = 20  # T_s: the shadow is fine-tuned before this round, frozen after
-    temperature: float = 20.0  # tau in all three softmaxes
-    equalize: bool = True  # histogram equalisation of the inverted error
-    momentum: float = 0.9  # weight of the new map in the momentum map
-    cam: CamMode = "paper"
-    cam_layer: str | None = None  # a Conv2d by module name; None = the last one
-    cam_top: float = 0.3  # foreground = top 30 % of the CAM
-    cam_min: float = 0.1  # alpha_t = clip(t / T, cam_min, cam_max)
-    cam_max: float = 0.5
-    shadow: Literal["generator", "prior"] = "generator"
-    latent_dim: int = 64
-    width: int = 32
-    pretrain_steps: int = 300  # VAE steps on the client's images
-    latent_steps: int = 500  # per-image latent fit (Adam 1e-3, patience 5)
-    latent_lr: float = 1e-3
-    patience: int = 5
-    finetune_steps: int = 5  # Adam steps on the synthesis layers per round
-    finetune_lr: float = 1e-3
-    ema: float = 0.5  # weight of the fine-tuned generator in the kept one
-    update_weight: float = 1e-2  # lambda_g
-    tv: float = 1e-5
-    bn: float = 1e-2
-    l2: float = 1e2
-    mse: float = 1.0
+    sigma0: float = param(
+        0.19, "peak of the image noise at round 0, relative to the image's peak", low=0, high=10
+    )
+    schedule: Schedule = param(  # noqa: RUF009
+        "increasing",
+        "noise amplitude over the rounds: sigma0 exp(t / T) (increasing, the paper), constant, "
+        "or sigma0 exp(-t / T)",
+    )
+    rounds: int = param(
+        100,
+        "T, the training length the schedule and the CAM weight are scaled to",
+        low=1,
+        high=100_000,
+    )
+    shadow_rounds: int = param(
+        20, "T_s: the shadow is fine-tuned before this round, frozen after", low=0, high=100_000
+    )
+    temperature: float = param(
+        20.0, "tau, the temperature of the three softmaxes", low=0, low_open=True, high=1000
+    )
+    equalize: bool = param(True, "equalise the histogram of the inverted reconstruction error")
+    momentum: float = param(
+        0.9, "weight of the new noise map in the momentum map over rounds", low=0, high=1
+    )
+    cam: CamMode = param(  # noqa: RUF009
+        "paper",
+        "how the Grad-CAM++ foreground is spared: the paper's prose (scaled down by 1 - alpha "
+        "CAM), the authors' code (a softmax offset), or off",
+    )
+    cam_layer: str | None = param(
+        None, "module name of the Conv2d the CAM is taken at; empty: the last one"
+    )
+    cam_top: float = param(
+        0.3, "share of the CAM, largest first, counted as foreground", low=0, low_open=True, high=1
+    )
+    cam_min: float = param(
+        0.1, "lower clip of the CAM weight alpha_t = clip(t / T, cam_min, cam_max)", low=0, high=1
+    )
+    cam_max: float = param(
+        0.5, "upper clip of the CAM weight alpha_t (at least cam_min)", low=0, high=1
+    )
+    shadow: Literal["generator", "prior"] = param(
+        "generator",
+        "the shadow attacker: a generator pretrained on the client's images and fine-tuned, "
+        "or a blur of the image (prior: fast, no fine-tuning)",
+    )
+    latent_dim: int = param(64, "length of the generator's latent per image", low=1, high=1024)
+    width: int = param(32, "channels of the generator's last block", low=1, high=256)
+    pretrain_steps: int = param(
+        300, "VAE pretraining steps of the generator on the client's images", low=0, high=100_000
+    )
+    latent_steps: int = param(
+        500, "Adam steps at most fitting each image's latent", low=0, high=100_000
+    )
+    latent_lr: float = param(1e-3, "Adam step size of the latent fit", low=0, low_open=True, high=1)
+    patience: int = param(
+        5, "latent fit: steps without improvement before it stops", low=1, high=10_000
+    )
+    finetune_steps: int = param(
+        5,
+        "Adam steps on the synthesis layers per round (before shadow_rounds)",
+        low=0,
+        high=100_000,
+    )
+    finetune_lr: float = param(
+        1e-3, "Adam step size of the fine-tuning", low=0, low_open=True, high=1
+    )
+    ema: float = param(
+        0.5, "weight of the fine-tuned generator in the one kept (EMA)", low=0, high=1
+    )
+    update_weight: float = param(
+        1e-2, "lambda_g, fine-tuning loss: weight of the per-layer update distance", low=0, high=1e6
+    )
+    tv: float = param(1e-5, "fine-tuning loss: weight of total variation", low=0, high=1e6)
+    bn: float = param(
+        1e-2, "fine-tuning loss: weight of the BatchNorm-statistics prior", low=0, high=1e6
+    )
+    l2: float = param(1e2, "fine-tuning loss: weight of the image L2 norm", low=0, high=1e6)
+    mse: float = param(
+        1.0, "fine-tuning loss: weight of the MSE to the true images", low=0, high=1e6
+    )
 
     def __post_init__(self) -> None:
-        require(0 <= self.sigma0 <= 10, f"sigma0 must be in [0, 10], got {self.sigma0}")
-        require(1 <= self.rounds <= 100_000, f"rounds must be in [1, 100000], got {self.rounds}")
+        check_ranges(self)
         require(
-            0 <= self.shadow_rounds <= 100_000,
-            f"shadow_rounds must be in [0, 100000], got {self.shadow_rounds}",
-        )
-        require(
-            0 < self.temperature <= 1000,
-            f"temperature must be in (0, 1000], got {self.temperature}",
-        )
-        require(0 <= self.momentum <= 1, f"momentum must be in [0, 1], got {self.momentum}")
-        require(0 < self.cam_top <= 1, f"cam_top must be in (0, 1], got {self.cam_top}")
-        require(
-            0 <= self.cam_min <= self.cam_max <= 1,
+            self.cam_min <= self.cam_max,
             f"expected 0 <= cam_min <= cam_max <= 1, got {self.cam_min} and {self.cam_max}",
         )
-        require(
-            1 <= self.latent_dim <= 1024, f"latent_dim must be in [1, 1024], got {self.latent_dim}"
-        )
-        require(1 <= self.width <= 256, f"width must be in [1, 256], got {self.width}")
-        for name in ("pretrain_steps", "latent_steps", "finetune_steps"):
-            value = getattr(self, name)
-            require(0 <= value <= 100_000, f"{name} must be in [0, 100000], got {value}")
-        require(1 <= self.patience <= 10_000, f"patience must be >= 1, got {self.patience}")
-        for name in ("latent_lr", "finetune_lr"):
-            value = getattr(self, name)
-            require(0 < value <= 1, f"{name} must be in (0, 1], got {value}")
-        require(0 <= self.ema <= 1, f"ema must be in [0, 1], got {self.ema}")
-        for name in ("update_weight", "tv", "bn", "l2", "mse"):
-            value = getattr(self, name)
-            require(0 <= value <= 1e6, f"{name} must be in [0, 1e6], got {value}")
 
 
 # --- The shadow generator -------------------------------------------------------------------

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from auditlib.client.update import set_training_mode
-from auditlib.config import require
+from auditlib.config import check_ranges, param
 from auditlib.defenses.base import (
     ClientContext,
     DefenseInfo,
@@ -43,21 +43,26 @@ _CHUNK = 64  # features back-propagated together (bounds memory: chunk x batch x
 
 @dataclass(frozen=True)
 class SoteriaConfig:
-    ratio: float = 0.5
-    layer: str | None = None  # module name of an nn.Linear; None = the last one
-    score_examples: int = 64  # images scored at most (a random sample of larger data); 0 = all
+    ratio: float = param(
+        0.5,
+        "fraction of the representation's features pruned (their columns of the layer's "
+        "weight update zeroed), those of smallest score",
+        low=0,
+        high=1,
+        high_open=True,
+    )
+    layer: str | None = param(
+        None,
+        "module name of the nn.Linear whose input is the representation; empty: the last one",
+    )
+    score_examples: int = param(
+        64,
+        "images scored at most (a random sample of larger client data); 0: all",
+        low=0,
+    )
 
     def __post_init__(self) -> None:
-        require(
-            self.score_examples >= 0,
-            f"score_examples (images scored at most; 0 = all) must be >= 0, "
-            f"got {self.score_examples}",
-        )
-        require(
-            0 <= self.ratio < 1,
-            f"ratio (fraction of representation features pruned) must be in [0, 1), "
-            f"got {self.ratio}",
-        )
+        check_ranges(self)
 
 
 def representation_layer(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]:
