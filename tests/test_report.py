@@ -6,8 +6,8 @@ summarised by its worst point, the threat-model card and the guesses)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import json
 import shutil
 import subprocess
 import warnings
@@ -28,11 +28,13 @@ from auditlib.engine.stream import png_bytes
 from auditlib.fl.federated import FederationSpec
 from auditlib.grids import comparison_grid, image_grid, split_grid
 from auditlib.models import ModelSpec
-from auditlib.report import pdf
+from auditlib.report import layout
 from auditlib.report.export import figures_to_png
 from auditlib.report.pdf import build_report, render_report, report_bytes
-from auditlib.report.subject import batch_subject, run_subject, summary_rows
+from auditlib.report.subject import batch_subject, run_rows, run_subject
+from auditlib.report.text import metric_text
 from auditlib.report.verdict_section import SOK_CITATION
+from auditlib.result import AuditSummary
 from auditlib.spec import (
     Budget,
     ComponentSpec,
@@ -193,8 +195,18 @@ def big_run(tmp_path_factory):
         budget=Budget(iterations=2),
     )
     result = run_audit(spec, lpips_nets=())
-    result.summary["victim"]["data"]["names"][0] = UPLOAD_NAME
-    result.summary["metrics"]["per_image"][0]["name"] = UPLOAD_NAME
+    summary = result.summary
+    data = summary.victim.data
+    named = dataclasses.replace(data, names=(UPLOAD_NAME, *data.names[1:]))
+    first = dataclasses.replace(summary.metrics.per_image[0], name=UPLOAD_NAME)
+    summary = dataclasses.replace(
+        summary,
+        victim=dataclasses.replace(summary.victim, data=named),
+        metrics=dataclasses.replace(
+            summary.metrics, per_image=(first, *summary.metrics.per_image[1:])
+        ),
+    )
+    result = dataclasses.replace(result, summary=summary)
     with Store(f"sqlite:///{folder}/runs.db") as store:
         run_id = store_run(store, spec, result, RUN_TITLE)
         yield run_subject(store, run_id)
@@ -261,19 +273,19 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
     assert TITLE in text  # printed as typed, not taken as markup
     assert f"auditlib {auditlib.__version__}" in text and f"page 1 of {info.pages}" in text
     # The metric tables: their heads, one row per defense, the risk levels of the rows.
-    heads = ("PSNR", "SSIM", "LPIPS", "Labels", "Recovered", "Verdict", "Accuracy", "Macro F1")
+    heads = ("PSNR", "SSIM", "LPIPS", "Label", "Recovered", "Verdict", "Accuracy", "Macro F1")
     for head in (*heads, "Undefended"):
         assert head in text
     assert "dp-gaussian (clip=1," in text and "sigma=0.01)" in text
-    for row in summary_rows(subject.entries):
-        assert row["status"] == "completed" and row["has_result"] and row["level"] in text
-        assert f"{row['psnr']:.2f}" in text
-        assert pdf.fmt(row["mse"], "e") in attack_table_row(text, row["label"][:12])  # unbroken
+    for row in run_rows(subject.entries):
+        assert row.status == "completed" and row.has_result and row.level in text
+        assert f"{row.psnr:.2f}" in text
+        assert metric_text("mse", row.mse) in attack_table_row(text, row.label[:12])  # unbroken
     # The utility's starting point as recorded, and no Python dict printed raw.
     assert "Training starts from DLG's uniform initialisation" in flat(text)  # sigmoid LeNet
     assert "{'" not in text and "'}" not in text
     # Limits: LPIPS was not computed, and 5 steps are fewer than DLG's paper ran.
-    assert "LPIPS-Alex unavailable" in text and "its paper 300" in text
+    assert "LPIPS (AlexNet) unavailable" in text and "its paper 300" in text
     # What the dp-gaussian run's epsilon is about: its neighbours, and no amplification.
     assert "one example replaced (sensitivity 2 x clip)" in flat(text)
     assert "no amplification by subsampling" in flat(text)
@@ -297,19 +309,19 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
 @needs_poppler
 def test_the_plain_attack_and_the_one_that_knows_the_defense_are_side_by_side(comparison):
     subject = batch_subject(comparison.store, comparison.batch_id)
-    undefended, noised = summary_rows(subject.entries)
+    undefended, noised = run_rows(subject.entries)
     # No twin without a defense; under the noise both figures, and the verdict's PSNR is
     # the per-image best of the two, so never below either.
-    assert undefended["plain_psnr"] is None and undefended["adaptive_psnr"] is None
-    plain, adaptive = noised["plain_psnr"], noised["adaptive_psnr"]
+    assert undefended.plain_psnr is None and undefended.adaptive_psnr is None
+    plain, adaptive = noised.plain_psnr, noised.adaptive_psnr
     assert plain is not None and adaptive is not None
-    assert noised["psnr"] >= max(plain, adaptive) - 1e-9
+    assert noised.psnr >= max(plain, adaptive) - 1e-9
     # The Compare page's table shows the two columns.
-    from dashboard.batch_view import display_rows
+    from dashboard.batch_table import ADAPTIVE_PSNR, PLAIN_PSNR, display_rows
 
     shown = {r["defense"]: r for r in display_rows([undefended, noised])}
-    assert shown[noised["label"]]["plain attack PSNR"] == f"{plain:.2f}"
-    assert shown[noised["label"]]["knowing the defense PSNR"] == f"{adaptive:.2f}"
+    assert shown[noised.label][PLAIN_PSNR] == f"{plain:.2f}"
+    assert shown[noised.label][ADAPTIVE_PSNR] == f"{adaptive:.2f}"
     data, _ = render_report(subject, charts=False)
     path = Path(comparison.url.removeprefix("sqlite:///")).with_name("twins.pdf")
     path.write_bytes(data)
@@ -350,7 +362,7 @@ def test_a_64_image_run_lays_out_on_a4(big_run, tmp_path):
     assert len(per_page) <= 3 and all(count % 8 == 0 for count in per_page.values())
     text = pdf_text(out)
     assert RUN_TITLE in text and UPLOAD_NAME in text and "and 40 more" in text
-    names = big_run.entries[0].run.summary["victim"]["data"]["names"]
+    names = big_run.entries[0].result.victim.data.names
     assert all(name in text for name in names[1:])
 
 
@@ -368,7 +380,7 @@ def test_members_not_run_or_failed_are_reported_not_dropped(comparison, tmp_path
 
     assert data.startswith(b"%PDF") and info.path is None and info.pages >= 4
     assert report_bytes(subject, charts=False).startswith(b"%PDF")
-    statuses = [r["status"] for r in summary_rows(subject.entries)]
+    statuses = [r.status for r in run_rows(subject.entries)]
     assert statuses == ["completed", "completed", "failed", "not run"]
     out = tmp_path / "partial.pdf"
     out.write_bytes(data)
@@ -411,15 +423,15 @@ def test_chart_export_reports_a_browser_that_will_not_start(tmp_path, monkeypatc
 
 @needs_poppler
 def test_report_falls_back_to_the_base_fonts_without_dejavu(comparison, tmp_path, monkeypatch):
-    monkeypatch.setattr(pdf, "FONT_DIRS", ())
-    pdf._fonts.cache_clear()
+    monkeypatch.setattr(layout, "FONT_DIRS", ())
+    layout.fonts.cache_clear()
     try:
         data, info = render_report(
             batch_subject(comparison.store, comparison.batch_id), charts=False
         )
     finally:
         monkeypatch.undo()
-        pdf._fonts.cache_clear()
+        layout.fonts.cache_clear()
     out = tmp_path / "latin.pdf"
     out.write_bytes(data)
     text = pdf_text(out)
@@ -559,9 +571,8 @@ def test_a_run_report_shows_the_threat_model_card_and_the_guesses(tiny_results, 
     assert (
         "Attacks tried dlg (paper preset)" in words and "Restart schedule dlg: one start" in words
     )
-    summary = subject.entries[0].run.summary
-    for guess in summary["metrics"]["baseline"]["guesses"]:
-        assert f"Guess: {guess['name']} {guess['psnr_mean']:.2f} {guess['ssim_mean']:.3f}" in words
+    for guess in subject.entries[0].result.metrics.guesses:
+        assert f"Guess: {guess.name} {guess.psnr_mean:.2f} {guess.ssim_mean:.3f}" in words
     assert f"Best guess, per image {verdict.finding.guess_psnr_mean:.2f}" in words
     assert "digits-0360" in words and "not beyond guess" in words  # the per-image level
     check_pages(png_pages(out, tmp_path / "pages"), info.pages)
@@ -570,8 +581,7 @@ def test_a_run_report_shows_the_threat_model_card_and_the_guesses(tiny_results, 
 @needs_poppler
 def test_a_run_recorded_before_verdicts_says_so(tiny_results, tmp_path):
     (member, result), _ = tiny_results[1]
-    old = dataclasses.replace(result, summary=copy.deepcopy(result.summary))
-    del old.summary["verdict"]
+    old = dataclasses.replace(result, summary=dataclasses.replace(result.summary, verdict=None))
     with Store(f"sqlite:///{tmp_path}/runs.db") as store:
         subject = run_subject(store, store_run(store, member.spec, old, "old run"))
     out = tmp_path / "old.pdf"
@@ -585,15 +595,40 @@ def test_a_run_recorded_before_verdicts_says_so(tiny_results, tmp_path):
 
 
 def test_column_widths_keep_each_number_whole():
-    widths = pdf.fit_widths([100, 30, 30], [40, 45, 20], total=160)
+    widths = layout.fit_widths([100, 30, 30], [40, 45, 20], total=160)
     assert widths[1] >= 45 and widths[2] >= 20 and sum(widths) == pytest.approx(160)
-    assert pdf.fmt(2.06e-05, "e") == "2.06e-5" and pdf.fmt(0.25, "e") == "0.25"
-    assert (
-        pdf.plain({"algorithm": "fedsgd", "local_lr": 0.01}) == "algorithm: fedsgd; local_lr: 0.01"
-    )
-    assert pdf._knowledge_text("client protocol {'algorithm': 'fedsgd'}") == (
-        "client protocol (algorithm: fedsgd)"
-    )
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+
+
+@needs_poppler
+@pytest.mark.parametrize("name", ["result_766bdbe", "result_9555ea9_parent"])
+def test_a_result_stored_by_an_earlier_version_still_renders(name, tmp_path):
+    """A real result.json of an earlier version (no verdict; 766bdbe also no guesses and no
+    RDLV) renders, its numbers as recorded, the parts it lacks said as not recorded."""
+    summary = AuditSummary.from_json(json.loads((FIXTURES / f"{name}.json").read_text()))
+    with Store(f"sqlite:///{tmp_path}/runs.db") as store:
+        run_id = store.create_run(dict(summary.config.spec), summary.spec_id, name)
+        store.mark_running(run_id)
+        store.finish(run_id, "completed", summary=summary)
+        subject = run_subject(store, run_id)
+    out = tmp_path / "old.pdf"
+
+    info = build_report(subject, out, charts=False)
+
+    words = flat(pdf_text(out))
+    check_pages(png_pages(out, tmp_path / "pages"), info.pages)
+    assert "No verdict (recorded before verdicts)" in words
+    row = attack_table_row(pdf_text(out), name[:12])
+    assert f"{summary.metrics.psnr_mean:.2f}" in row and row.rstrip().endswith("no verdict")
+    lacks = words.split("stored by an earlier version of auditlib; not recorded: ", 1)[1]
+    lacks = lacks.split(".", 1)[0]
+    assert lacks.startswith("the verdict")
+    assert ("RDLV" in lacks) == (summary.metrics.rdlv_mean is None)  # 766bdbe had none yet
+    assert "No reconstruction stored (run completed)" in words
+    assert "client protocol (algorithm: fedsgd; local_steps: 1" in words  # no dict printed
+    assert summary.victim.data.content_sha256 in words and run_id in words
 
 
 # ------------------------------------------------------------------------------ CLI

@@ -1,31 +1,42 @@
 """Plotly figures of comparisons and sweeps: the same figures in the dashboard and the PDF.
 
-Built from :func:`auditlib.report.subject.summary_rows`; points without a value (a run not
-finished, a metric unavailable) are left out of a chart, never drawn as zero.
+Built from the rows of :func:`auditlib.report.subject.run_rows` (``RunRow``); points without
+a value (a run not finished, a metric unavailable) are left out of a chart, never drawn as
+zero.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from auditlib.metrics.catalogue import CATALOGUE, MetricInfo
 from auditlib.metrics.risk import LEVELS
+from auditlib.metrics.scores import SuccessPoint
+from auditlib.report.subject import RunRow
 from auditlib.store.convert import finite_number
 
-# Privacy axis choices: row key -> (axis title, higher means more leakage?)
+
+def _axis(metric: MetricInfo) -> tuple[str, bool]:
+    higher = metric.direction == "higher leaks"
+    way = f"{'higher' if higher else 'lower'} = more leakage"
+    notes = ", ".join(filter(None, (metric.unit, way)))
+    if metric.label.endswith(")"):  # "LPIPS (AlexNet)": one pair of brackets
+        return f"attack {metric.label[:-1]}, {notes})", higher
+    return f"attack {metric.label} ({notes})", higher
+
+
+# Privacy axis choices: catalogue key -> (axis title, higher means more leakage?)
 PRIVACY_METRICS: dict[str, tuple[str, bool]] = {
-    "psnr": ("attack PSNR (dB, higher = more leakage)", True),
-    "ssim": ("attack SSIM (higher = more leakage)", True),
-    "lpips": ("attack LPIPS-Alex (lower = more leakage)", False),
+    key: _axis(CATALOGUE[key]) for key in ("psnr", "ssim", "lpips")
 }
 UTILITY_TITLE = "utility: test accuracy after federated training"
 _LEVEL_COLOURS = {"Very High": "#d62728", "High": "#ff7f0e", "Medium": "#e6c229", "Low": "#2ca02c"}
 
 
-def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go.Figure:
+def tradeoff_figure(rows: Sequence[RunRow], privacy: str = "psnr") -> go.Figure:
     """Utility against the attack's success, one curve per defense (points in knob order).
 
     Each point is labelled with its knob value, and epsilon where the defense has one.
@@ -34,28 +45,28 @@ def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go
         raise ValueError(f"privacy metric {privacy!r}; expected {', '.join(PRIVACY_METRICS)}")
     axis_title, _ = PRIVACY_METRICS[privacy]
     figure = go.Figure()
-    series = list(dict.fromkeys(r["series"] for r in rows))
+    series = list(dict.fromkeys(r.series for r in rows))
     for name in series:
         points = [
             r
             for r in rows
-            if r["series"] == name
-            and finite_number(r.get(privacy)) is not None
-            and finite_number(r.get("utility_accuracy")) is not None
+            if r.series == name
+            and finite_number(r.metric(privacy)) is not None
+            and finite_number(r.utility_accuracy) is not None
         ]
-        points.sort(key=lambda r: (r["value"] is None, r["value"] or 0.0))
+        points.sort(key=lambda r: (r.value is None, r.value or 0.0))
         if not points:
             continue
         text = []
         for r in points:
-            label = "" if r["value"] is None else f"{r['knob']}={r['value']:g}"
-            if finite_number(r.get("epsilon")) is not None:
-                label += f" (ε={r['epsilon']:.3g})"
+            label = "" if r.value is None else f"{r.knob}={r.value:g}"
+            if finite_number(r.epsilon) is not None:
+                label += f" (ε={r.epsilon:.3g})"
             text.append(label.strip())
         figure.add_trace(
             go.Scatter(
-                x=[r[privacy] for r in points],
-                y=[r["utility_accuracy"] for r in points],
+                x=[r.metric(privacy) for r in points],
+                y=[r.utility_accuracy for r in points],
                 mode="lines+markers+text" if len(points) > 1 else "markers+text",
                 name=name,
                 text=text,
@@ -83,21 +94,23 @@ def tradeoff_figure(rows: Sequence[dict[str, Any]], privacy: str = "psnr") -> go
     return figure
 
 
-def comparison_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
+def comparison_figure(rows: Sequence[RunRow]) -> go.Figure:
     """Attack PSNR (coloured by leakage level) and utility per defense, side by side."""
     figure = make_subplots(
-        rows=1, cols=2, subplot_titles=("attack PSNR (dB)", "utility: test accuracy")
+        rows=1,
+        cols=2,
+        subplot_titles=(f"attack {CATALOGUE['psnr'].heading}", "utility: test accuracy"),
     )
-    labels = [r["label"] for r in rows]
-    psnr = [finite_number(r.get("psnr")) for r in rows]
-    colours = [_LEVEL_COLOURS.get(r.get("level") or "", "#999999") for r in rows]
+    labels = [r.label for r in rows]
+    psnr = [finite_number(r.psnr) for r in rows]
+    colours = [_LEVEL_COLOURS.get(r.level or "", "#999999") for r in rows]
     figure.add_trace(
         go.Bar(x=labels, y=psnr, marker_color=colours, name="PSNR", showlegend=False), 1, 1
     )
     figure.add_trace(
         go.Bar(
             x=labels,
-            y=[finite_number(r.get("utility_accuracy")) for r in rows],
+            y=[finite_number(r.utility_accuracy) for r in rows],
             marker_color="#1f77b4",
             name="accuracy",
             showlegend=False,
@@ -113,20 +126,21 @@ def comparison_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
 
 
 def success_rate_figure(
-    rows: Sequence[dict[str, Any]], curves: Sequence[Sequence[dict[str, float]]]
+    rows: Sequence[RunRow], curves: Sequence[Sequence[SuccessPoint]]
 ) -> go.Figure:
     """Share of images recovered at each PSNR threshold, one line per run (GRNN thesis's
-    success-rate curve). ``curves[i]`` is run i's ``risk["psnr_success_rate"]``."""
+    success-rate curve). ``curves[i]`` is run i's ``Risk.psnr_success_rate``
+    (``subject.success_curves``)."""
     figure = go.Figure()
     for row, curve in zip(rows, curves, strict=True):
         if not curve:
             continue
         figure.add_trace(
             go.Scatter(
-                x=[p["threshold"] for p in curve],
-                y=[p["rate"] for p in curve],
+                x=[p.threshold for p in curve],
+                y=[p.rate for p in curve],
                 mode="lines+markers",
-                name=row["label"],
+                name=row.label,
             )
         )
     figure.update_layout(

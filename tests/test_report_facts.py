@@ -1,0 +1,169 @@
+"""The report's facts without reportlab: what the PDF states about a run, read from the
+typed result and spec (here real result.json files of earlier versions, stored on SQLite),
+in the metric catalogue's labels and formats, with "not recorded" where a run lacks a part."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from auditlib.metrics.catalogue import CATALOGUE, RECONSTRUCTION_METRICS, UTILITY_METRICS
+from auditlib.metrics.scores import ImageScore
+from auditlib.report import facts, facts_back, facts_results, verdict_facts
+from auditlib.report.subject import ReportEntry, run_row, run_subject
+from auditlib.report.text import NOT_RECORDED, knowledge_text, metric_text, plain
+from auditlib.result import AuditSummary
+from auditlib.store import Store
+
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+
+
+def stored(tmp_path: Path, name: str) -> ReportEntry:
+    """The fixture ``name`` stored as a completed run, read back as a report entry."""
+    summary = AuditSummary.from_json(json.loads((FIXTURES / f"{name}.json").read_text()))
+    with Store(f"sqlite:///{tmp_path}/{name}.db") as store:
+        run_id = store.create_run(dict(summary.config.spec), summary.spec_id, name)
+        store.mark_running(run_id)
+        store.finish(run_id, "completed", summary=summary)
+        return run_subject(store, run_id).entries[0]
+
+
+@pytest.fixture
+def old(tmp_path) -> ReportEntry:
+    """Written by 766bdbe: no verdict, no guesses, no RDLV, no attack list, no utility."""
+    return stored(tmp_path, "result_766bdbe")
+
+
+@pytest.fixture
+def pruned(tmp_path) -> ReportEntry:
+    """Written just before the verdict: guesses, risk and RDLV, under prune."""
+    return stored(tmp_path, "result_9555ea9_parent")
+
+
+def test_the_facts_need_no_reportlab():
+    code = (
+        "import sys; import auditlib.report.facts, auditlib.report.facts_back, "
+        "auditlib.report.facts_results, "
+        "auditlib.report.verdict_facts, auditlib.report.text, auditlib.report.subject; "
+        "print(any(m.startswith('reportlab') for m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_an_old_run_is_described_from_its_typed_result_and_spec(old):
+    assert old.has_result and old.spec is not None and old.verdict is None
+    assert facts.model_text(old) == (
+        "lenet, input 3 x 32 x 32, 10 classes, 15,826 parameters, uniform initialisation (seed 0)"
+    )
+    assert facts.images_count(old, "private image") == "2 private images"
+    assert facts.data_source(old) == "sample set 'photographs'"
+    assert facts.attack_names([old]) == ["ig"]
+    pairs = dict(facts.scenario_pairs(old))
+    assert pairs["FL algorithm"] == "fedsgd" and pairs["Images"] == "astronaut, chelsea"
+    assert pairs["Server observes"].startswith("the client's gradient")
+    known = facts.server_knows([old])
+    assert (
+        "client protocol (algorithm: fedsgd; local_steps: 1; local_epochs: None"
+        in (known.common[1])
+    )
+    (attack,) = facts.attack_settings([old])
+    assert attack.budget == "5 optimiser steps per restart (the paper: 24000)"
+    assert attack.preset == "none" and attack.lpips_nets == "none"
+
+
+def test_the_row_reads_the_typed_scores_and_says_what_is_missing(old, pruned):
+    row = run_row(old)
+    scores = old.result.metrics
+    assert row.psnr == scores.psnr_mean and row.ssim == scores.ssim_mean
+    assert row.mse == scores.mse_mean and row.label_accuracy == 0.5
+    assert row.lpips is None and row.rdlv is None  # not requested / not yet computed
+    assert row.beyond_guess is None and row.recovered is None and row.level is None
+    assert row.metric("psnr") == row.psnr and row.metric("accuracy") is None
+
+    later = run_row(pruned)
+    assert later.beyond_guess == (0, 2) and later.rdlv == pruned.result.metrics.rdlv_mean
+    assert later.recovered == pruned.result.metrics.risk.psnr_rate_at(20.0) == 0.0
+
+
+def test_limits_say_what_an_old_result_did_not_record(old, pruned):
+    assert facts_back.unrecorded_parts(old.result) == [
+        "the verdict",
+        "the best guesses (so the images recovered beyond them)",
+        "RDLV",
+    ]
+    assert facts_back.unrecorded_parts(pruned.result) == ["the verdict"]
+    rows = [run_row(old), run_row(pruned)]
+    items = facts_back.limits([old, pruned], rows)
+    assert "LPIPS (AlexNet) unavailable: LPIPS-alex not requested." in items
+    assert any(f"{NOT_RECORDED}: the verdict, the best guesses" in i for i in items)
+    assert f"ε n/a for {pruned.label}: pruning gives no formal DP guarantee." in items
+    assert any("ig ran 5 optimiser steps per restart, its paper 24000" in i for i in items)
+
+
+def test_a_spec_this_version_cannot_read_is_said_as_not_recorded(old):
+    unread = dataclasses.replace(old, spec=None)
+    assert facts.model_text(unread) == f"model {NOT_RECORDED}, 15,826 parameters"
+    assert facts.attack_names([unread]) == ["ig"]  # from the result
+    pairs = dict(facts.scenario_pairs(unread))
+    assert pairs["FL algorithm"] == pairs["Global model"] == NOT_RECORDED
+    assert pairs["Batch size"] == "2"  # the result's images
+    (attack,) = facts.attack_settings([unread])
+    assert attack.budget == attack.seed_device == NOT_RECORDED
+    assert facts_back.identifiers(unread).seed == NOT_RECORDED
+
+
+def test_defense_and_cost_tables_use_the_catalogue(pruned):
+    (defense,) = facts.defense_rows([pruned], [run_row(pruned)])
+    assert defense.settings == "ratio: 0.9; scope: layer"
+    assert defense.epsilon == "n/a" and defense.update_norm == "25.1 → 20.1"
+
+    row = dataclasses.replace(
+        run_row(pruned), utility_accuracy=0.7234, utility_f1=0.61234, epsilon=2.06e-05
+    )
+    columns = {c.key: c for c in facts_results.cost_columns([row])}
+    assert list(columns) == ["run", "accuracy", "undefended", "macro_f1", "epsilon", "seconds"]
+    assert columns["accuracy"].head == CATALOGUE["accuracy"].heading
+    assert columns["accuracy"].cells == ("72.3%",) and columns["macro_f1"].cells == ("0.612",)
+    assert columns["epsilon"].cells == ("2.06e-5",)  # the catalogue's short exponent
+    with_chance = facts_results.cost_columns([dataclasses.replace(row, utility_chance=0.1)])
+    assert [c.head for c in with_chance][2] == "Chance"
+    assert "Model accuracy after federated training 72.3%" in facts.utility_words(row)
+
+
+def test_metric_definitions_are_the_catalogue():
+    assert facts_back.metric_definitions() == [
+        (m.heading, f"{m.definition}. {facts_back.DIRECTION_WORDS[m.direction]}")
+        for m in RECONSTRUCTION_METRICS
+    ]
+    utility = dict(facts_back.metric_definitions(UTILITY_METRICS))
+    assert utility["ε"].endswith("Smaller is more private.")
+    assert utility["Accuracy"] == f"{CATALOGUE['accuracy'].definition}."
+
+
+def test_words_and_numbers():
+    assert metric_text("psnr", 13.7712) == "13.77" and metric_text("ssim", None) == "n/a"
+    assert metric_text("epsilon", 0.25) == "0.25" and metric_text("mse", float("nan")) == "n/a"
+    assert plain({"algorithm": "fedsgd", "local_lr": 0.01}) == "algorithm: fedsgd; local_lr: 0.01"
+    assert knowledge_text("client protocol {'algorithm': 'fedsgd'}") == (
+        "client protocol (algorithm: fedsgd)"
+    )
+    image = ImageScore("a", 0, 0.1, 10.0, 1, beyond_guess=True, leakage_level="Medium")
+    assert verdict_facts.caption_level(image) == verdict_facts.image_level(image) == "Medium"
+    assert verdict_facts.caption_level(dataclasses.replace(image, beyond_guess=False)) == "≤ guess"
+    assert verdict_facts.image_level(dataclasses.replace(image, beyond_guess=None)) == "n/a"
+
+
+def test_counts_of_a_batch_without_verdicts(old, pruned):
+    not_run = dataclasses.replace(old, run=None, result=None, label="later")
+    assert verdict_facts.counts_sentence([old, pruned, not_run]) == (
+        "0 of the 3 runs have a finding, 0 are inconclusive, 2 have no verdict (recorded "
+        "before verdicts) and 1 has no result."
+    )
+    assert verdict_facts.no_verdict_reason(not_run) == "not run yet"
+    assert facts.runs_text([old, pruned, not_run]) == "2 with results of 3"
