@@ -123,6 +123,10 @@ class DefenseReport:
     epsilon_unavailable_reason: str | None = None
     delta: float | None = None
     noise_multiplier: float | None = None
+    accountant: str | None = None  # how epsilon was computed
+    unit: str | None = None  # what epsilon protects ("this client's update, per round")
+    neighbours: str | None = None  # the neighbouring relation it holds for
+    sampling: str | None = None  # amplification by subsampling, or why none
     update_norm_before: float | None = None
     update_norm_after: float | None = None
     details: Mapping[str, Any] = field(default_factory=dict)  # each defense's own facts

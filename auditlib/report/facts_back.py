@@ -94,7 +94,7 @@ def limits(entries: Sequence[ReportEntry], rows: Sequence[RunRow]) -> list[str]:
             reason = report.epsilon_unavailable_reason or "the defense states no privacy guarantee"
             no_epsilon.setdefault(reason, []).append(entry.label)
             continue
-        said = [report.details.get(k) for k in ("neighbours", "sampling")]
+        said = [report.neighbours, report.sampling]
         text = "; ".join(str(x) for x in said if x)
         if text:
             relations.setdefault(text, []).append(entry.label)
