@@ -1,0 +1,296 @@
+"""The command line's arguments: one parser, its sub-commands and their options, with
+choices taken from the definitions (the protocol's, the federation's, the registries')."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from typing import get_args
+
+from auditlib.errors import AuditInputError
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise AuditInputError(f"cannot read {path}: {exc.strerror}") from exc
+    return digest.hexdigest()
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes end in one line on stderr, like every other bad input."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+# --attacker-knows-defense: the CLI's words for ScenarioSpec.attacker_knows_defense.
+KNOWS_DEFENSE = {"auto": None, "yes": True, "no": False}
+PARAMS_HINT = "`python -m auditlib params NAME` lists them: type, default, range, description"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from auditlib.attacks import ALL_ATTACKS, ATTACKS
+    from auditlib.attacks.restarts import AUDIT_PRESET
+    from auditlib.client.protocol import Algorithm, BatchNormMode, Shared
+    from auditlib.data.samples import SAMPLE_SETS
+    from auditlib.defenses import DEFENSES
+    from auditlib.models import ARCHITECTURES
+    from auditlib.spec import UTILITY_DATASETS
+
+    parser = _Parser(
+        prog="python -m auditlib", description="Gradient-leakage audits for federated learning."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    audit = commands.add_parser(
+        "audit", help="run one attack against one client update and score it"
+    )
+
+    model = _model_arguments(audit, ARCHITECTURES, init="uniform")
+    model.add_argument(
+        "--trusted-model", help="TorchScript / torch.export archive (runs code on load)"
+    )
+    model.add_argument(
+        "--i-trust-this-file", action="store_true", help="required with --trusted-model"
+    )
+
+    data = audit.add_argument_group("data")
+    source = data.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--images", help="folder of images (labels from labels.csv or class subfolders)"
+    )
+    source.add_argument("--samples", help=f"bundled sample set: {', '.join(SAMPLE_SETS)}")
+    data.add_argument("--labels-csv", help="CSV with columns filename,label")
+    data.add_argument("--offset", type=int, default=0, help="first image to use")
+    data.add_argument(
+        "--normalization",
+        default="none",
+        help="'none' or 'MEAN/STD' per channel, e.g. 0.5,0.5,0.5/0.5,0.5,0.5",
+    )
+
+    scenario = audit.add_argument_group("scenario")
+    scenario.add_argument("--scenario", default="fedsgd", choices=get_args(Algorithm))
+    scenario.add_argument(
+        "--batch-size",
+        type=int,
+        help="images in the private batch (default: 1 for samples, all for a folder)",
+    )
+    scenario.add_argument("--local-steps", type=int, default=1)
+    scenario.add_argument("--local-epochs", type=int)
+    scenario.add_argument("--local-lr", type=float, default=0.01)
+    scenario.add_argument("--local-batch-size", type=int)
+    scenario.add_argument(
+        "--share",
+        default="delta",
+        choices=get_args(Shared),
+        help="FedAvg: what the client sends",
+    )
+    scenario.add_argument("--bn-mode", default="train", choices=get_args(BatchNormMode))
+    scenario.add_argument(
+        "--labels-known", action="store_true", help="threat model: the server knows the labels"
+    )
+    scenario.add_argument(
+        "--attacker-knows-defense",
+        default="auto",
+        choices=tuple(KNOWS_DEFENSE),
+        help="threat model: run beside each attack its adaptive twin, which knows the "
+        "defense's mechanism and public parameters (auto: yes, except for --preset paper)",
+    )
+    scenario.add_argument(
+        "--pretrain-rounds",
+        type=int,
+        default=0,
+        help="attack stage: FedAvg rounds before the attack",
+    )
+    scenario.add_argument("--pretrain-data", default=UTILITY_DATASETS[0], choices=UTILITY_DATASETS)
+
+    attack = audit.add_argument_group("attack and defense")
+    attack.add_argument(
+        "--attack",
+        default="dlg",
+        choices=[*sorted(ATTACKS), ALL_ATTACKS],
+        help=f"the attack, or '{ALL_ATTACKS}': every applicable attack at its audit preset, "
+        "the worst case per image",
+    )
+    attack.add_argument(
+        "--preset",
+        default=AUDIT_PRESET,
+        help="attack preset: 'audit' (default: the strongest settings, raced restarts), "
+        "'paper' (the paper's settings, for reproduction), another the attack lists, or "
+        "'none' (the library's defaults)",
+    )
+    attack.add_argument(
+        "--attack-param",
+        action="append",
+        metavar="NAME=VALUE",
+        help=f"an attack parameter (repeatable); {PARAMS_HINT.replace('NAME', 'ATTACK')}",
+    )
+    attack.add_argument("--defense", default="none", choices=sorted(DEFENSES))
+    attack.add_argument(
+        "--defense-param",
+        action="append",
+        metavar="NAME=VALUE",
+        help=f"a defense parameter (repeatable); {PARAMS_HINT.replace('NAME', 'DEFENSE')}",
+    )
+
+    run = audit.add_argument_group("run")
+    run.add_argument(
+        "--iterations", type=int, help="optimiser steps per restart (default: the paper's)"
+    )
+    run.add_argument("--time-budget", type=float, help="seconds before the attack stops")
+    run.add_argument(
+        "--no-control",
+        action="store_true",
+        help="do not run the undefended control of a defended run (its verdict is then "
+        "inconclusive unless the attack leaks)",
+    )
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    run.add_argument(
+        "--lpips-nets", default="alex,vgg", help="comma-separated LPIPS backbones, or 'none'"
+    )
+    run.add_argument(
+        "--out", required=True, help="output folder for result.json and reconstruction.png"
+    )
+    _utility_arguments(commands, ARCHITECTURES, DEFENSES)
+    _report_arguments(commands)
+    params = commands.add_parser(
+        "params",
+        help="list an attack's or a defense's parameters: type, default, range, description",
+    )
+    params.add_argument(
+        "name",
+        nargs="?",
+        metavar="ATTACK-OR-DEFENSE",
+        help="an attack or defense name; none: list the attacks and defenses",
+    )
+    return parser
+
+
+def _report_arguments(commands) -> None:
+    report = commands.add_parser(
+        "report", help="write the PDF audit report of a stored run, comparison or sweep"
+    )
+    subject = report.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--run", metavar="ID", help="id of a run in the store")
+    subject.add_argument("--batch", metavar="ID", help="id of a comparison or sweep in the store")
+    report.add_argument(
+        "--db",
+        help="SQLAlchemy URL of the store (default: $AUDIT_DATABASE_URL, else data/audit.db)",
+    )
+    report.add_argument("--out", required=True, metavar="FILE.pdf", help="the PDF file to write")
+    report.add_argument(
+        "--no-charts", action="store_true", help="leave out the charts (no Chromium needed)"
+    )
+
+
+def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str | None):
+    from auditlib.models.architectures import ACTIVATIONS, STEMS
+    from auditlib.models.registry import INITS
+
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model", required=True, choices=sorted(architectures), help="built-in architecture"
+    )
+    model.add_argument(
+        "--weights", help="weights for --model: safetensors or a weights-only state_dict"
+    )
+    model.add_argument("--num-classes", type=int, default=10)
+    model.add_argument("--input-size", type=int, default=32, help="input height = width in pixels")
+    model.add_argument("--channels", type=int, default=3, choices=(1, 3))
+    model.add_argument(
+        "--init",
+        default=init,
+        choices=INITS,
+        help="uniform = U(-0.5, 0.5), the DLG/GRNN setting (default: "
+        + (
+            init
+            if init
+            else "the one SGD trains from: uniform for sigmoid networks, PyTorch's otherwise"
+        )
+        + ")",
+    )
+    model.add_argument("--activation", choices=ACTIVATIONS, help="default: the architecture's")
+    model.add_argument(
+        "--stem",
+        choices=STEMS,
+        help="ResNet stem: cifar (one 3x3 convolution) or imagenet (torchvision's 7x7 and a "
+        "max pool, which torchvision checkpoints need); default: cifar up to 64 pixels",
+    )
+    model.add_argument(
+        "--model-seed", type=int, default=0, help="seed of the weight initialisation"
+    )
+    return model
+
+
+def model_spec_of(args: argparse.Namespace):
+    """The built-in model the ``_model_arguments`` options describe."""
+    from dataclasses import replace
+
+    from auditlib.models import ModelSpec
+    from auditlib.models.registry import trainable_init
+
+    spec = ModelSpec(
+        architecture=args.model,
+        num_classes=args.num_classes,
+        input_shape=(args.channels, args.input_size, args.input_size),
+        init=args.init or "default",
+        activation=args.activation,
+        stem=args.stem,
+        seed=args.model_seed,
+    )
+    if args.init is None:  # the utility command: start where SGD trains the activation
+        spec = replace(spec, init=trainable_init(spec))
+    return spec
+
+
+def _utility_arguments(commands, architectures, defenses) -> None:
+    from auditlib.fl.federation import Split
+    from auditlib.spec import UTILITY_DATASETS
+
+    utility = commands.add_parser(
+        "utility",
+        help="train the model with FedAvg under a defense; test accuracy and macro F1 per round",
+    )
+    _model_arguments(utility, architectures, init=None)
+    data = utility.add_argument_group("data")
+    source = data.add_mutually_exclusive_group(required=True)
+    source.add_argument("--samples", help=f"bundled labelled set: {' or '.join(UTILITY_DATASETS)}")
+    source.add_argument(
+        "--images", help="folder of labelled images (class subfolders or labels.csv)"
+    )
+    data.add_argument("--labels-csv", help="CSV with columns filename,label")
+    data.add_argument("--train", type=int, default=2000, help="training examples (bundled set)")
+    data.add_argument("--test", type=int, default=1000, help="held-out examples (bundled set)")
+    data.add_argument("--test-fraction", type=float, default=0.2, help="held-out share of --images")
+    data.add_argument("--max-images", type=int, default=5000, help="most images read from --images")
+    data.add_argument("--normalization", default="none", help="'none' or 'MEAN/STD' per channel")
+    federation = utility.add_argument_group("federation")
+    federation.add_argument("--clients", type=int, default=10)
+    federation.add_argument("--clients-per-round", type=int)
+    federation.add_argument("--split", default="iid", choices=get_args(Split))
+    federation.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
+    federation.add_argument("--rounds", type=int, default=10)
+    federation.add_argument("--local-epochs", type=int, default=1)
+    federation.add_argument("--local-lr", type=float, default=0.05)
+    federation.add_argument("--local-batch-size", type=int, default=32)
+    federation.add_argument("--seed", type=int, default=0)
+    defense = utility.add_argument_group("defense")
+    defense.add_argument("--defense", default="none", choices=sorted(defenses))
+    defense.add_argument(
+        "--defense-param",
+        action="append",
+        metavar="NAME=VALUE",
+        help=f"a defense parameter (repeatable); {PARAMS_HINT.replace('NAME', 'DEFENSE')}",
+    )
+    utility.add_argument("--out", help="write the rounds as JSON to this file")
+    utility.add_argument(
+        "--save-weights",
+        metavar="FILE",
+        help="write the trained model's weights as safetensors: the file the dashboard's Setup "
+        "page (and --weights) takes for the same architecture, classes and input size",
+    )

@@ -1,0 +1,209 @@
+"""``python -m auditlib audit``: one audit (and its undefended control first), written as
+result.json and reconstruction.png, with the verdict on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from auditlib.cli.arguments import KNOWS_DEFENSE, model_spec_of, sha256_file
+from auditlib.errors import AuditInputError
+
+if TYPE_CHECKING:
+    from auditlib.metrics.verdict import Verdict
+    from auditlib.result import AuditSummary
+
+
+def spec_from_args(args: argparse.Namespace):
+    from auditlib.attacks import ALL_ATTACKS, ATTACKS, get_attack
+    from auditlib.attacks.restarts import AUDIT_PRESET
+    from auditlib.client.protocol import ClientProtocol
+    from auditlib.config import parse_key_values
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+    if args.trusted_model and not args.i_trust_this_file:
+        raise AuditInputError(
+            "--trusted-model loads an archive that can run code; add --i-trust-this-file to accept that"
+        )
+    if args.trusted_model and args.weights:
+        raise AuditInputError("give either --weights or --trusted-model, not both")
+    model_spec = model_spec_of(args)
+    weights_file = args.weights or args.trusted_model
+    model = ModelRef(
+        spec=model_spec,
+        weights=args.weights,
+        trusted_archive=args.trusted_model,
+        content_sha256=sha256_file(weights_file) if weights_file else None,
+    )
+    if args.batch_size is None and args.samples:
+        args.batch_size = 1
+    data = DataSpec(
+        source="folder" if args.images else "samples",
+        location=args.images or args.samples,
+        batch_size=args.batch_size,
+        offset=args.offset,
+        labels_csv=args.labels_csv,
+        normalization=args.normalization,
+    )
+    protocol = ClientProtocol(
+        algorithm=args.scenario,
+        local_steps=args.local_steps,
+        local_epochs=args.local_epochs,
+        local_lr=args.local_lr,
+        local_batch_size=args.local_batch_size,
+        shared=args.share,
+        batchnorm_mode=args.bn_mode,
+    )
+    scenario = ScenarioSpec(
+        protocol=protocol,
+        labels_known=args.labels_known,
+        attacker_knows_defense=KNOWS_DEFENSE[args.attacker_knows_defense],
+        pretrain_rounds=args.pretrain_rounds,
+        pretrain_data=args.pretrain_data,
+    )
+    preset = None if args.preset in (None, "none") else args.preset
+    if args.attack == ALL_ATTACKS:
+        if preset not in (None, AUDIT_PRESET):
+            raise AuditInputError(
+                f"--attack {ALL_ATTACKS} runs every attack at its audit preset; "
+                f"drop --preset {args.preset}"
+            )
+        iterations = args.iterations or max(a.audit.iterations for a in ATTACKS.values() if a.audit)
+        preset = None
+    else:
+        info = get_attack(args.attack)
+        if preset == "paper" or info.audit is None:
+            iterations = args.iterations or info.paper_iterations or 1000
+        else:
+            iterations = args.iterations or info.audit.iterations
+    return RunSpec(
+        model=model,
+        data=data,
+        scenario=scenario,
+        attack=ComponentSpec.of(
+            args.attack, parse_key_values(args.attack_param, "attack parameter"), preset
+        ),
+        defense=ComponentSpec.of(
+            args.defense, parse_key_values(args.defense_param, "defense parameter")
+        ),
+        budget=Budget(iterations=iterations, max_seconds=args.time_budget),
+        seed=args.seed,
+        device=args.device,
+    )
+
+
+def write_outputs(result, out: Path) -> None:
+    from auditlib.grids import save_comparison_png
+    from auditlib.result_json import summary_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(summary_json(result.summary.to_json()))
+    save_comparison_png(result.originals, result.reconstruction, out / "reconstruction.png")
+
+
+def _progress_bar(total: int):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    from auditlib.defenses import build_defense
+    from auditlib.engine.attack_phase import plan_attacks
+    from auditlib.engine.audit import run_audit
+    from auditlib.engine.isolation import run_isolated
+    from auditlib.metrics import LPIPS_NETS
+
+    spec = spec_from_args(args)
+    nets = (
+        ()
+        if args.lpips_nets.strip().lower() == "none"
+        else tuple(n.strip() for n in args.lpips_nets.split(","))
+    )
+    unknown = [n for n in nets if n not in LPIPS_NETS]
+    if unknown:
+        raise AuditInputError(
+            f"unknown LPIPS backbone {', '.join(unknown)}; expected {', '.join(LPIPS_NETS)} or none"
+        )
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise AuditInputError(f"--out {out} exists and is not a folder")
+    bar = None
+
+    def on_event(event) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = _progress_bar(event.total_steps)
+        if bar is not None:
+            bar.n = event.step
+            loss = next(iter(event.losses.values()), None)
+            if loss is not None:
+                bar.set_postfix(loss=f"{loss:.3g}", refresh=False)
+            bar.refresh()
+
+    runner = run_isolated if spec.model.trusted_archive else run_audit
+    # Refuse bad attack or defense parameters before the control spends any time.
+    plan_attacks(spec.attack, spec.budget.iterations)
+    build_defense(spec.defense.name, spec.defense.params_dict())
+    control_result = None
+    control = None if args.no_control else spec.control()
+    try:
+        if control is not None:  # the positive control first: the defended run's verdict needs it
+            print("control: the same attack without the defense", file=sys.stderr)
+            control_result = runner(control, on_event=on_event, lpips_nets=())
+            if bar is not None:
+                bar.close()
+                bar = None
+        result = runner(spec, on_event=on_event, lpips_nets=nets)
+    finally:
+        if bar is not None:
+            bar.close()
+    import dataclasses
+
+    from auditlib.metrics.catalogue import CATALOGUE
+    from auditlib.result import ControlRecord
+
+    verdict = with_control(result.summary, control_result, defended=spec.control() is not None)
+    control_record = None
+    if control_result is not None:
+        control_record = ControlRecord(
+            spec_id=control_result.summary.spec_id,
+            metrics=control_result.summary.metrics,
+            stop_reason=control_result.summary.stop_reason,
+            timing=control_result.summary.timing,
+        )
+    summary = dataclasses.replace(result.summary, verdict=verdict, control=control_record)
+    result = dataclasses.replace(result, summary=summary)
+    write_outputs(result, out)
+    metrics, timing = summary.metrics, summary.timing
+    psnr, ssim, accuracy = (CATALOGUE[k] for k in ("psnr", "ssim", "label_accuracy"))
+    print(
+        f"{spec.attack.name} vs {spec.defense.name}: PSNR {psnr.text(metrics.psnr_mean)} dB, "
+        f"SSIM {ssim.text(metrics.ssim_mean)}, label accuracy "
+        f"{accuracy.text(metrics.label_accuracy)}, {timing.iterations} steps in "
+        f"{timing.seconds:.1f} s ({summary.stop_reason}); wrote {out / 'result.json'}"
+    )
+    print(f"verdict: {verdict.headline}\n  {verdict.sentence}")
+    return 0
+
+
+def with_control(summary: AuditSummary, control_result, *, defended: bool) -> Verdict:
+    """The run's verdict, judged beside its control's finding where it has a defense."""
+    from auditlib.metrics.verdict import judge
+
+    own = summary.verdict
+    assert own is not None  # every run judges itself
+    if not defended:
+        return own
+    if control_result is None:
+        return judge(own.finding, own.scope, defended=True, control_note="--no-control was given")
+    control = control_result.summary.verdict.finding
+    note = (
+        "the same attack and budget without the defense, run first "
+        f"({control_result.summary.spec_id[:12]})"
+    )
+    return judge(own.finding, own.scope, defended=True, control=control, control_note=note)
