@@ -14,6 +14,10 @@ Defaults are the paper's LeNet settings (Sec. 5): L-BFGS, lr 1, history 100, 200
 dummy images and label logits drawn from N(0, 1), soft labels softmax(logits). Options and
 departures (the factor on the dummy side, unrolled client simulation, known or inferred
 labels, TV for batches, Adam) are documented in docs/ALGORITHMS.md.
+
+Why one module over 400 lines: DLM and DLM+ are one paper with one objective; their configs
+(fields declared with the paper's defaults and ranges), the objective, the restarts and
+the presets read against the paper in one file. Shared parts: ``lbfgs.py``, ``loop.py``.
 """
 
 from __future__ import annotations

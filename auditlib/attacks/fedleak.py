@@ -14,6 +14,11 @@ The full objective adds alpha TV(x') + beta sum_l mean|F_l(x')| (activation spar
 (lr 1e-4, 10,000 iterations) minimises it (Algorithm 1). Labels are inferred from the last
 layer's update (Sec. 5, Appendix F). A FedAvg update is read as one gradient,
 (w_old - w_new) / (lr K) (Sec. 4.5); ``unroll=True`` simulates the local steps instead.
+
+Why one module over 400 lines: it is one paper's algorithm (the config, each field declared
+with its paper default and range, the three loss terms, the client simulation, the restarts
+and the presets), kept together so it reads against the paper in one file; what it shares
+with other attacks lives in ``objectives.py``, ``labels.py`` and ``loop.py``.
 """
 
 from __future__ import annotations

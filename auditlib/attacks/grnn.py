@@ -16,6 +16,10 @@ are the argmax of the label branch. Public code: github.com/Rand2AI/GRNN (``GRNN
 "MSE" is the summed squared difference, "WD" of one row reduces to the L2 norm of the
 difference, and TV is squared. The thesis's own words (an earth mover's distance, absolute
 TV differences) are options. See docs/ALGORITHMS.md for every departure.
+
+Why one module over 400 lines: the thesis's generator, loss, restarts and presets (and
+its config, each field declared with its default and range) read against the thesis and
+its code in one file. Shared parts: ``objectives.py``, ``labels.py``, ``loop.py``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ auditor provides; the client holds them anyway), then per-image latents are fitt
 paper (Adam 1e-3, <= 500 steps, patience 5). ``shadow="prior"`` skips the generator and uses a
 blur of the image as the shadow reconstruction (the paper's "w/o FT S" analogue, fast).
 The state (generator, latents, momentum map) is kept per client, keyed by its images.
+
+Why one module over 400 lines: the defense's generator, its shadow attack (Eq. 6) and the
+per-client state are one mechanism, read against the paper in one file; the noise map and
+its schedule, which are pure functions, are apart in ``shadow_noise.py``.
 """
 
 from __future__ import annotations
