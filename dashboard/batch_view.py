@@ -3,49 +3,44 @@
 A batch's runs execute in the process-wide RunManager like any run; this view only starts
 them, polls the store about once a second while any is in progress (points and grids
 appear as runs finish) and stops polling when all have ended. Numbers come from
-``auditlib.report.subject.summary_rows``, the same rows the PDF report prints.
+``auditlib.report.subject.run_rows``, the same rows the PDF report prints; the table is
+``dashboard/batch_table.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import streamlit as st
 
 from auditlib.engine import batches
-from auditlib.engine.controls import WITH_RESULT, control_finding
+from auditlib.engine.controls import WITH_RESULT
 from auditlib.errors import AuditInputError
-from auditlib.metrics.verdict import Verdict
+from auditlib.metrics.catalogue import CATALOGUE
 from auditlib.report.charts import (
     PRIVACY_METRICS,
     comparison_figure,
     success_rate_figure,
     tradeoff_figure,
 )
-from auditlib.report.subject import (
-    RECOVERED_PSNR_DB,
-    batch_subject,
-    success_curves,
-    summary_rows,
-    utility_caveat,
-)
+from auditlib.report.subject import batch_subject, run_rows, success_curves, utility_caveat
 from auditlib.store import TIMED_OUT, UNFINISHED
-from dashboard.common import (
-    defended_spec,
-    get_manager,
-    get_store,
-    number,
-    png_width,
-    run_assets,
-    run_verdict,
-    verdict_cell,
+from dashboard.batch_table import (  # display_rows: also tests/test_report.py's entry point
+    chance_accuracy,
+    display_rows,
+    undefended_accuracy,
 )
+from dashboard.image_display import png_width
+from dashboard.resources import get_manager, get_store
+from dashboard.run_choices import run_assets
 from dashboard.state import persist
 from dashboard.state import set_url_state as _set_url_state
+from dashboard.stored_runs import run_verdict
+from dashboard.verdict_words import verdict_cell
 
 REFRESH_S = 1.0
 GRID_COLUMNS = 3
+PSNR = CATALOGUE["psnr"]
 
 
 def start_batch(
@@ -122,95 +117,6 @@ def _batch_picker(kind: str) -> bool:
     return True
 
 
-def _utility(run) -> dict[str, Any] | None:
-    utility = (run.summary or {}).get("utility") if run is not None else None
-    return utility if isinstance(utility, dict) else None
-
-
-def undefended_accuracy(entries) -> float | None:
-    """The utility accuracy without any defense: the batch's "none" member, or else the
-    undefended control of its defended members (the same spec, utility training included)."""
-    for entry in entries:
-        if entry.series == "none" and entry.run is not None:
-            utility = _utility(entry.run)
-            if utility and utility.get("accuracy") is not None:
-                return utility["accuracy"]
-    store = get_store()
-    for entry in entries:
-        if entry.run is None:
-            continue
-        spec = defended_spec(entry.run)
-        if spec is None:
-            continue
-        _, _, control = control_finding(store, spec)
-        utility = _utility(control)
-        if utility and utility.get("accuracy") is not None:
-            return utility["accuracy"]
-    return None
-
-
-def chance_accuracy(entries) -> float | None:
-    """The accuracy of a guess by class, where the utility training reports it (optional)."""
-    for entry in entries:
-        utility = _utility(entry.run)
-        if utility and utility.get("chance_accuracy") is not None:
-            return utility["chance_accuracy"]
-    return None
-
-
-def display_rows(
-    rows: Sequence[dict[str, Any]],
-    verdicts: Sequence[Verdict | None] | None = None,
-    *,
-    undefended: float | None = None,
-    chance: float | None = None,
-) -> list[dict[str, str]]:
-    """The rows as the tables show them: formatted, 'n/a' where there is no value.
-
-    The leakage column is the verdict (with the control's result), never the run's band
-    alone; the utility beside the undefended accuracy and chance, where known.
-    """
-    out = []
-    for i, r in enumerate(rows):
-        verdict = verdicts[i] if verdicts is not None else None
-        if r["status"] in (*WITH_RESULT, "cancelled") and r["psnr"] is not None:
-            leakage = verdict_cell(verdict)
-        else:
-            leakage = "n/a"
-        row = {"defense": r["label"], "status": r["status"], "verdict": leakage}
-        row.update(
-            {
-                "PSNR (dB)": number(r["psnr"], ".2f"),
-                "SSIM": number(r["ssim"], ".3f"),
-                "LPIPS": number(r["lpips"], ".3f"),
-                "MSE": number(r["mse"], ".4g"),
-                "label acc.": number(r["label_accuracy"], ".0%"),
-                f"recovered ≥{RECOVERED_PSNR_DB:g} dB": number(r["recovered"], ".0%"),
-                "RDLV": number(r["rdlv"], ".3f"),
-                # Where the adaptive twin ran: the plain attack's PSNR and the PSNR of the
-                # attack that knows the defense (the verdict takes the stronger).
-                "plain attack PSNR": number(r["plain_psnr"], ".2f"),
-                "knowing the defense PSNR": number(r["adaptive_psnr"], ".2f"),
-                "utility acc.": number(r["utility_accuracy"], ".1%"),
-                "ε": number(r["epsilon"], ".3g"),
-            }
-        )
-        if r["utility_accuracy"] is not None:
-            beside = []
-            if r["utility_without_key"] is not None:
-                beside.append(f"no key {r['utility_without_key']:.1%}")
-            if undefended is not None and r["series"] != "none":
-                beside.append(f"no defense {undefended:.1%}")
-            if chance is not None:
-                beside.append(f"chance {chance:.1%}")
-            if r["utility_cut_short"]:
-                beside.append(r["utility_cut_short"])
-            if beside:
-                row["utility acc."] += f" ({', '.join(beside)})"
-        out.append(row)
-    return out
-
-
 def _grids(entries) -> None:
     store = get_store()
     columns = st.columns(GRID_COLUMNS)
@@ -222,12 +128,12 @@ def _grids(entries) -> None:
                 st.caption("not run yet")
                 continue
             if entry.grid_png is not None:
-                metrics = (run.summary or {}).get("metrics", {})
+                value = None if entry.scores is None else entry.scores.psnr_mean
                 verdict = verdict_cell(run_verdict(run), control=False)
                 st.image(
                     entry.grid_png,
                     width=min(png_width(entry.grid_png), 360),
-                    caption=f"PSNR {number(metrics.get('psnr_mean'), '.2f')} dB · {verdict}",
+                    caption=f"{PSNR.label} {PSNR.text(value)} {PSNR.unit} · {verdict}",
                 )
                 continue
             live = store.image(run.id, "live")
@@ -242,14 +148,14 @@ def _grids(entries) -> None:
 def _live(kind: str, batch_id: str, live: bool) -> None:
     store = get_store()
     subject = batch_subject(store, batch_id)
-    rows = summary_rows(subject.entries)
-    unfinished = [r for r in rows if r["status"] in UNFINISHED]
+    rows = run_rows(subject.entries)
+    unfinished = [r for r in rows if r.status in UNFINISHED]
     if live and not unfinished:
         st.rerun()  # the whole page: the report button appears, polling stops
     # A run stopped by its time budget has a result (scored as it stood): not missing.
-    done = [r for r in rows if r["status"] in WITH_RESULT]
-    timed_out = sum(r["status"] == TIMED_OUT for r in done)
-    missing = [r for r in rows if r["status"] not in (*WITH_RESULT, *UNFINISHED)]
+    done = [r for r in rows if r.status in WITH_RESULT]
+    timed_out = sum(r.status == TIMED_OUT for r in done)
+    missing = [r for r in rows if r.status not in (*WITH_RESULT, *UNFINISHED)]
     st.caption(
         f"{len(done)} of {len(rows)} runs have results"
         + (f" ({timed_out} stopped by the time budget)" if timed_out else "")
@@ -288,19 +194,20 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
             format_func=lambda k: PRIVACY_METRICS[k][0],
             key=persist("sweep.privacy_axis", "psnr"),
         )
-        plotted = [r for r in rows if r[privacy] is not None and r["utility_accuracy"] is not None]
+        plotted = [
+            r for r in rows if r.metric(privacy) is not None and r.utility_accuracy is not None
+        ]
         if plotted:
             st.plotly_chart(tradeoff_figure(rows, privacy), config={"displayModeBar": False})
         else:
             reason = "no point has finished yet"
-            if rows and all(r["status"] == "completed" for r in rows):
-                reason = f"the runs have no {privacy.upper()} and utility to plot"
+            if rows and all(r.status == "completed" for r in rows):
+                reason = f"the runs have no {CATALOGUE[privacy].label} and utility to plot"
             st.info(f"The curve appears as points finish ({reason}).")
     verdicts = [run_verdict(e.run) if e.run is not None else None for e in subject.entries]
-    undefended = undefended_accuracy(subject.entries)
-    chance = chance_accuracy(subject.entries)
+    undefended, chance = undefended_accuracy(rows), chance_accuracy(rows)
     st.dataframe(
-        display_rows(rows, verdicts, undefended=undefended, chance=chance),
+        display_rows(rows, verdicts),
         hide_index=True,
         column_config={
             "verdict": st.column_config.TextColumn(

@@ -1,37 +1,35 @@
 """The sidebar forms of the Attack lab, Compare and Trade-off pages (not a page).
 
-The three pages share one set of widget keys (see ``dashboard.common.persist``), so a scenario
+The three pages share one set of widget keys (see ``dashboard.state.persist``), so a scenario
 and attack chosen in the lab are already chosen when the auditor turns to Compare or
-Trade-off.
+Trade-off. The choices come from the library's definitions: the client protocol's
+``Literal`` types, the attack and defense registries (with each attack's iteration counts),
+``UTILITY_DATASETS``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import get_args
 
 import streamlit as st
 
 from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL, ATTACKS
+from auditlib.client.protocol import Algorithm, ClientProtocol, Shared
 from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
 from auditlib.spec import UTILITY_DATASETS, UtilitySpec
-from dashboard.common import (
-    SETUP_PAGE,
-    LabChoices,
-    Setup,
-    attack_label,
-    changed_params,
-    check_components,
-    config_defaults,
-    config_inputs,
-    current_setup,
-    preset_label,
-    setup_problems,
-)
+from dashboard.config_form import changed_params, config_defaults, config_inputs
+from dashboard.navigation import SETUP
+from dashboard.run_choices import LabChoices, check_components
+from dashboard.setup_state import Setup, current_setup, setup_problems
+from dashboard.spec_words import attack_label, preset_label
 from dashboard.state import persist
 
-# Without an audit preset an attack's first run gets this many steps (every attack has one).
-DEFAULT_ITERATIONS = 300
+# The protocol's values in words (a value without words is shown as it is).
+ALGORITHM_WORDS = {"fedsgd": "FedSGD", "fedavg": "FedAvg"}
+SHARED_WORDS = {"delta": "weight change", "weights": "new weights"}
+DEVICES = ["cpu", "cuda"]  # RunSpec.device is a string: the library lists no choices
 # Compare and Trade-off run two attacks at a time on a 2-core machine, each slower than a lone
 # run. Measured on this 2-core machine (busy with other work): the default comparison (DLG's
 # audit preset, 300 steps per start = 480 raced steps, LeNet, one photograph; none,
@@ -45,13 +43,14 @@ LAB_TIME_BUDGET_S = 120
 
 def scenario_inputs(lab: LabChoices) -> None:
     st.header("Scenario")
+    default = ClientProtocol()
     lab.algorithm = st.radio(
         "Client protocol",
-        ["fedsgd", "fedavg"],
-        format_func={"fedsgd": "FedSGD", "fedavg": "FedAvg"}.get,
+        get_args(Algorithm),
+        format_func=lambda a: ALGORITHM_WORDS.get(a, a),
         horizontal=True,
         persist_state="session",
-        key=persist("algorithm", "fedsgd"),
+        key=persist("algorithm", default.algorithm),
         help="FedSGD: the client sends one gradient of its whole batch. FedAvg: it takes "
         "local SGD steps and sends the change of its weights.",
     )
@@ -63,14 +62,14 @@ def scenario_inputs(lab: LabChoices) -> None:
                 1000,
                 step=1,
                 persist_state="session",
-                key=persist("local_steps", 1),
+                key=persist("local_steps", default.local_steps),
             )
         )
         lab.local_lr = st.number_input(
             "Local learning rate",
             format="%g",
             persist_state="session",
-            key=persist("local_lr", 0.01),
+            key=persist("local_lr", default.local_lr),
         )
         local_batch = int(
             st.number_input(
@@ -85,11 +84,11 @@ def scenario_inputs(lab: LabChoices) -> None:
         lab.local_batch_size = local_batch or None
         lab.share = st.radio(
             "Client sends",
-            ["delta", "weights"],
-            format_func={"delta": "weight change", "weights": "new weights"}.get,
+            get_args(Shared),
+            format_func=lambda s: SHARED_WORDS.get(s, s),
             horizontal=True,
             persist_state="session",
-            key=persist("share", "delta"),
+            key=persist("share", default.shared),
         )
     lab.labels_known = st.checkbox(
         "Server knows the labels",
@@ -113,16 +112,21 @@ def _use_paper_iterations(attack: str, preset: str | None, count: int) -> None:
 
 
 def default_iterations(attack: str, preset: str | None) -> int:
-    """The step budget per start that goes with the chosen settings: the paper's count for
-    the paper's settings, the audit preset's otherwise (the registry holds both)."""
+    """The step budget per start that goes with the chosen settings, from the registry: the
+    paper's count for the paper's settings, the audit preset's otherwise (each falls back on
+    the other where an attack has only one)."""
     if attack == ALL_ATTACKS:  # each attack at its audit preset: the longest of their budgets
         return max(a.audit.iterations for a in ATTACKS.values() if a.audit)
     info = ATTACKS[attack]
-    if preset is not None and preset.startswith("paper") and info.paper_iterations:
-        return info.paper_iterations
-    if info.audit is not None:
-        return info.audit.iterations
-    return info.paper_iterations or DEFAULT_ITERATIONS
+    audit = info.audit.iterations if info.audit is not None else None
+    paper = preset is not None and preset.startswith("paper")
+    counts = (info.paper_iterations, audit) if paper else (audit, info.paper_iterations)
+    count = next((c for c in counts if c), None)
+    if count is None:
+        raise LookupError(  # a registry entry without a budget: a bug of the attack's module
+            f"attack {attack} has neither an audit preset nor the paper's iteration count"
+        )
+    return count
 
 
 def attack_inputs(lab: LabChoices) -> None:
@@ -242,7 +246,7 @@ def budget_inputs(lab: LabChoices, *, batch: bool = False) -> None:
     )
     lab.device = st.selectbox(
         "Device",
-        ["cpu", "cuda"],
+        DEVICES,
         persist_state="session",
         key=persist("device", "cpu"),
         help="cuda asks Ray for one GPU (on this machine or a cluster's worker).",
@@ -320,7 +324,7 @@ def batch_form(title: str) -> tuple[Setup, LabChoices, UtilitySpec | None, list[
         utility, utility_error = utility_inputs()
     info_col, link_col = st.columns([4, 1])
     info_col.markdown(f"**Model** {setup.model_text()} · attack **{attack_label(lab.attack)}**")
-    link_col.page_link(SETUP_PAGE, label="Change", icon=":material/tune:")
+    link_col.page_link(SETUP.path, label="Change", icon=":material/tune:")
     errors, missing = setup_problems(setup)
     errors += check_components(lab)
     if utility_error:

@@ -22,6 +22,9 @@ import streamlit as st
 
 from auditlib.data import SAMPLE_SETS
 from auditlib.models import ARCHITECTURES
+from auditlib.models.architectures import ACTIVATIONS as MODEL_ACTIVATIONS
+from auditlib.models.architectures import STEMS as MODEL_STEMS
+from auditlib.models.registry import INITS, MAX_CLASSES, MAX_SIDE, MIN_SIDE
 
 # Ids kept in the URL so that a refresh or a shared link reopens the same state.
 # Each is a lowercase hex id of a fixed length: run and batch ids, and assets' sha256.
@@ -34,16 +37,19 @@ def is_url_id(key: str, value: str) -> bool:
     return len(value) == URL_IDS[key] and _HEX.fullmatch(value) is not None
 
 
-CLASSES_RANGE = (2, 100_000)
-INPUT_SIZE_RANGE = (8, 512)  # pixels, height = width
+# The model's choices come from ``auditlib.models`` (what ModelSpec accepts); the Setup page
+# adds one "let the library decide" entry where the spec takes None.
+CLASSES_RANGE = (2, MAX_CLASSES)
+INPUT_SIZE_RANGE = (MIN_SIDE, MAX_SIDE)  # pixels, height = width
 SEED_RANGE = (0, 2**31 - 1)
 MAX_SAMPLE_COUNT = 8  # images drawn from a bundled sample set
 MAX_UPLOAD_BATCH = 64  # images of an upload in one batch
-ACTIVATIONS = ("architecture default", "sigmoid", "relu")
-INITS = ("default", "uniform")
-CHANNELS = (3, 1)
-STEMS = ("automatic", "cifar", "imagenet")  # ResNets only; automatic = by input size
-SOURCES = ("samples", "upload")
+ARCHITECTURE_DEFAULT = "architecture default"  # activation None: the architecture's own
+AUTOMATIC_STEM = "automatic"  # stem None: by input size (ResNets only)
+ACTIVATIONS = (ARCHITECTURE_DEFAULT, *MODEL_ACTIVATIONS)
+STEMS = (AUTOMATIC_STEM, *MODEL_STEMS)
+CHANNELS = (3, 1)  # colour or grayscale: the two ModelSpec accepts
+SOURCES = ("samples", "upload")  # a bundled sample set, or an upload (an images asset)
 MAX_NORMALIZATION_CHARS = 200
 
 
@@ -98,8 +104,8 @@ SETUP_FIELDS = (
     SetupField("input_size", "size", 32, _integer(*INPUT_SIZE_RANGE)),
     SetupField("channels", "channels", 3, _integer(1, 3, allowed=CHANNELS)),
     SetupField("init", "init", "uniform", _choice(INITS)),
-    SetupField("activation", "activation", "architecture default", _choice(ACTIVATIONS)),
-    SetupField("stem", "stem", "automatic", _choice(STEMS)),
+    SetupField("activation", "activation", ARCHITECTURE_DEFAULT, _choice(ACTIVATIONS)),
+    SetupField("stem", "stem", AUTOMATIC_STEM, _choice(STEMS)),
     SetupField("source", "source", "samples", _choice(SOURCES)),
     SetupField("sample_set", "samples", "photographs", _choice(SAMPLE_SETS)),
     SetupField("count", "count", 1, _integer(1, MAX_SAMPLE_COUNT)),

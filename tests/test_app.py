@@ -24,11 +24,13 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # dashboard.common is imported as a package from the repo root
+if str(ROOT) not in sys.path:  # the dashboard is imported as a package from the repo root
     sys.path.insert(0, str(ROOT))
 
-from auditlib.engine.audit import METRIC_DEFINITION  # noqa: E402
+from auditlib.metrics.catalogue import CATALOGUE, METRIC_DEFINITION  # noqa: E402
+from auditlib.metrics.scores import Scores  # noqa: E402
 from auditlib.models import ModelSpec, build_model  # noqa: E402
+from auditlib.result import DefenseReport  # noqa: E402
 from auditlib.spec import (  # noqa: E402
     Budget,
     ComponentSpec,
@@ -36,9 +38,19 @@ from auditlib.spec import (  # noqa: E402
     ModelRef,
     RunSpec,
     ScenarioSpec,
+    run_spec_from_dict,
 )
-from dashboard import common  # noqa: E402
+from dashboard import config_form, result_words, spec_words  # noqa: E402
 from dashboard import state as url_state  # noqa: E402
+from dashboard.navigation import (  # noqa: E402
+    COMPARE,
+    HISTORY,
+    LAB,
+    METHOD,
+    PAGES,
+    SETUP,
+    TRADEOFF,
+)
 
 APP = str(ROOT / "app.py")
 EXAMPLES = ROOT / "assets" / "example-images"
@@ -114,11 +126,11 @@ def test_every_page_renders(dashboard_store):
     assert [t.value for t in at.title] == ["Setup"]
     assert not _errors(at)  # the defaults (bundled photographs, lenet) are valid
     for page, title in [
-        ("dashboard/lab.py", "Attack lab"),
-        ("dashboard/compare.py", "Compare defenses"),
-        ("dashboard/tradeoff.py", "Utility-privacy trade-off"),
-        ("dashboard/history.py", "History"),
-        ("dashboard/about.py", "Method"),
+        (LAB.path, "Attack lab"),
+        (COMPARE.path, "Compare defenses"),
+        (TRADEOFF.path, "Utility-privacy trade-off"),
+        (HISTORY.path, "History"),
+        (METHOD.path, "Method"),
     ]:
         at.switch_page(page).run()
         assert not at.exception, page
@@ -126,6 +138,31 @@ def test_every_page_renders(dashboard_store):
         assert not _errors(at), (page, _errors(at))
     shown = " ".join(e.value for e in [*at.info, *at.markdown])
     assert METRIC_DEFINITION in shown
+    # The Method page lists every metric of the one catalogue, with its definition and
+    # direction as the catalogue states them.
+    listed = {
+        row["metric"]: (row["definition"], row["direction"])
+        for table in at.table
+        if "definition" in table.value.columns
+        for _, row in table.value.iterrows()
+    }
+    assert listed == {m.heading: (m.definition, m.direction) for m in CATALOGUE.values()}
+
+
+def test_the_pages_are_scripts_in_their_own_folder():
+    """app.py registers the page scripts of dashboard/pages/; the helpers stay outside."""
+    assert [p.title for p in PAGES] == [
+        "Setup",
+        "Attack lab",
+        "Compare",
+        "Trade-off",
+        "History",
+        "Method",
+    ]
+    pages = ROOT / "dashboard" / "pages"
+    assert {(ROOT / p.path) for p in PAGES} == set(pages.glob("[!_]*.py"))
+    app = (ROOT / "app.py").read_text()
+    assert "dashboard.navigation" in app and "PAGES" in app
 
 
 # --- Setup ----------------------------------------------------------------------------------
@@ -143,9 +180,9 @@ def test_setup_bundled_samples_show_thumbnails_with_sizes(dashboard_store):
         c.value for c in at.caption
     ]
     # The choice survives a trip to another page and back.
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     assert any("3 from the 'digits' sample set" in m.value for m in at.markdown)
-    at.switch_page("dashboard/setup.py").run()
+    at.switch_page(SETUP.path).run()
     assert at.selectbox(key="sample_set").value == "digits"
     assert at.number_input(key="count").value == 3
 
@@ -210,7 +247,7 @@ def test_setup_upload_is_stored_and_survives_a_refresh(dashboard_store):
     # The lab, opened by that link after a server restart, uses the upload, not a sample set.
     lab = AppTest.from_file(APP, default_timeout=TIMEOUT)
     lab.query_params.update(images=sha, batch="2")
-    lab.switch_page("dashboard/lab.py").run()
+    lab.switch_page(LAB.path).run()
     assert any("Private images** 2 uploaded images" in m.value for m in lab.markdown), [
         m.value for m in lab.markdown
     ]
@@ -239,11 +276,11 @@ def test_a_refresh_keeps_the_whole_setup_with_its_weights(dashboard_store):
     assert again.number_input(key="seed").value == 7
     assert again.selectbox(key="activation").value == "relu"
     assert any("Using weights mine.safetensors" in s.value for s in again.success)
-    again.switch_page("dashboard/lab.py").run()
+    again.switch_page(LAB.path).run()
     assert any("lenet, 100 classes" in m.value for m in again.markdown)
 
     # Back to a default: the choice leaves the URL.
-    again.switch_page("dashboard/setup.py").run()
+    again.switch_page(SETUP.path).run()
     again.selectbox(key="activation").set_value("architecture default").run()
     assert "activation" not in again.query_params
 
@@ -280,7 +317,7 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
     sha = at.query_params["weights"]
     assert store.get_asset(sha).kind == "model"
     assert any("Using weights mine.safetensors" in s.value for s in at.success)
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     assert any("uploaded weights" in m.value for m in at.markdown)
 
     # A run with them: the worker gets the stored bytes, and the spec names them by hash.
@@ -295,7 +332,7 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
     assert record.spec["model"]["weights_asset"] == sha
 
     # Remove takes them out of the setup; the run names them, so the store keeps them.
-    at.switch_page("dashboard/setup.py").run()
+    at.switch_page(SETUP.path).run()
     at.button(key="remove_weights").click().run()
     assert "weights" not in at.query_params
     assert any("used by 1 stored run" in i.value for i in at.info), [i.value for i in at.info]
@@ -344,7 +381,7 @@ def test_a_torchvision_resnet_checkpoint_is_told_which_stem_it_needs(dashboard_s
 def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     at.selectbox(key="attack").set_value("dlg").run()
     at.number_input(key="iterations.dlg.audit").set_value(5)
     at.button(key="start").click().run()
@@ -378,14 +415,14 @@ def test_lab_runs_dlg_and_shows_the_metrics(dashboard_store):
 
     # A refresh (a new session with the URL) reopens the finished run.
     again = _app(run=run_id)
-    again.switch_page("dashboard/lab.py").run()
+    again.switch_page(LAB.path).run()
     assert any("PSNR" in m.label for m in again.metric)
 
 
 def test_lab_bad_parameter_is_refused_and_nothing_is_recorded(dashboard_store):
     store, _ = dashboard_store
     at = _app()
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     at.selectbox(key="defense").set_value("prune").run()
     at.number_input(key="defense.prune.ratio").set_value(1.5).run()
     assert not at.exception
@@ -400,7 +437,7 @@ def test_lab_every_attack_and_defense_renders_its_fields(dashboard_store):
     from auditlib.defenses import DEFENSES
 
     at = _app()
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     for name in sorted(ATTACKS):
         at.selectbox(key="attack").set_value(name).run()
         assert not at.exception, name
@@ -422,7 +459,7 @@ def test_lab_every_attack_and_defense_renders_its_fields(dashboard_store):
 def test_lab_cancel_stops_the_run_and_scores_what_it_has(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     at.number_input(key="iterations.dlg.audit").set_value(5000)
     at.button(key="start").click().run()
     run_id = at.query_params["run"]
@@ -448,7 +485,7 @@ def test_lab_defaults_to_the_audit_preset_and_offers_every_applicable_attack(das
     from auditlib.attacks import ALL_ATTACKS, ATTACKS
 
     at = _app()
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     attack = at.selectbox(key="attack")
     assert attack.value == "dlg"
     assert "every applicable attack" in attack.options  # the label of ALL_ATTACKS
@@ -485,7 +522,7 @@ def _run_lab_with_defense(at: AppTest, manager, store) -> tuple[str, str]:
 def test_lab_defended_run_whose_control_did_not_leak_is_inconclusive(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     at.selectbox(key="defense").set_value("prune").run()
     at.number_input(key="iterations.dlg.audit").set_value(1).run()  # too short to leak
     _, control_id = _run_lab_with_defense(at, manager, store)
@@ -507,7 +544,7 @@ def test_lab_defended_run_whose_control_leaked_is_a_finding_about_the_defense(da
     store, manager = dashboard_store
     at = _app()
     at.number_input(key="num_classes").set_value(100).run()  # DLG's LeNet: leaks in 100 steps
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     at.selectbox(key="preset.dlg").set_value("paper").run()
     at.number_input(key="iterations.dlg.paper").set_value(100)
     at.selectbox(key="defense").set_value("dp-gaussian").run()
@@ -522,7 +559,7 @@ def test_lab_defended_run_whose_control_leaked_is_a_finding_about_the_defense(da
     metric_rows = [t.value for t in at.table if "Metric" in t.value.columns]
     assert metric_rows and metric_rows[0]["Value"].iloc[0] == headline  # the verdict row
 
-    at.switch_page("dashboard/history.py").run()
+    at.switch_page(HISTORY.path).run()
     table = at.dataframe[0].value
     verdicts = dict(zip(table["run"], table["verdict"], strict=True))
     assert verdicts[run_id].startswith("Low: defense held · control leaked")
@@ -534,7 +571,7 @@ def test_a_run_stopped_by_its_time_budget_that_recovered_nothing_never_reads_low
 ):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     at.number_input(key="iterations.dlg.audit").set_value(100_000)
     at.number_input(key="time_budget").set_value(1).run()
     at.button(key="start").click().run()
@@ -549,7 +586,7 @@ def test_a_run_stopped_by_its_time_budget_that_recovered_nothing_never_reads_low
     assert headline.startswith("Inconclusive: the attack was stopped by its time budget")
     assert not LOW.search(_page_text(at)), _page_text(at)
 
-    at.switch_page("dashboard/history.py").run()
+    at.switch_page(HISTORY.path).run()
     assert not at.exception
     table = at.dataframe[0].value
     assert list(table["verdict"]) == ["Inconclusive (time budget)"]
@@ -558,7 +595,7 @@ def test_a_run_stopped_by_its_time_budget_that_recovered_nothing_never_reads_low
 
 def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
     at = _app(run="0" * 32)
-    at.switch_page("dashboard/lab.py").run()
+    at.switch_page(LAB.path).run()
     assert not at.exception
     assert any("not in this dashboard's store" in w.value for w in at.warning)
     at.button(key="close_run").click().run()
@@ -590,7 +627,7 @@ def test_an_empty_compare_page_points_at_nothing_it_does_not_show(dashboard_stor
     # Issue 21, item 15: "open a stored one above" with nothing above.
     store, _ = dashboard_store
     at = _app()
-    at.switch_page("dashboard/compare.py").run()
+    at.switch_page(COMPARE.path).run()
     assert not at.exception
     infos = [i.value for i in at.info]
     assert "No comparison open, and none is stored yet. Run one with the button above." in infos
@@ -609,7 +646,7 @@ def _has_key(at: AppTest, key: str) -> bool:
 def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("dashboard/compare.py").run()
+    at.switch_page(COMPARE.path).run()
     at.number_input(key="iterations.dlg.audit").set_value(5)
     at.multiselect(key="compare.defenses").set_value(["none", "dp-gaussian"])
     _small_utility(at)
@@ -633,11 +670,11 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
     table = at.dataframe[0].value
     assert list(table["defense"]) == ["none", "dp-gaussian"]
     assert table["PSNR (dB)"].str.match(r"^-?\d+\.\d\d$").all()
-    assert table["utility acc."].str.contains("%").all()
+    assert table["Utility accuracy"].str.contains("%").all()
     # The verdict column: the defended run is judged beside "none", its control.
     assert not table["verdict"].str.contains("n/a|no verdict").any(), list(table["verdict"])
     assert "control" in table["verdict"][1] and "control" not in table["verdict"][0]
-    assert "no defense" in table["utility acc."][1]
+    assert "no defense" in table["Utility accuracy"][1]
     assert any("2 of 2 runs have results" in c.value for c in at.caption)
     assert len(at.get("image")) == 2  # one grid per defense
     assert at.get("plotly_chart")
@@ -654,7 +691,7 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
 
     # A refresh with the link reopens it.
     again = _app(comparison=batch_id)
-    again.switch_page("dashboard/compare.py").run()
+    again.switch_page(COMPARE.path).run()
     assert not again.exception
     assert list(again.dataframe[0].value["defense"]) == ["none", "dp-gaussian"]
 
@@ -662,7 +699,7 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
 def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.switch_page("dashboard/tradeoff.py").run()
+    at.switch_page(TRADEOFF.path).run()
     at.number_input(key="iterations.dlg.audit").set_value(5)
     _small_utility(at)
     at.text_input(key="sweep.dp-gaussian.grid").set_value("0.001, 0.1")
@@ -690,7 +727,7 @@ def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):
 def test_tradeoff_bad_grid_is_refused_before_anything_runs(dashboard_store):
     store, _ = dashboard_store
     at = _app()
-    at.switch_page("dashboard/tradeoff.py").run()
+    at.switch_page(TRADEOFF.path).run()
     at.text_input(key="sweep.dp-gaussian.grid").set_value("0.1, lots").run()
     assert not at.exception
     assert any("'lots' is not a number" in m for m in _errors(at)), _errors(at)
@@ -712,7 +749,7 @@ def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
     run_id = manager.start(spec, {weights: _lenet_weights(10)}, title="tiny dlg")
     assert manager.wait(run_id, 120)
     at = _app()
-    at.switch_page("dashboard/history.py").run()
+    at.switch_page(HISTORY.path).run()
     assert not at.exception
     table = at.dataframe[0].value
     assert list(table["run"]) == [run_id]
@@ -731,7 +768,7 @@ def test_history_lists_runs_opens_and_deletes_one(dashboard_store):
     assert any("PSNR" in m.label for m in at.metric)
 
     # Deleting it (finished runs only) forgets it everywhere.
-    at.switch_page("dashboard/history.py").run()
+    at.switch_page(HISTORY.path).run()
     at.button(key="delete_run").click().run()
     assert not at.exception
     assert store.get_run(run_id) is None
@@ -758,7 +795,7 @@ def test_history_says_when_runs_of_a_previous_dashboard_were_failed(
         store.create_run(_tiny_spec().to_dict(), _tiny_spec().identity(), "left behind")
     try:
         at = _app()
-        at.switch_page("dashboard/history.py").run()
+        at.switch_page(HISTORY.path).run()
         assert not at.exception
         assert any("1 run(s) were still in progress" in w.value for w in at.warning)
         assert list(at.dataframe[0].value["status"]) == ["failed"]
@@ -769,45 +806,68 @@ def test_history_says_when_runs_of_a_previous_dashboard_were_failed(
 # --- helpers --------------------------------------------------------------------------------
 
 
+def _scores(**metrics) -> Scores:
+    """Scores as result.json's flat keys hold them (every stored shape reads this way)."""
+    flat = {}
+    for key, value in metrics.items():
+        if value is None or key.endswith("_reason") or key == "label_accuracy":
+            flat[key] = value
+        else:  # a spread: mean, std, min and max
+            flat.update({f"{key}_mean": value, f"{key}_std": 0.5, f"{key}_min": value - 1})
+            flat[f"{key}_max"] = value + 0.6544
+    return Scores.from_json({**flat, "per_image": []})
+
+
 def test_result_helpers_speak_plainly():
-    metrics = {
-        "psnr_mean": 12.3456,
-        "psnr_std": 0.5,
-        "psnr_max": 13.0,
-        "ssim_mean": None,
-        "ssim_unavailable_reason": "images smaller than the 11-pixel window",
-        "mse_mean": 0.06,
-        "lpips_mean": None,
-        "lpips_unavailable_reason": "LPIPS-alex unavailable: no weights",
-        "lpips_vgg_mean": 0.4,
-        "label_accuracy": 0.5,
-    }
-    metrics["lpips_vgg_mean"] = None
-    metrics["lpips_vgg_unavailable_reason"] = metrics["lpips_unavailable_reason"]
-    table, notes = common.metric_rows(metrics)
+    scores = _scores(
+        psnr=12.3456,
+        ssim_mean=None,
+        ssim_unavailable_reason="images smaller than the 11-pixel window",
+        mse=0.06,
+        lpips_mean=None,
+        lpips_unavailable_reason="LPIPS-alex unavailable: no weights",
+        lpips_vgg_mean=None,
+        lpips_vgg_unavailable_reason="LPIPS-alex unavailable: no weights",
+        label_accuracy=0.5,
+    )
+    table, notes = result_words.metric_rows(scores)
     rows = {r["Metric"]: r["Value"] for r in table}
+    assert table[0] == {"Metric": "Verdict", "Value": "no verdict (recorded before verdicts)"}
     assert rows["PSNR mean (dB)"] == "12.35"
+    assert rows["PSNR std (dB)"] == "0.50" and rows["PSNR max (dB)"] == "13.00"
     assert rows["SSIM mean"] == "unavailable (note 1)"
     # A reason two rows share is written once, below the table, not in each row.
-    assert rows["LPIPS mean (AlexNet)"] == rows["LPIPS mean (VGG)"] == "unavailable (note 2)"
+    assert rows["LPIPS (AlexNet) mean"] == rows["LPIPS (VGG) mean"] == "unavailable (note 2)"
     assert notes == [
         "1. images smaller than the 11-pixel window",
         "2. LPIPS-alex unavailable: no weights",
     ]
     assert rows["Label accuracy"] == "50%"
-    assert common.number(math.nan, ".2f") == "nan"
+    assert rows["MSE mean"] == "0.06"
+    assert rows["RDLV mean"] == "not computed"  # scored before RDLV existed
+    # Every row is a catalogue metric: its label, and its format.
+    labels = [m.label for m in CATALOGUE.values()]
+    assert all(any(r["Metric"].startswith(label) for label in labels) for r in table[1:])
+    assert result_words.number(math.nan, ".2f") == "nan"
+    assert result_words.number(None, ",") == "n/a" and result_words.number(1234, ",") == "1,234"
 
-    assert common.privacy_text({"update_norm_before": 1.0}).startswith("No formal privacy")
-    assert "set clip" in common.privacy_text(
-        {"epsilon": None, "epsilon_unavailable_reason": "no clip bound; set clip=C"}
+    privacy = result_words.privacy_text
+    assert privacy(DefenseReport(update_norm_before=1.0)).startswith("No formal privacy")
+    assert privacy(None).startswith("No formal privacy")
+    assert "set clip" in privacy(
+        DefenseReport(epsilon_unavailable_reason="no clip bound; set clip=C")
     )
-    assert common.privacy_text({"epsilon": 2.5, "delta": 1e-5}).startswith("ε = 2.5, δ = 1e-05")
+    assert privacy(DefenseReport(epsilon=2.5, delta=1e-5)).startswith("ε = 2.5, δ = 1e-05")
+    report = DefenseReport.from_json(
+        {"epsilon": 2.06e-5, "delta": 1e-5, "accountant": "opacus RDPAccountant", "rounds": 3}
+    )
+    assert privacy(report) == "ε = 2.06e-5, δ = 1e-05 (opacus RDPAccountant)"
 
 
 def test_form_fields_record_only_changes():
     from auditlib.defenses.dp_noise import GaussianNoiseConfig
 
-    defaults = common.config_defaults(GaussianNoiseConfig)
+    defaults = config_form.config_defaults(GaussianNoiseConfig)
     assert defaults["clip"] == 30.0 and defaults["sigma"] == 0.1
     values = {
         "sigma": 0.1,
@@ -818,18 +878,61 @@ def test_form_fields_record_only_changes():
         "sample_rate": 1.0,
         "trusted_sampler": False,
     }
-    assert common.changed_params(values, defaults) == {"rounds": 3}
-    assert common.changed_params({**values, "clip": "2"}, defaults) == {"rounds": 3, "clip": "2"}
+    assert config_form.changed_params(values, defaults) == {"rounds": 3}
+    assert config_form.changed_params({**values, "clip": "2"}, defaults) == {
+        "rounds": 3,
+        "clip": "2",
+    }
     # An emptied optional field is a change to None ("no clip"), not the default.
-    assert common.changed_params({**values, "clip": ""}, defaults) == {"rounds": 3, "clip": ""}
+    assert config_form.changed_params({**values, "clip": ""}, defaults) == {
+        "rounds": 3,
+        "clip": "",
+    }
 
 
-def test_spec_text_names_the_settings():
-    spec = json.loads(json.dumps(_tiny_spec().to_dict()))  # as the store hands it back
-    text = common.spec_text(spec)
-    assert text["attack"] == "dlg" and text["defense"] == "none"
-    assert text["model"].startswith("lenet (3x32x32, 10 classes")
-    assert text["batch"] == "1 from 'photographs'"
+def test_settings_text_names_the_settings():
+    stored = json.loads(json.dumps(_tiny_spec().to_dict()))  # as the store hands it back
+    text = spec_words.settings_text(run_spec_from_dict(stored))
+    assert text.attack == "dlg" and text.defense == "none"
+    assert text.model.startswith("lenet (3x32x32, 10 classes")
+    assert text.batch == "1 from 'photographs'"
+    assert text.scenario == "fedsgd" and text.iterations_text == "2"
+    fedavg = dataclasses.replace(
+        _tiny_spec(),
+        attack=ComponentSpec.of("dlg", {"lr": 0.5}, "audit"),
+        scenario=ScenarioSpec(
+            protocol=dataclasses.replace(ScenarioSpec().protocol, algorithm="fedavg", local_steps=3)
+        ),
+    )
+    text = spec_words.settings_text(fedavg)
+    assert text.attack == "dlg [audit] (lr=0.5)"
+    assert text.scenario == "fedavg, 3 local steps, lr 0.01"
+    # A spec this version cannot read (an older one): what its result names, "?" elsewhere.
+    older = spec_words.older_spec_settings("all", "prune")
+    assert older.attack == "every applicable attack" and older.defense == "prune"
+    assert older.batch == "?" and older.iterations_text == "?"
+
+
+def test_the_scenario_choices_come_from_the_protocol_and_the_registry(dashboard_store):
+    from typing import get_args
+
+    from auditlib.attacks import ATTACKS
+    from auditlib.client.protocol import Algorithm, Shared
+    from dashboard.forms import ALGORITHM_WORDS, SHARED_WORDS, default_iterations
+
+    at = _app()
+    at.switch_page(LAB.path).run()
+    # The options are the Literal's values, in its order (shown in words).
+    assert at.radio(key="algorithm").options == [ALGORITHM_WORDS[a] for a in get_args(Algorithm)]
+    at.radio(key="algorithm").set_value("fedavg").run()
+    assert at.radio(key="share").options == [SHARED_WORDS[s] for s in get_args(Shared)]
+    assert at.radio(key="share").value == "delta"
+    # The iterations that go with each attack's settings are the registry's.
+
+    for name, info in ATTACKS.items():
+        assert default_iterations(name, "audit") == info.audit.iterations
+        assert default_iterations(name, "paper") == info.paper_iterations
+        assert default_iterations(name, None) == info.audit.iterations
 
 
 @pytest.mark.parametrize("value", ["0" * 31, "zz" * 16, "../../etc", "A" * 32])

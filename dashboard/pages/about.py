@@ -1,11 +1,25 @@
-"""Method page: the threat model, the metric definition, and the attacks and defenses."""
+"""Method page: the threat model, the metrics (each from the one catalogue, with its
+definition and direction), the verdict, and the attacks, defenses and models."""
 
 import streamlit as st
 
 from auditlib.attacks import ATTACKS
 from auditlib.defenses import DEFENSES
-from auditlib.engine.audit import METRIC_DEFINITION
+from auditlib.metrics.catalogue import (
+    METRIC_DEFINITION,
+    RECONSTRUCTION_METRICS,
+    RECOVERED,
+    UTILITY_METRICS,
+    MetricInfo,
+)
 from auditlib.models import ARCHITECTURES
+
+
+def metric_table(metrics: tuple[MetricInfo, ...]) -> list[dict[str, str]]:
+    return [
+        {"metric": m.heading, "definition": m.definition, "direction": m.direction} for m in metrics
+    ]
+
 
 st.title("Method")
 
@@ -29,11 +43,17 @@ client's private images from what that client sends.
 """
 )
 
-st.header("Metric definition")
+st.header("Metrics")
+st.markdown(
+    "**Of the attack**: how close the attacker's reconstruction is to the private images "
+    "(the direction says which way is more leakage)."
+)
+st.table(metric_table((*RECONSTRUCTION_METRICS, RECOVERED)))
+st.markdown("**Of the defense**: what it costs the model, and the privacy it states.")
+st.table(metric_table(UTILITY_METRICS))
 st.write("Every run is scored the same way, and result.json records this definition:")
 st.info(METRIC_DEFINITION)
 st.markdown(
-    "Higher PSNR and SSIM and lower LPIPS mean a closer reconstruction, i.e. more leakage. "
     "Where a metric cannot be computed (for example LPIPS without its backbone weights on "
     "this machine, or SSIM on images smaller than its window), it is shown as unavailable "
     "with the reason, never estimated."

@@ -8,59 +8,63 @@ from __future__ import annotations
 
 import streamlit as st
 
-from auditlib.store import STATUSES, AssetInfo
+from auditlib.metrics.catalogue import CATALOGUE
+from auditlib.store import STATUSES, AssetInfo, RunRecord
 from auditlib.words import count_of, size_text
-from dashboard.common import (
-    LAB_PAGE,
-    get_manager,
-    get_store,
-    number,
-    run_verdict,
-    spec_text,
-    verdict_cell,
-)
+from dashboard.navigation import LAB
+from dashboard.resources import get_manager, get_store
+from dashboard.run_live import open_run
 from dashboard.state import set_url_state, url_state
+from dashboard.stored_runs import run_result, run_settings, run_verdict
+from dashboard.verdict_words import verdict_cell
 
 LIMIT = 200
 REFRESH_S = 2.0
+# The run's headline metrics, kept as columns of the store (``RunRecord``).
+PSNR, SSIM, LPIPS = CATALOGUE["psnr"], CATALOGUE["ssim"], CATALOGUE["lpips"]
+LABELS = CATALOGUE["label_accuracy"]
 
 
-def _verdict(record) -> str | None:
+def _verdict(record: RunRecord) -> str | None:
     """The verdict cell: None while a run has no result (unfinished, failed)."""
-    if not record.summary:
+    if run_result(record) is None:
         return None
     return verdict_cell(run_verdict(record))
 
 
-def _rows(records: list) -> list[dict]:
+def _rows(records: list[RunRecord]) -> list[dict]:
     rows = []
     for r in records:
-        settings = spec_text(r.spec)
+        settings = run_settings(r)
         # The verdict and PSNR first: what a reader looks for must not hide off to the right.
         rows.append(
             {
                 "started": f"{r.created_at.astimezone():%Y-%m-%d %H:%M:%S}",
                 "status": r.status,
                 "verdict": _verdict(r),
-                "PSNR (dB)": None if r.psnr_mean is None else round(r.psnr_mean, 2),
-                "attack": settings["attack"],
-                "defense": settings["defense"],
-                "model": settings["model"],
-                "batch": settings["batch"],
-                "scenario": settings["scenario"],
-                "iterations": r.iterations if r.iterations is not None else settings["iterations"],
+                PSNR.heading: r.psnr_mean,
+                "attack": settings.attack,
+                "defense": settings.defense,
+                "model": settings.model,
+                "batch": settings.batch,
+                "scenario": settings.scenario,
+                "iterations": r.iterations if r.iterations is not None else settings.iterations,
                 "seconds": None if r.seconds is None else round(r.seconds, 1),
-                "SSIM": None if r.ssim_mean is None else round(r.ssim_mean, 3),
-                "LPIPS": None if r.lpips_mean is None else round(r.lpips_mean, 3),
-                "label accuracy": (None if r.label_accuracy is None else f"{r.label_accuracy:.0%}"),
+                SSIM.heading: r.ssim_mean,
+                LPIPS.heading: r.lpips_mean,
+                LABELS.heading: None if r.label_accuracy is None else LABELS.text(r.label_accuracy),
                 "run": r.id,
             }
         )
     return rows
 
 
-def _label(record) -> str:
-    psnr = f" · PSNR {number(record.psnr_mean, '.2f')} dB" if record.psnr_mean is not None else ""
+def _label(record: RunRecord) -> str:
+    psnr = (
+        f" · {PSNR.label} {PSNR.text(record.psnr_mean)} {PSNR.unit}"
+        if record.psnr_mean is not None
+        else ""
+    )
     verdict = _verdict(record)
     return (
         f"{record.created_at.astimezone():%Y-%m-%d %H:%M:%S} · {record.title or record.id[:8]} · "
@@ -90,16 +94,19 @@ def _table(live: bool, statuses: list[str]) -> None:
                 "defended run, its undefended control. Only a leak, or a defense that held "
                 "against a control that leaked, carries a level; anything else is Inconclusive.",
             ),
-            "PSNR (dB)": st.column_config.NumberColumn(format="%.2f"),
+            # Numbers in the catalogue's format (they stay numbers, so the columns sort).
+            **{
+                m.heading: st.column_config.NumberColumn(format=f"%{m.format}")
+                for m in (PSNR, SSIM, LPIPS)
+            },
         },
     )
     st.caption(f"{len(records)} run(s), newest first (at most {LIMIT}).")
 
 
 def _open(run_id: str) -> None:
-    set_url_state("run", run_id)
-    st.session_state.pop("_events", None)
-    st.switch_page(LAB_PAGE, query_params=url_state())
+    open_run(run_id)
+    st.switch_page(LAB.path, query_params=url_state())
 
 
 def deleted_text(run_id: str, freed: list[AssetInfo]) -> str:

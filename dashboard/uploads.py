@@ -1,63 +1,61 @@
-"""Setup page: the model under audit and the private batch a client would hold.
+"""The Setup page's uploads: the model's weights and the private images.
 
-Uploads are validated by ``auditlib`` as soon as they arrive and, once accepted, stored as
+Uploads are validated by ``auditlib`` as soon as they arrive (weights against the chosen
+architecture, images against the data limits) and, once accepted, stored as
 content-addressed assets; their sha256 goes into the URL (``images``, ``weights``) so a
-refresh or a shared link keeps them. Nothing runs here: the Attack lab starts runs.
+refresh or a shared link keeps them. Remove takes an upload out of the setup and deletes it
+from the store unless stored runs use it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import streamlit as st
 
-from auditlib.data import (
-    DEFAULT_LIMITS,
-    SAMPLE_SETS,
-    LabelledImages,
-    images_zip,
-    load_image_uploads,
-    load_zip,
-)
+from auditlib.data import DEFAULT_LIMITS, LabelledImages, images_zip, load_image_uploads, load_zip
 from auditlib.errors import AuditInputError
-from auditlib.grids import thumbnail
 from auditlib.models import ARCHITECTURES
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.words import MB, count_of, size_text
-from dashboard.common import (
-    LAB_PAGE,
-    TRUSTED_ARCHIVES_NOTE,
-    batch_of,
-    check_weights,
-    current_setup,
-    get_store,
-    image_captions,
-    limits_text,
-    setup_problems,
-    short_names,
-    upload_cap,
-)
-from dashboard.state import (
-    ACTIVATIONS,
-    CHANNELS,
-    CLASSES_RANGE,
-    INITS,
-    INPUT_SIZE_RANGE,
-    MAX_SAMPLE_COUNT,
-    MAX_UPLOAD_BATCH,
-    SEED_RANGE,
-    SETUP_DEFAULTS,
-    SOURCES,
-    STEMS,
-    persist,
-    set_url_state,
-    upload_count_key,
-)
+from dashboard.resources import get_store
+from dashboard.setup_state import check_weights, current_setup
+from dashboard.state import MAX_UPLOAD_BATCH, persist, set_url_state, upload_count_key
 
 IMAGE_TYPES = ["png", "jpg", "jpeg", "bmp", "tif", "tiff", "webp"]
 WEIGHT_TYPES = ["safetensors", "pt", "pth"]
-THUMBNAIL = 112  # pixels
-SOURCE_LABELS = {"samples": "Bundled sample set", "upload": "My own images"}
+TRUSTED_ARCHIVES_NOTE = (
+    "TorchScript and torch.export archives can run code when they are loaded, so the dashboard "
+    "does not accept them: trusted archives are CLI-only (`python -m auditlib audit "
+    "--trusted-model FILE --i-trust-this-file ...`)."
+)
+
+
+def upload_cap(wanted_mb: int) -> tuple[int, str]:
+    """Per-widget upload limit in MB and a note when the server's own cap is lower."""
+    server_cap = int(st.get_option("server.maxUploadSize"))
+    if server_cap >= wanted_mb:
+        return wanted_mb, ""
+    return server_cap, (
+        f" This server accepts uploads up to {server_cap} MB (server.maxUploadSize); start it "
+        f"with `--server.maxUploadSize {wanted_mb}` to allow {wanted_mb} MB."
+    )
+
+
+def limits_text() -> str:
+    limits = DEFAULT_LIMITS
+    return (
+        f"At most {limits.max_images} images, each file up to {size_text(limits.max_file_bytes)} "
+        f"and {limits.max_pixels / 1e6:.0f} megapixels, {limits.min_side} to {limits.max_side} "
+        "pixels per side; PNG, JPEG, BMP, TIFF or WebP; or one zip of them up to "
+        f"{size_text(limits.max_archive_bytes)}."
+    )
+
+
+def short_names(names: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _inline_error(shown: list[str], message: str) -> None:
@@ -66,71 +64,7 @@ def _inline_error(shown: list[str], message: str) -> None:
     shown.append(message)
 
 
-def _field(key: str) -> str:
-    return persist(key, SETUP_DEFAULTS[key])
-
-
-def _model_section(errors: list[str]) -> None:
-    st.header("Model")
-    names = sorted(ARCHITECTURES)
-    architecture = st.selectbox(
-        "Architecture",
-        names,
-        persist_state="session",
-        key=_field("architecture"),
-        help="Built-in architectures of the papers. To audit your own trained model, pick its "
-        "architecture here and upload its weights below.",
-    )
-    st.caption(ARCHITECTURES[architecture].description)
-    left, right = st.columns(2)
-    left.number_input(
-        "Classes", *CLASSES_RANGE, step=1, persist_state="session", key=_field("num_classes")
-    )
-    right.number_input(
-        "Input size (pixels, height = width)",
-        *INPUT_SIZE_RANGE,
-        step=1,
-        persist_state="session",
-        key=_field("input_size"),
-        help="Images are centre-cropped and resized to this size.",
-    )
-    left.selectbox(
-        "Channels",
-        list(CHANNELS),
-        format_func=lambda c: "3 (colour)" if c == 3 else "1 (grayscale)",
-        persist_state="session",
-        key=_field("channels"),
-    )
-    right.selectbox(
-        "Activation",
-        list(ACTIVATIONS),
-        persist_state="session",
-        key=_field("activation"),
-        help=f"Default for {architecture}: {ARCHITECTURES[architecture].default_activation}.",
-    )
-    if ARCHITECTURES[architecture].accepts_stem:
-        st.selectbox(
-            "Stem",
-            list(STEMS),
-            persist_state="session",
-            key=_field("stem"),
-            help="The first layers of a ResNet: cifar = one 3x3 convolution; imagenet = "
-            "torchvision's 7x7 convolution and max pool (torchvision checkpoints need it). "
-            "automatic = cifar up to 64 pixels, imagenet above.",
-        )
-    st.radio(
-        "Initialisation",
-        list(INITS),
-        horizontal=True,
-        persist_state="session",
-        key=_field("init"),
-        help="uniform = every weight ~ U(-0.5, 0.5), the DLG/GRNN setting; default = "
-        "PyTorch's. Ignored when you upload weights.",
-    )
-    _weights_upload(errors)
-
-
-def _weights_upload(errors: list[str]) -> None:
+def weights_upload(errors: list[str]) -> None:
     """Weights for the chosen architecture: checked against it at once, stored when they fit."""
     cap, cap_note = upload_cap(DEFAULT_MAX_BYTES // MB)
     upload = st.file_uploader(
@@ -272,7 +206,7 @@ def _decode(files: list) -> LabelledImages:
     return load_image_uploads([(f.name, f.getvalue()) for f in files])
 
 
-def _images_upload(errors: list[str]) -> None:
+def images_upload(errors: list[str]) -> None:
     """Validated uploads become a stored images asset; its sha256 goes into the URL."""
     limits = DEFAULT_LIMITS
     cap, cap_note = upload_cap(limits.max_archive_bytes // MB)
@@ -345,103 +279,3 @@ def _images_upload(errors: list[str]) -> None:
         key=persist(upload_count_key(sha), min(total, MAX_UPLOAD_BATCH)),
         help=f"The first images, in file-name order (at most {MAX_UPLOAD_BATCH} in one batch).",
     )
-
-
-def _data_section(errors: list[str]) -> None:
-    st.header("Private images")
-    source = st.radio(
-        "Images the client holds",
-        list(SOURCES),
-        format_func=SOURCE_LABELS.get,
-        horizontal=True,
-        persist_state="session",
-        key=_field("source"),
-    )
-    if source == "samples":
-        names = list(SAMPLE_SETS)
-        sample_set = st.selectbox(
-            "Sample set", names, persist_state="session", key=_field("sample_set")
-        )
-        info = SAMPLE_SETS[sample_set]
-        st.caption(f"{info.description}. {info.license_note}.")
-        st.number_input(
-            "Images in the batch",
-            1,
-            MAX_SAMPLE_COUNT,
-            step=1,
-            persist_state="session",
-            key=_field("count"),
-        )
-    else:
-        _images_upload(errors)
-    left, right = st.columns(2)
-    left.text_input(
-        "Normalisation",
-        persist_state="session",
-        key=_field("normalization"),
-        help="'none' (the model sees pixels in [0, 1], as in DLG) or per-channel MEAN/STD, "
-        "e.g. 0.5,0.5,0.5/0.5,0.5,0.5.",
-    )
-    right.number_input(
-        "Seed",
-        *SEED_RANGE,
-        step=1,
-        persist_state="session",
-        key=_field("seed"),
-        help="Seeds the model initialisation, the sample draw, the labels and the attack.",
-    )
-
-
-def _batch_preview() -> None:
-    """Thumbnails of the private batch with their detected sizes and labels."""
-    setup = current_setup()
-    try:
-        images = batch_of(setup)
-    except AuditInputError:
-        return  # setup_problems reports it
-    if images is None:
-        return
-    st.image(
-        [thumbnail(a, THUMBNAIL) for a in images.images],
-        caption=image_captions(images),
-        width=THUMBNAIL,  # one size for all, whatever the caption's length
-    )
-    labels_note = (
-        "labels given"
-        if images.labels is not None
-        else "no labels: they will be drawn at random from the model's classes (seeded)"
-    )
-    st.caption(
-        f"{count_of(len(images), 'image')} from {images.source}; {labels_note}. Sizes as uploaded; "
-        f"the model sees them at {setup.input_size}x{setup.input_size}."
-    )
-
-
-def main() -> None:
-    st.title("Setup")
-    st.caption(
-        "Step 1 of 2: the model under audit and the private images one client holds. "
-        "Then choose the attack and the defense in the Attack lab."
-    )
-    errors: list[str] = []
-    model_col, data_col = st.columns(2, gap="large")
-    with model_col:
-        _model_section(errors)
-    with data_col:
-        _data_section(errors)
-
-    st.header("Private batch")
-    more_errors, missing = setup_problems(current_setup(), where="under Private images above")
-    _batch_preview()
-    if not errors:  # with an upload refused above, "no images yet" says nothing new
-        for message in missing:
-            st.info(message)
-    for message in more_errors:
-        if message not in errors:
-            st.error(message)
-    errors += more_errors
-    if not errors and not missing:
-        st.page_link(LAB_PAGE, label="Continue to the Attack lab", icon=":material/science:")
-
-
-main()

@@ -16,13 +16,9 @@ from auditlib.defenses import DEFENSES, build_defense
 from auditlib.engine import batches
 from auditlib.errors import AuditInputError
 from dashboard.batch_view import open_batch, start_batch
-from dashboard.common import (
-    build_run,
-    changed_params,
-    config_defaults,
-    config_inputs,
-)
+from dashboard.config_form import changed_params, config_defaults, config_inputs
 from dashboard.forms import batch_form, show_problems
+from dashboard.run_choices import build_run
 from dashboard.state import persist
 
 # A first grid per defense: from no visible effect to strong (the knob's own units).

@@ -1,0 +1,138 @@
+"""Attack lab: choose the scenario, the attack, the defense and the budget; start and watch.
+
+A run executes in the process-wide RunManager (on Ray), never in this page: Start returns at
+once with a run id, which goes into the URL (``?run=...``). The live view
+(``dashboard/run_live.py``) polls the store about once a second through a fragment while the
+run is in progress and stops polling when it ends; closing the browser does not stop the
+run. A finished run is drawn by ``dashboard/run_result.py``.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from auditlib.engine.controls import start_with_control
+from auditlib.errors import AuditInputError
+from auditlib.words import count_of
+from dashboard.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
+from dashboard.navigation import HISTORY, SETUP
+from dashboard.resources import get_manager, get_store
+from dashboard.run_choices import LabChoices, build_run, check_components
+from dashboard.run_live import (
+    REFRESH_S,
+    close_run,
+    control_running,
+    control_view,
+    live_view,
+    open_run,
+)
+from dashboard.run_result import results
+from dashboard.setup_state import Setup, current_setup, setup_problems
+from dashboard.stored_runs import run_settings
+
+
+def _start(setup: Setup, lab: LabChoices) -> None:
+    """Start the run; on success its id goes into the session and the URL."""
+    st.session_state.pop("start_error", None)
+    errors, missing = setup_problems(setup)
+    errors += check_components(lab) + missing
+    if errors:
+        st.session_state["start_error"] = "Not started: " + " ".join(errors)
+        return
+    try:
+        spec, assets, title = build_run(setup, lab)
+        # A defended run is judged beside the same attack without the defense (its control).
+        run_id, control_id = start_with_control(get_manager(), spec, assets, title)
+    except AuditInputError as exc:
+        st.session_state["start_error"] = f"Not started: {exc}"
+        return
+    except Exception as exc:  # Ray or the store failed: say so, keep the page alive
+        st.session_state["start_error"] = (
+            f"The run could not be started: {type(exc).__name__}: {exc}. This is a problem of "
+            "the dashboard or its Ray instance, not of your input."
+        )
+        return
+    open_run(run_id)
+    st.session_state["control_started"] = control_id
+
+
+def _run_view(run_id: str) -> None:
+    record = get_store().get_run(run_id)
+    if record is None:
+        st.warning(
+            f"Run {run_id} is not in this dashboard's store: it was deleted, or the link comes "
+            "from another dashboard."
+        )
+        st.button("Close it", key="close_run", on_click=close_run)
+        return
+    head_col, close_col = st.columns([5, 1])
+    head_col.header(record.title or f"Run {run_id[:8]}")
+    close_col.button("Close", key="close_run", on_click=close_run, help="Close this view.")
+    settings = run_settings(record)
+    st.caption(
+        f"Run {run_id} · started "
+        f"{record.created_at.astimezone():%Y-%m-%d %H:%M:%S} · attack {settings.attack} · "
+        f"defense {settings.defense} · model {settings.model} · batch "
+        f"{settings.batch} · {settings.scenario} · {settings.iterations_text} iterations"
+    )
+    live = not record.finished
+    st.fragment(live_view, run_every=REFRESH_S if live else None)(run_id, live)
+    control_live = control_running(record)
+    st.fragment(control_view, run_every=REFRESH_S if control_live else None)(run_id, control_live)
+    if record.finished:
+        results(record)
+
+
+def main() -> None:
+    st.title("Attack lab")
+    setup = current_setup()
+    lab = LabChoices()
+    with st.sidebar:
+        scenario_inputs(lab)
+        attack_inputs(lab)
+        defense_inputs(lab)
+        budget_inputs(lab)
+
+    setup_errors, missing = setup_problems(setup)
+    errors = setup_errors + check_components(lab)
+    images = (
+        f"{setup.count} from the '{setup.sample_set}' sample set"
+        if setup.source == "samples"
+        else count_of(setup.upload_count, "uploaded image")
+        if setup.upload_count
+        else "every uploaded image"
+    )
+    info_col, link_col = st.columns([4, 1])
+    info_col.markdown(f"**Model** {setup.model_text()} · **Private images** {images}")
+    link_col.page_link(SETUP.path, label="Change", icon=":material/tune:")
+    for message in missing:
+        st.info(message)
+    for message in errors:
+        st.error(message)
+    blocked = bool(errors or missing)
+    # The click is handled here, after every widget above has given its current value (a
+    # callback would see the values of the previous run).
+    if st.button(
+        "Start the attack",
+        type="primary",
+        key="start",
+        disabled=blocked,
+        help="Fix the problems above first."
+        if blocked
+        else "Runs in the background; you can "
+        "leave this page or close the browser, the run goes on.",
+    ):
+        _start(setup, lab)
+    start_error = st.session_state.pop("start_error", None)  # shown once
+    if start_error:
+        st.error(start_error)
+
+    run_id = st.session_state.get("run")
+    if run_id:
+        _run_view(run_id)
+    else:
+        st.info("No run open. Start one, or open a past run from the History page.")
+        st.page_link(HISTORY.path, label="History", icon=":material/history:")
+
+
+main()

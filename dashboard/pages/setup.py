@@ -1,0 +1,200 @@
+"""Setup page: the model under audit and the private batch a client would hold.
+
+The uploads (weights, images) are ``dashboard/uploads.py``: validated by ``auditlib`` as
+soon as they arrive, stored as assets, their sha256 in the URL. Nothing runs here: the
+Attack lab starts runs.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from auditlib.data import SAMPLE_SETS
+from auditlib.errors import AuditInputError
+from auditlib.grids import thumbnail
+from auditlib.models import ARCHITECTURES
+from auditlib.words import count_of
+from dashboard.image_display import image_captions
+from dashboard.navigation import LAB
+from dashboard.setup_state import batch_of, current_setup, setup_problems
+from dashboard.state import (
+    ACTIVATIONS,
+    CHANNELS,
+    CLASSES_RANGE,
+    INITS,
+    INPUT_SIZE_RANGE,
+    MAX_SAMPLE_COUNT,
+    SEED_RANGE,
+    SETUP_DEFAULTS,
+    SOURCES,
+    STEMS,
+    persist,
+)
+from dashboard.uploads import images_upload, weights_upload
+
+THUMBNAIL = 112  # pixels
+SOURCE_LABELS = {"samples": "Bundled sample set", "upload": "My own images"}
+
+
+def _field(key: str) -> str:
+    return persist(key, SETUP_DEFAULTS[key])
+
+
+def _model_section(errors: list[str]) -> None:
+    st.header("Model")
+    names = sorted(ARCHITECTURES)
+    architecture = st.selectbox(
+        "Architecture",
+        names,
+        persist_state="session",
+        key=_field("architecture"),
+        help="Built-in architectures of the papers. To audit your own trained model, pick its "
+        "architecture here and upload its weights below.",
+    )
+    st.caption(ARCHITECTURES[architecture].description)
+    left, right = st.columns(2)
+    left.number_input(
+        "Classes", *CLASSES_RANGE, step=1, persist_state="session", key=_field("num_classes")
+    )
+    right.number_input(
+        "Input size (pixels, height = width)",
+        *INPUT_SIZE_RANGE,
+        step=1,
+        persist_state="session",
+        key=_field("input_size"),
+        help="Images are centre-cropped and resized to this size.",
+    )
+    left.selectbox(
+        "Channels",
+        list(CHANNELS),
+        format_func=lambda c: "3 (colour)" if c == 3 else "1 (grayscale)",
+        persist_state="session",
+        key=_field("channels"),
+    )
+    right.selectbox(
+        "Activation",
+        list(ACTIVATIONS),
+        persist_state="session",
+        key=_field("activation"),
+        help=f"Default for {architecture}: {ARCHITECTURES[architecture].default_activation}.",
+    )
+    if ARCHITECTURES[architecture].accepts_stem:
+        st.selectbox(
+            "Stem",
+            list(STEMS),
+            persist_state="session",
+            key=_field("stem"),
+            help="The first layers of a ResNet: cifar = one 3x3 convolution; imagenet = "
+            "torchvision's 7x7 convolution and max pool (torchvision checkpoints need it). "
+            "automatic = cifar up to 64 pixels, imagenet above.",
+        )
+    st.radio(
+        "Initialisation",
+        list(INITS),
+        horizontal=True,
+        persist_state="session",
+        key=_field("init"),
+        help="uniform = every weight ~ U(-0.5, 0.5), the DLG/GRNN setting; default = "
+        "PyTorch's. Ignored when you upload weights.",
+    )
+    weights_upload(errors)
+
+
+def _data_section(errors: list[str]) -> None:
+    st.header("Private images")
+    source = st.radio(
+        "Images the client holds",
+        list(SOURCES),
+        format_func=SOURCE_LABELS.get,
+        horizontal=True,
+        persist_state="session",
+        key=_field("source"),
+    )
+    if source == "samples":
+        names = list(SAMPLE_SETS)
+        sample_set = st.selectbox(
+            "Sample set", names, persist_state="session", key=_field("sample_set")
+        )
+        info = SAMPLE_SETS[sample_set]
+        st.caption(f"{info.description}. {info.license_note}.")
+        st.number_input(
+            "Images in the batch",
+            1,
+            MAX_SAMPLE_COUNT,
+            step=1,
+            persist_state="session",
+            key=_field("count"),
+        )
+    else:
+        images_upload(errors)
+    left, right = st.columns(2)
+    left.text_input(
+        "Normalisation",
+        persist_state="session",
+        key=_field("normalization"),
+        help="'none' (the model sees pixels in [0, 1], as in DLG) or per-channel MEAN/STD, "
+        "e.g. 0.5,0.5,0.5/0.5,0.5,0.5.",
+    )
+    right.number_input(
+        "Seed",
+        *SEED_RANGE,
+        step=1,
+        persist_state="session",
+        key=_field("seed"),
+        help="Seeds the model initialisation, the sample draw, the labels and the attack.",
+    )
+
+
+def _batch_preview() -> None:
+    """Thumbnails of the private batch with their detected sizes and labels."""
+    setup = current_setup()
+    try:
+        images = batch_of(setup)
+    except AuditInputError:
+        return  # setup_problems reports it
+    if images is None:
+        return
+    st.image(
+        [thumbnail(a, THUMBNAIL) for a in images.images],
+        caption=image_captions(images),
+        width=THUMBNAIL,  # one size for all, whatever the caption's length
+    )
+    labels_note = (
+        "labels given"
+        if images.labels is not None
+        else "no labels: they will be drawn at random from the model's classes (seeded)"
+    )
+    st.caption(
+        f"{count_of(len(images), 'image')} from {images.source}; {labels_note}. Sizes as uploaded; "
+        f"the model sees them at {setup.input_size}x{setup.input_size}."
+    )
+
+
+def main() -> None:
+    st.title("Setup")
+    st.caption(
+        "Step 1 of 2: the model under audit and the private images one client holds. "
+        "Then choose the attack and the defense in the Attack lab."
+    )
+    errors: list[str] = []
+    model_col, data_col = st.columns(2, gap="large")
+    with model_col:
+        _model_section(errors)
+    with data_col:
+        _data_section(errors)
+
+    st.header("Private batch")
+    more_errors, missing = setup_problems(current_setup(), where="under Private images above")
+    _batch_preview()
+    if not errors:  # with an upload refused above, "no images yet" says nothing new
+        for message in missing:
+            st.info(message)
+    for message in more_errors:
+        if message not in errors:
+            st.error(message)
+    errors += more_errors
+    if not errors and not missing:
+        st.page_link(LAB.path, label="Continue to the Attack lab", icon=":material/science:")
+
+
+main()

@@ -1,0 +1,143 @@
+"""The Attack lab's choices (scenario, attack, defense, budget) and the ``RunSpec`` they
+make with the setup; the library's objections to them.
+
+Every check is the library's (``auditlib.spec``, ``auditlib.client.protocol``, the attack and
+defense registries): this module only assembles the spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from auditlib.client.protocol import Algorithm, ClientProtocol, Shared
+from auditlib.defenses import build_defense
+from auditlib.engine.attack_phase import plan_attacks
+from auditlib.errors import AuditInputError
+from auditlib.spec import (
+    Budget,
+    ComponentSpec,
+    DataSpec,
+    ModelRef,
+    RunSpec,
+    ScenarioSpec,
+)
+from auditlib.store.convert import assets_in_spec
+from auditlib.words import count_of
+from dashboard.resources import get_store
+from dashboard.setup_state import Setup
+from dashboard.spec_words import attack_label
+
+
+@dataclasses.dataclass
+class LabChoices:
+    """The Attack lab's choices: scenario, attack, defense and budget."""
+
+    algorithm: Algorithm = "fedsgd"
+    local_steps: int = 1
+    local_lr: float = 0.01
+    local_batch_size: int | None = None
+    share: Shared = "delta"
+    labels_known: bool = False
+    attacker_knows_defense: bool = True
+    attack: str = "dlg"
+    preset: str | None = None
+    attack_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    iterations: int = 100
+    defense: str = "none"
+    defense_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    time_budget: float | None = 120.0
+    device: str = "cpu"
+
+    def protocol(self) -> ClientProtocol:
+        return ClientProtocol(
+            algorithm=self.algorithm,
+            local_steps=self.local_steps,
+            local_lr=self.local_lr,
+            local_batch_size=self.local_batch_size,
+            shared=self.share,
+        )
+
+
+def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes], str]:
+    """The run's spec, the uploaded assets it needs (sha256 -> bytes) and a title.
+
+    Every check is the library's, so a bad value raises ``AuditInputError``.
+    """
+    store = get_store()
+    assets: dict[str, bytes] = {}
+    if setup.weights:
+        asset = store.get_asset(setup.weights)
+        if asset is None:
+            raise AuditInputError("the uploaded weights are gone from the store; upload them again")
+        assets[asset.sha256] = asset.data
+    model = ModelRef(
+        spec=setup.model_spec(), weights_asset=setup.weights, content_sha256=setup.weights
+    )
+    if setup.source == "samples":
+        data = DataSpec(source="samples", location=setup.sample_set, batch_size=setup.count)
+        images_text = f"{count_of(setup.count, 'image')} from '{setup.sample_set}'"
+    else:
+        if not setup.images:
+            raise AuditInputError("no images uploaded yet; upload images or pick a sample set")
+        asset = store.get_asset(setup.images)
+        if asset is None:
+            raise AuditInputError("the uploaded images are gone from the store; upload them again")
+        assets[asset.sha256] = asset.data
+        data = DataSpec(source="asset", location=asset.sha256, batch_size=setup.upload_count)
+        count = setup.upload_count or asset.meta.get("count", "?")
+        images_text = (
+            count_of(count, "uploaded image") if isinstance(count, int) else "uploaded images"
+        )
+    data = dataclasses.replace(data, normalization=setup.normalization)
+    spec = RunSpec(
+        model=model,
+        data=data,
+        scenario=ScenarioSpec(
+            protocol=lab.protocol(),
+            labels_known=lab.labels_known,
+            attacker_knows_defense=lab.attacker_knows_defense,
+        ),
+        attack=ComponentSpec.of(lab.attack, lab.attack_params, lab.preset),
+        defense=ComponentSpec.of(lab.defense, lab.defense_params),
+        budget=Budget(iterations=lab.iterations, max_seconds=lab.time_budget),
+        seed=setup.seed,
+        device=lab.device,
+    )
+    title = f"{attack_label(lab.attack)} vs {lab.defense} · {setup.architecture} · {images_text}"
+    return spec, assets, title
+
+
+def run_assets(spec: RunSpec) -> dict[str, bytes]:
+    """The uploads a stored run spec needs (sha256 -> bytes), read back from the store.
+
+    Raises AuditInputError when one is gone (a resumed batch cannot run without it).
+    """
+    store = get_store()
+    assets = {}
+    for sha in sorted(assets_in_spec(spec.to_dict())):
+        asset = store.get_asset(sha)
+        if asset is None:
+            raise AuditInputError(
+                f"the upload {sha[:12]}... is gone from the store; upload it again"
+            )
+        assets[sha] = asset.data
+    return assets
+
+
+def check_components(lab: LabChoices) -> list[str]:
+    """The library's objections to the attack and defense parameters and the protocol."""
+    errors = []
+    try:
+        lab.protocol()
+    except AuditInputError as exc:
+        errors.append(f"Scenario: {exc}")
+    try:
+        plan_attacks(ComponentSpec.of(lab.attack, lab.attack_params, lab.preset), lab.iterations)
+    except AuditInputError as exc:
+        errors.append(f"Attack: {exc}")
+    try:
+        build_defense(lab.defense, lab.defense_params)
+    except AuditInputError as exc:
+        errors.append(f"Defense: {exc}")
+    return errors

@@ -1,0 +1,201 @@
+"""The Attack lab's view of a run in progress: status, progress, the reconstruction under
+the originals, the loss curve, Cancel, and where its undefended control stands.
+
+Each view is drawn as a fragment that polls the store about once a second while its run
+is in progress and redraws the whole page when it ends.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from auditlib.engine.controls import control_finding
+from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
+from dashboard.image_display import png_width
+from dashboard.resources import get_manager, get_store
+from dashboard.state import set_url_state
+from dashboard.stored_runs import defended_spec
+
+REFRESH_S = 1.0
+# Entries of an event's "losses" that count work rather than measure a loss: shown in the
+# progress text, not drawn on the loss axis.
+COUNTERS = frozenset({"evaluations"})
+STATUS_TEXT = {
+    "queued": "waiting for a worker",
+    "running": "running",
+    COMPLETED: "completed",
+    CANCELLED: "cancelled",
+    TIMED_OUT: "stopped by its time budget",
+    FAILED: "failed",
+}
+
+
+def open_run(run_id: str) -> None:
+    """Show run ``run_id`` (its id goes into the session and the URL)."""
+    set_url_state("run", run_id)
+    st.session_state.pop("_events", None)
+
+
+def close_run() -> None:
+    set_url_state("run", None)
+    st.session_state.pop("_events", None)
+
+
+def events(run_id: str) -> list:
+    """The run's events, fetched incrementally (only the new ones on each poll)."""
+    cache = st.session_state.get("_events")
+    if not cache or cache["run"] != run_id:
+        cache = {"run": run_id, "events": []}
+    last = cache["events"][-1].seq if cache["events"] else -1
+    cache["events"] = cache["events"] + get_store().events(run_id, after_seq=last)
+    st.session_state["_events"] = cache
+    return cache["events"]
+
+
+def loss_figure(events: list) -> go.Figure:
+    keys = [k for k in dict.fromkeys(k for e in events for k in e.losses) if k not in COUNTERS]
+    steps = [e.step for e in events]
+    fig = go.Figure()
+    values = []
+    for key in keys:
+        ys = [e.losses.get(key) for e in events]
+        values += [y for y in ys if y is not None]
+        fig.add_scatter(x=steps, y=ys, mode="lines+markers", name=key, marker={"size": 4})
+    fig.update_layout(
+        title="Attack loss",
+        height=340,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis_title="step",
+        yaxis_title="loss (log scale)" if values and min(values) > 0 else "loss",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    if values and min(values) > 0:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _progress(record: RunRecord, events: list) -> None:
+    if not events:
+        text = (
+            "waiting for a worker"
+            if record.status == "queued"
+            else "preparing the victim's update and starting the attack"
+        )
+        if record.finished:
+            text = STATUS_TEXT.get(record.status, record.status)
+        st.progress(0.0, text=text)
+        return
+    last = events[-1]
+    total = max(int(last.total), 1)
+    losses = ", ".join(f"{k} {v:.4g}" for k, v in last.losses.items() if v is not None)
+    text = f"step {last.step:,} of {total:,} · {last.elapsed_s:.1f} s"
+    if losses:
+        text += f" · {losses}"
+    if record.finished:
+        text = f"{STATUS_TEXT.get(record.status, record.status)}: {text}"
+    elif record.stage:  # the attack is done; the run goes on with its utility training
+        text = f"{record.stage} · the attack: {text}"
+    st.progress(min(max(last.step / total, 0.0), 1.0), text=text)
+
+
+def live_view(run_id: str, live: bool) -> None:
+    """Status, progress, the reconstruction under the originals and the loss curve.
+
+    Drawn as a fragment that reruns every second while the run is in progress; when it sees
+    the run finished it reruns the whole page, which draws the results and stops polling.
+    """
+    store = get_store()
+    record = store.get_run(run_id)
+    if record is None:
+        return
+    if live and record.finished:
+        st.rerun()
+    seen = events(run_id)
+    _progress(record, seen)
+    if record.finished:
+        return
+    cancel_col, note_col = st.columns([1, 4], vertical_alignment="center")
+    cancel_col.button(
+        "Cancel run",
+        key="cancel",
+        on_click=get_manager().cancel,
+        args=(run_id,),
+        disabled=record.cancel_requested,
+        help="Stops the attack; what it has reconstructed so far is still scored.",
+    )
+    if record.cancel_requested:
+        note_col.caption("Cancellation requested; the attack stops at its next step.")
+    else:
+        note_col.caption(
+            "The run goes on in the background: you can leave this page or close the "
+            "browser, and reopen it from History."
+        )
+    images_col, chart_col = st.columns([3, 2], gap="large")
+    with images_col:
+        originals = store.image(run_id, "originals")
+        current = store.image(run_id, "live")
+        if originals is not None:
+            st.image(
+                originals.png,
+                width=png_width(originals.png),
+                caption="Private images (only the auditor sees them)",
+            )
+        if current is not None:
+            st.image(
+                current.png,
+                width=png_width(current.png),
+                caption=f"The attacker's reconstruction at step {current.step:,}, each image "
+                "under the original it matches",
+            )
+        elif originals is None:
+            st.caption("The images appear once the worker has prepared the victim.")
+    with chart_col:
+        if seen:
+            st.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
+
+
+def control_view(run_id: str, live: bool) -> None:
+    """Where the undefended control of a defended run stands, with a link to it; a fragment
+    that polls while the control is in progress and redraws the page when it ends (the
+    verdict of the defended run depends on it)."""
+    store = get_store()
+    record = store.get_run(run_id)
+    if record is None:
+        return
+    spec = defended_spec(record)
+    if spec is None:
+        return
+    _, note, control = control_finding(store, spec)
+    if control is None:
+        st.caption(f"Undefended control: {note}.")
+        return
+    if live and control.finished and record.finished:
+        st.rerun()
+    event = store.latest_event(control.id)
+    progress = ""
+    if not control.finished and event is not None and event.total:
+        progress = f", step {event.step:,} of {int(event.total):,}"
+    started = (
+        " (started with this run)" if st.session_state.get("control_started") == control.id else ""
+    )
+    text_col, open_col = st.columns([4, 1], vertical_alignment="center")
+    text_col.caption(
+        f"Undefended control, the same attack at the same budget without the defense: run "
+        f"{control.id[:8]}{started}, {STATUS_TEXT.get(control.status, control.status)}{progress}."
+    )
+    open_col.button(
+        "Open the control",
+        key="open_control",
+        on_click=open_run,
+        args=(control.id,),
+        help="The verdict of this run reads its result beside the control's.",
+    )
+
+
+def control_running(record: RunRecord) -> bool:
+    spec = defended_spec(record)
+    if spec is None:
+        return False
+    _, _, control = control_finding(get_store(), spec)
+    return control is not None and not control.finished

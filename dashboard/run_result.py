@@ -1,0 +1,316 @@
+"""The Attack lab's view of a finished run, read from its typed result (``RunRecord.result``):
+the verdict and its scope, the reconstruction, the metrics, the defense's privacy statement,
+the timing, per-image scores and the downloads (result.json, the grid, the PDF report).
+
+Labels, units and formats of the metrics come from the catalogue
+(``auditlib.metrics.catalogue``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import streamlit as st
+
+from auditlib.attacks import ALL_ATTACKS
+from auditlib.metrics.catalogue import CATALOGUE
+from auditlib.metrics.risk import RECOVERED_RULE
+from auditlib.metrics.verdict import Verdict
+from auditlib.result import AuditSummary
+from auditlib.result_json import summary_json
+from auditlib.store import CANCELLED, COMPLETED, FAILED, RunRecord
+from auditlib.words import count_of
+from dashboard.image_display import png_width
+from dashboard.resources import get_store
+from dashboard.result_words import metric_rows, number, privacy_text
+from dashboard.run_live import events, loss_figure
+from dashboard.stored_runs import result_problem, run_result, run_verdict
+from dashboard.verdict_words import NO_VERDICT, OUTCOME_STYLE, SOK_CITATION
+
+PSNR, SSIM, LPIPS = CATALOGUE["psnr"], CATALOGUE["ssim"], CATALOGUE["lpips"]
+
+
+def _verdict_box(verdict: Verdict | None) -> None:
+    """The verdict's headline in the colour of its outcome, then its sentence."""
+    if verdict is None:
+        st.info(
+            f"{NO_VERDICT.capitalize()}: this run was stored before the dashboard judged runs "
+            "against a guess and an undefended control. Run it again for a verdict.",
+            icon=":material/history:",
+        )
+        return
+    kind, icon = OUTCOME_STYLE[verdict.outcome]
+    getattr(st, kind)(f"**{verdict.headline}**", icon=icon)
+    st.markdown(verdict.sentence)
+
+
+def _yes_no(value: bool | None) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
+
+
+def _attacks_table(result: AuditSummary) -> None:
+    """The attacks the run planned, where it tried more than one or skipped one."""
+    tried = result.attacks
+    if len(tried) > 1 or any(a.skipped for a in tried):
+        st.table(
+            [
+                {
+                    "attack": a.label or a.attack,
+                    "settings": a.preset or "library defaults",
+                    "result": f"skipped: {a.skipped}" if a.skipped else (a.stop_reason or "n/a"),
+                    "steps": number(a.steps, ","),
+                    PSNR.heading: PSNR.text(a.psnr_mean),
+                    "recovered": number(a.images_recovered, "d"),
+                }
+                for a in tried
+            ]
+        )
+
+
+def _scope(result: AuditSummary, verdict: Verdict) -> None:
+    """How far the verdict reaches: attacks, restarts, budget, the guesses it was measured
+    against, the control, the share of the batch recovered and the threat model."""
+    scope, finding = verdict.scope, verdict.finding
+    metrics = result.metrics
+    with st.container(border=True):
+        st.subheader("Scope")
+        left, right = st.columns([1, 1], gap="large")
+        with left:
+            st.markdown(
+                f"**Attacks tried** {', '.join(scope.attacks) or 'none'}  \n"
+                f"**Restarts** {scope.restarts or 'one start'}  \n"
+                f"**Budget** {scope.budget_words()}  \n"
+                f"**Defense** {scope.defense}"
+            )
+            _attacks_table(result)
+            st.markdown("**Baseline: the best guess without the update**")
+            st.table(
+                [
+                    {
+                        "reconstruction": "the attack (attacker's pick)",
+                        PSNR.heading: PSNR.text(finding.psnr_mean),
+                        SSIM.heading: SSIM.text(finding.ssim_mean),
+                    },
+                    *(
+                        {
+                            "reconstruction": f"guess: {g.name}",
+                            PSNR.heading: PSNR.text(g.psnr_mean),
+                            SSIM.heading: SSIM.text(g.ssim_mean),
+                        }
+                        for g in metrics.guesses or ()
+                    ),
+                ]
+            )
+            st.caption(RECOVERED_RULE[0].upper() + RECOVERED_RULE[1:] + ".")
+            st.markdown("**Undefended control**")
+            if verdict.control is not None:
+                st.markdown(f"{verdict.control.figures()} ({verdict.control_note}).")
+            else:
+                st.markdown(f"{verdict.control_note or 'none'}.")
+        with right:
+            share = finding.images_recovered / finding.batch_size if finding.batch_size else 0.0
+            st.markdown(
+                f"**Recovered** {finding.images_recovered} of {count_of(finding.batch_size, 'image')} "
+                f"({share:.0%} of the batch) beyond the best guess"
+            )
+            every = any(p.attack is not None for p in metrics.per_image)
+            rows = []
+            for p in metrics.per_image:
+                row = {
+                    "image": p.name,
+                    PSNR.heading: PSNR.text(p.psnr),
+                    f"best guess ({PSNR.unit})": PSNR.text(p.guess_psnr)
+                    + (f" ({p.best_guess})" if p.best_guess else ""),
+                    "beyond guess": _yes_no(p.beyond_guess),
+                    "level": p.leakage_level or "—",
+                }
+                if every:
+                    row["attack"] = p.attack or "n/a"
+                rows.append(row)
+            st.table(rows)
+            threat = scope.threat
+            st.markdown(
+                f"**Threat model** SoK model {threat.sok_model}: {threat.sok_name} ({SOK_CITATION})"
+            )
+            st.table(
+                [
+                    {"the attacker": k.item, "knows": "✔" if k.known else "✗", "how": k.detail}
+                    for k in threat.knowledge
+                ]
+            )
+
+
+def _headline(record: RunRecord, result: AuditSummary) -> None:
+    metrics, timing = result.metrics, result.timing
+    attack = "every applicable attack" if result.attack == ALL_ATTACKS else result.attack
+    headline = (
+        f"{attack} against {result.defense}: {PSNR.label} {PSNR.text(metrics.psnr_mean)} "
+        f"{PSNR.unit} (mean over {count_of(len(metrics.per_image), 'image')}), "
+        f"{timing.iterations} iterations in {number(timing.seconds, '.1f')} s, stopped: "
+        f"{result.stop_reason}."
+    )
+    if record.status == COMPLETED:
+        st.caption(headline)
+    else:
+        st.warning(f"{headline} The attack did not run to the end; it is scored as it stood.")
+
+
+def _reconstruction(record: RunRecord, result: AuditSummary) -> bytes | None:
+    """The grid of originals over the reconstruction, the loss curve and the three headline
+    numbers; returns the grid's PNG (None where the run has none)."""
+    grid = get_store().image(record.id, "reconstruction")
+    grid_col, chart_col = st.columns([3, 2], gap="large")
+    if grid is not None:
+        grid_col.image(
+            grid.png,
+            width=png_width(grid.png),
+            caption="Top: the private images (only the auditor sees them). Bottom: the "
+            "attacker's reconstruction (its lowest-loss restart, chosen without ground truth), "
+            "each matched to its original.",
+        )
+    seen = events(record.id)
+    if seen:
+        chart_col.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
+    col1, col2, col3 = st.columns(3)
+    col1.metric(
+        f"{PSNR.label} mean (attacker's pick)", f"{PSNR.text(result.metrics.psnr_mean)} {PSNR.unit}"
+    )
+    col2.metric(
+        f"Oracle best {PSNR.label} (uses ground truth)",
+        f"{PSNR.text(result.oracle_best.psnr_mean)} {PSNR.unit}",
+        help="The best restart chosen with the private images: an upper bound on what the "
+        "attack found, not a choice the attacker can make.",
+    )
+    col3.metric(f"{SSIM.label} mean", SSIM.text(result.metrics.ssim_mean))
+    return None if grid is None else grid.png
+
+
+def _numbers(result: AuditSummary, verdict: Verdict | None) -> None:
+    """The metrics table with its notes, the defense's privacy statement and the timing."""
+    table_col, side_col = st.columns([1, 1], gap="large")
+    with table_col:
+        st.subheader("Metrics (attacker's pick)")
+        rows, notes = metric_rows(result.metrics, verdict)
+        st.table(rows)
+        for note in notes:
+            st.caption(note)
+        if result.config.metric_definition:
+            st.caption(f"Metric definition: {result.config.metric_definition}.")
+    with side_col:
+        st.subheader("Defense")
+        report = result.defense_report
+        st.write(privacy_text(report))
+        before, after = report.update_norm_before, report.update_norm_after
+        if before is not None and after is not None:
+            st.caption(f"Update norm before the defense {before:.4g}, after {after:.4g}.")
+        st.subheader("Timing")
+        timing = result.timing
+        per_second = timing.iterations_per_second
+        st.write(
+            f"{number(timing.seconds, '.1f')} s for {timing.iterations} iterations"
+            + (f" ({per_second:.2f} per second)" if per_second else "")
+            + f"; stop reason: {result.stop_reason}."
+        )
+
+
+def _details(result: AuditSummary) -> None:
+    with st.expander("Per image"):
+        st.table(
+            [
+                {
+                    "image": p.name,
+                    "true label": str(p.true_label),
+                    "recovered label": number(p.recovered_label, "d"),
+                    PSNR.heading: PSNR.text(p.psnr),
+                    SSIM.heading: SSIM.text(p.ssim),
+                    LPIPS.heading: LPIPS.text(p.lpips_alex),
+                }
+                for p in result.metrics.per_image
+            ]
+        )
+    with st.expander("Threat model and victim"):
+        st.json(
+            summary_json(
+                {
+                    "threat_model": dataclasses.asdict(result.threat_model),
+                    "victim": result.victim.to_json(),
+                }
+            )
+        )
+
+
+def _downloads(record: RunRecord, result: AuditSummary, grid: bytes | None) -> None:
+    col_json, col_png, col_pdf = st.columns(3)
+    col_json.download_button(
+        "Download result.json",
+        summary_json(result.to_json()),
+        file_name="result.json",
+        mime="application/json",
+        key="download_json",
+    )
+    if grid is not None:
+        col_png.download_button(
+            "Download reconstruction.png",
+            grid,
+            file_name="reconstruction.png",
+            mime="image/png",
+            key="download_png",
+        )
+    col_pdf.button(
+        "Build the PDF report",
+        key="run_report",
+        on_click=_build_report,
+        args=(record.id,),
+        help="Title page, verdict, threat model, settings, grid, tables, charts, metric "
+        "definitions, limits and a reproducibility appendix.",
+    )
+    report_error = st.session_state.pop("run_report_error", None)
+    if report_error:
+        col_pdf.error(report_error)
+    built = st.session_state.get("run_report_pdf")
+    if built and built[0] == record.id:
+        col_pdf.download_button(
+            "Download the PDF report",
+            built[1],
+            file_name=f"audit-run-{record.id[:8]}.pdf",
+            mime="application/pdf",
+            key="download_pdf",
+        )
+
+
+def _build_report(run_id: str) -> None:
+    from auditlib.report.pdf import report_bytes
+    from auditlib.report.subject import run_subject
+
+    try:
+        st.session_state["run_report_pdf"] = (
+            run_id,
+            report_bytes(run_subject(get_store(), run_id)),
+        )
+    except Exception as exc:  # the report must never take the page down
+        st.session_state["run_report_error"] = f"The report could not be built: {exc}"
+
+
+def results(record: RunRecord) -> None:
+    """Everything the finished run ``record`` has to show."""
+    status = record.status
+    result, problem = run_result(record), result_problem(record)
+    if status == FAILED:
+        st.error(f"The run failed: {record.error or 'no reason recorded'}")
+    elif status == CANCELLED and result is None and problem is None:
+        st.warning(f"The run was cancelled before it had a result. {record.error or ''}")
+    if problem:
+        st.error(f"The run's result cannot be shown: {problem}")
+    if result is None:
+        return
+    verdict = run_verdict(record)
+    st.subheader("Verdict")
+    _verdict_box(verdict)
+    _headline(record, result)
+    if verdict is not None:
+        _scope(result, verdict)
+    st.subheader("Result")
+    grid = _reconstruction(record, result)
+    _numbers(result, verdict)
+    _details(result)
+    _downloads(record, result, grid)

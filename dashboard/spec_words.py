@@ -1,0 +1,88 @@
+"""A run's settings in words: attack, defense, model, batch, scenario and budget of its typed
+``RunSpec``, as the Attack lab's caption and the History table show them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL
+from auditlib.spec import ComponentSpec, RunSpec
+
+OLDER_SPEC = "?"  # a part of a spec this version cannot read (stored by an older version)
+
+
+def attack_label(name: str) -> str:
+    return ALL_ATTACKS_LABEL if name == ALL_ATTACKS else name
+
+
+def preset_label(preset: str | None) -> str:
+    if preset is None:
+        return "library defaults"
+    if preset == "audit":
+        return "audit: strongest settings (default)"
+    if preset == "paper":
+        return "paper settings (reproduction)"
+    if preset.startswith("paper-"):
+        return f"paper settings ({preset.removeprefix('paper-')})"
+    return preset
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings in words."""
+
+    attack: str
+    defense: str
+    model: str
+    batch: str
+    scenario: str
+    iterations: int | None  # None: not readable from the stored spec
+
+    @property
+    def iterations_text(self) -> str:
+        return OLDER_SPEC if self.iterations is None else str(self.iterations)
+
+
+def component_text(part: ComponentSpec) -> str:
+    """'dlg [audit] (lr=0.1)': the registry name, its preset and its changed parameters."""
+    params = ", ".join(f"{k}={v}" for k, v in part.params)
+    preset = f" [{part.preset}]" if part.preset else ""
+    return f"{attack_label(part.name)}{preset}" + (f" ({params})" if params else "")
+
+
+def settings_text(spec: RunSpec) -> RunSettings:
+    model = spec.model.spec
+    shape = "x".join(str(v) for v in model.input_shape)
+    data = spec.data
+    if data.source == "samples":
+        images = f"{data.batch_size or 1} from '{data.location}'"
+    elif data.source == "asset":
+        images = f"{data.batch_size or 'all'} uploaded ({data.location[:8]})"
+    else:
+        images = f"{data.batch_size or 'all'} from {data.location}"
+    protocol = spec.scenario.protocol
+    scenario: str = protocol.algorithm
+    if protocol.algorithm == "fedavg":
+        scenario += f", {protocol.local_steps} local steps, lr {protocol.local_lr}"
+    weights = ", uploaded weights" if spec.model.weights_asset else ""
+    return RunSettings(
+        attack=component_text(spec.attack),
+        defense=component_text(spec.defense),
+        model=f"{model.architecture} ({shape}, {model.num_classes} classes{weights})",
+        batch=images,
+        scenario=scenario,
+        iterations=spec.budget.iterations,
+    )
+
+
+def older_spec_settings(attack: str | None = None, defense: str | None = None) -> RunSettings:
+    """The settings of a run whose spec is of an older version (``run_spec_from_dict``
+    refuses it): the attack and defense its result names, where it has one, "?" for the rest."""
+    return RunSettings(
+        attack=attack_label(attack) if attack else OLDER_SPEC,
+        defense=defense or OLDER_SPEC,
+        model=f"{OLDER_SPEC} (a spec of an older version)",
+        batch=OLDER_SPEC,
+        scenario=OLDER_SPEC,
+        iterations=None,
+    )
