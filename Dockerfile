@@ -49,7 +49,7 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4)"
 
 # --server.maxUploadSize 512: Streamlit's server refuses larger request bodies (default 200 MB)
-# whatever a widget says; the weights uploader takes up to 500 MB (decimal, as the browser shows it). Per-widget limits in dashboard/setup.py keep
+# whatever a widget says; the weights uploader takes up to 500 MB (decimal, as the browser shows it). Per-widget limits in dashboard/uploads.py keep
 # image files to 20 MB and zips to 256 MB. No file watcher in production.
 CMD ["streamlit", "run", "app.py", \
      "--server.port", "8501", \

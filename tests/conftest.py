@@ -47,7 +47,7 @@ def dashboard_store(tmp_path, monkeypatch, ray_session):
     """
     import streamlit as st
 
-    from dashboard.common import get_manager, get_store
+    from dashboard.resources import get_manager, get_store
 
     monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("AUDIT_DATABASE_URL", raising=False)

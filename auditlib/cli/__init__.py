@@ -47,4 +47,3 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return 1
-

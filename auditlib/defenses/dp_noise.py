@@ -112,8 +112,6 @@ def _known_noise(name: str, noise: str, clip: float | None, order: float) -> Kno
     )
 
 
-# RUF009: param() makes a field with an immutable default; ruff cannot see through the
-# Literal alias Neighbours.
 @dataclass(frozen=True)
 class GaussianNoiseConfig:
     sigma: float = param(
@@ -135,7 +133,7 @@ class GaussianNoiseConfig:
         high_open=True,
     )
     rounds: int = param(1, "rounds of release the accountant composes (RDP)", low=1, high=100_000)
-    neighbours: Neighbours = param(  # noqa: RUF009
+    neighbours: Neighbours = param(
         "replace-one",
         "what epsilon protects: the client's data with one example replaced (sensitivity "
         "2 x clip), or its update present or absent, as central DP-FedAvg counts (1 x clip)",
@@ -222,7 +220,7 @@ class LaplaceNoiseConfig:
         low_open=True,
     )
     rounds: int = param(1, "rounds of release composed (basic composition)", low=1, high=100_000)
-    neighbours: Neighbours = param(  # noqa: RUF009
+    neighbours: Neighbours = param(
         "replace-one",
         "what epsilon protects: the client's data with one example replaced (sensitivity "
         "2 x clip), or its update present or absent, as central DP-FedAvg counts (1 x clip)",

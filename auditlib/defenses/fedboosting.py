@@ -55,8 +55,6 @@ FUSIONS: tuple[str, ...] = ("random", "fixed")
 VIEWS: tuple[str, ...] = ("client", "server")
 
 
-# RUF009: param() makes a field with an immutable default; ruff cannot see through the
-# Literal aliases Fusion and View.
 @dataclass(frozen=True)
 class FedBoostingConfig:
     # p^, the target model's share of its fused model: with fusion="fixed" every client's;
@@ -70,12 +68,12 @@ class FedBoostingConfig:
         low_open=True,
         high=1,
     )
-    fusion: Fusion = param(  # noqa: RUF009
+    fusion: Fusion = param(
         "random",
         "fusion weights: drawn by the server and kept private (the thesis, Sec. 4.2.3), or "
         "fixed at fused_share",
     )
-    view: View = param(  # noqa: RUF009
+    view: View = param(
         "client",
         "the adversary audited: the curious partner client, which holds the private key, or "
         "the server, which must factor the public key",

@@ -46,14 +46,12 @@ Attacker = Literal["random-key", "plain-bn", "shared-key"]
 AdaptiveFit = Literal["affine", "key"]
 
 
-# RUF009: param() makes a field with an immutable default; ruff cannot see through the
-# Literal aliases that these annotations are.
 @dataclass(frozen=True)
 class FedKLConfig:
     key_length: int = param(
         1024, "S, entries of the client's secret U[0, 1) key (paper: 1024)", low=1, high=65536
     )
-    activation: LockActivation = param(  # noqa: RUF009
+    activation: LockActivation = param(
         "none",
         "applied to the lock's gamma and beta: none (the paper's Eq. 29), or ReLU or sigmoid "
         "(the public code)",
@@ -63,12 +61,12 @@ class FedKLConfig:
         "offset of the scale lock's bias, so gamma starts near it (0: PyTorch's init, gamma "
         "near 0)",
     )
-    attacker: Attacker = param(  # noqa: RUF009
+    attacker: Attacker = param(
         "random-key",
         "the server's lock: its initial weights with a key of its own (random-key, the paper), "
         "plain normalisation (plain-bn), or the client's leaked key (shared-key)",
     )
-    adaptive_fit: AdaptiveFit = param(  # noqa: RUF009
+    adaptive_fit: AdaptiveFit = param(
         "affine",
         "what the adaptive attacker fits with its images: the lock's output gamma and beta "
         "per channel (affine), or the key through the initial lock",

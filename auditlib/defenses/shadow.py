@@ -59,14 +59,12 @@ from auditlib.models.saliency import grad_cam_plus_plus, last_convolution
 from auditlib.threat import KnownDefense
 
 
-# RUF009: param() makes a field with an immutable default; ruff cannot see through the
-# Literal aliases Schedule and CamMode.
 @dataclass(frozen=True)
 class ShadowConfig:
     sigma0: float = param(
         0.19, "peak of the image noise at round 0, relative to the image's peak", low=0, high=10
     )
-    schedule: Schedule = param(  # noqa: RUF009
+    schedule: Schedule = param(
         "increasing",
         "noise amplitude over the rounds: sigma0 exp(t / T) (increasing, the paper), constant, "
         "or sigma0 exp(-t / T)",
@@ -87,7 +85,7 @@ class ShadowConfig:
     momentum: float = param(
         0.9, "weight of the new noise map in the momentum map over rounds", low=0, high=1
     )
-    cam: CamMode = param(  # noqa: RUF009
+    cam: CamMode = param(
         "paper",
         "how the Grad-CAM++ foreground is spared: the paper's prose (scaled down by 1 - alpha "
         "CAM), the authors' code (a softmax offset), or off",
