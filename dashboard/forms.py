@@ -14,7 +14,7 @@ from typing import get_args
 
 import streamlit as st
 
-from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL, ATTACKS
+from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL, ATTACKS, default_iterations
 from auditlib.client.protocol import Algorithm, ClientProtocol, Shared
 from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
@@ -109,24 +109,6 @@ def scenario_inputs(lab: LabChoices) -> None:
 
 def _use_paper_iterations(attack: str, preset: str | None, count: int) -> None:
     st.session_state[f"iterations.{attack}.{preset}"] = count
-
-
-def default_iterations(attack: str, preset: str | None) -> int:
-    """The step budget per start that goes with the chosen settings, from the registry: the
-    paper's count for the paper's settings, the audit preset's otherwise (each falls back on
-    the other where an attack has only one)."""
-    if attack == ALL_ATTACKS:  # each attack at its audit preset: the longest of their budgets
-        return max(a.audit.iterations for a in ATTACKS.values() if a.audit)
-    info = ATTACKS[attack]
-    audit = info.audit.iterations if info.audit is not None else None
-    paper = preset is not None and preset.startswith("paper")
-    counts = (info.paper_iterations, audit) if paper else (audit, info.paper_iterations)
-    count = next((c for c in counts if c), None)
-    if count is None:
-        raise LookupError(  # a registry entry without a budget: a bug of the attack's module
-            f"attack {attack} has neither an audit preset nor the paper's iteration count"
-        )
-    return count
 
 
 def attack_inputs(lab: LabChoices) -> None:

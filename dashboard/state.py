@@ -24,7 +24,7 @@ from auditlib.data import SAMPLE_SETS
 from auditlib.models import ARCHITECTURES
 from auditlib.models.architectures import ACTIVATIONS as MODEL_ACTIVATIONS
 from auditlib.models.architectures import STEMS as MODEL_STEMS
-from auditlib.models.registry import INITS, MAX_CLASSES, MAX_SIDE, MIN_SIDE
+from auditlib.models.registry import CHANNELS, INITS, MAX_CLASSES, MAX_SIDE, MIN_SIDE
 
 # Ids kept in the URL so that a refresh or a shared link reopens the same state.
 # Each is a lowercase hex id of a fixed length: run and batch ids, and assets' sha256.
@@ -48,7 +48,6 @@ ARCHITECTURE_DEFAULT = "architecture default"  # activation None: the architectu
 AUTOMATIC_STEM = "automatic"  # stem None: by input size (ResNets only)
 ACTIVATIONS = (ARCHITECTURE_DEFAULT, *MODEL_ACTIVATIONS)
 STEMS = (AUTOMATIC_STEM, *MODEL_STEMS)
-CHANNELS = (3, 1)  # colour or grayscale: the two ModelSpec accepts
 SOURCES = ("samples", "upload")  # a bundled sample set, or an upload (an images asset)
 MAX_NORMALIZATION_CHARS = 200
 
@@ -102,7 +101,12 @@ SETUP_FIELDS = (
     SetupField("architecture", "arch", "lenet", _choice(ARCHITECTURES)),
     SetupField("num_classes", "classes", 10, _integer(*CLASSES_RANGE)),
     SetupField("input_size", "size", 32, _integer(*INPUT_SIZE_RANGE)),
-    SetupField("channels", "channels", 3, _integer(1, 3, allowed=CHANNELS)),
+    SetupField(
+        "channels",
+        "channels",
+        CHANNELS[0],
+        _integer(min(CHANNELS), max(CHANNELS), allowed=CHANNELS),
+    ),
     SetupField("init", "init", "uniform", _choice(INITS)),
     SetupField("activation", "activation", ARCHITECTURE_DEFAULT, _choice(ACTIVATIONS)),
     SetupField("stem", "stem", AUTOMATIC_STEM, _choice(STEMS)),

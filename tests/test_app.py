@@ -916,9 +916,9 @@ def test_settings_text_names_the_settings():
 def test_the_scenario_choices_come_from_the_protocol_and_the_registry(dashboard_store):
     from typing import get_args
 
-    from auditlib.attacks import ATTACKS
+    from auditlib.attacks import ATTACKS, default_iterations
     from auditlib.client.protocol import Algorithm, Shared
-    from dashboard.forms import ALGORITHM_WORDS, SHARED_WORDS, default_iterations
+    from dashboard.forms import ALGORITHM_WORDS, SHARED_WORDS
 
     at = _app()
     at.switch_page(LAB.path).run()

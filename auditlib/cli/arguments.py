@@ -190,7 +190,7 @@ def _report_arguments(commands) -> None:
 
 def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str | None):
     from auditlib.models.architectures import ACTIVATIONS, STEMS
-    from auditlib.models.registry import INITS
+    from auditlib.models.registry import CHANNELS, INITS
 
     model = parser.add_argument_group("model")
     model.add_argument(
@@ -201,7 +201,7 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
     )
     model.add_argument("--num-classes", type=int, default=10)
     model.add_argument("--input-size", type=int, default=32, help="input height = width in pixels")
-    model.add_argument("--channels", type=int, default=3, choices=(1, 3))
+    model.add_argument("--channels", type=int, default=CHANNELS[0], choices=CHANNELS)
     model.add_argument(
         "--init",
         default=init,

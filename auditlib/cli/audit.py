@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def spec_from_args(args: argparse.Namespace):
-    from auditlib.attacks import ALL_ATTACKS, ATTACKS, get_attack
+    from auditlib.attacks import ALL_ATTACKS, default_iterations
     from auditlib.attacks.restarts import AUDIT_PRESET
     from auditlib.client.protocol import ClientProtocol
     from auditlib.config import parse_key_values
@@ -70,14 +70,8 @@ def spec_from_args(args: argparse.Namespace):
                 f"--attack {ALL_ATTACKS} runs every attack at its audit preset; "
                 f"drop --preset {args.preset}"
             )
-        iterations = args.iterations or max(a.audit.iterations for a in ATTACKS.values() if a.audit)
         preset = None
-    else:
-        info = get_attack(args.attack)
-        if preset == "paper" or info.audit is None:
-            iterations = args.iterations or info.paper_iterations or 1000
-        else:
-            iterations = args.iterations or info.audit.iterations
+    iterations = args.iterations or default_iterations(args.attack, preset)
     return RunSpec(
         model=model,
         data=data,

@@ -17,6 +17,7 @@ from auditlib.models import architectures as arch
 INITS = ("default", "uniform")
 MAX_CLASSES = 100_000
 MIN_SIDE, MAX_SIDE = 8, 512
+CHANNELS = (3, 1)  # colour or grayscale: the two input depths a model may take
 # Largest input side for which the ResNets default to the "cifar" stem.
 CIFAR_STEM_MAX_SIDE = 64
 
@@ -158,7 +159,7 @@ class ModelSpec:
             )
         shape = tuple(_as_int(v, "input_shape", shape_expected) for v in self.input_shape)
         channels, height, width = shape
-        if channels not in (1, 3):
+        if channels not in CHANNELS:
             raise AuditInputError(
                 f"input_shape has {channels} channels; expected 1 (grayscale) or 3 (colour)"
             )
