@@ -24,6 +24,10 @@ benchmarks/results/defenses.json; run one with --only NAME):
            on a BatchNorm ResNet-10 against Shadow and the baselines it compares with
 
 Usage: python -m benchmarks.reproduce_defenses [--only NAME ...] [--render-only]
+
+Why one script over 400 lines: each experiment is a short function beside its table's
+renderer, and all share one runner, one JSON file and one --only switch; a script per
+experiment would repeat those.
 """
 
 from __future__ import annotations

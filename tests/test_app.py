@@ -2,6 +2,9 @@
 
 Runs are real: the Attack lab starts them on the process-wide RunManager (one Ray instance
 for the session, see conftest.py) backed by a SQLite store in a temporary folder.
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
 """
 
 from __future__ import annotations

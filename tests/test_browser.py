@@ -4,6 +4,9 @@ Starts ``streamlit run app.py`` on a free local port (its own data folder and it
 drives headless Chromium with Playwright, and measures the time from clicking Start to the
 first live reconstruction on the page (printed and written to
 ``tests/artifacts/browser_timing.json``). Screenshots go to ``tests/artifacts/``.
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
 """
 
 from __future__ import annotations

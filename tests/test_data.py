@@ -1,4 +1,8 @@
-"""Specification of auditlib.data: what users may hand in, and what they get back."""
+"""Specification of auditlib.data: what users may hand in, and what they get back.
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
+"""
 
 from __future__ import annotations
 

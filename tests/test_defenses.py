@@ -1,5 +1,9 @@
 """Specification of auditlib.defenses: what each defense does to an update, and what it can
-say about privacy. An update is a tuple of tensors, one per trainable parameter."""
+say about privacy. An update is a tuple of tensors, one per trainable parameter.
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
+"""
 
 from __future__ import annotations
 

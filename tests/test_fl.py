@@ -1,5 +1,9 @@
 """Specification of auditlib.fl: the client's local computation (one definition shared by
-victim and attacker), what the server receives, and the small FedAvg training loop."""
+victim and attacker), what the server receives, and the small FedAvg training loop.
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
+"""
 
 from __future__ import annotations
 

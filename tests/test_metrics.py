@@ -2,6 +2,9 @@
 
 Images handed to the per-image metrics are H x W x C float arrays in [0, 1]; ``score`` and
 ``evaluate`` take model-space B x C x H x W tensors plus the batch's normalisation.
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Specification of auditlib.models: built-in victims, their specs, and safe weight loading."""
+"""Specification of auditlib.models: built-in victims, their specs, and safe weight loading.
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
+"""
 
 from __future__ import annotations
 

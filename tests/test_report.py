@@ -2,7 +2,11 @@
 with its pages, tables and images checked; a 64-image run laid out on A4; names escaped;
 charts replaced by a stated reason when Chromium cannot draw them; the CLI's report; the
 verdict (inconclusive, a defense that held beside a leaking control, a timed-out batch
-summarised by its worst point, the threat-model card and the guesses)."""
+summarised by its worst point, the threat-model card and the guesses).
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
+"""
 
 from __future__ import annotations
 

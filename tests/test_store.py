@@ -1,5 +1,9 @@
 """The store: run lifecycle, persistence across restarts, assets, concurrency, schema
-versions. Every test uses its own SQLite file (or in-memory database)."""
+versions. Every test uses its own SQLite file (or in-memory database).
+
+Why one file over 400 lines: it is the specification of one package or page set, read
+from top to bottom; its tests share fixtures and helpers defined here.
+"""
 
 from __future__ import annotations
 
