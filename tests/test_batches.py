@@ -48,8 +48,9 @@ def _base(**changes) -> RunSpec:
 
 
 @pytest.fixture
-def store(tmp_path):
-    with Store(f"sqlite:///{tmp_path / 'audit.db'}") as s:
+def store(database_url):
+    """An empty store on each backend in turn (SQLite, PostgreSQL: tests/postgres_server.py)."""
+    with Store(database_url) as s:
         yield s
 
 

@@ -1,10 +1,12 @@
-"""Runs on Ray, persisted as they go (engine.runs.RunManager with a SQLite store)."""
+"""Runs on Ray, persisted as they go (engine.runs.RunManager with a SQLite store; one run
+also with a PostgreSQL store)."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from postgres_server import BACKENDS
 
 from auditlib.engine import ray_backend
 from auditlib.engine.identity import run_identity
@@ -33,8 +35,12 @@ def ray_instance():
 
 
 @pytest.fixture
-def store(tmp_path):
-    with Store(f"sqlite:///{tmp_path}/runs.db") as store:
+def store(request, tmp_path):
+    """A SQLite store; a test parametrised over BACKENDS (indirect) gets each backend."""
+    url = f"sqlite:///{tmp_path}/runs.db"
+    if getattr(request, "param", "sqlite") == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+    with Store(url) as store:
         yield store
 
 
@@ -47,6 +53,7 @@ def manager(ray_instance, store):
     manager.wait_all(60)
 
 
+@pytest.mark.parametrize("store", BACKENDS, indirect=True)  # one real run on PostgreSQL too
 def test_a_run_streams_into_the_store_and_completes(manager, store):
     run_id = manager.start(spec(20), title="dlg on lenet")
     assert store.get_run(run_id).status in {"queued", "running"}

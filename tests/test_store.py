@@ -1,5 +1,9 @@
 """The store: run lifecycle, persistence across restarts, assets, concurrency, schema
-versions. Every test uses its own SQLite file (or in-memory database).
+versions. Every test uses a database of its own, on each backend in turn: a SQLite file
+and a database of the session's throw-away PostgreSQL server (tests/postgres_server.py;
+those tests are marked ``postgres`` and skipped, with the reason, where it cannot start).
+A few tests are about SQLite files alone (WAL mode, in-memory URLs, a file that is not a
+database, the default URL) and say so.
 
 Why one file over 400 lines: it is the specification of one package or page set, read
 from top to bottom; its tests share fixtures and helpers defined here.
@@ -14,13 +18,16 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC
 from pathlib import Path
 
 import pytest
 from PIL import Image
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, create_engine, inspect, text
+from sqlalchemy.pool import NullPool
 
 from auditlib.errors import AuditInputError
 from auditlib.metrics.scores import Spread
@@ -58,14 +65,58 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite:")
+
+
+@contextmanager
+def raw(url: str) -> Iterator[Connection]:
+    """A plain connection to the store's database, beside any Store (as another program or
+    an older release would open it): one transaction, committed at the end."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def layout(url: str) -> dict[str, object]:
+    """Each table's columns (name, type, nullable; in any order: a migration appends) and
+    indexes (name, columns)."""
+    with raw(url) as connection:
+        schema_of = inspect(connection)
+        return {
+            table: (
+                sorted(
+                    (c["name"], str(c["type"]), c["nullable"]) for c in schema_of.get_columns(table)
+                ),
+                sorted((i["name"], tuple(i["column_names"])) for i in schema_of.get_indexes(table)),
+            )
+            for table in sorted(schema_of.get_table_names())
+        }
+
+
+def untouched(url: str) -> object:
+    """What a refused open must leave as it was: a SQLite file's bytes; else the layout."""
+    return sha(Path(url.removeprefix("sqlite:///"))) if is_sqlite(url) else layout(url)
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
+    """A SQLite file, for the tests about SQLite files alone."""
     return tmp_path / "audit.db"
 
 
 @pytest.fixture
-def store(db: Path):
-    with Store(url_of(db)) as s:
+def url(database_url: str) -> str:
+    """An empty database on each backend in turn (SQLite file, PostgreSQL)."""
+    return database_url
+
+
+@pytest.fixture
+def store(url: str):
+    with Store(url) as s:
         yield s
 
 
@@ -133,8 +184,9 @@ def test_live_image_replaced_others_kept(store: Store) -> None:
     assert live is not None and live.step == 4 and live.png == png(4)
     final = store.image(run_id, "reconstruction")
     assert final is not None and final.png == png(201)
-    with sqlite3.connect(store.url.removeprefix("sqlite:///")) as raw:
-        counts = dict(raw.execute("SELECT kind, count(*) FROM run_images GROUP BY kind").fetchall())
+    with raw(store.url) as connection:
+        query = text("SELECT kind, count(*) FROM run_images GROUP BY kind")
+        counts = dict(connection.execute(query).all())
     assert counts == {"live": 1, "originals": 1, "reconstruction": 2}
     with pytest.raises(ValueError, match="valid: live, originals, reconstruction"):
         store.add_image(run_id, 0, "thumbnail", png(1))
@@ -162,8 +214,9 @@ def test_finish_rules_and_nan(store: Store) -> None:
     assert run.summary["metrics"]["psnr_mean"] is None  # JSON has no NaN
     assert run.summary["metrics"]["ssim_mean"] is None
     assert run.psnr_mean is None and run.ssim_mean is None and run.iterations == 20
-    with sqlite3.connect(store.url.removeprefix("sqlite:///")) as raw:
-        stored = raw.execute("SELECT summary FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+    with raw(store.url) as connection:  # the JSON as stored (JSONB on PostgreSQL)
+        query = text("SELECT CAST(summary AS TEXT) FROM runs WHERE id = :id")
+        stored = connection.execute(query, {"id": run_id}).scalar_one()
     assert "NaN" not in stored and "Infinity" not in stored and "null" in stored
 
     with pytest.raises(RunFinishedError, match="already timed_out"):
@@ -256,8 +309,8 @@ def test_an_upload_no_run_uses_can_be_deleted(store: Store) -> None:
     assert [a.name for a in store.list_assets()] == ["kept.png"]
 
 
-def test_persistence_across_reopen(db: Path) -> None:
-    first = Store(url_of(db))
+def test_persistence_across_reopen(url: str) -> None:
+    first = Store(url)
     run_id = first.create_run(SPEC, "abc", title="kept")
     first.mark_running(run_id)
     first.add_event(run_id, 5, 10, 1.0, {"loss": 0.5})
@@ -269,7 +322,7 @@ def test_persistence_across_reopen(db: Path) -> None:
     with pytest.raises(RuntimeError, match="closed"):
         first.get_run(run_id)
 
-    with Store(url_of(db)) as second:  # `make run` again
+    with Store(url) as second:  # `make run` again
         run = second.get_run(run_id)
         assert run is not None and run.title == "kept" and run.result == SUMMARY
         assert run.psnr_mean == PSNR
@@ -278,8 +331,9 @@ def test_persistence_across_reopen(db: Path) -> None:
         assert live is not None and live.png == png(5)
         record = second.get_asset(asset)
         assert record is not None and record.data == b"bytes" and record.meta == {"count": 2}
-    with sqlite3.connect(db) as raw:
-        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if is_sqlite(url):  # the journal mode is a SQLite file's (engine.py)
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as connection:
+            assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_fail_unfinished(store: Store) -> None:
@@ -303,14 +357,14 @@ def test_fail_unfinished(store: Store) -> None:
     assert store.fail_unfinished("again") == 0
 
 
-def test_assets_content_addressed(store: Store, db: Path) -> None:
+def test_assets_content_addressed(store: Store) -> None:
     first = store.put_asset("model", "lenet.safetensors", b"weights-1", {"arch": "lenet"})
     again = store.put_asset("model", "renamed.safetensors", b"weights-1")
     other = store.put_asset("images", "faces.zip", b"weights-2")
     assert first == again == hashlib.sha256(b"weights-1").hexdigest()
     assert other != first
-    with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT count(*) FROM assets").fetchone()[0] == 2
+    with raw(store.url) as connection:
+        assert connection.scalar(text("SELECT count(*) FROM assets")) == 2
 
     record = store.get_asset(first)
     assert record is not None and record.data == b"weights-1" and record.size == 9
@@ -372,13 +426,13 @@ def _writers_and_readers(store: Store, count: int = 200) -> list[str]:
     return run_ids
 
 
-def test_concurrent_writer_and_readers_sqlite_file(store: Store) -> None:
+def test_concurrent_writers_and_readers(store: Store) -> None:
     run_id = _writers_and_readers(store)[0]
     run = store.get_run(run_id)
     assert run is not None and run.cancel_requested
 
 
-def test_in_memory_url(tmp_path: Path) -> None:
+def test_in_memory_url(tmp_path: Path) -> None:  # SQLite alone: an in-memory database
     with Store("sqlite://") as memory:
         run_id, other = _writers_and_readers(memory, count=50)
         memory.finish(run_id, "completed", SUMMARY)
@@ -392,16 +446,40 @@ def test_in_memory_url(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- schema
 
 
-def _version(db: Path) -> int:
-    with sqlite3.connect(db) as raw:
-        return raw.execute("SELECT version FROM schema_info").fetchone()[0]
+def _version(url: str) -> int:
+    with raw(url) as connection:
+        return connection.scalar(text("SELECT version FROM schema_info"))
 
 
-def test_schema_created_with_version(db: Path) -> None:
-    Store(url_of(db)).close()
-    assert _version(db) == SCHEMA_VERSION == 4
-    with sqlite3.connect(db) as raw:
-        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+# What each migration step added (MIGRATIONS[v]: schema v -> v + 1), taken away again, in
+# SQL that SQLite and PostgreSQL both run: a database as release v wrote it. A new step
+# adds its entry here.
+UNDO: dict[int, list[str]] = {
+    1: ["DROP TABLE batches"],
+    2: ["ALTER TABLE runs DROP COLUMN stage"],
+    3: ["DROP TABLE run_assets"],
+    4: [
+        "DROP TABLE asset_owners",
+        "DROP INDEX ix_runs_owner",
+        "ALTER TABLE runs DROP COLUMN owner",
+        "DROP INDEX ix_batches_owner",
+        "ALTER TABLE batches DROP COLUMN owner",
+    ],
+}
+
+
+def as_release(url: str, version: int) -> None:
+    """Turn a database of the current schema into one of schema ``version``, rows kept."""
+    with raw(url) as connection:
+        for step in range(SCHEMA_VERSION - 1, version - 1, -1):
+            for statement in UNDO[step]:
+                connection.execute(text(statement))
+        connection.execute(text("UPDATE schema_info SET version = :v"), {"v": version})
+
+
+def test_schema_created_with_version(url: str) -> None:
+    Store(url).close()
+    assert _version(url) == SCHEMA_VERSION
     assert {
         "schema_info",
         "assets",
@@ -410,111 +488,122 @@ def test_schema_created_with_version(db: Path) -> None:
         "run_images",
         "batches",
         "run_assets",
-    } <= tables
+    } <= set(layout(url))
 
 
-def test_schema_1_database_gains_the_batches_table(db: Path) -> None:
+@pytest.mark.parametrize("version", range(1, SCHEMA_VERSION))
+def test_a_migrated_database_has_the_layout_of_a_new_one(url: str, version: int) -> None:
+    """Every older schema, migrated, ends with the tables, columns and indexes a new
+    database gets, so a migration and the models cannot drift apart."""
+    with Store(url) as new:
+        run_id = new.create_run(SPEC, "abc")
+    fresh = layout(url)
+    as_release(url, version)
+    assert layout(url) != fresh
+    with Store(url) as migrated:
+        assert migrated.get_run(run_id) is not None
+    assert _version(url) == SCHEMA_VERSION
+    assert layout(url) == fresh
+
+
+def test_schema_1_database_gains_the_batches_table(url: str) -> None:
     """A database of the first release (no batches) is migrated, its runs kept."""
-    with Store(url_of(db)) as old:
+    with Store(url) as old:
         run_id = old.create_run(SPEC, "abc")
-    with sqlite3.connect(db) as raw:  # what release 1 wrote
-        raw.execute("DROP TABLE run_assets")
-        raw.execute("DROP TABLE batches")
-        raw.execute("ALTER TABLE runs DROP COLUMN stage")
-        raw.execute("UPDATE schema_info SET version = 1")
-    with Store(url_of(db)) as migrated:
+    as_release(url, 1)
+    with Store(url) as migrated:
         assert migrated.get_run(run_id) is not None
         batch_id = migrated.create_batch("sweep", "s", {"members": []})
         assert migrated.get_batch(batch_id).kind == "sweep"
-    assert _version(db) == SCHEMA_VERSION
+    assert _version(url) == SCHEMA_VERSION
 
 
-def test_schema_2_database_gains_the_run_stage(db: Path) -> None:
+def test_schema_2_database_gains_the_run_stage(url: str) -> None:
     """A database of the second release (no ``runs.stage``) is migrated, its runs kept."""
-    with Store(url_of(db)) as old:
+    with Store(url) as old:
         run_id = old.create_run(SPEC, "abc")
-    with sqlite3.connect(db) as raw:  # what release 2 wrote
-        raw.execute("DROP TABLE run_assets")
-        raw.execute("ALTER TABLE runs DROP COLUMN stage")
-        raw.execute("UPDATE schema_info SET version = 2")
-    with Store(url_of(db)) as migrated:
+    as_release(url, 2)
+    with Store(url) as migrated:
         assert migrated.get_run(run_id).stage is None
         migrated.mark_running(run_id)
         migrated.set_stage(run_id, "utility training: round 1 of 5")
         assert migrated.get_run(run_id).stage == "utility training: round 1 of 5"
-    assert _version(db) == SCHEMA_VERSION
+    assert _version(url) == SCHEMA_VERSION
 
 
-def test_schema_3_database_learns_which_runs_use_which_uploads(db: Path) -> None:
+def test_schema_3_database_learns_which_runs_use_which_uploads(url: str) -> None:
     """A database of the third release (no ``run_assets``): the migration reads each
     stored run's spec, so deleting an old run still deletes the uploads only it used."""
-    with Store(url_of(db)) as old:
+    with Store(url) as old:
         weights = old.put_asset("model", "w.safetensors", b"w")
         images = old.put_asset("images", "a.png", b"i")
         both = old.create_run(_spec_using(weights, images), "one")
         only_weights = old.create_run(_spec_using(weights, None), "two")
-    with sqlite3.connect(db) as raw:  # what release 3 wrote
-        raw.execute("DROP TABLE run_assets")
-        raw.execute("UPDATE schema_info SET version = 3")
-    with Store(url_of(db)) as migrated:
+    as_release(url, 3)
+    with Store(url) as migrated:
         assert migrated.runs_using_asset(weights) == 2
         assert [a.sha256 for a in migrated.delete_run(both)] == [images]
         assert [a.sha256 for a in migrated.delete_run(only_weights)] == [weights]
-    assert _version(db) == SCHEMA_VERSION
+    assert _version(url) == SCHEMA_VERSION
 
 
-def test_newer_schema_refused_untouched(db: Path) -> None:
-    Store(url_of(db)).close()
-    with sqlite3.connect(db) as raw:
-        raw.execute("UPDATE schema_info SET version = 7")
-    before = sha(db)
-    with pytest.raises(AuditInputError, match=r"newer release \(schema 7\).*up to 4"):
-        Store(url_of(db))
-    assert _version(db) == 7 and sha(db) == before
+def test_newer_schema_refused_untouched(url: str) -> None:
+    Store(url).close()
+    with raw(url) as connection:
+        connection.execute(text("UPDATE schema_info SET version = 99"))
+    before = untouched(url)
+    with pytest.raises(
+        AuditInputError, match=rf"newer release \(schema 99\).*up to {SCHEMA_VERSION}"
+    ):
+        Store(url)
+    assert _version(url) == 99 and untouched(url) == before
 
 
-def test_migration_runs_once(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with Store(url_of(db)) as old:
+def test_migration_runs_once(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store(url) as old:
         run_id = old.create_run(SPEC, "abc")
     calls: list[int] = []
+    current = SCHEMA_VERSION
 
     def add_note_column(connection: Connection) -> None:
         calls.append(1)
         connection.execute(text("ALTER TABLE runs ADD COLUMN note TEXT"))
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 5)
-    monkeypatch.setattr(schema, "MIGRATIONS", {**schema.MIGRATIONS, 4: add_note_column})
-    with Store(url_of(db)) as migrated:
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setattr(schema, "MIGRATIONS", {**schema.MIGRATIONS, current: add_note_column})
+    with Store(url) as migrated:
         assert migrated.get_run(run_id) is not None  # data survives the migration
-    assert calls == [1] and _version(db) == 5
-    Store(url_of(db)).close()
-    assert calls == [1]  # already at 5: not again
-    with sqlite3.connect(db) as raw:
-        assert "note" in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
+    assert calls == [1] and _version(url) == current + 1
+    Store(url).close()
+    assert calls == [1]  # already at the new version: not again
+    assert "note" in {column[0] for column in layout(url)["runs"][0]}
 
 
-def test_migration_missing_or_failing(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    Store(url_of(db)).close()
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 6)
+def test_migration_missing_or_failing(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    Store(url).close()
+    current = SCHEMA_VERSION
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", current + 2)
 
     def half_done(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE runs ADD COLUMN half TEXT"))
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(schema, "MIGRATIONS", {4: half_done})
-    with pytest.raises(AuditInputError, match="no migration from schema 5 to 6"):
-        Store(url_of(db))
-    assert _version(db) == 4
+    monkeypatch.setattr(schema, "MIGRATIONS", {current: half_done})
+    with pytest.raises(
+        AuditInputError, match=f"no migration from schema {current + 1} to {current + 2}"
+    ):
+        Store(url)
+    assert _version(url) == current
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 5)
-    with pytest.raises(RuntimeError, match="left at schema 4"):
-        Store(url_of(db))
-    assert _version(db) == 4
-    with sqlite3.connect(db) as raw:  # the half-done step was rolled back with it
-        assert "half" not in {r[1] for r in raw.execute("PRAGMA table_info(runs)")}
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", current + 1)
+    with pytest.raises(RuntimeError, match=f"left at schema {current}"):
+        Store(url)
+    assert _version(url) == current
+    # the half-done step was rolled back with it (both backends roll DDL back)
+    assert "half" not in {column[0] for column in layout(url)["runs"][0]}
 
 
-def test_not_a_database_refused(db: Path) -> None:
+def test_not_a_database_refused(db: Path) -> None:  # SQLite alone: a file that is not one
     db.write_bytes(b"these are holiday photos, not a database\n" * 50)
     before = sha(db)
     with pytest.raises(AuditInputError, match="not a database this tool can open"):
@@ -522,18 +611,26 @@ def test_not_a_database_refused(db: Path) -> None:
     assert sha(db) == before
 
 
-def test_foreign_database_refused(db: Path) -> None:
-    with sqlite3.connect(db) as raw:
-        raw.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
-    before = sha(db)
+def test_foreign_database_refused(url: str) -> None:
+    with raw(url) as connection:
+        connection.execute(text("CREATE TABLE invoices (id INTEGER PRIMARY KEY)"))
+    before = untouched(url)
     with pytest.raises(AuditInputError, match=r"tables \(invoices\) but no schema_info"):
-        Store(url_of(db))
-    assert sha(db) == before
-    with sqlite3.connect(db) as raw:
-        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        Store(url)
+    assert untouched(url) == before
+    if is_sqlite(url):  # nor was the file switched to WAL
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as connection:
+            assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
 
 
-def test_default_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.postgres
+def test_a_postgresql_database_that_is_not_there_is_refused(postgres_server) -> None:
+    missing = postgres_server.url("no_such_database")
+    with pytest.raises(AuditInputError, match="cannot open the database at postgresql"):
+        Store(missing)
+
+
+def test_default_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # SQLite's
     monkeypatch.delenv("AUDIT_DATABASE_URL", raising=False)
     monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "nested" / "data"))
     assert data_dir() == (tmp_path / "nested" / "data").resolve() and data_dir().is_dir()
@@ -543,3 +640,15 @@ def test_default_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (tmp_path / "nested" / "data" / "audit.db").is_file()
     monkeypatch.setenv("AUDIT_DATABASE_URL", "sqlite://")
     assert default_database_url() == "sqlite://"
+
+
+@pytest.mark.postgres
+def test_audit_database_url_selects_postgresql(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUDIT_DATABASE_URL", postgres_url)
+    with Store() as default:
+        assert repr(default).startswith("Store('postgresql+psycopg://postgres@/audit_")
+        run_id = default.create_run(SPEC, "abc")
+    with Store(postgres_url) as again:
+        assert again.get_run(run_id) is not None
