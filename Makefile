@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.requirements-installed
 PORT ?= 8501
-# Only this machine by default; ADDRESS=0.0.0.0 serves the network (put sign-in and TLS first).
+# Only this machine by default; ADDRESS=0.0.0.0 serves the network (sign-in is on; put TLS first).
 ADDRESS ?= 127.0.0.1
 
 export RAY_USAGE_STATS_ENABLED := 0
@@ -23,7 +23,9 @@ $(STAMP): requirements.txt
 system-deps:
 	@bash scripts/install_system_deps.sh
 
+# The first start creates the users file with an admin and prints its password once.
 run: setup
+	$(BIN)/python -m auditlib users init
 	$(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
 		--server.headless true --browser.gatherUsageStats false --server.maxUploadSize 512 \
 		--server.fileWatcherType none

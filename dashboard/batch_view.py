@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from auditlib.access import AccessDenied
 from auditlib.engine import batches
 from auditlib.engine.controls import WITH_RESULT
 from auditlib.errors import AuditInputError
@@ -65,8 +66,15 @@ def start_batch(
 
 
 def _resume(kind: str, batch_id: str) -> None:
-    batch = get_store().get_batch(batch_id)
+    store = get_store()
+    batch = store.get_batch(batch_id)
     if batch is None:
+        return
+    if batch.owner != store.principal.username:  # its runs are its owner's: an admin looks
+        st.session_state[f"{kind}.error"] = (
+            f"Not restarted: this {kind} belongs to {batch.owner or 'no one'}; only its owner "
+            "can restart its runs."
+        )
         return
     try:
         assets: dict[str, bytes] = {}
@@ -244,7 +252,12 @@ def _close(kind: str) -> None:
 
 def _batch_view(kind: str, batch_id: str) -> None:
     store = get_store()
-    batch = store.get_batch(batch_id)
+    try:
+        batch = store.get_batch(batch_id)
+    except AccessDenied as exc:  # a link to another user's comparison or sweep
+        st.error(f"This {kind} cannot be opened: {exc}")
+        st.button("Close it", key=f"{kind}.close", on_click=_close, args=(kind,))
+        return
     if batch is None or batch.kind != kind:
         st.warning(f"{kind.capitalize()} {batch_id} is not in this dashboard's store.")
         st.button("Close it", key=f"{kind}.close", on_click=_close, args=(kind,))

@@ -1,13 +1,17 @@
 """The process-wide resources every page shares (``st.cache_resource``): the run store and
 the run manager. Runs live in the server process, not in a browser session, so closing the
-browser does not stop them."""
+browser does not stop them. Pages reach both only as the signed-in user sees them
+(:func:`get_store`, :func:`get_manager`): their own runs, batches and uploads."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from auditlib.engine.runs import RunManager
+from auditlib.engine.user_runs import UserRuns
 from auditlib.store import Store
+from auditlib.store.scoped import UserStore
+from dashboard.auth import current_principal
 
 # Progress granularity of dashboard runs: an event every EMIT_EVERY steps and a live image
 # every IMAGE_EVERY steps, so a run of a hundred steps shows its reconstruction converging.
@@ -16,17 +20,27 @@ IMAGE_EVERY = 10
 
 
 @st.cache_resource(show_spinner=False)
-def get_store() -> Store:
+def shared_store() -> Store:
     """The run store of this server process (``$AUDIT_DATABASE_URL`` or SQLite in ./data)."""
     return Store()
 
 
 @st.cache_resource(show_spinner="Starting the run engine (Ray; once per server, a few seconds) ...")
-def get_manager() -> RunManager:
+def shared_manager() -> RunManager:
     """The run manager of this server process; its runs outlive every browser session.
 
     Creating it marks runs that an earlier server left unfinished as failed
     (``orphans_failed``). Ray starts in the background (``app.py`` asks for it on the first
     page view) and ``RunManager.start`` waits for it.
     """
-    return RunManager(get_store(), emit_every=EMIT_EVERY, image_every=IMAGE_EVERY)
+    return RunManager(shared_store(), emit_every=EMIT_EVERY, image_every=IMAGE_EVERY)
+
+
+def get_store() -> UserStore:
+    """The store as the signed-in user sees it."""
+    return UserStore(shared_store(), current_principal())
+
+
+def get_manager() -> UserRuns:
+    """The run manager as the signed-in user uses it (their runs, their uploads)."""
+    return UserRuns(shared_manager(), get_store())

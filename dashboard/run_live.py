@@ -166,7 +166,7 @@ def control_view(run_id: str, live: bool) -> None:
     spec = defended_spec(record)
     if spec is None:
         return
-    _, note, control = control_finding(store, spec)
+    _, note, control = control_finding(store, spec, of=record)
     if control is None:
         st.caption(f"Undefended control: {note}.")
         return
@@ -197,5 +197,5 @@ def control_running(record: RunRecord) -> bool:
     spec = defended_spec(record)
     if spec is None:
         return False
-    _, _, control = control_finding(get_store(), spec)
+    _, _, control = control_finding(get_store(), spec, of=record)
     return control is not None and not control.finished

@@ -12,6 +12,7 @@ from typing import Any
 
 import streamlit as st
 
+from auditlib.access import AccessDenied
 from auditlib.data import LabelledImages, check_labels_fit, load_sample_set, load_zip
 from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES, ModelSpec, build_model, load_weights
@@ -83,7 +84,7 @@ def current_setup() -> Setup:
         num_classes=int(get("num_classes")),
         input_size=int(get("input_size")),
         channels=int(get("channels")),
-        init=get("init"),
+        init=get("weights_init"),
         activation=None if activation == ARCHITECTURE_DEFAULT else activation,
         stem=None if get("stem") == AUTOMATIC_STEM else get("stem"),
         weights=state.get("weights") or None,
@@ -136,7 +137,10 @@ def weights_problem(sha: str, spec: ModelSpec) -> str | None:
     cache = st.session_state.setdefault("_weights_fit", {})
     key = (sha, repr(spec))
     if key not in cache:
-        asset = get_store().get_asset(sha)
+        try:
+            asset = get_store().get_asset(sha)
+        except AccessDenied as exc:  # another user's upload (a shared link): not cached
+            return str(exc)
         if asset is None or asset.kind != "model":
             cache[key] = (
                 f"the weights {sha[:12]}... are not in this dashboard's store; upload them again"

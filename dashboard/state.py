@@ -107,7 +107,8 @@ SETUP_FIELDS = (
         CHANNELS[0],
         _integer(min(CHANNELS), max(CHANNELS), allowed=CHANNELS),
     ),
-    SetupField("init", "init", "uniform", _choice(INITS)),
+    # session key "weights_init": streamlit-authenticator's cookie component owns "init"
+    SetupField("weights_init", "init", "uniform", _choice(INITS)),
     SetupField("activation", "activation", ARCHITECTURE_DEFAULT, _choice(ACTIVATIONS)),
     SetupField("stem", "stem", AUTOMATIC_STEM, _choice(STEMS)),
     SetupField("source", "source", "samples", _choice(SOURCES)),

@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# The throw-away PostgreSQL server's fixtures (postgres_server, postgres_url, and
+# database_url: a SQLite and a PostgreSQL database in turn), for any test module.
+from postgres_server import database_url, postgres_server, postgres_url  # noqa: F401
+
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 
 
@@ -22,6 +26,31 @@ def stored_summary():
     from auditlib.result import AuditSummary
 
     return AuditSummary.from_json(json.loads((RESULTS / "result_9555ea9_parent.json").read_text()))
+
+
+# Users of the dashboard's tests (name -> role, password); the users file is written once
+# per session (bcrypt costs a fraction of a second per password) and every test points
+# AUDIT_USERS_FILE at it.
+USERS = {
+    "alice": ("auditor", "alice-password"),
+    "bob": ("auditor", "bob-password"),
+    "root": ("admin", "root-password"),
+}
+
+
+@pytest.fixture(scope="session")
+def users_path(tmp_path_factory) -> Path:
+    from auditlib.access.users import add_user
+
+    path = tmp_path_factory.mktemp("users") / "users.yaml"
+    for name, (role, password) in USERS.items():
+        add_user(name, password, role, path=path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _users_file(users_path, monkeypatch):
+    monkeypatch.setenv("AUDIT_USERS_FILE", str(users_path))
 
 
 @pytest.fixture(scope="session")
@@ -43,25 +72,30 @@ def dashboard_store(tmp_path, monkeypatch, ray_session):
 
     ``AUDIT_DATA_DIR`` points at tmp_path before the ``st.cache_resource`` objects are
     created (the caches are cleared first), so every test sees an empty store of its own.
-    Yields ``(store, manager)``; at the end waits for the test's runs and closes the store.
+    Yields ``(store, manager)`` as the dashboard's pages see them when alice is signed in
+    (``tests/test_app.py`` signs her in); at the end waits for the test's runs and closes
+    the store.
     """
     import streamlit as st
 
-    from dashboard.resources import get_manager, get_store
+    from auditlib.access import Principal
+    from auditlib.engine.user_runs import UserRuns
+    from dashboard.resources import shared_manager, shared_store
 
     monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("AUDIT_DATABASE_URL", raising=False)
     st.cache_resource.clear()
     st.cache_data.clear()
-    store, manager = get_store(), get_manager()
+    raw, manager = shared_store(), shared_manager()
+    alice = UserRuns.of(manager, Principal("alice", USERS["alice"][0]))
     try:
-        yield store, manager
+        yield alice.store, alice
     finally:
         for run_id in manager.active_runs():
             manager.cancel(run_id)
         manager.wait_all(60)
         st.cache_resource.clear()
-        store.close()
+        raw.close()
 
 
 # Markers, so the inner loop can leave out what is slow to start (``make test-fast``);
@@ -86,6 +120,7 @@ def pytest_configure(config):
         ("browser", "starts a real Streamlit server and drives Chromium"),
         ("ray", "starts a Ray instance"),
         ("slow", "takes more than about 10 s on 2 cores"),
+        ("postgres", "runs on the session's throw-away PostgreSQL server (skipped without one)"),
     ):
         config.addinivalue_line("markers", f"{name}: {what}")
 

@@ -60,8 +60,12 @@ EXAMPLES = ROOT / "assets" / "example-images"
 TIMEOUT = 60
 
 
-def _app(**query) -> AppTest:
+def _app(user: str = "alice", **query) -> AppTest:
+    """The dashboard with ``user`` signed in (as streamlit-authenticator leaves the session
+    after a successful sign-in), opened at ``query``."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["authentication_status"] = True
+    at.session_state["username"] = user
     at.query_params.update(query)
     return at.run()
 
@@ -249,6 +253,8 @@ def test_setup_upload_is_stored_and_survives_a_refresh(dashboard_store):
 
     # The lab, opened by that link after a server restart, uses the upload, not a sample set.
     lab = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    lab.session_state["authentication_status"] = True
+    lab.session_state["username"] = "alice"
     lab.query_params.update(images=sha, batch="2")
     lab.switch_page(LAB.path).run()
     assert any("Private images** 2 uploaded images" in m.value for m in lab.markdown), [
@@ -795,7 +801,9 @@ def test_history_says_when_runs_of_a_previous_dashboard_were_failed(
     monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "data"))
     st.cache_resource.clear()
     with Store() as store:  # a run left "queued" by a dashboard that was killed
-        store.create_run(_tiny_spec().to_dict(), _tiny_spec().identity(), "left behind")
+        store.create_run(
+            _tiny_spec().to_dict(), _tiny_spec().identity(), "left behind", owner="alice"
+        )
     try:
         at = _app()
         at.switch_page(HISTORY.path).run()

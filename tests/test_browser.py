@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import USERS
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -194,6 +195,14 @@ def restartable_server(tmp_path):
         running.log.close()
 
 
+def sign_in(page, user: str) -> None:
+    """Sign in through the dashboard's sign-in form (streamlit-authenticator's)."""
+    page.get_by_label("User name").fill(user)
+    page.get_by_label("Password", exact=True).fill(USERS[user][1])
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_text(f"Signed in as {user}").wait_for()
+
+
 def _progress_step(page) -> int | None:
     bars = page.locator('[data-testid="stProgress"]')
     if bars.count() == 0:
@@ -288,6 +297,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             page.set_default_timeout(30_000)
             opened = time.monotonic()
             page.goto(server)
+            sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").wait_for()
 
             # Setup: upload the example images with their labels.csv.
@@ -400,6 +410,7 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
             page = browser.new_page(viewport={"width": 1400, "height": 2200})
             page.set_default_timeout(30_000)
             page.goto(server)
+            sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").wait_for()
 
             page.get_by_role("link", name="Compare").first.click()
@@ -468,6 +479,7 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
             page.goto(server)
+            sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").wait_for()
             _set_number(page, "Classes", 100, page)  # DLG's LeNet: leaks within 100 steps
 
@@ -495,6 +507,70 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
+    server, tmp_path, stored_summary
+):
+    """alice and bob, signed in side by side, each see their own run only; bob's link to
+    alice's run or upload is refused with a clear message; the admin sees both runs."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from auditlib.store import Store
+
+    with Store(f"sqlite:///{tmp_path / 'data' / 'audit.db'}") as store:
+        runs = {}
+        for user in ("alice", "bob"):
+            runs[user] = store.create_run({}, f"spec-{user}", f"{user}'s audit", owner=user)
+            store.finish(runs[user], "completed", stored_summary)
+        upload = store.put_asset("images", "private.zip", b"alice's images", owner="alice")
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        pages = {}
+        try:
+            for user in ("alice", "bob", "root"):
+                page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
+                page.set_default_timeout(30_000)
+                pages[user] = page
+                page.goto(f"{server}/history")
+                page.get_by_text("Sign in").first.wait_for()
+                assert page.get_by_role("heading", name="History").count() == 0  # no data yet
+                sign_in(page, user)
+                page.get_by_role("heading", name="History").wait_for()
+            for user, count in (("alice", 1), ("bob", 1), ("root", 2)):
+                page = pages[user]
+                page.get_by_text(f"{count} run(s), newest first").wait_for()
+                page.locator('[data-testid="stSelectbox"]').last.click()  # "Open a run"
+                page.get_by_role("option").first.wait_for()
+                listed = {o.split(" · ")[1] for o in page.get_by_role("option").all_inner_texts()}
+                page.keyboard.press("Escape")
+                expected = (
+                    {"alice's audit", "bob's audit"} if user == "root" else {f"{user}'s audit"}
+                )
+                assert listed == expected, (user, listed)
+            pages["alice"].screenshot(path=str(ARTIFACTS / "browser_alice_history.png"))
+
+            bob = pages["bob"]
+            bob.goto(f"{server}/lab?run={runs['alice']}")
+            bob.get_by_text("This run cannot be opened").wait_for()
+            bob.get_by_text("belongs to another user; you are signed in as 'bob'").wait_for()
+            assert bob.get_by_role("heading", name="alice's audit").count() == 0
+            bob.screenshot(path=str(ARTIFACTS / "browser_bob_refused.png"))
+            bob.goto(f"{server}/?source=upload&images={upload}")
+            bob.get_by_text(f"the upload {upload[:12]}... belongs to another user").wait_for()
+
+            root = pages["root"]
+            root.goto(f"{server}/lab?run={runs['alice']}")
+            root.get_by_role("heading", name="alice's audit").wait_for()
+        except BaseException:
+            for user, page in pages.items():
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(ARTIFACTS / f"browser_failure_{user}.png"))
             raise
         finally:
             browser.close()

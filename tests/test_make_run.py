@@ -31,3 +31,13 @@ def test_the_dashboard_does_not_watch_the_tree():
     # Streamlit's watcher over the whole tree (.venv included) overflowed inotify and kept
     # the server near a full core; the app does not reload itself in production.
     assert "--server.fileWatcherType none" in make_run_command()
+
+
+def test_the_first_start_creates_the_first_admin_before_the_server():
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    done = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True)
+    lines = done.stdout.replace("\\\n", " ").splitlines()
+    init = next(i for i, line in enumerate(lines) if "-m auditlib users init" in line)
+    serve = next(i for i, line in enumerate(lines) if "streamlit run app.py" in line)
+    assert init < serve

@@ -638,10 +638,27 @@ def test_a_result_stored_by_an_earlier_version_still_renders(name, tmp_path):
 # ------------------------------------------------------------------------------ CLI
 
 
-def report(args: list[str], capsys) -> tuple[int, str, str]:
-    code = main(["report", *args])
+def report(args: list[str], capsys, user: str | None = "root") -> tuple[int, str, str]:
+    """The report command as ``user`` (the tests' admin by default: the fixtures' runs were
+    stored without an owner, as before sign-in)."""
+    code = main(["report", *args, *(["--user", user] if user else [])])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def test_cli_reports_only_what_the_named_user_may_see(comparison, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "r.pdf"
+    args = ["--run", comparison.run_ids[0], "--db", comparison.url, "--out", str(out)]
+    code, _, stderr = report([*args, "--no-charts"], capsys, user="alice")
+    assert code == 2 and "belongs to no one (it was recorded before sign-in)" in stderr
+    assert "signed in as 'alice'" in stderr and not out.exists()
+    code, _, stderr = report(args, capsys, user="mallory")
+    assert code == 2 and "--user mallory: no such user" in stderr
+    code, _, stderr = report(args, capsys, user=None)
+    assert code == 2 and "name the user the report is for" in stderr
+    monkeypatch.setenv("AUDIT_USER", "root")  # the same as --user
+    code, _, _ = report([*args, "--no-charts"], capsys, user=None)
+    assert code == 0 and out.read_bytes().startswith(b"%PDF")
 
 
 def test_cli_writes_the_report_of_a_batch_and_of_a_run(comparison, tmp_path, capsys, monkeypatch):

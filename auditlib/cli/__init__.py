@@ -1,6 +1,7 @@
 """Command line: ``python -m auditlib audit ...`` runs one audit and writes its results;
 ``utility`` trains under a defense; ``report`` writes the PDF report of stored runs;
-``params`` lists an attack's or a defense's parameters (type, default, range, description).
+``params`` lists an attack's or a defense's parameters (type, default, range, description);
+``users`` manages who may sign in to the dashboard.
 
 Exit codes: 0 done, 2 bad input (one line on stderr saying what was expected), 1 failure.
 """
@@ -14,6 +15,7 @@ from auditlib.cli.arguments import build_parser
 from auditlib.cli.audit import audit_command
 from auditlib.cli.params import params_command
 from auditlib.cli.report import report_command
+from auditlib.cli.users import users_command
 from auditlib.cli.utility import utility_command
 from auditlib.errors import AuditInputError
 
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
             return report_command(args)
         if args.command == "params":
             return params_command(args)
+        if args.command == "users":
+            return users_command(args)
     except AuditInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

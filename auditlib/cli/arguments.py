@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _utility_arguments(commands, ARCHITECTURES, DEFENSES)
     _report_arguments(commands)
+    _users_arguments(commands)
     params = commands.add_parser(
         "params",
         help="list an attack's or a defense's parameters: type, default, range, description",
@@ -184,8 +185,42 @@ def _report_arguments(commands) -> None:
     )
     report.add_argument("--out", required=True, metavar="FILE.pdf", help="the PDF file to write")
     report.add_argument(
+        "--user",
+        default=None,
+        help="the user the report is for (default: $AUDIT_USER): only their runs, or any run "
+        "for an admin; needed once a users file exists",
+    )
+    report.add_argument(
         "--no-charts", action="store_true", help="leave out the charts (no Chromium needed)"
     )
+
+
+def _users_arguments(commands) -> None:
+    from auditlib.access import ROLES
+
+    users = commands.add_parser(
+        "users", help="the dashboard's users: create the first admin, add, list, remove"
+    )
+    actions = users.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    actions.add_parser(
+        "init", help="create the users file with a first admin and print its password once"
+    )
+    add = actions.add_parser("add", help="add a user (the password is asked for, or read)")
+    add.add_argument("username")
+    add.add_argument("--role", choices=ROLES, default=ROLES[0], help="default: %(default)s")
+    add.add_argument("--name", default="", help="the name shown in the dashboard")
+    add.add_argument("--email", default="")
+    passwd = actions.add_parser("passwd", help="set a user's password")
+    passwd.add_argument("username")
+    for action in (add, passwd):
+        action.add_argument(
+            "--password-stdin",
+            action="store_true",
+            help="read the password from the first line of stdin instead of asking",
+        )
+    remove = actions.add_parser("remove", help="remove a user (their runs stay, for admins)")
+    remove.add_argument("username")
+    actions.add_parser("list", help="list the users and their roles")
 
 
 def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str | None):

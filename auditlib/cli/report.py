@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
+from auditlib.access import Principal
 from auditlib.errors import AuditInputError
 
 
@@ -31,17 +33,42 @@ def _existing_store(url: str):
     return Store(url)
 
 
+def acting_user(name: str | None) -> Principal | None:
+    """The user the command acts for: ``name`` or ``$AUDIT_USER``, who must be in the users
+    file. Without a users file (the CLI alone, no dashboard) nobody is named and every run
+    is read; the database's own file permissions are then the only boundary."""
+    from auditlib.access.users import read_users, users_file
+
+    name = name or os.environ.get("AUDIT_USER", "").strip() or None
+    path = users_file()
+    if not path.exists():
+        if name:
+            raise AuditInputError(f"--user {name}: there is no users file at {path}")
+        return None
+    if not name:
+        raise AuditInputError(
+            f"name the user the report is for: --user NAME or AUDIT_USER (users in {path})"
+        )
+    user = read_users(path).users.get(name)
+    if user is None:
+        raise AuditInputError(f"--user {name}: no such user in {path}")
+    return user.principal
+
+
 def report_command(args: argparse.Namespace) -> int:
     from auditlib.report.pdf import build_report
     from auditlib.report.subject import batch_subject, run_subject
     from auditlib.store import default_database_url
+    from auditlib.store.scoped import UserStore
 
     out = Path(args.out)
     if out.is_dir():
         raise AuditInputError(f"--out {out} is a folder; give the PDF file to write")
     if not out.parent.is_dir():
         raise AuditInputError(f"--out {out}: the folder {out.parent} does not exist")
-    with _existing_store(args.db or default_database_url()) as store:
+    principal = acting_user(args.user)
+    with _existing_store(args.db or default_database_url()) as raw:
+        store = raw if principal is None else UserStore(raw, principal)
         subject = run_subject(store, args.run) if args.run else batch_subject(store, args.batch)
         info = build_report(subject, out, charts=not args.no_charts)
     charts = "" if info.charts_drawn else f"; no charts: {info.charts_unavailable_reason}"

@@ -182,7 +182,7 @@ class MemberState:
 
 def batch_state(store: Store, batch: BatchRecord) -> list[MemberState]:
     members = members_of(batch)
-    runs = stored_runs(store, [m.spec for m in members])
+    runs = stored_runs(store, [m.spec for m in members], of=batch)
     return [MemberState(m, run) for m, run in zip(members, runs, strict=True)]
 
 

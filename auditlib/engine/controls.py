@@ -27,12 +27,14 @@ def stored_verdict(run: RunRecord) -> Verdict | None:
     return None if run.result is None else run.result.verdict
 
 
-def control_finding(store: Store, spec: RunSpec) -> tuple[Finding | None, str, RunRecord | None]:
+def control_finding(
+    store: Store, spec: RunSpec, *, of: RunRecord | None = None
+) -> tuple[Finding | None, str, RunRecord | None]:
     """The control's finding (None where there is none yet), a note on where it stands,
-    and its run."""
+    and its run; with ``of`` (the defended run), a control of that run's owner."""
     control = spec.control()
     assert control is not None
-    run = stored_run(store, control)
+    run = stored_run(store, control, of=of)
     if run is None:
         return None, "no undefended control has been run at this budget", None
     verdict = stored_verdict(run) if run.status in WITH_RESULT else None
@@ -55,7 +57,7 @@ def verdict_of(store: Store, run: RunRecord) -> Verdict | None:
     spec = run_spec_from_dict(run.spec)
     if spec.control() is None:
         return own
-    finding, note, _ = control_finding(store, spec)
+    finding, note, _ = control_finding(store, spec, of=run)
     return judge(own.finding, own.scope, defended=True, control=finding, control_note=note)
 
 

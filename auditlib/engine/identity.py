@@ -32,7 +32,7 @@ from auditlib.defenses import build_defense_config
 from auditlib.engine.attack_phase import adaptive_wanted, plan_attacks
 from auditlib.errors import AuditInputError
 from auditlib.spec import RunSpec
-from auditlib.store import COMPLETED, TIMED_OUT, RunRecord, Store
+from auditlib.store import COMPLETED, TIMED_OUT, BatchRecord, RunRecord, Store
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,19 @@ def _canonical(value: Any) -> Any:
 _RANK = {COMPLETED: 0, TIMED_OUT: 1}  # Store.runs_for_specs' rule: a run with scores first
 
 
-def stored_runs(store: Store, specs: Iterable[RunSpec]) -> list[RunRecord | None]:
+def stored_runs(
+    store: Store, specs: Iterable[RunSpec], *, of: RunRecord | BatchRecord | None = None
+) -> list[RunRecord | None]:
     """For each spec, the run that stands for it (None where none is stored), under its
-    resolved id or its legacy one: one with scores first, then the newest."""
+    resolved id or its legacy one: one with scores first, then the newest. With ``of`` (a
+    run or batch), only runs of its owner count: a batch's members and a run's control are
+    its owner's runs, whoever looks at them; without, the store's own rule (a user's view
+    looks among that user's runs)."""
     ids = [identities(spec) for spec in specs]
-    found = store.runs_for_specs(i for pair in ids for i in (pair.resolved, pair.legacy) if i)
+    wanted = (i for pair in ids for i in (pair.resolved, pair.legacy) if i)
+    found = (
+        store.runs_for_specs(wanted) if of is None else store.runs_for_specs(wanted, owner=of.owner)
+    )
     chosen = []
     for pair in ids:
         runs = [found[i] for i in dict.fromkeys((pair.resolved, pair.legacy)) if i in found]
@@ -119,6 +127,8 @@ def stored_runs(store: Store, specs: Iterable[RunSpec]) -> list[RunRecord | None
     return chosen
 
 
-def stored_run(store: Store, spec: RunSpec) -> RunRecord | None:
+def stored_run(
+    store: Store, spec: RunSpec, *, of: RunRecord | BatchRecord | None = None
+) -> RunRecord | None:
     """The run that stands for ``spec`` (:func:`stored_runs`), or None."""
-    return stored_runs(store, [spec])[0]
+    return stored_runs(store, [spec], of=of)[0]

@@ -67,9 +67,15 @@ class RunManager:
         ray_backend.start_ray(ray_address)
 
     def start(
-        self, spec: RunSpec, assets: Mapping[str, bytes] | None = None, title: str = ""
+        self,
+        spec: RunSpec,
+        assets: Mapping[str, bytes] | None = None,
+        title: str = "",
+        *,
+        owner: str | None = None,
     ) -> str:
-        """Validate ``spec``, record the run and start it; returns the run id.
+        """Validate ``spec``, record the run as ``owner``'s and start it; returns the run id.
+        The dashboard starts runs through ``engine.user_runs.UserRuns``, which names the owner.
 
         Parameter errors surface here as AuditInputError, before anything is recorded.
         """
@@ -77,7 +83,7 @@ class RunManager:
         build_defense(spec.defense.name, spec.defense.params_dict())
         ray_backend.ensure_ray(self.ray_address)
         ray_backend.require_device(spec, self.ray_address)
-        run_id = self.store.create_run(spec.to_dict(), run_identity(spec), title)
+        run_id = self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
         with self._lock:
             if self._board is None:
                 self._board = ray_backend.cancel_board()

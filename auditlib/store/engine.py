@@ -34,18 +34,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
+from auditlib.paths import data_dir
+
 BUSY_TIMEOUT_MS = 15_000
 WRITE_OPTION = "auditlib_write"  # execution option: this transaction will write
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def data_dir() -> Path:
-    """``$AUDIT_DATA_DIR``, else ``<repo root>/data``; created if missing."""
-    configured = os.environ.get("AUDIT_DATA_DIR", "").strip()
-    path = Path(configured).expanduser() if configured else _REPO_ROOT / "data"
-    path.mkdir(parents=True, exist_ok=True)
-    return path.resolve()
 
 
 def default_database_url() -> str:

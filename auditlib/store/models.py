@@ -114,6 +114,19 @@ class Run(Base):
     label_accuracy: Mapped[float | None]
     iterations: Mapped[int | None]
     seconds: Mapped[float | None]
+    owner: Mapped[str | None] = mapped_column(String(64), index=True)  # None: before sign-in
+
+
+class AssetOwner(Base):
+    """A user who uploaded the asset (schema 5). Assets are keyed by their bytes, so two
+    users who upload the same file share one row and each holds a claim to it."""
+
+    __tablename__ = "asset_owners"
+
+    sha256: Mapped[str] = mapped_column(
+        ForeignKey("assets.sha256", ondelete="CASCADE"), primary_key=True
+    )
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
 
 
 class RunAsset(Base):
@@ -171,3 +184,4 @@ class Batch(Base):
     title: Mapped[str] = mapped_column(String(200), default="")
     definition: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
+    owner: Mapped[str | None] = mapped_column(String(64), index=True)  # None: before sign-in

@@ -90,6 +90,7 @@ class RunRecord:
     label_accuracy: float | None
     iterations: int | None
     seconds: float | None
+    owner: str | None = None  # the user who started it; None: recorded before sign-in
 
     @property
     def finished(self) -> bool:
@@ -137,3 +138,4 @@ class BatchRecord:
     title: str
     definition: dict[str, Any]
     created_at: datetime
+    owner: str | None = None  # the user who made it; None: recorded before sign-in

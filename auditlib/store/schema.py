@@ -16,18 +16,36 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from sqlalchemy import Connection, insert, inspect, select, text, update
+from sqlalchemy import (
+    Connection,
+    Index,
+    MetaData,
+    Table,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from auditlib.errors import AuditInputError
 from auditlib.store.convert import assets_in_spec, utcnow
 from auditlib.store.engine import WRITE_OPTION, SharedEngine, describe, enable_wal
-from auditlib.store.models import Base, Batch, Run, RunAsset, SchemaInfo
+from auditlib.store.models import AssetOwner, Base, Batch, Run, RunAsset, SchemaInfo
 
 
 def _add_batches(connection: Connection) -> None:
-    """1 -> 2: comparisons and sweeps (the ``batches`` table)."""
-    Batch.__table__.create(connection)
+    """1 -> 2: comparisons and sweeps (the ``batches`` table), as schema 2 had it: the
+    columns later steps add (``owner``, 4 -> 5) come with those steps."""
+    later = {"owner"}
+    table = Table(
+        "batches",
+        MetaData(),
+        *(c._copy() for c in Batch.__table__.columns if c.name not in later),
+        Index("ix_batches_created_at", "created_at"),
+    )
+    table.create(connection)
 
 
 def _add_run_stage(connection: Connection) -> None:
@@ -48,11 +66,21 @@ def _add_run_assets(connection: Connection) -> None:
         connection.execute(insert(RunAsset), rows)
 
 
-SCHEMA_VERSION: int = 4
+def _add_owners(connection: Connection) -> None:
+    """4 -> 5: owners (``runs.owner``, ``batches.owner``, the ``asset_owners`` table).
+    What was stored before sign-in keeps no owner: only an admin sees it."""
+    for table in ("runs", "batches"):
+        connection.execute(text(f"ALTER TABLE {table} ADD COLUMN owner VARCHAR(64)"))
+        connection.execute(text(f"CREATE INDEX ix_{table}_owner ON {table} (owner)"))
+    AssetOwner.__table__.create(connection)
+
+
+SCHEMA_VERSION: int = 5
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _add_batches,
     2: _add_run_stage,
     3: _add_run_assets,
+    4: _add_owners,
 }
 
 _VERSION_ROW = 1

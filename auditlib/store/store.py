@@ -13,10 +13,11 @@ Rules the methods enforce, so every caller gets them without repeating them:
   consumer whose run was deleted to stop;
 - JSON columns hold plain JSON: NaN and infinities become null.
 
-Why one module of about 500 lines: the rules above hold because every read and write is a
+Why one module of about 600 lines: the rules above hold because every read and write is a
 method of one class over one pair of sessionmakers; split across modules, a new method
 could open its own session and skip them. The class is in sections (assets, run writes,
-run reads, batches); records and conversions live apart (``records.py``, ``convert.py``).
+run reads, batches); records, conversions and the view scoped to one user live apart
+(``records.py``, ``convert.py``, ``scoped.py``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from auditlib.store.convert import (
     utcnow,
 )
 from auditlib.store.engine import WRITE_OPTION, acquire, default_database_url, describe, release
-from auditlib.store.models import Asset, Batch, Run, RunAsset, RunEvent, RunImage
+from auditlib.store.models import Asset, AssetOwner, Batch, Run, RunAsset, RunEvent, RunImage
 from auditlib.store.records import (
     ASSET_KINDS,
     BATCH_KINDS,
@@ -104,11 +105,12 @@ def _run_record(row: Run) -> RunRecord:
         label_accuracy=row.label_accuracy,
         iterations=row.iterations,
         seconds=row.seconds,
+        owner=row.owner,
     )
 
 
 def _batch_record(row: Batch) -> BatchRecord:
-    return BatchRecord(row.id, row.kind, row.title, dict(row.definition), row.created_at)
+    return BatchRecord(row.id, row.kind, row.title, dict(row.definition), row.created_at, row.owner)
 
 
 def _event_record(row: RunEvent) -> EventRecord:
@@ -172,10 +174,17 @@ class Store:
     # ---------------------------------------------------------------- assets
 
     def put_asset(
-        self, kind: str, name: str, data: bytes, meta: Mapping[str, Any] | None = None
+        self,
+        kind: str,
+        name: str,
+        data: bytes,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        owner: str | None = None,
     ) -> str:
         """Store an upload; returns its sha256 hex. The same bytes again reuse the first row
-        (its kind, name and meta are kept), so re-uploading costs nothing."""
+        (its kind, name and meta are kept), so re-uploading costs nothing; ``owner`` gains a
+        claim to it either way."""
         check_choice(kind, ASSET_KINDS, "asset kind")
         data = bytes(data)
         digest = hashlib.sha256(data).hexdigest()
@@ -183,6 +192,7 @@ class Store:
         try:
             with self._session(write=True) as s:
                 if s.get(Asset, digest, options=[defer(Asset.data)]) is not None:
+                    self._claim(s, digest, owner)
                     return digest
                 s.add(
                     Asset(
@@ -195,10 +205,24 @@ class Store:
                         data=data,
                     )
                 )
+                s.flush()  # the asset row first: asset_owners refers to it
+                self._claim(s, digest, owner)
         except IntegrityError:  # a concurrent upload of the same bytes won the race
             if self.get_asset_info(digest) is None:
                 raise
+            with self._session(write=True) as s:
+                self._claim(s, digest, owner)
         return digest
+
+    @staticmethod
+    def _claim(s: Session, sha256: str, owner: str | None) -> None:
+        if owner is not None and s.get(AssetOwner, (sha256, owner)) is None:
+            s.add(AssetOwner(sha256=sha256, owner=owner))
+
+    def asset_owners(self, sha256: str) -> set[str]:
+        """The users who uploaded ``sha256`` (empty for an upload from before sign-in)."""
+        with self._session() as s:
+            return set(s.scalars(select(AssetOwner.owner).where(AssetOwner.sha256 == sha256)))
 
     def get_asset(self, sha256: str) -> AssetRecord | None:
         with self._session() as s:
@@ -214,9 +238,12 @@ class Store:
             row = s.get(Asset, sha256, options=[defer(Asset.data)])
             return None if row is None else _asset_info(row)
 
-    def list_assets(self, kind: str | None = None) -> list[AssetInfo]:
-        """Assets newest first, WITHOUT their bytes (AssetInfo; ``get_asset`` loads them)."""
+    def list_assets(self, kind: str | None = None, *, owner: str | None = None) -> list[AssetInfo]:
+        """Assets newest first, WITHOUT their bytes (AssetInfo; ``get_asset`` loads them);
+        with ``owner``, only the uploads that user holds a claim to."""
         query = select(Asset).options(defer(Asset.data))
+        if owner is not None:
+            query = query.join(AssetOwner).where(AssetOwner.owner == owner)
         if kind is not None:
             query = query.where(Asset.kind == check_choice(kind, ASSET_KINDS, "asset kind"))
         query = query.order_by(Asset.created_at.desc(), Asset.sha256)
@@ -225,8 +252,11 @@ class Store:
 
     # ---------------------------------------------------------------- runs: writes
 
-    def create_run(self, spec: Mapping[str, Any], spec_id: str, title: str = "") -> str:
-        """A new queued run; returns its id (uuid4 hex)."""
+    def create_run(
+        self, spec: Mapping[str, Any], spec_id: str, title: str = "", *, owner: str | None = None
+    ) -> str:
+        """A new queued run of ``owner`` (None only outside the dashboard: the CLI's own
+        databases and tests); returns its id (uuid4 hex)."""
         run_id = uuid.uuid4().hex
         clean_spec = plain_json(spec)
         with self._session(write=True) as s:
@@ -242,6 +272,7 @@ class Store:
                     cancel_requested=False,
                     worker="",
                     created_at=utcnow(),
+                    owner=owner,
                 )
             )
             s.flush()  # the run row first: run_assets refers to it
@@ -372,12 +403,13 @@ class Store:
         A writer still attached to a deleted run gets UnknownRunError on its next write.
         """
         with self._session(write=True) as s:
+            owner = s.scalar(select(Run.owner).where(Run.id == run_id))
             used = list(s.scalars(select(RunAsset.sha256).where(RunAsset.run_id == run_id)))
             s.execute(delete(RunAsset).where(RunAsset.run_id == run_id))
             s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
             s.execute(delete(RunImage).where(RunImage.run_id == run_id))
             s.execute(delete(Run).where(Run.id == run_id))
-            return [info for sha in used if (info := self._delete_unused_asset(s, sha))]
+            return [info for sha in used if (info := self._delete_unused_asset(s, sha, owner))]
 
     def runs_using_asset(self, sha256: str) -> int:
         """How many stored runs use the upload ``sha256``."""
@@ -398,16 +430,47 @@ class Store:
                     f"the upload {sha256[:12]}... is used by {users} stored run(s); delete "
                     "those runs first (the upload goes with the last of them)"
                 )
+            s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha256))
+            return self._delete_unused_asset(s, sha256)
+
+    def release_asset(self, sha256: str, owner: str) -> AssetInfo | None:
+        """``owner`` gives up their upload: their claim goes, and the bytes with it when no
+        other user holds a claim and no run uses them; returns what was deleted. Raises
+        AuditInputError while runs of ``owner`` use it (their results name it)."""
+        with self._session(write=True) as s:
+            mine = s.scalar(
+                select(func.count())
+                .select_from(RunAsset)
+                .join(Run, Run.id == RunAsset.run_id)
+                .where(RunAsset.sha256 == sha256, Run.owner == owner)
+            )
+            if mine:
+                raise AuditInputError(
+                    f"the upload {sha256[:12]}... is used by {mine} of your stored run(s); "
+                    "delete those runs first (the upload goes with the last of them)"
+                )
+            s.execute(
+                delete(AssetOwner).where(AssetOwner.sha256 == sha256, AssetOwner.owner == owner)
+            )
             return self._delete_unused_asset(s, sha256)
 
     @staticmethod
-    def _delete_unused_asset(s: Session, sha256: str) -> AssetInfo | None:
+    def _delete_unused_asset(s: Session, sha256: str, owner: str | None = None) -> AssetInfo | None:
+        """Delete the upload unless a run uses it or a user other than ``owner`` (the owner
+        of the run just deleted) holds a claim to it; then only ``owner``'s claim goes."""
         if s.scalar(select(RunAsset.sha256).where(RunAsset.sha256 == sha256).limit(1)):
+            return None
+        claims = set(s.scalars(select(AssetOwner.owner).where(AssetOwner.sha256 == sha256)))
+        if claims - {owner}:
+            s.execute(
+                delete(AssetOwner).where(AssetOwner.sha256 == sha256, AssetOwner.owner == owner)
+            )
             return None
         row = s.get(Asset, sha256, options=[defer(Asset.data)])
         if row is None:
             return None
         info = _asset_info(row)
+        s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha256))
         s.execute(delete(Asset).where(Asset.sha256 == sha256))
         return info
 
@@ -419,13 +482,20 @@ class Store:
             return None if row is None else _run_record(row)
 
     def list_runs(
-        self, limit: int = 200, status: str | None = None, *, spec_id: str | None = None
+        self,
+        limit: int = 200,
+        status: str | None = None,
+        *,
+        spec_id: str | None = None,
+        owner: str | None = None,
     ) -> list[RunRecord]:
-        """Runs newest first; optionally only one status, or only runs of one spec id
-        (to find earlier results of the very same configuration)."""
+        """Runs newest first; optionally only one status, only runs of one spec id (to
+        find earlier results of the very same configuration), or only one user's."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         query = select(Run)
+        if owner is not None:
+            query = query.where(Run.owner == owner)
         if status is not None:
             query = query.where(Run.status == check_choice(status, STATUSES, "status"))
         if spec_id is not None:
@@ -467,8 +537,15 @@ class Store:
 
     # ---------------------------------------------------------------- batches
 
-    def create_batch(self, kind: str, title: str, definition: Mapping[str, Any]) -> str:
-        """Record a comparison or sweep; returns its id (uuid4 hex)."""
+    def create_batch(
+        self,
+        kind: str,
+        title: str,
+        definition: Mapping[str, Any],
+        *,
+        owner: str | None = None,
+    ) -> str:
+        """Record a comparison or sweep of ``owner``; returns its id (uuid4 hex)."""
         check_choice(kind, BATCH_KINDS, "batch kind")
         batch_id = uuid.uuid4().hex
         with self._session(write=True) as s:
@@ -479,6 +556,7 @@ class Store:
                     title=title[:200],
                     definition=plain_json(definition),
                     created_at=utcnow(),
+                    owner=owner,
                 )
             )
         return batch_id
@@ -488,9 +566,13 @@ class Store:
             row = s.get(Batch, batch_id)
             return None if row is None else _batch_record(row)
 
-    def list_batches(self, kind: str | None = None, limit: int = 200) -> list[BatchRecord]:
-        """Batches newest first; optionally only comparisons or only sweeps."""
+    def list_batches(
+        self, kind: str | None = None, limit: int = 200, *, owner: str | None = None
+    ) -> list[BatchRecord]:
+        """Batches newest first; optionally only comparisons or only sweeps, or one user's."""
         query = select(Batch)
+        if owner is not None:
+            query = query.where(Batch.owner == owner)
         if kind is not None:
             query = query.where(Batch.kind == check_choice(kind, BATCH_KINDS, "batch kind"))
         query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
@@ -502,18 +584,20 @@ class Store:
         with self._session(write=True) as s:
             s.execute(delete(Batch).where(Batch.id == batch_id))
 
-    def runs_for_specs(self, spec_ids: Iterable[str]) -> dict[str, RunRecord]:
+    def runs_for_specs(
+        self, spec_ids: Iterable[str], *, owner: str | None = None
+    ) -> dict[str, RunRecord]:
         """For each spec id, the run that stands for it: the newest completed one, else the
         newest stopped by its time budget (it has scores), else the newest of any status;
-        spec ids with no run are absent."""
+        spec ids with no run are absent. With ``owner``, only that user's runs count (one
+        user's comparison never stands on another's runs)."""
         wanted = sorted(set(spec_ids))
         if not wanted:
             return {}
-        query = (
-            select(Run)
-            .where(Run.spec_id.in_(wanted))
-            .order_by(Run.created_at.desc(), Run.id.desc())
-        )
+        query = select(Run).where(Run.spec_id.in_(wanted))
+        if owner is not None:
+            query = query.where(Run.owner == owner)
+        query = query.order_by(Run.created_at.desc(), Run.id.desc())
         best: dict[str, RunRecord] = {}
         with self._session() as s:
             for row in s.scalars(query):

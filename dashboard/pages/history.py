@@ -143,13 +143,14 @@ def main() -> None:
         return
     st.subheader("Open a run")
     by_id = {r.id: r for r in records}
+    labels = {r.id: _label(r) for r in records}  # now: a label reads the signed-in user's store
     current = st.session_state.get("run")
     ids = list(by_id)
     run_id = st.selectbox(
         "Run",
         ids,
         index=ids.index(current) if current in by_id else 0,
-        format_func=lambda i: _label(by_id[i]),
+        format_func=labels.__getitem__,
         key="history_run",
     )
     open_col, delete_col, _ = st.columns([2, 1, 3])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from auditlib.access import AccessDenied
 from auditlib.engine.controls import start_with_control
 from auditlib.errors import AuditInputError
 from auditlib.words import count_of
@@ -57,7 +58,12 @@ def _start(setup: Setup, lab: LabChoices) -> None:
 
 
 def _run_view(run_id: str) -> None:
-    record = get_store().get_run(run_id)
+    try:
+        record = get_store().get_run(run_id)
+    except AccessDenied as exc:  # a link to another user's run
+        st.error(f"This run cannot be opened: {exc}")
+        st.button("Close it", key="close_run", on_click=close_run)
+        return
     if record is None:
         st.warning(
             f"Run {run_id} is not in this dashboard's store: it was deleted, or the link comes "

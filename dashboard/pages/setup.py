@@ -93,7 +93,7 @@ def _model_section(errors: list[str]) -> None:
         list(INITS),
         horizontal=True,
         persist_state="session",
-        key=_field("init"),
+        key=_field("weights_init"),
         help="uniform = every weight ~ U(-0.5, 0.5), the DLG/GRNN setting; default = "
         "PyTorch's. Ignored when you upload weights.",
     )

@@ -1,0 +1,276 @@
+"""The users file: who may sign in, with bcrypt-hashed passwords and a role.
+
+The file is streamlit-authenticator's configuration (``credentials.usernames.<name>`` with
+``name``, ``email``, ``password`` (a bcrypt hash) and ``roles``; ``cookie`` with the
+re-authentication cookie's name, signing key and expiry), so the dashboard hands it to
+``streamlit_authenticator.Authenticate`` as it is. It lives at ``$AUDIT_USERS_FILE``, else
+``users.yaml`` in the data folder, readable by its owner only (mode 0600). Plain passwords
+are never stored; the first admin's generated password is printed once and never again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+from auditlib.access.principal import ADMIN, ROLES, Principal
+from auditlib.errors import AuditInputError
+from auditlib.paths import data_dir
+
+USERNAME = re.compile(r"[a-z][a-z0-9_.-]{1,31}")
+USERNAME_EXPECTED = (
+    "2 to 32 characters: lower-case letters, digits, '.', '_' or '-', starting with a letter"
+)
+MIN_PASSWORD, MAX_PASSWORD_BYTES = 8, 72  # bcrypt reads at most 72 bytes
+FIRST_ADMIN = "admin"
+COOKIE_NAME = "auditlib_session"
+COOKIE_EXPIRY_DAYS = 1.0
+
+
+def users_file() -> Path:
+    """``$AUDIT_USERS_FILE``, else ``users.yaml`` in the data folder."""
+    configured = os.environ.get("AUDIT_USERS_FILE", "").strip()
+    return Path(configured).expanduser().resolve() if configured else data_dir() / "users.yaml"
+
+
+@dataclass(frozen=True)
+class User:
+    username: str
+    role: str
+    name: str = ""
+    email: str = ""
+
+    @property
+    def principal(self) -> Principal:
+        return Principal(self.username, self.role)
+
+
+@dataclass(frozen=True)
+class Users:
+    """The users file as read: the users and the re-authentication cookie's settings."""
+
+    path: Path
+    users: dict[str, User]
+    password_hashes: dict[str, str]
+    cookie_name: str
+    cookie_key: str
+    cookie_expiry_days: float
+
+    def credentials(self) -> dict[str, Any]:
+        """A fresh copy of the file's credentials for streamlit-authenticator, which writes
+        into the dictionary it is given (login flags)."""
+        return {
+            "usernames": {
+                u.username: {
+                    "name": u.name or u.username,
+                    "email": u.email,
+                    "password": self.password_hashes[u.username],
+                    "roles": [u.role],
+                }
+                for u in self.users.values()
+            }
+        }
+
+    def check_password(self, username: str, password: str) -> bool:
+        stored = self.password_hashes.get(username)
+        if stored is None:
+            return False
+        return bcrypt.checkpw(password.encode()[:MAX_PASSWORD_BYTES], stored.encode())
+
+
+def read_users(path: Path | None = None) -> Users:
+    """The users file at ``path`` (default :func:`users_file`); a missing or damaged file is
+    an AuditInputError that says how to make one."""
+    path = path or users_file()
+    if not path.exists():
+        raise AuditInputError(
+            f"no users file at {path}; create the first admin with "
+            "'python -m auditlib users init' (make run does it)"
+        )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise AuditInputError(f"the users file {path} cannot be read: {exc}") from exc
+    return _parse(path, data)
+
+
+def _parse(path: Path, data: Any) -> Users:
+    def bad(what: str) -> AuditInputError:
+        return AuditInputError(f"the users file {path} is not valid: {what}")
+
+    if not isinstance(data, dict):
+        raise bad("expected a mapping with 'credentials' and 'cookie'")
+    entries = (data.get("credentials") or {}).get("usernames") or {}
+    cookie = data.get("cookie") or {}
+    if not isinstance(entries, dict) or not isinstance(cookie, dict):
+        raise bad("'credentials.usernames' and 'cookie' must be mappings")
+    users: dict[str, User] = {}
+    hashes: dict[str, str] = {}
+    for username, entry in entries.items():
+        if not isinstance(username, str) or not USERNAME.fullmatch(username):
+            raise bad(f"user name {username!r}: expected {USERNAME_EXPECTED}")
+        if not isinstance(entry, dict):
+            raise bad(f"user {username}: expected a mapping")
+        password = entry.get("password")
+        if not isinstance(password, str) or not password.startswith("$2"):
+            raise bad(f"user {username}: the password must be a bcrypt hash, never plain text")
+        roles = entry.get("roles") or []
+        role = roles[0] if isinstance(roles, list) and len(roles) == 1 else None
+        if role not in ROLES:
+            raise bad(f"user {username}: roles must be one of {[[r] for r in ROLES]}")
+        users[username] = User(
+            username, role, str(entry.get("name") or ""), str(entry.get("email") or "")
+        )
+        hashes[username] = password
+    key = cookie.get("key")
+    if not isinstance(key, str) or len(key) < 32:
+        raise bad("cookie.key must be a random secret of at least 32 characters")
+    try:
+        expiry = float(cookie.get("expiry_days", COOKIE_EXPIRY_DAYS))
+    except (TypeError, ValueError) as exc:
+        raise bad("cookie.expiry_days must be a number") from exc
+    return Users(path, users, hashes, str(cookie.get("name") or COOKIE_NAME), key, expiry)
+
+
+def _write(users: Users) -> None:
+    """Write atomically (a temporary file renamed over the old one), readable by the owner
+    only, so a crash never leaves half a file and no other local user reads the hashes."""
+    data = {
+        "credentials": {
+            "usernames": {
+                u.username: {
+                    "name": u.name,
+                    "email": u.email,
+                    "password": users.password_hashes[u.username],
+                    "roles": [u.role],
+                }
+                for u in users.users.values()
+            }
+        },
+        "cookie": {
+            "name": users.cookie_name,
+            "key": users.cookie_key,
+            "expiry_days": users.cookie_expiry_days,
+        },
+    }
+    users.path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=users.path.parent, prefix=".users-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            yaml.safe_dump(data, out, sort_keys=False)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, users.path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _checked_password(password: str) -> str:
+    if len(password) < MIN_PASSWORD or len(password.encode()) > MAX_PASSWORD_BYTES:
+        raise AuditInputError(
+            f"a password needs at least {MIN_PASSWORD} characters and at most "
+            f"{MAX_PASSWORD_BYTES} bytes"
+        )
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
+
+
+def _empty(path: Path) -> Users:
+    return Users(path, {}, {}, COOKIE_NAME, secrets.token_hex(32), COOKIE_EXPIRY_DAYS)
+
+
+def add_user(
+    username: str,
+    password: str,
+    role: str,
+    *,
+    name: str = "",
+    email: str = "",
+    path: Path | None = None,
+) -> User:
+    """Add a user (the file is created if missing). A taken name is refused."""
+    path = path or users_file()
+    if not USERNAME.fullmatch(username):
+        raise AuditInputError(f"user name {username!r}: expected {USERNAME_EXPECTED}")
+    if role not in ROLES:
+        raise AuditInputError(f"role {role!r}: expected one of {', '.join(ROLES)}")
+    users = read_users(path) if path.exists() else _empty(path)
+    if username in users.users:
+        raise AuditInputError(f"user {username!r} exists; change a password with 'users passwd'")
+    user = User(username, role, name, email)
+    _write(
+        Users(
+            path,
+            {**users.users, username: user},
+            {**users.password_hashes, username: _checked_password(password)},
+            users.cookie_name,
+            users.cookie_key,
+            users.cookie_expiry_days,
+        )
+    )
+    return user
+
+
+def set_password(username: str, password: str, *, path: Path | None = None) -> None:
+    users = read_users(path)
+    if username not in users.users:
+        raise AuditInputError(f"no user {username!r} in {users.path}")
+    hashes = {**users.password_hashes, username: _checked_password(password)}
+    _write(
+        Users(
+            users.path,
+            users.users,
+            hashes,
+            users.cookie_name,
+            users.cookie_key,
+            users.cookie_expiry_days,
+        )
+    )
+
+
+def remove_user(username: str, *, path: Path | None = None) -> None:
+    """Remove a user; the last admin stays (nobody could manage the users otherwise). Their
+    runs and uploads stay in the store, visible to admins."""
+    users = read_users(path)
+    if username not in users.users:
+        raise AuditInputError(f"no user {username!r} in {users.path}")
+    admins = [u for u in users.users.values() if u.role == ADMIN]
+    if users.users[username].role == ADMIN and len(admins) == 1:
+        raise AuditInputError(f"{username!r} is the last admin; add another admin first")
+    _write(
+        Users(
+            users.path,
+            {k: v for k, v in users.users.items() if k != username},
+            {k: v for k, v in users.password_hashes.items() if k != username},
+            users.cookie_name,
+            users.cookie_key,
+            users.cookie_expiry_days,
+        )
+    )
+
+
+def init_users(path: Path | None = None) -> str | None:
+    """Create the users file with a first admin (``admin``) and a generated password, which
+    is returned to be shown once; ``None`` where the file exists (nothing changes)."""
+    path = path or users_file()
+    if path.exists():
+        return None
+    password = secrets.token_urlsafe(12)
+    add_user(FIRST_ADMIN, password, ADMIN, name="Administrator", path=path)
+    return password
+
+
+def principal_of(username: str | None, path: Path | None = None) -> Principal | None:
+    """The principal a signed-in name stands for now, from the file as it is (a removed
+    user is nobody; a changed role counts at once)."""
+    if not username:
+        return None
+    user = read_users(path).users.get(username)
+    return user.principal if user else None

@@ -1,0 +1,69 @@
+"""``python -m auditlib users``: who may sign in to the dashboard (``auditlib.access.users``).
+
+``init`` creates the users file with a first admin and prints the generated password once
+(``make run`` calls it, so a fresh machine starts in one command); ``add``, ``passwd``,
+``remove`` and ``list`` manage it. Passwords are asked for without echo, or read from the
+first line of stdin with ``--password-stdin``; they are never taken as arguments (they
+would stay in the shell's history and in the process list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+
+from auditlib.access.users import (
+    FIRST_ADMIN,
+    add_user,
+    init_users,
+    read_users,
+    remove_user,
+    set_password,
+    users_file,
+)
+from auditlib.errors import AuditInputError
+
+
+def _password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        line = sys.stdin.readline().rstrip("\r\n")
+        if not line:
+            raise AuditInputError("--password-stdin: the first line of stdin is empty")
+        return line
+    first = getpass.getpass(f"Password for {args.username}: ")
+    if getpass.getpass("Again: ") != first:
+        raise AuditInputError("the two passwords differ")
+    return first
+
+
+def users_command(args: argparse.Namespace) -> int:
+    path = users_file()
+    if args.action == "init":
+        password = init_users(path)
+        if password is None:
+            users = read_users(path)
+            print(f"users: {path} ({len(users.users)} user(s)); sign in as one of them")
+        else:
+            print(
+                f"Created {path} with the admin '{FIRST_ADMIN}'. Sign in with the password\n\n"
+                f"    {password}\n\n"
+                "It is shown this once; change it with "
+                f"'python -m auditlib users passwd {FIRST_ADMIN}'."
+            )
+        return 0
+    if args.action == "add":
+        user = add_user(
+            args.username, _password(args), args.role, name=args.name, email=args.email, path=path
+        )
+        print(f"added {user.username} ({user.role}) to {path}")
+    elif args.action == "passwd":
+        set_password(args.username, _password(args), path=path)
+        print(f"changed the password of {args.username}")
+    elif args.action == "remove":
+        remove_user(args.username, path=path)
+        print(f"removed {args.username}; their runs and uploads stay, visible to admins")
+    elif args.action == "list":
+        for user in read_users(path).users.values():
+            print(f"{user.username}\t{user.role}\t{user.name}")
+    return 0

@@ -1,0 +1,67 @@
+"""The run manager as one signed-in user uses it: runs start as theirs, with uploads that
+are theirs; they cancel and watch only runs they may see. ``store`` is their
+:class:`~auditlib.store.scoped.UserStore`, so ``batches.launch`` and
+``controls.start_with_control`` work on it unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from auditlib.access import Principal
+from auditlib.engine.runs import RunManager
+from auditlib.errors import AuditInputError
+from auditlib.spec import RunSpec
+from auditlib.store.convert import assets_in_spec
+from auditlib.store.records import RunRecord
+from auditlib.store.scoped import UserStore
+
+
+class UserRuns:
+    def __init__(self, manager: RunManager, store: UserStore) -> None:
+        self.manager = manager
+        self.store = store
+
+    @classmethod
+    def of(cls, manager: RunManager, principal: Principal) -> UserRuns:
+        return cls(manager, UserStore(manager.store, principal))
+
+    @property
+    def principal(self) -> Principal:
+        return self.store.principal
+
+    @property
+    def orphans_failed(self) -> int:
+        """How many runs an earlier server left unfinished (a count, no one's contents)."""
+        return self.manager.orphans_failed
+
+    def start(
+        self, spec: RunSpec, assets: Mapping[str, bytes] | None = None, title: str = ""
+    ) -> str:
+        """Start ``spec`` as this user's run. Every upload it names must be theirs (the store
+        refuses another user's), whatever bytes the caller hands in."""
+        for sha in sorted(assets_in_spec(spec.to_dict())):
+            if self.store.get_asset_info(sha) is None:
+                raise AuditInputError(
+                    f"the upload {sha[:12]}... is not in the store; upload it on the Setup page"
+                )
+        return self.manager.start(spec, assets, title, owner=self.principal.username)
+
+    def cancel(self, run_id: str) -> None:
+        self.store.get_run(run_id)  # refuses another user's run
+        self.manager.cancel(run_id)
+
+    def is_active(self, run_id: str) -> bool:
+        return self.manager.is_active(run_id)
+
+    def active_runs(self) -> list[str]:
+        """The active runs this user may see."""
+        visible = []
+        for run_id in self.manager.active_runs():
+            record: RunRecord | None = self.store.raw.get_run(run_id)
+            if record is not None and self.principal.may_see(record.owner):
+                visible.append(run_id)
+        return visible
+
+    def wait(self, run_id: str, timeout: float | None = None) -> bool:
+        self.store.get_run(run_id)
+        return self.manager.wait(run_id, timeout)

@@ -1,0 +1,151 @@
+"""The store as one signed-in user sees it: their own runs, batches and uploads (an admin's
+view holds everyone's). The dashboard reads and writes only through this view, so a page
+cannot forget the check: what belongs to someone else is refused with
+:class:`~auditlib.access.AccessDenied`, and listings hold only what the user may see.
+
+It offers the reads and writes the pages, the batches and the report use, with the raw
+:class:`~auditlib.store.Store`'s signatures; anything else is not reachable through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from auditlib.access import Principal
+from auditlib.store.records import (
+    AssetInfo,
+    AssetRecord,
+    BatchRecord,
+    EventRecord,
+    ImageRecord,
+    RunRecord,
+)
+from auditlib.store.store import Store
+
+_OWN = object()  # runs_for_specs without an owner: the signed-in user's own runs
+
+
+class UserStore:
+    """``store`` seen by ``principal``."""
+
+    def __init__(self, store: Store, principal: Principal) -> None:
+        self.raw = store
+        self.principal = principal
+        self._visible_runs: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"UserStore({self.raw!r}, {self.principal.username!r})"
+
+    @property
+    def url(self) -> str:
+        return self.raw.url
+
+    # ------------------------------------------------------------------ assets
+
+    def _check_asset(self, sha256: str) -> bool:
+        """True if the upload exists and is this user's to use; refuses another's."""
+        if self.raw.get_asset_info(sha256) is None:
+            return False
+        if self.principal.is_admin:
+            return True
+        owners = self.raw.asset_owners(sha256)
+        if self.principal.username not in owners:
+            raise self.principal.refuse(f"the upload {sha256[:12]}...", next(iter(owners), None))
+        return True
+
+    def put_asset(
+        self, kind: str, name: str, data: bytes, meta: Mapping[str, Any] | None = None
+    ) -> str:
+        return self.raw.put_asset(kind, name, data, meta, owner=self.principal.username)
+
+    def get_asset(self, sha256: str) -> AssetRecord | None:
+        return self.raw.get_asset(sha256) if self._check_asset(sha256) else None
+
+    def get_asset_info(self, sha256: str) -> AssetInfo | None:
+        return self.raw.get_asset_info(sha256) if self._check_asset(sha256) else None
+
+    def list_assets(self, kind: str | None = None) -> list[AssetInfo]:
+        owner = None if self.principal.is_admin else self.principal.username
+        return self.raw.list_assets(kind, owner=owner)
+
+    def runs_using_asset(self, sha256: str) -> int:
+        return self.raw.runs_using_asset(sha256) if self._check_asset(sha256) else 0
+
+    def delete_asset(self, sha256: str) -> AssetInfo | None:
+        """An admin deletes the upload (when no run uses it); a user gives up their claim,
+        and the bytes go when nobody else holds one and no run uses them."""
+        if not self._check_asset(sha256):
+            return None
+        if self.principal.is_admin:
+            return self.raw.delete_asset(sha256)
+        return self.raw.release_asset(sha256, self.principal.username)
+
+    # ------------------------------------------------------------------ runs
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        record = self.raw.get_run(run_id)
+        if record is None:
+            return None
+        if not self.principal.may_see(record.owner):
+            raise self.principal.refuse(f"run {run_id}", record.owner)
+        self._visible_runs.add(run_id)
+        return record
+
+    def _check_run(self, run_id: str) -> None:
+        if run_id not in self._visible_runs:
+            self.get_run(run_id)
+
+    def list_runs(
+        self, limit: int = 200, status: str | None = None, *, spec_id: str | None = None
+    ) -> list[RunRecord]:
+        owner = None if self.principal.is_admin else self.principal.username
+        return self.raw.list_runs(limit, status, spec_id=spec_id, owner=owner)
+
+    def events(self, run_id: str, after_seq: int = -1) -> list[EventRecord]:
+        self._check_run(run_id)
+        return self.raw.events(run_id, after_seq)
+
+    def latest_event(self, run_id: str) -> EventRecord | None:
+        self._check_run(run_id)
+        return self.raw.latest_event(run_id)
+
+    def image(self, run_id: str, kind: str) -> ImageRecord | None:
+        self._check_run(run_id)
+        return self.raw.image(run_id, kind)
+
+    def delete_run(self, run_id: str) -> list[AssetInfo]:
+        self._check_run(run_id)
+        return self.raw.delete_run(run_id)
+
+    def runs_for_specs(
+        self, spec_ids: Iterable[str], *, owner: str | object | None = _OWN
+    ) -> dict[str, RunRecord]:
+        """The runs standing for specs among the user's own runs, or among ``owner``'s (the
+        owner of the batch or run being looked at: an admin reads another user's comparison
+        with that user's runs; ``None``, a record from before sign-in, looks among all)."""
+        if owner is _OWN:
+            return self.raw.runs_for_specs(spec_ids, owner=self.principal.username)
+        assert owner is None or isinstance(owner, str)
+        if not self.principal.may_see(owner):
+            raise self.principal.refuse(f"the runs of {owner!r}", owner)
+        return self.raw.runs_for_specs(spec_ids, owner=owner)
+
+    # ------------------------------------------------------------------ batches
+
+    def create_batch(self, kind: str, title: str, definition: Mapping[str, Any]) -> str:
+        return self.raw.create_batch(kind, title, definition, owner=self.principal.username)
+
+    def get_batch(self, batch_id: str) -> BatchRecord | None:
+        batch = self.raw.get_batch(batch_id)
+        if batch is not None and not self.principal.may_see(batch.owner):
+            raise self.principal.refuse(f"{batch.kind} {batch_id}", batch.owner)
+        return batch
+
+    def list_batches(self, kind: str | None = None, limit: int = 200) -> list[BatchRecord]:
+        owner = None if self.principal.is_admin else self.principal.username
+        return self.raw.list_batches(kind, limit, owner=owner)
+
+    def delete_batch(self, batch_id: str) -> None:
+        if self.get_batch(batch_id) is not None:
+            self.raw.delete_batch(batch_id)

@@ -1,0 +1,245 @@
+"""Who may see what: the users file (bcrypt hashes, roles, the first admin), the store as one
+user sees it (their runs, batches and uploads; an admin's view holds everyone's), starting
+runs only with one's own uploads, and the ``users`` command."""
+
+from __future__ import annotations
+
+import io
+import stat
+
+import pytest
+import yaml
+
+from auditlib.access import AccessDenied, Principal
+from auditlib.access.users import (
+    add_user,
+    init_users,
+    principal_of,
+    read_users,
+    remove_user,
+    set_password,
+)
+from auditlib.cli import main
+from auditlib.engine.user_runs import UserRuns
+from auditlib.errors import AuditInputError
+from auditlib.models import ModelSpec
+from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+from auditlib.store import Store
+from auditlib.store.scoped import UserStore
+
+ALICE, BOB, ROOT = Principal("alice"), Principal("bob"), Principal("root", "admin")
+
+# ---------------------------------------------------------------------------- the users file
+
+
+def test_a_user_is_stored_with_a_bcrypt_hash_never_the_password(tmp_path):
+    path = tmp_path / "users.yaml"
+    add_user("carol", "carol-secret-1", "auditor", name="Carol", path=path)
+    text = path.read_text()
+    assert "carol-secret-1" not in text
+    entry = yaml.safe_load(text)["credentials"]["usernames"]["carol"]
+    assert entry["password"].startswith("$2") and entry["roles"] == ["auditor"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    users = read_users(path)
+    assert users.check_password("carol", "carol-secret-1")
+    assert not users.check_password("carol", "carol-secret-2")
+    assert not users.check_password("nobody", "carol-secret-1")
+    set_password("carol", "a-new-password", path=path)
+    assert read_users(path).check_password("carol", "a-new-password")
+
+
+@pytest.mark.parametrize(
+    ("name", "password", "role", "message"),
+    [
+        ("Carol", "long-enough", "auditor", "user name 'Carol': expected 2 to 32 characters"),
+        ("c", "long-enough", "auditor", "expected 2 to 32 characters"),
+        ("carol", "short", "auditor", "at least 8 characters"),
+        ("carol", "x" * 73, "auditor", "at most 72 bytes"),
+        ("carol", "long-enough", "owner", "role 'owner': expected one of auditor, admin"),
+    ],
+)
+def test_bad_users_are_refused_with_what_was_expected(tmp_path, name, password, role, message):
+    path = tmp_path / "users.yaml"
+    with pytest.raises(AuditInputError, match=message):
+        add_user(name, password, role, path=path)
+    assert not path.exists()
+
+
+def test_the_first_admin_is_created_once_and_the_last_admin_stays(tmp_path):
+    path = tmp_path / "users.yaml"
+    password = init_users(path)
+    assert password and len(password) >= 16
+    assert read_users(path).check_password("admin", password)
+    assert init_users(path) is None  # never again, nothing changes
+    add_user("dave", "dave-password", "auditor", path=path)
+    with pytest.raises(AuditInputError, match="exists"):
+        add_user("dave", "other-password", "auditor", path=path)
+    with pytest.raises(AuditInputError, match="last admin"):
+        remove_user("admin", path=path)
+    remove_user("dave", path=path)
+    assert principal_of("dave", path) is None  # a removed user is nobody at once
+    assert principal_of("admin", path) == Principal("admin", "admin")
+
+
+def test_a_damaged_or_plain_text_users_file_is_refused(tmp_path):
+    path = tmp_path / "users.yaml"
+    with pytest.raises(AuditInputError, match="python -m auditlib users init"):
+        read_users(path)
+    path.write_text("credentials: [1, 2")
+    with pytest.raises(AuditInputError, match="cannot be read"):
+        read_users(path)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "credentials": {"usernames": {"eve": {"password": "plain", "roles": ["admin"]}}},
+                "cookie": {"key": "k" * 40},
+            }
+        )
+    )
+    with pytest.raises(AuditInputError, match="must be a bcrypt hash, never plain text"):
+        read_users(path)
+
+
+# ---------------------------------------------------------------- the store as a user sees it
+
+SPEC = {"attack": {"name": "dlg"}, "data": {"source": "asset", "location": "x"}}
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(f"sqlite:///{tmp_path / 'audit.db'}") as opened:
+        yield opened
+
+
+def test_each_user_sees_only_their_runs_and_an_admin_sees_all(store):
+    mine = store.create_run(SPEC, "spec-a", "alice's", owner="alice")
+    theirs = store.create_run(SPEC, "spec-a", "bob's", owner="bob")
+    before = store.create_run(SPEC, "spec-a", "before sign-in")
+    alice, bob, root = UserStore(store, ALICE), UserStore(store, BOB), UserStore(store, ROOT)
+
+    assert [r.id for r in alice.list_runs()] == [mine]
+    assert [r.id for r in bob.list_runs()] == [theirs]
+    assert {r.id for r in root.list_runs()} == {mine, theirs, before}
+    assert alice.get_run(mine).owner == "alice"
+    with pytest.raises(AccessDenied, match="belongs to another user; you are signed in as 'bob'"):
+        bob.get_run(mine)
+    with pytest.raises(AccessDenied, match="recorded before sign-in"):
+        alice.get_run(before)
+    for read in (bob.events, bob.latest_event, bob.delete_run):
+        with pytest.raises(AccessDenied):
+            read(mine)
+    with pytest.raises(AccessDenied):
+        bob.image(mine, "live")
+    assert store.get_run(mine) is not None  # a refused delete deleted nothing
+    # A spec's standing run is the user's own: bob's comparison never stands on alice's run.
+    assert alice.runs_for_specs(["spec-a"])["spec-a"].id == mine
+    assert bob.runs_for_specs(["spec-a"])["spec-a"].id == theirs
+    assert root.runs_for_specs(["spec-a"], owner="alice")["spec-a"].id == mine
+    with pytest.raises(AccessDenied):
+        bob.runs_for_specs(["spec-a"], owner="alice")
+
+
+def test_batches_belong_to_their_owner(store):
+    alice, bob, root = UserStore(store, ALICE), UserStore(store, BOB), UserStore(store, ROOT)
+    batch_id = alice.create_batch("comparison", "mine", {"members": []})
+    assert [b.id for b in alice.list_batches()] == [batch_id]
+    assert bob.list_batches() == [] and [b.id for b in root.list_batches()] == [batch_id]
+    with pytest.raises(AccessDenied, match=f"comparison {batch_id} belongs to another user"):
+        bob.get_batch(batch_id)
+    with pytest.raises(AccessDenied):
+        bob.delete_batch(batch_id)
+    assert root.get_batch(batch_id).owner == "alice"
+    alice.delete_batch(batch_id)
+    assert store.get_batch(batch_id) is None
+
+
+def test_an_upload_is_its_uploaders_and_goes_when_nobody_needs_it(store):
+    alice, bob = UserStore(store, ALICE), UserStore(store, BOB)
+    sha = alice.put_asset("images", "private.zip", b"alice's private images")
+    assert [a.sha256 for a in alice.list_assets()] == [sha] and bob.list_assets() == []
+    with pytest.raises(AccessDenied, match=r"the upload .* belongs to another user"):
+        bob.get_asset(sha)
+    # The same bytes uploaded by bob: one row, two claims (he holds the file anyway).
+    assert bob.put_asset("images", "mine.zip", b"alice's private images") == sha
+    assert bob.get_asset(sha).data == b"alice's private images"
+    # alice deletes her upload: her claim goes, bob's keeps the bytes.
+    alice.delete_asset(sha)
+    assert store.asset_owners(sha) == {"bob"}
+    with pytest.raises(AccessDenied):
+        alice.get_asset(sha)
+    assert bob.delete_asset(sha).sha256 == sha  # the last claim: the bytes go
+    assert store.get_asset_info(sha) is None
+
+
+def test_deleting_a_run_keeps_an_upload_another_user_holds(store):
+    alice, bob = UserStore(store, ALICE), UserStore(store, BOB)
+    sha = alice.put_asset("model", "w.safetensors", b"weights")
+    bob.put_asset("model", "w.safetensors", b"weights")
+    spec = {"model": {"weights_asset": sha}}
+    run_id = store.create_run(spec, "s", owner="alice")
+    with pytest.raises(AuditInputError, match="used by 1 of your stored run"):
+        alice.delete_asset(sha)
+    assert alice.delete_run(run_id) == []  # bob still holds it: kept
+    assert store.asset_owners(sha) == {"bob"} and store.get_asset_info(sha) is not None
+
+
+class _Manager:
+    """Stands in for the Ray run manager: records what it was asked to start."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.started = store, []
+
+    def start(self, spec, assets=None, title="", *, owner=None):
+        self.started.append((spec, owner))
+        return self.store.create_run(spec.to_dict(), "id", title, owner=owner)
+
+    def cancel(self, run_id):
+        self.started.append(("cancel", run_id))
+
+
+def test_a_run_starts_as_its_users_with_their_own_uploads_only(store):
+    manager = _Manager(store)
+    alice, bob = UserRuns.of(manager, ALICE), UserRuns.of(manager, BOB)
+    sha = alice.store.put_asset("images", "private.zip", b"private")
+    spec = RunSpec(
+        model=ModelRef(ModelSpec("lenet")),
+        data=DataSpec("asset", sha, batch_size=1),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("dlg"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(2),
+    )
+    with pytest.raises(AccessDenied, match="belongs to another user"):
+        bob.start(spec, {sha: b"private"})
+    assert manager.started == []
+    run_id = alice.start(spec, {sha: b"private"})
+    assert store.get_run(run_id).owner == "alice"
+    with pytest.raises(AccessDenied):
+        bob.cancel(run_id)
+    alice.cancel(run_id)
+    assert manager.started[-1] == ("cancel", run_id)
+
+
+# ------------------------------------------------------------------------- the users command
+
+
+def test_the_users_command_creates_the_first_admin_and_manages_users(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "users.yaml"
+    monkeypatch.setenv("AUDIT_USERS_FILE", str(path))
+    assert main(["users", "init"]) == 0
+    shown = capsys.readouterr().out
+    password = shown.split("Sign in with the password")[1].split()[0]
+    assert read_users(path).check_password("admin", password)
+    assert main(["users", "init"]) == 0
+    assert password not in capsys.readouterr().out  # shown once only
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("frank-password\n"))
+    assert main(["users", "add", "frank", "--role", "auditor", "--password-stdin"]) == 0
+    assert read_users(path).check_password("frank", "frank-password")
+    assert main(["users", "list"]) == 0
+    assert "frank\tauditor" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert main(["users", "passwd", "frank", "--password-stdin"]) == 2
+    assert "at least 8 characters" in capsys.readouterr().err
+    assert main(["users", "remove", "frank"]) == 0
+    assert "frank" not in read_users(path).users
