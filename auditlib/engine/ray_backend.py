@@ -2,8 +2,11 @@
 
 With no address, ``ray.init()`` starts an embedded local instance (the default); with
 ``AUDIT_RAY_ADDRESS`` (or an explicit address) the dashboard joins an existing cluster and
-runs on its workers, a CUDA run asking for one GPU (``num_gpus=1``). The task yields the
-plain messages of :mod:`auditlib.engine.stream`; workers never touch the database.
+runs on its workers, a CUDA run asking for one GPU (``num_gpus=1``). Joining a cluster, the
+dashboard ships this ``auditlib`` package to the workers itself, as the job's runtime_env
+``py_modules`` (:func:`cluster_runtime_env`): a worker node needs the pinned requirements
+(torch, ...) on the same Python, not this package. The task yields the plain messages of
+:mod:`auditlib.engine.stream`; workers never touch the database.
 
 Cancellation is cooperative first: the dashboard marks the run on a small named actor
 (the cancel board), a watcher thread in the task asks the board, and the running attack
@@ -54,6 +57,27 @@ def ray_address() -> str | None:
     return os.environ.get("AUDIT_RAY_ADDRESS") or None
 
 
+# Left behind when the package is shipped to a cluster: byte code (each worker compiles its
+# own, for its own Python).
+SHIP_EXCLUDES = ("__pycache__", "*.pyc")
+
+
+def package_dir() -> str:
+    """The folder of the ``auditlib`` package this process imports (the one shipped)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cluster_runtime_env() -> dict[str, Any]:
+    """The runtime_env of the dashboard's job on a cluster: Ray zips ``auditlib`` once, puts
+    it in the cluster's GCS, and every node unpacks it and puts it on its workers' path, so a
+    worker started by ``ray start`` anywhere imports the dashboard's own code."""
+    return {
+        "py_modules": [package_dir()],
+        "excludes": list(SHIP_EXCLUDES),
+        "env_vars": {"RAY_USAGE_STATS_ENABLED": "0"},
+    }
+
+
 # Ray's local processes (GCS, raylet) are started with PR_SET_PDEATHSIG: Linux kills them
 # when the *thread* that started them ends. Streamlit runs each script run in a thread that
 # ends with the run, so ray.init runs in a keeper thread that then waits for ever (a daemon
@@ -68,10 +92,10 @@ def _keep_ray(address: str | None) -> None:
         address = address or ray_address()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, runtime_env=cluster_runtime_env())
         else:
             # Workers import auditlib from this checkout; the dashboard is their only driver.
-            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            root = os.path.dirname(package_dir())
             ray.init(
                 num_cpus=local_cpus(),
                 include_dashboard=False,
