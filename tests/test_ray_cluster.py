@@ -29,6 +29,10 @@ whole machine and would stop every other Ray instance there (another test sessio
 included). Each node runs as ``ray start --block`` instead, whose processes share its fate
 (Ray starts them with PR_SET_PDEATHSIG, and it stops them itself on SIGTERM); the fixture
 ends those two processes by pid, then any of their descendants still alive.
+
+Why one file over 400 lines: its tests share one cluster (a module-scoped fixture; each
+cluster costs seconds to start) and the /proc helpers that start, inspect and stop it by
+pid; split, each part would start a cluster of its own.
 """
 
 from __future__ import annotations
