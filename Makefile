@@ -10,6 +10,9 @@ PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
 export RAY_USAGE_STATS_ENABLED := 0
+# The embedded Ray (no AUDIT_RAY_ADDRESS) in Ray's single-machine mode: its servers bind to
+# 127.0.0.1 instead of every interface (read by Ray at import, so set for the process).
+EMBEDDED_RAY_LOCAL := $(if $(AUDIT_RAY_ADDRESS),,RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)
 
 .PHONY: setup system-deps run test test-fast lint format bench reproduce verdicts walk
 
@@ -26,7 +29,7 @@ system-deps:
 # The first start creates the users file with an admin and prints its password once.
 run: setup
 	$(BIN)/python -m auditlib users init
-	$(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
+	$(EMBEDDED_RAY_LOCAL) $(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
 		--server.headless true --browser.gatherUsageStats false --server.maxUploadSize 512 \
 		--server.fileWatcherType none
 

@@ -13,6 +13,7 @@ when it does not hold (a comparison that does not finish, a utility at chance).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,10 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from auditlib.access.users import add_user  # noqa: E402
 from auditlib.engine.batches import batch_state  # noqa: E402
 from auditlib.store import Store  # noqa: E402
 from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, Server  # noqa: E402
 
+WALKER, WALKER_PASSWORD = "walker", "walker-password"
 COMPARE_TIMEOUT_MS = 40 * 60_000
 SWEEP_TIMEOUT_MS = 40 * 60_000
 RUN_TIMEOUT_MS = 8 * 60_000
@@ -122,6 +125,9 @@ def main() -> int:
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="walk-"))
+    users = data / "users.yaml"  # one auditor, signed in through the dashboard's form
+    add_user(WALKER, WALKER_PASSWORD, "auditor", path=users)
+    os.environ["AUDIT_USERS_FILE"] = str(users)
     server = Server(data / "data")
     summary: dict[str, object] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     server.start()
@@ -147,8 +153,11 @@ def main() -> int:
 
 def _walk(page, url: str, data: Path) -> dict[str, object]:
     out: dict[str, object] = {}
-    # 1. Setup: LeNet, the bundled photographs, Classes 100.
+    # 1. Sign in; Setup: LeNet, the bundled photographs, Classes 100.
     page.goto(url)
+    page.get_by_label("User name").fill(WALKER)
+    page.get_by_label("Password", exact=True).fill(WALKER_PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
     page.get_by_role("heading", name="Setup").wait_for()
     _set_number(page, "Classes", 100, page)
     _shot(page, "1_setup")

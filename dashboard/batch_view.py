@@ -26,6 +26,7 @@ from auditlib.report.charts import (
 )
 from auditlib.report.subject import batch_subject, run_rows, success_curves, utility_caveat
 from auditlib.store import TIMED_OUT, UNFINISHED
+from auditlib.words import count_of
 from dashboard.batch_table import (  # display_rows: also tests/test_report.py's entry point
     chance_accuracy,
     display_rows,
@@ -246,6 +247,23 @@ def _report(kind: str, batch_id: str) -> None:
         st.session_state[f"{kind}.error"] = f"The report could not be built: {exc}"
 
 
+def _delete(kind: str, batch_id: str) -> None:
+    store = get_store()
+    batch = store.get_batch(batch_id)
+    if batch is None:
+        return
+    try:
+        runs, freed = batches.delete(store, batch)
+    except AuditInputError as exc:
+        st.session_state[f"{kind}.error"] = f"Not deleted: {exc}"
+        return
+    _set_url_state(kind, None)
+    uploads = f" and {count_of(len(freed), 'upload')} no other run used" if freed else ""
+    st.session_state[f"{kind}.deleted"] = (
+        f"Deleted the {kind} {batch_id[:8]} with {count_of(runs, 'run')}{uploads}."
+    )
+
+
 def _close(kind: str) -> None:
     _set_url_state(kind, None)
 
@@ -293,10 +311,20 @@ def _batch_view(kind: str, batch_id: str) -> None:
             mime="application/pdf",
             key=f"{kind}.download",
         )
+    with st.popover("Delete…"):
+        st.write(
+            f"Delete this {kind} with its runs, their events and images, and the uploads no "
+            "other run uses? Runs another of your comparisons or sweeps stands on stay. "
+            "This cannot be undone."
+        )
+        st.button("Delete", key=f"{kind}.delete", on_click=_delete, args=(kind, batch_id))
 
 
 def open_batch(kind: str) -> None:
     """The reopen picker, then the open comparison or sweep (``?comparison=`` / ``?sweep=``)."""
+    deleted = st.session_state.pop(f"{kind}.deleted", None)
+    if deleted:
+        st.success(deleted)
     stored = _batch_picker(kind)
     batch_id = st.session_state.get(kind)
     if batch_id:

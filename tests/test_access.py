@@ -243,3 +243,77 @@ def test_the_users_command_creates_the_first_admin_and_manages_users(tmp_path, m
     assert "at least 8 characters" in capsys.readouterr().err
     assert main(["users", "remove", "frank"]) == 0
     assert "frank" not in read_users(path).users
+
+
+# ------------------------------------------------------------------------------- retention
+
+
+def test_runs_batches_and_uploads_expire_after_the_retention_period(store, monkeypatch):
+    from datetime import timedelta
+
+    from auditlib.store.convert import utcnow
+    from auditlib.store.retention import expire, retention_days, where_and_how_long
+
+    assert retention_days() is None and expire(store) == (0, 0, ())
+    assert "kept until its owner or an admin deletes it" in where_and_how_long(store)
+    sha = store.put_asset("images", "old.zip", b"old images", owner="alice")
+    kept = store.put_asset("images", "kept.zip", b"kept images", owner="alice")
+    old_run = store.create_run({"data": {"source": "asset", "location": kept}}, "s", owner="alice")
+    store.finish(old_run, "failed", error="x")
+    running = store.create_run(SPEC, "s", owner="alice")
+    store.create_batch("sweep", "old", {"members": []}, owner="alice")
+    # Everything so far ended "now"; expiring at 0.5 s ago keeps it, at a day ahead removes it.
+    assert expire(store, days=0.5 / 86400) == (0, 0, ())
+    later = utcnow() + timedelta(days=1)
+    runs, batches, uploads = store.delete_older_than(later)
+    assert (runs, batches) == (1, 1)  # the finished run; the running one stays
+    assert {u.sha256 for u in uploads} == {sha, kept}  # its upload went with it
+    assert store.get_run(running) is not None and store.get_run(old_run) is None
+    assert store.asset_owners(sha) == set()
+
+    monkeypatch.setenv("AUDIT_RETENTION_DAYS", "30")
+    assert retention_days() == 30.0
+    assert "kept 30 days after a run ends" in where_and_how_long(store)
+    for bad in ("0", "-1", "soon", "nan"):
+        monkeypatch.setenv("AUDIT_RETENTION_DAYS", bad)
+        with pytest.raises(AuditInputError, match="expected a positive number of days"):
+            retention_days()
+
+
+def test_deleting_a_batch_deletes_its_runs_but_not_those_another_batch_stands_on(store):
+    from auditlib.engine import batches
+    from auditlib.engine.identity import run_identity
+
+    alice = UserStore(store, ALICE)
+    base = RunSpec(
+        model=ModelRef(ModelSpec("lenet")),
+        data=DataSpec("samples", "photographs", batch_size=1),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("dlg"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(2),
+    )
+    plain, noisy = ComponentSpec.of("none"), ComponentSpec.of("dp-gaussian", {"sigma": "0.1"})
+    first = batches.record_batch(
+        alice, "comparison", "first", batches.comparison_members(base, [plain, noisy])
+    )
+    second = batches.record_batch(
+        alice, "comparison", "second", batches.comparison_members(base, [plain])
+    )
+    runs = {}
+    for member in batches.members_of(alice.get_batch(first)):
+        runs[member.series] = store.create_run(
+            member.spec.to_dict(), run_identity(member.spec), owner="alice"
+        )
+        store.finish(runs[member.series], "failed", error="stopped")
+    unfinished = store.create_run(base.to_dict(), "other", owner="alice")
+
+    gone, freed = batches.delete(alice, alice.get_batch(first))
+
+    assert gone == 1 and freed == []  # the noisy run; "none" is the second batch's member
+    assert store.get_run(runs["dp-gaussian"]) is None
+    assert store.get_run(runs["none"]) is not None and store.get_run(unfinished) is not None
+    assert alice.get_batch(first) is None and alice.get_batch(second) is not None
+    with pytest.raises(AccessDenied):  # bob cannot delete alice's batch
+        batches.delete(UserStore(store, BOB), alice.get_batch(second))
+    assert alice.get_batch(second) is not None

@@ -41,3 +41,10 @@ def test_the_first_start_creates_the_first_admin_before_the_server():
     init = next(i for i, line in enumerate(lines) if "-m auditlib users init" in line)
     serve = next(i for i, line in enumerate(lines) if "streamlit run app.py" in line)
     assert init < serve
+
+
+def test_the_embedded_ray_binds_to_this_machine_only():
+    # Ray's single-machine mode keeps its servers on 127.0.0.1; a cluster (AUDIT_RAY_ADDRESS)
+    # is joined as it is.
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in make_run_command()
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in make_run_command("AUDIT_RAY_ADDRESS=h:1")

@@ -293,9 +293,11 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
     # What the dp-gaussian run's epsilon is about: its neighbours, and no amplification.
     assert "one example replaced (sensitivity 2 x clip)" in flat(text)
     assert "no amplification by subsampling" in flat(text)
-    # Reproducibility: the spec hashes of both runs.
+    # Reproducibility: the spec hashes of both runs; where the data lives and how long.
     for entry in subject.entries:
         assert entry.run.spec_id in text
+    assert "Where the data lives" in text
+    assert "kept until its owner or an admin deletes it" in flat(text)
     # Images: one original-over-reconstruction pair per private image per run (16 x 16 at
     # scale 4), and the charts where Chromium could draw them.
     images = pdf_images(out)

@@ -228,3 +228,30 @@ def cancel(manager: Any, batch: BatchRecord) -> list[str]:
             manager.cancel(state.run.id)
             stopping.append(state.run.id)
     return stopping
+
+
+def delete(store: Store, batch: BatchRecord) -> tuple[int, list]:
+    """Delete the batch with its runs (the runs that stand for its members, and their
+    undefended controls) and the uploads no other run uses; runs another of the owner's
+    batches stands on stay. Refused while one of its runs is unfinished. Returns how many
+    runs went and the uploads deleted."""
+    states = batch_state(store, batch)
+    if any(s.run is not None and s.run.status in UNFINISHED for s in states):
+        raise AuditInputError(f"the {batch.kind} still has runs in progress; cancel them first")
+    kept: set[str] = set()
+    for other in store.list_batches(limit=10_000):
+        if other.id != batch.id and other.owner == batch.owner:
+            kept |= _runs_of(store, other)
+    freed = []
+    gone = sorted(_runs_of(store, batch) - kept)
+    for run_id in gone:
+        freed += store.delete_run(run_id)
+    store.delete_batch(batch.id)
+    return len(gone), freed
+
+
+def _runs_of(store: Store, batch: BatchRecord) -> set[str]:
+    """The runs a batch stands on: its members' and their undefended controls'."""
+    specs = [m.spec for m in members_of(batch)]
+    specs += [c for spec in specs if (c := spec.control()) is not None]
+    return {run.id for run in stored_runs(store, specs, of=batch) if run is not None}

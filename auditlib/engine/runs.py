@@ -32,6 +32,7 @@ from auditlib.engine.messages import (
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
 from auditlib.store import Store
+from auditlib.store.retention import expire
 
 HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
 
@@ -62,6 +63,7 @@ class RunManager:
         self.orphans_failed = store.fail_unfinished(
             "the dashboard stopped while this run was in progress; its worker is gone"
         )
+        self.expired = expire(store)  # AUDIT_RETENTION_DAYS: what has been kept long enough
         # Ray starts (about 4 s) and warms a worker in the background, so the first Start
         # does not wait for either; start() waits for it.
         ray_backend.start_ray(ray_address)
@@ -83,6 +85,7 @@ class RunManager:
         build_defense(spec.defense.name, spec.defense.params_dict())
         ray_backend.ensure_ray(self.ray_address)
         ray_backend.require_device(spec, self.ray_address)
+        expire(self.store)
         run_id = self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
         with self._lock:
             if self._board is None:

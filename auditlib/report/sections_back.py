@@ -100,6 +100,8 @@ def appendix(b: Builder) -> list[Flowable]:
     ]
     pairs.append(("This report", facts_back.report_versions()))
     out += [b.p("Versions", "h2"), b.plain_pairs(pairs)]
+    if b.subject.storage:
+        out += [b.p("Where the data lives", "h2"), b.p(esc(b.subject.storage))]
     lines = facts_back.spec_lines(b.reference)
     if lines:
         shared = (

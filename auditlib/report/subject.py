@@ -23,6 +23,7 @@ from auditlib.metrics.verdict import Outcome, Verdict
 from auditlib.result import AuditSummary, UtilityRecord, UtilityUnavailable
 from auditlib.spec import RunSpec, run_spec_from_dict
 from auditlib.store import RECONSTRUCTION, RunRecord, Store
+from auditlib.store.retention import where_and_how_long
 
 SPEC_ERRORS = (AuditInputError, KeyError, TypeError, ValueError)  # a spec of an older version
 
@@ -61,6 +62,7 @@ class ReportSubject:
     title: str
     created_at: datetime
     entries: tuple[ReportEntry, ...]
+    storage: str = ""  # where the audit's data lives and for how long (store.retention)
 
 
 def read_result(run: RunRecord | None) -> tuple[AuditSummary | None, str | None]:
@@ -143,7 +145,8 @@ def run_subject(store: Store, run_id: str) -> ReportSubject:
     spec = read_spec(run, result)
     defense = spec.defense.name if spec is not None else result.defense if result else "?"
     entry = _entry(store, run.title or defense, defense, None, None, run)
-    return ReportSubject("run", run.id, run.title or f"run {run.id[:8]}", run.created_at, (entry,))
+    title = run.title or f"run {run.id[:8]}"
+    return ReportSubject("run", run.id, title, run.created_at, (entry,), where_and_how_long(store))
 
 
 def batch_subject(store: Store, batch_id: str) -> ReportSubject:
@@ -155,7 +158,14 @@ def batch_subject(store: Store, batch_id: str) -> ReportSubject:
         for s in batch_state(store, batch)
     )
     kind: Literal["comparison", "sweep"] = "sweep" if batch.kind == "sweep" else "comparison"
-    return ReportSubject(kind, batch.id, batch.title or batch.kind, batch.created_at, entries)
+    return ReportSubject(
+        kind,
+        batch.id,
+        batch.title or batch.kind,
+        batch.created_at,
+        entries,
+        where_and_how_long(store),
+    )
 
 
 # ------------------------------------------------------------------------------ one run's row

@@ -27,6 +27,7 @@ import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, delete, func, select, update
@@ -473,6 +474,37 @@ class Store:
         s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha256))
         s.execute(delete(Asset).where(Asset.sha256 == sha256))
         return info
+
+    def delete_older_than(self, cutoff: datetime) -> tuple[int, int, tuple[AssetInfo, ...]]:
+        """Retention: delete finished runs that ended before ``cutoff``, batches made before
+        it, then uploads made before it that no remaining run uses; returns the counts and
+        the uploads deleted. Unfinished runs stay."""
+        with self._session(write=True) as s:
+            old = list(
+                s.scalars(
+                    select(Run.id).where(Run.status.in_(sorted(FINISHED)), Run.finished_at < cutoff)
+                )
+            )
+            for run_id in old:
+                s.execute(delete(RunAsset).where(RunAsset.run_id == run_id))
+                s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
+                s.execute(delete(RunImage).where(RunImage.run_id == run_id))
+                s.execute(delete(Run).where(Run.id == run_id))
+            batches = cast(
+                CursorResult[Any], s.execute(delete(Batch).where(Batch.created_at < cutoff))
+            )
+            used = select(RunAsset.sha256)
+            stale = list(
+                s.scalars(
+                    select(Asset.sha256).where(Asset.created_at < cutoff, Asset.sha256.not_in(used))
+                )
+            )
+            uploads = []
+            for sha in stale:
+                s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha))
+                if (info := self._delete_unused_asset(s, sha)) is not None:
+                    uploads.append(info)
+            return len(old), int(batches.rowcount or 0), tuple(uploads)
 
     # ---------------------------------------------------------------- runs: reads
 
