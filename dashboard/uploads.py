@@ -14,6 +14,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from auditlib.access import AccessDenied
 from auditlib.data import DEFAULT_LIMITS, LabelledImages, images_zip, load_image_uploads, load_zip
 from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
@@ -112,7 +113,9 @@ def weights_upload(errors: list[str]) -> None:
             return
     sha = st.session_state.get("weights")
     if sha:
-        asset = get_store().get_asset_info(sha)
+        asset = _linked_asset("weights", sha, errors)
+        if asset is REFUSED:
+            return
         name = asset.name if asset is not None else "unknown file"
         size = size_text(asset.size) if asset is not None else "?"
         col_text, col_button = st.columns([4, 1])
@@ -163,6 +166,20 @@ def _weights_howto(setup, spec) -> None:
         "The classes, the input size and the channels above must be the ones the weights "
         "were trained with; the upload is checked against them at once."
     )
+
+
+REFUSED = object()  # _linked_asset: the upload is someone else's
+
+
+def _linked_asset(kind: str, sha: str, errors: list[str]):
+    """The upload the session (or its link) names: its info, None when it is not stored, or
+    REFUSED when it is another user's (said on the page, and dropped from the setup)."""
+    try:
+        return get_store().get_asset_info(sha)
+    except AccessDenied as exc:
+        set_url_state(kind, None)
+        _inline_error(errors, f"This link's {kind} cannot be used: {exc}")
+        return REFUSED
 
 
 def _remove(kind: str) -> None:
@@ -258,7 +275,9 @@ def images_upload(errors: list[str]) -> None:
     sha = st.session_state.get("images")
     if not sha:
         return
-    asset = get_store().get_asset_info(sha)
+    asset = _linked_asset("images", sha, errors)
+    if asset is REFUSED:
+        return
     if asset is None:
         _inline_error(
             errors,
@@ -279,3 +298,48 @@ def images_upload(errors: list[str]) -> None:
         key=persist(upload_count_key(sha), min(total, MAX_UPLOAD_BATCH)),
         help=f"The first images, in file-name order (at most {MAX_UPLOAD_BATCH} in one batch).",
     )
+
+
+def stored_uploads() -> None:
+    """The signed-in user's uploads in the store (an admin's: everyone's), with Delete: an
+    upload their runs use stays (the runs name it), one nobody else holds goes."""
+    note = st.session_state.pop("_stored_deleted", None)
+    if note:
+        st.success(note)
+    store = get_store()
+    assets = store.list_assets()
+    with st.expander(f"Your uploads in the store ({len(assets)})"):
+        if not assets:
+            st.caption("None yet: weights and images you upload above are kept here.")
+            return
+        st.dataframe(
+            [
+                {
+                    "name": a.name,
+                    "kind": a.kind,
+                    "size": size_text(a.size),
+                    "uploaded": f"{a.created_at.astimezone():%Y-%m-%d %H:%M}",
+                    "your runs using it": store.runs_using_asset(a.sha256),
+                    "sha256": a.sha256[:12],
+                }
+                for a in assets
+            ],
+            hide_index=True,
+        )
+        names = {a.sha256: f"{a.name} ({a.kind}, {a.sha256[:12]})" for a in assets}
+        sha = st.selectbox("Upload", list(names), format_func=names.__getitem__, key="_stored")
+        if st.button("Delete this upload", key="_stored_delete"):
+            try:
+                deleted = store.delete_asset(sha)
+            except AuditInputError as exc:
+                st.error(f"Not deleted: {exc}")
+                return
+            for kind in ("weights", "images"):
+                if st.session_state.get(kind) == sha:
+                    set_url_state(kind, None)
+            st.session_state["_stored_deleted"] = (
+                f"Deleted {deleted.name} from the store."
+                if deleted
+                else "Your claim to it is gone; another user's upload of the same file stays."
+            )
+            st.rerun()

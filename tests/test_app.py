@@ -950,3 +950,34 @@ def test_the_scenario_choices_come_from_the_protocol_and_the_registry(dashboard_
 def test_url_ids_are_checked(value):
     assert not url_state.is_url_id("run", value)
     assert url_state.is_url_id("run", "0" * 32)
+
+
+def test_each_user_sees_and_deletes_only_their_own_uploads(dashboard_store):
+    """Setup lists the signed-in user's uploads; another user's upload is not listed, and
+    its link is refused with a message that says whose it is not."""
+    from auditlib.access import Principal
+    from auditlib.store.scoped import UserStore
+
+    store, _ = dashboard_store
+    mine = store.put_asset("model", "mine.safetensors", _lenet_weights(10))
+    theirs = UserStore(store.raw, Principal("bob")).put_asset("model", "bobs.safetensors", b"w")
+    at = _app()
+    assert not at.exception
+    assert any(e.label == "Your uploads in the store (1)" for e in at.expander)
+    assert list(at.dataframe[0].value["name"]) == ["mine.safetensors"]
+    # bob's upload by its link: refused, not shown.
+    linked = _app(weights=theirs)
+    assert any("belongs to another user" in e.value for e in linked.error), (
+        _errors(linked),
+        [str(x.value)[:300] for x in linked.exception],
+        [w.value for w in linked.warning],
+    )
+    # Deleting mine (no run uses it) removes it from the store.
+    at.selectbox(key="_stored").set_value(mine)
+    at.button(key="_stored_delete").click().run()
+    assert not at.exception
+    assert store.raw.get_asset_info(mine) is None
+    assert any("Deleted mine.safetensors" in s.value for s in at.success)
+    assert store.raw.get_asset_info(theirs) is not None
+    root = _app(user="root")
+    assert any(e.label == "Your uploads in the store (1)" for e in root.expander)  # bob's

@@ -70,7 +70,11 @@ class UserStore:
         return self.raw.list_assets(kind, owner=owner)
 
     def runs_using_asset(self, sha256: str) -> int:
-        return self.raw.runs_using_asset(sha256) if self._check_asset(sha256) else 0
+        """How many of the user's runs use it (an admin: everyone's)."""
+        if not self._check_asset(sha256):
+            return 0
+        owner = None if self.principal.is_admin else self.principal.username
+        return self.raw.runs_using_asset(sha256, owner=owner)
 
     def delete_asset(self, sha256: str) -> AssetInfo | None:
         """An admin deletes the upload (when no run uses it); a user gives up their claim,

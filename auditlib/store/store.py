@@ -412,10 +412,12 @@ class Store:
             s.execute(delete(Run).where(Run.id == run_id))
             return [info for sha in used if (info := self._delete_unused_asset(s, sha, owner))]
 
-    def runs_using_asset(self, sha256: str) -> int:
-        """How many stored runs use the upload ``sha256``."""
+    def runs_using_asset(self, sha256: str, *, owner: str | None = None) -> int:
+        """How many stored runs (of ``owner``, if given) use the upload ``sha256``."""
+        query = select(func.count()).select_from(RunAsset).where(RunAsset.sha256 == sha256)
+        if owner is not None:
+            query = query.join(Run, Run.id == RunAsset.run_id).where(Run.owner == owner)
         with self._session() as s:
-            query = select(func.count()).select_from(RunAsset).where(RunAsset.sha256 == sha256)
             return int(s.scalar(query) or 0)
 
     def delete_asset(self, sha256: str) -> AssetInfo | None:

@@ -30,7 +30,7 @@ from dashboard.state import (
     STEMS,
     persist,
 )
-from dashboard.uploads import images_upload, weights_upload
+from dashboard.uploads import images_upload, stored_uploads, weights_upload
 
 THUMBNAIL = 112  # pixels
 SOURCE_LABELS = {"samples": "Bundled sample set", "upload": "My own images"}
@@ -195,6 +195,7 @@ def main() -> None:
     errors += more_errors
     if not errors and not missing:
         st.page_link(LAB.path, label="Continue to the Attack lab", icon=":material/science:")
+    stored_uploads()
 
 
 main()
