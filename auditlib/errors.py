@@ -11,3 +11,7 @@ class AuditInputError(ValueError):
 
 class AttackUnsupportedError(AuditInputError):
     """The chosen attack cannot run against the chosen scenario or defense."""
+
+
+class RunCancelledError(Exception):
+    """The run was cancelled before any attack started: it ends cancelled, without scores."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' conftest
 
 from auditlib.access.users import add_user  # noqa: E402
 from auditlib.engine.batches import batch_state  # noqa: E402

@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' conftest
 
 from auditlib.access.users import add_user  # noqa: E402
 from auditlib.store import Store  # noqa: E402
@@ -80,17 +81,19 @@ def _refresh_latencies(page, url: str, refreshes: int, deadline: float) -> list[
     return out
 
 
-def _listed_titles(page, url: str) -> tuple[int, set[str]]:
-    """What History lists now: its count and the titles in the "Open a run" picker."""
+def _history_count(page, url: str) -> int:
+    """How many runs the session's History lists."""
     page.goto(f"{url}/history")
     caption = page.get_by_text("newest first")
     caption.wait_for()
-    count = int(caption.inner_text().split(" run(s)")[0])
-    page.locator('[data-testid="stSelectbox"]').last.click()
-    page.get_by_role("option").first.wait_for()
-    options = page.get_by_role("option").all_inner_texts()
-    page.keyboard.press("Escape")
-    return count, {o.split(" · ")[1] for o in options}
+    return int(caption.inner_text().split(" run(s)")[0])
+
+
+def _refused(page, url: str, run_id: str) -> bool:
+    """Whether the session's link to ``run_id`` (another user's) is refused on the page."""
+    page.goto(f"{url}/lab?run={run_id}")
+    page.get_by_text("This run cannot be opened").wait_for(timeout=60_000)
+    return page.get_by_text("belongs to another user").count() > 0
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -121,7 +124,8 @@ def main() -> int:
     server.start()
     started = time.monotonic()
     latencies: dict[str, list[float]] = {}
-    listed: dict[str, tuple[int, set[str]]] = {}
+    listed: dict[str, int] = {}
+    refused: dict[str, bool] = {}
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -144,8 +148,13 @@ def main() -> int:
                     if all(r.finished for r in store.list_runs(limit=1000)):
                         break
                     time.sleep(2)
-            for user in users:
-                listed[user] = _listed_titles(pages[user], server.url)
+                owners = {r.id: r.owner for r in store.list_runs(limit=1000)}
+            for i, user in enumerate(users):
+                listed[user] = _history_count(pages[user], server.url)
+                other = users[(i + 1) % len(users)]
+                if other != user:  # a link to the next user's run, opened by this one
+                    theirs = next(r for r, o in owners.items() if o == other)
+                    refused[user] = _refused(pages[user], server.url, theirs)
             browser.close()
     finally:
         server.stop()
@@ -170,11 +179,12 @@ def main() -> int:
                 for kind in ("originals", "reconstruction"):
                     if store.image(run.id, kind) is None:
                         problems.append(f"run {run.id[:8]}: no {kind} image")
-        owned = {u: {r.title for r in runs if r.owner == u} for u in users}
         for user in users:
-            count, titles = listed.get(user, (0, set()))
-            if count != len(owned[user]) or titles - owned[user]:
-                problems.append(f"{user}'s History listed {count} run(s), not only their own")
+            own = sum(r.owner == user for r in runs)
+            if listed.get(user) != own:
+                problems.append(f"{user}'s History listed {listed.get(user)} run(s), not {own}")
+            if len(users) > 1 and not refused.get(user):
+                problems.append(f"{user} opened another user's run by its link")
     for run in runs:  # the cancelled run ends cancelled (or completed, if it was done first)
         right = ("cancelled", "completed") if run.cancel_requested else ("completed",)
         if run.status not in right:
@@ -194,6 +204,8 @@ def main() -> int:
         "refresh_p50_s": round(statistics.median(every), 2) if every else None,
         "refresh_p90_s": round(_percentile(every, 0.9), 2) if every else None,
         "refresh_max_s": round(max(every), 2) if every else None,
+        "history_counts": listed,
+        "links_to_others_refused": refused,
         "problems": problems,
     }
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
@@ -213,7 +225,11 @@ def _table(r: dict) -> str:
         f"| {', '.join(f'{v} {k}' for k, v in sorted(r['statuses'].items()))} | "
         f"{r['events']} | {r['refreshes']} | {r['refresh_p50_s']} s | {r['refresh_p90_s']} s | "
         f"{r['refresh_max_s']} s | {r['wall_s']} s | {lost} |\n\n"
-        f"Machine: {r['machine']}."
+        f"Each session's History listed its own runs only "
+        f"({', '.join(f'{u}: {n}' for u, n in r['history_counts'].items())}), and each "
+        f"session's link to the next user's run was refused "
+        f"({sum(r['links_to_others_refused'].values())} of {len(r['links_to_others_refused'])})."
+        f" Machine: {r['machine']}."
     )
 
 

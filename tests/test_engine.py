@@ -113,6 +113,15 @@ def test_cancellation_gives_a_cancelled_result_with_metrics():
     assert np.isfinite(result.summary.metrics.psnr_mean)
 
 
+def test_a_run_cancelled_before_its_attack_started_ends_cancelled_not_failed():
+    """Cancelled while queued (found by benchmarks/load.py: it used to end "failed" with "no
+    attack could run"): the stream ends with an error message marked cancelled."""
+    spec = spec_for(DataSpec("samples", "photographs", batch_size=1), iterations=50)
+    last = from_wire(list(audit_messages(spec, is_cancelled=lambda: True, lpips_nets=()))[-1])
+    assert isinstance(last, ErrorMessage) and last.cancelled and not last.input_error
+    assert "cancelled before its attack started" in last.message
+
+
 def test_a_time_budget_gives_a_timed_out_result():
     spec = RunSpec(
         model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),

@@ -32,7 +32,7 @@ from auditlib.engine.attack_phase import (
 from auditlib.engine.identity import run_identity
 from auditlib.engine.utility import UtilityProgress, iter_utility
 from auditlib.engine.victim import prepare_victim
-from auditlib.errors import AttackUnsupportedError
+from auditlib.errors import AttackUnsupportedError, RunCancelledError
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
 from auditlib.metrics.catalogue import METRIC_DEFINITION
@@ -143,6 +143,8 @@ def iter_audit(
             yield LiveFrame(event.step, current[order], psnr_mean)
     seconds = time.perf_counter() - started
     ran = [r for r in runs if r.final is not None]
+    if not ran and control.is_cancelled():
+        raise RunCancelledError("cancelled before its attack started; nothing was measured")
     if not ran:
         reasons = "; ".join(f"{r.planned.name}: {r.skipped}" for r in runs)
         raise AttackUnsupportedError(f"no attack could run on this scenario ({reasons})")

@@ -80,6 +80,7 @@ class ErrorMessage:
     message: str
     input_error: bool  # the user's input was refused (not a failure of the tool)
     traceback: str | None = None
+    cancelled: bool = False  # cancelled before anything was measured: not a failure
 
 
 Message = StartMessage | EventMessage | FrameMessage | UtilityMessage | ResultMessage | ErrorMessage

@@ -129,7 +129,8 @@ class RunManager:
                     store.finish(run_id, message.status, summary=message.summary)
                     finished = True
                 elif isinstance(message, ErrorMessage):
-                    store.finish(run_id, "failed", error=message.message)
+                    status = "cancelled" if message.cancelled else "failed"
+                    store.finish(run_id, status, error=message.message)
                     finished = True
         except TaskCancelledError:
             where = (

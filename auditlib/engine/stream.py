@@ -32,7 +32,7 @@ from auditlib.engine.messages import (
     UtilityMessage,
     to_wire,
 )
-from auditlib.errors import AuditInputError
+from auditlib.errors import AuditInputError, RunCancelledError
 from auditlib.grids import comparison_grid, image_row
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
@@ -99,6 +99,8 @@ def _messages(spec, assets, is_cancelled, emit_every, image_every, lpips_nets) -
                 )
     except AuditInputError as exc:
         yield ErrorMessage(str(exc), input_error=True)
+    except RunCancelledError as exc:
+        yield ErrorMessage(str(exc), input_error=False, cancelled=True)
     except Exception as exc:  # the consumer marks the run failed and keeps the error
         yield ErrorMessage(
             f"{type(exc).__name__}: {exc}",
