@@ -340,7 +340,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             # History lists the run.
             page.get_by_role("link", name="History").first.click()
             page.get_by_role("heading", name="History").wait_for()
-            page.get_by_text("2 run(s), newest first").wait_for()
+            page.get_by_text("2 run(s), newest first").first.wait_for()
             page.locator('[data-testid="stDataFrame"] canvas').first.wait_for()
             page.wait_for_timeout(1500)  # the grid draws its cells after the canvas appears
             page.screenshot(path=str(ARTIFACTS / "browser_history.png"), full_page=True)
@@ -547,7 +547,8 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
                 page.get_by_role("heading", name="History").wait_for()
             for user, count in (("alice", 1), ("bob", 1), ("root", 2)):
                 page = pages[user]
-                page.get_by_text(f"{count} run(s), newest first").wait_for()
+                # .first: while History refreshes, its old caption may stand beside the new
+                page.get_by_text(f"{count} run(s), newest first").first.wait_for()
                 page.locator('[data-testid="stSelectbox"]').last.click()  # "Open a run"
                 page.get_by_role("option").first.wait_for()
                 listed = {o.split(" · ")[1] for o in page.get_by_role("option").all_inner_texts()}
