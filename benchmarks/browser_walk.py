@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' c
 from auditlib.access.users import add_user  # noqa: E402
 from auditlib.engine.batches import batch_state  # noqa: E402
 from auditlib.store import Store  # noqa: E402
-from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, Server  # noqa: E402
+from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, Server, sign_in  # noqa: E402
 
 WALKER, WALKER_PASSWORD = "walker", "walker-password"
 COMPARE_TIMEOUT_MS = 40 * 60_000
@@ -156,9 +156,7 @@ def _walk(page, url: str, data: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     # 1. Sign in; Setup: LeNet, the bundled photographs, Classes 100.
     page.goto(url)
-    page.get_by_label("User name").fill(WALKER)
-    page.get_by_label("Password", exact=True).fill(WALKER_PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
+    sign_in(page, WALKER, WALKER_PASSWORD)
     page.get_by_role("heading", name="Setup").wait_for()
     _set_number(page, "Classes", 100, page)
     _shot(page, "1_setup")

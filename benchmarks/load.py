@@ -35,19 +35,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' c
 from auditlib.access.users import add_user  # noqa: E402
 from auditlib.store import Store  # noqa: E402
 from benchmarks.common import machine, replace_section  # noqa: E402
-from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, Server  # noqa: E402
+from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, Server, sign_in  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "load.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 PASSWORD = "load-test-password"
-
-
-def _sign_in(page, url: str, user: str) -> None:
-    page.goto(url)
-    page.get_by_label("User name").fill(user)
-    page.get_by_label("Password", exact=True).fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    page.get_by_text(f"Signed in as {user}").wait_for()
 
 
 def _start_runs(page, url: str, count: int, iterations: int) -> None:
@@ -133,7 +125,8 @@ def main() -> int:
             for user in users:
                 page = browser.new_context(viewport={"width": 1400, "height": 1600}).new_page()
                 page.set_default_timeout(120_000)
-                _sign_in(page, server.url, user)
+                page.goto(server.url)
+                sign_in(page, user, PASSWORD)
                 pages[user] = page
             for i, user in enumerate(users):
                 _start_runs(pages[user], server.url, args.runs_per_session, args.iterations)

@@ -195,10 +195,11 @@ def restartable_server(tmp_path):
         running.log.close()
 
 
-def sign_in(page, user: str) -> None:
-    """Sign in through the dashboard's sign-in form (streamlit-authenticator's)."""
+def sign_in(page, user: str, password: str | None = None) -> None:
+    """Sign in through the dashboard's sign-in form (streamlit-authenticator's); the
+    password is the tests' own for ``user`` unless given."""
     page.get_by_label("User name").fill(user)
-    page.get_by_label("Password", exact=True).fill(USERS[user][1])
+    page.get_by_label("Password", exact=True).fill(password or USERS[user][1])
     page.get_by_role("button", name="Sign in").click()
     page.get_by_text(f"Signed in as {user}").wait_for()
 

@@ -14,7 +14,7 @@ import os
 import re
 import secrets
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -206,13 +206,10 @@ def add_user(
         raise AuditInputError(f"user {username!r} exists; change a password with 'users passwd'")
     user = User(username, role, name, email)
     _write(
-        Users(
-            path,
-            {**users.users, username: user},
-            {**users.password_hashes, username: _checked_password(password)},
-            users.cookie_name,
-            users.cookie_key,
-            users.cookie_expiry_days,
+        replace(
+            users,
+            users={**users.users, username: user},
+            password_hashes={**users.password_hashes, username: _checked_password(password)},
         )
     )
     return user
@@ -223,16 +220,7 @@ def set_password(username: str, password: str, *, path: Path | None = None) -> N
     if username not in users.users:
         raise AuditInputError(f"no user {username!r} in {users.path}")
     hashes = {**users.password_hashes, username: _checked_password(password)}
-    _write(
-        Users(
-            users.path,
-            users.users,
-            hashes,
-            users.cookie_name,
-            users.cookie_key,
-            users.cookie_expiry_days,
-        )
-    )
+    _write(replace(users, password_hashes=hashes))
 
 
 def remove_user(username: str, *, path: Path | None = None) -> None:
@@ -245,13 +233,10 @@ def remove_user(username: str, *, path: Path | None = None) -> None:
     if users.users[username].role == ADMIN and len(admins) == 1:
         raise AuditInputError(f"{username!r} is the last admin; add another admin first")
     _write(
-        Users(
-            users.path,
-            {k: v for k, v in users.users.items() if k != username},
-            {k: v for k, v in users.password_hashes.items() if k != username},
-            users.cookie_name,
-            users.cookie_key,
-            users.cookie_expiry_days,
+        replace(
+            users,
+            users={k: v for k, v in users.users.items() if k != username},
+            password_hashes={k: v for k, v in users.password_hashes.items() if k != username},
         )
     )
 

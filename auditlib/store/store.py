@@ -406,11 +406,16 @@ class Store:
         with self._session(write=True) as s:
             owner = s.scalar(select(Run.owner).where(Run.id == run_id))
             used = list(s.scalars(select(RunAsset.sha256).where(RunAsset.run_id == run_id)))
-            s.execute(delete(RunAsset).where(RunAsset.run_id == run_id))
-            s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
-            s.execute(delete(RunImage).where(RunImage.run_id == run_id))
-            s.execute(delete(Run).where(Run.id == run_id))
+            self._delete_run_rows(s, run_id)
             return [info for sha in used if (info := self._delete_unused_asset(s, sha, owner))]
+
+    @staticmethod
+    def _delete_run_rows(s: Session, run_id: str) -> None:
+        """The run with its upload links, events and images (the uploads themselves stay)."""
+        s.execute(delete(RunAsset).where(RunAsset.run_id == run_id))
+        s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
+        s.execute(delete(RunImage).where(RunImage.run_id == run_id))
+        s.execute(delete(Run).where(Run.id == run_id))
 
     def runs_using_asset(self, sha256: str, *, owner: str | None = None) -> int:
         """How many stored runs (of ``owner``, if given) use the upload ``sha256``."""
@@ -488,10 +493,7 @@ class Store:
                 )
             )
             for run_id in old:
-                s.execute(delete(RunAsset).where(RunAsset.run_id == run_id))
-                s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
-                s.execute(delete(RunImage).where(RunImage.run_id == run_id))
-                s.execute(delete(Run).where(Run.id == run_id))
+                self._delete_run_rows(s, run_id)
             batches = cast(
                 CursorResult[Any], s.execute(delete(Batch).where(Batch.created_at < cutoff))
             )
