@@ -259,3 +259,16 @@ def test_every_registered_attack_runs_end_to_end_and_repeats_for_a_seed(name):
     assert first.label_inference["rule"]  # every attack says how it got its labels
     assert first.metrics.psnr_mean == again.metrics.psnr_mean
     assert first.metrics.recovered_labels == again.metrics.recovered_labels
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attacks_back_propagate_into_their_variables_not_into_the_models_weights(name):
+    # The objective's graph reaches the weights as well (the simulated update is a function
+    # of them); building their gradient is work for nothing, a fifth of an IG step on
+    # ResNet-18 (docs/PERFORMANCE.md, "Beside breaching").
+    protocol = PROTOCOL_FOR.get(name, ClientProtocol())
+    spec = dataclasses.replace(lenet_spec(name), scenario=ScenarioSpec(protocol=protocol))
+    _, _, release = release_for(spec)
+    _, final = run_attack(name, release, 2)
+    assert final.steps >= 1
+    assert [n for n, p in release.knowledge.model.named_parameters() if p.grad is not None] == []

@@ -44,6 +44,7 @@ from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
     DISTANCES,
     ThroughDefense,
+    backward_to,
     random_images,
     random_label_logits,
     total_variation,
@@ -401,7 +402,7 @@ class _Restarts:
     def _adam_step(self) -> float:
         self.adam.zero_grad()
         loss, _ = self.loss_terms()
-        loss.backward()
+        backward_to(loss, self.adam)
         self.adam.step()
         if not bool(torch.isfinite(loss)) or not bool(torch.isfinite(self.state.images).all()):
             return math.nan  # the last finite state is restored for the candidate

@@ -41,7 +41,12 @@ from auditlib.attacks.base import (
 )
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts
-from auditlib.attacks.objectives import UpdateMatcher, random_images, total_variation
+from auditlib.attacks.objectives import (
+    UpdateMatcher,
+    backward_to,
+    random_images,
+    total_variation,
+)
 from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, Observation
@@ -323,7 +328,7 @@ class _Restart:
         images = self.images
         self.optimizer.zero_grad()
         loss, parts = self.objective(images, self.labels)
-        loss.backward()
+        backward_to(loss, self.optimizer)
         if self.config.noise > 0:
             # Langevin-style exploration: noise on the gradient, scaled by the current lr.
             lr_now = self.optimizer.param_groups[0]["lr"]

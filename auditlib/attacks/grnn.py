@@ -47,6 +47,7 @@ from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
     UpdateMatcher,
+    backward_to,
     l2_distance,
     total_variation,
     why_not_together,
@@ -424,7 +425,7 @@ class _Restarts:
                 # Its generator keeps the weights that made these images (no step taken).
                 self.diverged[position] = self.shown[position]
         if bool(finite.any()):
-            objective[finite].sum().backward()
+            backward_to(objective[finite].sum(), self.optimizer)
             self.optimizer.step()
         return {
             "objective": objective.detach(),

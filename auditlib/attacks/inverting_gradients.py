@@ -31,6 +31,7 @@ from auditlib.attacks.labels import idlg_label
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     UpdateMatcher,
+    backward_to,
     random_images,
     random_label_logits,
     total_variation,
@@ -163,7 +164,8 @@ class _Restarts:
         distance = self._distance(images, alive)
         tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
         objective = distance + tv
-        objective.sum().backward()  # each restart's variables get its own objective's gradient
+        # Each restart's variables get its own objective's gradient.
+        backward_to(objective.sum(), self.optimizer)
         if self.config.signed:
             self.images.grad.sign_()
         self.optimizer.step()

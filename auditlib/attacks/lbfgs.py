@@ -9,6 +9,7 @@ import torch
 
 from auditlib.attacks.base import Clock
 from auditlib.attacks.loop import StepInterrupted
+from auditlib.attacks.objectives import backward_to
 
 
 class LbfgsSteps:
@@ -63,7 +64,7 @@ class LbfgsSteps:
         self.evaluations += 1
         self.optimizer.zero_grad()
         loss = self.objective()
-        loss.backward()
+        backward_to(loss, self.optimizer)
         return loss
 
     def step(self) -> float:
