@@ -14,7 +14,7 @@ from test_attacks import run_attack as run_named
 from auditlib.attacks import build_attack_config, get_attack
 from auditlib.attacks.base import RunControl
 from auditlib.attacks.loop import PLAN, HalvingPlan, StepInterrupted, run_restarts, start_seed
-from auditlib.attacks.objectives import UpdateMatcher, why_not_together
+from auditlib.attacks.objectives import DISTANCES, UpdateMatcher, why_not_together
 from auditlib.attacks.restarts import run_attack
 from auditlib.client.protocol import ClientProtocol
 from auditlib.engine.attack_phase import plan_attacks
@@ -274,6 +274,22 @@ def test_together_gives_each_restart_its_own_objective_and_gradient_on_a_fedavg_
         (own,) = torch.autograd.grad(alone, images)
         assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=1e-5)
         torch.testing.assert_close(batched[r], own[r], rtol=1e-4, atol=1e-4 * own.abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(DISTANCES))
+def test_every_distance_of_stacked_updates_is_each_restarts_own(name):
+    """R updates stacked along a leading dimension (how ``together`` measures them, outside
+    its vmap) give one value per restart, each the distance of that update alone."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(12, 3, 5, 5), (12,), (100, 768)]
+    target = [torch.randn(s, generator=generator) for s in shapes]
+    stacked = [torch.randn((4, *s), generator=generator) for s in shapes]
+    together = DISTANCES[name](stacked, target)
+    assert together.shape == (4,)
+    for r in range(4):
+        alone = DISTANCES[name]([s[r] for s in stacked], target)
+        assert alone.dim() == 0
+        assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
 
 
 def test_batchnorm_on_batch_statistics_keeps_restarts_apart():
