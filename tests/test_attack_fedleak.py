@@ -24,6 +24,7 @@ from auditlib.attacks.fedleak import (
     median_filter,
     top_ratio_masks,
 )
+from auditlib.attacks.objectives import cosine_distance
 from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
@@ -138,6 +139,29 @@ def test_distance_ignores_elements_outside_the_mask():
     masks = top_ratio_masks(gradients, 0.5, "global")
     changed = tuple(g + 5 * (1 - m) for g, m in zip(gradients, masks, strict=True))
     assert float(masked_distance(changed, gradients, masks, "sum")) == pytest.approx(0, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "per_layer"])
+def test_masked_distance_of_stacked_restarts_is_each_restarts_own(mode):
+    """R = 3 candidates and their masks stacked (how restarts together measure them) give
+    one value each, that restart's alone; the masked cosine is the cosine of the masked
+    vectors."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(6, 3, 3, 3), (6,), (10, 24)]
+    target = [torch.randn(s, generator=generator) for s in shapes]
+    stacked = [torch.randn((3, *s), generator=generator) for s in shapes]
+    masks = [(torch.rand((3, *s), generator=generator) < 0.3).float() for s in shapes]
+    together = masked_distance(stacked, target, masks, mode)
+    assert together.shape == (3,)
+    for r in range(3):
+        own = [m[r] for m in masks]
+        alone = masked_distance([s[r] for s in stacked], target, own, mode)
+        assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
+        chosen = [s[r] * m for s, m in zip(stacked, own, strict=True)]
+        wanted = [t * m for t, m in zip(target, own, strict=True)]
+        assert float(cosine_distance([s[r] for s in stacked], target, own)) == pytest.approx(
+            float(cosine_distance(chosen, wanted)), rel=1e-6
+        )
 
 
 def test_sum_distance_is_l1_plus_one_minus_cosine():

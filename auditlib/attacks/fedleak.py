@@ -47,6 +47,7 @@ from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     ThroughDefense,
     cosine_distance,
+    flat_like,
     matched_parameters,
     restart_buffers,
     total_variation,
@@ -229,21 +230,22 @@ def masked_distance(
     over all of them; ``sum``: the L1 summed (Eq. D's ||.||_1 read literally; on a ResNet it
     is ~10^4 times the cosine term, which it then drowns);
     ``per_layer``: per parameter tensor, mean L1 over the tensor plus 1 - cos, summed over
-    tensors (the released code's ``combine_loss``).
+    tensors (the released code's ``combine_loss``). ``candidate`` and ``masks`` may be R
+    restarts' stacked along a leading dimension (then one value per restart).
     """
-    chosen = [c * m for c, m in zip(candidate, masks, strict=True)]
-    wanted = [t * m for t, m in zip(target, masks, strict=True)]
     if mode == "per_layer":
         total = candidate[0].new_zeros(())
-        for c, t in zip(chosen, wanted, strict=True):
-            total = total + (c - t).abs().mean() + cosine_distance([c], [t])
+        for c, t, m in zip(candidate, target, masks, strict=True):
+            l1 = flat_like(((c - t) * m).abs(), t).mean(-1)
+            total = total + l1 + cosine_distance([c], [t], [m])
         return total
     l1 = candidate[0].new_zeros(())
-    for c, t in zip(chosen, wanted, strict=True):
-        l1 = l1 + (c - t).abs().sum()
+    for c, t, m in zip(candidate, target, masks, strict=True):
+        l1 = l1 + flat_like(((c - t) * m).abs(), t).sum(-1)
     if mode == "mean":
-        l1 = l1 / sum(m.sum() for m in masks).clamp(min=1)
-    return l1 + cosine_distance(chosen, wanted)
+        chosen = sum(flat_like(m, t).sum(-1) for m, t in zip(masks, target, strict=True))
+        l1 = l1 / chosen.clamp(min=1)
+    return l1 + cosine_distance(candidate, target, masks)
 
 
 # --- Gradient regularisation ----------------------------------------------------------------
@@ -400,25 +402,31 @@ class Objective:
     def masks(self, candidate: Tensors) -> Tensors:
         return top_ratio_masks(candidate, self.config.match_ratio, self.config.mask_scope)
 
-    def _terms(
-        self, x01: torch.Tensor, masks: Tensors | None, buffers=None
-    ) -> tuple[torch.Tensor, torch.Tensor, Tensors]:
-        """(J, D, masks) at one restart's ``x01``; fresh masks unless given."""
+    def _update(self, x01: torch.Tensor, buffers=None) -> tuple[Tensors, torch.Tensor]:
+        """The candidate's update at one restart's ``x01`` and its priors, alpha TV + beta
+        activations."""
         config = self.config
         with capture_outputs(self.modules) as outputs:
             candidate = self.gradients(
                 self.normalize(x01), self.labels, differentiable=True, buffers=buffers
             )
-        if masks is None:
-            masks = self.masks(candidate)
-        distance = masked_distance(candidate, self.gradients.target, masks, config.distance)
-        objective = distance
+        priors = x01.new_zeros(())
         if config.tv > 0:
-            objective = objective + config.tv * total_variation(x01)
+            priors = priors + config.tv * total_variation(x01)
         if outputs:
-            penalty = _activation_penalty(outputs, self.gradients.passes, distance)
-            objective = objective + config.activation * penalty
-        return objective, distance, masks
+            penalty = _activation_penalty(outputs, self.gradients.passes, priors)
+            priors = priors + config.activation * penalty
+        return candidate, priors
+
+    def _terms(
+        self, candidate: Tensors, priors: torch.Tensor, masks: Tensors | None, stacked=False
+    ) -> tuple[torch.Tensor, torch.Tensor, Tensors]:
+        """(J, D, masks) of one update, or of R ``stacked`` ones (each its own masks); fresh
+        masks unless given."""
+        if masks is None:
+            masks = torch.func.vmap(self.masks)(candidate) if stacked else self.masks(candidate)
+        distance = masked_distance(candidate, self.gradients.target, masks, self.config.distance)
+        return distance + priors, distance, masks
 
     def _direction(self, objective: torch.Tensor, x01: torch.Tensor) -> torch.Tensor:
         (direction,) = torch.autograd.grad(objective.sum(), x01)
@@ -429,21 +437,19 @@ class Objective:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tensors]:
         """(direction grad_x J, J, D, masks) at ``x01``; fresh masks unless given."""
         x01 = x01.detach().requires_grad_(True)
-        objective, distance, masks = self._terms(x01, masks)
+        objective, distance, masks = self._terms(*self._update(x01), masks)
         return self._direction(objective, x01), objective.detach(), distance.detach(), masks
 
     def evaluate_together(
         self, x01: torch.Tensor, masks: Tensors | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tensors]:
         """:meth:`evaluate` of R restarts at once (``x01`` is R x B x C x H x W), each its own
-        J, masks and direction, in one ``torch.func.vmap`` pass."""
+        J, masks and direction: the R updates in one ``torch.func.vmap`` pass, the masks and
+        distances on them stacked (matrix-vector products, not vmap's batched dot)."""
         x01 = x01.detach().requires_grad_(True)
         buffers = restart_buffers(self.gradients.knowledge.model, x01.shape[0])
-        if masks is None:
-            terms = torch.func.vmap(lambda x, b: self._terms(x, None, b))(x01, buffers)
-        else:
-            terms = torch.func.vmap(self._terms)(x01, masks, buffers)
-        objective, distance, masks = terms
+        candidate, priors = torch.func.vmap(self._update)(x01, buffers)
+        objective, distance, masks = self._terms(candidate, priors, masks, stacked=True)
         return self._direction(objective, x01), objective.detach(), distance.detach(), masks
 
     def score(self, x01: torch.Tensor) -> float:

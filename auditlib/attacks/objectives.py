@@ -20,10 +20,14 @@ def backward_to(loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
     loss.backward(inputs=[p for group in optimizer.param_groups for p in group["params"]])
 
 
+def flat_like(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``x`` as one vector, or as R rows where it has one more (leading) dimension than the
+    target's ``t``: R restarts' updates, stacked (``UpdateMatcher.together``)."""
+    return x.reshape(*x.shape[: x.dim() - t.dim()], -1)
+
+
 def _flat(c: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``t`` as one vector; ``c`` as one vector too, or as R rows where it has one more
-    (leading) dimension than ``t``: R restarts' updates, stacked (``UpdateMatcher.together``)."""
-    return c.reshape(*c.shape[: c.dim() - t.dim()], -1), t.reshape(-1)
+    return flat_like(c, t), t.reshape(-1)
 
 
 def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -64,17 +68,28 @@ def l1_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor
 
 
 def cosine_distance(
-    candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]
+    candidate: Sequence[torch.Tensor],
+    target: Sequence[torch.Tensor],
+    masks: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """1 - cosine similarity of the whole updates seen as one vector (IG, Geiping et al. 2020, Eq. 4)."""
+    """1 - cosine similarity of the whole updates seen as one vector (IG, Geiping et al. 2020, Eq. 4).
+
+    With 0/1 ``masks`` (shaped like the candidate: one per restart where it is stacked), the
+    cosine of the masked candidate and the masked target (FedLeak's partial matching),
+    computed as (c m).t and m.t^2, equal for 0/1 masks, so the target stays one vector."""
     dot = candidate[0].new_zeros(())
     c_norm = candidate[0].new_zeros(())
     t_norm = candidate[0].new_zeros(())
-    for c, t in zip(candidate, target, strict=True):
+    for index, (c, t) in enumerate(zip(candidate, target, strict=True)):
         c, t = _flat(c, t)
+        if masks is None:
+            t_norm = t_norm + _inner(t, t)
+        else:
+            m = masks[index].reshape(c.shape)
+            c = c * m
+            t_norm = t_norm + _inner(m, t * t)
         dot = dot + _inner(c, t)
         c_norm = c_norm + _inner(c, c)
-        t_norm = t_norm + _inner(t, t)
     return 1 - dot / (c_norm.sqrt() * t_norm.sqrt() + 1e-12)
 
 
