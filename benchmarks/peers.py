@@ -19,11 +19,13 @@ Rows, interleaved (ours, breaching, ours, breaching) so that load on the machine
 - IG on ResNet-18 (the GRNN thesis's sigmoid, uniform-initialised form), 32x32, the same.
 
 One restart each, the same iteration count on both sides, after an untimed warm-up of each;
-five runs each with seeds 0 to 4, and for each seed both sides start from the same draw
+ten runs each with seeds 0 to 9, and for each seed both sides start from the same draw
 (ours; breaching's initialiser returns it, its algorithm untouched), so PSNRs compare start
-for start. Seconds are wall-clock per run on
-this machine's 2 threads, from the attack's start to its last image (model already built,
-gradient already computed); PSNR against the photograph in [0, 1] (docs/METRICS.md).
+for start. Seconds are wall-clock per run on this machine's 2 threads, from the attack's
+start to its last image (model already built, gradient already computed); evaluations are
+the model's forward passes in that time (one per objective evaluation: an L-BFGS step makes
+1 to 20, so a run's time is read beside them); PSNR against the photograph in [0, 1]
+(docs/METRICS.md).
 
 Writes benchmarks/results/peers.json and the table in docs/PERFORMANCE.md.
 Usage: python -m benchmarks.peers
@@ -50,7 +52,11 @@ from benchmarks.reproduce_attacks import LENET, RESNET18, photograph, spec_of
 PEERS = ROOT / ".peers" / "site"
 RESULTS = ROOT / "benchmarks" / "results" / "peers.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
-REPEATS = 5  # seeds 0..4 on each side: PSNR is compared as a median over starts
+# Seeds 0..9 on each side. From the same start the two sides part after a few steps (float
+# differences between two implementations of one algorithm, which signed gradients and
+# L-BFGS's line steps magnify), so a seed's PSNR difference is a draw: the table gives the
+# paired mean difference with its standard error, which five seeds left too wide to read.
+REPEATS = 10
 # (name, our attack, our preset, breaching's attack, model, iterations, labels known)
 ROWS = (
     ("DLG, LeNet 32x32", "dlg", None, "deepleakage", LENET, 100, False),
@@ -76,6 +82,19 @@ def _case(model_spec):
     return victim, tuple(parameters), tuple(g.detach() for g in gradient)
 
 
+def _counting_forwards(model: torch.nn.Module) -> list[int]:
+    """A counter of ``model``'s forward passes (one per objective evaluation on either side;
+    it survives breaching's copies of the model, which copy its hooks): the work a run did,
+    which its iteration count does not say (an L-BFGS step makes 1 to 20 evaluations)."""
+    count = [0]
+
+    def seen(module, inputs):
+        count[0] += 1
+
+    model.register_forward_pre_hook(seen)
+    return count
+
+
 def _psnr(images: torch.Tensor, victim) -> float:
     norm = victim.normalization
     mean = torch.tensor(norm.mean).view(1, -1, 1, 1)
@@ -87,8 +106,10 @@ def _psnr(images: torch.Tensor, victim) -> float:
 
 
 def ours(victim, classes, names, gradient, attack, preset, iterations, labels_known, seed=0):
+    model = copy.deepcopy(victim.model)
+    forwards = _counting_forwards(model)
     knowledge = AttackerKnowledge(
-        model=copy.deepcopy(victim.model),
+        model=model,
         protocol=ClientProtocol(),
         batch_size=1,
         input_shape=tuple(victim.batch.images.shape[1:]),
@@ -104,7 +125,7 @@ def ours(victim, classes, names, gradient, attack, preset, iterations, labels_kn
     for event in get_attack(attack).run(observation, knowledge, config, control, seed):
         final = event.final or final
     seconds = time.perf_counter() - start
-    return seconds, final.steps, _psnr(final.selected.images, victim)
+    return seconds, final.steps, _psnr(final.selected.images, victim), forwards[0]
 
 
 def our_start(victim, classes, labels_known, seed):
@@ -155,6 +176,7 @@ def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0):
     data.classes = classes
     setup = {"dtype": torch.float, "device": torch.device("cpu")}
     model = copy.deepcopy(victim.model)
+    forwards = _counting_forwards(model)
     loss = torch.nn.CrossEntropyLoss()
     attacker = breaching.attacks.prepare_attack(model, loss, cfg.attack, setup)
     payload = [
@@ -179,42 +201,57 @@ def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0):
     start = time.perf_counter()
     output, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
     seconds = time.perf_counter() - start
-    return seconds, iterations, _psnr(output["data"].detach(), victim)
+    return seconds, iterations, _psnr(output["data"].detach(), victim), forwards[0]
+
+
+def _paired(ours: list[float], theirs: list[float]) -> tuple[float, float]:
+    """Mean of the per-seed PSNR differences (ours - breaching) and its standard error."""
+    differences = [o - b for o, b in zip(ours, theirs, strict=True)]
+    mean = statistics.mean(differences)
+    error = statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else 0
+    return mean, error
 
 
 def render(rows: list[dict]) -> str:
-    """The summary table (seconds summed over the seeds, median PSNR), then every seed."""
+    """The summary table (seconds and evaluations summed over the seeds, median PSNR, the
+    paired PSNR difference), then every seed."""
     lines = [
-        "| row | iterations | ours: s over the seeds / it/s / median PSNR | breaching: s / "
-        "it/s / median PSNR | time ours / breaching | seeds where our PSNR is lower |",
-        "|---|---|---|---|---|---|",
+        "| row | iterations | ours: s / evaluations / ms per evaluation / median PSNR | "
+        "breaching: the same | time ours / breaching | per evaluation | PSNR ours - "
+        "breaching: mean ± s.e. over the seeds | seeds where our PSNR is lower |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     details = []
     for r in rows:
-        cells = []
+        cells, per_evaluation = [], []
         for side in ("ours", "breaching"):
             s = r[side]
-            seconds = sum(s["seconds"])
-            steps = s["steps"] * len(s["seconds"])
+            seconds, evaluations = sum(s["seconds"]), sum(s["evaluations"])
+            per_evaluation.append(seconds / evaluations)
             cells.append(
-                f"{seconds:.1f} / {steps / seconds:.1f} / {statistics.median(s['psnr']):.2f}"
+                f"{seconds:.1f} / {evaluations} / {1000 * seconds / evaluations:.2f} / "
+                f"{statistics.median(s['psnr']):.2f}"
             )
         ratio = sum(r["ours"]["seconds"]) / sum(r["breaching"]["seconds"])
+        mean, error = _paired(r["ours"]["psnr"], r["breaching"]["psnr"])
         lower = sum(
             o < b - 0.01 for o, b in zip(r["ours"]["psnr"], r["breaching"]["psnr"], strict=True)
         )
         lines.append(
             f"| {r['row']} | {r['iterations']} | {cells[0]} | {cells[1]} | {ratio:.2f} | "
+            f"{per_evaluation[0] / per_evaluation[1]:.2f} | {mean:+.2f} ± {error:.2f} dB | "
             f"{lower} of {len(r['ours']['psnr'])} |"
         )
         per_seed = ", ".join(
-            f"{seed}: {o:.2f}/{b:.2f} dB, {os_:.1f}/{bs:.1f} s"
-            for seed, (o, b, os_, bs) in enumerate(
+            f"{seed}: {o:.2f}/{b:.2f} dB, {os_:.1f}/{bs:.1f} s, {oe}/{be} ev."
+            for seed, (o, b, os_, bs, oe, be) in enumerate(
                 zip(
                     r["ours"]["psnr"],
                     r["breaching"]["psnr"],
                     r["ours"]["seconds"],
                     r["breaching"]["seconds"],
+                    r["ours"]["evaluations"],
+                    r["breaching"]["evaluations"],
                     strict=True,
                 )
             )
@@ -226,7 +263,8 @@ def render(rows: list[dict]) -> str:
         + "\n\n"
         + "\n".join(details)
         + f"\n\n{seeds} interleaved runs each, seeds 0 to {seeds - 1}, each seed's start the "
-        f"same on both sides. Measured on: {machine()}."
+        f"same on both sides; an evaluation is one forward pass of the model (one objective "
+        f"evaluation). Measured on: {machine()}."
     )
 
 
@@ -257,6 +295,7 @@ def main() -> None:
                 "seconds": [r[0] for r in results],
                 "steps": results[0][1],
                 "psnr": [r[2] for r in results],
+                "evaluations": [r[3] for r in results],
             }
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -10,7 +10,7 @@ final objectives and the largest pixel difference, after ``SHORT`` steps, same s
 Attacks whose restarts cannot advance together say why instead (their row has one arm).
 
 Writes benchmarks/results/restart_batching.json and the table in docs/PERFORMANCE.md.
-Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 3]
+Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", nargs="*", choices=ATTACKS, default=list(ATTACKS))
     args = parser.parse_args()
     torch.set_num_threads(2)
