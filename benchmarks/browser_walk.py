@@ -85,7 +85,7 @@ def _lab_run(page, label: str) -> dict[str, object]:
     run_id = re.search(r"run=([0-9a-f]{32})", page.url).group(1)
     # The new run's own page (the previous run's result may still be drawn until then).
     page.get_by_text(f"Run {run_id}").wait_for()
-    page.get_by_role("heading", name="Verdict").wait_for(timeout=RUN_TIMEOUT_MS)
+    page.get_by_role("heading", name="Verdict").first.wait_for(timeout=RUN_TIMEOUT_MS)
     page.get_by_text("PSNR mean (attacker's pick)").wait_for()
     seconds = round(time.monotonic() - started, 1)
     verdict = (
@@ -157,13 +157,13 @@ def _walk(page, url: str, data: Path) -> dict[str, object]:
     # 1. Sign in; Setup: LeNet, the bundled photographs, Classes 100.
     page.goto(url)
     sign_in(page, WALKER, WALKER_PASSWORD)
-    page.get_by_role("heading", name="Setup").wait_for()
+    page.get_by_role("heading", name="Setup").first.wait_for()
     _set_number(page, "Classes", 100, page)
     _shot(page, "1_setup")
 
     # The Attack lab at its defaults: DLG, audit settings.
     page.get_by_role("link", name="Attack lab").first.click()
-    page.get_by_role("heading", name="Attack lab").wait_for()
+    page.get_by_role("heading", name="Attack lab").first.wait_for()
     out["dlg"] = _lab_run(page, "2_dlg")
     out["dlg_pdf"] = {"pages": _pdf(page, "dlg_report")["pages"]}
 
@@ -174,13 +174,13 @@ def _walk(page, url: str, data: Path) -> dict[str, object]:
     out["dlg_dp"] = _lab_run(page, "3_dlg_dp")
 
     page.get_by_role("link", name="History").first.click()
-    page.get_by_role("heading", name="History").wait_for()
+    page.get_by_role("heading", name="History").first.wait_for()
     page.locator('[data-testid="stDataFrame"] canvas').first.wait_for()
     _shot(page, "4_history")
 
     # 4. Compare with its defaults.
     page.get_by_role("link", name="Compare").first.click()
-    page.get_by_role("heading", name="Compare defenses").wait_for()
+    page.get_by_role("heading", name="Compare defenses").first.wait_for()
     started = time.monotonic()
     page.get_by_role("button", name="Run the comparison (4 runs)").click()
     page.get_by_text("4 of 4 runs have results").wait_for(timeout=COMPARE_TIMEOUT_MS)
@@ -192,7 +192,7 @@ def _walk(page, url: str, data: Path) -> dict[str, object]:
 
     # Trade-off with its default grid.
     page.get_by_role("link", name="Trade-off").first.click()
-    page.get_by_role("heading", name="Utility-privacy trade-off").wait_for()
+    page.get_by_role("heading", name="Utility-privacy trade-off").first.wait_for()
     button = page.get_by_role("button", name="Run the sweep (5 runs)")
     started = time.monotonic()
     button.click()

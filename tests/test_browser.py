@@ -225,7 +225,7 @@ def _start_and_watch(page, label: str, opened: float) -> dict[str, object]:
     page.get_by_text("The attacker's reconstruction at step").wait_for(timeout=90_000)
     first_frame = round(time.monotonic() - clicked, 2)
     assert "run=" in page.url
-    page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded images").wait_for()
+    page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded images").first.wait_for()
 
     # The progress advances while the page stays responsive.
     steps: list[int] = []
@@ -299,7 +299,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             opened = time.monotonic()
             page.goto(server)
             sign_in(page, "alice")
-            page.get_by_role("heading", name="Setup").wait_for()
+            page.get_by_role("heading", name="Setup").first.wait_for()
 
             # Setup: upload the example images with their labels.csv.
             page.get_by_text("My own images").click()
@@ -316,7 +316,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
 
             # Attack lab: DLG on LeNet (the defaults), a short run.
             page.get_by_role("link", name="Continue to the Attack lab").click()
-            page.get_by_role("heading", name="Attack lab").wait_for()
+            page.get_by_role("heading", name="Attack lab").first.wait_for()
             sidebar = page.locator('[data-testid="stSidebar"]')
             sidebar.get_by_text("Iterations", exact=True).wait_for()
             iterations = sidebar.get_by_label("Iterations", exact=True)
@@ -340,14 +340,16 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
 
             # History lists the run.
             page.get_by_role("link", name="History").first.click()
-            page.get_by_role("heading", name="History").wait_for()
+            page.get_by_role("heading", name="History").first.wait_for()
             page.get_by_text("2 run(s), newest first").first.wait_for()
             page.locator('[data-testid="stDataFrame"] canvas').first.wait_for()
             page.wait_for_timeout(1500)  # the grid draws its cells after the canvas appears
             page.screenshot(path=str(ARTIFACTS / "browser_history.png"), full_page=True)
 
             # The run's link opens the run directly (a shared link, a bookmark).
-            heading = page.get_by_role("heading", name="dlg vs none · lenet · 4 uploaded images")
+            heading = page.get_by_role(
+                "heading", name="dlg vs none · lenet · 4 uploaded images"
+            ).first
             page.goto(run_link)
             heading.wait_for()
             _assert_titled_navigation(page)
@@ -415,10 +417,10 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
             page.set_default_timeout(30_000)
             page.goto(server)
             sign_in(page, "alice")
-            page.get_by_role("heading", name="Setup").wait_for()
+            page.get_by_role("heading", name="Setup").first.wait_for()
 
             page.get_by_role("link", name="Compare").first.click()
-            page.get_by_role("heading", name="Compare defenses").wait_for()
+            page.get_by_role("heading", name="Compare defenses").first.wait_for()
             sidebar = page.locator('[data-testid="stSidebar"]')
             sidebar.get_by_text("Iterations", exact=True).wait_for()
             _set_number(sidebar, "Iterations", 20, page)
@@ -442,7 +444,7 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
             assert pdf.startswith(b"%PDF") and len(pdf) > 10_000
 
             page.get_by_role("link", name="Trade-off").first.click()
-            page.get_by_role("heading", name="Utility-privacy trade-off").wait_for()
+            page.get_by_role("heading", name="Utility-privacy trade-off").first.wait_for()
             grid = page.get_by_label("dp-gaussian: values of sigma", exact=True)
             grid.fill("0.0001, 0.01, 1")
             grid.press("Enter")
@@ -484,11 +486,11 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
             page.set_default_timeout(30_000)
             page.goto(server)
             sign_in(page, "alice")
-            page.get_by_role("heading", name="Setup").wait_for()
+            page.get_by_role("heading", name="Setup").first.wait_for()
             _set_number(page, "Classes", 100, page)  # DLG's LeNet: leaks within 100 steps
 
             page.get_by_role("link", name="Attack lab").first.click()
-            page.get_by_role("heading", name="Attack lab").wait_for()
+            page.get_by_role("heading", name="Attack lab").first.wait_for()
             sidebar = page.locator('[data-testid="stSidebar"]')
             sidebar.get_by_text("Iterations", exact=True).wait_for()
             _choose(sidebar, "Settings", "paper settings (reproduction)", page)
@@ -502,7 +504,7 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
             page.get_by_role("button", name="Start the attack").click()
             page.get_by_text("Undefended control, the same attack").wait_for(timeout=90_000)
             page.get_by_text("Low: the defense stopped dlg").first.wait_for(timeout=150_000)
-            page.get_by_role("heading", name="Scope").wait_for()
+            page.get_by_role("heading", name="Scope").first.wait_for()
             page.get_by_text("Baseline: the best guess without the update").wait_for()
             page.get_by_text("SoK model C: Parameter-Aware Eavesdropper").wait_for()
             page.get_by_text("guess: grey").first.wait_for()
@@ -545,7 +547,7 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
                 page.get_by_text("Sign in").first.wait_for()
                 assert page.get_by_role("heading", name="History").count() == 0  # no data yet
                 sign_in(page, user)
-                page.get_by_role("heading", name="History").wait_for()
+                page.get_by_role("heading", name="History").first.wait_for()
             for user, count in (("alice", 1), ("bob", 1), ("root", 2)):
                 page = pages[user]
                 # .first: while History refreshes, its old caption may stand beside the new
@@ -571,7 +573,7 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
 
             root = pages["root"]
             root.goto(f"{server}/lab?run={runs['alice']}")
-            root.get_by_role("heading", name="alice's audit").wait_for()
+            root.get_by_role("heading", name="alice's audit").first.wait_for()
         except BaseException:
             for user, page in pages.items():
                 with contextlib.suppress(Exception):

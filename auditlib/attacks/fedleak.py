@@ -402,31 +402,34 @@ class Objective:
     def masks(self, candidate: Tensors) -> Tensors:
         return top_ratio_masks(candidate, self.config.match_ratio, self.config.mask_scope)
 
-    def _update(self, x01: torch.Tensor, buffers=None) -> tuple[Tensors, torch.Tensor]:
-        """The candidate's update at one restart's ``x01`` and its priors, alpha TV + beta
-        activations."""
+    def _update(self, x01: torch.Tensor, buffers=None) -> tuple[Tensors, Tensors]:
+        """The candidate's update at one restart's ``x01`` and its prior terms (alpha TV,
+        beta activations), in the order J adds them."""
         config = self.config
         with capture_outputs(self.modules) as outputs:
             candidate = self.gradients(
                 self.normalize(x01), self.labels, differentiable=True, buffers=buffers
             )
-        priors = x01.new_zeros(())
+        priors = []
         if config.tv > 0:
-            priors = priors + config.tv * total_variation(x01)
+            priors.append(config.tv * total_variation(x01))
         if outputs:
-            penalty = _activation_penalty(outputs, self.gradients.passes, priors)
-            priors = priors + config.activation * penalty
-        return candidate, priors
+            penalty = _activation_penalty(outputs, self.gradients.passes, x01)
+            priors.append(config.activation * penalty)
+        return candidate, tuple(priors)
 
     def _terms(
-        self, candidate: Tensors, priors: torch.Tensor, masks: Tensors | None, stacked=False
+        self, candidate: Tensors, priors: Tensors, masks: Tensors | None, stacked=False
     ) -> tuple[torch.Tensor, torch.Tensor, Tensors]:
         """(J, D, masks) of one update, or of R ``stacked`` ones (each its own masks); fresh
         masks unless given."""
         if masks is None:
             masks = torch.func.vmap(self.masks)(candidate) if stacked else self.masks(candidate)
         distance = masked_distance(candidate, self.gradients.target, masks, self.config.distance)
-        return distance + priors, distance, masks
+        objective = distance
+        for prior in priors:
+            objective = objective + prior
+        return objective, distance, masks
 
     def _direction(self, objective: torch.Tensor, x01: torch.Tensor) -> torch.Tensor:
         (direction,) = torch.autograd.grad(objective.sum(), x01)
