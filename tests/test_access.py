@@ -169,6 +169,9 @@ def test_an_upload_is_its_uploaders_and_goes_when_nobody_needs_it(store):
         alice.get_asset(sha)
     assert bob.delete_asset(sha).sha256 == sha  # the last claim: the bytes go
     assert store.get_asset_info(sha) is None
+    # Gone (or never uploaded): nothing to read, and nothing to refuse.
+    assert bob.get_asset(sha) is None and alice.get_asset_info(sha) is None
+    assert bob.runs_using_asset(sha) == 0 and alice.delete_asset(sha) is None
 
 
 def test_deleting_a_run_keeps_an_upload_another_user_holds(store):
