@@ -41,6 +41,11 @@ class UserStore:
     def url(self) -> str:
         return self.raw.url
 
+    @property
+    def _listed_owner(self) -> str | None:
+        """Whose records a listing holds: the user's own; an admin's, everyone's (None)."""
+        return None if self.principal.is_admin else self.principal.username
+
     # ------------------------------------------------------------------ assets
 
     def _check_asset(self, sha256: str) -> bool:
@@ -68,15 +73,13 @@ class UserStore:
         return self.raw.get_asset_info(sha256) if self._check_asset(sha256) else None
 
     def list_assets(self, kind: str | None = None) -> list[AssetInfo]:
-        owner = None if self.principal.is_admin else self.principal.username
-        return self.raw.list_assets(kind, owner=owner)
+        return self.raw.list_assets(kind, owner=self._listed_owner)
 
     def runs_using_asset(self, sha256: str) -> int:
         """How many of the user's runs use it (an admin: everyone's)."""
         if not self._check_asset(sha256):
             return 0
-        owner = None if self.principal.is_admin else self.principal.username
-        return self.raw.runs_using_asset(sha256, owner=owner)
+        return self.raw.runs_using_asset(sha256, owner=self._listed_owner)
 
     def delete_asset(self, sha256: str) -> AssetInfo | None:
         """An admin deletes the upload (when no run uses it); a user gives up their claim,
@@ -105,8 +108,7 @@ class UserStore:
     def list_runs(
         self, limit: int = 200, status: str | None = None, *, spec_id: str | None = None
     ) -> list[RunRecord]:
-        owner = None if self.principal.is_admin else self.principal.username
-        return self.raw.list_runs(limit, status, spec_id=spec_id, owner=owner)
+        return self.raw.list_runs(limit, status, spec_id=spec_id, owner=self._listed_owner)
 
     def events(self, run_id: str, after_seq: int = -1) -> list[EventRecord]:
         self._check_run(run_id)
@@ -149,8 +151,7 @@ class UserStore:
         return batch
 
     def list_batches(self, kind: str | None = None, limit: int = 200) -> list[BatchRecord]:
-        owner = None if self.principal.is_admin else self.principal.username
-        return self.raw.list_batches(kind, limit, owner=owner)
+        return self.raw.list_batches(kind, limit, owner=self._listed_owner)
 
     def delete_batch(self, batch_id: str) -> None:
         if self.get_batch(batch_id) is not None:
