@@ -36,6 +36,11 @@ from auditlib.spec import ComponentSpec
 from auditlib.threat import AttackerKnowledge
 
 
+# The reason a twin is skipped when knowing the defense changes nothing in its objective:
+# the plain attack then already is the attacker that knows the defense.
+TWIN_SAME_AS_PLAIN = "knowing the defense leaves its objective the plain attack's"
+
+
 @dataclass(frozen=True, eq=False)
 class PlannedAttack:
     name: str
