@@ -226,10 +226,13 @@ def test_a_run_with_utility_reports_accuracy_rdlv_and_epsilon():
     assert 0.0 <= utility.accuracy <= 1.0
     assert utility.starts_from.startswith("DLG's uniform")  # sigmoid LeNet
     assert utility.privacy["epsilon"] == pytest.approx(summary.defense_report.epsilon)
-    # The photographs set holds 17 images, more than the batch: the prior is their mean.
+    # The photographs set holds 17 images: the prior is the mean of the 15 outside the batch.
     assert summary.metrics.rdlv_mean is not None
     assert len([p.rdlv for p in summary.metrics.per_image]) == 2
-    assert summary.victim.data.rdlv_prior == "mean of 17 images of the data source"
+    assert (
+        summary.victim.data.rdlv_prior
+        == "mean of 15 images of the data source outside the audited batch"
+    )
 
 
 def test_rdlv_is_unavailable_when_the_source_is_the_batch(tmp_path):

@@ -1,6 +1,7 @@
 """The victim client: the audited model as the auditor gave it and the private batch it
 holds (images decoded and checked, labels given or drawn), with the data's mean image for
-RDLV and the attack stage's optional FedAvg pretraining.
+RDLV and the guesses (made from the data source's images outside the audited batch) and
+the attack stage's optional FedAvg pretraining.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from auditlib.seeds import derive_seed
 from auditlib.spec import RunSpec
 from auditlib.threat import PrivateBatch
 
-PRIOR_IMAGES = 64  # sample-set images averaged into the prior of RDLV
+PRIOR_IMAGES = 64  # sample-set images averaged into the prior (RDLV, the mean-image guess)
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,7 +45,9 @@ class Victim:
     batch: PrivateBatch
     normalization: Normalization
     records: dict[str, Any]
-    prior: np.ndarray | None = None  # the data's mean image in [0, 1], for RDLV
+    # The data's mean image in [0, 1] (RDLV, the mean-image guess), made from images of the
+    # data source outside the audited batch: it never sees the private images.
+    prior: np.ndarray | None = None
     prior_unavailable_reason: str | None = None
 
 
@@ -67,7 +70,8 @@ def _load_images(
     spec: RunSpec, num_classes: int, assets: Mapping[str, bytes] | None
 ) -> tuple[LabelledImages, tuple[int, ...], str, tuple[np.ndarray, ...]]:
     """The victim's images, their labels, where the labels came from, and the data source's
-    images (every image of a folder; up to PRIOR_IMAGES of a sample set) for the prior."""
+    images outside the audited batch for the prior (every other image of a folder or upload;
+    up to PRIOR_IMAGES other images of a sample set)."""
     data = spec.data
     if data.source in ("folder", "asset"):
         if data.source == "folder":
@@ -81,13 +85,11 @@ def _load_images(
                 f"from offset {data.offset} needs {end}"
             )
         picked = loaded.window(data.offset, end)
-        pool = loaded.images
+        pool = loaded.images[: data.offset] + loaded.images[end:]
     elif data.source == "samples":
-        picked = load_sample_set(
-            data.location, data.batch_size or 1, seed=spec.seed, offset=data.offset
-        )
-        count = len(PHOTOGRAPHS) if data.location == "photographs" else PRIOR_IMAGES
-        pool = load_sample_set(data.location, count, seed=spec.seed).images
+        count = data.batch_size or 1
+        picked = load_sample_set(data.location, count, seed=spec.seed, offset=data.offset)
+        pool = _sample_prior_pool(data.location, spec.seed, data.offset, count)
     else:
         raise AuditInputError(
             f"unknown data source {data.source!r}; expected folder, samples or asset"
@@ -102,18 +104,38 @@ def _load_images(
     return picked, labels, source, pool
 
 
+def _sample_prior_pool(name: str, seed: int, offset: int, count: int) -> tuple[np.ndarray, ...]:
+    """Up to PRIOR_IMAGES images of a sample set outside the audited window (positions
+    ``offset``..``offset + count - 1`` of the set's seeded order): those before it, then those
+    after it, so the prior never holds an audited image."""
+    before = min(offset, PRIOR_IMAGES)
+    after = PRIOR_IMAGES - before
+    if name == "photographs":
+        after = min(after, len(PHOTOGRAPHS) - offset - count)
+    # The other sets hold at least 200 images: when ``after`` > 0 the offset is under 64 and
+    # the batch at most 64 images, so the images after it end before position 192.
+    pool: tuple[np.ndarray, ...] = ()
+    if before > 0:
+        pool += load_sample_set(name, before, seed=seed).images
+    if after > 0:
+        pool += load_sample_set(name, after, seed=seed, offset=offset + count).images
+    return pool
+
+
 def data_prior(
     pool: tuple[np.ndarray, ...], batch_size: int, spec: RunSpec, normalization: Normalization
 ) -> tuple[np.ndarray | None, str | None]:
-    """The data's mean image (H x W x C in [0, 1]) for RDLV, or None and why not.
+    """The data's mean image (H x W x C in [0, 1]) for RDLV and the mean-image guess, or None
+    and why not.
 
-    A mean over the audited batch alone is no prior (with one image it is the image), so the
-    source must hold more images than the batch.
+    ``pool`` holds the data source's images outside the audited batch (of ``batch_size``
+    images): a mean that took in the batch would see the private images (with one image it
+    is the image), so a source with no other image gives no prior.
     """
-    if len(pool) <= batch_size:
+    if not pool:
         return None, (
-            f"the data source holds {len(pool)} image(s), no more than the audited batch, so it "
-            "gives no data-level mean image to compare against"
+            f"the data source holds {batch_size} image(s), no more than the audited batch: "
+            "with the audited images left out no image remains to give a data-level mean image"
         )
     batch = to_model_batch(list(pool), spec.model.spec.input_shape, normalization)
     return to_unit_range(batch, normalization).mean(axis=0), None
@@ -165,7 +187,8 @@ def prepare_victim(
             "class_names": list(images.class_names) if images.class_names else None,
             "content_sha256": _sha256_arrays(images, labels),
             "normalization": normalization.as_dict(),
-            "rdlv_prior": prior_reason or f"mean of {len(pool)} images of the data source",
+            "rdlv_prior": prior_reason
+            or f"mean of {len(pool)} images of the data source outside the audited batch",
         }
     }
     if spec.scenario.pretrain_rounds > 0:
