@@ -159,6 +159,11 @@ class AttackRecord:
     ssim_mean: float | None = None
     images_recovered: int | None = None
     level: str | None = None
+    # The attack's oracle best (the restart with the highest mean PSNR, chosen with the
+    # private images) beside its own pick; None in results recorded before it was kept.
+    oracle_psnr_mean: float | None = None
+    oracle_ssim_mean: float | None = None
+    label_accuracy: float | None = None  # its own pick's labels
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from auditlib.metrics.verdict import Finding, Scope, Verdict, judge, threat_card
+from auditlib.metrics.risk import labels_beyond_chance
+from auditlib.metrics.verdict import (
+    CONTROL_LEAK_SHARE,
+    VERDICT_VERSION,
+    Finding,
+    Scope,
+    Verdict,
+    judge,
+    threat_card,
+)
 
 
-def finding(recovered: int, *, batch: int = 4, stop: str = "completed", level: str | None = None):
+def finding(
+    recovered: int,
+    *,
+    batch: int = 4,
+    stop: str = "completed",
+    level: str | None = None,
+    held: int | None = None,
+):
+    """A run's finding: ``recovered`` images beyond the guess, the others below it by the
+    held margins unless ``held`` says how many are."""
     return Finding(
         leaked=recovered > 0,
         level=level or ("Very High" if recovered else None),
@@ -22,6 +41,7 @@ def finding(recovered: int, *, batch: int = 4, stop: str = "completed", level: s
         stop_reason=stop,
         steps=300 if stop == "completed" else 12,
         planned_steps=300,
+        images_held=batch - recovered if held is None else held,
     )
 
 
@@ -36,6 +56,8 @@ SCOPE = Scope(
     threat=threat_card(
         protocol="FedSGD", labels_known=False, batchnorm_statistics=False, batch_size=4
     ),
+    twins="ran",
+    twins_words="dlg's twin ran",
 )
 
 
@@ -57,6 +79,7 @@ def test_a_defense_holds_only_against_a_control_that_leaked():
     held = judge(finding(0), SCOPE, defended=True, control=finding(3), control_note="control run")
     assert held.outcome == "defense_held" and held.level == "Low"
     assert "may still succeed" in held.sentence  # never a guarantee
+    assert "the attacker that knows the defense ran" in held.sentence
     unknown = judge(finding(0), SCOPE, defended=True, control=finding(0), control_note="run")
     assert unknown.outcome == "inconclusive"
     assert "did not break even the undefended update" in unknown.sentence

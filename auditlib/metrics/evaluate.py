@@ -63,10 +63,14 @@ def score(
     *,
     prior: np.ndarray | None = None,
     prior_unavailable_reason: str = "no prior image (the data's mean) was given",
+    matched_already: bool = False,
 ) -> Scores:
+    """``matched_already``: the candidate's image i is already paired with original i (the
+    per-image union of several attacks' matched picks), so the identity matching is used
+    and each image keeps the scores it had in its attack's own pick."""
     originals = to_unit_range(truth.images, normalization)
     recon = to_unit_range(candidate_images, normalization)
-    order = match(recon, originals)
+    order = np.arange(len(originals)) if matched_already else match(recon, originals)
     matched = recon[order]
 
     per_image: list[dict[str, Any]] = []
@@ -158,12 +162,14 @@ def evaluate(
     *,
     prior: np.ndarray | None = None,
     prior_unavailable_reason: str | None = None,
+    matched_already: bool = False,
 ) -> Evaluation:
     """Scores of the attacker's selection and of the oracle-best candidate.
 
     ``prior`` (the data's mean image, H x W x C in [0, 1]) adds RDLV to both.
+    ``matched_already``: score with the identity matching (see :func:`score`).
     """
-    prior_args: dict[str, Any] = {"prior": prior}
+    prior_args: dict[str, Any] = {"prior": prior, "matched_already": matched_already}
     if prior_unavailable_reason is not None:
         prior_args["prior_unavailable_reason"] = prior_unavailable_reason
 
@@ -183,7 +189,14 @@ def evaluate(
         if candidate is selected:
             continue
         # Ranking needs PSNR only; the full scores (LPIPS included) go to the winner alone.
-        quick = score(candidate.images, candidate.labels, truth, normalization, lpips_nets=())
+        quick = score(
+            candidate.images,
+            candidate.labels,
+            truth,
+            normalization,
+            lpips_nets=(),
+            matched_already=matched_already,
+        )
         psnr_by_restart[candidate.restart] = quick.psnr_mean
         if quick.psnr_mean > oracle_scores.psnr_mean:
             oracle, oracle_scores = candidate, quick

@@ -20,6 +20,15 @@
   beyond the guess, and Medium ("a small portion") when only some of its images are; a run
   that recovered nothing gets no level at all: whether that says anything about a defense
   is the verdict's question (``metrics.verdict``), never a "Low" by itself.
+- Nothing shown (held): an image shows nothing of itself only when its reconstruction is
+  below the best guess by a stated margin in both measures, PSNR ``HELD_MARGIN_DB`` and SSIM
+  ``HELD_SSIM_MARGIN`` under the guess's. Between "recovered" and "nothing shown" lies a
+  reconstruction that is no better than the guess yet not clearly worse (pruning at 0.999
+  against GRNN's twin: 10.18 dB / SSIM 0.179 against the guess's 11.56 dB / 0.141): the
+  verdict calls that Inconclusive, never "defense held".
+- Labels: a label recovered when the attacker did not know it is a disclosure when the count
+  of correct labels is beyond chance, a one-sided binomial test at ``LABEL_ALPHA``
+  (:func:`labels_beyond_chance`).
 - Success rate: the share of matched images whose metric passes a threshold, over a range
   of thresholds (the curves of the GRNN thesis, Fig. 3.5): PSNR >= t, SSIM >= t, MSE <= t.
 - RDLV (Hatamizadeh et al., TMI 2023, as the Shadow paper uses it, Eq. 19):
@@ -32,6 +41,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,11 +64,28 @@ LEVEL_MEANING = {
 MARGIN_DB = 1.0  # PSNR gain over the best guess that counts as recovered pixels
 SSIM_MARGIN = 0.1  # SSIM gain over the best guess that counts as recovered structure
 RECOVERED_FLOOR_DB = 10.0  # FedLeak's lowest band: below it nothing meaningful is visible
+# "Nothing shown": below the best guess by these margins in both measures (the verdict's
+# "defense held" needs every image so). Chosen from benchmarks/results/defenses.json
+# (docs/METRICS.md): the held runs beside a leaking control sit 4-7 dB and 0.08-0.14 SSIM
+# under the astronaut's guess (11.56 dB / 0.141); pruning at 0.999 (10.18 / 0.179) does not.
+HELD_MARGIN_DB = 1.0
+HELD_SSIM_MARGIN = 0.05
+# Labels: beyond chance when P(X >= k | B, 1/C) < LABEL_ALPHA (one-sided binomial test).
+LABEL_ALPHA = 0.01
 RECOVERED_RULE = (
     f"an image counts as recovered when its reconstruction beats the best guess without the "
     f"update (per image) in structure, SSIM {SSIM_MARGIN:g} above the guess's with PSNR at most "
     f"{MARGIN_DB:g} dB below it, or in pixels, PSNR {MARGIN_DB:g} dB above the guess's and at "
     f"least {RECOVERED_FLOOR_DB:g} dB with SSIM no lower than the guess's"
+)
+HELD_RULE = (
+    f"an image shows nothing of itself when its reconstruction is at least {HELD_MARGIN_DB:g} dB "
+    f"below the best guess's PSNR and at least {HELD_SSIM_MARGIN:g} below its SSIM (PSNR alone "
+    "where SSIM is unavailable)"
+)
+LABEL_RULE = (
+    "labels the attacker did not know count as recovered beyond chance when k correct of B, "
+    f"against a chance of 1/C per label, has a one-sided binomial p-value below {LABEL_ALPHA:g}"
 )
 PSNR_THRESHOLDS = (10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0)
 SSIM_THRESHOLDS = (0.2, 0.4, 0.6, 0.8, 0.9)
@@ -98,6 +125,39 @@ def beyond(psnr: float, ssim: float | None, guess_psnr: float, guess_ssim: float
     return by_structure or by_pixels
 
 
+def nothing_shown(
+    psnr: float, ssim: float | None, guess_psnr: float, guess_ssim: float | None
+) -> bool:
+    """Whether a reconstruction shows nothing of its image: below the best guess by
+    ``HELD_MARGIN_DB`` in PSNR and by ``HELD_SSIM_MARGIN`` in SSIM (PSNR alone without SSIM).
+    Neither this nor :func:`beyond`: between the guess and the recovered line."""
+    below_pixels = psnr <= guess_psnr - HELD_MARGIN_DB
+    if ssim is None or guess_ssim is None:
+        return below_pixels
+    return below_pixels and ssim <= guess_ssim - HELD_SSIM_MARGIN
+
+
+def label_p_value(correct: int, batch: int, chance: float) -> float:
+    """P(X >= correct) for X ~ Binomial(batch, chance): how often guessing does as well."""
+    if correct <= 0:
+        return 1.0
+    return float(
+        sum(
+            math.comb(batch, j) * chance**j * (1.0 - chance) ** (batch - j)
+            for j in range(correct, batch + 1)
+        )
+    )
+
+
+def labels_beyond_chance(correct: int, batch: int, num_classes: int) -> bool:
+    """Whether ``correct`` of ``batch`` labels is beyond guessing one of ``num_classes``:
+    the one-sided binomial p-value below ``LABEL_ALPHA``. One correct label of 10 classes is
+    not (p = 0.1); one of 1000 is (p = 0.001)."""
+    if batch <= 0 or num_classes <= 1:
+        return False
+    return label_p_value(correct, batch, 1.0 / num_classes) < LABEL_ALPHA
+
+
 def recovered_level(psnr: float) -> str:
     """The level of a recovered image (or batch): FedLeak's band of its PSNR, at least
     Medium (recovered in structure below the lowest band is still a portion recovered)."""
@@ -118,8 +178,12 @@ def risk_summary(per_image: Sequence[dict], best_guess: Sequence[dict]) -> dict:
         image["beyond_guess"] = beyond(
             image["psnr"], image.get("ssim"), guess["psnr"], guess["ssim"]
         )
+        image["nothing_shown"] = not image["beyond_guess"] and nothing_shown(
+            image["psnr"], image.get("ssim"), guess["psnr"], guess["ssim"]
+        )
         image["leakage_level"] = recovered_level(image["psnr"]) if image["beyond_guess"] else None
     recovered = sum(1 for i in per_image if i["beyond_guess"])
+    held = sum(1 for i in per_image if i["nothing_shown"])
     psnr_mean = float(np.mean([i["psnr"] for i in per_image]))
     ssim_mean = _mean([i.get("ssim") for i in per_image])
     guess_psnr = float(np.mean([g["psnr"] for g in best_guess]))
@@ -135,6 +199,8 @@ def risk_summary(per_image: Sequence[dict], best_guess: Sequence[dict]) -> dict:
         "basis": f"{RECOVERED_RULE}; the batch's level is FedLeak's band of its mean PSNR when "
         "the batch's means beat the guesses' means the same way, Medium when only some images do",
         "images_recovered": recovered,
+        "images_held": held,
+        "held_basis": HELD_RULE,
         "batch_size": len(per_image),
         "batch_beyond_guess": batch_beyond,
         "psnr_mean": psnr_mean,

@@ -59,6 +59,7 @@ class ImageScore:
     beyond_guess: bool | None = None  # None: scored before guesses existed
     leakage_level: str | None = None
     attack: str | None = None  # with several attacks: the one whose image this is
+    nothing_shown: bool | None = None  # below the guess by the held margins; None: before them
 
     def value(self, metric: str) -> float | None:
         """The per-image value of a catalogue metric ("lpips" is AlexNet's)."""
@@ -105,6 +106,8 @@ class Risk:
     images_per_level: Mapping[str, int]
     psnr_success_rate: tuple[SuccessPoint, ...]
     ssim_success_rate: tuple[SuccessPoint, ...] | None = None
+    images_held: int | None = None  # images showing nothing (``risk.nothing_shown``); None: before
+    held_basis: str | None = None
 
     def psnr_rate_at(self, threshold_db: float) -> float | None:
         """The share of images at or above ``threshold_db`` (None: not a curve point)."""
@@ -118,6 +121,9 @@ class Risk:
             data[key] = None if points is None else [p.__dict__.copy() for p in points]
         if self.ssim_success_rate is None:
             del data["ssim_success_rate"]
+        for key in ("images_held", "held_basis"):
+            if data[key] is None:
+                del data[key]
         return data
 
     @classmethod
@@ -140,6 +146,8 @@ class Risk:
             images_per_level=dict(data.get("images_per_level") or {}),
             psnr_success_rate=points("psnr_success_rate") or (),
             ssim_success_rate=points("ssim_success_rate"),
+            images_held=None if data.get("images_held") is None else int(data["images_held"]),
+            held_basis=data.get("held_basis"),
         )
 
 
@@ -161,6 +169,9 @@ class Scores:
     restart: int | None = None  # the candidate's restart, its attack loss and steps
     attack_loss: float | None = None
     steps: int | None = None
+    # How the candidate was chosen, where it is not one attack's own pick (several attacks'
+    # per-image union: ``engine.attack_phase.AUDITOR_VIEW``); None: the attacker's own pick.
+    view: str | None = None
 
     def mean(self, metric: str) -> float | None:
         """The batch mean of a catalogue metric, or None where it is unavailable."""
@@ -212,6 +223,8 @@ class Scores:
             data["recovered_labels"] = list(self.recovered_labels)
         data["per_image"] = [p.to_json() for p in self.per_image]
         data.update(restart=self.restart, attack_loss=self.attack_loss, steps=self.steps)
+        if self.view is not None:
+            data["view"] = self.view
         return data
 
     @classmethod
@@ -242,6 +255,7 @@ class Scores:
             restart=data.get("restart"),
             attack_loss=_float(data.get("attack_loss")),
             steps=data.get("steps"),
+            view=data.get("view"),
         )
 
 

@@ -5,12 +5,19 @@ A verdict is a bound, never one run read alone:
 - **leaks**: the attack recovered images beyond the best guess that uses no update
   (``metrics.risk``). This holds whatever else happened: a run cut short by its budget
   that already recovered images has shown the leak.
-- **defense held** (level "Low"): under the defense the attack recovered nothing beyond the
-  guess, while the same attack at the same budget broke the undefended update (the
-  control). It says the defense stopped *this* attack at *this* budget, nothing more.
+- **labels leak** (level "Labels"): no image came back, but the private labels the attacker
+  did not know did, beyond chance (``metrics.risk.labels_beyond_chance``). The class of a
+  private record is a disclosure.
+- **defense held** (level "Low"): under the defense every image stayed below the best guess
+  by the held margins (``metrics.risk.nothing_shown``), the attacker that knows the defense
+  ran (or was the plain attack already), and the same attack at the same budget broke the
+  undefended update (the control: at least ``CONTROL_LEAK_SHARE`` of its images recovered).
+  It says the defense stopped *these* attacks at *this* budget, nothing more.
 - **inconclusive**: nothing was recovered, and nothing follows from it: the run was cut
-  short, or it had no defense (a failed attack on an undefended update is no evidence of
-  safety), or its control did not leak or is missing.
+  short or every attack diverged, or it had no defense (a failed attack on an undefended
+  update is no evidence of safety), or its control did not leak or is missing, or the
+  reconstruction sits between the guess and the recovered line, or the defense held
+  against the plain attack only (no twin that knows the defense ran).
 
 Typed and versioned: result.json, the store, the pages and the PDF read ``Verdict``.
 """
@@ -20,18 +27,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from auditlib.metrics.risk import LEVEL_MEANING
+from auditlib.metrics.risk import HELD_RULE, LABEL_RULE, LEVEL_MEANING
 from auditlib.metrics.scores import Risk
 from auditlib.words import count_of
 
-VERDICT_VERSION = 1
-Outcome = Literal["leaks", "defense_held", "inconclusive"]
+# 2: held margins, the control's share, twins, diverged and budget-skipped runs, labels.
+VERDICT_VERSION = 2
+Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive"]
 INCONCLUSIVE = "Inconclusive"
+LABELS_LEVEL = "Labels"  # a level apart from FedLeak's image bands
 OUTCOME_TITLE = {
     "leaks": "Leaks",
-    "defense_held": "Defense held against this attack",
+    "labels_leak": "Labels leak",
+    "defense_held": "Defense held against these attacks",
     "inconclusive": "Inconclusive",
 }
+# The control "leaked" (the attack broke the undefended update) only when at least this
+# share of its images was recovered beyond the guess: one image of a batch of 16 does not.
+CONTROL_LEAK_SHARE = 0.5
+# Whether the attacker that knows the defense ran (``Scope.twins``): "ran" (every attack that
+# ran had its twin run, or its twin's objective was the plain attack's already), "partly",
+# "none" (offered, none ran; also results recorded before this was checked), "not offered"
+# (no adaptive attacker for this defense), "off" (switched off, or the paper preset), or
+# "no defense".
+Twins = Literal["ran", "partly", "none", "not offered", "off", "no defense"]
 
 
 def _from(cls: type, data: dict[str, Any]) -> Any:
@@ -54,11 +73,40 @@ class Finding:
     stop_reason: str  # "completed", "time budget", "cancelled", "diverged"
     steps: int
     planned_steps: int
+    # Images below the guess by the held margins (``metrics.risk.nothing_shown``); None:
+    # recorded before the margins (never "held").
+    images_held: int | None = None
+    # Labels the attacker did not know: correct ones (k of batch_size), the chance of one
+    # (1/classes), and whether k is beyond chance; None where labels were known to the
+    # attacker, none were recovered, or recorded before labels were findings.
+    labels_recovered: int | None = None
+    label_chance: float | None = None
+    labels_beyond_chance: bool | None = None
 
     @property
     def cut_short(self) -> bool:
         """Stopped by the clock or a person before the attack had its full step budget."""
         return self.stop_reason in ("time budget", "cancelled")
+
+    @property
+    def held(self) -> bool:
+        """Every image below the best guess by the held margins."""
+        return self.batch_size > 0 and self.images_held == self.batch_size
+
+    @property
+    def broke_update(self) -> bool:
+        """As a control: the attack broke the undefended update, at least
+        ``CONTROL_LEAK_SHARE`` of its images recovered beyond the guess."""
+        return self.leaked and self.images_recovered >= CONTROL_LEAK_SHARE * self.batch_size
+
+    def label_words(self) -> str:
+        """'the private labels were recovered, k of B against a chance of p%', or ''."""
+        if not self.labels_beyond_chance or self.label_chance is None:
+            return ""
+        return (
+            f"the private labels were recovered, {self.labels_recovered} of {self.batch_size} "
+            f"against a chance of {100 * self.label_chance:.3g}%"
+        )
 
     def figures(self) -> str:
         """'k of B images beyond the guess; mean PSNR x dB (best guess y dB)'."""
@@ -73,7 +121,18 @@ class Finding:
         )
 
     @classmethod
-    def from_scores(cls, risk: Risk, stop_reason: str, steps: int, planned: int) -> Finding:
+    def from_scores(
+        cls,
+        risk: Risk,
+        stop_reason: str,
+        steps: int,
+        planned: int,
+        *,
+        labels: tuple[int, float, bool] | None = None,
+    ) -> Finding:
+        """``labels``: (correct labels, chance of one, beyond chance), where the attacker did
+        not know them and recovered some."""
+        k, chance, beyond = labels if labels is not None else (None, None, None)
         return cls(
             leaked=risk.images_recovered > 0,
             level=risk.level,
@@ -86,6 +145,10 @@ class Finding:
             stop_reason=stop_reason,
             steps=steps,
             planned_steps=planned,
+            images_held=risk.images_held,
+            labels_recovered=k,
+            label_chance=chance,
+            labels_beyond_chance=beyond,
         )
 
 
@@ -174,6 +237,10 @@ class Scope:
     steps: int  # steps spent over all starts (and attacks)
     seconds: float
     threat: ThreatCard
+    # Whether the attacker that knows the defense ran (``Twins``), and in words why not
+    # where it did not; recorded before: "none".
+    twins: Twins = "none"
+    twins_words: str = "not recorded (a verdict from before twins were checked)"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scope:
@@ -229,6 +296,65 @@ def _attacks(scope: Scope) -> str:
     return " and ".join(scope.attacks) if len(scope.attacks) <= 2 else ", ".join(scope.attacks)
 
 
+def _why_inconclusive(
+    finding: Finding, scope: Scope, defended: bool, control: Finding | None, control_note: str
+) -> tuple[str, str, str] | None:
+    """(headline's reason, sentence's reason, advice) of a run that recovered nothing and
+    shows nothing either; None when the defense held."""
+    if finding.cut_short:
+        reason = (
+            f"the attack was stopped by its {finding.stop_reason} at step {finding.steps:,} of "
+            f"{finding.planned_steps:,}, before it could finish"
+        )
+        headline = reason
+        if scope.twins in ("partly", "none") and "budget" in scope.twins_words:
+            reason += f" ({scope.twins_words})"
+        return headline, reason, "raise the time budget or lower the steps and run it again"
+    if finding.stop_reason == "diverged":
+        reason = "every attack diverged: its optimisation broke down, so it measured nothing"
+        return reason, reason, "lower the learning rate or the steps, or try another attack"
+    if not defended:
+        reason = "a failed attack on the undefended update is not evidence of safety"
+        return reason, reason, "raise the budget or try another attack (or every applicable attack)"
+    if control is None:
+        reason = (
+            f"no undefended control at the same budget is available ({control_note or 'not run'})"
+        )
+        return (
+            reason.split(" (")[0],
+            reason,
+            "run the same attack without the defense at this budget",
+        )
+    if not control.broke_update:
+        reason = (
+            "the attack did not break even the undefended update at this budget "
+            f"(control: {control.figures()}; it counts as broken with at least "
+            f"{CONTROL_LEAK_SHARE:.0%} of its images recovered), so nothing is known about the "
+            "defense"
+        )
+        return reason.split(" (")[0], reason, "raise the budget or use another attack"
+    if not finding.held:
+        shown = (
+            "recorded before the held margins"
+            if finding.images_held is None
+            else f"{finding.images_held} of {finding.batch_size} below the guess by the margins"
+        )
+        headline = "the reconstruction sits between the guess and the recovered line"
+        reason = (
+            f"{headline}: not recovered, yet not clearly below the best guess ({shown}; "
+            f"{HELD_RULE}), so the defense is not shown to hold"
+        )
+        return headline, reason, "raise the budget or use a stronger attack"
+    if scope.twins != "ran":
+        headline = f"the defense held against the plain attack only ({scope.twins_words})"
+        reason = (
+            f"{headline}; the defense is not shown to hold against an attacker that knows it, "
+            "which several defenses of this tool's tables fall to"
+        )
+        return headline, reason, "run it with the attacker that knows the defense"
+    return None
+
+
 def judge(
     finding: Finding,
     scope: Scope,
@@ -241,60 +367,62 @@ def judge(
     attacks = _attacks(scope)
     if not defended:
         control_note = "no defense: this run is the undefended case itself"
+    labels = finding.label_words()
+    cut = (
+        f" The run was stopped by its {finding.stop_reason} at step {finding.steps:,} of "
+        f"{finding.planned_steps:,}; the leak it had shown by then stands, and a complete run "
+        "may show more."
+        if finding.cut_short
+        else ""
+    )
+    versus = f" Without the defense: {control.figures()}." if defended and control else ""
     if finding.leaked:
         level = finding.level or "Medium"
-        cut = (
-            f" The run was stopped by its {finding.stop_reason} at step {finding.steps:,} of "
-            f"{finding.planned_steps:,}; the leak it had shown by then stands, and a complete run "
-            "may show more."
-            if finding.cut_short
-            else ""
-        )
+        also = f" Besides, {labels}." if labels else ""
         if defended:
             headline = f"{level}: the defense did not stop {attacks}"
-            versus = f" Without the defense: {control.figures()}." if control else ""
             sentence = (
                 f"Under {scope.defense}, {attacks}: {finding.figures()}; {LEVEL_MEANING[level]}."
-                f"{versus}{cut}"
+                f"{also}{versus}{cut}"
             )
         else:
             headline = f"{level}: {attacks} rebuilt the client's images"
-            sentence = f"{attacks}: {finding.figures()}; {LEVEL_MEANING[level]}.{cut}"
+            sentence = f"{attacks}: {finding.figures()}; {LEVEL_MEANING[level]}.{also}{cut}"
         return Verdict("leaks", level, headline, sentence, finding, control, control_note, scope)
 
+    if labels:
+        where = f"Under {scope.defense}, " if defended else ""
+        headline = (
+            f"{LABELS_LEVEL}: {attacks} recovered the private labels "
+            f"({finding.labels_recovered} of {finding.batch_size})"
+        )
+        sentence = (
+            f"{where}{attacks} recovered no image beyond the best guess ({finding.figures()}), "
+            f"but {labels} ({LABEL_RULE}): the class of a private record is a disclosure."
+            f"{versus}{cut}"
+        )
+        return Verdict(
+            "labels_leak", LABELS_LEVEL, headline, sentence, finding, control, control_note, scope
+        )
+
     nothing = f"{attacks} recovered nothing beyond the best guess ({finding.figures()})"
-    if finding.cut_short:
-        reason = (
-            f"the attack was stopped by its {finding.stop_reason} at step {finding.steps:,} of "
-            f"{finding.planned_steps:,}, before it could finish"
-        )
-        advice = "raise the time budget or lower the steps and run it again"
-    elif not defended:
-        reason = "a failed attack on the undefended update is not evidence of safety"
-        advice = "raise the budget or try another attack (or every applicable attack)"
-    elif control is None:
-        reason = (
-            f"no undefended control at the same budget is available ({control_note or 'not run'})"
-        )
-        advice = "run the same attack without the defense at this budget"
-    elif not control.leaked:
-        reason = (
-            "the attack did not break even the undefended update at this budget "
-            f"(control: {control.figures()}), so nothing is known about the defense"
-        )
-        advice = "raise the budget or use another attack"
-    else:
+    why = _why_inconclusive(finding, scope, defended, control, control_note)
+    if why is None:
+        assert control is not None
         headline = f"Low: the defense stopped {attacks} at this budget"
         sentence = (
-            f"Under {scope.defense}, {nothing}, while the same attack at the same budget "
-            f"broke the undefended update ({control.figures()}; level {control.level}). "
-            "The defense stopped this attack at this budget; a stronger or adaptive attack "
-            "may still succeed."
+            f"Under {scope.defense}, {nothing}; every image stayed below its guess by the "
+            f"held margins, and the attacker that knows the defense ran "
+            f"({scope.twins_words}), while the same attack at the same budget broke the "
+            f"undefended update ({control.figures()}; level {control.level}). "
+            "The defense stopped these attacks at this budget; a stronger attack may still "
+            "succeed."
         )
         return Verdict(
             "defense_held", "Low", headline, sentence, finding, control, control_note, scope
         )
-    headline = f"Inconclusive: {reason.split(' (')[0]}"
+    short, reason, advice = why
+    headline = f"Inconclusive: {short}"
     sentence = f"{nothing}. Inconclusive: {reason}; {advice}."
     return Verdict(
         "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
