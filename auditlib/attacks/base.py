@@ -10,17 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from auditlib.attacks.race import HalvingPlan
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
 from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, KnownDefense, Observation
-
-if TYPE_CHECKING:
-    from auditlib.attacks.loop import HalvingPlan
 
 
 def _never() -> bool:

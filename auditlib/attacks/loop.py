@@ -29,42 +29,21 @@ from typing import Protocol
 import torch
 
 from auditlib.attacks.base import Clock, ProgressEvent, RunControl, final_event
+from auditlib.attacks.race import PLAN, HalvingPlan
 from auditlib.reconstruction import Candidate
 
-
-@dataclass(frozen=True)
-class HalvingPlan:
-    """Where a race drops restarts: at each rung (a fraction of the step budget) the better
-    ``keep`` share of the running restarts, by the attack's objective, goes on."""
-
-    rungs: tuple[float, ...] = (0.03, 0.1, 0.25)
-    keep: float = 0.5
-
-    def rung_steps(self, max_steps: int, every: int = 1) -> list[int]:
-        """The rungs in steps, on the event grid (every ``every`` steps)."""
-        steps = {every * math.ceil(f * max_steps / every) for f in self.rungs}
-        return sorted(s for s in steps if 0 < s < max_steps)
-
-    def planned_steps(self, starts: int, max_steps: int, every: int = 1) -> int:
-        """Steps over all restarts if none stops early."""
-        total, alive, done = 0, starts, 0
-        for rung in self.rung_steps(max_steps, every):
-            total += alive * (rung - done)
-            alive, done = self.survivors(alive), rung
-        return total + alive * (max_steps - done)
-
-    def survivors(self, alive: int) -> int:
-        return max(1, math.ceil(alive * self.keep))
-
-    def describe(self) -> str:
-        rungs = ", ".join(f"{f:.0%}" for f in self.rungs)
-        return (
-            f"successive halving: all starts run to {rungs} of the steps, keeping the better "
-            f"{self.keep:.0%} by the attack's own objective at each"
-        )
-
-
-PLAN = HalvingPlan()
+# ``PLAN`` and ``HalvingPlan`` live in ``race.py``; importers of ``attacks.loop`` keep them.
+__all__ = [
+    "PLAN",
+    "HalvingPlan",
+    "MakeRestarts",
+    "Restarts",
+    "StepInterrupted",
+    "run_restarts",
+    "stacked",
+    "start_seed",
+    "total_steps",
+]
 
 
 def total_steps(restarts: int, race: HalvingPlan | None, max_steps: int, every: int) -> int:

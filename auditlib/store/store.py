@@ -13,11 +13,12 @@ Rules the methods enforce, so every caller gets them without repeating them:
   consumer whose run was deleted to stop;
 - JSON columns hold plain JSON: NaN and infinities become null.
 
-Why one module of about 600 lines: the rules above hold because every read and write is a
-method of one class over one pair of sessionmakers; split across modules, a new method
+Why one class of over 500 lines: the rules above hold because every read and write is a
+method of one class over one pair of sessionmakers; split across classes, a new method
 could open its own session and skip them. The class is in sections (assets, run writes,
-run reads, batches); records, conversions and the view scoped to one user live apart
-(``records.py``, ``convert.py``, ``scoped.py``).
+run reads, batches). What needs no session of its own lives apart: records, conversions,
+rows to records, the deletions done inside a method's transaction and the view scoped to
+one user (``records.py``, ``convert.py``, ``rows.py``, ``deletion.py``, ``scoped.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from auditlib.store.convert import (
     plain_json,
     utcnow,
 )
+from auditlib.store.deletion import delete_run_rows, delete_unused_asset
 from auditlib.store.engine import WRITE_OPTION, acquire, default_database_url, describe, release
 from auditlib.store.models import Asset, AssetOwner, Batch, Run, RunAsset, RunEvent, RunImage
 from auditlib.store.records import (
@@ -66,6 +68,7 @@ from auditlib.store.records import (
     ImageRecord,
     RunRecord,
 )
+from auditlib.store.rows import asset_info, batch_record, event_record, image_record, run_record
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -79,49 +82,6 @@ class RunFinishedError(ValueError):
 
 
 _RANK = {COMPLETED: 0, TIMED_OUT: 1}  # which run stands for a spec: one with scores first
-
-
-def _asset_info(row: Asset) -> AssetInfo:
-    return AssetInfo(row.sha256, row.kind, row.name, row.size, dict(row.meta), row.created_at)
-
-
-def _run_record(row: Run) -> RunRecord:
-    return RunRecord(
-        id=row.id,
-        spec_id=row.spec_id,
-        title=row.title,
-        status=row.status,
-        spec=dict(row.spec),
-        summary=None if row.summary is None else dict(row.summary),
-        error=row.error,
-        cancel_requested=bool(row.cancel_requested),
-        worker=row.worker,
-        stage=row.stage,
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        psnr_mean=row.psnr_mean,
-        ssim_mean=row.ssim_mean,
-        lpips_mean=row.lpips_mean,
-        label_accuracy=row.label_accuracy,
-        iterations=row.iterations,
-        seconds=row.seconds,
-        owner=row.owner,
-    )
-
-
-def _batch_record(row: Batch) -> BatchRecord:
-    return BatchRecord(row.id, row.kind, row.title, dict(row.definition), row.created_at, row.owner)
-
-
-def _event_record(row: RunEvent) -> EventRecord:
-    return EventRecord(
-        row.seq, row.step, row.total, row.elapsed_s, dict(row.losses), row.created_at
-    )
-
-
-def _image_record(row: RunImage) -> ImageRecord:
-    return ImageRecord(row.step, row.kind, bytes(row.png), row.created_at)
 
 
 class Store:
@@ -230,14 +190,14 @@ class Store:
             row = s.get(Asset, sha256)
             if row is None:
                 return None
-            info = _asset_info(row)
+            info = asset_info(row)
             return AssetRecord(**vars(info), data=bytes(row.data))
 
     def get_asset_info(self, sha256: str) -> AssetInfo | None:
         """An asset without its bytes."""
         with self._session() as s:
             row = s.get(Asset, sha256, options=[defer(Asset.data)])
-            return None if row is None else _asset_info(row)
+            return None if row is None else asset_info(row)
 
     def list_assets(self, kind: str | None = None, *, owner: str | None = None) -> list[AssetInfo]:
         """Assets newest first, WITHOUT their bytes (AssetInfo; ``get_asset`` loads them);
@@ -249,7 +209,7 @@ class Store:
             query = query.where(Asset.kind == check_choice(kind, ASSET_KINDS, "asset kind"))
         query = query.order_by(Asset.created_at.desc(), Asset.sha256)
         with self._session() as s:
-            return [_asset_info(row) for row in s.scalars(query)]
+            return [asset_info(row) for row in s.scalars(query)]
 
     # ---------------------------------------------------------------- runs: writes
 
@@ -406,16 +366,8 @@ class Store:
         with self._session(write=True) as s:
             owner = s.scalar(select(Run.owner).where(Run.id == run_id))
             used = list(s.scalars(select(RunAsset.sha256).where(RunAsset.run_id == run_id)))
-            self._delete_run_rows(s, run_id)
-            return [info for sha in used if (info := self._delete_unused_asset(s, sha, owner))]
-
-    @staticmethod
-    def _delete_run_rows(s: Session, run_id: str) -> None:
-        """The run with its upload links, events and images (the uploads themselves stay)."""
-        s.execute(delete(RunAsset).where(RunAsset.run_id == run_id))
-        s.execute(delete(RunEvent).where(RunEvent.run_id == run_id))
-        s.execute(delete(RunImage).where(RunImage.run_id == run_id))
-        s.execute(delete(Run).where(Run.id == run_id))
+            delete_run_rows(s, run_id)
+            return [info for sha in used if (info := delete_unused_asset(s, sha, owner))]
 
     def runs_using_asset(self, sha256: str, *, owner: str | None = None) -> int:
         """How many stored runs (of ``owner``, if given) use the upload ``sha256``."""
@@ -439,7 +391,7 @@ class Store:
                     "those runs first (the upload goes with the last of them)"
                 )
             s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha256))
-            return self._delete_unused_asset(s, sha256)
+            return delete_unused_asset(s, sha256)
 
     def release_asset(self, sha256: str, owner: str) -> AssetInfo | None:
         """``owner`` gives up their upload: their claim goes, and the bytes with it when no
@@ -460,27 +412,7 @@ class Store:
             s.execute(
                 delete(AssetOwner).where(AssetOwner.sha256 == sha256, AssetOwner.owner == owner)
             )
-            return self._delete_unused_asset(s, sha256)
-
-    @staticmethod
-    def _delete_unused_asset(s: Session, sha256: str, owner: str | None = None) -> AssetInfo | None:
-        """Delete the upload unless a run uses it or a user other than ``owner`` (the owner
-        of the run just deleted) holds a claim to it; then only ``owner``'s claim goes."""
-        if s.scalar(select(RunAsset.sha256).where(RunAsset.sha256 == sha256).limit(1)):
-            return None
-        claims = set(s.scalars(select(AssetOwner.owner).where(AssetOwner.sha256 == sha256)))
-        if claims - {owner}:
-            s.execute(
-                delete(AssetOwner).where(AssetOwner.sha256 == sha256, AssetOwner.owner == owner)
-            )
-            return None
-        row = s.get(Asset, sha256, options=[defer(Asset.data)])
-        if row is None:
-            return None
-        info = _asset_info(row)
-        s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha256))
-        s.execute(delete(Asset).where(Asset.sha256 == sha256))
-        return info
+            return delete_unused_asset(s, sha256)
 
     def delete_older_than(self, cutoff: datetime) -> tuple[int, int, tuple[AssetInfo, ...]]:
         """Retention: delete finished runs that ended before ``cutoff``, batches made before
@@ -493,7 +425,7 @@ class Store:
                 )
             )
             for run_id in old:
-                self._delete_run_rows(s, run_id)
+                delete_run_rows(s, run_id)
             batches = cast(
                 CursorResult[Any], s.execute(delete(Batch).where(Batch.created_at < cutoff))
             )
@@ -506,7 +438,7 @@ class Store:
             uploads = []
             for sha in stale:
                 s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha))
-                if (info := self._delete_unused_asset(s, sha)) is not None:
+                if (info := delete_unused_asset(s, sha)) is not None:
                     uploads.append(info)
             return len(old), int(batches.rowcount or 0), tuple(uploads)
 
@@ -515,7 +447,7 @@ class Store:
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._session() as s:
             row = s.get(Run, run_id)
-            return None if row is None else _run_record(row)
+            return None if row is None else run_record(row)
 
     def list_runs(
         self,
@@ -538,7 +470,7 @@ class Store:
             query = query.where(Run.spec_id == spec_id)
         query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
         with self._session() as s:
-            return [_run_record(row) for row in s.scalars(query)]
+            return [run_record(row) for row in s.scalars(query)]
 
     def events(self, run_id: str, after_seq: int = -1) -> list[EventRecord]:
         """The run's events with ``seq > after_seq``, in order (poll with the last seq)."""
@@ -548,7 +480,7 @@ class Store:
             .order_by(RunEvent.seq)
         )
         with self._session() as s:
-            return [_event_record(row) for row in s.scalars(query)]
+            return [event_record(row) for row in s.scalars(query)]
 
     def latest_event(self, run_id: str) -> EventRecord | None:
         query = (
@@ -556,7 +488,7 @@ class Store:
         )
         with self._session() as s:
             row = s.scalars(query).first()
-            return None if row is None else _event_record(row)
+            return None if row is None else event_record(row)
 
     def image(self, run_id: str, kind: str) -> ImageRecord | None:
         """The latest image of that kind, or None."""
@@ -569,7 +501,7 @@ class Store:
         )
         with self._session() as s:
             row = s.scalars(query).first()
-            return None if row is None else _image_record(row)
+            return None if row is None else image_record(row)
 
     # ---------------------------------------------------------------- batches
 
@@ -600,7 +532,7 @@ class Store:
     def get_batch(self, batch_id: str) -> BatchRecord | None:
         with self._session() as s:
             row = s.get(Batch, batch_id)
-            return None if row is None else _batch_record(row)
+            return None if row is None else batch_record(row)
 
     def list_batches(
         self, kind: str | None = None, limit: int = 200, *, owner: str | None = None
@@ -613,7 +545,7 @@ class Store:
             query = query.where(Batch.kind == check_choice(kind, BATCH_KINDS, "batch kind"))
         query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
         with self._session() as s:
-            return [_batch_record(row) for row in s.scalars(query)]
+            return [batch_record(row) for row in s.scalars(query)]
 
     def delete_batch(self, batch_id: str) -> None:
         """Forget the batch; its runs stay (they are ordinary runs, perhaps shared)."""
@@ -639,5 +571,5 @@ class Store:
             for row in s.scalars(query):
                 held = best.get(row.spec_id)
                 if held is None or _RANK.get(row.status, 2) < _RANK.get(held.status, 2):
-                    best[row.spec_id] = _run_record(row)
+                    best[row.spec_id] = run_record(row)
         return best

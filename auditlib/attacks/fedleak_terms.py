@@ -1,0 +1,155 @@
+"""The terms of FedLeak's objective (Fan et al. 2025), each a plain function on tensors.
+
+Partial gradient matching (Sec. 4.2: the top-R masks and the masked L1 + cosine distance),
+gradient regularisation (Sec. 4.3: the look-ahead blend and the ascent probe) and the
+activation-sparsity prior (Sec. 4.4: which modules it reads, and their outputs' mean
+magnitude). ``fedleak.py`` assembles them into the objective and runs the attack; they live
+here so each term reads against its section of the paper on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from torch import nn
+
+from auditlib.attacks.objectives import cosine_distance, flat_like
+
+Tensors = tuple[torch.Tensor, ...]
+
+# Modules whose outputs are "activation values" for the sparsity prior (Sec. 4.4).
+ACTIVATION_TYPES = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Hardswish,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Softplus,
+)
+
+
+# --- Partial gradient matching ---------------------------------------------------------------
+
+
+def _top_fraction(values: torch.Tensor, ratio: float) -> torch.Tensor:
+    """A 0/1 mask (dtype of ``values``) on the ceil(ratio * n) largest of the 1-D ``values``."""
+    n = values.numel()
+    k = min(n, max(1, math.ceil(ratio * n)))
+    if k == n:
+        return torch.ones_like(values)
+    indices = torch.topk(values, k, sorted=False).indices
+    return torch.zeros_like(values).scatter(0, indices, 1.0)  # out of place: runs under vmap
+
+
+def top_ratio_masks(
+    gradients: Tensors, ratio: float, scope: Literal["global", "per_layer"]
+) -> Tensors:
+    """Masks on the top ``ratio`` of |gradient| elements (the set Lambda, Sec. 4.2).
+
+    ``global`` ranks all elements of all parameters together (the paper's "top R % of g'");
+    ``per_layer`` keeps the top ratio of each parameter tensor (the released code's median).
+    """
+    with torch.no_grad():
+        if scope == "per_layer":
+            return tuple(_top_fraction(g.abs().flatten(), ratio).view_as(g) for g in gradients)
+        flat = torch.cat([g.abs().flatten() for g in gradients])
+        parts = _top_fraction(flat, ratio).split([g.numel() for g in gradients])
+        return tuple(p.view_as(g) for p, g in zip(parts, gradients, strict=True))
+
+
+def masked_distance(
+    candidate: Tensors,
+    target: Tensors,
+    masks: Tensors,
+    mode: Literal["mean", "sum", "per_layer"] = "mean",
+) -> torch.Tensor:
+    """L1 + (1 - cos) between the masked gradients (Sec. 4.4, the loss without priors).
+
+    ``mean``: the L1 averaged over the selected elements (Theorem 2's form) plus one cosine
+    over all of them; ``sum``: the L1 summed (Eq. D's ||.||_1 read literally; on a ResNet it
+    is ~10^4 times the cosine term, which it then drowns);
+    ``per_layer``: per parameter tensor, mean L1 over the tensor plus 1 - cos, summed over
+    tensors (the released code's ``combine_loss``). ``candidate`` and ``masks`` may be R
+    restarts' stacked along a leading dimension (then one value per restart).
+    """
+    if mode == "per_layer":
+        total = candidate[0].new_zeros(())
+        for c, t, m in zip(candidate, target, masks, strict=True):
+            l1 = flat_like(((c - t) * m).abs(), t).mean(-1)
+            total = total + l1 + cosine_distance([c], [t], [m])
+        return total
+    l1 = candidate[0].new_zeros(())
+    for c, t, m in zip(candidate, target, masks, strict=True):
+        l1 = l1 + flat_like(((c - t) * m).abs(), t).sum(-1)
+    if mode == "mean":
+        chosen = sum(flat_like(m, t).sum(-1) for m, t in zip(masks, target, strict=True))
+        l1 = l1 / chosen.clamp(min=1)
+    return l1 + cosine_distance(candidate, target, masks)
+
+
+# --- Gradient regularisation ----------------------------------------------------------------
+
+
+def blend_directions(current: torch.Tensor, ahead: torch.Tensor, blend: float) -> torch.Tensor:
+    """(1 - lambda') grad J(x') + lambda' grad J(look-ahead point) (Eq. 13)."""
+    return current if blend == 0 else (1 - blend) * current + blend * ahead
+
+
+def ascent_offset(direction: torch.Tensor, k: float) -> torch.Tensor:
+    """phi = k' grad / ||grad|| with k' = k sqrt(n): the probe of Eqs. 10-12 along +grad D."""
+    norm = direction.norm().clamp(min=1e-12)
+    return direction * (k * math.sqrt(direction.numel()) / norm)
+
+
+# --- Activation prior ------------------------------------------------------------------------
+
+
+def activation_modules(model: nn.Module, layers: str) -> list[nn.Module]:
+    """Modules whose outputs enter beta * sum_l mean|F_l(x')|.
+
+    ``activations``: every activation module (ReLU, sigmoid, ...). ``stages``: the residual
+    stages ``layer1..layerN`` of a ResNet, falling back to the activations without them.
+    The paper names neither; TorchScript models expose no hookable modules (prior off).
+    """
+    if isinstance(model, torch.jit.ScriptModule):
+        return []
+    if layers == "stages":
+        stages = [m for name, m in model.named_children() if name.startswith("layer")]
+        if stages:
+            return stages
+    return [m for m in model.modules() if isinstance(m, ACTIVATION_TYPES)]
+
+
+@contextlib.contextmanager
+def capture_outputs(modules: list[nn.Module]) -> Iterator[list[torch.Tensor]]:
+    """Collects the outputs of ``modules`` during the forward passes inside the block."""
+    outputs: list[torch.Tensor] = []
+    handles = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for m in modules]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def activation_penalty(
+    outputs: list[torch.Tensor], passes: int, like: torch.Tensor
+) -> torch.Tensor:
+    """Sum over captured outputs of mean |output|, per simulated forward pass."""
+    total = like.new_zeros(())
+    for out in outputs:
+        if isinstance(out, torch.Tensor):
+            total = total + out.abs().mean()
+    return total / passes
