@@ -146,3 +146,44 @@ def test_the_grey_guess_is_scored_like_a_reconstruction():
     assert grey.guesses[0].psnr_mean == pytest.approx(12.041, abs=1e-3)
     assert grey.risk.guess_psnr_mean == pytest.approx(grey.psnr_mean)
     assert grey.risk.images_recovered == 0
+
+
+def test_nothing_shown_needs_a_margin_below_the_guess_in_both_measures():
+    from auditlib.metrics.risk import HELD_MARGIN_DB, HELD_SSIM_MARGIN, nothing_shown
+
+    assert (HELD_MARGIN_DB, HELD_SSIM_MARGIN) == (1.0, 0.05)
+    guess = (11.56, 0.141)  # the astronaut's best guess
+    # DLG under 4-bit quantisation (defenses.json, privacy row 15): noise, far below.
+    assert nothing_shown(4.92, 0.019, *guess)
+    # GRNN's twin under pruning at 0.999 (holds-again row 3): below in pixels, above in SSIM.
+    assert not nothing_shown(10.18, 0.179, *guess)
+    # Just under the guess is not below it by the margin.
+    assert not nothing_shown(11.0, 0.05, *guess)
+    assert not nothing_shown(5.0, 0.12, *guess)
+    assert nothing_shown(5.0, None, 11.56, None)  # without SSIM, pixels alone
+
+
+def test_the_risk_counts_images_held_apart_from_images_between():
+    per_image = [
+        {"psnr": 25.0, "ssim": 0.9},  # recovered
+        {"psnr": 9.0, "ssim": 0.17},  # between: below in pixels, not in structure
+        {"psnr": 5.0, "ssim": 0.01},  # nothing shown
+    ]
+    summary = risk_summary(per_image, [_guess(12.0, 0.2)] * 3)
+    assert [i["nothing_shown"] for i in per_image] == [False, False, True]
+    assert (summary["images_recovered"], summary["images_held"]) == (1, 1)
+
+
+def test_a_matched_candidate_keeps_its_pairing_when_scored():
+    # The per-image union of several attacks is already in the originals' order; Hungarian
+    # matching on it could pair an image with another attack's reconstruction and lose it.
+    g = torch.Generator().manual_seed(1)
+    originals = torch.rand(2, 1, 16, 16, generator=g)
+    truth = PrivateBatch(originals, torch.tensor([0, 1]), ("a", "b"))
+    normalization = Normalization.parse("none", 1)
+    swapped = originals.flip(0)  # reconstruction 0 looks like original 1 and vice versa
+    hungarian = score(swapped, None, truth, normalization, ())
+    identity = score(swapped, None, truth, normalization, (), matched_already=True)
+    assert [p.reconstruction_index for p in hungarian.per_image] == [1, 0]
+    assert [p.reconstruction_index for p in identity.per_image] == [0, 1]
+    assert identity.risk.images_recovered == 0 and hungarian.risk.images_recovered == 2

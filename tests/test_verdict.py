@@ -124,3 +124,128 @@ def test_the_threat_card_names_the_sok_model():
     assert informed.sok_model == "E"
     known = {k.item: k.known for k in informed.knowledge}
     assert known["labels"] and not known["surrogate data"]
+
+
+# ------------------------------------------------------------------ issue 30: soundness
+
+
+def test_held_needs_every_image_below_the_guess_by_the_margins():
+    # Pruning at 0.999 against GRNN's twin (benchmarks/results/defenses.json, holds-again
+    # row 3): 10.18 dB / SSIM 0.179 against the astronaut's guess 11.56 dB / 0.141. Not
+    # recovered, yet more structure than the guess: it used to read "defense held".
+    from auditlib.metrics.risk import risk_summary
+
+    per_image = [{"psnr": 10.18, "ssim": 0.179}]
+    risk = risk_summary(per_image, [{"guess": "grey", "psnr": 11.56, "ssim": 0.1407}])
+    assert risk["images_recovered"] == 0 and risk["images_held"] == 0
+    pruned = replace(finding(0, batch=1), images_held=risk["images_held"])
+    verdict = judge(pruned, SCOPE, defended=True, control=finding(4), control_note="c")
+    assert verdict.outcome == "inconclusive" and verdict.level == "Inconclusive"
+    assert "sits between the guess and the recovered line" in verdict.headline
+    # One image of four between the lines is enough to withhold "held".
+    partly = judge(finding(0, held=3), SCOPE, defended=True, control=finding(4))
+    assert partly.outcome == "inconclusive"
+    assert "3 of 4 below it by the margins" in partly.sentence
+
+
+def test_the_control_leaked_only_with_a_share_of_its_images():
+    assert CONTROL_LEAK_SHARE == 0.5
+    one = judge(finding(0), SCOPE, defended=True, control=finding(1, batch=4), control_note="c")
+    assert one.outcome == "inconclusive"
+    assert "did not break even the undefended update" in one.headline
+    assert "at least 50% of its images" in one.sentence
+    half = judge(finding(0), SCOPE, defended=True, control=finding(2, batch=4), control_note="c")
+    assert half.outcome == "defense_held" and half.level == "Low"
+
+
+def test_a_run_whose_every_attack_diverged_is_inconclusive_unless_it_leaked():
+    diverged = judge(finding(0, stop="diverged"), SCOPE, defended=True, control=finding(4))
+    assert diverged.outcome == "inconclusive"
+    assert diverged.headline.startswith("Inconclusive: every attack diverged")
+    leaked = judge(finding(2, stop="diverged"), SCOPE, defended=True, control=finding(4))
+    assert leaked.outcome == "leaks"
+
+
+def test_a_twin_skipped_for_want_of_budget_reads_in_the_sentence():
+    scope = replace(
+        SCOPE,
+        twins="partly",
+        twins_words="the twin of dlg did not run: the run's time budget was spent",
+    )
+    verdict = judge(finding(0, stop="time budget"), scope, defended=True, control=finding(4))
+    assert verdict.outcome == "inconclusive"
+    assert "stopped by its time budget" in verdict.headline
+    assert "the twin of dlg did not run: the run's time budget was spent" in verdict.sentence
+
+
+@pytest.mark.parametrize(
+    ("twins", "why"),
+    [
+        ("off", "no twin ran: the paper preset runs the plain attack alone"),
+        ("not offered", "no attacker that knows fedboosting is offered"),
+        ("none", "the twin of dlg did not run: dlg cannot adapt to this defense"),
+        ("partly", "the twin of ig did not run: ig cannot adapt to this defense"),
+    ],
+)
+def test_low_only_against_the_attacker_that_knows_the_defense(twins, why):
+    scope = replace(SCOPE, twins=twins, twins_words=why)
+    verdict = judge(finding(0), scope, defended=True, control=finding(4), control_note="c")
+    assert verdict.outcome == "inconclusive" and verdict.level == "Inconclusive"
+    assert verdict.headline == (
+        f"Inconclusive: the defense held against the plain attack only ({why})"
+    )
+
+
+def test_a_stored_verdict_from_before_reads_inconclusive_never_low():
+    old = judge(finding(0), SCOPE, defended=True, control=finding(3), control_note="c").to_dict()
+    del old["scope"]["twins"], old["scope"]["twins_words"]
+    for key in ("images_held", "labels_recovered", "label_chance", "labels_beyond_chance"):
+        del old["finding"][key]
+    old["version"] = 1
+    read = Verdict.from_dict(old)
+    assert read.scope.twins == "none" and read.finding.images_held is None
+    again = judge(read.finding, read.scope, defended=True, control=finding(3), control_note="c")
+    assert again.outcome == "inconclusive"
+    assert "recorded before the held margins" in again.headline
+    assert VERDICT_VERSION == 2
+
+
+def test_label_chance_is_a_one_sided_binomial_test():
+    assert not labels_beyond_chance(1, 1, 10)  # p = 0.1: one correct label of ten classes
+    assert labels_beyond_chance(1, 1, 1000)  # p = 0.001: ResNet-18's one ImageNet label
+    assert labels_beyond_chance(3, 4, 10)  # p = 0.0037
+    assert not labels_beyond_chance(2, 4, 10)  # p = 0.052
+    assert not labels_beyond_chance(0, 4, 1000)
+
+
+def _labels(found: Finding, k: int, classes: int) -> Finding:
+    return replace(
+        found,
+        labels_recovered=k,
+        label_chance=1 / classes,
+        labels_beyond_chance=labels_beyond_chance(k, found.batch_size, classes),
+    )
+
+
+def test_labels_recovered_without_an_image_are_a_label_leak_not_nothing():
+    # ResNet-18, 224 px, 1000 classes, one photograph: no image, the label came back.
+    alone = _labels(finding(0, batch=1), 1, 1000)
+    verdict = judge(alone, SCOPE, defended=False)
+    assert verdict.outcome == "labels_leak" and verdict.level == "Labels"
+    assert verdict.is_finding
+    assert verdict.headline.startswith("Labels: dlg (audit preset) recovered the private labels")
+    assert "the private labels were recovered, 1 of 1 against a chance of 0.1%" in verdict.sentence
+    assert "recovered nothing" not in verdict.headline + verdict.sentence
+    # One correct label of ten classes is not beyond chance: nothing follows from it.
+    chance = judge(_labels(finding(0, batch=1), 1, 10), SCOPE, defended=False)
+    assert chance.outcome == "inconclusive"
+
+
+def test_labels_leak_beside_images_and_under_a_defense_that_held_the_images():
+    both = judge(_labels(finding(4), 4, 10), SCOPE, defended=False)
+    assert both.outcome == "leaks"
+    assert "Besides, the private labels were recovered, 4 of 4" in both.sentence
+    held_images = judge(
+        _labels(finding(0), 4, 10), SCOPE, defended=True, control=finding(4), control_note="c"
+    )
+    assert held_images.outcome == "labels_leak" and held_images.level == "Labels"

@@ -4,8 +4,8 @@
 preset, one after another, sharing the run's time budget: each attack gets an equal share
 of what is left when it starts (so time an attack does not use passes on). An attack that
 does not apply to the scenario (its declared requirement, or the attack's own refusal when
-it starts) is listed with its reason. The scores then take, per image, the best
-reconstruction any attack got (:func:`worst_case`).
+it starts) is listed with its reason. The scores then take, per image, the best of the
+attacks' own picks (:func:`worst_case`): the auditor's view, chosen with the private images.
 """
 
 from __future__ import annotations
@@ -35,10 +35,19 @@ from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec
 from auditlib.threat import AttackerKnowledge
 
-
 # The reason a twin is skipped when knowing the defense changes nothing in its objective:
 # the plain attack then already is the attacker that knows the defense.
 TWIN_SAME_AS_PLAIN = "knowing the defense leaves its objective the plain attack's"
+# The reason an attack is skipped when the run's clock ran out before it started: the run's
+# stop reason is then "time budget" (``engine.audit``), never "completed".
+BUDGET_SPENT = "the run's time budget was spent"
+# What the combined scores of several attacks are (``Scores.view``, result.json's
+# ``metrics.view``): not what any attacker would pick.
+AUDITOR_VIEW = (
+    "per image, the best of the attacks' own picks (each chosen by its attack's own loss), "
+    "chosen with the private images: the auditor's view, not an attacker's pick; an image "
+    "counts as recovered when any attack's own pick recovered it"
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,15 +190,21 @@ def _undone(final: Reconstruction, knowledge: AttackerKnowledge) -> Reconstructi
 def worst_case(
     runs: list[AttackRun], per_image: list[tuple[ImageScore, ...]]
 ) -> tuple[Candidate, list[str]]:
-    """Per image, the best of the attacks' own picks (by PSNR, which needs the ground truth:
-    the auditor's worst case, an attacker who can tell an image from noise), as one
-    candidate, with the attack each of its images came from.
+    """Per image, the best of the attacks' own picks, as one candidate in the originals'
+    order (to be scored with the identity matching: ``metrics.evaluate``'s
+    ``matched_already``), with the attack each of its images came from.
 
-    ``per_image[k]`` is run k's matched per-image scores of its selected candidate.
+    ``per_image[k]`` is run k's matched per-image scores of its own pick. Per image, among
+    the attacks whose pick is recovered beyond the guess (``beyond_guess``), the one with
+    the highest PSNR; where none is, the highest PSNR. So an image any attack recovered,
+    in pixels or in structure, stays recovered, and the combination counts at least as many
+    images as the best single attack. The choice uses the private images: the auditor's
+    view (``AUDITOR_VIEW``), not an attacker's pick.
     """
     images, labels, sources = [], [], []
     for i in range(len(per_image[0])):
-        k = max(range(len(runs)), key=lambda k: per_image[k][i].psnr)
+        recovered = [k for k in range(len(runs)) if per_image[k][i].beyond_guess]
+        k = max(recovered or range(len(runs)), key=lambda k: per_image[k][i].psnr)
         selected = runs[k].final.selected
         j = per_image[k][i].reconstruction_index
         images.append(selected.images[j])

@@ -22,6 +22,9 @@ import auditlib
 from auditlib.attacks import ProgressEvent, Reconstruction, RunControl
 from auditlib.defenses import build_defense
 from auditlib.engine.attack_phase import (
+    AUDITOR_VIEW,
+    BUDGET_SPENT,
+    TWIN_SAME_AS_PLAIN,
     AttackRun,
     adaptive_wanted,
     plan_attacks,
@@ -36,8 +39,9 @@ from auditlib.errors import AttackUnsupportedError, RunCancelledError
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
 from auditlib.metrics.catalogue import METRIC_DEFINITION
-from auditlib.metrics.scores import Scores
-from auditlib.metrics.verdict import Finding, Scope, judge, threat_card
+from auditlib.metrics.risk import labels_beyond_chance
+from auditlib.metrics.scores import Evaluation, ImageScore, Scores
+from auditlib.metrics.verdict import Finding, Scope, Twins, judge, threat_card
 from auditlib.result import (
     AttackRecord,
     AuditSummary,
@@ -150,7 +154,7 @@ def iter_audit(
         raise AttackUnsupportedError(f"no attack could run on this scenario ({reasons})")
 
     cancelled = control.is_cancelled
-    stop_reason = _stop_reason(ran, cancelled())
+    stop_reason = _stop_reason(runs, cancelled())
     utility: UtilityRecord | UtilityUnavailable | None
     if spec.utility is None:
         utility = None
@@ -169,25 +173,31 @@ def iter_audit(
         "prior": victim.prior,
         "prior_unavailable_reason": victim.prior_unavailable_reason,
     }
-    per_attack = []
+    per_attack: list[Evaluation] = []
     if len(planned) == 1:
         final = ran[0].final
         scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
         selected_scores = scores.attacker_selected
-    else:  # the worst case over the attacks, per image
+    else:  # per image, the best of the attacks' own picks: the auditor's view
         for run in ran:
-            quick = evaluate(run.final, truth, victim.normalization, (), **score_args)
-            per_attack.append(quick.attacker_selected)
-        combined, sources = worst_case(ran, [s.per_image for s in per_attack])
+            per_attack.append(evaluate(run.final, truth, victim.normalization, (), **score_args))
+        picks = [e.attacker_selected.per_image for e in per_attack]
+        combined, sources = worst_case(ran, picks)
         final = Reconstruction((combined,), stop_reason, sum(r.final.steps for r in ran))
-        scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
+        # Already paired with the originals: the identity matching keeps each image's scores
+        # as its attack's own pick had them, so no image recovered there is lost here.
+        scores = evaluate(
+            final, truth, victim.normalization, lpips_nets, matched_already=True, **score_args
+        )
         selected_scores = replace(
             scores.attacker_selected,
             per_image=tuple(
                 replace(image, attack=sources[image.reconstruction_index])
                 for image in scores.attacker_selected.per_image
             ),
+            view=AUDITOR_VIEW,
         )
+        _check_carried_over(selected_scores, picks, [r.label for r in ran])
     selected = final.selected
     order = [p.reconstruction_index for p in selected_scores.per_image]
     reconstruction = to_unit_range(selected.images, victim.normalization)[order]
@@ -195,7 +205,14 @@ def iter_audit(
     steps = sum(r.final.steps for r in ran)
     planned_steps = sum(p.planned_steps for p in planned)
     assert selected_scores.risk is not None  # scored now: the risk is always there
-    finding = Finding.from_scores(selected_scores.risk, stop_reason, steps, planned_steps)
+    finding = Finding.from_scores(
+        selected_scores.risk,
+        stop_reason,
+        steps,
+        planned_steps,
+        labels=_labels_found(spec, [selected_scores, *(e.attacker_selected for e in per_attack)]),
+    )
+    twins, twins_words = _twins(spec, release, adaptive, runs)
     scope = Scope(
         attacks=tuple(r.label for r in ran),
         defense=_component_words(spec.defense),
@@ -215,6 +232,8 @@ def iter_audit(
             batch_size=int(victim.batch.images.shape[0]),
             defense=_defense_knowledge(spec, release, adaptive, runs),
         ),
+        twins=twins,
+        twins_words=twins_words,
     )
     verdict = judge(finding, scope, defended=spec.defense.name != "none")
 
@@ -285,14 +304,77 @@ def iter_audit(
 
 
 def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:
-    """The run's stop reason: cancelled, or cut by the clock if any attack was, else the
-    attacks' own ("diverged" only if every attack diverged)."""
-    reasons = [r.final.stop_reason for r in runs]
+    """The run's stop reason: cancelled, or cut by the clock if any attack was or an attack
+    (a twin) was skipped because the clock had run out, else the attacks' own ("diverged"
+    only if every attack that ran diverged)."""
+    reasons = [r.final.stop_reason for r in runs if r.final is not None]
     if cancelled or "cancelled" in reasons:
         return "cancelled"
-    if "time budget" in reasons:
+    if "time budget" in reasons or any(r.skipped == BUDGET_SPENT for r in runs):
         return "time budget"
     return "diverged" if all(r == "diverged" for r in reasons) else "completed"
+
+
+def _check_carried_over(
+    combined: Scores, picks: list[tuple[ImageScore, ...]], labels: list[str]
+) -> None:
+    """Each image of the combination scores as it did in the pick of the attack it came
+    from: the count of images recovered can only be the union's."""
+    for i, image in enumerate(combined.per_image):
+        own = picks[labels.index(image.attack or "")][i]
+        if image.beyond_guess != own.beyond_guess or abs(image.psnr - own.psnr) > 1e-6:
+            raise AssertionError(
+                f"the combined scores of {image.name} differ from {image.attack}'s own pick"
+            )
+
+
+def _labels_found(spec: RunSpec, scored: list[Scores]) -> tuple[int, float, bool] | None:
+    """Labels the attacker did not know: the most any attack's own pick (or the combination)
+    got right, the chance of one (1/classes), and whether that is beyond chance
+    (``metrics.risk.labels_beyond_chance``); None where labels were known or none came back."""
+    if spec.scenario.labels_known:
+        return None
+    accuracies = [s.label_accuracy for s in scored if s.label_accuracy is not None]
+    if not accuracies:
+        return None
+    batch = len(scored[0].per_image)
+    correct = max(round(a * batch) for a in accuracies)
+    classes = spec.model.spec.num_classes
+    return correct, 1.0 / classes, labels_beyond_chance(correct, batch, classes)
+
+
+def _twins(spec: RunSpec, release, adaptive: bool, runs: list[AttackRun]) -> tuple[Twins, str]:
+    """Whether the attacker that knows the defense ran, in a word and in words: "ran" when
+    every attack that ran had its twin run, or its twin was skipped because its objective is
+    the plain attack's (``TWIN_SAME_AS_PLAIN``)."""
+    if spec.defense.name == "none":
+        return "no defense", "no defense"
+    if not adaptive:
+        why = (
+            "the paper preset runs the plain attack alone"
+            if spec.attack.preset == "paper"
+            else "the attacker that knows the defense was switched off"
+        )
+        return "off", f"no twin ran: {why}"
+    if release.known_defense is None:
+        return "not offered", f"no attacker that knows {spec.defense.name} is offered"
+    twins = {r.planned.name: r for r in runs if r.planned.adaptive}
+    plain = [r for r in runs if not r.planned.adaptive and r.final is not None]
+    covered, missing = [], []
+    for run in plain:
+        twin = twins.get(run.planned.name)
+        if twin is not None and twin.final is not None:
+            covered.append(f"{run.planned.name}'s twin ran")
+        elif twin is not None and (twin.skipped or "").startswith(TWIN_SAME_AS_PLAIN):
+            covered.append(f"{run.planned.name}'s twin is the plain attack ({TWIN_SAME_AS_PLAIN})")
+        else:
+            why = "none was planned" if twin is None else twin.skipped or "it did not run"
+            missing.append(f"the twin of {run.planned.name} did not run: {why}")
+    if not plain and any(t.final is not None for t in twins.values()):
+        return "ran", "every twin ran"
+    if not missing:
+        return "ran", "; ".join(covered)
+    return ("partly" if covered else "none"), "; ".join(missing)
 
 
 def _component_words(component: ComponentSpec) -> str:
@@ -327,8 +409,11 @@ def _defense_knowledge(
     return True, f"an adaptive twin of each attack {known.summary}{besides}"
 
 
-def _attack_record(run: AttackRun, scores: Scores | None) -> AttackRecord:
+def _attack_record(run: AttackRun, scored: Evaluation | None) -> AttackRecord:
+    """One attack of the run: its own pick's scores and its oracle best beside them."""
     ran = run.final is not None
+    scores = None if scored is None else scored.attacker_selected
+    oracle = None if scored is None else scored.oracle_best
     return AttackRecord(
         attack=run.planned.name,
         label=run.label,
@@ -344,6 +429,9 @@ def _attack_record(run: AttackRun, scores: Scores | None) -> AttackRecord:
         if scores is None or scores.risk is None
         else scores.risk.images_recovered,
         level=None if scores is None or scores.risk is None else scores.risk.level,
+        oracle_psnr_mean=None if oracle is None else oracle.psnr_mean,
+        oracle_ssim_mean=None if oracle is None else oracle.ssim_mean,
+        label_accuracy=None if scores is None else scores.label_accuracy,
     )
 
 

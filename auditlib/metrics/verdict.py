@@ -333,15 +333,17 @@ def _why_inconclusive(
             "defense"
         )
         return reason.split(" (")[0], reason, "raise the budget or use another attack"
-    if not finding.held:
-        shown = (
-            "recorded before the held margins"
-            if finding.images_held is None
-            else f"{finding.images_held} of {finding.batch_size} below the guess by the margins"
+    if finding.images_held is None:
+        reason = (
+            "the run was recorded before the held margins and the attacker that knows the "
+            "defense were checked"
         )
+        return reason, reason, "run it again for a verdict under the present rules"
+    if not finding.held:
         headline = "the reconstruction sits between the guess and the recovered line"
         reason = (
-            f"{headline}: not recovered, yet not clearly below the best guess ({shown}; "
+            f"{headline}: not recovered, yet not clearly below the best guess "
+            f"({finding.images_held} of {finding.batch_size} below it by the margins; "
             f"{HELD_RULE}), so the defense is not shown to hold"
         )
         return headline, reason, "raise the budget or use a stronger attack"
