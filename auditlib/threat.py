@@ -15,6 +15,7 @@ from torch import nn
 
 from auditlib.client.protocol import ClientProtocol
 from auditlib.data.normalization import Normalization
+from auditlib.likelihoods import Likelihood
 
 ObservationKind = Literal["gradient", "weight_delta", "weights"]
 
@@ -53,15 +54,16 @@ class KnownDefense:
     keys; what it can see of the defense's action it reads off the observation (the zeros
     that pruning leaves). An attack then compares only the ``mask``ed coordinates, passes its
     candidate's update through ``transform`` (the defense's deterministic part, on the update
-    the client would send: gradient or weight difference) and, where the defense's noise
-    calls for one, uses ``distance`` (its likelihood) instead of its own.
+    the client would send: gradient or weight difference) and, where the defense draws at
+    random, matches with the release's ``noise`` likelihood (``auditlib.likelihoods``) plus
+    the image prior it weighs (the Bayes-optimal attacker), instead of its own distance.
     """
 
     name: str
     summary: str  # plain words: what the attacker knows and what it does with it
     mask: Tensors | None = None  # per observed tensor: 1.0 where compared, 0.0 where not
     transform: Callable[[Tensors], Tensors] | None = None  # differentiable
-    distance: str | None = None
+    noise: Likelihood | None = None
     # Model parameters the attacker cannot know and fits jointly with its images (FedKL's
     # lock): called on the attacker's own copy of the model, returns the tensors to fit.
     unknowns: Callable[[nn.Module], Tensors] | None = None
@@ -72,12 +74,21 @@ class KnownDefense:
         Callable[[torch.Tensor, torch.Tensor | None, AttackerKnowledge], torch.Tensor] | None
     ) = None
 
+    @property
+    def distance(self) -> str | None:
+        """The noise's likelihood as a plain distance ("l2", "l1"), where it is one."""
+        return None if self.noise is None else self.noise.distance
+
     def needs(self) -> frozenset[str]:
-        """What an attack must support to match through this defense."""
+        """What an attack must support to match through this defense: "distance" where the
+        noise's likelihood is a plain distance (an attack without an image prior takes its
+        shape), "likelihood" where it is not one."""
+        noise = self.noise
         parts = {
             "mask": self.mask,
             "transform": self.transform,
-            "distance": self.distance,
+            "distance": noise if noise is not None and noise.distance is not None else None,
+            "likelihood": noise if noise is not None and noise.distance is None else None,
             "unknowns": self.unknowns,
             "postprocess": self.postprocess,
         }
@@ -86,7 +97,9 @@ class KnownDefense:
 
 # What an attack that matches through ``ThroughDefense`` supports of a ``KnownDefense``
 # (a post-processing step is the engine's, after any attack).
-MATCHES_THROUGH = frozenset({"mask", "transform", "distance", "unknowns", "postprocess"})
+MATCHES_THROUGH = frozenset(
+    {"mask", "transform", "distance", "likelihood", "unknowns", "postprocess"}
+)
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,10 +14,12 @@ from auditlib.attacks.base import ATTACKS
 from auditlib.attacks.fedleak import GradientModel
 from auditlib.attacks.objectives import UpdateMatcher
 from auditlib.client.protocol import ClientProtocol
+from auditlib.client.update import client_update
 from auditlib.defenses import DEFENSES, build_defense
 from auditlib.defenses.base import ClientContext
 from auditlib.defenses.fedkl import FedKL, FedKLConfig
 from auditlib.engine.audit import prepare_victim, run_audit
+from auditlib.likelihoods import image_prior_nats
 from auditlib.models.keylock import key_lock_modules
 from auditlib.spec import ComponentSpec, ScenarioSpec
 from auditlib.threat import KnownDefense
@@ -87,33 +89,115 @@ def test_at_the_true_batch_the_adaptive_objective_is_zero_and_the_plain_one_is_n
     assert float(matcher(release, False)(images, labels).detach()) > 1e-3 * scale
 
 
-def test_outposts_attacker_weighs_each_layer_by_its_known_noise_scale():
-    _, _, release = release_for(lenet_spec(), defense="outpost", defense_params={})
+def test_outposts_attacker_prunes_and_ranks_its_candidate_as_outpost_does():
+    _, batch, release = release_for(lenet_spec(), defense="outpost", defense_params={})
     known, observed = release.known_defense, release.observation.tensors
-    assert known.distance == "l2"
-    for weight, tensor in zip(known.mask, observed, strict=True):
-        assert torch.equal(weight == 0, tensor == 0)  # the pruned entries are left out
-    # The noise's scale is the layer weights' variance times noise_base: larger variance,
-    # smaller weight (LeNet's layers differ in fan-in, so in their init's spread).
-    variances = [float(p.var()) for p in release.knowledge.model.parameters() if p.numel() > 1]
-    scales = [float(w.max()) for w, t in zip(known.mask, observed, strict=True) if t.numel() > 1]
-    pairs = sorted(zip(variances, scales, strict=True))
-    assert all(a[1] >= b[1] - 1e-12 for a, b in itertools.pairwise(pairs))
+    assert known.needs() == {"likelihood"} and known.mask is None
+    # At the client's own update the modelled release is exact where OUTPOST added no
+    # noise (pruned zeros and untouched survivors alike), and differs only where it did.
+    protocol = release.knowledge.protocol
+    update = client_update(
+        release.knowledge.model,
+        release.knowledge.parameters(),
+        batch.images,
+        batch.labels,
+        protocol,
+        differentiable=False,
+    )
+    means, stds = known.noise.model(tuple(u.detach() for u in update))
+    exact = min(float(s.min()) for s in stds)
+    noised = pruned_and_noised = 0
+    for mean, std, seen in zip(means, stds, observed, strict=True):
+        quiet = std == exact
+        assert torch.equal(seen[quiet], mean[quiet])
+        noised += int((~quiet).sum())
+        pruned_and_noised += int(((mean == 0) & ~quiet & (seen != 0)).sum())
+    assert noised > 0 and pruned_and_noised > 0  # pure noise where a pruned entry was noised
+    # The noise's scale is each layer's weights' variance times noise_base: a layer with a
+    # larger spread of weights gets a larger standard deviation.
+    variances = [float(p.detach().var()) for p in release.knowledge.model.parameters()]
+    widest = [float(s.max()) for s in stds]
+    pairs = sorted((v, w) for v, w in zip(variances, widest, strict=True) if w > exact)
+    assert all(a[1] <= b[1] + 1e-12 for a, b in itertools.pairwise(pairs))
     # A round in which OUTPOST did not perturb (its probability decays with the round)
-    # releases the update as computed, with no pruning zeros; the attacker sees that.
+    # releases the update as computed, with no pruning zeros; the attacker sees that, and
+    # knowing the defense then changes nothing.
     _, _, plain = release_for(lenet_spec(), defense="none")
     outpost, _ = build_defense("outpost")
     weights = dict(release.knowledge.model.named_parameters())
-    assert outpost.known_to_attacker(plain.observation, weights).mask is None
+    unperturbed = outpost.known_to_attacker(plain.observation, weights)
+    assert unperturbed.needs() == frozenset()
+    assert ATTACKS["dlg"].twin_adds_nothing(unperturbed, None)
 
 
-def test_noise_is_matched_with_its_likelihood():
+def test_under_noise_the_twin_is_the_bayes_optimal_attacker():
+    # -log p(y | u(x)) - log p(x): the noise's likelihood in nats plus the image prior,
+    # whose weight relative to the data term grows with the known noise scale.
+    images = None
+    for sigma in (0.01, 0.1):
+        _, batch, release = release_for(
+            lenet_spec(), defense="dp-gaussian", defense_params={"sigma": sigma, "clip": None}
+        )
+        images = torch.randn_like(batch.images) if images is None else images
+        plain, twin = matcher(release, False), matcher(release, True)
+        squares = float(plain(images, batch.labels))
+        prior = float(image_prior_nats(images, 1.0))
+        assert float(twin(images, batch.labels)) == pytest.approx(
+            squares / (2 * sigma**2) + prior, rel=1e-5
+        )
+    _, batch, laplace = release_for(
+        lenet_spec(), defense="dp-laplace", defense_params={"scale": 0.1}
+    )
+    assert laplace.known_defense.distance == "l1"
+    absolute = sum(
+        float((s - t).abs().sum())
+        for s, t in zip(
+            matcher(laplace, False).simulate(images, batch.labels),
+            matcher(laplace, False).target,
+            strict=True,
+        )
+    )
+    assert float(matcher(laplace, True)(images, batch.labels)) == pytest.approx(
+        absolute / 0.1 + float(image_prior_nats(images, 1.0)), rel=1e-5
+    )
     _, _, gaussian = release_for(lenet_spec(), defense="dp-gaussian", defense_params={"sigma": 0.1})
-    _, _, laplace = release_for(lenet_spec(), defense="dp-laplace", defense_params={"scale": 0.1})
-    assert gaussian.known_defense.distance == "l2" and laplace.known_defense.distance == "l1"
     assert "clipping to L2 norm 30" in gaussian.known_defense.summary
-    assert matcher(laplace, True).distance.__name__ == "l1_distance"
     assert "not averaged" in gaussian.known_defense.summary  # one release per audit
+
+
+def test_the_qsgd_twin_reads_each_buckets_norm_and_weighs_its_own_step():
+    _, batch, release = release_for(
+        lenet_spec(), defense="quantize", defense_params={"bits": 4, "bucket_size": 64}
+    )
+    known = release.known_defense
+    assert known.needs() == {"likelihood"}
+    update = client_update(
+        release.knowledge.model,
+        release.knowledge.parameters(),
+        batch.images,
+        batch.labels,
+        release.knowledge.protocol,
+        differentiable=False,
+    )
+    steps = []
+    for u, step in zip(update, known.noise.steps, strict=True):
+        rows = torch.nn.functional.pad(u.detach().reshape(-1), (0, -u.numel() % 64)).view(-1, 64)
+        if u.numel() < 64:
+            rows = u.detach().reshape(1, -1)
+        norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        alive = norms.squeeze(1) > 0
+        # The released step is the bucket's norm over the 7 levels of 4 bits.
+        torch.testing.assert_close(step[alive], norms[alive] / 7, rtol=1e-4, atol=0)
+        steps.append(step[alive])
+    steps = torch.cat(steps)
+    assert float(steps.max()) > 10 * float(steps.min())  # scales differ by coordinate
+    # The client's own update is far likelier than the same update with a sign flipped.
+    truth = [u.detach() for u in update]
+    flipped = [t.clone() for t in truth]
+    index = int(flipped[0].abs().argmax())
+    flipped[0].view(-1)[index] *= -1
+    observed = release.observation.tensors
+    assert known.noise.nll(flipped, observed, 1.0) > known.noise.nll(truth, observed, 1.0) + 50
 
 
 def test_soteria_holds_against_dlg_but_not_against_dlg_that_knows_it():

@@ -109,6 +109,10 @@ class AttackInfo:
     not_applicable: Callable[[Observation, AttackerKnowledge], str | None] | None = None
     # What the attack's objective can take of a known defense (``KnownDefense.needs``).
     adapts: frozenset[str] = MATCHES_THROUGH
+    # Whether its twin under noise is the Bayes-optimal one, the noise's likelihood plus the
+    # image prior it weighs (``objectives.UpdateMatcher``); False: the likelihood's shape
+    # alone as its distance (an attack with no image prior: its maximum-likelihood twin).
+    weighs_prior: bool = True
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge
@@ -125,11 +129,24 @@ class AttackInfo:
             f"defense's {' or '.join(ADAPTIVE_PARTS[m] for m in missing)}"
         )
 
+    def twin_adds_nothing(self, known: KnownDefense | None, config: Any) -> bool:
+        """Whether knowing ``known`` leaves this attack's objective its plain one: nothing
+        to match through, or a noise whose likelihood is the attack's own distance while
+        the attack weighs no image prior (then its twin would be the plain attack renamed)."""
+        if known is None:
+            return True
+        needs = known.needs() & self.adapts
+        if not needs:
+            return True
+        own = getattr(config, "distance", "l2")
+        return needs == {"distance"} and not self.weighs_prior and known.distance == own
+
 
 ADAPTIVE_PARTS = {
     "mask": "visible survivors",
     "transform": "clip or quantiser on the candidate",
     "distance": "noise likelihood",
+    "likelihood": "release likelihood (per-coordinate scales, exact parts)",
     "unknowns": "unknown model parameters (fitted jointly)",
     "postprocess": "inversion of its action on the images",
 }

@@ -485,6 +485,7 @@ register(
         paper_iterations=200,
         not_applicable=_fedavg_only,
         adapts=frozenset({"mask", "distance", "postprocess"}),
+        weighs_prior=False,  # no image prior: the noise's likelihood as its distance
     )
 )
 
@@ -512,5 +513,6 @@ register(
         paper_iterations=200,
         not_applicable=_fedavg_only,
         adapts=frozenset({"mask", "distance", "postprocess"}),
+        weighs_prior=False,  # no image prior: the noise's likelihood as its distance
     )
 )

@@ -532,6 +532,7 @@ register(
         ),
         paper_iterations=10_000,
         # Its objective differentiates by hand in pixel space: no unknown model parameters.
-        adapts=MATCHES_THROUGH - {"unknowns"},
+        # Its own masked L1 + cosine distance stays: it takes no noise's likelihood.
+        adapts=MATCHES_THROUGH - {"unknowns", "distance", "likelihood"},
     )
 )

@@ -275,7 +275,9 @@ class GrnnLoss:
         self, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         simulated = self.matcher.simulate(images, labels)
-        mse = l2_distance(simulated, self.target)
+        # The thesis's summed squares; through a noisy defense the release's likelihood and
+        # the image prior it weighs (the Bayes-optimal twin, ``UpdateMatcher``).
+        mse = self.matcher.distance(simulated, self.target) + self.matcher.prior(images)
         if self.config.wasserstein == "sorted":
             wd = sorted_wasserstein(simulated, self.target)
         else:

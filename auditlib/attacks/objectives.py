@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from auditlib.client.update import client_update, difference_per_gradient, read_as_gradient
+from auditlib.likelihoods import Likelihood, image_prior_nats
 from auditlib.threat import AttackerKnowledge, KnownDefense, Observation
 
 
@@ -186,9 +187,32 @@ class ThroughDefense:
         return tuple(t * m for t, m in zip(tensors, self.mask, strict=True))
 
     def distance(self, own: str) -> str:
-        """The distance to use: the known noise's likelihood where there is one."""
+        """The distance to use: the known noise's likelihood as a plain distance, where it is
+        one (for an attack that weighs no image prior: its maximum-likelihood twin)."""
         known = self.known
         return own if known is None or known.distance is None else known.distance
+
+    @property
+    def noise(self) -> Likelihood | None:
+        return None if self.known is None else self.known.noise
+
+    def measure(
+        self, own: str
+    ) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], torch.Tensor]:
+        """The Bayes-optimal attacker's data term: the release's negative log-likelihood in
+        nats where the defense draws at random, else the attack's own distance."""
+        noise = self.noise
+        if noise is None:
+            return DISTANCES[own]
+        unit = self.factor
+        return lambda candidate, target: noise.nll(candidate, target, unit)
+
+    def prior(self, images: torch.Tensor, pixel_std: float) -> torch.Tensor | float:
+        """The image prior's negative log density in nats, weighed against the likelihood
+        (0 where there is no noise to weigh it against: the plain attack's objective)."""
+        if self.noise is None:
+            return 0.0
+        return image_prior_nats(images, pixel_std)
 
 
 class UpdateMatcher:
@@ -215,7 +239,10 @@ class UpdateMatcher:
         self.target = self.view.masked(
             read_as_gradient(observed, self.parameters, knowledge.protocol, knowledge.batch_size)
         )
-        self.distance = DISTANCES[self.view.distance(distance)]
+        # The attack's distance, or, through a noisy defense, the release's likelihood; with
+        # it the image prior weighed in the same nats (zero for the plain attacker).
+        self.distance = self.view.measure(distance)
+        self.pixel_std = sum(knowledge.normalization.std) / len(knowledge.normalization.std)
 
     def simulate(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The candidate batch's update, read as the target is read (differentiable)."""
@@ -232,7 +259,12 @@ class UpdateMatcher:
         )
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.distance(self.simulate(images, labels), self.target)
+        return self.distance(self.simulate(images, labels), self.target) + self.prior(images)
+
+    def prior(self, images: torch.Tensor) -> torch.Tensor | float:
+        """The image prior the Bayes-optimal twin weighs (0 for the plain attacker); images
+        B x C x H x W, or R x B x C x H x W for one value per restart."""
+        return self.view.prior(images, self.pixel_std)
 
     def restart(self) -> None:
         """A new restart starts the unknown parameters from the attacker's first guess."""
@@ -243,7 +275,8 @@ class UpdateMatcher:
         ``labels`` R x B (x classes) or B (shared). Each slice's value is exactly what
         :meth:`__call__` gives it alone (its own BatchNorm statistics), up to float summation
         order; the R updates are computed by ``torch.func.vmap`` in one batched pass.
-        ``distance`` replaces the matcher's own (GRNN's summed squares)."""
+        ``distance`` replaces the matcher's own (GRNN's summed squares) for the plain
+        attacker; through a noisy defense the release's likelihood stands."""
         buffers = restart_buffers(self.view.model, images.shape[0])
         protocol = self.knowledge.protocol
 
@@ -254,12 +287,12 @@ class UpdateMatcher:
             gradient = read_as_gradient(simulated, self.parameters, protocol, x.shape[0])
             return self.view.candidate(gradient)
 
-        measure = self.distance if distance is None else distance
+        measure = self.distance if distance is None or self.view.noise else distance
         label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
         updates = torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(images, labels, buffers)
         # The distance outside the vmap, on the R stacked updates: its inner products are
         # then matrix-vector products, not vmap's batched torch.dot (see _inner).
-        return measure(updates, self.target)
+        return measure(updates, self.target) + self.prior(images)
 
 
 def restart_buffers(model: nn.Module, restarts: int) -> dict[str, torch.Tensor]:
@@ -281,6 +314,8 @@ def why_not_together(knowledge: AttackerKnowledge) -> str | None:
         return f"{known.name}'s transform on the update runs one restart at a time"
     if known is not None and known.unknowns is not None:
         return f"{known.name}'s unknown model parameters are fitted one restart at a time"
+    if known is not None and known.noise is not None and not known.noise.stacked:
+        return f"{known.name}'s release likelihood is taken one restart at a time"
     batchnorm = any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in knowledge.model.modules()
     )

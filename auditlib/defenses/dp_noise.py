@@ -43,6 +43,7 @@ import torch
 
 from auditlib.config import check_ranges, param, require
 from auditlib.defenses.base import DefenseInfo, clip_update, register
+from auditlib.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
 from auditlib.threat import KnownDefense
 
 
@@ -93,22 +94,23 @@ def _check_sampling(sample_rate: float, trusted_sampler: bool) -> None:
     )
 
 
-def _known_noise(name: str, noise: str, clip: float | None, order: float) -> KnownDefense:
+def _known_noise(name: str, noise: Likelihood, clip: float | None, order: float) -> KnownDefense:
     """The adaptive attacker of a noise defense: the same clip on its candidate, and the
-    noise's likelihood as its distance (squared for Gaussian, absolute for Laplace)."""
-    norm, distance = ("L2", "l2") if order == 2.0 else ("L1", "l1")
+    Bayes-optimal objective, the noise's negative log-likelihood plus the image prior
+    weighed in the same nats (``auditlib.likelihoods``)."""
+    norm = "L2" if order == 2.0 else "L1"
     clipped = clip is not None
     return KnownDefense(
         name,
-        f"knows {noise} was added"
+        f"knows {noise.describe()} was added"
         + (f" after clipping to {norm} norm {clip:g}" if clipped else "")
         + ": "
         + ("clips its candidate's update the same way and " if clipped else "")
-        + f"matches with the noise's likelihood ({'squared' if order == 2.0 else 'absolute'} "
-        "distance); one release per audit, so independent draws from several rounds are not "
-        "averaged",
+        + "minimises the noise's negative log-likelihood plus the image prior weighed by the "
+        "known scale (the Bayes-optimal attacker); one release per audit, so independent "
+        "draws from several rounds are not averaged",
         transform=None if clip is None else lambda update: clip_update(update, clip, order),
-        distance=distance,
+        noise=noise,
     )
 
 
@@ -168,7 +170,7 @@ class GaussianNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        return _known_noise("dp-gaussian", f"Gaussian noise of sigma {c.sigma:g}", c.clip, 2.0)
+        return _known_noise("dp-gaussian", GaussianLikelihood(c.sigma), c.clip, 2.0)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config
@@ -241,7 +243,7 @@ class LaplaceNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        return _known_noise("dp-laplace", f"Laplace noise of scale {c.scale:g}", c.clip, 1.0)
+        return _known_noise("dp-laplace", LaplaceLikelihood(c.scale), c.clip, 1.0)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config

@@ -34,6 +34,7 @@ from auditlib.defenses.base import (
 )
 from auditlib.defenses.dp_noise import noise_like
 from auditlib.errors import AuditInputError
+from auditlib.likelihoods import GaussianLikelihood, LaplaceLikelihood
 from auditlib.threat import KnownDefense
 
 
@@ -95,14 +96,20 @@ class WeightNoise:
         return _as_update(out, require_context(context, "dlm-dp"))
 
     def known_to_attacker(self, observation, weights):
-        noise = self.config.noise
+        c = self.config
+        # The noise on each weight, divided by the group size as the weights are.
+        std = math.sqrt(c.variance) / c.group_size
+        noise = (
+            GaussianLikelihood(std)
+            if c.noise == "gaussian"
+            else LaplaceLikelihood(std / math.sqrt(2))
+        )
         return KnownDefense(
             "dlm-dp",
-            f"knows {noise} noise of variance {self.config.variance:g} was added to the "
-            "weights: matches with the noise's likelihood ("
-            + ("squared" if noise == "gaussian" else "absolute")
-            + " distance); the per-layer clip is not modelled",
-            distance="l2" if noise == "gaussian" else "l1",
+            f"knows {noise.describe()} was added to the uploaded weights: minimises its "
+            "negative log-likelihood (plus the image prior it weighs, for an attack that has "
+            "one); the per-layer clip is not modelled",
+            noise=noise,
         )
 
     def privacy_report(self) -> dict[str, Any]:

@@ -37,7 +37,12 @@ from auditlib.defenses.base import (
     visible_survivors,
 )
 from auditlib.defenses.pruning import prune_smallest
+from auditlib.likelihoods import ModelledGaussian
 from auditlib.threat import KnownDefense
+
+# The entries OUTPOST leaves un-noised leave exactly; a gradient method takes that as a
+# Gaussian a tenth of the smallest layer's noise wide rather than as a hard constraint.
+EXACT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -125,22 +130,46 @@ class Outpost:
                 "update (no pruning zeros) that it did not this round: compares everything",
             )
         # The noise's standard deviation per tensor is public: the weights' variance (the
-        # server sent them) times noise_base. Each surviving entry counts by 1 / sigma (the
-        # Gaussian likelihood); zeros are pruned entries and say next to nothing.
+        # server sent them) times noise_base. Which entries were pruned and which noised the
+        # attacker decides as OUTPOST does, from its candidate's own update.
         sigmas = [_risk(weights[name]) * c.noise_base for name in observation.parameter_names]
-        smallest = min((s for s in sigmas if s > 0), default=1.0)
-        mask = tuple(
-            m * (1.0 if s == 0 else smallest / s) for m, s in zip(survivors, sigmas, strict=True)
-        )
+        exact = EXACT_SHARE * min((s for s in sigmas if s > 0), default=1.0)
         return KnownDefense(
             "outpost",
             f"knows OUTPOST pruned {c.prune_base:g} % of each layer and noised the "
             f"largest-Fisher {c.phi:g} % with noise of known scale per layer (the weights' "
-            "variance times noise_base): compares the surviving entries, each by the inverse "
-            "of its layer's noise scale (the Gaussian likelihood)",
-            mask=mask,
-            distance="l2",
+            "variance times noise_base): prunes and ranks its candidate's update the same "
+            "way, matches the entries it would noise by their layer's Gaussian likelihood "
+            "(pruned-then-noised ones as pure noise) and the others as exact, plus the image "
+            "prior it weighs",
+            noise=ModelledGaussian(
+                lambda update: self.release_model(update, sigmas, exact),
+                f"OUTPOST's pruning and per-layer noise (standard deviations {min(sigmas):.3g}"
+                f" to {max(sigmas):.3g})",
+            ),
         )
+
+    def release_model(
+        self, update: tuple[torch.Tensor, ...], sigmas: list[float], exact: float
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """What OUTPOST releases for ``update``, as a mean and a standard deviation per
+        entry: pruned as ``apply`` prunes it, noised where its Fisher information is among
+        the largest ``phi`` %, exact (to ``exact``) elsewhere. The masks are taken from the
+        update's values, not differentiated through."""
+        c = self.config
+        with torch.no_grad():
+            fisher = torch.cat([t.detach().reshape(-1) ** 2 for t in update])
+            noisy = torch.split(_largest(fisher, c.phi / 100), [t.numel() for t in update])
+            kept = [
+                prune_smallest(t.detach().reshape(-1), c.prune_base / 100).view_as(t) != 0
+                for t in update
+            ]
+        means = tuple(t * k.to(t.dtype) for t, k in zip(update, kept, strict=True))
+        stds = tuple(
+            torch.where(where.view_as(t), max(sigma, exact), exact).to(t.dtype)
+            for t, where, sigma in zip(update, noisy, sigmas, strict=True)
+        )
+        return means, stds
 
     def privacy_report(self) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ import torch
 
 from auditlib.config import check_ranges, param
 from auditlib.defenses.base import DefenseInfo, copied, register, straight_through
+from auditlib.likelihoods import QsgdLikelihood
 from auditlib.threat import KnownDefense
 
 
@@ -92,11 +93,14 @@ class Quantization:
         if c.bits == 32:
             return None
         if c.stochastic and 2 <= c.bits <= 8:
+            noise = QsgdLikelihood.read(observation.tensors, 2 ** (c.bits - 1) - 1, c.bucket_size)
             return KnownDefense(
                 "quantize",
-                f"knows the update was quantised to {c.bits} bits with stochastic rounding, "
-                "which is unbiased: matches with the squared distance, as under noise",
-                distance="l2",
+                f"knows the update was quantised to {c.bits} bits by QSGD with stochastic "
+                "rounding: reads each bucket's norm and every sign off the release, where "
+                "they are exact, and weighs each entry's rounding by its bucket's step (its "
+                "likelihood), plus the image prior it weighs",
+                noise=noise,
             )
         return KnownDefense(
             "quantize",

@@ -130,6 +130,7 @@ def run_attacks(
     observation = release.observation
     # One seed per attack name, so an attack and its adaptive twin start alike.
     single = len({p.name for p in planned}) == 1
+    finals: dict[str, Reconstruction] = {}  # each plain attack's result, for its twin
     for index, attack in enumerate(planned):
         knowledge = release.knowledge
         if attack.adaptive:
@@ -139,8 +140,20 @@ def run_attacks(
         reason = info.why_not_applicable(observation, knowledge) if len(planned) > 1 else None
         if reason is None and attack.adaptive:
             reason = info.why_not_adaptive(knowledge.defense)
+            if reason is None and info.twin_adds_nothing(knowledge.defense, attack.config):
+                reason = TWIN_SAME_AS_PLAIN
         if reason is not None or control.is_cancelled():
             outcomes.append(AttackRun(attack, None, reason or "the run was cancelled first", 0.0))
+            continue
+        plain = finals.get(attack.name)
+        if attack.adaptive and knowledge.defense.needs() & info.adapts == {"postprocess"}:
+            # Knowing the defense changes only what is done with the images afterwards
+            # (Shadow's): the twin is the plain attack's own result, undone, not a rerun.
+            if plain is None:
+                outcomes.append(AttackRun(attack, None, "its plain attack has no result", 0.0))
+            else:
+                undone = replace(_undone(plain, knowledge), steps=0)  # no step of its own
+                outcomes.append(AttackRun(attack, undone, None, 0.0))
             continue
         share = control.max_seconds
         if share is not None:
@@ -168,6 +181,8 @@ def run_attacks(
             continue
         if final is not None and attack.adaptive:
             final = _undone(final, knowledge)
+        elif final is not None:
+            finals[attack.name] = final
         offset += final.steps if final is not None else 0
         outcomes.append(AttackRun(attack, final, None, time.perf_counter() - began))
 

@@ -1,0 +1,126 @@
+"""Specification: no twin is the plain attack renamed (issue 30, item 2).
+
+For every attack and every defense that offers an adaptive attacker: either the twin is
+skipped and says why (the attack cannot match through the defense, or knowing it leaves the
+objective the plain one), or, run from the same start, its objective differs from the plain
+attack's on that same candidate. A twin that only post-processes (Shadow's) reuses the
+plain attack's result and is not rerun.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from auditlib.attacks.base import ATTACKS, RunControl, build_attack_config
+from auditlib.attacks.objectives import UpdateMatcher
+from auditlib.client.protocol import ClientProtocol
+from auditlib.engine.attack_phase import TWIN_SAME_AS_PLAIN, plan_attacks, run_attacks
+from auditlib.spec import ComponentSpec
+from tests.test_attacks import lenet_spec, release_for
+
+torch.set_num_threads(1)
+
+# Each defense that offers an adaptive attacker, at a strength where it acts on LeNet's
+# update (the privacy table's settings where they apply).
+DEFENSES = {
+    "dp-gaussian": {"sigma": 0.01, "clip": None},
+    "dp-laplace": {"scale": 0.01},
+    "prune": {"ratio": 0.8},
+    "clip": {"bound": 4.0},
+    "quantize": {"bits": 4},
+    "soteria": {"ratio": 0.5},
+    "outpost": {},
+    "fedkl": {},
+    "shadow": {},
+}
+
+
+def first_objective(name: str, release, known) -> float:
+    """The attack's objective on its first candidate (one step from the run's seed)."""
+    knowledge = release.knowledge
+    if known is not None:
+        knowledge = dataclasses.replace(knowledge, defense=known)
+    config, _ = build_attack_config(name, {"restarts": 1} if _has_restarts(name) else None)
+    events = ATTACKS[name].run(
+        release.observation, knowledge, config, RunControl(1, emit_every=1), 0
+    )
+    first = next(e for e in events if e.losses)
+    return float(next(iter(first.losses.values())))
+
+
+def _has_restarts(name: str) -> bool:
+    fields = {f.name for f in dataclasses.fields(ATTACKS[name].config_type)}
+    return "restarts" in fields
+
+
+@pytest.mark.parametrize(
+    "attack, defense", list(itertools.product(sorted(ATTACKS), sorted(DEFENSES)))
+)
+def test_a_twin_that_runs_has_an_objective_of_its_own(attack, defense):
+    _, _, release = release_for(lenet_spec(), defense=defense, defense_params=DEFENSES[defense])
+    known, info = release.known_defense, ATTACKS[attack]
+    assert known is not None
+    config, _ = build_attack_config(attack)
+    if info.why_not_adaptive(known) is not None:
+        return  # skipped, with its reason (test_adaptive)
+    if info.twin_adds_nothing(known, config):
+        assert known.needs() & info.adapts <= {"distance"}
+        return
+    if known.needs() & info.adapts == {"postprocess"}:
+        return  # the plain result, undone (test below)
+    if "unknowns" in known.needs():
+        # The twin fits the model parameters the defense hides, from the server's own
+        # guess: at the first candidate it equals the plain objective by construction, and
+        # differs as soon as the parameters move (test_adaptive, FedKL's lock).
+        knows = dataclasses.replace(release.knowledge, defense=known)
+        assert UpdateMatcher(release.observation, knows, "l2").unknowns
+        return
+    plain = first_objective(attack, release, None)
+    twin = first_objective(attack, release, known)
+    assert twin != pytest.approx(plain, rel=1e-6), (attack, defense, plain, twin)
+
+
+def test_dlm_under_gaussian_noise_is_skipped_as_the_plain_attack_renamed():
+    # DLM weighs no image prior, and Gaussian noise's likelihood is its own squared distance.
+    protocol_free = release_for(
+        lenet_spec(), defense="dp-gaussian", defense_params={"sigma": 0.01, "clip": None}
+    )[2]
+    known = protocol_free.known_defense
+    config, _ = build_attack_config("dlm")
+    assert ATTACKS["dlm"].twin_adds_nothing(known, config)
+    # Laplace noise changes its distance: that twin runs.
+    laplace = release_for(lenet_spec(), defense="dp-laplace", defense_params={"scale": 0.01})[2]
+    assert not ATTACKS["dlm"].twin_adds_nothing(laplace.known_defense, config)
+    # The attacks that weigh an image prior have a Bayes-optimal twin under either noise.
+    assert not ATTACKS["dlg"].twin_adds_nothing(known, build_attack_config("dlg")[0])
+
+
+def test_the_engine_skips_a_twin_that_adds_nothing_and_reuses_the_plain_run_for_shadow():
+    _, _, release = release_for(
+        lenet_spec(),
+        protocol=ClientProtocol("fedavg", local_lr=0.01, shared="weights"),
+        defense="dp-gaussian",
+        defense_params={"sigma": 0.01, "clip": None},
+    )
+    planned = plan_attacks(ComponentSpec.of("dlm"), 2)
+    planned = [planned[0], dataclasses.replace(planned[0], adaptive=True)]
+    runs = []
+    list(run_attacks(planned, release, RunControl(2), 0, runs))
+    assert runs[0].final is not None and runs[1].final is None
+    assert runs[1].skipped == TWIN_SAME_AS_PLAIN
+
+    _, _, shadow = release_for(lenet_spec(), defense="shadow", defense_params={})
+    planned = plan_attacks(ComponentSpec.of("dlg"), 2)
+    planned = [planned[0], dataclasses.replace(planned[0], adaptive=True)]
+    runs = []
+    list(run_attacks(planned, shadow, RunControl(2), 0, runs))
+    plain, twin = runs
+    assert twin.final.steps == 0 and twin.skipped is None  # not rerun
+    undone = shadow.known_defense.postprocess(
+        plain.final.selected.images, plain.final.selected.labels, shadow.knowledge
+    )
+    assert torch.equal(twin.final.selected.images, undone)
