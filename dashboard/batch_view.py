@@ -223,8 +223,10 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
                 "verdict",
                 width="medium",
                 help="Each run judged beside the best guess without the update and its "
-                "undefended control at the same budget: a level only for a leak, or 'Low' for "
-                "a defense that held against a control that leaked; otherwise Inconclusive.",
+                "undefended control at the same budget: a level only for a leak ('Labels' "
+                "where only the private labels leaked), or 'Low' for a defense that held, "
+                "its attacker that knows the defense included, against a control that "
+                "leaked; otherwise Inconclusive.",
             )
         },
     )

@@ -60,6 +60,7 @@ def _attacks_table(result: AuditSummary) -> None:
                     "result": f"skipped: {a.skipped}" if a.skipped else (a.stop_reason or "n/a"),
                     "steps": number(a.steps, ","),
                     PSNR.heading: PSNR.text(a.psnr_mean),
+                    f"oracle {PSNR.heading}": PSNR.text(a.oracle_psnr_mean),
                     "recovered": number(a.images_recovered, "d"),
                 }
                 for a in tried
@@ -83,11 +84,19 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
                 f"**Defense** {scope.defense}"
             )
             _attacks_table(result)
+            if len(result.attacks) > 1:
+                st.caption(
+                    "Per attack: its own pick (by its own loss) and its oracle best (the "
+                    "restart with the highest PSNR, chosen with the private images)."
+                )
             st.markdown("**Baseline: the best guess without the update**")
             st.table(
                 [
                     {
-                        "reconstruction": "the attack (attacker's pick)",
+                        "reconstruction": "the attacks, per image the best of their own picks "
+                        "(auditor's view)"
+                        if metrics.view
+                        else "the attack (attacker's pick)",
                         PSNR.heading: PSNR.text(finding.psnr_mean),
                         SSIM.heading: SSIM.text(finding.ssim_mean),
                     },
@@ -128,6 +137,10 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
                     row["attack"] = p.attack or "n/a"
                 rows.append(row)
             st.table(rows)
+            if metrics.view:
+                st.caption(f"Combined scores: {metrics.view}.")
+            if finding.labels_beyond_chance:
+                st.markdown(f"**Labels** {finding.label_words()}.")
             threat = scope.threat
             st.markdown(
                 f"**Threat model** SoK model {threat.sok_model}: {threat.sok_name} ({SOK_CITATION})"

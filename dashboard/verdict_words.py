@@ -9,6 +9,7 @@ NO_VERDICT = "no verdict (recorded before verdicts)"
 # How each outcome is drawn: Streamlit's alert (red, green, yellow) and an icon.
 OUTCOME_STYLE = {
     "leaks": ("error", ":material/warning:"),
+    "labels_leak": ("error", ":material/label:"),
     "defense_held": ("success", ":material/shield:"),
     "inconclusive": ("warning", ":material/help:"),
 }
@@ -21,17 +22,22 @@ def finding_words(finding: Finding | None) -> str:
         return "n/a"
     if finding.leaked:
         return f"leaked ({finding.level}, {finding.images_recovered} of {finding.batch_size})"
+    if finding.labels_beyond_chance:
+        return f"leaked labels ({finding.labels_recovered} of {finding.batch_size})"
     cut = f", {finding.stop_reason}" if finding.cut_short else ""
     return f"recovered nothing{cut}"
 
 
 def verdict_cell(verdict: Verdict | None, *, control: bool = True) -> str:
     """The verdict in a table cell: level and outcome, and the control's result where the
-    run had a defense. Only a finding carries a level; anything else reads "Inconclusive"."""
+    run had a defense. Only a finding carries a level (an image band, "Labels" for a label
+    leak, "Low" for a defense that held); anything else reads "Inconclusive"."""
     if verdict is None:
         return NO_VERDICT
     if verdict.outcome == "leaks":
         text = f"{verdict.level}: leaks"
+    elif verdict.outcome == "labels_leak":
+        text = f"{verdict.level}: labels leak"
     elif verdict.outcome == "defense_held":
         text = "Low: defense held"
     else:

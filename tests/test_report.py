@@ -458,7 +458,8 @@ def tiny_spec(iterations: int) -> RunSpec:
     return RunSpec(
         model=ModelRef(ModelSpec("lenet", 10, (1, 16, 16), init="uniform")),
         data=DataSpec("samples", "digits", batch_size=1),
-        scenario=ScenarioSpec(),
+        # The attacker that knows the defense too: "Low" needs it (docs/METRICS.md).
+        scenario=ScenarioSpec(attacker_knows_defense=True),
         attack=ComponentSpec.of("dlg", inner, preset="paper"),
         defense=ComponentSpec.of("none"),
         budget=Budget(iterations=iterations),
@@ -528,9 +529,14 @@ def test_a_defended_run_whose_control_leaked_is_a_finding_about_the_defense(tiny
     assert control.verdict.outcome == "leaks" and verdict.control.leaked
     assert verdict.outcome == "defense_held" and verdict.is_finding
     words = flat(text)
-    assert "Low: the defense stopped dlg (paper preset) at this budget" in words
-    assert "a stronger or adaptive attack may still succeed" in words  # never a guarantee
-    assert "Outcome Defense held against this attack" in words
+    assert (
+        "Low: the defense stopped dlg (paper preset) and dlg (paper preset, knows the defense) "
+        "at this budget" in words
+    )
+    assert "a stronger attack may still succeed" in words  # never a guarantee
+    assert "Outcome Defense held against these attacks" in words
+    assert "ran: dlg's twin ran" in words
+    assert "auditor's view" in words  # the combined scores say what they are
     # The control's figures beside the run's, and its run named.
     assert f"Control: no defense {verdict.control.psnr_mean:.2f}" in words
     assert "1 of 1 image, Very High" in words and f"control run {control.run.id[:8]}" in words

@@ -58,8 +58,8 @@ LEVEL_MEANING = {
     "Very High": "nearly all of the client's images can be reconstructed recognisably",
     "High": "most of the client's images can be reconstructed recognisably",
     "Medium": "a small portion of the client's images can be reconstructed",
-    "Low": "this attack, which broke the undefended update at the same budget, recovered "
-    "nothing beyond a guess under the defense",
+    "Low": "these attacks, the one that knows the defense included, which broke the "
+    "undefended update at the same budget, showed nothing beyond a guess under the defense",
 }
 MARGIN_DB = 1.0  # PSNR gain over the best guess that counts as recovered pixels
 SSIM_MARGIN = 0.1  # SSIM gain over the best guess that counts as recovered structure

@@ -33,7 +33,13 @@ PRIVACY_METRICS: dict[str, tuple[str, bool]] = {
     key: _axis(CATALOGUE[key]) for key in ("psnr", "ssim", "lpips")
 }
 UTILITY_TITLE = "utility: test accuracy after federated training"
-_LEVEL_COLOURS = {"Very High": "#d62728", "High": "#ff7f0e", "Medium": "#e6c229", "Low": "#2ca02c"}
+_LEVEL_COLOURS = {
+    "Very High": "#d62728",
+    "High": "#ff7f0e",
+    "Medium": "#e6c229",
+    "Low": "#2ca02c",
+    "Labels": "#9467bd",  # the private labels leaked, no image
+}
 
 
 def tradeoff_figure(rows: Sequence[RunRow], privacy: str = "psnr") -> go.Figure:

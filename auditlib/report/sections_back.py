@@ -10,7 +10,8 @@ from reportlab.lib.units import cm
 from reportlab.platypus import Flowable, PageBreak, Preformatted
 
 from auditlib.metrics.catalogue import UTILITY_METRICS
-from auditlib.metrics.risk import LEVEL_MEANING, LEVELS, RECOVERED_RULE
+from auditlib.metrics.risk import HELD_RULE, LABEL_RULE, LEVEL_MEANING, LEVELS, RECOVERED_RULE
+from auditlib.metrics.verdict import CONTROL_LEAK_SHARE
 from auditlib.report import facts_back
 from auditlib.report.layout import BODY_WIDTH, Builder, esc
 
@@ -39,11 +40,15 @@ def definitions(b: Builder) -> list[Flowable]:
         f"batch: {esc(RECOVERED_RULE)}.",
         "<b>Verdict</b>: <b>leaks</b> when the run recovered images beyond the best "
         f"guess, with a level from its mean PSNR (FedLeak's bands: {level_bands()}; Medium "
-        "too when only some images are recovered); <b>Low</b> only when under a defense the "
-        "attack recovered nothing beyond the guess while the same attack at the same "
-        f"budget broke the undefended update ({esc(LEVEL_MEANING['Low'])}); otherwise "
-        "<b>Inconclusive</b> (cut short, no defense, or a control that did not leak or "
-        "is missing), which says nothing about safety.",
+        "too when only some images are recovered); <b>Labels</b> when no image but the "
+        f"private labels were recovered beyond chance ({esc(LABEL_RULE)}); <b>Low</b> only "
+        f"when under a defense every image stayed below the best guess ({esc(HELD_RULE)}), "
+        "the attacker that knows the defense ran, and the same attack at the same budget "
+        f"broke the undefended update, at least {CONTROL_LEAK_SHARE:.0%} of its images "
+        f"recovered ({esc(LEVEL_MEANING['Low'])}); otherwise <b>Inconclusive</b> (cut "
+        "short, every attack diverged, no defense, a control that did not leak or is "
+        "missing, a reconstruction between the guess and the recovered line, or a defense "
+        "held against the plain attack only), which says nothing about safety.",
     ]
     items += [term(h, t) for h, t in facts_back.metric_definitions(UTILITY_METRICS)]
     out += b.bullets(items)

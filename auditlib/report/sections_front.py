@@ -72,9 +72,11 @@ def executive_summary(b: Builder) -> list[Flowable]:
         b.p(
             "A verdict is a bound, never a guarantee: <b>leaks</b> when the attack recovered "
             "images beyond the best guess that uses no update (levels: FedLeak's bands of "
-            "the mean PSNR); <b>Low</b> only when a defended run recovered nothing beyond "
-            "the guess while the same attack at the same budget broke the undefended "
-            "update; otherwise <b>Inconclusive</b>, with the reason. The sections below give "
+            "the mean PSNR); <b>Labels</b> when only the private labels were recovered, "
+            "beyond chance; <b>Low</b> only when a defended run stayed below the guess by "
+            "the held margins against the attacker that knows the defense while the same "
+            "attack at the same budget broke the undefended update; otherwise "
+            "<b>Inconclusive</b>, with the reason. The sections below give "
             "each run's scope, guesses and control.",
             "small",
         )

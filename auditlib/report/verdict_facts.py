@@ -26,12 +26,15 @@ def no_verdict_reason(entry: ReportEntry) -> str:
     return NO_VERDICT
 
 
+OUTCOME_RANK = {"leaks": 2, "labels_leak": 1}  # images, then labels, then the rest
+
+
 def leakage_key(verdict: Verdict) -> tuple[int, int, float]:
-    """Orders verdicts by how much they leaked: leaks first, by band, then by PSNR gained
-    over the best guess."""
+    """Orders verdicts by how much they leaked: image leaks first, by band, then label
+    leaks, then by PSNR gained over the best guess."""
     finding = verdict.finding
     return (
-        1 if verdict.outcome == "leaks" else 0,
+        OUTCOME_RANK.get(verdict.outcome, 0),
         -LEVEL_RANK.get(verdict.level, len(LEVEL_RANK)),
         finding.psnr_mean - finding.guess_psnr_mean,
     )
@@ -85,6 +88,7 @@ def scope_pairs(entry: ReportEntry, verdict: Verdict) -> list[tuple[str, str]]:
         control = f"{verdict.control.figures()}; {verdict.control_note}"
     else:
         control = verdict.control_note or "none"
+    labels = finding.label_words()
     return [
         ("Outcome", OUTCOME_TITLE.get(verdict.outcome, verdict.outcome)),
         ("Attacks tried", ", ".join(scope.attacks) or NOT_AVAILABLE),
@@ -93,6 +97,9 @@ def scope_pairs(entry: ReportEntry, verdict: Verdict) -> list[tuple[str, str]]:
         ("Budget", scope.budget_words()),
         ("Attack stopped", stop_words(finding)),
         ("Share recovered", recovered),
+        *([("Labels", labels[0].upper() + labels[1:])] if labels else []),
+        ("Attacker that knows the defense", f"{scope.twins}: {scope.twins_words}"),
+        *([("Combined scores", entry.scores.view)] if entry.scores and entry.scores.view else []),
         ("Control", control),
     ]
 

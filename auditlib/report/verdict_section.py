@@ -57,8 +57,16 @@ def batch_summary(b: Builder, entries: Sequence[ReportEntry]) -> list[Flowable]:
         if verdict.outcome == "defense_held":
             out.append(
                 b.p(
-                    "No run with a finding leaked: every defense with a finding stopped this "
-                    "attack at this budget, which says nothing about a stronger or adaptive one."
+                    "No run with a finding leaked: every defense with a finding stopped these "
+                    "attacks, its attacker that knows the defense included, at this budget, "
+                    "which says nothing about a stronger one."
+                )
+            )
+        elif verdict.outcome == "labels_leak":
+            out.append(
+                b.p(
+                    "No run with a finding rebuilt an image, but the private labels leaked: "
+                    f"{esc(verdict.finding.label_words())}."
                 )
             )
     elif with_result and all(e.verdict is None for e in with_result):
@@ -144,7 +152,12 @@ def baseline_table(b: Builder, entry: ReportEntry, verdict: Verdict) -> Flowable
     defense = verdict.scope.defense
     rows = [
         (
-            "<b>The attack</b>" + (f" under {esc(defense)}" if defense != "none" else ""),
+            (
+                "<b>The attacks, per image the best of their own picks (auditor's view)</b>"
+                if entry.scores is not None and entry.scores.view
+                else "<b>The attack</b>"
+            )
+            + (f" under {esc(defense)}" if defense != "none" else ""),
             metric_text("psnr", finding.psnr_mean),
             metric_text("ssim", finding.ssim_mean),
             recovered_words(finding),

@@ -67,12 +67,18 @@ A run's verdict is a bound, never one run read alone:
 - **Leaks** (Very High, High or Medium, FedLeak's bands): the attack recovered images beyond
   the best guess that uses no update (mid-grey, the data's mean image and mean colour,
   scored like a reconstruction).
-- **Defense held against this attack** (Low): under the defense the attack recovered
-  nothing beyond the guess, while the same attack at the same budget broke the undefended
-  update (the *control*, started with every defended run). It says nothing about stronger
-  or adaptive attacks.
-- **Inconclusive**: nothing was recovered and nothing follows from it: the run was cut
-  short by its time budget or cancelled, it had no defense, or its control did not leak.
+- **Labels leak** (Labels): no image came back, but the private labels the attacker did
+  not know did, beyond chance (k of B correct against a chance of 1/classes, one-sided
+  binomial test at 0.01). The class of a private record is a disclosure.
+- **Defense held against these attacks** (Low): under the defense every image stayed below
+  the best guess by a stated margin (1 dB in PSNR and 0.05 in SSIM), the attacker that knows
+  the defense ran, and the same attack at the same budget broke the undefended update (the
+  *control*, started with every defended run: at least half of its images recovered). It
+  says nothing about stronger attacks.
+- **Inconclusive**: nothing follows: the run was cut short by its time budget (a twin
+  skipped for want of budget included) or cancelled, every attack diverged, it had no
+  defense, its control did not leak, the reconstruction sits between the guess and the
+  recovered line, or the defense held against the plain attack only.
 
 Every verdict names its scope: the attacks tried, their restarts and budget, the guesses,
 the control and the threat model (in the SoK's terms: Carletti et al., USENIX Security

@@ -91,8 +91,9 @@ def _table(live: bool, statuses: list[str]) -> None:
                 "verdict",
                 width="medium",
                 help="The run judged beside the best guess without the update and, for a "
-                "defended run, its undefended control. Only a leak, or a defense that held "
-                "against a control that leaked, carries a level; anything else is Inconclusive.",
+                "defended run, its undefended control. Only a leak (of images, or 'Labels' "
+                "of the private labels), or a defense that held against a control that "
+                "leaked, carries a level; anything else is Inconclusive.",
             ),
             # Numbers in the catalogue's format (they stay numbers, so the columns sort).
             **{
