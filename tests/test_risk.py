@@ -149,9 +149,14 @@ def test_the_grey_guess_is_scored_like_a_reconstruction():
 
 
 def test_nothing_shown_needs_a_margin_below_the_guess_in_both_measures():
-    from auditlib.metrics.risk import HELD_MARGIN_DB, HELD_SSIM_MARGIN, nothing_shown
+    from auditlib.metrics.risk import (
+        HELD_MARGIN_DB,
+        HELD_SSIM_FLOOR,
+        HELD_SSIM_MARGIN,
+        nothing_shown,
+    )
 
-    assert (HELD_MARGIN_DB, HELD_SSIM_MARGIN) == (1.0, 0.05)
+    assert (HELD_MARGIN_DB, HELD_SSIM_MARGIN, HELD_SSIM_FLOOR) == (1.0, 0.05, 0.05)
     guess = (11.56, 0.141)  # the astronaut's best guess
     # DLG under 4-bit quantisation (defenses.json, privacy row 15): noise, far below.
     assert nothing_shown(4.92, 0.019, *guess)
@@ -161,6 +166,10 @@ def test_nothing_shown_needs_a_margin_below_the_guess_in_both_measures():
     assert not nothing_shown(11.0, 0.05, *guess)
     assert not nothing_shown(5.0, 0.12, *guess)
     assert nothing_shown(5.0, None, 11.56, None)  # without SSIM, pixels alone
+    # A guess with little structure itself (the lab's 32 px astronaut, 11.03 dB / 0.040):
+    # DLG's noise under Gaussian noise, 4.90 dB / 0.019, has none at all.
+    assert nothing_shown(4.90, 0.019, 11.03, 0.040)
+    assert not nothing_shown(4.90, 0.045, 11.03, 0.040)  # more structure than the guess
 
 
 def test_the_risk_counts_images_held_apart_from_images_between():

@@ -22,7 +22,8 @@
   is the verdict's question (``metrics.verdict``), never a "Low" by itself.
 - Nothing shown (held): an image shows nothing of itself only when its reconstruction is
   below the best guess by a stated margin in both measures, PSNR ``HELD_MARGIN_DB`` and SSIM
-  ``HELD_SSIM_MARGIN`` under the guess's. Between "recovered" and "nothing shown" lies a
+  ``HELD_SSIM_MARGIN`` under the guess's (or SSIM under ``HELD_SSIM_FLOOR``, no structure at
+  all, and no higher than the guess's). Between "recovered" and "nothing shown" lies a
   reconstruction that is no better than the guess yet not clearly worse (pruning at 0.999
   against GRNN's twin: 10.18 dB / SSIM 0.179 against the guess's 11.56 dB / 0.141): the
   verdict calls that Inconclusive, never "defense held".
@@ -70,6 +71,12 @@ RECOVERED_FLOOR_DB = 10.0  # FedLeak's lowest band: below it nothing meaningful 
 # under the astronaut's guess (11.56 dB / 0.141); pruning at 0.999 (10.18 / 0.179) does not.
 HELD_MARGIN_DB = 1.0
 HELD_SSIM_MARGIN = 0.05
+# ... or, where the guess itself has little structure (a small or textured image against a
+# flat guess), SSIM no higher than the guess's and at most this: no structure at all. Noise
+# reconstructions in the benchmarks reach -0.013 to 0.036 (verdicts.json dlg rows 3, 6, 12,
+# 13, 33; defenses.json privacy rows 15, 21, 24); the lab's 32 px astronaut under DLG with
+# Gaussian noise scores 0.019 against a guess of 0.040.
+HELD_SSIM_FLOOR = 0.05
 # Labels: beyond chance when P(X >= k | B, 1/C) < LABEL_ALPHA (one-sided binomial test).
 LABEL_ALPHA = 0.01
 RECOVERED_RULE = (
@@ -80,8 +87,9 @@ RECOVERED_RULE = (
 )
 HELD_RULE = (
     f"an image shows nothing of itself when its reconstruction is at least {HELD_MARGIN_DB:g} dB "
-    f"below the best guess's PSNR and at least {HELD_SSIM_MARGIN:g} below its SSIM (PSNR alone "
-    "where SSIM is unavailable)"
+    f"below the best guess's PSNR and at least {HELD_SSIM_MARGIN:g} below its SSIM, or at most "
+    f"{HELD_SSIM_FLOOR:g} (no structure) and no higher than the guess's (PSNR alone where SSIM "
+    "is unavailable)"
 )
 LABEL_RULE = (
     "labels the attacker did not know count as recovered beyond chance when k correct of B, "
@@ -129,12 +137,14 @@ def nothing_shown(
     psnr: float, ssim: float | None, guess_psnr: float, guess_ssim: float | None
 ) -> bool:
     """Whether a reconstruction shows nothing of its image: below the best guess by
-    ``HELD_MARGIN_DB`` in PSNR and by ``HELD_SSIM_MARGIN`` in SSIM (PSNR alone without SSIM).
+    ``HELD_MARGIN_DB`` in PSNR, and in SSIM by ``HELD_SSIM_MARGIN`` or, with no more than the
+    guess's, under ``HELD_SSIM_FLOOR`` (no structure at all); PSNR alone without SSIM.
     Neither this nor :func:`beyond`: between the guess and the recovered line."""
     below_pixels = psnr <= guess_psnr - HELD_MARGIN_DB
     if ssim is None or guess_ssim is None:
         return below_pixels
-    return below_pixels and ssim <= guess_ssim - HELD_SSIM_MARGIN
+    no_structure = ssim <= min(guess_ssim, HELD_SSIM_FLOOR)
+    return below_pixels and (ssim <= guess_ssim - HELD_SSIM_MARGIN or no_structure)
 
 
 def label_p_value(correct: int, batch: int, chance: float) -> float:

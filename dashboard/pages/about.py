@@ -71,7 +71,8 @@ A run's verdict is a bound, never one run read alone:
   not know did, beyond chance (k of B correct against a chance of 1/classes, one-sided
   binomial test at 0.01). The class of a private record is a disclosure.
 - **Defense held against these attacks** (Low): under the defense every image stayed below
-  the best guess by a stated margin (1 dB in PSNR and 0.05 in SSIM), the attacker that knows
+  the best guess by a stated margin (1 dB in PSNR; 0.05 in SSIM, or SSIM at most 0.05: no
+  structure at all), the attacker that knows
   the defense ran, and the same attack at the same budget broke the undefended update (the
   *control*, started with every defended run: at least half of its images recovered). It
   says nothing about stronger attacks.
