@@ -103,6 +103,8 @@ def audit(spec: RunSpec, **extra: Any) -> dict[str, Any]:
             if a.get("psnr_mean") is not None
         ],
         "seconds": time.perf_counter() - start,
+        # The run's own verdict (finding and scope), to be judged beside its control.
+        "verdict": summary["verdict"],
         **extra,
     }
     print(json.dumps(row), flush=True)

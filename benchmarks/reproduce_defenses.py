@@ -43,6 +43,7 @@ from auditlib.defenses import build_defense
 from auditlib.engine import batches
 from auditlib.errors import AttackUnsupportedError
 from auditlib.fl.federated import FederationSpec, train_federated, utility_tensors
+from auditlib.metrics.verdict import Verdict, judge
 from auditlib.models import ModelSpec, build_model
 from auditlib.spec import ComponentSpec
 from benchmarks.common import ROOT, Experiment, run_experiments
@@ -108,6 +109,8 @@ def run_holds_again() -> list[dict]:
         ("dlg", 100, (batches.SweepCurve("soteria", (0.99,)),)),
     ):
         base = spec_of(LENET, attack, data=photograph(0), iterations=iterations)
+        # The sweep's control: the same attack at the same budget without the defense.
+        rows.append(audit(base, setting="control (no defense)", accuracy=None))
         for member in batches.sweep_members(base, curves):
             if member.label not in accuracy:
                 defense, _ = build_defense(
@@ -126,11 +129,15 @@ def render_holds_again(rows: list[dict]) -> str:
         "utility accuracy |",
         "|---|---|---|---|---|---|",
     ]
+    controls = {r["attack"]: r for r in rows if r["defense"] == "none"}
     for r in rows:
+        if r["defense"] == "none":
+            continue
         plain, adaptive = _plain_and_adaptive(r)
-        # The product's verdict on the run (the stronger of the two attackers, per image):
-        # it holds where nothing leaked, the undefended control having leaked (privacy table).
-        holds = "yes" if not r["leaked"] else f"no ({r['level']})"
+        # The product's verdict on the run beside its control (the same attack without the
+        # defense): "yes" only where it reads "defense held" (Low).
+        verdict = judged(r, controls.get(r["attack"]))
+        holds = "yes" if verdict.outcome == "defense_held" else f"no ({verdict_cell(verdict)})"
         lines.append(
             f"| {r['attack']} ({r['iterations']} steps) | {r['setting']} | "
             f"{plain[0]:.2f} / {plain[1]:.3f} | "
@@ -372,6 +379,40 @@ def run_shadow() -> list[dict]:
     return rows
 
 
+def judged(row: dict, control: dict | None) -> Verdict:
+    """The product's verdict on a defended row beside its control row, as the store composes
+    it (``engine.controls.verdict_of``)."""
+    own = Verdict.from_dict(row["verdict"])
+    finding = None if control is None else Verdict.from_dict(control["verdict"]).finding
+    note = "the same attack without the defense" if control else "no control row"
+    return judge(own.finding, own.scope, defended=True, control=finding, control_note=note)
+
+
+def verdict_cell(verdict: Verdict) -> str:
+    """A verdict in a table cell: its level, or why it is inconclusive."""
+    if verdict.outcome != "inconclusive":
+        return verdict.level
+    return "Inconclusive: " + verdict.headline.removeprefix("Inconclusive: ").split(" (")[0]
+
+
+def render_verdicts(rows: list[dict]) -> str:
+    """Per defense and attack, the run's verdict beside its control (the "none" row)."""
+    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    controls = {r["attack"]: r for r in rows if r["defense"] == "none" and "verdict" in r}
+    lines = [
+        "| defense | " + " | ".join(f"{a}: verdict" for a in attacks) + " |",
+        "|---|" + "---|" * len(attacks),
+    ]
+    for setting in dict.fromkeys(r["setting"] for r in rows if r["defense"] != "none"):
+        cells = []
+        for a in attacks:
+            row = next((r for r in rows if r["setting"] == setting and r["attack"] == a), None)
+            ok = row is not None and "verdict" in row
+            cells.append(verdict_cell(judged(row, controls.get(a))) if ok else "-")
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _plain_and_adaptive(row: dict) -> tuple[tuple[float, float], tuple[float, float] | None]:
     """(PSNR, SSIM) of the plain attack and of its adaptive twin (None where none ran)."""
     twins = {bool(a["adaptive"]): a for a in row.get("by_attack") or []}
@@ -426,6 +467,14 @@ def render_privacy(rows: list[dict]) -> str:
             "",
             "-: no adaptive twin. "
             + " ".join(NO_TWIN.get(d, f"{d}: none offered.") for d in untwinned),
+        ]
+    if any(r["defense"] == "none" and "verdict" in r for r in rows):
+        lines += [
+            "",
+            "The product's verdict on each run beside its control (the same attack without "
+            "the defense, the first row; docs/METRICS.md):",
+            "",
+            render_verdicts(rows),
         ]
     return "\n".join(lines)
 

@@ -95,6 +95,8 @@ def test_dlm_under_gaussian_noise_is_skipped_as_the_plain_attack_renamed():
     # Laplace noise changes its distance: that twin runs.
     laplace = release_for(lenet_spec(), defense="dp-laplace", defense_params={"scale": 0.01})[2]
     assert not ATTACKS["dlm"].twin_adds_nothing(laplace.known_defense, config)
+    # Nor does GRNN, whose generator is its prior.
+    assert ATTACKS["grnn"].twin_adds_nothing(known, build_attack_config("grnn")[0])
     # The attacks that weigh an image prior have a Bayes-optimal twin under either noise.
     assert not ATTACKS["dlg"].twin_adds_nothing(known, build_attack_config("dlg")[0])
 

@@ -227,9 +227,17 @@ class UpdateMatcher:
     """
 
     def __init__(
-        self, observation: Observation, knowledge: AttackerKnowledge, distance: str
+        self,
+        observation: Observation,
+        knowledge: AttackerKnowledge,
+        distance: str,
+        *,
+        weighs_prior: bool = True,
     ) -> None:
         self.knowledge = knowledge
+        # Whether the Bayes-optimal twin adds the image prior (an attack whose own
+        # parametrisation is its prior, GRNN's generator, takes the likelihood alone).
+        self.weighs_prior = weighs_prior
         self.view = ThroughDefense(knowledge)
         self.parameters = matched_parameters(observation, knowledge, self.view.model)
         # What the attack fits besides its images (empty unless the defense hides some).
@@ -264,6 +272,8 @@ class UpdateMatcher:
     def prior(self, images: torch.Tensor) -> torch.Tensor | float:
         """The image prior the Bayes-optimal twin weighs (0 for the plain attacker); images
         B x C x H x W, or R x B x C x H x W for one value per restart."""
+        if not self.weighs_prior:
+            return 0.0
         return self.view.prior(images, self.pixel_std)
 
     def restart(self) -> None:
