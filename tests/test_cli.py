@@ -292,9 +292,16 @@ def test_a_defended_run_whose_control_leaked_is_a_finding_about_the_defense(tmp_
     args = ["--model", "lenet", "--num-classes", "100", "--samples", "photographs"]
     args += ["--attack", "dlg", "--preset", "paper", "--iterations", "100"]
     args += ["--defense", "dp-gaussian", "--defense-param", "sigma=1", "--lpips-nets", "none"]
+    # The paper preset runs the plain attack alone: held against it only is not "Low".
     code, stdout, _ = audit([*args, "--out", str(out)], capsys)
     verdict = _verdict(out)
     assert code == 0 and verdict["control"]["leaked"] and verdict["control"]["psnr_mean"] > 30
+    assert verdict["outcome"] == "inconclusive" and verdict["scope"]["twins"] == "off"
+    assert "the defense held against the plain attack only" in verdict["headline"]
+    # With the attacker that knows the defense beside it, the defense held.
+    code, stdout, _ = audit([*args, "--attacker-knows-defense", "yes", "--out", str(out)], capsys)
+    verdict = _verdict(out)
+    assert verdict["scope"]["twins"] == "ran"
     assert verdict["outcome"] == "defense_held" and verdict["level"] == "Low"
     assert "verdict: Low: the defense stopped dlg" in stdout
 
