@@ -159,7 +159,7 @@ def run_attacks(
         if share is not None:
             left = control.max_seconds - (began - started)
             if left <= 0:
-                outcomes.append(AttackRun(attack, None, "the run's time budget was spent", 0.0))
+                outcomes.append(AttackRun(attack, None, BUDGET_SPENT, 0.0))
                 continue
             share = left / (len(planned) - index)
         sub = replace(control, max_seconds=share)
