@@ -19,7 +19,8 @@ from auditlib.attacks.base import ATTACKS, RunControl, build_attack_config
 from auditlib.attacks.objectives import UpdateMatcher
 from auditlib.client.protocol import ClientProtocol
 from auditlib.engine.attack_phase import TWIN_SAME_AS_PLAIN, plan_attacks, run_attacks
-from auditlib.spec import ComponentSpec
+from auditlib.engine.audit import run_audit
+from auditlib.spec import ComponentSpec, ScenarioSpec
 from tests.test_attacks import lenet_spec, release_for
 
 torch.set_num_threads(1)
@@ -126,3 +127,17 @@ def test_the_engine_skips_a_twin_that_adds_nothing_and_reuses_the_plain_run_for_
         plain.final.selected.images, plain.final.selected.labels, shadow.knowledge
     )
     assert torch.equal(twin.final.selected.images, undone)
+
+
+def test_where_knowing_the_defense_changes_nothing_the_card_says_the_plain_attack_knows_it():
+    spec = lenet_spec(
+        "dlm", 2, defense=ComponentSpec.of("dp-gaussian", {"sigma": 0.01, "clip": None})
+    )
+    protocol = ClientProtocol("fedavg", local_lr=0.01, shared="weights")
+    spec = dataclasses.replace(spec, scenario=ScenarioSpec(protocol=protocol))
+    summary = run_audit(spec, lpips_nets=()).summary
+    assert [a.skipped for a in summary.attacks] == [None, TWIN_SAME_AS_PLAIN]
+    card = {k.item: k for k in summary.verdict.scope.threat.knowledge}
+    line = card["the defense's mechanism and public parameters"]
+    assert line.known and "the plain attacks are the attacker that knows it" in line.detail
+    assert summary.verdict.scope.twins == "ran"  # covered: a "Low" may stand on it

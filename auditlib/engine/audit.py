@@ -401,6 +401,12 @@ def _defense_knowledge(
     if known is None:
         return False, f"no adaptive attacker is offered for {spec.defense.name}"
     twins = [r for r in runs if r.planned.adaptive]
+    if twins and all(r.skipped == TWIN_SAME_AS_PLAIN for r in twins):
+        # Knowing it changes no attack's objective: the plain attacks are those that know it.
+        return True, (
+            f"{known.summary}; knowing it leaves each attack's objective the plain one, so "
+            "the plain attacks are the attacker that knows it (no twin rerun)"
+        )
     if not any(r.final is not None for r in twins):
         reasons = "; ".join(dict.fromkeys(r.skipped for r in twins if r.skipped))
         return False, f"offered, but no twin ran: {reasons or 'none was planned'}"
