@@ -51,9 +51,14 @@ class Likelihood(Protocol):
         """In words, for the threat card."""
 
 
-def _rows(c: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``c`` flat (one row per restart where stacked) and ``t`` flat."""
-    return c.reshape(*c.shape[: c.dim() - t.dim()], -1), t.reshape(-1)
+def _summed(candidate, target, per_entry) -> torch.Tensor:
+    """The sum of ``per_entry(c - t)`` over every entry of every tensor: one value, or one
+    per restart where the candidates are stacked along a leading dimension."""
+    total = candidate[0].new_zeros(())
+    for c, t in zip(candidate, target, strict=True):
+        rows = c.reshape(*c.shape[: c.dim() - t.dim()], -1)
+        total = total + per_entry(rows - t.reshape(-1)).sum(-1)
+    return total
 
 
 @dataclass(frozen=True)
@@ -65,11 +70,7 @@ class GaussianLikelihood:
     stacked: bool = True
 
     def nll(self, candidate, target, unit):
-        total = candidate[0].new_zeros(())
-        for c, t in zip(candidate, target, strict=True):
-            c, t = _rows(c, t)
-            total = total + (c - t).pow(2).sum(-1)
-        return total * (unit * unit / (2 * self.sigma**2))
+        return _summed(candidate, target, torch.square) * (unit * unit / (2 * self.sigma**2))
 
     def describe(self) -> str:
         return f"Gaussian noise of standard deviation {self.sigma:g}"
@@ -84,11 +85,7 @@ class LaplaceLikelihood:
     stacked: bool = True
 
     def nll(self, candidate, target, unit):
-        total = candidate[0].new_zeros(())
-        for c, t in zip(candidate, target, strict=True):
-            c, t = _rows(c, t)
-            total = total + (c - t).abs().sum(-1)
-        return total * (abs(unit) / self.scale)
+        return _summed(candidate, target, torch.abs) * (abs(unit) / self.scale)
 
     def describe(self) -> str:
         return f"Laplace noise of scale {self.scale:g}"
