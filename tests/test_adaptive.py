@@ -150,7 +150,7 @@ def test_under_noise_the_twin_is_the_bayes_optimal_attacker():
     )
     assert laplace.known_defense.distance == "l1"
     absolute = sum(
-        float((s - t).abs().sum())
+        float((s - t).abs().sum().detach())
         for s, t in zip(
             matcher(laplace, False).simulate(images, batch.labels),
             matcher(laplace, False).target,
