@@ -141,3 +141,13 @@ def test_where_knowing_the_defense_changes_nothing_the_card_says_the_plain_attac
     line = card["the defense's mechanism and public parameters"]
     assert line.known and "the plain attacks are the attacker that knows it" in line.detail
     assert summary.verdict.scope.twins == "ran"  # covered: a "Low" may stand on it
+
+
+def test_noise_of_scale_zero_leaves_nothing_to_weigh():
+    for defense, params in (
+        ("dp-gaussian", {"sigma": 0.0, "clip": None}),
+        ("dp-laplace", {"scale": 0.0}),
+    ):
+        known = release_for(lenet_spec(), defense=defense, defense_params=params)[2].known_defense
+        assert known.noise is None and known.needs() == frozenset()
+        assert ATTACKS["dlg"].twin_adds_nothing(known, build_attack_config("dlg")[0])

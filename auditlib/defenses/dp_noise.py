@@ -94,12 +94,26 @@ def _check_sampling(sample_rate: float, trusted_sampler: bool) -> None:
     )
 
 
-def _known_noise(name: str, noise: Likelihood, clip: float | None, order: float) -> KnownDefense:
+def _known_noise(
+    name: str, noise: Likelihood, scale: float, clip: float | None, order: float
+) -> KnownDefense:
     """The adaptive attacker of a noise defense: the same clip on its candidate, and the
     Bayes-optimal objective, the noise's negative log-likelihood plus the image prior
-    weighed in the same nats (``auditlib.likelihoods``)."""
+    weighed in the same nats (``auditlib.likelihoods``); at scale 0 there is no noise to
+    weigh (the clip alone, or nothing)."""
     norm = "L2" if order == 2.0 else "L1"
     clipped = clip is not None
+    if scale == 0:
+        return KnownDefense(
+            name,
+            "knows no noise was added (scale 0)"
+            + (
+                f" after clipping to {norm} norm {clip:g}: clips its candidate the same way"
+                if clipped
+                else ""
+            ),
+            transform=None if clip is None else lambda update: clip_update(update, clip, order),
+        )
     return KnownDefense(
         name,
         f"knows {noise.describe()} was added"
@@ -170,7 +184,7 @@ class GaussianNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        return _known_noise("dp-gaussian", GaussianLikelihood(c.sigma), c.clip, 2.0)
+        return _known_noise("dp-gaussian", GaussianLikelihood(c.sigma), c.sigma, c.clip, 2.0)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config
@@ -243,7 +257,7 @@ class LaplaceNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        return _known_noise("dp-laplace", LaplaceLikelihood(c.scale), c.clip, 1.0)
+        return _known_noise("dp-laplace", LaplaceLikelihood(c.scale), c.scale, c.clip, 1.0)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config

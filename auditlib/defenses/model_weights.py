@@ -104,6 +104,8 @@ class WeightNoise:
             if c.noise == "gaussian"
             else LaplaceLikelihood(std / math.sqrt(2))
         )
+        if std == 0:  # no noise to weigh: knowing it changes nothing
+            return KnownDefense("dlm-dp", "knows no noise was added (variance 0)")
         return KnownDefense(
             "dlm-dp",
             f"knows {noise.describe()} was added to the uploaded weights: minimises its "
