@@ -104,9 +104,7 @@ class Outpost:
         c = self.config
         if not self.perturbs(context.round, generator):
             return copied(update)
-        # Empirical Fisher g^2: the top phi % of all entries get noise.
-        fisher = torch.cat([t.reshape(-1) ** 2 for t in update])
-        noisy = torch.split(_largest(fisher, c.phi / 100), [t.numel() for t in update])
+        noisy = self.noised_entries(update)
         out = []
         for t, weights, where in zip(update, context.parameters.values(), noisy, strict=True):
             risk = _risk(weights)
@@ -149,6 +147,12 @@ class Outpost:
             ),
         )
 
+    def noised_entries(self, update: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Where OUTPOST adds noise: the ``phi`` % of all entries largest in empirical Fisher
+        information g^2 (flat masks, one per tensor)."""
+        fisher = torch.cat([t.detach().reshape(-1) ** 2 for t in update])
+        return torch.split(_largest(fisher, self.config.phi / 100), [t.numel() for t in update])
+
     def release_model(
         self, update: tuple[torch.Tensor, ...], sigmas: list[float], exact: float
     ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
@@ -158,8 +162,7 @@ class Outpost:
         update's values, not differentiated through."""
         c = self.config
         with torch.no_grad():
-            fisher = torch.cat([t.detach().reshape(-1) ** 2 for t in update])
-            noisy = torch.split(_largest(fisher, c.phi / 100), [t.numel() for t in update])
+            noisy = self.noised_entries(update)
             kept = [
                 prune_smallest(t.detach().reshape(-1), c.prune_base / 100).view_as(t) != 0
                 for t in update
