@@ -23,6 +23,9 @@ class Candidate:
     restart: int
     steps: int
     stop_reason: str
+    # The client each image is attributed to, where the attack attributes (LOKI under
+    # secure aggregation); -1 where an image was not read back.
+    clients: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -44,6 +44,10 @@ class DataSpec:
         require(self.offset >= 0, f"offset must be >= 0, got {self.offset}")
 
 
+SERVERS = ("honest", "malicious")
+MAX_CLIENTS = 64
+
+
 @dataclass(frozen=True)
 class ScenarioSpec:
     protocol: ClientProtocol = field(default_factory=ClientProtocol)
@@ -54,12 +58,30 @@ class ScenarioSpec:
     # runs an adaptive variant beside the plain attack. None: yes, except for the paper
     # preset (a reproduction faces the paper's own attacker).
     attacker_knows_defense: bool | None = None
+    # Threat model: the honest-but-curious server observes the update of the model it
+    # trained; the malicious one also changes the model it sends (the attacks that build it,
+    # ``AttackInfo.builds``, apply only then).
+    server: Literal["honest", "malicious"] = "honest"
+    # Secure aggregation: the server sees only the example-weighted sum of this many clients'
+    # updates, the audited images split over them in order; None: one client's update.
+    secure_aggregation: int | None = None
 
     def __post_init__(self) -> None:
         require(
             0 <= self.pretrain_rounds <= 1000,
             f"pretrain rounds must be in [0, 1000], got {self.pretrain_rounds}",
         )
+        require_choice(self.server, SERVERS, "threat model (server)")
+        require(
+            self.secure_aggregation is None or 2 <= self.secure_aggregation <= MAX_CLIENTS,
+            f"secure aggregation sums the updates of 2 to {MAX_CLIENTS} clients, got "
+            f"{self.secure_aggregation}: with one client the sum is that client's update "
+            "(leave secure aggregation off)",
+        )
+
+    @property
+    def clients(self) -> int:
+        return self.secure_aggregation or 1
 
 
 @dataclass(frozen=True)
@@ -176,6 +198,11 @@ class RunSpec:
         payload = self.to_dict()
         if payload["utility"] is None:  # runs recorded before utility existed keep their id
             del payload["utility"]
+        scenario = payload["scenario"]  # runs recorded before the malicious server keep theirs
+        if scenario["server"] == "honest":
+            del scenario["server"]
+        if scenario["secure_aggregation"] is None:
+            del scenario["secure_aggregation"]
         if self.model.content_sha256:
             payload["model"]["weights"] = payload["model"]["trusted_archive"] = None
         if self.data.content_sha256:

@@ -16,6 +16,7 @@ from torch import nn
 from auditlib.client.protocol import ClientProtocol
 from auditlib.data.normalization import Normalization
 from auditlib.likelihoods import Likelihood
+from auditlib.server.modification import ServerModification
 
 ObservationKind = Literal["gradient", "weight_delta", "weights"]
 
@@ -121,6 +122,11 @@ class AttackerKnowledge:
     labels: torch.Tensor | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     defense: KnownDefense | None = None  # set for an adaptive attacker only
+    # What a malicious server built into the model it sent (``auditlib.server``), for the
+    # attack that built it; None under the honest-but-curious threat model.
+    server: ServerModification | None = None
+    # Clients whose updates the observation sums (secure aggregation); 1: one client's.
+    clients: int = 1
 
     @property
     def device(self) -> torch.device:

@@ -18,7 +18,18 @@ ALL_ATTACKS = "all"
 ALL_ATTACKS_LABEL = "every applicable attack"
 
 # Each module registers its attack when imported.
-_MODULES = ("dlg", "idlg", "inverting_gradients", "gradinversion", "grnn", "dlm", "fedleak")
+_MODULES = (
+    "dlg",
+    "idlg",
+    "inverting_gradients",
+    "gradinversion",
+    "grnn",
+    "dlm",
+    "fedleak",
+    "rtf",
+    "cah",
+    "loki",
+)
 for _module in _MODULES:
     import_module(f"auditlib.attacks.{_module}")
 

@@ -113,6 +113,12 @@ class AttackInfo:
     # image prior it weighs (``objectives.UpdateMatcher``); False: the likelihood's shape
     # alone as its distance (an attack with no image prior: its maximum-likelihood twin).
     weighs_prior: bool = True
+    # A malicious server's attack: it builds the model the server sends (``auditlib.server``)
+    # from the global model, its config and a ``BuildContext``; it applies only under the
+    # malicious-server threat model. None: an honest-but-curious server's attack.
+    builds: Callable[[Any, Any], Any] | None = None
+    # A closed-form read-back (one pass, no optimiser steps): its plan is one step.
+    closed_form: bool = False
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge

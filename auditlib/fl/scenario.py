@@ -125,6 +125,11 @@ def defended_update(
         round=round,
     )
     update = _difference(model, parameters, images, labels, protocol)
+    refuses = getattr(defense, "refuses", None)
+    if refuses is not None and refuses(context) is not None:
+        # A client-side model check flagged the model: the client does not train on it and
+        # sends nothing, which the server receives as an update of zeros.
+        return update, tuple(torch.zeros_like(t) for t in update)
     perturb = getattr(defense, "perturb_images", None)
     if perturb is None:
         return update, defense.apply(update, generator, context)

@@ -1,0 +1,135 @@
+"""When the Curious Abandon Honesty (Boenisch, Dziedzic, Schuster, Shamsabadi, Shumailov,
+Papernot, EuroS&P 2023): trap weights in a layer in front of the model; a row fired by one
+image alone holds it exactly (``attacks.imprint``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
+from auditlib.attacks.imprint import EMPTY_BIN, ReadBack, block_update, single_event
+from auditlib.config import check_ranges, param
+from auditlib.server.build import build_cah
+from auditlib.server.modification import BuildContext, ServerModification
+from auditlib.threat import AttackerKnowledge, Observation
+
+# Read-backs closer than this (relative, on 16 random projections) are one image: rows fired
+# by the same image alone agree to float precision.
+SAME_IMAGE = 1e-4
+PROJECTIONS = 16
+# An exact read-back is a picture: pixels in [0, 1] (a mixture with deltas of both signs
+# falls outside).
+PIXEL_SLACK = 1e-3
+
+
+@dataclass(frozen=True)
+class CahConfig:
+    rows: int = param(0, "trap rows; 0: rows_per_image times the batch", low=0, high=4096)
+    rows_per_image: int = param(
+        8, "trap rows per image of the batch when rows is 0", low=1, high=64
+    )
+    sigma: float = param(
+        0.5, "scale of the trap weights' magnitudes |N(0, sigma)|", low=0, low_open=True, high=10
+    )
+    scale: float = param(
+        0.95,
+        "the positive half's magnitudes times this: below 1, a row fires for few images",
+        low=0,
+        low_open=True,
+        high=1,
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+    def rows_for(self, images: int) -> int:
+        return self.rows or self.rows_per_image * images
+
+
+def build(config: CahConfig, context: BuildContext) -> ServerModification:
+    rows = config.rows_for(context.batch_size * context.clients)
+    return build_cah(context, rows, config.sigma, config.scale)
+
+
+def run_cah(
+    observation: Observation,
+    knowledge: AttackerKnowledge,
+    config: CahConfig,
+    control: RunControl,
+    seed: int,
+):
+    clock = Clock(control)
+    weight, bias = block_update(observation, knowledge)
+    scale = float(bias.abs().max())
+    fired = (bias.abs() > EMPTY_BIN * scale).nonzero().flatten() if scale > 0 else []
+    reads = [weight[r] / bias[r] for r in fired]
+    groups = _agreeing(reads, seed)
+    pictures = [
+        (g, reads[g[0]])
+        for g in groups
+        if float(reads[g[0]].min()) >= -PIXEL_SLACK and float(reads[g[0]].max()) <= 1 + PIXEL_SLACK
+    ]
+    shape = (-1, *knowledge.input_shape)
+    read = ReadBack(
+        pixels=torch.stack([p for _, p in pictures]).view(shape)
+        if pictures
+        else weight.new_zeros((0, *knowledge.input_shape)),
+        clients=tuple(-1 for _ in pictures),
+        support=tuple(len(g) for g, _ in pictures),
+    )
+    inference = {
+        "rule": "trap rows' update ratios, grouped where rows agree",
+        "rows_fired": len(reads),
+    }
+    return single_event(read, knowledge, clock, inference)
+
+
+def _agreeing(reads: list[torch.Tensor], seed: int) -> list[list[int]]:
+    """Groups of read-backs that are one image (within ``SAME_IMAGE`` on random projections)."""
+    if not reads:
+        return []
+    generator = torch.Generator().manual_seed(seed)
+    directions = torch.randn(reads[0].numel(), PROJECTIONS, generator=generator).double()
+    keys = torch.stack(reads) @ directions
+    size = keys.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
+    groups: list[list[int]] = []
+    for i in range(len(reads)):
+        for group in groups:
+            j = group[0]
+            if float(((keys[i] - keys[j]).abs() / size[j]).max()) < SAME_IMAGE:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def _honest_server(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
+    if knowledge.server is None or knowledge.server.attack != "cah":
+        return "cah needs a malicious server (threat model 'malicious'): it changes the model"
+    return None
+
+
+register(
+    AttackInfo(
+        name="cah",
+        summary="Curious Abandon Honesty (Boenisch et al. 2023): trap weights in a layer in "
+        "front of the model; a row fired by one image alone holds it exactly.",
+        config_type=CahConfig,
+        run=run_cah,
+        presets={"paper": {"rows": 1000, "sigma": 0.5, "scale": 0.95}},
+        audit=AuditPreset(
+            {"rows": 0, "rows_per_image": 8, "sigma": 0.5, "scale": 0.95},
+            iterations=1,
+            why="a closed form, so the budget buys rows: 8 trap rows per image of the batch",
+        ),
+        paper_iterations=1,
+        not_applicable=_honest_server,
+        adapts=frozenset(),
+        weighs_prior=False,
+        builds=build,
+        closed_form=True,
+    )
+)

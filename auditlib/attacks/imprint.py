@@ -1,0 +1,136 @@
+"""The malicious server's read-backs: Robbing the Fed (``rtf``), Curious Abandon Honesty
+(``cah``) and LOKI (``loki``), each a closed form on the update of the layer the server put
+in front of the model (``auditlib.server``).
+
+A row r of that layer, fed pixels u_s, gets the update sum over the images that fire it of
+delta_s u_s (weights) and delta_s (bias), delta_s being image s's gradient at the row's
+output, the same for every row (the block's identical columns). So
+
+- ``rtf``: row k fires for every image brighter than threshold k; rows k and k + 1 differ by
+  the images of bin k, and an image alone in its bin is (W_k - W_k+1) / (b_k - b_k+1),
+  exactly (Fowl et al., ICLR 2022);
+- ``cah``: a trap row fired by one image alone holds it as W_r / b_r (Boenisch et al.,
+  EuroS&P 2023); the attacker keeps the read-backs that several rows agree on;
+- ``loki``: ``rtf`` within each client's block of rows; in the sum of many clients' updates
+  the block is one client's alone, so each image is also attributed (Zhao et al., S&P 2024).
+
+The scale of the update (a learning rate, FedAvg's local steps, secure aggregation's
+weighting) cancels in each ratio; with several local steps the thresholds move by the
+learning rate times the rows' update, which the read-back neglects (docs/ALGORITHMS.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from auditlib.attacks.base import Clock, ProgressEvent
+from auditlib.errors import AttackUnsupportedError
+from auditlib.reconstruction import Candidate, Reconstruction
+from auditlib.server.modification import ServerModification
+from auditlib.threat import AttackerKnowledge, Observation
+
+# A bin counts as holding images when its bias difference exceeds this share of the largest:
+# float32 sums of up to B images leave differences of empty bins near 1e-7 of it.
+EMPTY_BIN = 1e-5
+LOSS_NAME = "images_not_read_back"
+
+
+@dataclass(frozen=True, eq=False)
+class ReadBack:
+    """Images read off the block's update, in pixels (N x C x H x W), with the client each
+    came from (LOKI) and how many rows agree on it (``cah``; 1 for a bin)."""
+
+    pixels: torch.Tensor
+    clients: tuple[int, ...]
+    support: tuple[int, ...]
+
+
+def block_update(
+    observation: Observation, knowledge: AttackerKnowledge
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inserted layer's weight and bias updates, as float64 (the weights the client
+    returned less the weights sent, where the observation is weights)."""
+    server = _server(knowledge)
+    weight_name, bias_name = server.parameter_names
+    names = observation.parameter_names
+    if weight_name not in names or bias_name not in names:
+        raise AttackUnsupportedError(
+            f"the update has no {weight_name!r}: the client did not train the model the "
+            "server sent (or a defense removed that layer's update)"
+        )
+    weight = observation.tensors[names.index(weight_name)].double()
+    bias = observation.tensors[names.index(bias_name)].double()
+    if observation.kind == "weights":
+        sent = dict(knowledge.model.named_parameters())
+        weight = weight - sent[weight_name].detach().double()
+        bias = bias - sent[bias_name].detach().double()
+    return weight, bias
+
+
+def _server(knowledge: AttackerKnowledge) -> ServerModification:
+    if knowledge.server is None:
+        raise AttackUnsupportedError(
+            "this attack reads the layer a malicious server put in the model; under the "
+            "honest-but-curious threat model there is none"
+        )
+    return knowledge.server
+
+
+def read_bins(
+    weight: torch.Tensor, bias: torch.Tensor, first: int, count: int
+) -> list[tuple[int, torch.Tensor]]:
+    """Rows ``first``..``first + count - 1`` hold ascending thresholds: each non-empty bin's
+    read-back (its row index, the pixels of the images in it, weighted by their deltas)."""
+    rows = slice(first, first + count)
+    w, b = weight[rows], bias[rows]
+    zero_w, zero_b = torch.zeros_like(w[:1]), torch.zeros_like(b[:1])
+    dw = w - torch.cat([w[1:], zero_w])  # bin k: row k less row k + 1; the last row alone
+    db = b - torch.cat([b[1:], zero_b])
+    scale = float(db.abs().max()) if db.numel() else 0.0
+    if scale == 0.0:
+        return []
+    full = (db.abs() > EMPTY_BIN * scale).nonzero().flatten()
+    return [(int(k), dw[k] / db[k]) for k in full]
+
+
+def candidate_of(
+    read: ReadBack, knowledge: AttackerKnowledge, stop: str
+) -> tuple[Candidate, int]:
+    """The attacker's B images: its read-backs, most supported first, then the prior's
+    brightness as a flat image where fewer came back; and how many were read back."""
+    batch = knowledge.batch_size
+    order = sorted(range(len(read.support)), key=lambda i: -read.support[i])[:batch]
+    shape = (batch, *knowledge.input_shape)
+    server = knowledge.server
+    grey = server.prior.mean if server is not None and server.prior is not None else 0.5
+    pixels = torch.full(shape, grey, dtype=torch.float64)
+    clients = [-1] * batch
+    for slot, i in enumerate(order):
+        pixels[slot] = read.pixels[i]
+        clients[slot] = read.clients[i]
+    missing = batch - len(order)
+    candidate = Candidate(
+        _to_model(pixels, knowledge), None, float(missing), 0, 1, stop, clients=tuple(clients)
+    )
+    return candidate, len(order)
+
+
+def _to_model(pixels: torch.Tensor, knowledge: AttackerKnowledge) -> torch.Tensor:
+    mean = torch.tensor(knowledge.normalization.mean, dtype=torch.float64).view(1, -1, 1, 1)
+    std = torch.tensor(knowledge.normalization.std, dtype=torch.float64).view(1, -1, 1, 1)
+    return ((pixels - mean) / std).float()
+
+
+def single_event(
+    read: ReadBack, knowledge: AttackerKnowledge, clock: Clock, inference: dict
+) -> Iterator[ProgressEvent]:
+    """The one event of a closed-form attack: its candidate, as the loop's final event."""
+    stop = "cancelled" if clock.control.is_cancelled() else "completed"
+    candidate, found = candidate_of(read, knowledge, stop)
+    final = Reconstruction((candidate,), stop, 1, {**inference, "images_read_back": found})
+    yield ProgressEvent(
+        1, 1, clock.elapsed, {LOSS_NAME: candidate.loss}, 0, candidate.images, None, final
+    )

@@ -1,0 +1,100 @@
+"""LOKI (Zhao, Sharma, Elkordy, Ezzeldin, Avestimehr, Bagchi, IEEE S&P 2024): each client
+gets convolution kernels of its own that route its pixels into a channel block no other
+client writes, then brightness bins per block; in the secure-aggregation sum each block's
+rows are one client's update, read back as ``rtf`` reads its bins (``attacks.imprint``),
+and each image is attributed to its client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
+from auditlib.attacks.imprint import ReadBack, block_update, read_bins, single_event
+from auditlib.attacks.rtf import Prior, stack_pixels
+from auditlib.config import check_ranges, param
+from auditlib.server.bins import public_prior
+from auditlib.server.build import build_loki
+from auditlib.server.modification import BuildContext, ServerModification, pixels
+from auditlib.threat import AttackerKnowledge, Observation
+
+
+@dataclass(frozen=True)
+class LokiConfig:
+    bins: int = param(
+        0,
+        "brightness rows per client; 0: bins_per_image times the client's batch",
+        low=0,
+        high=4096,
+    )
+    bins_per_image: int = param(8, "rows per image of a client's batch when bins is 0", low=1, high=64)
+    prior: Prior = param(
+        "faces",
+        "public data the server fits its brightness prior on (never the audited images)",
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+    def bins_for(self, images: int) -> int:
+        return self.bins or self.bins_per_image * images
+
+
+def build(config: LokiConfig, context: BuildContext) -> ServerModification:
+    prior = public_prior(config.prior, context.audited_source)
+    return build_loki(context, config.bins_for(context.batch_size), prior)
+
+
+def run_loki(
+    observation: Observation,
+    knowledge: AttackerKnowledge,
+    config: LokiConfig,
+    control: RunControl,
+    seed: int,
+):
+    clock = Clock(control)
+    server = knowledge.server
+    weight, bias = block_update(observation, knowledge)
+    size = pixels(knowledge.input_shape)
+    rows, clients = [], []
+    for client in range(server.clients):
+        for _, flat in read_bins(weight, bias, client * server.rows, server.rows):
+            rows.append(flat[client * size : (client + 1) * size])
+            clients.append(client)
+    read = ReadBack(
+        pixels=stack_pixels(rows, (-1, *knowledge.input_shape), weight),
+        clients=tuple(clients),
+        support=tuple(1 for _ in rows),
+    )
+    inference = {"rule": "LOKI: each client's block of bins, read back as Robbing the Fed's"}
+    return single_event(read, knowledge, clock, inference)
+
+
+def _honest_server(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
+    if knowledge.server is None or knowledge.server.attack != "loki":
+        return "loki needs a malicious server (threat model 'malicious'): it changes the model"
+    return None
+
+
+register(
+    AttackInfo(
+        name="loki",
+        summary="LOKI (Zhao et al. 2024): per-client kernels and brightness bins; images of "
+        "many clients read back from the secure-aggregation sum and attributed.",
+        config_type=LokiConfig,
+        run=run_loki,
+        presets={"paper": {"bins": 0, "bins_per_image": 4, "prior": "faces"}},
+        audit=AuditPreset(
+            {"bins": 0, "bins_per_image": 8, "prior": "faces"},
+            iterations=1,
+            why="a closed form, so the budget buys bins: 8 per image of a client's batch",
+        ),
+        paper_iterations=1,
+        not_applicable=_honest_server,
+        adapts=frozenset(),
+        weighs_prior=False,
+        builds=build,
+        closed_form=True,
+    )
+)

@@ -1,0 +1,106 @@
+"""Robbing the Fed (Fowl, Geiping, Czaja, Goldblum, Goldstein, ICLR 2022): the server puts an
+imprint block in front of the model and reads each image alone in its brightness bin back
+from the difference of neighbouring rows' updates (``attacks.imprint``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
+from auditlib.attacks.imprint import ReadBack, block_update, read_bins, single_event
+from auditlib.config import check_ranges, param
+from auditlib.server.bins import public_prior
+from auditlib.server.build import build_rtf
+from auditlib.server.modification import BuildContext, ServerModification
+from auditlib.threat import AttackerKnowledge, Observation
+
+Prior = Literal["faces", "fashion-mnist", "digits", "photographs"]
+
+
+@dataclass(frozen=True)
+class RtfConfig:
+    bins: int = param(
+        0, "rows of the imprint layer; 0: bins_per_image times the batch", low=0, high=4096
+    )
+    bins_per_image: int = param(
+        8,
+        "bins per image of the batch when bins is 0: an image is read back when alone in its "
+        "bin, which more bins make likelier",
+        low=1,
+        high=64,
+    )
+    prior: Prior = param(
+        "faces",
+        "public data the server fits its brightness prior on (never the audited images)",
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+    def bins_for(self, images: int) -> int:
+        return self.bins or self.bins_per_image * images
+
+
+def build(config: RtfConfig, context: BuildContext) -> ServerModification:
+    prior = public_prior(config.prior, context.audited_source)
+    return build_rtf(context, config.bins_for(context.batch_size * context.clients), prior)
+
+
+def run_rtf(
+    observation: Observation,
+    knowledge: AttackerKnowledge,
+    config: RtfConfig,
+    control: RunControl,
+    seed: int,
+):
+    clock = Clock(control)
+    weight, bias = block_update(observation, knowledge)
+    bins = read_bins(weight, bias, 0, weight.shape[0])
+    shape = (-1, *knowledge.input_shape)
+    read = ReadBack(
+        pixels=stack_pixels([p for _, p in bins], shape, weight),
+        clients=tuple(-1 for _ in bins),
+        support=tuple(1 for _ in bins),
+    )
+    inference = {"rule": "Robbing the Fed: neighbouring rows' update differences"}
+    return single_event(read, knowledge, clock, inference)
+
+
+def stack_pixels(rows: list[torch.Tensor], shape: tuple[int, ...], like: torch.Tensor):
+    """Read-back rows (flat pixels) as images; an empty stack where none came back."""
+    if not rows:
+        return like.new_zeros((0, *shape[1:]))
+    return torch.stack(rows).view(shape)
+
+
+def _honest_server(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
+    if knowledge.server is None or knowledge.server.attack != "rtf":
+        return "rtf needs a malicious server (threat model 'malicious'): it changes the model"
+    return None
+
+
+register(
+    AttackInfo(
+        name="rtf",
+        summary="Robbing the Fed (Fowl et al. 2022): an imprint block of brightness bins in "
+        "front of the model; an image alone in its bin is read back exactly.",
+        config_type=RtfConfig,
+        run=run_rtf,
+        presets={"paper": {"bins": 128, "prior": "faces"}},
+        audit=AuditPreset(
+            {"bins": 0, "bins_per_image": 8, "prior": "faces"},
+            iterations=1,
+            why="a closed form, so the budget buys bins: 8 per image of the batch leave "
+            "about 1 - e^(-1/8) = 12 % of images sharing a bin when the prior fits",
+        ),
+        paper_iterations=1,
+        not_applicable=_honest_server,
+        adapts=frozenset(),
+        weighs_prior=False,
+        builds=build,
+        closed_form=True,
+    )
+)

@@ -1,0 +1,88 @@
+"""Where a binning server puts its thresholds: quantiles of a brightness prior it can hold.
+
+Robbing the Fed and LOKI sort inputs into bins by one linear measure, the image's mean pixel
+in [0, 1] (its brightness). A bin separates an image when no other image of the batch falls
+in it, so the thresholds sit at equal-mass quantiles of the measure's distribution over
+images. The server cannot see the client's images: it fits that distribution on public data
+it holds (a Normal of the per-image brightness of a public sample set), and a threshold comes
+from that fit, never from the audited batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from auditlib.data.decode import DEFAULT_LIMITS
+from auditlib.data.samples import SAMPLE_SETS, load_sample_set
+from auditlib.errors import AuditInputError
+
+# The public sets a server may fit its prior on, with how many images it reads of each.
+PUBLIC_PRIORS = {"faces": 200, "fashion-mnist": 1000, "digits": 1000, "photographs": 17}
+
+
+@dataclass(frozen=True)
+class MeasurePrior:
+    """The server's belief about the brightness of the images it will see: a Normal."""
+
+    mean: float
+    std: float
+    source: str  # in words: the public data it was fitted on
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.mean <= 1.0) or not (self.std > 0):
+            raise AuditInputError(
+                f"a brightness prior needs a mean in [0, 1] and a std > 0, got "
+                f"{self.mean}, {self.std}"
+            )
+
+    def thresholds(self, bins: int, *, lowest: float | None = None) -> tuple[float, ...]:
+        """``bins`` ascending thresholds at the prior's quantiles k / bins, k = 0..bins-1.
+
+        The first is ``lowest`` (default: below any brightness, so every image passes it):
+        then bin k holds the images between threshold k and k + 1, the last everything above.
+        """
+        if bins < 1:
+            raise AuditInputError(f"a binning layer needs at least 1 bin, got {bins}")
+        normal = statistics.NormalDist(self.mean, self.std)
+        inner = [normal.inv_cdf(k / bins) for k in range(1, bins)]
+        first = -1.0 if lowest is None else lowest
+        return (first, *inner)
+
+
+def public_prior(source: str, audited: str | None = None) -> MeasurePrior:
+    """The Normal fitted on the per-image brightness of public sample set ``source``.
+
+    ``audited`` names the sample set the audited images come from (None: the auditor's own
+    folder or upload); a prior fitted on the very images under attack is refused.
+    """
+    if source not in PUBLIC_PRIORS:
+        raise AuditInputError(
+            f"unknown public data {source!r} for the bins' prior; expected one of "
+            f"{', '.join(PUBLIC_PRIORS)}"
+        )
+    if audited is not None and audited == source:
+        raise AuditInputError(
+            f"the bins' prior must come from public data the server holds, not from the "
+            f"client's images: the audited images are sample set {source!r}; choose another "
+            f"public set ({', '.join(s for s in PUBLIC_PRIORS if s != source)})"
+        )
+    mean, std = _brightness(source)
+    return MeasurePrior(mean, std, f"{PUBLIC_PRIORS[source]} images of {SAMPLE_SETS[source].name}")
+
+
+CHUNK = DEFAULT_LIMITS.max_images
+
+
+@functools.cache
+def _brightness(source: str) -> tuple[float, float]:
+    values = []
+    for offset in range(0, PUBLIC_PRIORS[source], CHUNK):  # the loader hands out 64 at a time
+        count = min(CHUNK, PUBLIC_PRIORS[source] - offset)
+        chunk = load_sample_set(source, count, seed=0, offset=offset)
+        values += [float(np.asarray(i, dtype=np.float64).mean() / 255.0) for i in chunk.images]
+    values = np.array(values)
+    return float(values.mean()), float(max(values.std(ddof=1), 1e-3))

@@ -1,0 +1,113 @@
+"""The three models a malicious server builds here, each from the global model it would
+have sent, with what it changed in words (``ServerModification``)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from auditlib.server.bins import MeasurePrior
+from auditlib.server.blocks import ImprintBlock, LokiBlock, MaliciousModel, TrapBlock
+from auditlib.server.modification import (
+    BuildContext,
+    ServerModification,
+    pixels,
+    refuse_over_capacity,
+    refuse_too_large,
+    refuse_unwrappable,
+)
+
+# LOKI's lowest threshold: above 0 (another client's zero block never fires a row) and below
+# any image but a black one.
+LOKI_FLOOR = 1e-3
+NOTICEABLE_IMPRINT = (
+    "yes, if the client inspects it: a linear layer in front of the model whose rows share "
+    "one direction (the mean pixel) with graded biases, and a layer after it with identical "
+    "columns (the model's own input no longer reaches it); auditlib's model check flags it"
+)
+
+
+def build_rtf(context: BuildContext, bins: int, prior: MeasurePrior) -> ServerModification:
+    """Robbing the Fed's imprint in front of the global model: ``bins`` brightness rows."""
+    refuse_unwrappable(context.model, "rtf")
+    size = pixels(context.input_shape)
+    refuse_too_large("rtf", size, bins, size)
+    refuse_over_capacity("rtf", context.batch_size * context.clients, bins, f"{bins} bins")
+    thresholds = prior.thresholds(bins)
+    block = ImprintBlock(context.input_shape, context.normalization, thresholds)
+    return ServerModification(
+        attack="rtf",
+        model=MaliciousModel(block, copy.deepcopy(context.model)),
+        clients=context.clients,
+        capacity=bins,
+        rows=bins,
+        thresholds=thresholds,
+        prior=prior,
+        what_changed=(
+            f"an imprint block in front of the model: {bins} rows measuring brightness, "
+            f"thresholds at quantiles of a Normal fitted on {prior.source}"
+        ),
+        noticeable=NOTICEABLE_IMPRINT,
+    )
+
+
+def build_cah(
+    context: BuildContext, rows: int, sigma: float, scale: float
+) -> ServerModification:
+    """Curious Abandon Honesty's trap weights in a layer in front of the global model."""
+    refuse_unwrappable(context.model, "cah")
+    size = pixels(context.input_shape)
+    refuse_too_large("cah", size, rows, size)
+    refuse_over_capacity("cah", context.batch_size * context.clients, rows, f"{rows} trap rows")
+    generator = torch.Generator().manual_seed(context.seed)
+    block = TrapBlock(context.input_shape, context.normalization, rows, sigma, scale, generator)
+    return ServerModification(
+        attack="cah",
+        model=MaliciousModel(block, copy.deepcopy(context.model)),
+        clients=context.clients,
+        capacity=rows,
+        rows=rows,
+        thresholds=None,
+        prior=None,
+        what_changed=(
+            f"a fully connected layer of {rows} trap rows in front of the model (half of each "
+            f"row's weights negative, the other half the same magnitudes times {scale})"
+        ),
+        noticeable=(
+            "yes, if the client inspects it: each trap row's weights sum far below zero and "
+            "its units fire for very few images; auditlib's model check flags it"
+        ),
+    )
+
+
+def build_loki(context: BuildContext, per_client: int, prior: MeasurePrior) -> ServerModification:
+    """LOKI: each client's own kernels, then ``per_client`` brightness rows per client."""
+    refuse_unwrappable(context.model, "loki")
+    size = pixels(context.input_shape)
+    rows = per_client * context.clients
+    refuse_too_large("loki", size * context.clients, rows, size)
+    refuse_over_capacity("loki", context.batch_size, per_client, f"{per_client} bins per client")
+    thresholds = prior.thresholds(per_client, lowest=LOKI_FLOOR)
+    thresholds = tuple(max(t, LOKI_FLOOR * (1 + k)) for k, t in enumerate(thresholds))
+    block = LokiBlock(context.input_shape, context.normalization, context.clients, thresholds)
+    return ServerModification(
+        attack="loki",
+        model=MaliciousModel(block, copy.deepcopy(context.model)),
+        clients=context.clients,
+        capacity=per_client,
+        rows=per_client,
+        thresholds=thresholds,
+        prior=prior,
+        what_changed=(
+            f"per-client convolution kernels routing each of {context.clients} clients' "
+            f"pixels into a channel block of its own, then {per_client} brightness rows per "
+            f"client (thresholds from a Normal fitted on {prior.source})"
+        ),
+        noticeable=(
+            "yes, if the client inspects it, and more easily than the others: its first "
+            "convolution's kernels are zero but for one centre tap per channel of one block, "
+            "and clients comparing models would find them differ; auditlib's model check "
+            "flags it"
+        ),
+    )
