@@ -164,6 +164,9 @@ class AttackRecord:
     oracle_psnr_mean: float | None = None
     oracle_ssim_mean: float | None = None
     label_accuracy: float | None = None  # its own pick's labels
+    # Under secure aggregation, images recovered and attributed to the client that held
+    # them (an attack that attributes: LOKI); None where it does not attribute.
+    images_attributed: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

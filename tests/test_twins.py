@@ -112,7 +112,7 @@ def test_the_engine_skips_a_twin_that_adds_nothing_and_reuses_the_plain_run_for_
     planned = plan_attacks(ComponentSpec.of("dlm"), 2)
     planned = [planned[0], dataclasses.replace(planned[0], adaptive=True)]
     runs = []
-    list(run_attacks(planned, release, RunControl(2), 0, runs))
+    list(run_attacks(planned, lambda _: release, RunControl(2), 0, runs))
     assert runs[0].final is not None and runs[1].final is None
     assert runs[1].skipped == TWIN_SAME_AS_PLAIN
 
@@ -120,7 +120,7 @@ def test_the_engine_skips_a_twin_that_adds_nothing_and_reuses_the_plain_run_for_
     planned = plan_attacks(ComponentSpec.of("dlg"), 2)
     planned = [planned[0], dataclasses.replace(planned[0], adaptive=True)]
     runs = []
-    list(run_attacks(planned, shadow, RunControl(2), 0, runs))
+    list(run_attacks(planned, lambda _: shadow, RunControl(2), 0, runs))
     plain, twin = runs
     assert twin.final.steps == 0 and twin.skipped is None  # not rerun
     undone = shadow.known_defense.postprocess(

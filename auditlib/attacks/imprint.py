@@ -96,9 +96,7 @@ def read_bins(
     return [(int(k), dw[k] / db[k]) for k in full]
 
 
-def candidate_of(
-    read: ReadBack, knowledge: AttackerKnowledge, stop: str
-) -> tuple[Candidate, int]:
+def candidate_of(read: ReadBack, knowledge: AttackerKnowledge, stop: str) -> tuple[Candidate, int]:
     """The attacker's B images: its read-backs, most supported first, then the prior's
     brightness as a flat image where fewer came back; and how many were read back."""
     batch = knowledge.batch_size

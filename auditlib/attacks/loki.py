@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
 from auditlib.attacks.imprint import ReadBack, block_update, read_bins, single_event
 from auditlib.attacks.rtf import Prior, stack_pixels
@@ -28,7 +26,9 @@ class LokiConfig:
         low=0,
         high=4096,
     )
-    bins_per_image: int = param(8, "rows per image of a client's batch when bins is 0", low=1, high=64)
+    bins_per_image: int = param(
+        8, "rows per image of a client's batch when bins is 0", low=1, high=64
+    )
     prior: Prior = param(
         "faces",
         "public data the server fits its brightness prior on (never the audited images)",

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     from auditlib.data.samples import SAMPLE_SETS
     from auditlib.defenses import DEFENSES
     from auditlib.models import ARCHITECTURES
-    from auditlib.spec import UTILITY_DATASETS
+    from auditlib.spec import SERVERS, UTILITY_DATASETS
 
     parser = _Parser(
         prog="python -m auditlib", description="Gradient-leakage audits for federated learning."
@@ -92,6 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     scenario.add_argument("--bn-mode", default="train", choices=get_args(BatchNormMode))
     scenario.add_argument(
         "--labels-known", action="store_true", help="threat model: the server knows the labels"
+    )
+    scenario.add_argument(
+        "--server",
+        default="honest",
+        choices=SERVERS,
+        help="threat model: an honest-but-curious server observes the update; a malicious one "
+        "also changes the model it sends (attacks rtf, cah, loki)",
+    )
+    scenario.add_argument(
+        "--secure-aggregation",
+        type=int,
+        metavar="CLIENTS",
+        help="the server sees only the summed update of CLIENTS clients (at least 2), the "
+        "audited images split over them in order",
     )
     scenario.add_argument(
         "--attacker-knows-defense",

@@ -62,6 +62,8 @@ def spec_from_args(args: argparse.Namespace):
         attacker_knows_defense=KNOWS_DEFENSE[args.attacker_knows_defense],
         pretrain_rounds=args.pretrain_rounds,
         pretrain_data=args.pretrain_data,
+        server=args.server,
+        secure_aggregation=args.secure_aggregation,
     )
     preset = None if args.preset in (None, "none") else args.preset
     if args.attack == ALL_ATTACKS:
@@ -141,7 +143,7 @@ def audit_command(args: argparse.Namespace) -> int:
 
     runner = run_isolated if spec.model.trusted_archive else run_audit
     # Refuse bad attack or defense parameters before the control spends any time.
-    plan_attacks(spec.attack, spec.budget.iterations)
+    plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
     build_defense(spec.defense.name, spec.defense.params_dict())
     control_result = None
     control = None if args.no_control else spec.control()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -80,26 +80,44 @@ class AttackRun:
         return self.planned.label
 
 
-def plan_attacks(attack: ComponentSpec, iterations: int, every: int = 10) -> list[PlannedAttack]:
-    """The attacks a run will try, each with its resolved configuration."""
+def plan_attacks(
+    attack: ComponentSpec, iterations: int, every: int = 10, server: str = "honest"
+) -> list[PlannedAttack]:
+    """The attacks a run will try, each with its resolved configuration.
+
+    Every applicable attack is, under the honest-but-curious server, each attack that
+    observes; under the malicious one, each attack that builds the model it sends (the
+    honest server's attacks are that threat model's audit)."""
     if attack.name == ALL_ATTACKS:
         if attack.params:
             raise AuditInputError(
                 "every applicable attack runs each attack at its audit preset; it takes no "
                 "attack parameters"
             )
-        chosen = [(name, AUDIT_PRESET, {}) for name in ATTACKS]
+        malicious = server == "malicious"
+        chosen = [
+            (name, AUDIT_PRESET, {})
+            for name, info in ATTACKS.items()
+            if (info.builds is not None) == malicious
+        ]
     else:
+        info = ATTACKS.get(attack.name)
+        if info is not None and info.builds is not None and server != "malicious":
+            raise AuditInputError(
+                f"{attack.name} is a malicious server's attack (it changes the model the server "
+                "sends): choose the malicious-server threat model to run it"
+            )
         chosen = [(attack.name, attack.preset, attack.params_dict())]
     planned = []
     for name, preset, params in chosen:
         config, settings = build_attack_config(name, params, preset)
-        settings["restart_schedule"] = restart_schedule(config, preset)
-        planned.append(
-            PlannedAttack(
-                name, preset, config, settings, planned_steps(config, preset, iterations, every)
-            )
-        )
+        if ATTACKS[name].closed_form:
+            settings["restart_schedule"] = "one pass (a closed form)"
+            steps = 1
+        else:
+            settings["restart_schedule"] = restart_schedule(config, preset)
+            steps = planned_steps(config, preset, iterations, every)
+        planned.append(PlannedAttack(name, preset, config, settings, steps))
     return planned
 
 
@@ -115,23 +133,32 @@ def adaptive_wanted(knows: bool | None, attack: ComponentSpec) -> bool:
 
 def run_attacks(
     planned: list[PlannedAttack],
-    release: Release,
+    release_for: Callable[[PlannedAttack], Release],
     control: RunControl,
     seed: int,
     outcomes: list[AttackRun],
 ) -> Iterator[ProgressEvent]:
     """Run the planned attacks in turn; their events are renumbered to the run's steps.
 
-    ``outcomes`` receives one :class:`AttackRun` per planned attack.
+    ``release_for`` gives each attack what the server received (the honest server's
+    release, or the release of the model a malicious attack built); ``outcomes`` receives
+    one :class:`AttackRun` per planned attack.
     """
     started = time.perf_counter()
     total = sum(p.planned_steps for p in planned)
     offset = 0
-    observation = release.observation
     # One seed per attack name, so an attack and its adaptive twin start alike.
     single = len({p.name for p in planned}) == 1
     finals: dict[str, Reconstruction] = {}  # each plain attack's result, for its twin
     for index, attack in enumerate(planned):
+        try:
+            release = release_for(attack)
+        except AuditInputError as exc:  # the server could not build its model for this batch
+            if len(planned) == 1:
+                raise
+            outcomes.append(AttackRun(attack, None, str(exc), 0.0))
+            continue
+        observation = release.observation
         knowledge = release.knowledge
         if attack.adaptive:
             knowledge = replace(knowledge, defense=release.known_defense)

@@ -33,10 +33,10 @@ from auditlib.engine.attack_phase import (
     worst_case,
 )
 from auditlib.engine.identity import run_identity
+from auditlib.engine.releases import Rounds, client_of_image
 from auditlib.engine.utility import UtilityProgress, iter_utility
 from auditlib.engine.victim import prepare_victim
-from auditlib.errors import AttackUnsupportedError, RunCancelledError
-from auditlib.fl.scenario import release_update
+from auditlib.errors import AttackUnsupportedError, AuditInputError, RunCancelledError
 from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
 from auditlib.metrics.catalogue import METRIC_DEFINITION
 from auditlib.metrics.risk import labels_beyond_chance
@@ -105,7 +105,7 @@ def iter_audit(
     :class:`UtilityProgress` per training round, then the :class:`AuditResult`.
     """
     began_unix = time.time()  # wall clock, for when runs overlapped (timing.*_unix)
-    planned = plan_attacks(spec.attack, spec.budget.iterations, emit_every)
+    planned = plan_attacks(spec.attack, spec.budget.iterations, emit_every, spec.scenario.server)
     defense, defense_settings = build_defense(spec.defense.name, spec.defense.params_dict())
     control = RunControl(
         max_steps=spec.budget.iterations,
@@ -117,16 +117,8 @@ def iter_audit(
     victim = prepare_victim(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
     originals = to_unit_range(victim.batch.images, victim.normalization)
     yield AuditStart(originals, victim.batch.names, tuple(int(v) for v in victim.batch.labels))
-    release = release_update(
-        victim.model,
-        victim.batch,
-        spec.scenario.protocol,
-        defense,
-        normalization=victim.normalization,
-        num_classes=spec.model.spec.num_classes,
-        labels_known=spec.scenario.labels_known,
-        seed=derive_seed(spec.seed, "defense"),
-    )
+    rounds = Rounds(spec, victim, defense)
+    release = _first_release(rounds, planned)  # the report's: the first attack's that builds
     adaptive = adaptive_wanted(spec.scenario.attacker_knows_defense, spec.attack)
     if adaptive and release.known_defense is not None:
         planned = with_adaptive(planned)
@@ -134,7 +126,8 @@ def iter_audit(
     started = time.perf_counter()
     first_event_s = None
     runs: list[AttackRun] = []
-    for event in run_attacks(planned, release, control, derive_seed(spec.seed, "attack"), runs):
+    attack_seed = derive_seed(spec.seed, "attack")
+    for event in run_attacks(planned, rounds.for_attack, control, attack_seed, runs):
         if first_event_s is None:
             first_event_s = time.perf_counter() - started
         yield event
@@ -213,6 +206,7 @@ def iter_audit(
         labels=_labels_found(spec, [selected_scores, *(e.attacker_selected for e in per_attack)]),
     )
     twins, twins_words = _twins(spec, release, adaptive, runs)
+    owners = client_of_image(victim.batch, spec.scenario.clients)
     scope = Scope(
         attacks=tuple(r.label for r in ran),
         defense=_component_words(spec.defense),
@@ -231,6 +225,8 @@ def iter_audit(
             batchnorm_statistics=any(_uses_batchnorm(r, victim.model) for r in ran),
             batch_size=int(victim.batch.images.shape[0]),
             defense=_defense_knowledge(spec, release, adaptive, runs),
+            modification=_modification_words(rounds),
+            clients=spec.scenario.clients,
         ),
         twins=twins,
         twins_words=twins_words,
@@ -266,6 +262,10 @@ def iter_audit(
                 f"batch size {victim.batch.images.shape[0]}",
                 *(["labels"] if spec.scenario.labels_known else []),
                 *release.knowledge.notes,
+                *(
+                    f"the model it sent ({name}): {m.what_changed}"
+                    for name, m in rounds.modifications.items()
+                ),
             ),
         ),
         victim=VictimRecord.from_json(victim.records),
@@ -280,7 +280,10 @@ def iter_audit(
         metrics=selected_scores,
         oracle_best=scores.oracle_best,
         psnr_by_restart=scores.psnr_by_restart,
-        attacks=tuple(_attack_record(r, s) for r, s in zip(ran, per_attack or [None], strict=False))
+        attacks=tuple(
+            _attack_record(r, s, _attributed(r, s or scores, owners))
+            for r, s in zip(ran, per_attack or [None], strict=False)
+        )
         + tuple(_attack_record(r, None) for r in runs if r.final is None),
         verdict=verdict,
         stop_reason=stop_reason,
@@ -301,6 +304,33 @@ def iter_audit(
         },
     )
     yield AuditResult(summary, originals, reconstruction)
+
+
+def _first_release(rounds: Rounds, planned: list[AttackRun]):
+    """The release the report describes: the first planned attack's that the server could
+    make (where the only attack's model cannot be built, its refusal is the run's)."""
+    refusals = []
+    for attack in planned:
+        try:
+            return rounds.for_attack(attack)
+        except AuditInputError as exc:
+            if len(planned) == 1:
+                raise
+            refusals.append(f"{attack.name}: {exc}")
+    raise AuditInputError("no attack's model could be built: " + "; ".join(refusals))
+
+
+def _attributed(run: AttackRun, scored: Evaluation | None, owners: tuple[int, ...]) -> int | None:
+    """Images recovered and attributed to the client that held them, for an attack that
+    attributes (LOKI under secure aggregation); None otherwise."""
+    if scored is None or run.final is None or run.final.selected.clients is None:
+        return None
+    clients = run.final.selected.clients
+    return sum(
+        1
+        for i, image in enumerate(scored.attacker_selected.per_image)
+        if image.beyond_guess and clients[image.reconstruction_index] == owners[i]
+    )
 
 
 def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:
@@ -415,7 +445,24 @@ def _defense_knowledge(
     return True, f"an adaptive twin of each attack {known.summary}{besides}"
 
 
-def _attack_record(run: AttackRun, scored: Evaluation | None) -> AttackRecord:
+def _modification_words(rounds: Rounds) -> tuple[str, str] | None:
+    """What the malicious server changed and whether a client could have noticed, in words
+    (every model it built, where several attacks built one); None: it changed nothing."""
+    built = rounds.modifications
+    if not built:
+        return None
+    if len(built) == 1:
+        (m,) = built.values()
+        return m.what_changed, m.noticeable
+    return (
+        "; ".join(f"{name}: {m.what_changed}" for name, m in built.items()),
+        "; ".join(f"{name}: {m.noticeable}" for name, m in built.items()),
+    )
+
+
+def _attack_record(
+    run: AttackRun, scored: Evaluation | None, attributed: int | None = None
+) -> AttackRecord:
     """One attack of the run: its own pick's scores and its oracle best beside them."""
     ran = run.final is not None
     scores = None if scored is None else scored.attacker_selected
@@ -438,6 +485,7 @@ def _attack_record(run: AttackRun, scored: Evaluation | None) -> AttackRecord:
         oracle_psnr_mean=None if oracle is None else oracle.psnr_mean,
         oracle_ssim_mean=None if oracle is None else oracle.ssim_mean,
         label_accuracy=None if scores is None else scores.label_accuracy,
+        images_attributed=attributed,
     )
 
 

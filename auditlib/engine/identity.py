@@ -84,7 +84,7 @@ def _resolved_attack(spec: RunSpec) -> dict[str, Any]:
             "settings": config_dict(p.config),
             "race": None if (race := race_of(p.config, p.preset)) is None else asdict(race),
         }
-        for p in plan_attacks(spec.attack, spec.budget.iterations)
+        for p in plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
     ]
     if spec.attack.name == ALL_ATTACKS:
         return {"name": ALL_ATTACKS, "attacks": resolved}

@@ -81,7 +81,9 @@ class RunManager:
 
         Parameter errors surface here as AuditInputError, before anything is recorded.
         """
-        plan_attacks(spec.attack, spec.budget.iterations)  # one attack, or every applicable one
+        plan_attacks(
+            spec.attack, spec.budget.iterations, server=spec.scenario.server
+        )  # one attack, or every applicable one
         build_defense(spec.defense.name, spec.defense.params_dict())
         ray_backend.ensure_ray(self.ray_address)
         ray_backend.require_device(spec, self.ray_address)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,6 +14,8 @@ from auditlib.client.protocol import ClientProtocol
 from auditlib.client.update import client_update, trainable_parameters
 from auditlib.data.normalization import Normalization
 from auditlib.defenses.base import ClientContext, Defense, known_defense, model_change
+from auditlib.errors import AuditInputError
+from auditlib.seeds import derive_seed
 from auditlib.threat import AttackerKnowledge, KnownDefense, Observation, PrivateBatch
 
 
@@ -145,3 +148,87 @@ def _difference(model, parameters, images, labels, protocol) -> tuple[torch.Tens
     if protocol.observation_kind == "weights":
         update = tuple(w - p.detach() for w, p in zip(update, parameters.values(), strict=True))
     return update
+
+
+def release_aggregate(
+    model_for: Callable[[int], nn.Module],
+    batches: Sequence[PrivateBatch],
+    protocol: ClientProtocol,
+    defense: Defense,
+    *,
+    normalization: Normalization,
+    num_classes: int,
+    labels_known: bool,
+    seed: int,
+) -> Release:
+    """Secure aggregation: each client k trains the model it received (``model_for(k)``) on
+    its batch and defends its update; the server learns only the example-weighted sum of
+    the updates (FedAvg's weighting, n_k / n), the weights each client started from summed
+    alike where the protocol shares weights.
+
+    For FedSGD the sum is exactly the union batch's mean gradient, so an honest-server attack
+    takes it as one client's update of every image; with several local steps it is not, and
+    the attack's model of it is an approximation (docs/ALGORITHMS.md).
+    """
+    for hook in ("change_model", "attacker_view", "perturb_images"):
+        if hasattr(defense, hook):
+            raise AuditInputError(
+                f"{type(defense).__name__} is not combined with secure aggregation here: it changes the "
+                "model, the protocol or the images per client; audit it without aggregation"
+            )
+    total = sum(int(b.images.shape[0]) for b in batches)
+    server_model = copy.deepcopy(model_for(0))
+    summed = undefended = None
+    names: tuple[str, ...] = ()
+    for k, batch in enumerate(batches):
+        model = model_for(k)
+        parameters = trainable_parameters(model)
+        names = tuple(parameters)
+        generator = torch.Generator().manual_seed(derive_seed(seed, f"client {k}"))
+        update, defended = defended_update(
+            model, parameters, batch.images, batch.labels, protocol, defense, generator
+        )
+        weight = batch.images.shape[0] / total
+        if protocol.observation_kind == "weights":
+            defended = tuple(
+                d + p.detach() for d, p in zip(defended, parameters.values(), strict=True)
+            )
+        summed = _accumulate(summed, defended, weight)
+        undefended = _accumulate(undefended, update, weight)
+    assert summed is not None and undefended is not None
+    observation = Observation(
+        kind=protocol.observation_kind,  # type: ignore[arg-type]
+        tensors=tuple(t.detach().clone() for t in summed),
+        parameter_names=names,
+    )
+    labels = torch.cat([b.labels for b in batches])
+    knowledge = AttackerKnowledge(
+        model=server_model,
+        protocol=protocol,
+        batch_size=total,
+        input_shape=tuple(batches[0].images.shape[1:]),  # type: ignore[arg-type]
+        num_classes=num_classes,
+        normalization=normalization,
+        labels=labels.clone() if labels_known else None,
+        notes=(
+            f"the example-weighted sum of {len(batches)} clients' updates (secure aggregation)",
+        ),
+        clients=len(batches),
+    )
+    defended_sum = summed
+    if protocol.observation_kind == "weights":
+        start = trainable_parameters(server_model).values()
+        defended_sum = tuple(s - p.detach() for s, p in zip(summed, start, strict=True))
+    return Release(
+        observation=observation,
+        knowledge=knowledge,
+        undefended_norm=_norm(undefended),
+        defended_norm=_norm(defended_sum),
+        privacy=defense.privacy_report(),
+        known_defense=None,  # no adaptive attacker is offered under secure aggregation
+    )
+
+
+def _accumulate(total, tensors, weight):
+    scaled = tuple(weight * t.detach() for t in tensors)
+    return scaled if total is None else tuple(a + b for a, b in zip(total, scaled, strict=True))

@@ -185,7 +185,11 @@ SOK_MODELS = {
     "C": "Parameter-Aware Eavesdropper",
     "D": "Data-Enhanced Eavesdropper",
     "E": "Statistical-Informed Eavesdropper",
+    # The SoK's active threat models (F-H) let the server modify the model or inject clients;
+    # the malicious server here modifies the model it sends and nothing else.
+    "F-H": "Active server (modifies the model it sends)",
 }
+MALICIOUS_MODEL = "F-H"
 
 
 def threat_card(
@@ -195,6 +199,8 @@ def threat_card(
     batchnorm_statistics: bool,
     batch_size: int,
     defense: tuple[bool, str] = (False, "no defense"),
+    modification: tuple[str, str] | None = None,
+    clients: int = 1,
 ) -> ThreatCard:
     """The card of an honest-but-curious server of this tool: it sends the model, so it
     knows architecture and weights, and it asks for the local training (C); labels the
@@ -220,9 +226,26 @@ def threat_card(
         ),
         Knowledge("the defense's mechanism and public parameters", *defense),
         Knowledge("surrogate data", False, "not used by any attack here"),
-        Knowledge("active manipulation of the model or clients", False, "honest-but-curious"),
     )
-    return ThreatCard(model, SOK_MODELS[model], knowledge)
+    if clients > 1:
+        knowledge += (
+            Knowledge(
+                "individual updates",
+                False,
+                f"secure aggregation: only the example-weighted sum of {clients} clients' updates",
+            ),
+        )
+    if modification is None:
+        knowledge += (
+            Knowledge("active manipulation of the model or clients", False, "honest-but-curious"),
+        )
+        return ThreatCard(model, SOK_MODELS[model], knowledge)
+    changed, noticeable = modification
+    knowledge += (
+        Knowledge("active manipulation of the model or clients", True, changed),
+        Knowledge("whether the client could have noticed", True, noticeable),
+    )
+    return ThreatCard(MALICIOUS_MODEL, SOK_MODELS[MALICIOUS_MODEL], knowledge)
 
 
 @dataclass(frozen=True)

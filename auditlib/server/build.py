@@ -52,9 +52,7 @@ def build_rtf(context: BuildContext, bins: int, prior: MeasurePrior) -> ServerMo
     )
 
 
-def build_cah(
-    context: BuildContext, rows: int, sigma: float, scale: float
-) -> ServerModification:
+def build_cah(context: BuildContext, rows: int, sigma: float, scale: float) -> ServerModification:
     """Curious Abandon Honesty's trap weights in a layer in front of the global model."""
     refuse_unwrappable(context.model, "cah")
     size = pixels(context.input_shape)

@@ -1,0 +1,115 @@
+"""The server's side of the round: the model each client receives and what comes back.
+
+An honest-but-curious server sends the global model; under the malicious-server threat
+model each attack that builds a model (``AttackInfo.builds``) gets the release of its own
+model (``auditlib.server``). With secure aggregation the audited images are split over the
+clients in order and the server sees only their summed update (``fl.scenario``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from auditlib.attacks import ATTACKS
+from auditlib.engine.attack_phase import PlannedAttack
+from auditlib.engine.victim import Victim
+from auditlib.errors import AuditInputError
+from auditlib.fl.scenario import Release, release_aggregate, release_update
+from auditlib.seeds import derive_seed
+from auditlib.server import BuildContext, ServerModification
+from auditlib.spec import RunSpec
+from auditlib.threat import PrivateBatch
+
+
+def client_batches(batch: PrivateBatch, clients: int) -> tuple[PrivateBatch, ...]:
+    """The audited images split over ``clients`` in order, as evenly as they go."""
+    size = int(batch.images.shape[0])
+    if clients > size:
+        raise AuditInputError(
+            f"secure aggregation over {clients} clients needs at least one image per client; "
+            f"the batch has {size}"
+        )
+    parts = torch.arange(size).tensor_split(clients)
+    return tuple(
+        PrivateBatch(batch.images[p], batch.labels[p], tuple(batch.names[i] for i in p.tolist()))
+        for p in parts
+    )
+
+
+def client_of_image(batch: PrivateBatch, clients: int) -> tuple[int, ...]:
+    """Which client holds each audited image (``client_batches``' split)."""
+    parts = torch.arange(int(batch.images.shape[0])).tensor_split(clients)
+    return tuple(k for k, p in enumerate(parts) for _ in range(len(p)))
+
+
+@dataclass
+class Rounds:
+    """The releases of one run, made once each: the honest one and each modified model's."""
+
+    spec: RunSpec
+    victim: Victim
+    defense: object
+    _made: dict[str, Release] = field(default_factory=dict)
+    modifications: dict[str, ServerModification] = field(default_factory=dict)
+
+    def for_attack(self, attack: PlannedAttack) -> Release:
+        info = ATTACKS[attack.name]
+        if info.builds is None:
+            return self._release("honest", None)
+        if self.spec.scenario.server != "malicious":
+            raise AuditInputError(
+                f"{attack.name} is a malicious server's attack (it changes the model the "
+                "server sends): choose the malicious-server threat model to run it"
+            )
+        key = f"{attack.name}:{sorted(attack.settings.items())}"
+        if key not in self._made:
+            modification = info.builds(attack.config, self._context())
+            self.modifications[attack.name] = modification
+            release = self._release(key, modification)
+            self._made[key] = replace(
+                release, knowledge=replace(release.knowledge, server=modification)
+            )
+        return self._made[key]
+
+    def _context(self) -> BuildContext:
+        scenario = self.spec.scenario
+        images = self.victim.batch.images
+        clients = scenario.clients
+        data = self.spec.data
+        return BuildContext(
+            model=self.victim.model,
+            input_shape=tuple(images.shape[1:]),  # type: ignore[arg-type]
+            batch_size=-(-int(images.shape[0]) // clients),  # the largest client's batch
+            clients=clients,
+            normalization=self.victim.normalization,
+            audited_source=data.location if data.source == "samples" else None,
+            seed=derive_seed(self.spec.seed, "server"),
+        )
+
+    def _release(self, key: str, modification: ServerModification | None) -> Release:
+        if key in self._made:
+            return self._made[key]
+        spec, victim = self.spec, self.victim
+        arguments = {
+            "normalization": victim.normalization,
+            "num_classes": spec.model.spec.num_classes,
+            "labels_known": spec.scenario.labels_known,
+            "seed": derive_seed(spec.seed, "defense"),
+        }
+        protocol = spec.scenario.protocol
+        clients = spec.scenario.clients
+        if clients == 1:
+            model = victim.model if modification is None else modification.model_for(0)
+            release = release_update(model, victim.batch, protocol, self.defense, **arguments)
+        else:
+            release = release_aggregate(
+                (lambda k: victim.model) if modification is None else modification.model_for,
+                client_batches(victim.batch, clients),
+                protocol,
+                self.defense,
+                **arguments,
+            )
+        self._made[key] = release
+        return release
