@@ -5,6 +5,7 @@ image alone holds it exactly (``attacks.imprint``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -40,6 +41,11 @@ class CahConfig:
         low_open=True,
         high=1,
     )
+    calibrate_on: Literal["none", "faces", "fashion-mnist", "digits", "photographs"] = param(
+        "none",
+        "public data on which each row's bias is set to fire for one image in B (none: the "
+        "paper's bias 0)",
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -50,7 +56,8 @@ class CahConfig:
 
 def build(config: CahConfig, context: BuildContext) -> ServerModification:
     rows = config.rows_for(context.batch_size * context.clients)
-    return build_cah(context, rows, config.sigma, config.scale)
+    calibrate = None if config.calibrate_on == "none" else config.calibrate_on
+    return build_cah(context, rows, config.sigma, config.scale, calibrate)
 
 
 def run_cah(
@@ -76,8 +83,8 @@ def run_cah(
         pixels=torch.stack([p for _, p in pictures]).view(shape)
         if pictures
         else weight.new_zeros((0, *knowledge.input_shape)),
-        clients=tuple(-1 for _ in pictures),
-        support=tuple(len(g) for g, _ in pictures),
+        clients=None,
+        support=tuple(float(len(g)) for g, _ in pictures),
     )
     inference = {
         "rule": "trap rows' update ratios, grouped where rows agree",
@@ -119,11 +126,13 @@ register(
         "front of the model; a row fired by one image alone holds it exactly.",
         config_type=CahConfig,
         run=run_cah,
-        presets={"paper": {"rows": 1000, "sigma": 0.5, "scale": 0.95}},
+        presets={"paper": {"rows": 1000, "sigma": 0.5, "scale": 0.95, "calibrate_on": "none"}},
         audit=AuditPreset(
-            {"rows": 0, "rows_per_image": 8, "sigma": 0.5, "scale": 0.95},
+            {"rows": 0, "rows_per_image": 8, "sigma": 0.5, "scale": 0.95, "calibrate_on": "faces"},
             iterations=1,
-            why="a closed form, so the budget buys rows: 8 trap rows per image of the batch",
+            why="a closed form, so the budget buys rows: 8 trap rows per image of the batch, "
+            "each row's bias set on public faces to fire for one image in B (the paper's "
+            "bias 0 fires ever more rarely as images grow)",
         ),
         paper_iterations=1,
         not_applicable=_honest_server,

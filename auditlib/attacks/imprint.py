@@ -41,11 +41,12 @@ LOSS_NAME = "images_not_read_back"
 @dataclass(frozen=True, eq=False)
 class ReadBack:
     """Images read off the block's update, in pixels (N x C x H x W), with the client each
-    came from (LOKI) and how many rows agree on it (``cah``; 1 for a bin)."""
+    came from (LOKI; None where the attack does not attribute) and the attacker's own
+    confidence in each (rows agreeing on it for ``cah``, a bin's signal over the noise)."""
 
     pixels: torch.Tensor
-    clients: tuple[int, ...]
-    support: tuple[int, ...]
+    clients: tuple[int, ...] | None
+    support: tuple[float, ...]
 
 
 def block_update(
@@ -70,6 +71,17 @@ def block_update(
     return weight, bias
 
 
+def noise_floor(observation: Observation, knowledge: AttackerKnowledge) -> float:
+    """Where a FedAvg update of the inserted rows is lost in float32's rounding: the sent
+    weights' largest magnitude times 2^-23, times a margin of 64 (a difference of two rows
+    carries the rounding of several steps); 0 for a gradient, which adds to nothing."""
+    if observation.kind == "gradient":
+        return 0.0
+    weight_name, _ = _server(knowledge).parameter_names
+    sent = dict(knowledge.model.named_parameters())[weight_name]
+    return float(sent.detach().abs().max()) * 2.0**-23 * 64
+
+
 def _server(knowledge: AttackerKnowledge) -> ServerModification:
     if knowledge.server is None:
         raise AttackUnsupportedError(
@@ -80,20 +92,55 @@ def _server(knowledge: AttackerKnowledge) -> ServerModification:
 
 
 def read_bins(
-    weight: torch.Tensor, bias: torch.Tensor, first: int, count: int
-) -> list[tuple[int, torch.Tensor]]:
-    """Rows ``first``..``first + count - 1`` hold ascending thresholds: each non-empty bin's
-    read-back (its row index, the pixels of the images in it, weighted by their deltas)."""
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    first: int,
+    thresholds: tuple[float, ...],
+    by_bias: bool,
+    noise_floor: float = 0.0,
+) -> list[tuple[float, torch.Tensor]]:
+    """Rows ``first``.. hold ``thresholds`` (ascending): each non-empty bin's read-back (how
+    far its weights' difference stands above the rest, the flat pixels of the images in
+    it, weighted by their deltas). A bin is empty when its difference is within
+    ``noise_floor`` (float32's rounding of the weights the client added its update to).
+
+    ``by_bias``: the weights' difference over the biases' (exact for one image). Otherwise
+    (FedAvg) the biases' update is below float32's resolution of the biases the client adds
+    it to, so the weights' difference is scaled to the brightness at the middle of its bin
+    (off by at most half a bin's width over the brightness)."""
+    count = len(thresholds)
     rows = slice(first, first + count)
     w, b = weight[rows], bias[rows]
-    zero_w, zero_b = torch.zeros_like(w[:1]), torch.zeros_like(b[:1])
-    dw = w - torch.cat([w[1:], zero_w])  # bin k: row k less row k + 1; the last row alone
-    db = b - torch.cat([b[1:], zero_b])
-    scale = float(db.abs().max()) if db.numel() else 0.0
+    dw = w - torch.cat([w[1:], torch.zeros_like(w[:1])])  # bin k: row k less row k + 1
+    db = b - torch.cat([b[1:], torch.zeros_like(b[:1])])
+    signal = dw.abs().amax(dim=1)
+    scale = float(signal.max()) if signal.numel() else 0.0
     if scale == 0.0:
         return []
-    full = (db.abs() > EMPTY_BIN * scale).nonzero().flatten()
-    return [(int(k), dw[k] / db[k]) for k in full]
+    floor = max(EMPTY_BIN * scale, noise_floor)
+    full = (signal > floor).nonzero().flatten().tolist()
+    strength = {k: float(signal[k]) / floor for k in full}
+    if by_bias:
+        scale_b = float(db.abs().max())
+        return [
+            (strength[k], dw[k] / db[k]) for k in full if abs(float(db[k])) > EMPTY_BIN * scale_b
+        ]
+    middles = bin_middles(thresholds)
+    return [
+        (strength[k], dw[k] * (middles[k] / float(dw[k].mean())))
+        for k in full
+        if float(dw[k].mean()) != 0
+    ]
+
+
+def bin_middles(thresholds: tuple[float, ...]) -> list[float]:
+    """The brightness at the middle of each bin; the open ends take their neighbour's width."""
+    t = list(thresholds)
+    if len(t) == 1:
+        return [min(max(t[0] + 0.25, 0.0), 1.0)]
+    edges = [t[1] - (t[2] - t[1] if len(t) > 2 else 0.1), *t[1:], t[-1] + (t[-1] - t[-2])]
+    edges[0] = max(edges[0], t[0])
+    return [min(max((edges[k] + edges[k + 1]) / 2, 0.0), 1.0) for k in range(len(t))]
 
 
 def candidate_of(read: ReadBack, knowledge: AttackerKnowledge, stop: str) -> tuple[Candidate, int]:
@@ -108,10 +155,12 @@ def candidate_of(read: ReadBack, knowledge: AttackerKnowledge, stop: str) -> tup
     clients = [-1] * batch
     for slot, i in enumerate(order):
         pixels[slot] = read.pixels[i]
-        clients[slot] = read.clients[i]
+        if read.clients is not None:
+            clients[slot] = read.clients[i]
     missing = batch - len(order)
+    attributed = None if read.clients is None else tuple(clients)
     candidate = Candidate(
-        _to_model(pixels, knowledge), None, float(missing), 0, 1, stop, clients=tuple(clients)
+        _to_model(pixels, knowledge), None, float(missing), 0, 1, stop, clients=attributed
     )
     return candidate, len(order)
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
-from auditlib.attacks.imprint import ReadBack, block_update, read_bins, single_event
+from auditlib.attacks.imprint import (
+    ReadBack,
+    block_update,
+    noise_floor,
+    read_bins,
+    single_event,
+)
 from auditlib.attacks.rtf import Prior, stack_pixels
 from auditlib.config import check_ranges, param
 from auditlib.server.bins import public_prior
@@ -43,7 +49,7 @@ class LokiConfig:
 
 def build(config: LokiConfig, context: BuildContext) -> ServerModification:
     prior = public_prior(config.prior, context.audited_source)
-    return build_loki(context, config.bins_for(context.batch_size), prior)
+    return build_loki(context, config.bins_for(context.batch_size), prior, config.prior)
 
 
 def run_loki(
@@ -57,15 +63,19 @@ def run_loki(
     server = knowledge.server
     weight, bias = block_update(observation, knowledge)
     size = pixels(knowledge.input_shape)
-    rows, clients = [], []
+    rows, clients, support = [], [], []
+    by_bias = observation.kind == "gradient"
+    floor = noise_floor(observation, knowledge)
     for client in range(server.clients):
-        for _, flat in read_bins(weight, bias, client * server.rows, server.rows):
+        first = client * server.rows
+        for strength, flat in read_bins(weight, bias, first, server.thresholds, by_bias, floor):
             rows.append(flat[client * size : (client + 1) * size])
             clients.append(client)
+            support.append(strength)
     read = ReadBack(
         pixels=stack_pixels(rows, (-1, *knowledge.input_shape), weight),
         clients=tuple(clients),
-        support=tuple(1 for _ in rows),
+        support=tuple(support),
     )
     inference = {"rule": "LOKI: each client's block of bins, read back as Robbing the Fed's"}
     return single_event(read, knowledge, clock, inference)

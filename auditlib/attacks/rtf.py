@@ -10,7 +10,13 @@ from typing import Literal
 import torch
 
 from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
-from auditlib.attacks.imprint import ReadBack, block_update, read_bins, single_event
+from auditlib.attacks.imprint import (
+    ReadBack,
+    block_update,
+    noise_floor,
+    read_bins,
+    single_event,
+)
 from auditlib.config import check_ranges, param
 from auditlib.server.bins import public_prior
 from auditlib.server.build import build_rtf
@@ -46,7 +52,8 @@ class RtfConfig:
 
 def build(config: RtfConfig, context: BuildContext) -> ServerModification:
     prior = public_prior(config.prior, context.audited_source)
-    return build_rtf(context, config.bins_for(context.batch_size * context.clients), prior)
+    bins = config.bins_for(context.batch_size * context.clients)
+    return build_rtf(context, bins, prior, config.prior)
 
 
 def run_rtf(
@@ -58,12 +65,14 @@ def run_rtf(
 ):
     clock = Clock(control)
     weight, bias = block_update(observation, knowledge)
-    bins = read_bins(weight, bias, 0, weight.shape[0])
-    shape = (-1, *knowledge.input_shape)
+    server = knowledge.server
+    by_bias = observation.kind == "gradient"
+    floor = noise_floor(observation, knowledge)
+    bins = read_bins(weight, bias, 0, server.thresholds, by_bias, floor)
     read = ReadBack(
-        pixels=stack_pixels([p for _, p in bins], shape, weight),
-        clients=tuple(-1 for _ in bins),
-        support=tuple(1 for _ in bins),
+        pixels=stack_pixels([p for _, p in bins], (-1, *knowledge.input_shape), weight),
+        clients=None,
+        support=tuple(strength for strength, _ in bins),
     )
     inference = {"rule": "Robbing the Fed: neighbouring rows' update differences"}
     return single_event(read, knowledge, clock, inference)

@@ -5,6 +5,7 @@ from auditlib.defenses import (  # noqa: F401  (registration side effect)
     dp_noise,
     fedboosting,
     fedkl,
+    model_check,
     model_weights,
     outpost,
     pruning,

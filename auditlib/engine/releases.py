@@ -86,6 +86,9 @@ class Rounds:
             normalization=self.victim.normalization,
             audited_source=data.location if data.source == "samples" else None,
             seed=derive_seed(self.spec.seed, "server"),
+            local_lr=None
+            if scenario.protocol.algorithm == "fedsgd"
+            else scenario.protocol.local_lr,
         )
 
     def _release(self, key: str, modification: ServerModification | None) -> Release:

@@ -77,6 +77,30 @@ def public_prior(source: str, audited: str | None = None) -> MeasurePrior:
 CHUNK = DEFAULT_LIMITS.max_images
 
 
+def public_images(source: str, shape: tuple[int, int, int], audited: str | None = None):
+    """The public set's images as pixels in [0, 1] at ``shape`` (C x H x W): resized
+    bilinearly, a grey set repeated over the channels. Refused where it is the audited set."""
+    import torch
+    import torch.nn.functional as F
+
+    public_prior(source, audited)  # the same refusals as the prior's
+    channels, height, width = shape
+    out = []
+    for offset in range(0, PUBLIC_PRIORS[source], CHUNK):
+        count = min(CHUNK, PUBLIC_PRIORS[source] - offset)
+        for image in load_sample_set(source, count, seed=0, offset=offset).images:
+            pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)
+            pixels = pixels.permute(2, 0, 1)[None]
+            pixels = F.interpolate(
+                pixels, size=(height, width), mode="bilinear", align_corners=False
+            )
+            grey = pixels.mean(dim=1, keepdim=True)
+            out.append(
+                grey.expand(1, channels, height, width) if pixels.shape[1] != channels else pixels
+            )
+    return torch.cat(out).clamp(0, 1)
+
+
 @functools.cache
 def _brightness(source: str) -> tuple[float, float]:
     values = []

@@ -17,9 +17,16 @@ from torch import nn
 
 from auditlib.data.normalization import Normalization
 
-# The imprint's scale: small rows keep the block's output near the model's usual input
-# range; the recovered images are ratios, so it cancels.
-GAIN = 1e-3
+# The weight of each row in ``spread``, over the rows: it scales every image's gradient at
+# the rows (delta). Under FedSGD any scale reads back exactly (a ratio); under FedAvg the
+# server sets it from public data (``calibrate_spread``).
+SPREAD = 1e-3
+# Under FedAvg, the rows' update per local step, lr x delta, is set to this over the pixel
+# count: each weight (1/d) then moves by about 2e-4 of itself times the pixel per step, some
+# 1,700 steps of float32's resolution (2^-23 ~ 1.2e-7) when the client adds it to the
+# weights, while the mean pixel's threshold drifts by about 0.3 x 2e-4 = 6e-5 per step,
+# below a bin's width (about 1e-3 at 512 bins). Measured in docs/ALGORITHMS.md.
+STEP_PER_PIXEL = 2e-4
 
 
 class ToPixels(nn.Module):
@@ -79,12 +86,35 @@ class ServerBlock(nn.Module):
         self.input_shape = tuple(input_shape)
         self.spread = nn.Linear(bins.out_features, math.prod(input_shape))
         with torch.no_grad():  # identical columns: one factor per sample for every row
-            self.spread.weight.fill_(1.0 / (GAIN * bins.out_features))
+            self.spread.weight.fill_(SPREAD / bins.out_features)
             self.spread.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = torch.relu(self.bins(self.front(x).flatten(1)))
         return self.spread(hidden).view(x.shape[0], *self.input_shape)
+
+
+@torch.no_grad()
+def calibrate_spread(
+    block: ServerBlock, model: nn.Module, public: torch.Tensor, lr: float
+) -> float:
+    """Scale ``spread`` so that lr x delta, on public images through the model the server
+    sends, is ``STEP_PER_PIXEL`` over the pixel count (the median over the images); returns
+    the factor applied. ``public`` is in model space."""
+    with torch.enable_grad():
+        hidden = torch.relu(block.bins(block.front(public).flatten(1))).requires_grad_(True)
+        out = block.spread(hidden).view(public.shape[0], *block.input_shape)
+        logits = model(out)
+        loss = torch.nn.functional.cross_entropy(
+            logits, torch.zeros(public.shape[0], dtype=torch.long), reduction="sum"
+        )
+        (delta,) = torch.autograd.grad(loss, hidden)
+    typical = float(delta.abs().amax(dim=1).median())
+    if typical == 0.0 or not math.isfinite(typical):
+        return 1.0
+    factor = STEP_PER_PIXEL / (math.prod(block.input_shape) * lr * typical)
+    block.spread.weight.mul_(factor)
+    return factor
 
 
 class ImprintBlock(ServerBlock):
@@ -100,8 +130,8 @@ class ImprintBlock(ServerBlock):
         size = math.prod(input_shape)
         bins = nn.Linear(size, len(thresholds))
         with torch.no_grad():
-            bins.weight.fill_(GAIN / size)
-            bins.bias.copy_(-GAIN * torch.tensor(thresholds))
+            bins.weight.fill_(1.0 / size)  # the mean pixel
+            bins.bias.copy_(-torch.tensor(thresholds))
         super().__init__(ToPixels(normalization), bins, input_shape)
         self.thresholds = tuple(thresholds)
 
@@ -120,12 +150,15 @@ class TrapBlock(ServerBlock):
         sigma: float,
         scale: float,
         generator: torch.Generator,
+        biases: torch.Tensor | None = None,
     ) -> None:
         size = math.prod(input_shape)
         bins = nn.Linear(size, rows)
         with torch.no_grad():
             bins.weight.copy_(trap_weights(rows, size, sigma, scale, generator))
-            bins.bias.zero_()
+            bins.bias.zero_()  # the paper's: mu = 0
+            if biases is not None:
+                bins.bias.copy_(biases)
         super().__init__(ToPixels(normalization), bins, input_shape)
 
 
@@ -166,8 +199,8 @@ class LokiBlock(ServerBlock):
             bins.weight.zero_()
             for k in range(clients):
                 rows = slice(k * per_client, (k + 1) * per_client)
-                bins.weight[rows, k * size : (k + 1) * size] = GAIN / size
-                bins.bias[rows] = -GAIN * torch.tensor(thresholds)
+                bins.weight[rows, k * size : (k + 1) * size] = 1.0 / size
+                bins.bias[rows] = -torch.tensor(thresholds)
         super().__init__(ClientKernels(normalization, clients), bins, input_shape)
         self.thresholds = tuple(thresholds)
         self.clients = clients

@@ -7,8 +7,14 @@ import copy
 
 import torch
 
-from auditlib.server.bins import MeasurePrior
-from auditlib.server.blocks import ImprintBlock, LokiBlock, MaliciousModel, TrapBlock
+from auditlib.server.bins import MeasurePrior, public_images
+from auditlib.server.blocks import (
+    ImprintBlock,
+    LokiBlock,
+    MaliciousModel,
+    TrapBlock,
+    calibrate_spread,
+)
 from auditlib.server.modification import (
     BuildContext,
     ServerModification,
@@ -28,7 +34,9 @@ NOTICEABLE_IMPRINT = (
 )
 
 
-def build_rtf(context: BuildContext, bins: int, prior: MeasurePrior) -> ServerModification:
+def build_rtf(
+    context: BuildContext, bins: int, prior: MeasurePrior, prior_source: str
+) -> ServerModification:
     """Robbing the Fed's imprint in front of the global model: ``bins`` brightness rows."""
     refuse_unwrappable(context.model, "rtf")
     size = pixels(context.input_shape)
@@ -36,9 +44,11 @@ def build_rtf(context: BuildContext, bins: int, prior: MeasurePrior) -> ServerMo
     refuse_over_capacity("rtf", context.batch_size * context.clients, bins, f"{bins} bins")
     thresholds = prior.thresholds(bins)
     block = ImprintBlock(context.input_shape, context.normalization, thresholds)
+    model = copy.deepcopy(context.model)
+    _calibrate(block, model, context, prior_source)
     return ServerModification(
         attack="rtf",
-        model=MaliciousModel(block, copy.deepcopy(context.model)),
+        model=MaliciousModel(block, model),
         clients=context.clients,
         capacity=bins,
         rows=bins,
@@ -52,14 +62,32 @@ def build_rtf(context: BuildContext, bins: int, prior: MeasurePrior) -> ServerMo
     )
 
 
-def build_cah(context: BuildContext, rows: int, sigma: float, scale: float) -> ServerModification:
-    """Curious Abandon Honesty's trap weights in a layer in front of the global model."""
+def build_cah(
+    context: BuildContext,
+    rows: int,
+    sigma: float,
+    scale: float,
+    calibrate_on: str | None = None,
+) -> ServerModification:
+    """Curious Abandon Honesty's trap weights in a layer in front of the global model.
+
+    ``calibrate_on`` (a public set): each row's bias set so that it fires for one in B of
+    that set's images (B: the images the server expects), instead of the paper's bias 0,
+    whose firing rate falls with the image size (the rows' mean grows with the pixels, their
+    spread with its square root)."""
     refuse_unwrappable(context.model, "cah")
     size = pixels(context.input_shape)
     refuse_too_large("cah", size, rows, size)
-    refuse_over_capacity("cah", context.batch_size * context.clients, rows, f"{rows} trap rows")
+    expected = context.batch_size * context.clients
+    refuse_over_capacity("cah", expected, rows, f"{rows} trap rows")
     generator = torch.Generator().manual_seed(context.seed)
     block = TrapBlock(context.input_shape, context.normalization, rows, sigma, scale, generator)
+    if calibrate_on is not None:
+        public = public_images(calibrate_on, context.input_shape, context.audited_source)
+        with torch.no_grad():
+            fired = public.flatten(1) @ block.bins.weight.T  # images x rows
+            share = max(1.0 - 1.0 / max(expected, 2), 0.5)
+            block.bins.bias.copy_(-torch.quantile(fired, share, dim=0))
     return ServerModification(
         attack="cah",
         model=MaliciousModel(block, copy.deepcopy(context.model)),
@@ -70,7 +98,12 @@ def build_cah(context: BuildContext, rows: int, sigma: float, scale: float) -> S
         prior=None,
         what_changed=(
             f"a fully connected layer of {rows} trap rows in front of the model (half of each "
-            f"row's weights negative, the other half the same magnitudes times {scale})"
+            f"row's weights negative, the other half the same magnitudes times {scale}"
+            + (
+                f"; each row's bias set to fire for one in {expected} images of {calibrate_on})"
+                if calibrate_on
+                else ", biases 0)"
+            )
         ),
         noticeable=(
             "yes, if the client inspects it: each trap row's weights sum far below zero and "
@@ -79,7 +112,9 @@ def build_cah(context: BuildContext, rows: int, sigma: float, scale: float) -> S
     )
 
 
-def build_loki(context: BuildContext, per_client: int, prior: MeasurePrior) -> ServerModification:
+def build_loki(
+    context: BuildContext, per_client: int, prior: MeasurePrior, prior_source: str
+) -> ServerModification:
     """LOKI: each client's own kernels, then ``per_client`` brightness rows per client."""
     refuse_unwrappable(context.model, "loki")
     size = pixels(context.input_shape)
@@ -89,9 +124,11 @@ def build_loki(context: BuildContext, per_client: int, prior: MeasurePrior) -> S
     thresholds = prior.thresholds(per_client, lowest=LOKI_FLOOR)
     thresholds = tuple(max(t, LOKI_FLOOR * (1 + k)) for k, t in enumerate(thresholds))
     block = LokiBlock(context.input_shape, context.normalization, context.clients, thresholds)
+    model = copy.deepcopy(context.model)
+    _calibrate(block, model, context, prior_source)
     return ServerModification(
         attack="loki",
-        model=MaliciousModel(block, copy.deepcopy(context.model)),
+        model=MaliciousModel(block, model),
         clients=context.clients,
         capacity=per_client,
         rows=per_client,
@@ -109,3 +146,18 @@ def build_loki(context: BuildContext, per_client: int, prior: MeasurePrior) -> S
             "flags it"
         ),
     )
+
+
+# Public images the server runs through its model to set the block's scale under FedAvg.
+CALIBRATION_IMAGES = 16
+
+
+def _calibrate(block, model, context: BuildContext, source: str) -> None:
+    """Under FedAvg, scale the block's ``spread`` on public images (``calibrate_spread``)."""
+    if context.local_lr is None:
+        return
+    pixels_ = public_images(source, context.input_shape, context.audited_source)
+    pixels_ = pixels_[:CALIBRATION_IMAGES]
+    mean = torch.tensor(context.normalization.mean).view(1, -1, 1, 1)
+    std = torch.tensor(context.normalization.std).view(1, -1, 1, 1)
+    calibrate_spread(block, model, (pixels_ - mean) / std, context.local_lr)

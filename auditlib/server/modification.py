@@ -37,6 +37,7 @@ class BuildContext:
     normalization: Normalization
     audited_source: str | None  # the sample set the audited images come from, if one
     seed: int
+    local_lr: float | None = None  # FedAvg's learning rate, which the server set; None: FedSGD
 
 
 @dataclass(frozen=True, eq=False)
