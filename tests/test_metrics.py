@@ -188,6 +188,15 @@ def test_matching_minimises_the_total_error_not_each_originals_own():
     np.testing.assert_array_equal(match(reconstructions, originals), [1, 0])
 
 
+def test_matching_never_trades_an_exact_reconstruction_for_a_smaller_total_error():
+    # The exact copy of the 0.3 original and a grey filler (0.5): on total MSE, pairing the
+    # copy with the dark original (0.09 + 0.04) beats keeping it (0 + 0.25); the copy keeps
+    # its original all the same.
+    originals = np.stack([constant(0.0, 2, 2), constant(0.3, 2, 2)])
+    reconstructions = np.stack([constant(0.3, 2, 2), constant(0.5, 2, 2)])
+    np.testing.assert_array_equal(match(reconstructions, originals), [1, 0])
+
+
 def test_label_accuracy_is_a_multiset_overlap():
     assert label_accuracy([1, 1, 2], [1, 2, 2]) == pytest.approx(2 / 3)
     assert label_accuracy([2, 1, 1], [2, 2, 1]) == pytest.approx(2 / 3)

@@ -4,6 +4,7 @@ image alone holds it exactly (``attacks.imprint``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,7 +14,7 @@ from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, re
 from auditlib.attacks.imprint import EMPTY_BIN, ReadBack, block_update, single_event
 from auditlib.config import check_ranges, param
 from auditlib.server.build import build_cah
-from auditlib.server.modification import BuildContext, ServerModification
+from auditlib.server.modification import BuildContext, ServerModification, rows_within_budget
 from auditlib.threat import AttackerKnowledge, Observation
 
 # Read-backs closer than this (relative, on 16 random projections) are one image: rows fired
@@ -50,12 +51,15 @@ class CahConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
 
-    def rows_for(self, images: int) -> int:
-        return self.rows or self.rows_per_image * images
+    def rows_for(self, images: int, pixels: int) -> int:
+        if self.rows:
+            return self.rows
+        return rows_within_budget(self.rows_per_image * images, pixels, pixels)
 
 
 def build(config: CahConfig, context: BuildContext) -> ServerModification:
-    rows = config.rows_for(context.batch_size * context.clients)
+    size = math.prod(context.input_shape)
+    rows = config.rows_for(context.batch_size * context.clients, size)
     calibrate = None if config.calibrate_on == "none" else config.calibrate_on
     return build_cah(context, rows, config.sigma, config.scale, calibrate)
 

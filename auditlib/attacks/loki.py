@@ -20,7 +20,12 @@ from auditlib.attacks.rtf import Prior, stack_pixels
 from auditlib.config import check_ranges, param
 from auditlib.server.bins import public_prior
 from auditlib.server.build import build_loki
-from auditlib.server.modification import BuildContext, ServerModification, pixels
+from auditlib.server.modification import (
+    BuildContext,
+    ServerModification,
+    pixels,
+    rows_within_budget,
+)
 from auditlib.threat import AttackerKnowledge, Observation
 
 
@@ -43,13 +48,20 @@ class LokiConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
 
-    def bins_for(self, images: int) -> int:
-        return self.bins or self.bins_per_image * images
+    def bins_for(self, images: int, pixels: int, clients: int) -> int:
+        """Rows per client asked for; 0: bins_per_image per image of a client's batch, as
+        many as the largest block built here holds (each row reads every client's block)."""
+        if self.bins:
+            return self.bins
+        wanted = self.bins_per_image * images * clients
+        return max(1, rows_within_budget(wanted, pixels * clients, pixels) // clients)
 
 
 def build(config: LokiConfig, context: BuildContext) -> ServerModification:
     prior = public_prior(config.prior, context.audited_source)
-    return build_loki(context, config.bins_for(context.batch_size), prior, config.prior)
+    size = pixels(context.input_shape)
+    per_client = config.bins_for(context.batch_size, size, context.clients)
+    return build_loki(context, per_client, prior, config.prior)
 
 
 def run_loki(

@@ -4,6 +4,7 @@ from the difference of neighbouring rows' updates (``attacks.imprint``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +21,7 @@ from auditlib.attacks.imprint import (
 from auditlib.config import check_ranges, param
 from auditlib.server.bins import public_prior
 from auditlib.server.build import build_rtf
-from auditlib.server.modification import BuildContext, ServerModification
+from auditlib.server.modification import BuildContext, ServerModification, rows_within_budget
 from auditlib.threat import AttackerKnowledge, Observation
 
 Prior = Literal["faces", "fashion-mnist", "digits", "photographs"]
@@ -29,7 +30,11 @@ Prior = Literal["faces", "fashion-mnist", "digits", "photographs"]
 @dataclass(frozen=True)
 class RtfConfig:
     bins: int = param(
-        0, "rows of the imprint layer; 0: bins_per_image times the batch", low=0, high=4096
+        0,
+        "rows of the imprint layer; 0: bins_per_image times the batch, as many as the "
+        "largest block built here holds",
+        low=0,
+        high=4096,
     )
     bins_per_image: int = param(
         8,
@@ -46,13 +51,18 @@ class RtfConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
 
-    def bins_for(self, images: int) -> int:
-        return self.bins or self.bins_per_image * images
+    def bins_for(self, images: int, pixels: int) -> int:
+        """The bins asked for; 0: bins_per_image per image, as many as the largest block
+        built here holds (``MAX_BLOCK_PARAMETERS``)."""
+        if self.bins:
+            return self.bins
+        return rows_within_budget(self.bins_per_image * images, pixels, pixels)
 
 
 def build(config: RtfConfig, context: BuildContext) -> ServerModification:
     prior = public_prior(config.prior, context.audited_source)
-    bins = config.bins_for(context.batch_size * context.clients)
+    size = math.prod(context.input_shape)
+    bins = config.bins_for(context.batch_size * context.clients, size)
     return build_rtf(context, bins, prior, config.prior)
 
 

@@ -26,8 +26,9 @@ from auditlib.defenses.model_signatures import batch_findings, summary, weight_f
 class ModelCheckConfig:
     batch_check: bool = param(
         True,
-        "also run the model on the client's own batch (2 images or more) and refuse when one "
-        "image alone fires most of a ReLU layer's active units while most stay silent",
+        "also run the model on the client's own batch (2 images or more) and refuse when most "
+        "of a ReLU layer's firing units fire for one image alone and most of its units stay "
+        "silent",
     )
 
     def __post_init__(self) -> None:

@@ -156,7 +156,7 @@ def trap_weights(layer: str, weight: torch.Tensor, bias: torch.Tensor | None = N
     balanced = (torch.sign(w).sum(1) == 0) & (variance > 0)
     mirrors = 0
     if int(balanced.sum()) >= MOST * rows:
-        positive = torch.zeros(rows, dtype=torch.long)
+        positive = torch.zeros(rows, dtype=torch.long, device=w.device)
         positive[balanced] = (w[balanced] > 0).sum(1)
         for count in torch.unique(positive[balanced]).tolist():
             chosen = balanced & (positive == count)

@@ -66,6 +66,12 @@ class ServerModification:
         return f"{BINS}.weight", f"{BINS}.bias"
 
 
+def rows_within_budget(wanted: int, in_features: int, out_features: int) -> int:
+    """The most rows up to ``wanted`` whose block stays within ``MAX_BLOCK_PARAMETERS``."""
+    per_row = in_features + 1 + out_features
+    return max(1, min(wanted, (MAX_BLOCK_PARAMETERS - out_features) // per_row))
+
+
 def refuse_unwrappable(model: nn.Module, attack: str) -> None:
     """A block cannot go in front of a model whose graph is fixed (TorchScript, torch.export)."""
     fixed = [
