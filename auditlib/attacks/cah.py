@@ -102,7 +102,8 @@ def _agreeing(reads: list[torch.Tensor], seed: int) -> list[list[int]]:
     if not reads:
         return []
     generator = torch.Generator().manual_seed(seed)
-    directions = torch.randn(reads[0].numel(), PROJECTIONS, generator=generator).double()
+    directions = torch.randn(reads[0].numel(), PROJECTIONS, generator=generator)
+    directions = directions.double().to(reads[0].device)
     keys = torch.stack(reads) @ directions
     size = keys.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
     groups: list[list[int]] = []

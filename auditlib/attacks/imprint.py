@@ -154,7 +154,7 @@ def candidate_of(read: ReadBack, knowledge: AttackerKnowledge, stop: str) -> tup
     pixels = torch.full(shape, grey, dtype=torch.float64)
     clients = [-1] * batch
     for slot, i in enumerate(order):
-        pixels[slot] = read.pixels[i]
+        pixels[slot] = read.pixels[i].cpu()
         if read.clients is not None:
             clients[slot] = read.clients[i]
     missing = batch - len(order)

@@ -214,8 +214,12 @@ class MaliciousModel(nn.Module):
 
     def __init__(self, block: ServerBlock, model: nn.Module) -> None:
         super().__init__()
-        self.server_block = block
+        self.server_block = block.to(device_of(model))
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(self.server_block(x))
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters(), torch.empty(0)).device

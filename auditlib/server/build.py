@@ -14,6 +14,7 @@ from auditlib.server.blocks import (
     MaliciousModel,
     TrapBlock,
     calibrate_spread,
+    device_of,
 )
 from auditlib.server.modification import (
     BuildContext,
@@ -156,8 +157,7 @@ def _calibrate(block, model, context: BuildContext, source: str) -> None:
     """Under FedAvg, scale the block's ``spread`` on public images (``calibrate_spread``)."""
     if context.local_lr is None:
         return
-    pixels_ = public_images(source, context.input_shape, context.audited_source)
-    pixels_ = pixels_[:CALIBRATION_IMAGES]
-    mean = torch.tensor(context.normalization.mean).view(1, -1, 1, 1)
-    std = torch.tensor(context.normalization.std).view(1, -1, 1, 1)
-    calibrate_spread(block, model, (pixels_ - mean) / std, context.local_lr)
+    device = device_of(model)
+    public = public_images(source, context.input_shape, context.audited_source)
+    public = context.normalization.normalize(public[:CALIBRATION_IMAGES]).to(device)
+    calibrate_spread(block.to(device), model, public, context.local_lr)
