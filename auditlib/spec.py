@@ -84,6 +84,16 @@ class ScenarioSpec:
         return self.secure_aggregation or 1
 
 
+def check_clients(clients: int, batch_size: int) -> None:
+    """Secure aggregation splits the audited images over the clients in order: each client
+    needs at least one (the engine's ``releases.client_batches`` splits them)."""
+    require(
+        clients <= batch_size,
+        f"secure aggregation over {clients} clients needs at least one image per client; "
+        f"the batch has {batch_size}",
+    )
+
+
 @dataclass(frozen=True)
 class ComponentSpec:
     """An attack or defense by registry name, with its parameters and optional preset."""
@@ -178,6 +188,10 @@ class RunSpec:
     seed: int = 0
     device: str = "cpu"
     utility: UtilitySpec | None = None  # also measure the defense's cost in accuracy
+
+    def __post_init__(self) -> None:
+        if self.data.batch_size is not None:  # None: every image of the source, known later
+            check_clients(self.scenario.clients, self.data.batch_size)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
