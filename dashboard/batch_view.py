@@ -35,6 +35,7 @@ from dashboard.batch_table import (  # display_rows: also tests/test_report.py's
 from dashboard.image_display import png_width
 from dashboard.resources import get_manager, get_store
 from dashboard.run_choices import run_assets
+from dashboard.spec_words import settings_text
 from dashboard.state import persist
 from dashboard.state import set_url_state as _set_url_state
 from dashboard.stored_runs import run_verdict
@@ -89,6 +90,15 @@ def _resume(kind: str, batch_id: str) -> None:
             f"The runs could not be restarted: {type(exc).__name__}: {exc}. This is a problem "
             "of the dashboard or its Ray instance, not of your input."
         )
+
+
+def members_words(states: Sequence[batches.MemberState]) -> str:
+    """What the batch's runs share, in words: 'attack rtf [audit] · fedsgd, malicious
+    server, secure aggregation of 8' (each distinct value where they differ)."""
+    settings = [settings_text(s.member.spec) for s in states]
+    attacks = ", ".join(dict.fromkeys(t.attack for t in settings)) or "none"
+    scenarios = ", ".join(dict.fromkeys(t.scenario for t in settings)) or "none"
+    return f"attack {attacks} · {scenarios}"
 
 
 def _cancel(batch_id: str) -> None:
@@ -285,13 +295,14 @@ def _batch_view(kind: str, batch_id: str) -> None:
     head_col, close_col = st.columns([5, 1])
     head_col.header(batch.title or kind.capitalize())
     close_col.button("Close", key=f"{kind}.close", on_click=_close, args=(kind,))
+    states = batches.batch_state(store, batch)
     st.caption(
-        f"{kind.capitalize()} {batch.id} · created {batch.created_at.astimezone():%Y-%m-%d %H:%M:%S}"
+        f"{kind.capitalize()} {batch.id} · created "
+        f"{batch.created_at.astimezone():%Y-%m-%d %H:%M:%S} · {members_words(states)}"
     )
     error = st.session_state.pop(f"{kind}.error", None)
     if error:
         st.error(error)
-    states = batches.batch_state(store, batch)
     live = any(s.run is not None and s.run.status in UNFINISHED for s in states)
     st.fragment(_live, run_every=REFRESH_S if live else None)(kind, batch_id, live)
     if live:

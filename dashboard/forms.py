@@ -18,12 +18,13 @@ from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL, ATTACKS, default_it
 from auditlib.client.protocol import Algorithm, ClientProtocol, Shared
 from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
-from auditlib.spec import UTILITY_DATASETS, UtilitySpec
+from auditlib.spec import MAX_CLIENTS, SERVERS, UTILITY_DATASETS, UtilitySpec
+from auditlib.words import count_of
 from dashboard.config_form import changed_params, config_defaults, config_inputs
 from dashboard.navigation import SETUP
-from dashboard.run_choices import LabChoices, check_components
+from dashboard.run_choices import LabChoices, batch_size, check_clients_fit, check_components
 from dashboard.setup_state import Setup, current_setup, setup_problems
-from dashboard.spec_words import attack_label, preset_label
+from dashboard.spec_words import SERVER_WORDS, attack_label, preset_label, threat_words
 from dashboard.state import persist
 
 # The protocol's values in words (a value without words is shown as it is).
@@ -37,12 +38,82 @@ DEVICES = ["cpu", "cuda"]  # RunSpec.device is a string: the library lists no ch
 # 120 s budget cut them all short. 600 s leaves more than twice the slowest.
 BATCH_TIME_BUDGET_S = 600
 LAB_TIME_BUDGET_S = 120
+DEFAULT_CLIENTS = 4  # secure aggregation's first value: a batch of 8 samples, 2 per client
+# The threat models in plain words (the radio's help and the caption under a malicious one).
+SERVER_HELP = (
+    "Honest-but-curious: the server sends the global model as it is and attacks the update "
+    "it gets back (dlg, ig, ...). Malicious: the server changes the model it sends so that "
+    "the update holds the client's images, and reads them back in one pass: rtf puts an "
+    "imprint block of brightness bins in front of the model, cah trap weights that one image "
+    "alone fires, loki per-client kernels that keep the clients apart even under secure "
+    "aggregation."
+)
+MALICIOUS_CAPTION = (
+    "The server changes the model it sends; the run's threat card says what it changed and "
+    "whether the client could have noticed. The defense to try: the client's model check "
+    "(model-check), which inspects the model before training and refuses one built to leak."
+)
+AGGREGATION_HELP = (
+    "The server sees only the example-weighted sum of several clients' updates, never one "
+    "client's. The private images are split over the clients in order; an honest server's "
+    "attacks face the sum, loki (malicious server) separates the clients and attributes the "
+    "images it recovers."
+)
 
 # --- the form (sidebar) ---------------------------------------------------------------------
 
 
-def scenario_inputs(lab: LabChoices) -> None:
+def threat_inputs(lab: LabChoices, batch: int | None = None) -> None:
+    """The threat model (honest or malicious server) and secure aggregation; ``batch``: the
+    images the run audits, where known, to say how they are split over the clients."""
+    lab.server = st.radio(
+        "Threat model",
+        SERVERS,
+        format_func=lambda s: SERVER_WORDS.get(s, s),
+        persist_state="session",
+        key=persist("server", "honest"),
+        help=SERVER_HELP,
+    )
+    if lab.server == "malicious":
+        st.caption(MALICIOUS_CAPTION)
+    aggregate = st.checkbox(
+        "Secure aggregation",
+        persist_state="session",
+        key=persist("secure_aggregation.on", False),
+        help=AGGREGATION_HELP,
+    )
+    lab.secure_aggregation = None
+    if not aggregate:
+        return
+    lab.secure_aggregation = int(
+        st.number_input(
+            "Clients in the sum",
+            2,
+            MAX_CLIENTS,
+            step=1,
+            persist_state="session",
+            key=persist("secure_aggregation.clients", DEFAULT_CLIENTS),
+            help=f"2 to {MAX_CLIENTS} clients, each holding at least one of the private images.",
+        )
+    )
+    if batch is not None and lab.secure_aggregation <= batch:
+        st.caption(split_words(batch, lab.secure_aggregation))
+
+
+def split_words(batch: int, clients: int) -> str:
+    """'The 8 private images are split over 4 clients in order, 2 each; ...' (the engine's
+    split: as even as it goes, the first clients taking one more)."""
+    low, extra = divmod(batch, clients)
+    each = f"{low} each" if not extra else f"{low + 1} or {low} each"
+    return (
+        f"The {count_of(batch, 'private image')} are split over {clients} clients in order, "
+        f"{each}; the server sees only the sum of their updates."
+    )
+
+
+def scenario_inputs(lab: LabChoices, batch: int | None = None) -> None:
     st.header("Scenario")
+    threat_inputs(lab, batch)
     default = ClientProtocol()
     lab.algorithm = st.radio(
         "Client protocol",
@@ -111,18 +182,30 @@ def _use_paper_iterations(attack: str, preset: str | None, count: int) -> None:
     st.session_state[f"iterations.{attack}.{preset}"] = count
 
 
+def attack_names(server: str) -> list[str]:
+    """The attacks of the threat model, then every applicable attack: under the malicious
+    server those that build the model it sends (``AttackInfo.builds``), else the others."""
+    malicious = server == "malicious"
+    return [
+        *sorted(n for n, info in ATTACKS.items() if (info.builds is not None) == malicious),
+        ALL_ATTACKS,
+    ]
+
+
 def attack_inputs(lab: LabChoices) -> None:
     st.header("Attack")
-    names = [*sorted(ATTACKS), ALL_ATTACKS]
+    names = attack_names(lab.server)
+    # One field per threat model: switching back finds the attack chosen for it before.
+    key, default = ("attack", "dlg") if lab.server == "honest" else (f"attack.{lab.server}", "rtf")
     lab.attack = st.selectbox(
         "Attack",
         names,
         format_func=attack_label,
         persist_state="session",
-        key=persist("attack", "dlg" if "dlg" in names else names[0]),
-        help=f"'{ALL_ATTACKS_LABEL}' runs each attack that applies to the scenario at its "
-        "audit settings, one after the other, and scores each image by the attack that "
-        "recovered it best (the worst case).",
+        key=persist(key, default if default in names else names[0]),
+        help=f"The attacks of the chosen threat model. '{ALL_ATTACKS_LABEL}' runs each of "
+        "them at its audit settings, one after the other, and scores each image by the attack "
+        "that recovered it best (the worst case).",
     )
     if lab.attack == ALL_ATTACKS:
         st.caption(
@@ -149,8 +232,12 @@ def attack_inputs(lab: LabChoices) -> None:
     )
     if lab.preset == "audit" and info.audit is not None:
         st.caption(f"Audit settings: {info.audit.why}.")
-    lab.iterations = _iterations_input(lab.attack, lab.preset)
-    if info.paper_iterations:
+    if info.closed_form:
+        st.caption("A closed form: the server reads the images back in one pass, no iterations.")
+        lab.iterations = default_iterations(lab.attack, lab.preset)
+    else:
+        lab.iterations = _iterations_input(lab.attack, lab.preset)
+    if info.paper_iterations and not info.closed_form:
         st.button(
             f"Paper's count: {info.paper_iterations:,} iterations",
             key=f"paper_iterations.{lab.attack}",
@@ -300,18 +387,29 @@ def batch_form(title: str) -> tuple[Setup, LabChoices, UtilitySpec | None, list[
     setup = current_setup()
     lab = LabChoices()
     with st.sidebar:
-        scenario_inputs(lab)
+        scenario_inputs(lab, batch_size(setup))
         attack_inputs(lab)
         budget_inputs(lab, batch=True)
         utility, utility_error = utility_inputs()
     info_col, link_col = st.columns([4, 1])
-    info_col.markdown(f"**Model** {setup.model_text()} · attack **{attack_label(lab.attack)}**")
+    threat = threat_words(lab.server, lab.secure_aggregation)
+    info_col.markdown(
+        f"**Model** {setup.model_text()} · attack **{attack_label(lab.attack)}**"
+        + (f" · **{threat}**" if threat else "")
+    )
     link_col.page_link(SETUP.path, label="Change", icon=":material/tune:")
     errors, missing = setup_problems(setup)
-    errors += check_components(lab)
+    errors += check_components(lab) + check_clients_fit(setup, lab)
     if utility_error:
         errors.append(utility_error)
     return setup, lab, utility, errors, missing
+
+
+def batch_title(lab: LabChoices, what: str, setup: Setup) -> str:
+    """A comparison's or sweep's title: 'rtf · malicious server · 4 defenses · lenet'."""
+    threat = threat_words(lab.server, lab.secure_aggregation)
+    parts = [attack_label(lab.attack), threat, what, setup.architecture]
+    return " · ".join(p for p in parts if p)
 
 
 def show_problems(errors: list[str], missing: list[str]) -> bool:

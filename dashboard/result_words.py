@@ -83,3 +83,10 @@ def privacy_text(report: DefenseReport | None) -> str:
         if fact
     ]
     return f"{text} ({'; '.join(details)})" if details else text
+
+
+def model_check_text(report: DefenseReport | None) -> str | None:
+    """What the client's model check saw ('flagged ...' or 'passed ...'), where the run's
+    defense is one (``model-check`` reports it under ``model_check``); None otherwise."""
+    seen = None if report is None else report.details.get("model_check")
+    return None if seen is None else f"Model check: {seen}."

@@ -21,12 +21,13 @@ from auditlib.spec import (
     ModelRef,
     RunSpec,
     ScenarioSpec,
+    check_clients,
 )
 from auditlib.store.convert import assets_in_spec
 from auditlib.words import count_of
 from dashboard.resources import get_store
-from dashboard.setup_state import Setup
-from dashboard.spec_words import attack_label
+from dashboard.setup_state import Setup, batch_of
+from dashboard.spec_words import attack_label, threat_words
 
 
 @dataclasses.dataclass
@@ -40,6 +41,8 @@ class LabChoices:
     share: Shared = "delta"
     labels_known: bool = False
     attacker_knows_defense: bool = True
+    server: str = "honest"  # the threat model: "honest" (observes) or "malicious"
+    secure_aggregation: int | None = None  # clients whose updates the server sees summed
     attack: str = "dlg"
     preset: str | None = None
     attack_params: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -56,6 +59,15 @@ class LabChoices:
             local_lr=self.local_lr,
             local_batch_size=self.local_batch_size,
             shared=self.share,
+        )
+
+    def scenario(self) -> ScenarioSpec:
+        return ScenarioSpec(
+            protocol=self.protocol(),
+            labels_known=self.labels_known,
+            attacker_knows_defense=self.attacker_knows_defense,
+            server=self.server,  # type: ignore[arg-type]  # checked by ScenarioSpec
+            secure_aggregation=self.secure_aggregation,
         )
 
 
@@ -93,18 +105,19 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
     spec = RunSpec(
         model=model,
         data=data,
-        scenario=ScenarioSpec(
-            protocol=lab.protocol(),
-            labels_known=lab.labels_known,
-            attacker_knows_defense=lab.attacker_knows_defense,
-        ),
+        scenario=lab.scenario(),
         attack=ComponentSpec.of(lab.attack, lab.attack_params, lab.preset),
         defense=ComponentSpec.of(lab.defense, lab.defense_params),
         budget=Budget(iterations=lab.iterations, max_seconds=lab.time_budget),
         seed=setup.seed,
         device=lab.device,
     )
-    title = f"{attack_label(lab.attack)} vs {lab.defense} · {setup.architecture} · {images_text}"
+    threat = threat_words(lab.server, lab.secure_aggregation)
+    title = (
+        f"{attack_label(lab.attack)} vs {lab.defense}"
+        + (f" · {threat}" if threat else "")
+        + f" · {setup.architecture} · {images_text}"
+    )
     return spec, assets, title
 
 
@@ -126,14 +139,19 @@ def run_assets(spec: RunSpec) -> dict[str, bytes]:
 
 
 def check_components(lab: LabChoices) -> list[str]:
-    """The library's objections to the attack and defense parameters and the protocol."""
+    """The library's objections to the attack and defense parameters and the scenario (the
+    protocol and the threat model: an attack of the malicious server under the honest one)."""
     errors = []
     try:
-        lab.protocol()
+        lab.scenario()
     except AuditInputError as exc:
         errors.append(f"Scenario: {exc}")
     try:
-        plan_attacks(ComponentSpec.of(lab.attack, lab.attack_params, lab.preset), lab.iterations)
+        plan_attacks(
+            ComponentSpec.of(lab.attack, lab.attack_params, lab.preset),
+            lab.iterations,
+            server=lab.server,
+        )
     except AuditInputError as exc:
         errors.append(f"Attack: {exc}")
     try:
@@ -141,3 +159,25 @@ def check_components(lab: LabChoices) -> list[str]:
     except AuditInputError as exc:
         errors.append(f"Defense: {exc}")
     return errors
+
+
+def batch_size(setup: Setup) -> int | None:
+    """How many images the run audits; None where the setup has no batch yet (or the library
+    refuses it: ``setup_problems`` says why)."""
+    try:
+        images = batch_of(setup)
+    except AuditInputError:
+        return None
+    return None if images is None else len(images)
+
+
+def check_clients_fit(setup: Setup, lab: LabChoices) -> list[str]:
+    """The library's objection to secure aggregation over more clients than images."""
+    size = batch_size(setup)
+    if lab.secure_aggregation is None or size is None:
+        return []
+    try:
+        check_clients(lab.secure_aggregation, size)
+    except AuditInputError as exc:
+        return [f"Scenario: {exc}. Lower the clients, or take more images on the Setup page."]
+    return []

@@ -22,10 +22,17 @@ from auditlib.store import CANCELLED, COMPLETED, FAILED, RunRecord
 from auditlib.words import count_of
 from dashboard.image_display import png_width
 from dashboard.resources import get_store
-from dashboard.result_words import metric_rows, number, privacy_text
+from dashboard.result_words import metric_rows, model_check_text, number, privacy_text
 from dashboard.run_live import events, loss_figure
-from dashboard.stored_runs import result_problem, run_result, run_verdict
-from dashboard.verdict_words import NO_VERDICT, OUTCOME_STYLE, SOK_CITATION
+from dashboard.spec_words import scenario_threat
+from dashboard.stored_runs import result_problem, run_result, run_verdict, stored_spec
+from dashboard.verdict_words import (
+    NO_VERDICT,
+    OUTCOME_STYLE,
+    SOK_CITATION,
+    attributed_words,
+    server_lines,
+)
 
 PSNR, SSIM, LPIPS = CATALOGUE["psnr"], CATALOGUE["ssim"], CATALOGUE["lpips"]
 
@@ -52,20 +59,22 @@ def _attacks_table(result: AuditSummary) -> None:
     """The attacks the run planned, where it tried more than one or skipped one."""
     tried = result.attacks
     if len(tried) > 1 or any(a.skipped for a in tried):
-        st.table(
-            [
-                {
-                    "attack": a.label or a.attack,
-                    "settings": a.preset or "library defaults",
-                    "result": f"skipped: {a.skipped}" if a.skipped else (a.stop_reason or "n/a"),
-                    "steps": number(a.steps, ","),
-                    PSNR.heading: PSNR.text(a.psnr_mean),
-                    f"oracle {PSNR.heading}": PSNR.text(a.oracle_psnr_mean),
-                    "recovered": number(a.images_recovered, "d"),
-                }
-                for a in tried
-            ]
-        )
+        attributes = any(a.images_attributed is not None for a in tried)
+        rows = []
+        for a in tried:
+            row = {
+                "attack": a.label or a.attack,
+                "settings": a.preset or "library defaults",
+                "result": f"skipped: {a.skipped}" if a.skipped else (a.stop_reason or "n/a"),
+                "steps": number(a.steps, ","),
+                PSNR.heading: PSNR.text(a.psnr_mean),
+                f"oracle {PSNR.heading}": PSNR.text(a.oracle_psnr_mean),
+                "recovered": number(a.images_recovered, "d"),
+            }
+            if attributes:
+                row["attributed"] = number(a.images_attributed, "d")
+            rows.append(row)
+        st.table(rows)
 
 
 def _scope(result: AuditSummary, verdict: Verdict) -> None:
@@ -122,6 +131,9 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
                 f"**Recovered** {finding.images_recovered} of {count_of(finding.batch_size, 'image')} "
                 f"({share:.0%} of the batch) beyond the best guess"
             )
+            attributed = attributed_words(result)
+            if attributed:
+                st.markdown(f"**Attributed** {attributed}")
             every = any(p.attack is not None for p in metrics.per_image)
             rows = []
             for p in metrics.per_image:
@@ -145,6 +157,8 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
             st.markdown(
                 f"**Threat model** SoK model {threat.sok_model}: {threat.sok_name} ({SOK_CITATION})"
             )
+            for heading, words in server_lines(threat):
+                st.markdown(f"**{heading}** {words}")
             st.table(
                 [
                     {"the attacker": k.item, "knows": "✔" if k.known else "✗", "how": k.detail}
@@ -156,6 +170,9 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
 def _headline(record: RunRecord, result: AuditSummary) -> None:
     metrics, timing = result.metrics, result.timing
     attack = "every applicable attack" if result.attack == ALL_ATTACKS else result.attack
+    spec = stored_spec(record)
+    threat = "" if spec is None else scenario_threat(spec.scenario)
+    attack += f" ({threat})" if threat else ""
     headline = (
         f"{attack} against {result.defense}: {PSNR.label} {PSNR.text(metrics.psnr_mean)} "
         f"{PSNR.unit} (mean over {count_of(len(metrics.per_image), 'image')}), "
@@ -213,6 +230,9 @@ def _numbers(result: AuditSummary, verdict: Verdict | None) -> None:
         st.subheader("Defense")
         report = result.defense_report
         st.write(privacy_text(report))
+        checked = model_check_text(report)
+        if checked:
+            st.write(checked)
         before, after = report.update_norm_before, report.update_norm_after
         if before is not None and after is not None:
             st.caption(f"Update norm before the defense {before:.4g}, after {after:.4g}.")

@@ -6,13 +6,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL
-from auditlib.spec import ComponentSpec, RunSpec
+from auditlib.spec import ComponentSpec, RunSpec, ScenarioSpec
 
 OLDER_SPEC = "?"  # a part of a spec this version cannot read (stored by an older version)
 
 
 def attack_label(name: str) -> str:
     return ALL_ATTACKS_LABEL if name == ALL_ATTACKS else name
+
+
+# The threat models (``auditlib.spec.SERVERS``) in words: the form's options and the labels.
+SERVER_WORDS = {
+    "honest": "Honest-but-curious server (observes updates)",
+    "malicious": "Malicious server (changes the model it sends)",
+}
+SERVER_SHORT = {"honest": "honest-but-curious server", "malicious": "malicious server"}
+
+
+def threat_words(server: str, secure_aggregation: int | None = None) -> str:
+    """The threat model where it is not the default one, for headers and labels:
+    'malicious server, secure aggregation of 8'; '' for an honest server seeing one update."""
+    parts = []
+    if server != "honest":
+        parts.append(SERVER_SHORT.get(server, f"{server} server"))
+    if secure_aggregation is not None:
+        parts.append(f"secure aggregation of {secure_aggregation}")
+    return ", ".join(parts)
+
+
+def scenario_threat(scenario: ScenarioSpec) -> str:
+    """``threat_words`` of a spec's scenario."""
+    return threat_words(scenario.server, scenario.secure_aggregation)
 
 
 def preset_label(preset: str | None) -> str:
@@ -64,6 +88,9 @@ def settings_text(spec: RunSpec) -> RunSettings:
     scenario: str = protocol.algorithm
     if protocol.algorithm == "fedavg":
         scenario += f", {protocol.local_steps} local steps, lr {protocol.local_lr}"
+    threat = scenario_threat(spec.scenario)
+    if threat:
+        scenario += f", {threat}"
     weights = ", uploaded weights" if spec.model.weights_asset else ""
     return RunSettings(
         attack=component_text(spec.attack),

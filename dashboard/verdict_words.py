@@ -3,7 +3,8 @@ a few words. The verdict itself is the library's (``auditlib.metrics.verdict``).
 
 from __future__ import annotations
 
-from auditlib.metrics.verdict import Finding, Verdict
+from auditlib.metrics.verdict import Finding, ThreatCard, Verdict
+from auditlib.result import AuditSummary
 
 NO_VERDICT = "no verdict (recorded before verdicts)"
 # How each outcome is drawn: Streamlit's alert (red, green, yellow) and an icon.
@@ -14,6 +15,13 @@ OUTCOME_STYLE = {
     "inconclusive": ("warning", ":material/help:"),
 }
 SOK_CITATION = "Carletti et al., USENIX Security 2025"
+# The threat card's lines of an active server and of secure aggregation (the items of
+# ``auditlib.metrics.verdict.threat_card``), with the headings the result view gives them.
+SERVER_LINES = {
+    "active manipulation of the model or clients": "What the server changed",
+    "whether the client could have noticed": "Could the client have noticed",
+    "individual updates": "Secure aggregation",
+}
 
 
 def finding_words(finding: Finding | None) -> str:
@@ -50,3 +58,24 @@ def verdict_cell(verdict: Verdict | None, *, control: bool = True) -> str:
         else:
             text += " · no control result yet"
     return text
+
+
+def server_lines(card: ThreatCard) -> list[tuple[str, str]]:
+    """What an active server (SoK model F-H) changed in the model it sent and whether the
+    client could have noticed, and what secure aggregation hid from the server, as
+    (heading, words); [] for an honest server that saw one client's update."""
+    return [
+        (SERVER_LINES[k.item], k.detail)
+        for k in card.knowledge
+        if k.item in SERVER_LINES and k.detail and (k.known or k.item == "individual updates")
+    ]
+
+
+def attributed_words(result: AuditSummary) -> str | None:
+    """'8 of 8 attributed to the client that held them' where an attack attributes the
+    images it recovered to clients (LOKI under secure aggregation); None otherwise."""
+    counts = [a.images_attributed for a in result.attacks if a.images_attributed is not None]
+    if not counts:
+        return None
+    batch = len(result.metrics.per_image) or len(result.victim.data.names)
+    return f"{max(counts)} of {batch} attributed to the client that held them"

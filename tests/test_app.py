@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the dashboard is imported as a package from the repo root
     sys.path.insert(0, str(ROOT))
 
+from auditlib.errors import AuditInputError  # noqa: E402
 from auditlib.metrics.catalogue import CATALOGUE, METRIC_DEFINITION  # noqa: E402
 from auditlib.metrics.scores import Scores  # noqa: E402
 from auditlib.models import ModelSpec, build_model  # noqa: E402
@@ -448,9 +449,15 @@ def test_lab_every_attack_and_defense_renders_its_fields(dashboard_store):
     at = _app()
     at.switch_page(LAB.path).run()
     for name in sorted(ATTACKS):
-        at.selectbox(key="attack").set_value(name).run()
+        # Each threat model lists its own attacks (one field each).
+        server = "honest" if ATTACKS[name].builds is None else "malicious"
+        at.radio(key="server").set_value(server).run()
+        at.selectbox(key="attack" if server == "honest" else "attack.malicious").set_value(
+            name
+        ).run()
         assert not at.exception, name
         assert not _errors(at), (name, _errors(at))
+    at.radio(key="server").set_value("honest").run()
     for name in sorted(DEFENSES):
         at.selectbox(key="defense").set_value(name).run()
         assert not at.exception, name
@@ -611,6 +618,123 @@ def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
     assert "run" not in at.query_params
 
 
+def _malicious_lab(at: AppTest, attack: str = "rtf", count: int = 8) -> None:
+    """LeNet at 32 px on fashion-mnist (one channel), ``count`` images; the Attack lab under
+    the malicious server with ``attack`` (a closed form: one pass, about a second)."""
+    at.selectbox(key="sample_set").set_value("fashion-mnist")
+    at.number_input(key="count").set_value(count)
+    at.selectbox(key="channels").set_value(1).run()
+    at.switch_page(LAB.path).run()
+    at.radio(key="server").set_value("malicious").run()
+    at.selectbox(key="attack.malicious").set_value(attack).run()
+
+
+def test_lab_offers_the_attacks_of_the_chosen_threat_model(dashboard_store):
+    from auditlib.attacks import ATTACKS
+
+    at = _app()
+    at.switch_page(LAB.path).run()
+    server = at.radio(key="server")
+    assert server.value == "honest"
+    assert server.options == [
+        "Honest-but-curious server (observes updates)",
+        "Malicious server (changes the model it sends)",
+    ]
+    honest = at.selectbox(key="attack").options
+    assert "rtf" not in honest and "dlg" in honest and "every applicable attack" in honest
+    at.radio(key="server").set_value("malicious").run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert at.selectbox(key="attack.malicious").options == [
+        "cah",
+        "loki",
+        "rtf",
+        "every applicable attack",
+    ]
+    assert at.selectbox(key="attack.malicious").value == "rtf"
+    text = _page_text(at)
+    assert "model-check" in text and "changes the model it sends" in text  # the help
+    assert ATTACKS["rtf"].summary in text
+    assert "no iterations" in text and not _has_number_input(at, "iterations.rtf.audit")
+    assert "**Threat model** malicious server" in text
+    # Secure aggregation: more clients than images (the default batch: 1) is refused.
+    at.checkbox(key="secure_aggregation.on").check().run()
+    assert at.number_input(key="secure_aggregation.clients").value == 4
+    assert any("needs at least one image per client; the batch has 1" in e for e in _errors(at))
+    assert at.button(key="start").disabled
+    # Back to the honest server: its attack is where it was left.
+    at.radio(key="server").set_value("honest").run()
+    assert at.selectbox(key="attack").value == "dlg"
+
+
+def test_lab_refuses_a_malicious_servers_attack_under_the_honest_one():
+    from dashboard.run_choices import LabChoices, check_components
+
+    errors = check_components(LabChoices(attack="rtf", iterations=1))
+    assert errors == [
+        "Attack: rtf is a malicious server's attack (it changes the model the server sends): "
+        "choose the malicious-server threat model to run it"
+    ]
+    assert check_components(LabChoices(attack="rtf", iterations=1, server="malicious")) == []
+    [error] = check_components(LabChoices(secure_aggregation=1))
+    assert error.startswith("Scenario: secure aggregation sums the updates of 2 to 64 clients")
+
+
+def _has_number_input(at: AppTest, key: str) -> bool:
+    return any(getattr(w, "key", None) == key for w in at.number_input)
+
+
+def test_lab_malicious_server_shows_what_it_changed_and_what_the_model_check_saw(
+    dashboard_store,
+):
+    store, manager = dashboard_store
+    at = _app()
+    _malicious_lab(at)
+    at.selectbox(key="defense").set_value("model-check").run()
+    assert not at.exception and not _errors(at), _errors(at)
+    run_id, control_id = _run_lab_with_defense(at, manager, store)
+    record, control = store.get_run(run_id), store.get_run(control_id)
+    assert record.spec["scenario"]["server"] == "malicious"
+    assert control.spec["scenario"]["server"] == "malicious"  # the control faces it too
+    assert "malicious server" in record.title
+    text = _page_text(at)
+    assert "fedsgd, malicious server" in text  # the run's caption
+    assert "rtf (malicious server) against model-check" in text  # the headline
+    assert "SoK model F-H: Active server (modifies the model it sends)" in text
+    assert "**What the server changed** " in text and "**Could the client have noticed** " in text
+    assert "Model check: flagged 1 of 1 models" in text
+    assert "attributed" not in text  # rtf does not attribute
+    # The undefended control faced the same server, which recovered images from its update.
+    assert control.summary["verdict"]["finding"]["images_recovered"] > 0
+
+
+def test_lab_loki_under_secure_aggregation_attributes_the_images(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    _malicious_lab(at, "loki")
+    at.checkbox(key="secure_aggregation.on").check().run()
+    at.number_input(key="secure_aggregation.clients").set_value(4).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert any(
+        "8 private images are split over 4 clients in order, 2 each" in c.value for c in at.caption
+    )
+    at.button(key="start").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    run_id = at.query_params["run"]
+    assert manager.wait(run_id, 120)
+    at.run()
+    assert not at.exception
+    [headline] = _verdict_headlines(at)
+    assert headline.startswith("Very High: loki")  # drawn as an error: a leak
+    assert _errors(at) == [f"**{headline}**"], _errors(at)
+    record = store.get_run(run_id)
+    assert record.spec["scenario"]["secure_aggregation"] == 4
+    [attributed] = [a["images_attributed"] for a in record.summary["attacks"]]
+    text = _page_text(at)
+    assert f"**Attributed** {attributed} of 8 attributed to the client that held them" in text
+    assert "malicious server, secure aggregation of 4" in text
+    assert "**Secure aggregation** secure aggregation: only the example-weighted sum of 4" in text
+
+
 # --- Compare and Trade-off -------------------------------------------------------------------
 
 
@@ -703,6 +827,41 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
     again.switch_page(COMPARE.path).run()
     assert not again.exception
     assert list(again.dataframe[0].value["defense"]) == ["none", "dp-gaussian"]
+
+
+def test_compare_defenses_against_the_malicious_server(dashboard_store):
+    store, manager = dashboard_store
+    at = _app()
+    _malicious_lab(at)  # the lab's threat model is the comparison's
+    at.switch_page(COMPARE.path).run()
+    assert at.radio(key="server").value == "malicious"
+    assert at.selectbox(key="attack.malicious").value == "rtf"
+    defenses = ["none", "model-check", "dp-gaussian", "clip", "prune"]
+    at.multiselect(key="compare.defenses").set_value(defenses)
+    at.checkbox(key="utility.on").uncheck().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert any("**malicious server**" in m.value for m in at.markdown)
+    at.button(key="compare.start").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    batch_id = at.query_params["comparison"]
+    states = _wait_batch(manager, store, batch_id)
+    assert [s.member.series for s in states] == defenses
+    assert all(s.run.spec["scenario"]["server"] == "malicious" for s in states)
+    assert all(s.run.status == "completed" for s in states)
+    assert store.get_batch(batch_id).title == "rtf · malicious server · 5 defenses · lenet"
+
+    at.run()
+    assert not at.exception
+    assert any("attack rtf [audit] · fedsgd, malicious server" in c.value for c in at.caption), [
+        c.value for c in at.caption
+    ]
+    table = at.dataframe[0].value
+    assert list(table["defense"]) == defenses
+    verdicts = dict(zip(table["defense"], table["verdict"], strict=True))
+    assert verdicts["none"].startswith(("Very High", "High", "Medium"))  # rtf leaks
+    assert "control leaked" in verdicts["model-check"]  # judged beside the same server
+    check = store.get_run(states[1].run.id).summary["defense_report"]["model_check"]
+    assert check.startswith("flagged 1 of 1 models")
 
 
 def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):
@@ -918,6 +1077,18 @@ def test_settings_text_names_the_settings():
     text = spec_words.settings_text(fedavg)
     assert text.attack == "dlg [audit] (lr=0.5)"
     assert text.scenario == "fedavg, 3 local steps, lr 0.01"
+    # The threat model where it is not the honest server seeing one client's update.
+    malicious = dataclasses.replace(
+        _tiny_spec(),
+        data=DataSpec("samples", "photographs", batch_size=8),
+        attack=ComponentSpec.of("rtf", preset="audit"),
+        scenario=ScenarioSpec(server="malicious", secure_aggregation=8),
+    )
+    text = spec_words.settings_text(malicious)
+    assert text.scenario == "fedsgd, malicious server, secure aggregation of 8"
+    assert spec_words.threat_words("honest", 4) == "secure aggregation of 4"
+    with pytest.raises(AuditInputError, match="needs at least one image per client"):
+        dataclasses.replace(malicious, data=DataSpec("samples", "photographs", batch_size=4))
     # A spec this version cannot read (an older one): what its result names, "?" elsewhere.
     older = spec_words.older_spec_settings("all", "prune")
     assert older.attack == "every applicable attack" and older.defense == "prune"

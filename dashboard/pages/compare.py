@@ -17,7 +17,7 @@ from auditlib.errors import AuditInputError
 from auditlib.spec import ComponentSpec
 from dashboard.batch_view import open_batch, start_batch
 from dashboard.config_form import changed_params, config_defaults, config_inputs
-from dashboard.forms import batch_form, show_problems
+from dashboard.forms import batch_form, batch_title, show_problems
 from dashboard.run_choices import build_run
 from dashboard.state import persist
 
@@ -31,7 +31,9 @@ def _defense_choices() -> tuple[list[ComponentSpec], list[str]]:
         names,
         persist_state="session",
         key=persist("compare.defenses", DEFAULT_DEFENSES),
-        help="'none' is the undefended baseline.",
+        help="'none' is the undefended baseline. Against a malicious server (the threat "
+        "model in the sidebar), 'model-check' is the client's own check of the model it "
+        "receives; the noise, clipping and pruning defenses act on the update it sends.",
     )
     components, errors = [], []
     for name in chosen:
@@ -74,7 +76,7 @@ def main() -> None:
         else:
             error = start_batch(
                 "comparison",
-                f"{lab.attack} · {len(components)} defenses · {setup.architecture}",
+                batch_title(lab, f"{len(components)} defenses", setup),
                 members,
                 assets,
             )

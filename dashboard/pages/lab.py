@@ -18,7 +18,13 @@ from auditlib.words import count_of
 from dashboard.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
 from dashboard.navigation import HISTORY, SETUP
 from dashboard.resources import get_manager, get_store
-from dashboard.run_choices import LabChoices, build_run, check_components
+from dashboard.run_choices import (
+    LabChoices,
+    batch_size,
+    build_run,
+    check_clients_fit,
+    check_components,
+)
 from dashboard.run_live import (
     REFRESH_S,
     close_run,
@@ -29,6 +35,7 @@ from dashboard.run_live import (
 )
 from dashboard.run_result import results
 from dashboard.setup_state import Setup, current_setup, setup_problems
+from dashboard.spec_words import threat_words
 from dashboard.stored_runs import run_settings
 
 
@@ -36,7 +43,7 @@ def _start(setup: Setup, lab: LabChoices) -> None:
     """Start the run; on success its id goes into the session and the URL."""
     st.session_state.pop("start_error", None)
     errors, missing = setup_problems(setup)
-    errors += check_components(lab) + missing
+    errors += check_components(lab) + check_clients_fit(setup, lab) + missing
     if errors:
         st.session_state["start_error"] = "Not started: " + " ".join(errors)
         return
@@ -94,13 +101,13 @@ def main() -> None:
     setup = current_setup()
     lab = LabChoices()
     with st.sidebar:
-        scenario_inputs(lab)
+        scenario_inputs(lab, batch_size(setup))
         attack_inputs(lab)
         defense_inputs(lab)
         budget_inputs(lab)
 
     setup_errors, missing = setup_problems(setup)
-    errors = setup_errors + check_components(lab)
+    errors = setup_errors + check_components(lab) + check_clients_fit(setup, lab)
     images = (
         f"{setup.count} from the '{setup.sample_set}' sample set"
         if setup.source == "samples"
@@ -109,7 +116,11 @@ def main() -> None:
         else "every uploaded image"
     )
     info_col, link_col = st.columns([4, 1])
-    info_col.markdown(f"**Model** {setup.model_text()} · **Private images** {images}")
+    threat = threat_words(lab.server, lab.secure_aggregation)
+    info_col.markdown(
+        f"**Model** {setup.model_text()} · **Private images** {images}"
+        + (f" · **Threat model** {threat}" if threat else "")
+    )
     link_col.page_link(SETUP.path, label="Change", icon=":material/tune:")
     for message in missing:
         st.info(message)

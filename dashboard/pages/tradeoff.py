@@ -17,7 +17,7 @@ from auditlib.engine import batches
 from auditlib.errors import AuditInputError
 from dashboard.batch_view import open_batch, start_batch
 from dashboard.config_form import changed_params, config_defaults, config_inputs
-from dashboard.forms import batch_form, show_problems
+from dashboard.forms import batch_form, batch_title, show_problems
 from dashboard.run_choices import build_run
 from dashboard.state import persist
 
@@ -91,9 +91,7 @@ def main() -> None:
         except AuditInputError as exc:
             st.error(f"Not started: {exc}")
         else:
-            title = f"{lab.attack} · sweep of {', '.join(c.defense for c in curves)} · " + str(
-                setup.architecture
-            )
+            title = batch_title(lab, f"sweep of {', '.join(c.defense for c in curves)}", setup)
             error = start_batch("sweep", title, members, assets)
             if error:
                 st.error(error)
