@@ -12,12 +12,13 @@ product's own path and against the defenses.
 3. The defenses against the malicious server, at the library's level (the product's batch
    cap is 64): the update each defense releases, read back by ``rtf`` (and by ``loki`` under
    secure aggregation); images recovered at >= 30 dB out of B and their mean PSNR, at
-   B = 16, 64, 256 and 32 and 224 px. Beyond the 85 crops, a batch takes their mirror
-   images, then the crops turned a quarter (distinct images of the same photographs).
+   B = 16, 64, 256 and 32 and 224 px. Beyond the 85 crops, a batch takes Fashion-MNIST test
+   images, enlarged (``batch_of``).
 
-Writes benchmarks/results/malicious_server.json and the tables in docs/PERFORMANCE.md
-("The malicious server"). Usage: python -m benchmarks.malicious_server [--render-only]
-[--quick] (quick: 32 px and B <= 64 only).
+Writes benchmarks/results/malicious_server.json (``--cuda``: malicious_server-cuda.json, the
+same cases on the GPU) and the tables in docs/PERFORMANCE.md ("The malicious server").
+Usage: python -m benchmarks.malicious_server [--render-only] [--quick] [--cuda] (quick: 32 px
+and B <= 64 only).
 """
 
 from __future__ import annotations
@@ -27,16 +28,20 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from auditlib.attacks import build_attack_config, get_attack
 from auditlib.attacks.base import RunControl
 from auditlib.client.protocol import ClientProtocol
+from auditlib.data.decode import DEFAULT_LIMITS
 from auditlib.data.normalization import Normalization
+from auditlib.data.samples import load_sample_set
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import run_audit
 from auditlib.engine.releases import client_batches, client_of_image
@@ -56,6 +61,7 @@ NORMALIZATION = Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 RECOVERED_DB = 30.0
 CROPS = 85  # 17 photographs x 5 positions
 CLIENTS = 8
+CHUNK = DEFAULT_LIMITS.max_images  # the sample-set loader hands out this many at a time
 # (row name, defense, its parameters, clients summed by secure aggregation)
 DEFENSES = (
     ("none", "none", {}, 1),
@@ -73,15 +79,20 @@ def model_of(size: int) -> ModelSpec:
 
 
 def batch_of(count: int, size: int) -> tuple[torch.Tensor, tuple[str, ...]]:
-    """``count`` distinct images: the crops, then their mirror images, then turned crops."""
+    """``count`` distinct images: the 85 photograph crops, then Fashion-MNIST test images
+    (seed 0's order) enlarged to ``size`` and repeated over the colour channels. Mirrored or
+    turned crops would not do: they keep their crop's brightness, so they share its bin."""
     pixels, names = photo_crops(min(count, CROPS), size)
     parts, labels = [pixels], list(names)
-    if count > CROPS:
-        parts.append(pixels.flip(-1))
-        labels += [f"{n}-mirrored" for n in names]
-    if count > 2 * CROPS:
-        parts.append(pixels.rot90(1, dims=(-2, -1)))
-        labels += [f"{n}-turned" for n in names]
+    for offset in range(0, max(count - CROPS, 0), CHUNK):
+        more = load_sample_set("fashion-mnist", min(CHUNK, count - CROPS - offset), offset=offset)
+        for image, name in zip(more.images, more.names, strict=True):
+            grey = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
+            grey = F.interpolate(
+                grey[None], size=(size, size), mode="bilinear", align_corners=False
+            )
+            parts.append(grey.clamp(0, 1).expand(1, 3, size, size))
+            labels.append(name)
     return torch.cat(parts)[:count], tuple(labels[:count])
 
 
@@ -91,7 +102,9 @@ def write_folder(pixels: torch.Tensor, names: tuple[str, ...], folder: Path) -> 
         Image.fromarray(array).save(folder / f"{name}.png")
 
 
-def engine_case(attack: str, size: int, batch: int, clients: int | None) -> dict:
+def engine_case(
+    attack: str, size: int, batch: int, clients: int | None, device: str = "cpu"
+) -> dict:
     """One audit through ``run_audit`` from an auditor's folder of photographs."""
     pixels, names = photo_crops(batch, size)
     with tempfile.TemporaryDirectory() as folder:
@@ -103,6 +116,7 @@ def engine_case(attack: str, size: int, batch: int, clients: int | None) -> dict
             attack=ComponentSpec.of(attack, preset="audit"),
             defense=ComponentSpec.of("none"),
             budget=Budget(1),
+            device=device,
         )
         began = time.perf_counter()
         result = run_audit(spec, lpips_nets=())
@@ -126,13 +140,22 @@ def engine_case(attack: str, size: int, batch: int, clients: int | None) -> dict
     }
 
 
-def defense_case(attack: str, defense: str, params: dict, clients: int, size: int, batch: int):
+def defense_case(
+    attack: str,
+    defense: str,
+    params: dict,
+    clients: int,
+    size: int,
+    batch: int,
+    device: str = "cpu",
+):
     """The release of the model ``attack`` builds, under ``defense``, read back; scored."""
     pixels, names = batch_of(batch, size)
-    images = NORMALIZATION.normalize(pixels)
+    images = NORMALIZATION.normalize(pixels).to(device)
     labels = torch.randint(0, 1000, (batch,), generator=torch.Generator().manual_seed(0))
+    labels = labels.to(device)
     private = PrivateBatch(images, labels, names)
-    model = build_model(model_of(size))
+    model = build_model(model_of(size)).to(device)
     info = get_attack(attack)
     config, _ = build_attack_config(attack, None, "audit")
     per_client = -(-batch // clients)
@@ -161,16 +184,14 @@ def defense_case(attack: str, defense: str, params: dict, clients: int, size: in
             guard,
             **arguments,
         )
-    knowledge = release.knowledge.__class__(
-        **{**release.knowledge.__dict__, "server": modification}
-    )
+    knowledge = replace(release.knowledge, server=modification)
     final = None
     for event in info.run(release.observation, knowledge, config, RunControl(1), 0):
         final = event.final
+    candidate = final.selected  # on the CPU: the read-back has finished
     seconds = time.perf_counter() - began
-    candidate = final.selected
     rebuilt = to_unit_range(candidate.images, NORMALIZATION)
-    originals = to_unit_range(images, NORMALIZATION)
+    originals = to_unit_range(images.cpu(), NORMALIZATION)
     order = match(rebuilt, originals)
     scores = [psnr(rebuilt[j], originals[i]) for i, j in enumerate(order)]
     recovered = [s for s in scores if s >= RECOVERED_DB]
@@ -191,12 +212,12 @@ def defense_case(attack: str, defense: str, params: dict, clients: int, size: in
     }
 
 
-def measure(quick: bool) -> dict:
+def measure(quick: bool, device: str) -> dict:
     torch.manual_seed(0)
-    results = {"machine": machine(), "engine": [], "defenses": []}
-    results["engine"].append(engine_case("rtf", 224 if not quick else 32, 64, None))
+    results = {"machine": machine(), "device": device, "engine": [], "defenses": []}
+    results["engine"].append(engine_case("rtf", 224 if not quick else 32, 64, None, device))
     print(results["engine"][-1], flush=True)
-    results["engine"].append(engine_case("loki", 32, 64, CLIENTS))
+    results["engine"].append(engine_case("loki", 32, 64, CLIENTS, device))
     print(results["engine"][-1], flush=True)
     sizes = (32,) if quick else (32, 224)
     batches = (16, 64) if quick else (16, 64, 256)
@@ -206,7 +227,7 @@ def measure(quick: bool) -> dict:
                 attacks = ("rtf", "loki") if clients > 1 else ("rtf",)
                 for attack in attacks:
                     row = {"defense": name, "attack": attack, "size": size, "batch": batch}
-                    row |= defense_case(attack, defense, params, clients, size, batch)
+                    row |= defense_case(attack, defense, params, clients, size, batch, device)
                     print(row, flush=True)
                     results["defenses"].append(row)
     return results
@@ -250,12 +271,17 @@ def render(results: dict) -> str:
 
 
 def main() -> None:
+    device = "cuda" if "--cuda" in sys.argv else "cpu"
+    path = RESULTS if device == "cpu" else RESULTS.with_name("malicious_server-cuda.json")
     if "--render-only" in sys.argv:
-        results = json.loads(RESULTS.read_text())
+        results = json.loads(path.read_text())
     else:
-        results = measure("--quick" in sys.argv)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    replace_section(DOC, "malicious-server", render(results))
+        results = measure("--quick" in sys.argv, device)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+    if device == "cpu":
+        replace_section(DOC, "malicious-server", render(results))
+    else:
+        replace_section(DOC, "malicious-server-cuda", render(results))
     print(render(results))
 
 
