@@ -249,3 +249,21 @@ def test_labels_leak_beside_images_and_under_a_defense_that_held_the_images():
         _labels(finding(0), 4, 10), SCOPE, defended=True, control=finding(4), control_note="c"
     )
     assert held_images.outcome == "labels_leak" and held_images.level == "Labels"
+
+
+def test_a_client_that_refused_the_model_stops_that_server_only():
+    scope = replace(
+        SCOPE,
+        twins="not offered",
+        twins_words="no attacker that knows model-check is offered",
+        refused="model check: layer server_block.bins: 128 of 128 rows share one direction",
+    )
+    verdict = judge(finding(0), scope, defended=True, control=finding(4), control_note="c")
+    assert verdict.outcome == "inconclusive"
+    assert verdict.headline == (
+        "Inconclusive: the client refused the server's model, so the server received nothing"
+    )
+    assert "128 of 128 rows share one direction" in verdict.sentence
+    assert "stop this server only" in verdict.sentence
+    assert "raise the budget" not in verdict.sentence
+    assert Scope.from_dict(json.loads(json.dumps(verdict.to_dict()))["scope"]).refused

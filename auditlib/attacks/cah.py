@@ -72,10 +72,11 @@ def run_cah(
     seed: int,
 ):
     clock = Clock(control)
-    weight, bias = block_update(observation, knowledge)
+    update = block_update(observation, knowledge)
+    bias = update.bias
     scale = float(bias.abs().max())
-    fired = (bias.abs() > EMPTY_BIN * scale).nonzero().flatten() if scale > 0 else []
-    reads = [weight[r] / bias[r] for r in fired]
+    fired = (bias.abs() > EMPTY_BIN * scale).nonzero().flatten().tolist() if scale > 0 else []
+    reads = [update.row(r) / float(bias[r]) for r in fired]
     groups = _agreeing(reads, seed)
     pictures = [
         (g, reads[g[0]])
@@ -86,7 +87,7 @@ def run_cah(
     read = ReadBack(
         pixels=torch.stack([p for _, p in pictures]).view(shape)
         if pictures
-        else weight.new_zeros((0, *knowledge.input_shape)),
+        else update.bias.new_zeros((0, *knowledge.input_shape)),
         clients=None,
         support=tuple(float(len(g)) for g, _ in pictures),
     )

@@ -49,11 +49,28 @@ class ReadBack:
     support: tuple[float, ...]
 
 
-def block_update(
-    observation: Observation, knowledge: AttackerKnowledge
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inserted layer's weight and bias updates, as float64 (the weights the client
-    returned less the weights sent, where the observation is weights)."""
+@dataclass(frozen=True, eq=False)
+class BlockUpdate:
+    """The inserted layer's update as observed: float32 weights (less the weights sent,
+    row by row, where the observation is weights) and float64 biases. Rows are read one at
+    a time: the whole layer in float64 is 600 MB at 224 px and 512 rows."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor  # float64, the update
+    sent: torch.Tensor | None  # the weights sent, where the observation is the new weights
+
+    def row(self, k: int) -> torch.Tensor:
+        row = self.weight[k].double()
+        return row if self.sent is None else row - self.sent[k].double()
+
+    def row_sums(self) -> torch.Tensor:
+        sums = self.weight.sum(dim=1).double()
+        return sums if self.sent is None else sums - self.sent.sum(dim=1).double()
+
+
+def block_update(observation: Observation, knowledge: AttackerKnowledge) -> BlockUpdate:
+    """The inserted layer's weight and bias updates (the weights the client returned less
+    the weights sent, where the observation is weights)."""
     server = _server(knowledge)
     weight_name, bias_name = server.parameter_names
     names = observation.parameter_names
@@ -62,13 +79,14 @@ def block_update(
             f"the update has no {weight_name!r}: the client did not train the model the "
             "server sent (or a defense removed that layer's update)"
         )
-    weight = observation.tensors[names.index(weight_name)].double()
+    weight = observation.tensors[names.index(weight_name)]
     bias = observation.tensors[names.index(bias_name)].double()
+    sent = None
     if observation.kind == "weights":
-        sent = dict(knowledge.model.named_parameters())
-        weight = weight - sent[weight_name].detach().double()
-        bias = bias - sent[bias_name].detach().double()
-    return weight, bias
+        parameters = dict(knowledge.model.named_parameters())
+        sent = parameters[weight_name].detach()
+        bias = bias - parameters[bias_name].detach().double()
+    return BlockUpdate(weight, bias, sent)
 
 
 def noise_floor(observation: Observation, knowledge: AttackerKnowledge) -> float:
@@ -92,8 +110,7 @@ def _server(knowledge: AttackerKnowledge) -> ServerModification:
 
 
 def read_bins(
-    weight: torch.Tensor,
-    bias: torch.Tensor,
+    update: BlockUpdate,
     first: int,
     thresholds: tuple[float, ...],
     by_bias: bool,
@@ -104,33 +121,39 @@ def read_bins(
     it, weighted by their deltas). A bin is empty when its difference is within
     ``noise_floor`` (float32's rounding of the weights the client added its update to).
 
-    ``by_bias``: the weights' difference over the biases' (exact for one image). Otherwise
-    (FedAvg) the biases' update is below float32's resolution of the biases the client adds
-    it to, so the weights' difference is scaled to the brightness at the middle of its bin
-    (off by at most half a bin's width over the brightness)."""
+    ``by_bias``: the weights' difference over the biases' (exact for one image); the bins
+    holding images are those whose bias difference is not zero. Otherwise (FedAvg) the
+    biases' update is below float32's resolution of the biases the client adds it to: the
+    bins are found from the rows' sums, and each weights' difference is scaled to the
+    brightness at the middle of its bin (off by at most half a bin's width over the
+    brightness). Only the rows of bins that hold images are read."""
     count = len(thresholds)
-    rows = slice(first, first + count)
-    w, b = weight[rows], bias[rows]
-    dw = w - torch.cat([w[1:], torch.zeros_like(w[:1])])  # bin k: row k less row k + 1
-    db = b - torch.cat([b[1:], torch.zeros_like(b[:1])])
-    signal = dw.abs().amax(dim=1)
-    scale = float(signal.max()) if signal.numel() else 0.0
+    size = update.weight.shape[1]
+    if by_bias:
+        marks = update.bias[first : first + count]
+        marks_floor = 0.0
+    else:
+        marks = update.row_sums()[first : first + count]
+        marks_floor = noise_floor * size**0.5  # rounding errors add up like a random walk
+    steps = marks - torch.cat([marks[1:], marks.new_zeros(1)])  # bin k: row k less row k + 1
+    scale = float(steps.abs().max()) if steps.numel() else 0.0
     if scale == 0.0:
         return []
-    floor = max(EMPTY_BIN * scale, noise_floor)
-    full = (signal > floor).nonzero().flatten().tolist()
-    strength = {k: float(signal[k]) / floor for k in full}
-    if by_bias:
-        scale_b = float(db.abs().max())
-        return [
-            (strength[k], dw[k] / db[k]) for k in full if abs(float(db[k])) > EMPTY_BIN * scale_b
-        ]
+    found = (steps.abs() > max(EMPTY_BIN * scale, marks_floor)).nonzero().flatten().tolist()
     middles = bin_middles(thresholds)
-    return [
-        (strength[k], dw[k] * (middles[k] / float(dw[k].mean())))
-        for k in full
-        if float(dw[k].mean()) != 0
-    ]
+    reads = []
+    for k in found:
+        row = update.row(first + k)
+        dw = row - update.row(first + k + 1) if k + 1 < count else row
+        signal = float(dw.abs().max())
+        if signal <= noise_floor:
+            continue
+        strength = signal / max(noise_floor, EMPTY_BIN * signal)
+        if by_bias:
+            reads.append((strength, dw / float(steps[k])))
+        elif float(dw.mean()) != 0:
+            reads.append((strength, dw * (middles[k] / float(dw.mean()))))
+    return reads
 
 
 def bin_middles(thresholds: tuple[float, ...]) -> list[float]:

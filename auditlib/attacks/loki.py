@@ -73,19 +73,19 @@ def run_loki(
 ):
     clock = Clock(control)
     server = knowledge.server
-    weight, bias = block_update(observation, knowledge)
+    update = block_update(observation, knowledge)
     size = pixels(knowledge.input_shape)
     rows, clients, support = [], [], []
     by_bias = observation.kind == "gradient"
     floor = noise_floor(observation, knowledge)
     for client in range(server.clients):
         first = client * server.rows
-        for strength, flat in read_bins(weight, bias, first, server.thresholds, by_bias, floor):
+        for strength, flat in read_bins(update, first, server.thresholds, by_bias, floor):
             rows.append(flat[client * size : (client + 1) * size])
             clients.append(client)
             support.append(strength)
     read = ReadBack(
-        pixels=stack_pixels(rows, (-1, *knowledge.input_shape), weight),
+        pixels=stack_pixels(rows, (-1, *knowledge.input_shape), update.bias),
         clients=tuple(clients),
         support=tuple(support),
     )

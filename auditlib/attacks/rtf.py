@@ -74,13 +74,13 @@ def run_rtf(
     seed: int,
 ):
     clock = Clock(control)
-    weight, bias = block_update(observation, knowledge)
+    update = block_update(observation, knowledge)
     server = knowledge.server
     by_bias = observation.kind == "gradient"
     floor = noise_floor(observation, knowledge)
-    bins = read_bins(weight, bias, 0, server.thresholds, by_bias, floor)
+    bins = read_bins(update, 0, server.thresholds, by_bias, floor)
     read = ReadBack(
-        pixels=stack_pixels([p for _, p in bins], (-1, *knowledge.input_shape), weight),
+        pixels=stack_pixels([p for _, p in bins], (-1, *knowledge.input_shape), update.bias),
         clients=None,
         support=tuple(strength for strength, _ in bins),
     )

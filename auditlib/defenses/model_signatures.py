@@ -34,11 +34,14 @@ MOST = 0.5
 # (bias over the row's length) of its own. Bins need distinct thresholds; rows that are
 # copies of each other with one bias (a constant initialisation) are not an imprint.
 DISTINCT_THRESHOLDS = 0.9
-# Trap rows mirror: the sorted positive weights are c times the sorted negative magnitudes.
-# Float32 rounding of c * m leaves a relative error near 1e-7; two independent halves of
-# an honest row differ by order 1 / sqrt(features) (about 1e-3 at 786k features, the most
-# a built-in model takes), so 1e-4 sits between them with room on both sides.
+# Trap rows mirror: the positive weights are c times the negative magnitudes, as multisets
+# (``mirror_errors``). Float32 rounding of c * m leaves a relative error near 1e-7; two
+# independent halves of an honest row differ by order 1 / sqrt(features) (about 1e-3 at
+# 786k features, the most a built-in model takes), so 1e-4 sits between them.
 MIRROR_TOLERANCE = 1e-4
+# Rows looked at closely (the imprint's first look, the trap's mirror test): a layer with
+# most rows of a kind shows it in some of 16 (all miss with chance 2^-16).
+SAMPLE = 16
 # A trap row's weights sum far below zero: z = sum(w) / (sqrt(features) * std(w)) is about
 # N(0, 1) across honest rows; trap rows reach -0.02 sqrt(features) (scale 0.95, -8 at
 # 224 x 224 x 3 inputs). A layer is flagged when its median row has z below -6.
@@ -101,14 +104,24 @@ def shared_directions(layer: str, weight: torch.Tensor, bias: torch.Tensor | Non
     """Robbing the Fed's imprint, LOKI's bins: most rows parallel (within each group of a
     block), their biases graded. Rows are grouped greedily: the first row not yet in a group
     and every row parallel to it; stops once the rows left alone outnumber what "most"
-    allows, so an honest layer costs about rows / 2 products."""
+    allows."""
     rows = weight.shape[0]
     if rows < MIN_ROWS or weight.shape[1] < 2 or bias is None:
         return None
     w = weight.float()
     norms = w.norm(dim=1)
+    live = (norms > 0).nonzero().flatten()
+    if len(live) == 0:
+        return None
+    # A cheap look first: if most rows were grouped, some of SAMPLE random rows (seeded, so
+    # the check repeats) would each have MIN_GROUP parallel rows; all miss with chance
+    # 2^-SAMPLE. One product of SAMPLE columns, where grouping an honest layer costs rows / 2.
+    pick = live[torch.randperm(len(live), generator=torch.Generator().manual_seed(0))[:SAMPLE]]
+    cosine = (w @ w[pick].T) / (norms.unsqueeze(1) * norms[pick]).clamp_min(1e-30)
+    if int(((cosine.abs() > PARALLEL).sum(0) >= MIN_GROUP).sum()) == 0:
+        return None
     free = norms > 0
-    groups: list[torch.Tensor] = []
+    groups: list[tuple[torch.Tensor, torch.Tensor]] = []
     alone = int((~free).sum())
     while bool(free.any()) and alone <= (1 - MOST) * rows:
         first = int(free.nonzero()[0])
@@ -153,30 +166,21 @@ def trap_weights(layer: str, weight: torch.Tensor, bias: torch.Tensor | None = N
     z = torch.where(spread > 0, mean.double() * math.sqrt(features) / spread, 0)
     median_z = float(z.median())
     # As many positive weights as negative ones (exact in float32 up to 2^24 features).
-    balanced = (torch.sign(w).sum(1) == 0) & (variance > 0)
-    mirrors = 0
-    if int(balanced.sum()) >= MOST * rows:
-        positive = torch.zeros(rows, dtype=torch.long, device=w.device)
-        positive[balanced] = (w[balanced] > 0).sum(1)
-        for count in torch.unique(positive[balanced]).tolist():
-            chosen = balanced & (positive == count)
-            ordered = w[chosen].double().sort(dim=1).values  # negatives first, positives last
-            magnitudes = -ordered[:, :count].flip(1)  # ascending |negative|
-            positives = ordered[:, features - count :]  # ascending positive
-            factor = positives.sum(1) / magnitudes.sum(1)
-            # The mirror error: the largest gap between the sorted positives and c times the
-            # sorted negative magnitudes, over the largest magnitude. 0 for a trap row.
-            error = (positives - factor.unsqueeze(1) * magnitudes).abs().amax(1)
-            error = error / magnitudes.amax(1)
-            mirrors += int((error < MIRROR_TOLERANCE).sum())
-    if mirrors >= MOST * rows:
-        return Finding(
-            "trap",
-            layer,
-            f"layer {layer}: {mirrors} of {rows} rows are trap weights (each row's positive "
-            "weights mirror its negative ones, scaled down)",
-            mirrors / rows,
-        )
+    balanced = ((torch.sign(w).sum(1) == 0) & (variance > 0)).nonzero().flatten()
+    if len(balanced) >= MOST * rows:
+        # The mirror error on SAMPLE rows spread evenly over the balanced ones.
+        step = max(1, len(balanced) // SAMPLE)
+        checked = balanced[::step][:SAMPLE]
+        mirrors = int((mirror_errors(w[checked]) < MIRROR_TOLERANCE).sum())
+        if len(balanced) * mirrors >= MOST * rows * len(checked):  # most rows, estimated
+            return Finding(
+                "trap",
+                layer,
+                f"layer {layer}: trap weights: {len(balanced)} of {rows} rows have as many "
+                f"negative weights as positive ones, and in {mirrors} of the {len(checked)} "
+                "checked the positive weights mirror the negative ones, scaled down",
+                len(balanced) / rows * mirrors / len(checked),
+            )
     if median_z < -TRAP_SUM_Z:
         return Finding(
             "trap",
@@ -186,6 +190,23 @@ def trap_weights(layer: str, weight: torch.Tensor, bias: torch.Tensor | None = N
             -median_z,
         )
     return None
+
+
+def mirror_errors(rows: torch.Tensor) -> torch.Tensor:
+    """How far each row is from a trap row: with P the row's positive weights, N its
+    negative magnitudes and c = sum(P) / sum(N), the largest of |sum(P^k) / (c^k sum(N^k)) - 1|
+    over k = 2, 3, 4. Zero (to float rounding, ~1e-7) when P is c times N as a multiset;
+    about 1 / sqrt(features) for an honest row. Power sums need no sort (a sort of 150k
+    weights per row takes 50 ms)."""
+    positive = rows.clamp_min(0)
+    negative = (-rows).clamp_min(0)
+    factor = positive.sum(1, dtype=torch.float64) / negative.sum(1, dtype=torch.float64)
+    error = torch.zeros(len(rows), dtype=torch.float64, device=rows.device)
+    for k in (2, 3, 4):
+        p = positive.pow(k).sum(1, dtype=torch.float64)
+        n = negative.pow(k).sum(1, dtype=torch.float64) * factor**k
+        error = torch.maximum(error, (p / n - 1).abs())
+    return torch.nan_to_num(error, nan=math.inf)
 
 
 def transmit_ratios(kernels: torch.Tensor) -> torch.Tensor:

@@ -230,6 +230,7 @@ def iter_audit(
         ),
         twins=twins,
         twins_words=twins_words,
+        refused=release.refused,
     )
     verdict = judge(finding, scope, defended=spec.defense.name != "none")
 

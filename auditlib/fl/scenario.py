@@ -29,6 +29,8 @@ class Release:
     defended_norm: float
     privacy: dict[str, Any]
     known_defense: KnownDefense | None = None  # what an adaptive attacker knows of it
+    # Why a client refused to train on the model it received (its model check), if one did.
+    refused: str = ""
 
 
 def release_update(
@@ -95,6 +97,7 @@ def release_update(
         known_defense=known_defense(
             defense, observation, {n: p.detach() for n, p in server_model.named_parameters()}
         ),
+        refused=refusal(defense),
     )
 
 
@@ -226,7 +229,15 @@ def release_aggregate(
         defended_norm=_norm(defended_sum),
         privacy=defense.privacy_report(),
         known_defense=None,  # no adaptive attacker is offered under secure aggregation
+        refused=refusal(defense),
     )
+
+
+def refusal(defense: Defense) -> str:
+    """The last reason the client gave for refusing a model (``flagged`` of a defense that
+    ``refuses``), or "" where it refused none."""
+    flagged = getattr(defense, "flagged", ())
+    return flagged[-1] if flagged else ""
 
 
 def _accumulate(total, tensors, weight):

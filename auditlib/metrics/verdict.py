@@ -264,6 +264,9 @@ class Scope:
     # where it did not; recorded before: "none".
     twins: Twins = "none"
     twins_words: str = "not recorded (a verdict from before twins were checked)"
+    # Why the client refused to train on the model it received (a model check that flagged
+    # a malicious server's model), in words; empty: it trained on it.
+    refused: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scope:
@@ -356,6 +359,13 @@ def _why_inconclusive(
             "defense"
         )
         return reason.split(" (")[0], reason, "raise the budget or use another attack"
+    if scope.refused:
+        headline = "the client refused the server's model, so the server received nothing"
+        reason = (
+            f"{headline} ({scope.refused}); a server that knows the check and builds a model "
+            "it passes is not offered here, so the defense is shown to stop this server only"
+        )
+        return headline, reason, "weigh the check's cost: a refused round is a client's lost update"
     if finding.images_held is None:
         reason = (
             "the run was recorded before the held margins and the attacker that knows the "

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from auditlib.attacks import ATTACKS
+from auditlib.report import facts_server
 from auditlib.report.subject import ReportEntry, ReportSubject, RunRow
 from auditlib.report.text import (
     NOT_AVAILABLE,
@@ -205,12 +206,16 @@ def scenario_pairs(entry: ReportEntry | None) -> list[tuple[str, str]]:
         ]
     else:
         pairs = [(k, NOT_RECORDED) for k in ("FL algorithm", "Client training", "Client sends")]
-    pairs.append(
-        (
-            "Server observes",
-            f"the client's {observation(entry)} for one round, as the defense left it",
-        )
+    clients = facts_server.clients_of(entry)
+    observed = (
+        f"the client's {observation(entry)} for one round, as the defense left it"
+        if clients is None
+        else f"the example-weighted sum of {clients} clients' {observation(entry)}s for one "
+        "round, each as the defense left it"
     )
+    pairs.append(("Server", facts_server.server_words(entry)))
+    pairs.append(("Server observes", observed))
+    pairs.append(("Secure aggregation", facts_server.aggregation_words(entry)))
     if spec is not None:
         scenario, model = spec.scenario, spec.model
         pairs.append(("BatchNorm mode", scenario.protocol.batchnorm_mode))

@@ -11,7 +11,7 @@ from reportlab.lib.units import cm
 from reportlab.platypus import CondPageBreak, Flowable, PageBreak, Spacer
 
 import auditlib
-from auditlib.report import facts
+from auditlib.report import facts, facts_server
 from auditlib.report import verdict_section as verdicts
 from auditlib.report.layout import Builder, esc, lines
 from auditlib.report.subject import ReportEntry
@@ -53,9 +53,10 @@ def executive_summary(b: Builder) -> list[Flowable]:
     out: list[Flowable] = [b.p("1 Executive summary", "h1")]
     ref = b.reference
     attack = ", ".join(facts.attack_names(b.entries)) or "the attack"
+    did, whose = facts_server.attacker_words(ref)
     out.append(
         b.p(
-            f"The server ran <b>{esc(attack)}</b> against the update of one client holding "
+            f"The server {esc(did)} <b>{esc(attack)}</b> against {esc(whose)} "
             f"{esc(facts.images_count(ref, 'private image'))} ({esc(facts.data_source(ref))}) "
             f"on a {esc(facts.model_text(ref))}."
         )

@@ -11,12 +11,20 @@ from typing import Any
 import numpy as np
 from PIL import Image as PILImage
 from reportlab.lib.units import cm
-from reportlab.platypus import CondPageBreak, Flowable, KeepTogether, PageBreak, Table, TableStyle
+from reportlab.platypus import (
+    CondPageBreak,
+    Flowable,
+    KeepTogether,
+    PageBreak,
+    Spacer,
+    Table,
+    TableStyle,
+)
 from reportlab.platypus import Image as PDFImage
 
 from auditlib.grids import split_grid
 from auditlib.metrics.catalogue import CATALOGUE
-from auditlib.report import facts_results
+from auditlib.report import facts_results, facts_server
 from auditlib.report.layout import BODY_WIDTH, Builder, esc
 from auditlib.report.subject import ReportEntry, RunRow, success_curves
 from auditlib.report.text import NOT_AVAILABLE, metric_text
@@ -95,8 +103,76 @@ def results(b: Builder) -> list[Flowable]:
                 "caption",
             )
         )
+    out += server_section(b)
     if any(e.spec is not None and e.spec.utility for e in b.entries):
         out += defense_cost(b)
+    return out
+
+
+def server_section(b: Builder) -> list[Flowable]:
+    """What a server that changes the model it sends recovered: what it changed, whether
+    the client could have noticed, the images recovered and attributed, what the client's
+    model check saw. Only where a run of the subject faced the malicious server."""
+    facts = facts_server.malicious_server(b.entries)
+    if facts is None:
+        return []
+    out: list[Flowable] = [
+        b.p("What a server that changes the model recovers", "h2"),
+        b.p(
+            "Under the malicious-server threat model (section 2) the server changes the model "
+            "it sends so that the client's update holds the client's images, then reads them "
+            "back. What it changed and whether the client could have noticed are the lines of "
+            "the threat card its runs recorded."
+        ),
+    ]
+    for change in facts.changes:
+        pairs = [
+            ("What the server changed", esc(change.changed)),
+            ("Could the client have noticed", esc(change.noticeable)),
+        ]
+        if change.aggregation:
+            pairs.append(("Secure aggregation", esc(change.aggregation)))
+        if len(facts.changes) > 1:
+            pairs.insert(0, ("Runs", esc(", ".join(change.labels))))
+        out.append(b.key_values(pairs, key_width=4.6 * cm))
+        out.append(Spacer(1, 4))
+    header = ["Run", "Defense", "Recovered"]
+    widths = [4.2, 2.4, 4.6]
+    if facts.attributes:
+        header.append("Attributed")
+        widths.append(4.6)
+    if facts.checks:
+        header.append("What the model check saw")
+        widths.append(6.4)
+    rows = []
+    for run in facts.runs:
+        row = [esc(run.label), esc(run.defense), esc(run.recovered)]
+        if facts.attributes:
+            row.append(esc(run.attributed or NOT_AVAILABLE))
+        if facts.checks:
+            row.append(esc(run.model_check or NOT_AVAILABLE))
+        rows.append(row)
+    out.append(b.table(header, rows, [w * cm for w in widths]))
+    out.append(
+        b.p(
+            "Recovered: images recovered beyond the best guess that uses no update, of the "
+            "batch. "
+            + (
+                "Attributed: images recovered and traced to the client that held them "
+                "through secure aggregation's sum. "
+                if facts.attributes
+                else ""
+            )
+            + (
+                "The model check (model-check) inspects the model the client received before "
+                "training; where it flags one, the client sends nothing of its images."
+                if facts.checks
+                else "No run tried the client's model check (model-check), the defense "
+                "against a server that changes the model."
+            ),
+            "caption",
+        )
+    )
     return out
 
 
