@@ -606,6 +606,71 @@ def test_a_run_recorded_before_verdicts_says_so(tiny_results, tmp_path):
     assert attack_table_row(text, "old run").rstrip().endswith("no verdict")
 
 
+# ------------------------------------------------------------------------------ malicious server
+
+
+def malicious_spec(attack: str = "rtf", clients: int | None = None) -> RunSpec:
+    """8 fashion-mnist images, LeNet at 32 px, the malicious server (closed forms: a second)."""
+    return RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (1, 32, 32), init="uniform")),
+        data=DataSpec("samples", "fashion-mnist", batch_size=8),
+        scenario=ScenarioSpec(server="malicious", secure_aggregation=clients),
+        attack=ComponentSpec.of(attack, preset="audit"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(iterations=1),
+    )
+
+
+AGAINST_RTF = [
+    ComponentSpec.of(name) for name in ("none", "model-check", "dp-gaussian", "clip", "prune")
+]
+
+
+@needs_poppler
+def test_a_comparison_against_the_malicious_server_says_what_it_changed_and_recovered(tmp_path):
+    members = comparison_members(malicious_spec(), AGAINST_RTF)
+    results = [(m, run_audit(m.spec, lpips_nets=())) for m in members]
+    subject, text = verdict_report(tmp_path, results)
+
+    words = flat(text)
+    section = between(text, "What a server that changes the model recovers", "5 Reconstructions")
+    card = {k.item: k.detail for k in subject.entries[0].verdict.scope.threat.knowledge}
+    assert flat(card["active manipulation of the model or clients"])[:60] in flat(section)
+    assert "What the server changed" in section and "Could the client have noticed" in section
+    assert "What the model check saw" in section and "flagged 1 of 1 models" in flat(section)
+    assert "Attributed" not in section  # rtf does not attribute
+    for entry in subject.entries:
+        finding = entry.verdict.finding
+        assert f"{finding.images_recovered} of 8 images recovered" in flat(section), entry.label
+    assert subject.entries[0].verdict.finding.images_recovered > 0  # the server's attack leaks
+    # The threat model in the scenario, the card and the summary.
+    assert "Threat model F-H: Active server (modifies the model it sends)" in words
+    assert "Server malicious: it changes the model it sends" in words
+    assert "The server changed the model it sent, then ran rtf against the update of one" in words
+    keep_pages(tmp_path / "verdicts.pdf", "malicious_server_comparison")
+
+
+@needs_poppler
+def test_a_loki_run_under_secure_aggregation_reports_the_images_attributed(tmp_path):
+    spec = malicious_spec("loki", clients=4)
+    result = run_audit(spec, lpips_nets=())
+    with Store(f"sqlite:///{tmp_path}/runs.db") as store:
+        subject = run_subject(store, store_run(store, spec, result, "loki"))
+    out = tmp_path / "loki.pdf"
+
+    info = build_report(subject, out, charts=False)
+
+    words = flat(pdf_text(out))
+    attributed = result.summary.attacks[0].images_attributed
+    section = between(pdf_text(out), "What a server that changes the model", "5 Reconstructions")
+    assert f"{attributed} of 8 images attributed to the" in section  # its cell wraps
+    assert "Attributed: images recovered and traced to the client that held them" in flat(section)
+    assert "only the example-weighted sum of 4 clients' updates" in words
+    assert "against the summed update of 4 clients holding, in all, 8 private images" in words
+    assert "What the model check saw" not in words and "No run tried the client's model" in words
+    check_pages(png_pages(out, tmp_path / "pages"), info.pages)
+
+
 def test_column_widths_keep_each_number_whole():
     widths = layout.fit_widths([100, 30, 30], [40, 45, 20], total=160)
     assert widths[1] >= 45 and widths[2] >= 20 and sum(widths) == pytest.approx(160)

@@ -14,7 +14,7 @@ import pytest
 
 from auditlib.metrics.catalogue import CATALOGUE, RECONSTRUCTION_METRICS, UTILITY_METRICS
 from auditlib.metrics.scores import ImageScore
-from auditlib.report import facts, facts_back, facts_results, verdict_facts
+from auditlib.report import facts, facts_back, facts_results, facts_server, verdict_facts
 from auditlib.report.subject import ReportEntry, run_row, run_subject
 from auditlib.report.text import NOT_RECORDED, knowledge_text, metric_text, plain
 from auditlib.result import AuditSummary
@@ -48,7 +48,7 @@ def pruned(tmp_path) -> ReportEntry:
 def test_the_facts_need_no_reportlab():
     code = (
         "import sys; import auditlib.report.facts, auditlib.report.facts_back, "
-        "auditlib.report.facts_results, "
+        "auditlib.report.facts_results, auditlib.report.facts_server, "
         "auditlib.report.verdict_facts, auditlib.report.text, auditlib.report.subject; "
         "print(any(m.startswith('reportlab') for m in sys.modules))"
     )
@@ -167,3 +167,91 @@ def test_counts_of_a_batch_without_verdicts(old, pruned):
     )
     assert verdict_facts.no_verdict_reason(not_run) == "not run yet"
     assert facts.runs_text([old, pruned, not_run]) == "2 with results of 3"
+
+
+# ------------------------------------------------------------------------------ malicious server
+
+
+def malicious_spec(attack: str = "rtf", defense: str = "none", clients: int | None = None):
+    """LeNet at 32 px on 8 fashion-mnist images under the malicious server (a closed form:
+    one pass, about a second)."""
+    from auditlib.models import ModelSpec
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+    return RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (1, 32, 32), init="uniform")),
+        data=DataSpec("samples", "fashion-mnist", batch_size=8),
+        scenario=ScenarioSpec(server="malicious", secure_aggregation=clients),
+        attack=ComponentSpec.of(attack, preset="audit"),
+        defense=ComponentSpec.of(defense),
+        budget=Budget(iterations=1),
+    )
+
+
+def ran(tmp_path: Path, spec, name: str) -> ReportEntry:
+    """``spec`` really run, stored as a completed run, read back as a report entry."""
+    from auditlib.engine.audit import run_audit
+
+    summary = run_audit(spec, lpips_nets=()).summary
+    with Store(f"sqlite:///{tmp_path}/{name}.db") as store:
+        run_id = store.create_run(spec.to_dict(), summary.spec_id, name)
+        store.mark_running(run_id)
+        store.finish(run_id, "completed", summary=summary)
+        return run_subject(store, run_id).entries[0]
+
+
+def test_a_server_that_changes_the_model_is_described_from_the_card_and_the_defense_report(
+    tmp_path, old
+):
+    checked = ran(tmp_path, malicious_spec(defense="model-check"), "checked")
+    assert facts_server.is_malicious(checked) and facts_server.clients_of(checked) is None
+    found = facts_server.malicious_server([checked])
+    assert found is not None and not found.attributes and found.checks
+    (change,) = found.changes
+    card = {k.item: k.detail for k in checked.result.verdict.scope.threat.knowledge}
+    assert change.changed == card["active manipulation of the model or clients"]
+    assert "brightness" in change.changed  # rtf's imprint block, in words
+    assert change.noticeable == card["whether the client could have noticed"]
+    assert change.aggregation is None and change.labels == ("checked",)
+    (run,) = found.runs
+    assert run.defense == "model-check" and run.attributed is None
+    assert run.model_check.startswith("flagged 1 of 1 models: model check: layer server_block")
+    finding = checked.verdict.finding
+    assert run.recovered == (
+        f"{finding.images_recovered} of 8 images recovered beyond the best guess"
+    )
+    pairs = dict(facts.scenario_pairs(checked))
+    assert pairs["Server"].startswith("malicious: it changes the model it sends")
+    assert pairs["Secure aggregation"] == "off: the server sees the client's own update"
+    assert facts_server.attacker_words(checked) == (
+        "changed the model it sent, then ran",
+        "the update of one client holding",
+    )
+    # An honest server's run (recorded before the threat model existed): no such section.
+    assert facts_server.malicious_server([old]) is None and not facts_server.is_malicious(old)
+    assert dict(facts.scenario_pairs(old))["Server"].startswith("honest-but-curious")
+
+
+def test_loki_under_secure_aggregation_attributes_the_images_to_their_clients(tmp_path):
+    entry = ran(tmp_path, malicious_spec("loki", clients=4), "loki")
+    found = facts_server.malicious_server([entry])
+    (change,) = found.changes
+    assert change.aggregation == (
+        "secure aggregation: only the example-weighted sum of 4 clients' updates"
+    )
+    (run,) = found.runs
+    attributed = entry.result.attacks[0].images_attributed
+    assert attributed is not None and found.attributes and not found.checks
+    assert run.attributed == f"{attributed} of 8 images attributed to the client that held them"
+    assert run.model_check is None
+    pairs = dict(facts.scenario_pairs(entry))
+    assert pairs["Secure aggregation"].startswith(
+        "the server sees only the example-weighted sum of 4 clients' updates"
+    )
+    assert pairs["Server observes"].startswith("the example-weighted sum of 4 clients' gradients")
+    assert (
+        facts_server.attacker_words(entry)[1] == "the summed update of 4 clients holding, in all,"
+    )
+    # Read from the summary's recorded spec where the typed one is gone.
+    unread = dataclasses.replace(entry, spec=None)
+    assert facts_server.is_malicious(unread) and facts_server.clients_of(unread) == 4
