@@ -214,7 +214,11 @@ def attack_inputs(lab: LabChoices) -> None:
             "parameters are each attack's own."
         )
         lab.preset, lab.attack_params = None, {}
-        lab.iterations = _iterations_input(lab.attack, None)
+        if all(ATTACKS[n].closed_form for n in names if n != ALL_ATTACKS):
+            st.caption("Closed forms: each reads the images back in one pass, no iterations.")
+            lab.iterations = 1
+        else:
+            lab.iterations = _iterations_input(lab.attack, None)
         return
     info = ATTACKS[lab.attack]
     st.caption(info.summary)

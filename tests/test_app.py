@@ -656,6 +656,10 @@ def test_lab_offers_the_attacks_of_the_chosen_threat_model(dashboard_store):
     assert ATTACKS["rtf"].summary in text
     assert "no iterations" in text and not _has_number_input(at, "iterations.rtf.audit")
     assert "**Threat model** malicious server" in text
+    at.selectbox(key="attack.malicious").set_value("all").run()  # rtf, cah and loki
+    assert not at.exception and not _errors(at), _errors(at)
+    assert not _has_number_input(at, "iterations.all.None")
+    assert not at.button(key="start").disabled
     # Secure aggregation: more clients than images (the default batch: 1) is refused.
     at.checkbox(key="secure_aggregation.on").check().run()
     assert at.number_input(key="secure_aggregation.clients").value == 4
