@@ -91,6 +91,7 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
                 f"**Restarts** {scope.restarts or 'one start'}  \n"
                 f"**Budget** {scope.budget_words()}  \n"
                 f"**Defense** {scope.defense}"
+                + (f"  \n**The client refused the model** {scope.refused}" if scope.refused else "")
             )
             _attacks_table(result)
             if len(result.attacks) > 1:

@@ -706,6 +706,7 @@ def test_lab_malicious_server_shows_what_it_changed_and_what_the_model_check_saw
     assert "SoK model F-H: Active server (modifies the model it sends)" in text
     assert "**What the server changed** " in text and "**Could the client have noticed** " in text
     assert "Model check: flagged 1 of 1 models" in text
+    assert "**The client refused the model** " in text  # the verdict's scope
     assert "attributed" not in text  # rtf does not attribute
     # The undefended control faced the same server, which recovered images from its update.
     assert control.summary["verdict"]["finding"]["images_recovered"] > 0

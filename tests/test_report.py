@@ -639,6 +639,9 @@ def test_a_comparison_against_the_malicious_server_says_what_it_changed_and_reco
     assert "What the server changed" in section and "Could the client have noticed" in section
     assert "What the model check saw" in section and "flagged 1 of 1 models" in flat(section)
     assert "Attributed" not in section  # rtf does not attribute
+    checked = subject.entries[1].verdict
+    assert checked.scope.refused and "Client refused the model" in words
+    assert "the client refused the server's model, so the server received nothing" in words
     for entry in subject.entries:
         finding = entry.verdict.finding
         assert f"{finding.images_recovered} of 8 images recovered" in flat(section), entry.label

@@ -93,6 +93,7 @@ def scope_pairs(entry: ReportEntry, verdict: Verdict) -> list[tuple[str, str]]:
         ("Outcome", OUTCOME_TITLE.get(verdict.outcome, verdict.outcome)),
         ("Attacks tried", ", ".join(scope.attacks) or NOT_AVAILABLE),
         ("Defense", scope.defense),
+        *([("Client refused the model", scope.refused)] if scope.refused else []),
         ("Restart schedule", scope.restarts),
         ("Budget", scope.budget_words()),
         ("Attack stopped", stop_words(finding)),
