@@ -40,6 +40,18 @@ client's private images from what that client sends.
   attacker would pick without ground truth (the restart with the lowest attack loss). The
   *oracle* best restart is chosen with the private images; it is reported separately and
   labelled "uses ground truth", because no real attacker can make that choice.
+
+A **malicious server** (the threat model chosen in the lab's sidebar; the SoK's active
+server, F-H) also changes the model it sends, so that the client's update holds the client's
+images: an imprint block of brightness bins (rtf), trap weights (cah), or per-client kernels
+that keep clients apart in a sum (loki). Its attacks read the images back in one pass. Each
+run's threat card says what the server changed and whether the client could have noticed;
+the client's **model check** (the defense `model-check`) inspects the model before training
+and refuses one built to leak.
+
+Under **secure aggregation** the server sees only the example-weighted sum of several
+clients' updates, the private images split over them; an honest server's attacks face the
+sum, and loki attributes the images it recovers to the client that held them.
 """
 )
 
