@@ -23,9 +23,11 @@ from torch.overrides import TorchFunctionMode
 # classes never looks like a bank of bins.
 MIN_ROWS = 8
 # Two rows share a direction when |cosine| exceeds this. Independent rows of an honest layer
-# have |cosine| of order 1 / sqrt(features) (at most ~0.5 for the smallest layer judged
-# here, 8 features); an imprint's rows are parallel to float precision (|cosine| = 1).
+# have |cosine| of order 1 / sqrt(features); two random directions in 8 dimensions (the
+# fewest features judged, MIN_FEATURES) pass 0.99 with chance 3e-7. An imprint's rows
+# are parallel to float precision (|cosine| = 1).
 PARALLEL = 0.99
+MIN_FEATURES = 8
 # A shared direction is a group of at least this many rows (bins come by the dozen).
 MIN_GROUP = 4
 # "Most rows": the share of a layer's rows a signature must hold before it is reported.
@@ -106,7 +108,7 @@ def shared_directions(layer: str, weight: torch.Tensor, bias: torch.Tensor | Non
     and every row parallel to it; stops once the rows left alone outnumber what "most"
     allows."""
     rows = weight.shape[0]
-    if rows < MIN_ROWS or weight.shape[1] < 2 or bias is None:
+    if rows < MIN_ROWS or weight.shape[1] < MIN_FEATURES or bias is None:
         return None
     w = weight.float()
     norms = w.norm(dim=1)
@@ -158,7 +160,7 @@ def trap_weights(layer: str, weight: torch.Tensor, bias: torch.Tensor | None = N
     negative ones times a factor below 1 (the mirror error, below), or most rows sum far
     below zero (the median z of the row sums, ``TRAP_SUM_Z``)."""
     rows, features = weight.shape
-    if rows < MIN_ROWS or features < 2:
+    if rows < MIN_ROWS or features < MIN_FEATURES:
         return None
     w = weight.float()
     variance, mean = torch.var_mean(w, dim=1)
