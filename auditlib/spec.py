@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
-from auditlib.client.protocol import ClientProtocol
+from auditlib.client.protocol import LATER_FIELDS, ClientProtocol
 from auditlib.config import require, require_choice
 from auditlib.errors import AuditInputError
 from auditlib.fl.federation import FederationSpec
@@ -28,7 +28,10 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class DataSpec:
-    source: Literal["folder", "samples", "asset"]
+    """The private images. Source "none": there are none (only for an observed update,
+    ``ScenarioSpec.observed``: its reconstructions are then shown, not scored)."""
+
+    source: Literal["folder", "samples", "asset", "none"]
     location: str  # a folder path, a bundled sample-set name, or the sha256 of an uploaded zip
     batch_size: int | None = None  # None: every image in the folder
     offset: int = 0
@@ -42,6 +45,28 @@ class DataSpec:
             f"batch size must be between 1 and 64, got {self.batch_size}",
         )
         require(self.offset >= 0, f"offset must be >= 0, got {self.offset}")
+        require(
+            self.source != "none" or self.batch_size is None,
+            "no private images (source none) take no batch size",
+        )
+
+    @property
+    def has_images(self) -> bool:
+        return self.source != "none"
+
+
+NO_IMAGES = DataSpec("none", "")
+
+
+@dataclass(frozen=True)
+class ObservedRef:
+    """An update a client actually sent, audited in place of the simulated client: the
+    folder of its bundle (``auditlib.observed``: the global weights, the client's weights or
+    their difference, and training.json) and the sha256 of its files, which stands for the
+    folder in the run's identity."""
+
+    location: str
+    content_sha256: str | None = None
 
 
 SERVERS = ("honest", "malicious")
@@ -65,6 +90,9 @@ class ScenarioSpec:
     # Secure aggregation: the server sees only the example-weighted sum of this many clients'
     # updates, the audited images split over them in order; None: one client's update.
     secure_aggregation: int | None = None
+    # An update a client sent (a bundle), audited instead of simulating the client: the
+    # model's weights, the protocol and the number of examples are the bundle's.
+    observed: ObservedRef | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -78,6 +106,17 @@ class ScenarioSpec:
             f"{self.secure_aggregation}: with one client the sum is that client's update "
             "(leave secure aggregation off)",
         )
+        if self.observed is not None:
+            for clash, what in (
+                (self.server != "honest", "a malicious server (it sends a model of its own)"),
+                (self.secure_aggregation is not None, "secure aggregation"),
+                (self.pretrain_rounds > 0, "pretraining (the global weights are the bundle's)"),
+            ):
+                require(
+                    not clash,
+                    f"an observed update is audited as the honest server received it; {what} "
+                    "does not apply to it",
+                )
 
     @property
     def clients(self) -> int:
@@ -192,6 +231,29 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.data.batch_size is not None:  # None: every image of the source, known later
             check_clients(self.scenario.clients, self.data.batch_size)
+        observed = self.scenario.observed is not None
+        require(
+            observed or self.data.has_images,
+            "a simulated client needs private images; only an observed update is audited "
+            "without them",
+        )
+        if observed:
+            require(
+                self.defense.name == "none",
+                f"an observed update is what the client sent; the defense {self.defense.name} "
+                "cannot be applied to it afterwards (audit it with defense none)",
+            )
+            require(
+                self.model.weights is None
+                and self.model.trusted_archive is None
+                and self.model.weights_asset is None,
+                "an observed update's model is the bundle's global.safetensors; give no other "
+                "weights",
+            )
+            require(
+                self.data.has_images or not self.scenario.labels_known,
+                "the server knows the labels only with the private images that hold them",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -217,6 +279,14 @@ class RunSpec:
             del scenario["server"]
         if scenario["secure_aggregation"] is None:
             del scenario["secure_aggregation"]
+        if scenario["observed"] is None:  # and before observed updates
+            del scenario["observed"]
+        elif self.scenario.observed is not None and self.scenario.observed.content_sha256:
+            scenario["observed"]["location"] = None
+        protocol = scenario["protocol"]  # and before the local optimiser and shuffling
+        for name, default in LATER_FIELDS.items():
+            if protocol[name] == default:
+                del protocol[name]
         if self.model.content_sha256:
             payload["model"]["weights"] = payload["model"]["trusted_archive"] = None
         if self.data.content_sha256:
@@ -260,6 +330,8 @@ def run_spec_from_dict(data: Any) -> RunSpec:
     scenario["protocol"] = ClientProtocol(
         **_fields(ClientProtocol, scenario["protocol"], "protocol")
     )
+    if scenario.get("observed") is not None:
+        scenario["observed"] = ObservedRef(**_fields(ObservedRef, scenario["observed"], "observed"))
     utility = values.get("utility")
     if utility is not None:
         utility = _fields(UtilitySpec, utility, "utility")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from auditlib.client.protocol import ClientProtocol
+from auditlib.client.protocol import ADAM_BETAS, ADAM_EPS, ClientProtocol
 from auditlib.errors import AttackUnsupportedError
 
 
@@ -96,6 +96,7 @@ def client_update(
     *,
     differentiable: bool,
     buffers: Mapping[str, torch.Tensor] | None = None,
+    order_seed: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The update the client computes from ``parameters`` on (images, labels).
 
@@ -105,6 +106,11 @@ def client_update(
     given: then the gradients are taken with ``torch.func.grad`` over those parameters and
     buffers (a copy of its own per call, which BatchNorm may update), so the update can run
     under ``torch.func.vmap``, one restart per slice (``attacks.loop``).
+
+    FedAvg's steps are the protocol's optimiser (:class:`LocalOptimizer`). ``order_seed``:
+    the client's own seed for the order of its mini-batches where the protocol shuffles
+    (the victim passes it; an attacker, who does not know it, passes none and simulates
+    them in order).
     """
     set_training_mode(model, protocol.batchnorm_mode == "train")
     if isinstance(model, torch.jit.ScriptModule):
@@ -132,9 +138,10 @@ def client_update(
         return tuple(gradient(parameters, images, labels))
 
     current = dict(parameters)
-    for window in protocol.minibatch_slices(images.shape[0]):
+    optimizer = LocalOptimizer(protocol, keep_graph=differentiable)
+    for window in protocol.minibatch_windows(images.shape[0], order_seed):
         grads = gradient(current, images[window], labels[window])
-        step = {n: current[n] - protocol.local_lr * g for n, g in zip(names, grads, strict=True)}
+        step = optimizer.step(current, grads)
         # The victim's loop needs no graph across steps; the attacker's does.
         current = (
             step if differentiable else {n: t.detach().requires_grad_() for n, t in step.items()}
@@ -173,7 +180,79 @@ def read_as_gradient(
 
 def difference_per_gradient(protocol: ClientProtocol, batch_size: int) -> float:
     """The client's update (what a defense acts on) per unit of its reading as a gradient:
-    1 for FedSGD, -(lr x local steps) for FedAvg's weight difference."""
+    1 for FedSGD, -(lr x local steps) for FedAvg's weight difference.
+
+    With SGD's momentum m, K steps move the weights by lr x sum_k (1 - m^k) / (1 - m) times
+    a constant gradient, the factor used then. Adam's steps are not proportional to the
+    gradient (each is about lr x its sign): the reading is then only a scaled estimate.
+    """
     if protocol.algorithm == "fedsgd":
         return 1.0
-    return -protocol.local_lr * protocol.steps_for(batch_size)
+    steps = protocol.steps_for(batch_size)
+    if protocol.optimizer == "sgd" and protocol.momentum:
+        m = protocol.momentum
+        return -protocol.local_lr * sum((1 - m**k) / (1 - m) for k in range(1, steps + 1))
+    return -protocol.local_lr * steps
+
+
+class LocalOptimizer:
+    """The client's optimiser as torch.optim computes it, on plain tensors (functional):
+    differentiable, and able to run under ``torch.func.vmap``.
+
+    SGD: ``g + weight_decay * w``, then the momentum buffer (the first gradient itself,
+    then ``m * buf + g``), then ``w - lr * buf``. Adam: torch.optim.Adam's defaults
+    (``ADAM_BETAS``, ``ADAM_EPS``, L2 weight decay on the gradient, bias corrections).
+    Plain SGD (no momentum, no weight decay) is ``w - lr * g``, exactly as before these
+    options existed. The state is fresh for each round, as a client that makes its
+    optimiser for each round has it. ``keep_graph``: keep the state's graph across steps
+    (the attacker's simulation); else the state is detached after each step (the victim's).
+    """
+
+    def __init__(self, protocol: ClientProtocol, *, keep_graph: bool) -> None:
+        self.protocol = protocol
+        self.keep_graph = keep_graph
+        self.steps = 0
+        self.first: dict[str, torch.Tensor] = {}  # SGD's momentum buffer, Adam's first moment
+        self.second: dict[str, torch.Tensor] = {}  # Adam's second moment
+
+    def _kept(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.keep_graph else tensor.detach()
+
+    def step(
+        self, current: Mapping[str, torch.Tensor], grads: Sequence[torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        protocol = self.protocol
+        lr = protocol.local_lr
+        names = list(current)
+        if protocol.optimizer == "sgd" and not protocol.momentum and not protocol.weight_decay:
+            return {n: current[n] - lr * g for n, g in zip(names, grads, strict=True)}
+        self.steps += 1
+        out = {}
+        for name, grad in zip(names, grads, strict=True):
+            weights = current[name]
+            if protocol.weight_decay:
+                grad = grad.add(weights, alpha=protocol.weight_decay)
+            if protocol.optimizer == "adam":
+                out[name] = self._adam(name, weights, grad)
+                continue
+            if protocol.momentum:
+                previous = self.first.get(name)
+                grad = grad if previous is None else (previous * protocol.momentum).add(grad)
+                self.first[name] = self._kept(grad)
+            out[name] = weights.add(grad, alpha=-lr)
+        return out
+
+    def _adam(self, name: str, weights: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        beta1, beta2 = ADAM_BETAS
+        first = self.first.get(name, torch.zeros_like(grad)).lerp(grad, 1 - beta1)
+        second = (self.second.get(name, torch.zeros_like(grad)) * beta2).addcmul(
+            grad, grad, value=1 - beta2
+        )
+        self.first[name], self.second[name] = self._kept(first), self._kept(second)
+        step_size = self.protocol.local_lr / (1 - beta1**self.steps)
+        root = (1 - beta2**self.steps) ** 0.5
+        # sqrt's derivative is infinite at 0 (a parameter with no gradient yet): the zeros
+        # take sqrt(1) in the branch that is not used, so no NaN reaches the attacker's graph.
+        positive = second > 0
+        norm = torch.where(positive, torch.where(positive, second, 1.0).sqrt(), 0.0)
+        return weights.addcdiv(first, (norm / root).add(ADAM_EPS), value=-step_size)

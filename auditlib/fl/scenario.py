@@ -60,7 +60,14 @@ def release_update(
     parameters = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
     update, defended = defended_update(
-        model, parameters, batch.images, batch.labels, protocol, defense, generator
+        model,
+        parameters,
+        batch.images,
+        batch.labels,
+        protocol,
+        defense,
+        generator,
+        order_seed=derive_seed(seed, "client order"),
     )
     view = getattr(defense, "attacker_view", None)
     if view is not None:  # a protocol (FedBoosting): the attacker gets what it exposes
@@ -115,12 +122,15 @@ def defended_update(
     generator: torch.Generator,
     *,
     round: int = 0,
+    order_seed: int | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """The client's update before and after its defense: the gradient (FedSGD) or the weight
     difference (FedAvg, also when the protocol shares the new weights).
 
     The one place where a client defends: the audited victim and every client of federated
-    training go through it, so a defense acts identically in both.
+    training go through it, so a defense acts identically in both. ``order_seed``: the
+    client's own seed for the order of its mini-batches, where the protocol shuffles them
+    (``client_update``); None: in order.
     """
     context = ClientContext(
         model=model,
@@ -130,7 +140,7 @@ def defended_update(
         protocol=protocol,
         round=round,
     )
-    update = _difference(model, parameters, images, labels, protocol)
+    update = _difference(model, parameters, images, labels, protocol, order_seed)
     refuses = getattr(defense, "refuses", None)
     if refuses is not None and refuses(context) is not None:
         # A client-side model check flagged the model: the client does not train on it and
@@ -142,12 +152,16 @@ def defended_update(
     # A defense on the data (Shadow): the client trains on its perturbed images, and the
     # server receives the update taken on them.
     perturbed = perturb(context, generator).detach()
-    released = _difference(model, parameters, perturbed, labels, protocol)
+    released = _difference(model, parameters, perturbed, labels, protocol, order_seed)
     return update, defense.apply(released, generator, replace(context, images=perturbed))
 
 
-def _difference(model, parameters, images, labels, protocol) -> tuple[torch.Tensor, ...]:
-    update = client_update(model, parameters, images, labels, protocol, differentiable=False)
+def _difference(
+    model, parameters, images, labels, protocol, order_seed=None
+) -> tuple[torch.Tensor, ...]:
+    update = client_update(
+        model, parameters, images, labels, protocol, differentiable=False, order_seed=order_seed
+    )
     if protocol.observation_kind == "weights":
         update = tuple(w - p.detach() for w, p in zip(update, parameters.values(), strict=True))
     return update
@@ -189,7 +203,14 @@ def release_aggregate(
         names = tuple(parameters)
         generator = torch.Generator().manual_seed(derive_seed(seed, f"client {k}"))
         update, defended = defended_update(
-            model, parameters, batch.images, batch.labels, protocol, defense, generator
+            model,
+            parameters,
+            batch.images,
+            batch.labels,
+            protocol,
+            defense,
+            generator,
+            order_seed=derive_seed(seed, f"client {k} order"),
         )
         weight = batch.images.shape[0] / total
         if protocol.observation_kind == "weights":
