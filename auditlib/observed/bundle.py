@@ -1,0 +1,417 @@
+"""An observed-update bundle: the update one client actually sent, with what the server
+knew of the round (docs/OBSERVED.md).
+
+A bundle is a plain folder:
+
+- ``global.safetensors``: the state_dict the round started from (the model the server sent);
+- ``client.safetensors``: the state_dict the client returned, or ``delta.safetensors``: its
+  difference (client - global), one of the two;
+- ``training.json``: how the client trained (``record.TrainingRecord``).
+
+:func:`load_bundle` reads and checks one; :func:`write_bundle` writes one (the capture of a
+federation's round uses it). Tensors are read with safetensors only: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import safetensors.torch
+import torch
+from torch import nn
+
+from auditlib.client.protocol import ClientProtocol
+from auditlib.errors import AuditInputError
+from auditlib.models import ModelSpec, build_model
+from auditlib.models.loading import DEFAULT_MAX_BYTES
+from auditlib.observed.record import FILE as TRAINING_FILE
+from auditlib.observed.record import TrainingRecord
+from auditlib.words import MB, size_text
+
+GLOBAL_FILE = "global.safetensors"
+CLIENT_FILE = "client.safetensors"
+DELTA_FILE = "delta.safetensors"
+MAX_TRAINING_BYTES = 1 * MB
+_EXAMPLES = 3  # mismatching tensors named in a refusal
+
+Shared = Literal["weights", "delta"]
+State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class ObservedBundle:
+    """One client's update as the server received it, checked: every tensor finite, the
+    global state the state_dict of the architecture training.json names, the client's state
+    of the same model (or the delta of its parameters).
+
+    Floating tensors are held as the model's float32; ``content_sha256`` is the sha256 of
+    the bundle's files (names and bytes), which stands for the folder in a run's identity.
+    """
+
+    location: str
+    training: TrainingRecord
+    global_state: Mapping[str, torch.Tensor]
+    client_state: Mapping[str, torch.Tensor] | None
+    delta: Mapping[str, torch.Tensor] | None
+    content_sha256: str
+
+    @property
+    def shared(self) -> Shared:
+        """What the client sent: its new weights or their difference."""
+        return "weights" if self.client_state is not None else "delta"
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return self.training.model_spec()
+
+    @property
+    def protocol(self) -> ClientProtocol:
+        return self.training.protocol(self.shared)
+
+    @property
+    def normalization(self) -> str:
+        return self.training.normalization
+
+    def build_model(self) -> nn.Module:
+        """The architecture training.json names with global.safetensors as its weights."""
+        model = build_model(self.model_spec)
+        model.load_state_dict(dict(self.global_state), strict=False)  # checked on load
+        return model
+
+    def weight_change(self, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+        """The client's change of each named parameter (client - global)."""
+        if self.delta is not None:
+            return tuple(self.delta[n] for n in names)
+        assert self.client_state is not None
+        return tuple(self.client_state[n] - self.global_state[n] for n in names)
+
+    def observed_update(self, names: tuple[str, ...]) -> tuple[str, tuple[torch.Tensor, ...]]:
+        """The observation's kind and tensors for the named trainable parameters, as the
+        server reads the update under :attr:`protocol`: the gradient of a one-step update
+        (``TrainingRecord.one_gradient``: -change / lr - weight_decay x global weights), the
+        new weights, or the weight difference."""
+        if self.protocol.algorithm == "fedsgd":
+            lr, decay = self.training.lr, self.training.weight_decay
+            change = self.weight_change(names)
+            return "gradient", tuple(
+                -c / lr - decay * self.global_state[n] if decay else -c / lr
+                for c, n in zip(change, names, strict=True)
+            )
+        if self.client_state is not None:
+            return "weights", tuple(self.client_state[n].clone() for n in names)
+        return "weight_delta", self.weight_change(names)
+
+    def notes(self) -> tuple[str, ...]:
+        """What the server knows of this update, in words (the result's threat model)."""
+        record = self.training
+        origin = ", ".join(
+            part
+            for part in (
+                f"round {record.round}" if record.round is not None else "",
+                f"client {record.client_id}" if record.client_id is not None else "",
+                f"from {record.source}" if record.source else "",
+            )
+            if part
+        )
+        sent = "new weights" if self.shared == "weights" else "weight change"
+        notes = [
+            f"an update a client sent ({sent}{'; ' + origin if origin else ''}), "
+            f"observed, not simulated (bundle {self.content_sha256[:12]})",
+            f"the number of examples the client trained on ({record.num_examples})",
+        ]
+        if record.one_gradient:
+            notes.append(
+                f"one SGD step at lr {record.lr:g} on every example: read back exactly as the "
+                "batch's gradient (FedSGD)"
+            )
+        if record.shuffled:
+            notes.append(
+                "not the order of the client's mini-batches (it shuffled them): the attacker "
+                "simulates them in order"
+            )
+        return tuple(notes)
+
+    def describe(self) -> dict[str, Any]:
+        """The bundle as result.json records it (no tensors)."""
+        return {
+            "location": self.location,
+            "content_sha256": self.content_sha256,
+            "shared": self.shared,
+            "training": self.training.to_json(),
+        }
+
+
+def _read_bytes(path: Path, limit: int, kind: str) -> bytes:
+    if not path.is_file():
+        raise AuditInputError(f"{path} is not a file; expected the bundle's {kind}")
+    size = path.stat().st_size
+    if size == 0:
+        raise AuditInputError(f"{path.name} is empty (0 bytes); expected the bundle's {kind}")
+    if size > limit:
+        raise AuditInputError(
+            f"{path.name} is {size_text(size)}, over the {size_text(limit)} limit for a "
+            f"bundle's {kind}"
+        )
+    return path.read_bytes()
+
+
+def _read_state(data: bytes, label: str) -> State:
+    """A safetensors file's tensors; anything else is refused, never unpickled."""
+    header = int.from_bytes(data[:8], "little") if len(data) >= 10 else 0
+    if not (2 <= header <= len(data) - 8 and data[8:9] == b"{"):
+        raise AuditInputError(
+            f"{label} is not a safetensors file; expected a state_dict saved with "
+            "safetensors.torch.save_file (pickled files are never loaded)"
+        )
+    try:
+        state = safetensors.torch.load(data)
+    except Exception as exc:  # safetensors raises its own error type for damaged files
+        why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise AuditInputError(f"{label} cannot be read as safetensors ({why})") from None
+    if not state:
+        raise AuditInputError(f"{label} holds no tensors; expected a state_dict")
+    return _unprefixed(state)
+
+
+def _unprefixed(state: Mapping[str, torch.Tensor]) -> State:
+    """DataParallel's "module." prefix removed, where every name has it."""
+    if all(k.startswith("module.") for k in state):
+        return {k.removeprefix("module."): v for k, v in state.items()}
+    return dict(state)
+
+
+def _as_tensors(state: Mapping[str, Any], label: str) -> State:
+    """A state_dict of tensors or arrays (a federation framework's numpy weights)."""
+    if not isinstance(state, Mapping) or not state:
+        raise AuditInputError(f"{label} must be a non-empty mapping of names to tensors")
+    out: State = {}
+    for name, value in state.items():
+        if not isinstance(name, str):
+            raise AuditInputError(f"{label}: {name!r} is not a tensor name; expected strings")
+        try:
+            tensor = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise AuditInputError(
+                f"{label}: {name} is a {type(value).__name__}, not a tensor or array"
+            ) from None
+        out[name] = tensor.detach().cpu().contiguous().clone()
+    return _unprefixed(out)
+
+
+def _check_finite(state: Mapping[str, torch.Tensor], label: str) -> None:
+    for name, tensor in state.items():
+        if tensor.is_complex():
+            raise AuditInputError(f"{label}: {name} is complex; expected real-valued tensors")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise AuditInputError(
+                f"{label}: {name} has {bad} NaN or infinite value{'s' if bad != 1 else ''}; "
+                "expected finite numbers"
+            )
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return str(list(tensor.shape))
+
+
+def _differences(
+    state: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    *,
+    required: frozenset[str] | None = None,
+) -> str:
+    """The first tensors where ``state`` does not fit ``expected``, in one phrase, or "".
+
+    ``required``: the names ``state`` must hold (default: all of ``expected`` but BatchNorm's
+    step counters, which a state may leave out)."""
+    if required is None:
+        required = frozenset(k for k in expected if not k.endswith(".num_batches_tracked"))
+    shapes = [
+        f"{k} is {_shape(state[k])} here but {_shape(expected[k])} in the model"
+        for k in expected
+        if k in state and state[k].shape != expected[k].shape
+    ]
+    missing = [k for k in expected if k in required and k not in state]
+    unexpected = [k for k in state if k not in expected]
+    parts = []
+    for items, what in ((shapes, "shape"), (missing, "missing"), (unexpected, "unexpected")):
+        if not items:
+            continue
+        more = f" and {len(items) - _EXAMPLES} more" if len(items) > _EXAMPLES else ""
+        parts.append(f"{what}: {', '.join(items[:_EXAMPLES])}{more}")
+    return "; ".join(parts)
+
+
+def _as_model_dtype(state: State, expected: Mapping[str, torch.Tensor]) -> State:
+    """Floating tensors in the model's dtype (a framework may send float64 arrays)."""
+    return {
+        k: v.to(expected[k].dtype) if v.is_floating_point() and k in expected else v
+        for k, v in state.items()
+    }
+
+
+def _checked(
+    location: str,
+    training: TrainingRecord,
+    global_state: State,
+    update: State,
+    shared: Shared,
+    content_sha256: str,
+) -> ObservedBundle:
+    """The bundle, once every tensor is finite and every state fits the named model."""
+    update_file = CLIENT_FILE if shared == "weights" else DELTA_FILE
+    _check_finite(global_state, GLOBAL_FILE)
+    _check_finite(update, update_file)
+    model_spec = training.model_spec()
+    model = build_model(model_spec)
+    expected = model.state_dict()
+    problems = _differences(global_state, expected)
+    if problems:
+        shape = "x".join(str(v) for v in model_spec.input_shape)
+        raise AuditInputError(
+            f"{GLOBAL_FILE} does not fit {model_spec.architecture} ({model_spec.num_classes} "
+            f"classes, input {shape}) that {TRAINING_FILE} names: {problems}; expected the "
+            "state_dict of that model"
+        )
+    global_state = _as_model_dtype(global_state, expected)
+    if shared == "weights":
+        problems = _differences(update, global_state)
+        if problems:
+            raise AuditInputError(
+                f"{CLIENT_FILE} is not a state of the model in {GLOBAL_FILE}: {problems}; "
+                "expected the state_dict the client returned for that global model"
+            )
+    else:
+        parameters = frozenset(name for name, _ in model.named_parameters())
+        floating = {k: v for k, v in global_state.items() if v.is_floating_point()}
+        problems = _differences(update, floating, required=parameters)
+        if problems:
+            raise AuditInputError(
+                f"{DELTA_FILE} is not a difference of the model in {GLOBAL_FILE}: {problems}; "
+                "expected client - global for every parameter"
+            )
+    update = _as_model_dtype(update, global_state)
+    return ObservedBundle(
+        location=location,
+        training=training,
+        global_state=global_state,
+        client_state=update if shared == "weights" else None,
+        delta=update if shared == "delta" else None,
+        content_sha256=content_sha256,
+    )
+
+
+def _files(folder: Path) -> tuple[Path, Shared]:
+    """The update's file and what it holds; refused where there is neither or both."""
+    client, delta = folder / CLIENT_FILE, folder / DELTA_FILE
+    if client.exists() and delta.exists():
+        raise AuditInputError(
+            f"{folder} holds both {CLIENT_FILE} and {DELTA_FILE}; expected one of them (the "
+            "client's new weights or their difference)"
+        )
+    if not client.exists() and not delta.exists():
+        raise AuditInputError(
+            f"{folder} holds neither {CLIENT_FILE} nor {DELTA_FILE}; expected one of them (the "
+            "client's new weights or their difference)"
+        )
+    return (client, "weights") if client.exists() else (delta, "delta")
+
+
+def _training(data: bytes) -> TrainingRecord:
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AuditInputError(f"{TRAINING_FILE} is not valid JSON ({exc})") from None
+    return TrainingRecord.from_json(parsed)
+
+
+def load_bundle(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ObservedBundle:
+    """Read and check the bundle in folder ``path``; refused in one line where it is not
+    one (docs/OBSERVED.md). Each weights file is bounded as uploaded weights are."""
+    folder = Path(path)
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "was not found"
+        raise AuditInputError(
+            f"observed bundle {str(folder)!r} {what}; expected a folder with {GLOBAL_FILE}, "
+            f"{CLIENT_FILE} (or {DELTA_FILE}) and {TRAINING_FILE}"
+        )
+    for name in (GLOBAL_FILE, TRAINING_FILE):
+        if not (folder / name).is_file():
+            raise AuditInputError(f"{folder} has no {name}; docs/OBSERVED.md describes a bundle")
+    update_path, shared = _files(folder)
+    raw = {
+        TRAINING_FILE: _read_bytes(folder / TRAINING_FILE, MAX_TRAINING_BYTES, "training record"),
+        GLOBAL_FILE: _read_bytes(folder / GLOBAL_FILE, max_bytes, "global weights"),
+        update_path.name: _read_bytes(update_path, max_bytes, "client update"),
+    }
+    training = _training(raw[TRAINING_FILE])
+    digest = hashlib.sha256()
+    for name in sorted(raw):
+        digest.update(f"{name}:{len(raw[name])}:".encode())
+        digest.update(raw[name])
+    return _checked(
+        str(folder),
+        training,
+        _read_state(raw[GLOBAL_FILE], GLOBAL_FILE),
+        _read_state(raw[update_path.name], update_path.name),
+        shared,
+        digest.hexdigest(),
+    )
+
+
+def write_bundle(
+    path: str | Path,
+    global_state: Mapping[str, Any],
+    client_state_or_delta: Mapping[str, Any],
+    training: Mapping[str, Any],
+    *,
+    delta: bool = False,
+    overwrite: bool = False,
+    complete: bool = True,
+) -> Path:
+    """Write a bundle into folder ``path`` (created) and return the folder.
+
+    ``global_state``: the state_dict the round started from; ``client_state_or_delta``: the
+    state_dict the client returned, or with ``delta=True`` its difference (client - global);
+    tensors or numpy arrays. ``training``: training.json's object (docs/OBSERVED.md),
+    written as given. Everything :func:`load_bundle` checks is checked before anything is
+    written. ``complete=False`` (a capture that could not learn every field): training.json
+    may lack fields and only the tensors' finiteness is checked; :func:`load_bundle` names
+    what is missing until someone adds it. A folder that already holds a bundle is refused
+    unless ``overwrite`` (its files are then replaced).
+    """
+    if not isinstance(training, Mapping):
+        raise AuditInputError(f"{TRAINING_FILE} must be a mapping, got {type(training).__name__}")
+    shared: Shared = "delta" if delta else "weights"
+    label = DELTA_FILE if delta else CLIENT_FILE
+    start = _as_tensors(global_state, GLOBAL_FILE)
+    update = _as_tensors(client_state_or_delta, label)
+    try:
+        text = json.dumps(dict(training), indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise AuditInputError(f"{TRAINING_FILE} cannot be written as JSON ({exc})") from None
+    if complete:  # refuses before anything is written
+        _checked(str(path), TrainingRecord.from_json(dict(training)), start, update, shared, "")
+    else:
+        _check_finite(start, GLOBAL_FILE)
+        _check_finite(update, label)
+    folder = Path(path)
+    names = (GLOBAL_FILE, CLIENT_FILE, DELTA_FILE, TRAINING_FILE)
+    present = [n for n in names if (folder / n).exists()]
+    if present and not overwrite:
+        raise AuditInputError(
+            f"{folder} already holds a bundle ({', '.join(present)}); expected an empty or new "
+            "folder (or overwrite=True)"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in present:
+        (folder / name).unlink()
+    safetensors.torch.save_file(start, str(folder / GLOBAL_FILE))
+    safetensors.torch.save_file(update, str(folder / label))
+    (folder / TRAINING_FILE).write_text(text)
+    return folder
