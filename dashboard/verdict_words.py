@@ -3,7 +3,14 @@ a few words. The verdict itself is the library's (``auditlib.metrics.verdict``).
 
 from __future__ import annotations
 
-from auditlib.metrics.verdict import Finding, ThreatCard, Verdict
+from auditlib.metrics.verdict import (
+    INDIVIDUAL_UPDATES,
+    MANIPULATION,
+    NOTICEABLE,
+    Finding,
+    ThreatCard,
+    Verdict,
+)
 from auditlib.result import AuditSummary
 
 NO_VERDICT = "no verdict (recorded before verdicts)"
@@ -18,9 +25,9 @@ SOK_CITATION = "Carletti et al., USENIX Security 2025"
 # The threat card's lines of an active server and of secure aggregation (the items of
 # ``auditlib.metrics.verdict.threat_card``), with the headings the result view gives them.
 SERVER_LINES = {
-    "active manipulation of the model or clients": "What the server changed",
-    "whether the client could have noticed": "Could the client have noticed",
-    "individual updates": "Secure aggregation",
+    MANIPULATION: "What the server changed",
+    NOTICEABLE: "Could the client have noticed",
+    INDIVIDUAL_UPDATES: "Secure aggregation",
 }
 
 
@@ -67,7 +74,7 @@ def server_lines(card: ThreatCard) -> list[tuple[str, str]]:
     return [
         (SERVER_LINES[k.item], k.detail)
         for k in card.knowledge
-        if k.item in SERVER_LINES and k.detail and (k.known or k.item == "individual updates")
+        if k.item in SERVER_LINES and k.detail and (k.known or k.item == INDIVIDUAL_UPDATES)
     ]
 
 

@@ -31,6 +31,7 @@ torch.set_num_threads(1)
 NOT_OFFERED = {
     "none": "nothing to know",
     "fedboosting": "its audit already is the adversary that knows the protocol",
+    "model-check": "a server that knows the check would build a model it passes: not built here",
 }
 
 

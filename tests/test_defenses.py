@@ -69,6 +69,7 @@ def test_registry_holds_every_defense():
         "fedkl",
         "shadow",
         "fedboosting",
+        "model-check",
     }
 
 

@@ -19,18 +19,14 @@ from auditlib.errors import AuditInputError
 from auditlib.fl.scenario import Release, release_aggregate, release_update
 from auditlib.seeds import derive_seed
 from auditlib.server import BuildContext, ServerModification
-from auditlib.spec import RunSpec
+from auditlib.spec import RunSpec, check_clients
 from auditlib.threat import PrivateBatch
 
 
 def client_batches(batch: PrivateBatch, clients: int) -> tuple[PrivateBatch, ...]:
     """The audited images split over ``clients`` in order, as evenly as they go."""
     size = int(batch.images.shape[0])
-    if clients > size:
-        raise AuditInputError(
-            f"secure aggregation over {clients} clients needs at least one image per client; "
-            f"the batch has {size}"
-        )
+    check_clients(clients, size)  # a folder's batch size is known only once it is read
     parts = torch.arange(size).tensor_split(clients)
     return tuple(
         PrivateBatch(batch.images[p], batch.labels[p], tuple(batch.names[i] for i in p.tolist()))

@@ -190,6 +190,10 @@ SOK_MODELS = {
     "F-H": "Active server (modifies the model it sends)",
 }
 MALICIOUS_MODEL = "F-H"
+# The threat card's lines that the dashboard and the report read by name.
+MANIPULATION = "active manipulation of the model or clients"
+NOTICEABLE = "whether the client could have noticed"
+INDIVIDUAL_UPDATES = "individual updates"
 
 
 def threat_card(
@@ -230,20 +234,18 @@ def threat_card(
     if clients > 1:
         knowledge += (
             Knowledge(
-                "individual updates",
+                INDIVIDUAL_UPDATES,
                 False,
                 f"secure aggregation: only the example-weighted sum of {clients} clients' updates",
             ),
         )
     if modification is None:
-        knowledge += (
-            Knowledge("active manipulation of the model or clients", False, "honest-but-curious"),
-        )
+        knowledge += (Knowledge(MANIPULATION, False, "honest-but-curious"),)
         return ThreatCard(model, SOK_MODELS[model], knowledge)
     changed, noticeable = modification
     knowledge += (
-        Knowledge("active manipulation of the model or clients", True, changed),
-        Knowledge("whether the client could have noticed", True, noticeable),
+        Knowledge(MANIPULATION, True, changed),
+        Knowledge(NOTICEABLE, True, noticeable),
     )
     return ThreatCard(MALICIOUS_MODEL, SOK_MODELS[MALICIOUS_MODEL], knowledge)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from auditlib.metrics.verdict import ThreatCard
+from auditlib.metrics.verdict import INDIVIDUAL_UPDATES, MANIPULATION, NOTICEABLE, ThreatCard
 from auditlib.report.subject import ReportEntry
 from auditlib.report.text import NOT_RECORDED
 from auditlib.report.verdict_facts import no_verdict_reason, recovered_words
@@ -23,9 +23,7 @@ from auditlib.words import count_of
 MALICIOUS = "malicious"
 # The threat card's lines of an active server and of secure aggregation (their items in
 # ``metrics.verdict.threat_card``).
-CHANGED = "active manipulation of the model or clients"
-NOTICEABLE = "whether the client could have noticed"
-INDIVIDUAL = "individual updates"
+CHANGED, INDIVIDUAL = MANIPULATION, INDIVIDUAL_UPDATES
 MODEL_CHECK = "model_check"  # the key of the model check's finding in its privacy report
 
 
