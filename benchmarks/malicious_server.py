@@ -17,8 +17,8 @@ product's own path and against the defenses.
 
 Writes benchmarks/results/malicious_server.json (``--cuda``: malicious_server-cuda.json, the
 same cases on the GPU) and the tables in docs/PERFORMANCE.md ("The malicious server").
-Usage: python -m benchmarks.malicious_server [--render-only] [--quick] [--cuda] (quick: 32 px
-and B <= 64 only).
+Usage: python -m benchmarks.malicious_server [--render-only] [--quick] [--cuda] (quick: the
+defense table at 32 px and B <= 64 only; the CPU's table here).
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ def defense_case(
 
 def measure(quick: bool, device: str) -> dict:
     torch.manual_seed(0)
-    results = {"machine": machine(), "device": device, "engine": [], "defenses": []}
-    results["engine"].append(engine_case("rtf", 224 if not quick else 32, 64, None, device))
+    results = {"machine": machine(), "device": device, "quick": quick, "engine": [], "defenses": []}
+    results["engine"].append(engine_case("rtf", 224, 64, None, device))
     print(results["engine"][-1], flush=True)
     results["engine"].append(engine_case("loki", 32, 64, CLIENTS, device))
     print(results["engine"][-1], flush=True)
