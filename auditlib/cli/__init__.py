@@ -1,6 +1,7 @@
 """Command line: ``python -m auditlib audit ...`` runs one audit and writes its results;
 ``utility`` trains under a defense; ``report`` writes the PDF report of stored runs;
 ``params`` lists an attack's or a defense's parameters (type, default, range, description);
+``models`` lists the architectures ``--model`` takes (built-ins and ``torchvision:NAME``);
 ``users`` manages who may sign in to the dashboard.
 
 Exit codes: 0 done, 2 bad input (one line on stderr saying what was expected), 1 failure.
@@ -13,6 +14,7 @@ import sys
 
 from auditlib.cli.arguments import build_parser
 from auditlib.cli.audit import audit_command
+from auditlib.cli.models import models_command
 from auditlib.cli.params import params_command
 from auditlib.cli.report import report_command
 from auditlib.cli.users import users_command
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
             return report_command(args)
         if args.command == "params":
             return params_command(args)
+        if args.command == "models":
+            return models_command(args)
         if args.command == "users":
             return users_command(args)
     except AuditInputError as exc:

@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     _utility_arguments(commands, ARCHITECTURES, DEFENSES)
     _report_arguments(commands)
     _users_arguments(commands)
+    commands.add_parser(
+        "models",
+        help="list the architectures --model takes: the built-ins and torchvision:NAME",
+    )
     params = commands.add_parser(
         "params",
         help="list an attack's or a defense's parameters: type, default, range, description",
@@ -243,7 +247,12 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
 
     model = parser.add_argument_group("model")
     model.add_argument(
-        "--model", required=True, choices=sorted(architectures), help="built-in architecture"
+        "--model",
+        required=True,
+        metavar="ARCHITECTURE",
+        help=f"a built-in architecture ({', '.join(architectures)}) or torchvision:NAME, any "
+        "torchvision classification model (colour input, the builder's own init); "
+        "`python -m auditlib models` lists them",
     )
     model.add_argument(
         "--weights", help="weights for --model: safetensors or a weights-only state_dict"
@@ -253,16 +262,16 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
     model.add_argument("--channels", type=int, default=CHANNELS[0], choices=CHANNELS)
     model.add_argument(
         "--init",
-        default=init,
         choices=INITS,
         help="uniform = U(-0.5, 0.5), the DLG/GRNN setting (default: "
         + (
-            init
+            f"{init} for the built-ins"
             if init
             else "the one SGD trains from: uniform for sigmoid networks, PyTorch's otherwise"
         )
-        + ")",
+        + "; torchvision models take only default)",
     )
+    parser.set_defaults(builtin_init=init)
     model.add_argument("--activation", choices=ACTIVATIONS, help="default: the architecture's")
     model.add_argument(
         "--stem",
@@ -277,22 +286,30 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
 
 
 def model_spec_of(args: argparse.Namespace):
-    """The built-in model the ``_model_arguments`` options describe."""
+    """The model the ``_model_arguments`` options describe.
+
+    Without --init: the command's init for the built-ins (the audit's uniform one), the one
+    SGD trains from where the command has none (utility), PyTorch's for torchvision models.
+    """
     from dataclasses import replace
 
     from auditlib.models import ModelSpec
     from auditlib.models.registry import trainable_init
+    from auditlib.models.zoo import is_torchvision
 
+    init = args.init
+    if init is None and not is_torchvision(args.model):
+        init = args.builtin_init
     spec = ModelSpec(
         architecture=args.model,
         num_classes=args.num_classes,
         input_shape=(args.channels, args.input_size, args.input_size),
-        init=args.init or "default",
+        init=init or "default",
         activation=args.activation,
         stem=args.stem,
         seed=args.model_seed,
     )
-    if args.init is None:  # the utility command: start where SGD trains the activation
+    if init is None:  # the utility command: start where SGD trains the activation
         spec = replace(spec, init=trainable_init(spec))
     return spec
 

@@ -9,6 +9,7 @@ and are opened only by :func:`load_trusted_archive`.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import warnings
 import zipfile
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from auditlib.errors import AuditInputError
+from auditlib.models.shapes import reason
 from auditlib.words import MB, size_text
 
 DEFAULT_MAX_BYTES = 500 * MB  # the browser's uploader shows limits above 500 MB as '1GB'
@@ -31,12 +33,6 @@ _PICKLE_MAGIC = b"\x80"
 _WRAPPER_KEYS = ("state_dict", "model_state_dict")
 _EXAMPLES = 3
 _BATCHNORM_NAMES = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"}
-
-
-def _reason(exc: BaseException) -> str:
-    """The first sentence of an exception message, for a one-line error."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text.split(". ")[0].rstrip(".")[:160]
 
 
 def _check_size(size: int, label: str, max_bytes: int, kind: str) -> None:
@@ -103,9 +99,9 @@ def _read_weights(data: bytes, label: str) -> object:
         try:
             return safetensors.torch.load(data)
         except Exception as exc:  # safetensors raises its own error type for damaged files
-            reason = _reason(exc)
+            why = reason(exc)
             raise AuditInputError(
-                f"{label} looks like a safetensors file but cannot be read ({reason}); {_EXPECTED}"
+                f"{label} looks like a safetensors file but cannot be read ({why}); {_EXPECTED}"
             ) from None
     if data.startswith(_ZIP_MAGIC):
         kind = _archive_kind(_zip_names(data))
@@ -132,10 +128,10 @@ def _read_weights(data: bytes, label: str) -> object:
             f"{_EXPECTED} holding only tensors"
         ) from None
     except Exception as exc:  # any other failure of the restricted loader = damaged file
-        reason = _reason(exc)
+        why = reason(exc)
         raise AuditInputError(
             f"{label} cannot be read as a PyTorch state_dict (damaged or not a torch.save "
-            f"file: {reason}); {_EXPECTED}"
+            f"file: {why}); {_EXPECTED}"
         ) from None
 
 
@@ -209,11 +205,20 @@ def _examples(items: list[str]) -> str:
     return ", ".join(items[:_EXAMPLES]) + more
 
 
+def _natural(key: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key reading a parameter name's numbers as numbers: layer 5 before layer 10."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in key.split("."))
+
+
 def _fit_problems(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> str:
-    """One line naming the missing keys, unexpected keys and shape mismatches, or ''."""
+    """One line naming the missing keys, unexpected keys and shape mismatches, or ''.
+
+    Each list starts with the first tensors in the model's order (unexpected keys, which the
+    model lacks, in the order of their names' layers: a safetensors file keeps no order).
+    """
     # A missing BatchNorm step counter is harmless: load_state_dict fills it in.
     missing = [k for k in expected if k not in state and not k.endswith(".num_batches_tracked")]
-    unexpected = [k for k in state if k not in expected]
+    unexpected = sorted((k for k in state if k not in expected), key=_natural)
     mismatched = [
         f"{k} is {_shape(state[k])} in the file but {_shape(expected[k])} in the model"
         for k in expected
@@ -251,6 +256,50 @@ def _stem_hint(
     )
 
 
+def _classes_hint(
+    model: nn.Module, state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+) -> str:
+    """Why the last linear layer differs, when only its output count does: the file was
+    saved for another number of classes (a torchvision checkpoint has 1000)."""
+    found = _find_last_linear(model)
+    if found is None:
+        return ""
+    key = f"{found[0]}.weight" if found[0] else "weight"
+    if key not in state or key not in expected or state[key].dim() != 2:
+        return ""
+    saved, built = state[key].shape, expected[key].shape
+    if saved[0] == built[0] or saved[1:] != built[1:]:
+        return ""
+    return (
+        f". The file's last linear layer ({found[0]}) has {saved[0]} outputs: it was saved for "
+        f"{saved[0]} classes, and this model has {built[0]}; set the class count to "
+        f"{saved[0]} (Setup: Classes; CLI: --num-classes {saved[0]})"
+    )
+
+
+def _image_size_hint(
+    model: nn.Module, state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+) -> str:
+    """Why a ViT's position embeddings differ: they hold one per patch of the input size it
+    was saved at (torchvision's VisionTransformer: ``encoder.pos_embedding``)."""
+    patch = getattr(model, "patch_size", None)
+    key = "encoder.pos_embedding"
+    if not isinstance(patch, int) or key not in state or key not in expected:
+        return ""
+    saved, built = state[key].shape, expected[key].shape
+    if saved == built or len(saved) != 3 or saved[2] != built[2]:
+        return ""
+    grid = math.isqrt(saved[1] - 1)
+    if grid * grid != saved[1] - 1:
+        return ""
+    side = grid * patch
+    return (
+        f". The file's position embeddings cover {grid}x{grid} patches of {patch} pixels: it "
+        f"was saved at {side}x{side} pixels; set the input size to {side} (Setup: Input size; "
+        f"CLI: --input-size {side})"
+    )
+
+
 def load_weights(
     model: nn.Module,
     source: str | Path | bytes,
@@ -275,13 +324,15 @@ def load_weights(
             f"weights in {label} do not fit {_model_label(model)}: {problems}; expected a "
             "state_dict saved from the same architecture, class count and input shape"
             + _stem_hint(model, state, expected)
+            + _classes_hint(model, state, expected)
+            + _image_size_hint(model, state, expected)
         )
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        reason = _reason(exc)
+        why = reason(exc)
         raise AuditInputError(
-            f"weights in {label} do not fit {_model_label(model)} ({reason}); expected a "
+            f"weights in {label} do not fit {_model_label(model)} ({why}); expected a "
             "state_dict saved from the same architecture"
         ) from None
 
@@ -314,9 +365,9 @@ def load_trusted_archive(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES
             return module
         return torch.export.load(io.BytesIO(data)).module()
     except Exception as exc:  # torch raises many types for damaged archives
-        reason = _reason(exc)
+        why = reason(exc)
         raise AuditInputError(
-            f"{label} looks like a {kind} archive but cannot be loaded ({reason}); expected "
+            f"{label} looks like a {kind} archive but cannot be loaded ({why}); expected "
             "an archive saved by the same or an older torch version"
         ) from None
 

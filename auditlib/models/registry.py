@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from torch import nn
 
 from auditlib.errors import AuditInputError
 from auditlib.models import architectures as arch
+from auditlib.models import zoo
 
 INITS = ("default", "uniform")
 MAX_CLASSES = 100_000
@@ -24,14 +26,20 @@ CIFAR_STEM_MAX_SIDE = 64
 
 @dataclass(frozen=True)
 class ArchitectureInfo:
-    """One built-in architecture: what it is, where it comes from, and how to build it."""
+    """One architecture: what it is, where it comes from, and how to build it.
+
+    ``source`` is "built-in" (``ARCHITECTURES``; the factory takes ``activation`` and, where
+    ``accepts_stem``, ``stem``) or "torchvision" (``torchvision:NAME``, see ``zoo``: the
+    builder's own activations, no stem choice, PyTorch's default init only).
+    """
 
     name: str
     description: str
-    default_activation: str
+    default_activation: str | None
     has_batchnorm: bool
     factory: Callable[..., nn.Module]
     accepts_stem: bool = False
+    source: str = "built-in"
 
 
 ARCHITECTURES: dict[str, ArchitectureInfo] = {
@@ -106,6 +114,59 @@ def _as_int(value: object, what: str, expected: str) -> int:
         ) from None
 
 
+def _build_torchvision(name: str, num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
+    return zoo.build(name, num_classes, input_shape, MAX_SIDE)
+
+
+@functools.cache
+def _torchvision_info(name: str) -> ArchitectureInfo:
+    return ArchitectureInfo(
+        name,
+        zoo.description(name),
+        None,
+        zoo.has_batchnorm(name),
+        functools.partial(_build_torchvision, name),
+        source="torchvision",
+    )
+
+
+def architecture_info(architecture: str) -> ArchitectureInfo:
+    """The built-in architecture or the ``torchvision:NAME`` model of that (checked) name."""
+    if architecture in ARCHITECTURES:
+        return ARCHITECTURES[architecture]
+    return _torchvision_info(zoo.checked_name(architecture))
+
+
+def _architecture(value: object) -> str:
+    """A built-in name or ``torchvision:NAME``, normalised; else a refusal that names the
+    close matches among both and says how to list them all."""
+    builtin = ", ".join(ARCHITECTURES)
+    expected = f"one of {builtin}, or {zoo.PREFIX}NAME for a torchvision classification model"
+    if not isinstance(value, str):
+        raise AuditInputError(f"architecture must be a name, got {value!r}; expected {expected}")
+    if zoo.is_torchvision(value):
+        return zoo.checked_name(value)
+    name = value.strip().lower()
+    if name in ARCHITECTURES:
+        return name
+    # A bare torchvision name means the torchvision model, unless a built-in has it.
+    candidates = {n: zoo.PREFIX + n for n in zoo.torchvision_names()} | {
+        n: n for n in ARCHITECTURES
+    }
+    if name in zoo.torchvision_names():
+        matches = [zoo.PREFIX + name]
+    else:
+        matches = [candidates[m] for m in zoo.close_matches(name, list(candidates))]
+    close = ""
+    if len(matches) == 1:
+        close = f" (did you mean {matches[0]}?)"
+    elif matches:
+        close = f" (close matches: {', '.join(matches)})"
+    raise AuditInputError(
+        f"architecture {value!r} is not known; expected {expected}{close}; {zoo.LIST_HINT}"
+    )
+
+
 def _as_name(value: object, what: str, allowed: tuple[str, ...]) -> str:
     expected = f"one of {', '.join(allowed)}"
     if not isinstance(value, str):
@@ -139,8 +200,8 @@ class ModelSpec:
             object.__setattr__(self, name, value)
 
     def _checked(self) -> dict[str, Any]:
-        architecture = _as_name(self.architecture, "architecture", tuple(ARCHITECTURES))
-        info = ARCHITECTURES[architecture]
+        architecture = _architecture(self.architecture)
+        info = architecture_info(architecture)
         num_classes = _as_int(self.num_classes, "num_classes", f"2 to {MAX_CLASSES}")
         if not 2 <= num_classes <= MAX_CLASSES:
             raise AuditInputError(
@@ -172,6 +233,8 @@ class ModelSpec:
         activation = self.activation
         if activation is not None:
             activation = _as_name(activation, "activation", arch.ACTIVATIONS)
+        if info.source == "torchvision":
+            _check_torchvision(architecture, shape, init, activation)
         stem = self.stem
         if stem is not None:
             if not info.accepts_stem:
@@ -195,7 +258,7 @@ class ModelSpec:
 
     @property
     def info(self) -> ArchitectureInfo:
-        return ARCHITECTURES[self.architecture]
+        return architecture_info(self.architecture)
 
     def resolved(self) -> ModelSpec:
         """This spec with the architecture's defaults filled in for activation and stem."""
@@ -229,6 +292,25 @@ class ModelSpec:
         return cls(**values)
 
 
+def _check_torchvision(
+    architecture: str, shape: tuple[int, int, int], init: str, activation: str | None
+) -> None:
+    """What a torchvision model refuses beyond the built-ins' checks: grayscale input, a
+    ViT side off its patch grid, the uniform init, an activation choice."""
+    zoo.check_input_shape(architecture, shape)
+    if init != "default":
+        raise AuditInputError(
+            f"init {init!r} was given for {architecture}; expected init 'default' (the "
+            "builder's own initialisation): DLG's U(-0.5, 0.5) init is for the shallow "
+            "built-in networks, and it makes a deep network's activations overflow"
+        )
+    if activation is not None:
+        raise AuditInputError(
+            f"activation {activation!r} was given for {architecture}, which keeps its "
+            "builder's activations; expected no activation"
+        )
+
+
 def trainable_init(spec: ModelSpec) -> str:
     """The initialisation from which SGD trains ``spec``'s activation: DLG's uniform one for
     sigmoid networks (PyTorch's default shrinks their signal about fourfold per layer and
@@ -254,7 +336,9 @@ def build_model(spec: ModelSpec) -> nn.Module:
         raise AuditInputError(f"build_model needs a ModelSpec, got {type(spec).__name__}")
     spec = dataclasses.replace(spec).resolved()  # replace() re-runs the field checks
     info = spec.info
-    kwargs: dict[str, Any] = {"activation": spec.activation}
+    kwargs: dict[str, Any] = {}
+    if info.source == "built-in":
+        kwargs["activation"] = spec.activation
     if info.accepts_stem:
         kwargs["stem"] = spec.stem
     # fork_rng(devices=[]) restores only the CPU generator, which is all a CPU build draws from.
