@@ -1,8 +1,10 @@
-"""Writing an observed-update bundle, until ``auditlib.observed.bundle.write_bundle`` lands.
+"""Writing a bundle that ``auditlib.observed.write_bundle`` would refuse.
 
-The format is that package's: a folder with ``global.safetensors`` (the state_dict the
-round started from), ``client.safetensors`` (the state_dict the client returned) and
-``training.json``. Kept private so the switch to the shared writer is one import.
+A recorded round whose training.json lacks a field nothing gave (the learning rate, the
+model's name) or whose arrays do not fit the model named cannot be checked, but it cannot be
+captured again either: it is written in the bundle's layout (``global.safetensors``,
+``client.safetensors``, ``training.json``) without the checks, for training.json to be
+completed by hand; ``load_bundle`` checks it then.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ def _tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: t.detach().cpu().contiguous().clone() for name, t in state.items()}
 
 
-def write_bundle(
+def write_unchecked(
     path: str | os.PathLike,
     global_state: Mapping[str, torch.Tensor],
     client_state: Mapping[str, torch.Tensor],
     training: Mapping[str, Any],
 ) -> Path:
-    """Write one bundle into ``path`` (created; files in it are replaced) and return it."""
+    """Write the files into ``path`` (created; files in it are replaced) and return it."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(_tensors(global_state), str(folder / "global.safetensors"))

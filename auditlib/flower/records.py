@@ -28,8 +28,10 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from auditlib.flower._bundle import write_bundle
+from auditlib.errors import AuditInputError
+from auditlib.flower._bundle import write_unchecked
 from auditlib.flower.training import canonical, training_record
+from auditlib.observed import write_bundle
 
 log = logging.getLogger(__name__)
 
@@ -204,16 +206,28 @@ def write_round(
             **(dict(extra) if extra else {}),
         },
     )
+    folder = bundle_folder(out_dir, round, client_id)
     missing = training["extra"]["missing"]
-    if missing:
-        log.warning(
-            "auditlib.flower: round %s of client %s is recorded without %s: neither the "
-            "client's metrics, the train config nor the recorder's training gave it; add it "
-            "to training.json before auditing (docs/FLOWER.md)",
-            round,
-            client_id,
-            ", ".join(missing),
+    if not missing:
+        try:
+            write_bundle(folder, global_state, client_state, training, overwrite=True)
+            return folder
+        except AuditInputError as exc:  # e.g. the arrays do not fit the model named
+            why = str(exc)
+    else:
+        why = (
+            f"no {', '.join(missing)}: neither the client's metrics, the train config nor "
+            "the recorder's training gave it"
         )
-    return write_bundle(
-        bundle_folder(out_dir, round, client_id), global_state, client_state, training
+    # The update is kept all the same (a round cannot be captured again): the bundle's
+    # files, unchecked, for training.json to be completed by hand (docs/FLOWER.md).
+    log.warning(
+        "auditlib.flower: round %s of client %s is recorded unchecked in %s (%s); complete "
+        "training.json before auditing it",
+        round,
+        client_id,
+        folder,
+        why,
     )
+    training["extra"]["unchecked"] = why
+    return write_unchecked(folder, global_state, client_state, training)
