@@ -77,8 +77,10 @@ def split_grid(
 def comparison_grid(
     originals: np.ndarray, reconstruction: np.ndarray, *, scale: int = 4
 ) -> Image.Image:
-    """Originals in the top row, the matched reconstructions below."""
-    return image_grid([originals, reconstruction], scale=scale)
+    """Originals in the top row, the matched reconstructions below; the reconstructions
+    alone where there are no originals (an unscored run: no private images)."""
+    rows = [originals, reconstruction] if len(originals) else [reconstruction]
+    return image_grid(rows, scale=scale)
 
 
 def image_row(images: np.ndarray) -> Image.Image:

@@ -5,7 +5,9 @@ the report read: attributes, never string paths. ``AuditSummary.to_json`` writes
 result.json has always had, plus ``schema``; ``AuditSummary.from_json`` reads it and every
 earlier shape (results stored before the guesses, the verdict, the attack list or the
 utility existed read with those parts ``None``; tests/fixtures/results holds real ones).
-A result written by a newer schema than this code knows is refused, not misread.
+A result written by a newer schema than this code knows is refused, not misread. An
+unscored result (an observed update audited without the client's images) has no scores:
+``metrics`` and ``oracle_best`` are ``None`` and ``unscored`` says why (schema 3).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from auditlib.fl.federation import FederationSpec
 from auditlib.metrics.scores import Scores
 from auditlib.metrics.verdict import Verdict
 
-SCHEMA_VERSION = 2  # 1: every result.json written before this module (no "schema" key)
+# 1: every result.json written before this module (no "schema" key); 2: with "schema";
+# 3: "metrics" and "oracle_best" may be null, with "unscored" saying why.
+SCHEMA_VERSION = 3
 
 
 def _float(value: Any) -> float | None:
@@ -86,6 +90,9 @@ class VictimRecord:
     data: VictimData
     model: Mapping[str, Any]  # describe_model: architecture, layers, parameter count
     pretraining: Mapping[str, Any] | None = None
+    # The update a client sent, where the run audited one: its bundle's location, sha256,
+    # what it held and its training.json (``ObservedBundle.describe``).
+    observed: Mapping[str, Any] | None = None
 
     @property
     def num_parameters(self) -> int | None:
@@ -99,6 +106,8 @@ class VictimRecord:
         out: dict[str, Any] = {"data": data, "model": dict(self.model)}
         if self.pretraining is not None:
             out["pretraining"] = dict(self.pretraining)
+        if self.observed is not None:
+            out["observed"] = dict(self.observed)
         return out
 
     @classmethod
@@ -111,6 +120,7 @@ class VictimRecord:
             data=VictimData(**_known(VictimData, raw)),
             model=data.get("model") or {},
             pretraining=data.get("pretraining"),
+            observed=data.get("observed"),
         )
 
 
@@ -167,9 +177,19 @@ class AttackRecord:
     # Under secure aggregation, images recovered and attributed to the client that held
     # them (an attack that attributes: LOKI); None where it does not attribute.
     images_attributed: int | None = None
+    # The attacker's own loss of its pick and of each restart's candidate (what it can judge
+    # its images by without the private ones); None where not recorded.
+    attack_loss: float | None = None
+    loss_by_restart: Mapping[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        for key in ("attack_loss", "loss_by_restart"):  # absent before they were kept
+            if data[key] is None:
+                del data[key]
+        if self.loss_by_restart is not None:
+            data["loss_by_restart"] = dict(self.loss_by_restart)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttackRecord:
@@ -298,8 +318,10 @@ class AuditSummary:
     victim: VictimRecord
     defense_report: DefenseReport
     label_inference: Mapping[str, Any]
-    metrics: Scores  # the attacker's selection: the headline numbers
-    oracle_best: Scores  # uses the ground truth: never a real attacker's pick
+    # The attacker's selection (the headline numbers) and the oracle best (uses the ground
+    # truth: never a real attacker's pick); None both where the run is ``unscored``.
+    metrics: Scores | None
+    oracle_best: Scores | None
     psnr_by_restart: Mapping[str, float]
     stop_reason: str
     timing: Timing
@@ -308,6 +330,9 @@ class AuditSummary:
     verdict: Verdict | None = None  # None before verdicts
     utility: UtilityRecord | UtilityUnavailable | None = None
     control: ControlRecord | None = None
+    # Why the reconstructions were not scored (no private images to compare with); None:
+    # scored.
+    unscored: str | None = None
     schema: int = SCHEMA_VERSION
 
     @property
@@ -329,8 +354,8 @@ class AuditSummary:
             "victim": self.victim.to_json(),
             "defense_report": self.defense_report.to_json(),
             "label_inference": dict(self.label_inference),
-            "metrics": self.metrics.to_json(),
-            "oracle_best": self.oracle_best.to_json(),
+            "metrics": None if self.metrics is None else self.metrics.to_json(),
+            "oracle_best": None if self.oracle_best is None else self.oracle_best.to_json(),
             "psnr_by_restart": dict(self.psnr_by_restart),
             "attacks": [a.to_json() for a in self.attacks],
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
@@ -347,6 +372,8 @@ class AuditSummary:
         }
         if self.control is not None:
             data["control"] = self.control.to_json()
+        if self.unscored is not None:
+            data["unscored"] = self.unscored
         return data
 
     @classmethod
@@ -386,8 +413,10 @@ class AuditSummary:
             victim=VictimRecord.from_json(data["victim"]),
             defense_report=DefenseReport.from_json(data.get("defense_report") or {}),
             label_inference=data.get("label_inference") or {},
-            metrics=Scores.from_json(data["metrics"]),
-            oracle_best=Scores.from_json(data.get("oracle_best") or data["metrics"]),
+            metrics=None if data["metrics"] is None else Scores.from_json(data["metrics"]),
+            oracle_best=None
+            if data["metrics"] is None
+            else Scores.from_json(data.get("oracle_best") or data["metrics"]),
             psnr_by_restart=data.get("psnr_by_restart") or {},
             stop_reason=data["stop_reason"],
             timing=Timing(**_known(Timing, data["timing"])),
@@ -396,5 +425,6 @@ class AuditSummary:
             verdict=None if not data.get("verdict") else Verdict.from_dict(data["verdict"]),
             utility=utility,
             control=None if not data.get("control") else ControlRecord.from_json(data["control"]),
+            unscored=data.get("unscored"),
             schema=SCHEMA_VERSION,
         )

@@ -26,6 +26,9 @@ class ModelRef:
     content_sha256: str | None = None  # of the weights or archive file, for the identity
 
 
+MAX_BATCH = 64  # images one audit reconstructs at most
+
+
 @dataclass(frozen=True)
 class DataSpec:
     """The private images. Source "none": there are none (only for an observed update,
@@ -41,8 +44,8 @@ class DataSpec:
 
     def __post_init__(self) -> None:
         require(
-            self.batch_size is None or 1 <= self.batch_size <= 64,
-            f"batch size must be between 1 and 64, got {self.batch_size}",
+            self.batch_size is None or 1 <= self.batch_size <= MAX_BATCH,
+            f"batch size must be between 1 and {MAX_BATCH}, got {self.batch_size}",
         )
         require(self.offset >= 0, f"offset must be >= 0, got {self.offset}")
         require(
@@ -249,6 +252,10 @@ class RunSpec:
                 and self.model.weights_asset is None,
                 "an observed update's model is the bundle's global.safetensors; give no other "
                 "weights",
+            )
+            require(
+                self.utility is None,
+                "an observed update has no defense whose cost a utility training would measure",
             )
             require(
                 self.data.has_images or not self.scenario.labels_known,

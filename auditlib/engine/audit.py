@@ -11,7 +11,7 @@ import json
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 import auditlib
-from auditlib.attacks import ProgressEvent, Reconstruction, RunControl
+from auditlib.attacks import ProgressEvent, RunControl
 from auditlib.defenses import build_defense
 from auditlib.engine.attack_phase import (
-    AUDITOR_VIEW,
     BUDGET_SPENT,
     TWIN_SAME_AS_PLAIN,
     AttackRun,
@@ -30,20 +29,21 @@ from auditlib.engine.attack_phase import (
     plan_attacks,
     run_attacks,
     with_adaptive,
-    worst_case,
 )
 from auditlib.engine.identity import run_identity
-from auditlib.engine.releases import Rounds, client_of_image
+from auditlib.engine.judging import attack_record, scored, unscored_runs
+from auditlib.engine.releases import Rounds
 from auditlib.engine.utility import UtilityProgress, iter_utility
 from auditlib.engine.victim import prepare_victim
 from auditlib.errors import AttackUnsupportedError, AuditInputError, RunCancelledError
-from auditlib.metrics import LPIPS_NETS, evaluate, match, psnr, to_unit_range
+from auditlib.metrics import LPIPS_NETS, match, psnr, to_unit_range
 from auditlib.metrics.catalogue import METRIC_DEFINITION
-from auditlib.metrics.risk import labels_beyond_chance
-from auditlib.metrics.scores import Evaluation, ImageScore, Scores
-from auditlib.metrics.verdict import Finding, Scope, Twins, judge, threat_card
+from auditlib.metrics.verdict import (
+    Scope,
+    Twins,
+    threat_card,
+)
 from auditlib.result import (
-    AttackRecord,
     AuditSummary,
     DefenseReport,
     RecordedConfig,
@@ -56,14 +56,24 @@ from auditlib.result import (
 from auditlib.result_json import summary_json
 from auditlib.seeds import derive_seed
 from auditlib.spec import ComponentSpec, RunSpec
-from auditlib.threat import PrivateBatch
+
+# The threat card's line on the update, and on a shuffling client's batch order.
+SIMULATED_UPDATE = "what the server receives from the client"
+OBSERVED_UPDATE = "what a real client sent (an observed update), not a simulation"
+SHUFFLED_ORDER = (
+    "the client shuffled its mini-batches with a seed of its own; the attacker simulated "
+    "them in order"
+)
 
 
 @dataclass(frozen=True, eq=False)
 class AuditResult:
     summary: AuditSummary  # what result.json holds (summary.to_json())
-    originals: np.ndarray  # B x H x W x C in [0, 1]
+    originals: np.ndarray  # B x H x W x C in [0, 1]; 0 x H x W x C: no private images
     reconstruction: np.ndarray  # attacker's selection, matched to the originals, same layout
+    # Without private images (an unscored run): each attack's pick, in its own order, by its
+    # label (``reconstruction`` is the first's); () where the run was scored.
+    by_attack: tuple[tuple[str, np.ndarray], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,8 +125,14 @@ def iter_audit(
         is_cancelled=is_cancelled or (lambda: False),
     )
     victim = prepare_victim(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
-    originals = to_unit_range(victim.batch.images, victim.normalization)
-    yield AuditStart(originals, victim.batch.names, tuple(int(v) for v in victim.batch.labels))
+    batch = victim.batch  # None: an observed update without the client's images
+    if batch is None:
+        channels, height, width = spec.model.spec.input_shape
+        originals = np.zeros((0, height, width, channels))
+        yield AuditStart(originals, (), ())
+    else:
+        originals = to_unit_range(batch.images, victim.normalization)
+        yield AuditStart(originals, batch.names, tuple(int(v) for v in batch.labels))
     rounds = Rounds(spec, victim, defense)
     release = _first_release(rounds, planned)  # the report's: the first attack's that builds
     adaptive = adaptive_wanted(spec.scenario.attacker_knows_defense, spec.attack)
@@ -131,7 +147,7 @@ def iter_audit(
         if first_event_s is None:
             first_event_s = time.perf_counter() - started
         yield event
-        if event.images is not None:
+        if event.images is not None and batch is not None:
             current = to_unit_range(event.images, victim.normalization)
             order = match(current, originals)
             psnr_mean = float(
@@ -161,52 +177,11 @@ def iter_audit(
             is_cancelled=cancelled,
         )
 
-    truth = PrivateBatch(victim.batch.images.cpu(), victim.batch.labels.cpu(), victim.batch.names)
-    score_args = {
-        "prior": victim.prior,
-        "prior_unavailable_reason": victim.prior_unavailable_reason,
-    }
-    per_attack: list[Evaluation] = []
-    if len(planned) == 1:
-        final = ran[0].final
-        scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
-        selected_scores = scores.attacker_selected
-    else:  # per image, the best of the attacks' own picks: the auditor's view
-        for run in ran:
-            per_attack.append(evaluate(run.final, truth, victim.normalization, (), **score_args))
-        picks = [e.attacker_selected.per_image for e in per_attack]
-        combined, sources = worst_case(ran, picks)
-        final = Reconstruction((combined,), stop_reason, sum(r.final.steps for r in ran))
-        # Already paired with the originals: the identity matching keeps each image's scores
-        # as its attack's own pick had them, so no image recovered there is lost here.
-        scores = evaluate(
-            final, truth, victim.normalization, lpips_nets, matched_already=True, **score_args
-        )
-        selected_scores = replace(
-            scores.attacker_selected,
-            per_image=tuple(
-                replace(image, attack=sources[image.reconstruction_index])
-                for image in scores.attacker_selected.per_image
-            ),
-            view=AUDITOR_VIEW,
-        )
-        _check_carried_over(selected_scores, picks, [r.label for r in ran])
-    selected = final.selected
-    order = [p.reconstruction_index for p in selected_scores.per_image]
-    reconstruction = to_unit_range(selected.images, victim.normalization)[order]
-
     steps = sum(r.final.steps for r in ran)
     planned_steps = sum(p.planned_steps for p in planned)
-    assert selected_scores.risk is not None  # scored now: the risk is always there
-    finding = Finding.from_scores(
-        selected_scores.risk,
-        stop_reason,
-        steps,
-        planned_steps,
-        labels=_labels_found(spec, [selected_scores, *(e.attacker_selected for e in per_attack)]),
-    )
     twins, twins_words = _twins(spec, release, adaptive, runs)
-    owners = client_of_image(victim.batch, spec.scenario.clients)
+    protocol = spec.scenario.protocol
+    batch_size = release.knowledge.batch_size
     scope = Scope(
         attacks=tuple(r.label for r in ran),
         defense=_component_words(spec.defense),
@@ -220,19 +195,26 @@ def iter_audit(
         steps=steps,
         seconds=seconds,
         threat=threat_card(
-            protocol=spec.scenario.protocol.describe(),
+            protocol=protocol.describe(),
             labels_known=spec.scenario.labels_known,
             batchnorm_statistics=any(_uses_batchnorm(r, victim.model) for r in ran),
-            batch_size=int(victim.batch.images.shape[0]),
+            batch_size=batch_size,
             defense=_defense_knowledge(spec, release, adaptive, runs),
             modification=_modification_words(rounds),
             clients=spec.scenario.clients,
+            update=OBSERVED_UPDATE if victim.observed is not None else SIMULATED_UPDATE,
+            batch_order=SHUFFLED_ORDER
+            if protocol.shuffle and protocol.algorithm == "fedavg"
+            else None,
         ),
         twins=twins,
         twins_words=twins_words,
         refused=release.refused,
     )
-    verdict = judge(finding, scope, defended=spec.defense.name != "none")
+    if batch is None:
+        judged = unscored_runs(ran, scope, stop_reason, victim.normalization)
+    else:
+        judged = scored(spec, planned, ran, victim, batch, scope, stop_reason, lpips_nets)
 
     # An adaptive twin runs with its attack's settings, so one attack keeps the flat form.
     settings_by_name = {r.planned.name: r.planned.settings for r in ran}
@@ -258,9 +240,9 @@ def iter_audit(
             observation=release.observation.kind,
             server_knows=(
                 "model architecture and parameters",
-                "client protocol: " + spec.scenario.protocol.describe(),
+                "client protocol: " + protocol.describe(),
                 "input normalisation",
-                f"batch size {victim.batch.images.shape[0]}",
+                f"batch size {batch_size}",
                 *(["labels"] if spec.scenario.labels_known else []),
                 *release.knowledge.notes,
                 *(
@@ -277,16 +259,12 @@ def iter_audit(
                 "update_norm_after": release.defended_norm,
             }
         ),
-        label_inference=dict(final.label_inference or {}),
-        metrics=selected_scores,
-        oracle_best=scores.oracle_best,
-        psnr_by_restart=scores.psnr_by_restart,
-        attacks=tuple(
-            _attack_record(r, s, _attributed(r, s or scores, owners))
-            for r, s in zip(ran, per_attack or [None], strict=False)
-        )
-        + tuple(_attack_record(r, None) for r in runs if r.final is None),
-        verdict=verdict,
+        label_inference=judged.label_inference,
+        metrics=judged.metrics,
+        oracle_best=judged.oracle_best,
+        psnr_by_restart=judged.psnr_by_restart,
+        attacks=judged.attacks + tuple(attack_record(r, None) for r in runs if r.final is None),
+        verdict=judged.verdict,
         stop_reason=stop_reason,
         utility=utility,
         timing=Timing(
@@ -303,8 +281,9 @@ def iter_audit(
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
+        unscored=judged.unscored,
     )
-    yield AuditResult(summary, originals, reconstruction)
+    yield AuditResult(summary, originals, judged.reconstruction, judged.by_attack)
 
 
 def _first_release(rounds: Rounds, planned: list[AttackRun]):
@@ -321,19 +300,6 @@ def _first_release(rounds: Rounds, planned: list[AttackRun]):
     raise AuditInputError("no attack's model could be built: " + "; ".join(refusals))
 
 
-def _attributed(run: AttackRun, scored: Evaluation | None, owners: tuple[int, ...]) -> int | None:
-    """Images recovered and attributed to the client that held them, for an attack that
-    attributes (LOKI under secure aggregation); None otherwise."""
-    if scored is None or run.final is None or run.final.selected.clients is None:
-        return None
-    clients = run.final.selected.clients
-    return sum(
-        1
-        for i, image in enumerate(scored.attacker_selected.per_image)
-        if image.beyond_guess and clients[image.reconstruction_index] == owners[i]
-    )
-
-
 def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:
     """The run's stop reason: cancelled, or cut by the clock if any attack was or an attack
     (a twin) was skipped because the clock had run out, else the attacks' own ("diverged"
@@ -344,34 +310,6 @@ def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:
     if "time budget" in reasons or any(r.skipped == BUDGET_SPENT for r in runs):
         return "time budget"
     return "diverged" if all(r == "diverged" for r in reasons) else "completed"
-
-
-def _check_carried_over(
-    combined: Scores, picks: list[tuple[ImageScore, ...]], labels: list[str]
-) -> None:
-    """Each image of the combination scores as it did in the pick of the attack it came
-    from: the count of images recovered can only be the union's."""
-    for i, image in enumerate(combined.per_image):
-        own = picks[labels.index(image.attack or "")][i]
-        if image.beyond_guess != own.beyond_guess or abs(image.psnr - own.psnr) > 1e-6:
-            raise AssertionError(
-                f"the combined scores of {image.name} differ from {image.attack}'s own pick"
-            )
-
-
-def _labels_found(spec: RunSpec, scored: list[Scores]) -> tuple[int, float, bool] | None:
-    """Labels the attacker did not know: the most any attack's own pick (or the combination)
-    got right, the chance of one (1/classes), and whether that is beyond chance
-    (``metrics.risk.labels_beyond_chance``); None where labels were known or none came back."""
-    if spec.scenario.labels_known:
-        return None
-    accuracies = [s.label_accuracy for s in scored if s.label_accuracy is not None]
-    if not accuracies:
-        return None
-    batch = len(scored[0].per_image)
-    correct = max(round(a * batch) for a in accuracies)
-    classes = spec.model.spec.num_classes
-    return correct, 1.0 / classes, labels_beyond_chance(correct, batch, classes)
 
 
 def _twins(spec: RunSpec, release, adaptive: bool, runs: list[AttackRun]) -> tuple[Twins, str]:
@@ -458,35 +396,6 @@ def _modification_words(rounds: Rounds) -> tuple[str, str] | None:
     return (
         "; ".join(f"{name}: {m.what_changed}" for name, m in built.items()),
         "; ".join(f"{name}: {m.noticeable}" for name, m in built.items()),
-    )
-
-
-def _attack_record(
-    run: AttackRun, scored: Evaluation | None, attributed: int | None = None
-) -> AttackRecord:
-    """One attack of the run: its own pick's scores and its oracle best beside them."""
-    ran = run.final is not None
-    scores = None if scored is None else scored.attacker_selected
-    oracle = None if scored is None else scored.oracle_best
-    return AttackRecord(
-        attack=run.planned.name,
-        label=run.label,
-        preset=run.planned.preset,
-        adaptive=run.planned.adaptive,
-        skipped=run.skipped,
-        seconds=run.seconds,
-        stop_reason=run.final.stop_reason if ran else None,
-        steps=run.final.steps if ran else None,
-        psnr_mean=None if scores is None else scores.psnr_mean,
-        ssim_mean=None if scores is None else scores.ssim_mean,
-        images_recovered=None
-        if scores is None or scores.risk is None
-        else scores.risk.images_recovered,
-        level=None if scores is None or scores.risk is None else scores.risk.level,
-        oracle_psnr_mean=None if oracle is None else oracle.psnr_mean,
-        oracle_ssim_mean=None if oracle is None else oracle.ssim_mean,
-        label_accuracy=None if scores is None else scores.label_accuracy,
-        images_attributed=attributed,
     )
 
 

@@ -3,24 +3,29 @@
 An honest-but-curious server sends the global model; under the malicious-server threat
 model each attack that builds a model (``AttackInfo.builds``) gets the release of its own
 model (``auditlib.server``). With secure aggregation the audited images are split over the
-clients in order and the server sees only their summed update (``fl.scenario``).
+clients in order and the server sees only their summed update (``fl.scenario``). An
+observed update (``auditlib.observed``) is the release as the client sent it: the same
+``Release`` a simulated client's round makes, so no attack can tell the two apart.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from auditlib.attacks import ATTACKS
+from auditlib.client.update import trainable_parameters
 from auditlib.engine.attack_phase import PlannedAttack
 from auditlib.engine.victim import Victim
 from auditlib.errors import AuditInputError
 from auditlib.fl.scenario import Release, release_aggregate, release_update
+from auditlib.observed import ObservedBundle
 from auditlib.seeds import derive_seed
 from auditlib.server import BuildContext, ServerModification
 from auditlib.spec import RunSpec, check_clients
-from auditlib.threat import PrivateBatch
+from auditlib.threat import AttackerKnowledge, Observation, PrivateBatch
 
 
 def client_batches(batch: PrivateBatch, clients: int) -> tuple[PrivateBatch, ...]:
@@ -99,7 +104,9 @@ class Rounds:
         }
         protocol = spec.scenario.protocol
         clients = spec.scenario.clients
-        if clients == 1:
+        if victim.observed is not None:
+            release = observed_release(victim.observed, victim, spec, self.defense)
+        elif clients == 1:
             model = victim.model if modification is None else modification.model_for(0)
             release = release_update(model, victim.batch, protocol, self.defense, **arguments)
         else:
@@ -112,3 +119,43 @@ class Rounds:
             )
         self._made[key] = release
         return release
+
+
+def observed_release(
+    bundle: ObservedBundle, victim: Victim, spec: RunSpec, defense: object
+) -> Release:
+    """What the server received from the client that sent ``bundle``, as a simulated round's
+    release holds it: the observation of the model's trainable parameters (its new weights,
+    their difference, or the gradient a one-step update is exactly; ``ObservedBundle
+    .observed_update``) and the server's knowledge: its global model, the client's training
+    (``spec.scenario.protocol``, the bundle's) and its number of examples. No defense acts
+    on it (the spec refuses one): what was sent is what is audited."""
+    model = victim.model
+    device = next(model.parameters()).device
+    names = tuple(trainable_parameters(model))
+    kind, tensors = bundle.observed_update(names)
+    observation = Observation(
+        kind=kind,  # type: ignore[arg-type]
+        tensors=tuple(t.detach().to(device).clone() for t in tensors),
+        parameter_names=names,
+    )
+    batch = victim.batch
+    knowledge = AttackerKnowledge(
+        model=copy.deepcopy(model),
+        protocol=spec.scenario.protocol,
+        batch_size=bundle.training.num_examples,
+        input_shape=spec.model.spec.input_shape,
+        num_classes=spec.model.spec.num_classes,
+        normalization=victim.normalization,
+        labels=batch.labels.clone() if spec.scenario.labels_known and batch is not None else None,
+        notes=bundle.notes(),
+    )
+    change = bundle.weight_change(names)
+    norm = float(torch.linalg.vector_norm(torch.cat([c.reshape(-1) for c in change])))
+    return Release(
+        observation=observation,
+        knowledge=knowledge,
+        undefended_norm=norm,
+        defended_norm=norm,
+        privacy=defense.privacy_report(),  # type: ignore[attr-defined]
+    )

@@ -2,6 +2,10 @@
 holds (images decoded and checked, labels given or drawn), with the data's mean image for
 RDLV and the guesses (made from the data source's images outside the audited batch) and
 the attack stage's optional FedAvg pretraining.
+
+For an observed update (``ScenarioSpec.observed``) the model is the bundle's global model
+and the private batch, where the auditor has the client's images, is only the truth the
+reconstructions are scored against; without them there is none (``Victim.batch`` None).
 """
 
 from __future__ import annotations
@@ -32,23 +36,30 @@ from auditlib.errors import AuditInputError
 from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
 from auditlib.metrics import to_unit_range
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
+from auditlib.observed import ObservedBundle, load_bundle
 from auditlib.seeds import derive_seed
-from auditlib.spec import RunSpec
+from auditlib.spec import MAX_BATCH, RunSpec
 from auditlib.threat import PrivateBatch
 
 PRIOR_IMAGES = 64  # sample-set images averaged into the prior (RDLV, the mean-image guess)
 
 
+NO_PRIVATE_IMAGES = "no private images to compare with"
+
+
 @dataclass(frozen=True, eq=False)
 class Victim:
     model: nn.Module
-    batch: PrivateBatch
+    # None: an observed update audited without the client's images (nothing to score).
+    batch: PrivateBatch | None
     normalization: Normalization
     records: dict[str, Any]
     # The data's mean image in [0, 1] (RDLV, the mean-image guess), made from images of the
     # data source outside the audited batch: it never sees the private images.
     prior: np.ndarray | None = None
     prior_unavailable_reason: str | None = None
+    # The update a client sent, where the run audits one (``ScenarioSpec.observed``).
+    observed: ObservedBundle | None = None
 
 
 def _sha256_arrays(images: LabelledImages, labels: tuple[int, ...]) -> str:
@@ -169,28 +180,13 @@ def prepare_victim(
     assets: Mapping[str, bytes] | None = None,
 ) -> Victim:
     """Build the global model and the private batch the victim client holds."""
+    if spec.scenario.observed is not None:
+        return _observed_victim(spec, assets)
     device = resolve_device(spec.device)
     model_spec = spec.model.spec
     model = build_audited_model(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
     normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
-
-    images, labels, label_source, pool = _load_images(spec, model_spec.num_classes, assets)
-    batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
-    prior, prior_reason = data_prior(pool, len(images.images), spec, normalization)
-
-    records: dict[str, Any] = {
-        "data": {
-            "source": images.source,
-            "names": list(images.names),
-            "labels": list(labels),
-            "label_source": label_source,
-            "class_names": list(images.class_names) if images.class_names else None,
-            "content_sha256": _sha256_arrays(images, labels),
-            "normalization": normalization.as_dict(),
-            "rdlv_prior": prior_reason
-            or f"mean of {len(pool)} images of the data source outside the audited batch",
-        }
-    }
+    batch, records, prior, prior_reason = _private_batch(spec, normalization, assets)
     if spec.scenario.pretrain_rounds > 0:
         training = FederatedTraining(rounds=spec.scenario.pretrain_rounds)
         pool, pool_labels = pretraining_pool(
@@ -212,12 +208,128 @@ def prepare_victim(
             "local": training.protocol.as_dict(),
             "loss_per_round": losses,
         }
-    model = model.to(device)
-    set_training_mode(model, False)
+    return _on_device(model, batch, normalization, records, prior, prior_reason, device)
+
+
+def _private_batch(
+    spec: RunSpec, normalization: Normalization, assets: Mapping[str, bytes] | None
+) -> tuple[PrivateBatch, dict[str, Any], np.ndarray | None, str | None]:
+    """The private batch (on the CPU), the records of its data, and the data's prior."""
+    model_spec = spec.model.spec
+    images, labels, label_source, pool = _load_images(spec, model_spec.num_classes, assets)
+    batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
+    prior, prior_reason = data_prior(pool, len(images.images), spec, normalization)
+    records: dict[str, Any] = {
+        "data": {
+            "source": images.source,
+            "names": list(images.names),
+            "labels": list(labels),
+            "label_source": label_source,
+            "class_names": list(images.class_names) if images.class_names else None,
+            "content_sha256": _sha256_arrays(images, labels),
+            "normalization": normalization.as_dict(),
+            "rdlv_prior": prior_reason
+            or f"mean of {len(pool)} images of the data source outside the audited batch",
+        }
+    }
     batch = PrivateBatch(
-        images=batch_images.to(device),
-        labels=torch.tensor(labels, dtype=torch.long, device=device),
+        images=batch_images,
+        labels=torch.tensor(labels, dtype=torch.long),
         names=tuple(images.names),
     )
+    return batch, records, prior, prior_reason
+
+
+def _on_device(
+    model: nn.Module,
+    batch: PrivateBatch | None,
+    normalization: Normalization,
+    records: dict[str, Any],
+    prior: np.ndarray | None,
+    prior_reason: str | None,
+    device: torch.device,
+    observed: ObservedBundle | None = None,
+) -> Victim:
+    model = model.to(device)
+    set_training_mode(model, False)
+    if batch is not None:
+        batch = PrivateBatch(batch.images.to(device), batch.labels.to(device), batch.names)
     records["model"] = {k: v for k, v in describe_model(model).items() if k != "parameters"}
-    return Victim(model, batch, normalization, records, prior, prior_reason)
+    return Victim(model, batch, normalization, records, prior, prior_reason, observed)
+
+
+def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victim:
+    """The observed update's victim: the bundle's global model, and the client's images
+    where the auditor has them (the truth to score against), else none."""
+    assert spec.scenario.observed is not None
+    bundle = load_bundle(spec.scenario.observed.location)
+    check_observed_spec(spec, bundle)
+    examples = bundle.training.num_examples
+    if examples > MAX_BATCH:
+        raise AuditInputError(
+            f"the client trained on {examples} examples; an audit reconstructs at most "
+            f"{MAX_BATCH} images (the batch-size limit of every audit)"
+        )
+    model = bundle.build_model()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    channels = spec.model.spec.input_shape[0]
+    normalization = Normalization.parse(spec.data.normalization, channels)
+    batch: PrivateBatch | None = None
+    prior, prior_reason = None, NO_PRIVATE_IMAGES
+    if spec.data.has_images:
+        batch, records, prior, prior_reason = _private_batch(spec, normalization, assets)
+        count, expected = int(batch.images.shape[0]), bundle.training.num_examples
+        if count != expected:
+            raise AuditInputError(
+                f"the client trained on {expected} examples (training.json's num_examples), "
+                f"and {count} private images were given; expected the client's {expected} "
+                "images (set the batch size or the folder to them)"
+            )
+    else:
+        records = {
+            "data": {
+                "source": "none: an observed update audited without the client's images",
+                "names": [],
+                "labels": [],
+                "label_source": "none",
+                "normalization": normalization.as_dict(),
+                "rdlv_prior": NO_PRIVATE_IMAGES,
+            }
+        }
+    records["observed"] = bundle.describe()
+    device = resolve_device(spec.device)
+    return _on_device(model, batch, normalization, records, prior, prior_reason, device, bundle)
+
+
+def check_observed_spec(spec: RunSpec, bundle: ObservedBundle) -> None:
+    """The run's model, protocol and normalisation are the bundle's (the CLI fills them from
+    it), and the bundle is the one the run was made for; else refused in one line."""
+    observed = spec.scenario.observed
+    assert observed is not None
+    if observed.content_sha256 and observed.content_sha256 != bundle.content_sha256:
+        raise AuditInputError(
+            f"the bundle in {bundle.location} changed since this run was made (its files' "
+            f"sha256 is {bundle.content_sha256[:12]}..., the run's {observed.content_sha256[:12]}"
+            "...); make the run again from the bundle"
+        )
+    ours, theirs = spec.model.spec.resolved(), bundle.model_spec.resolved()
+    for what, mine, bundles in (
+        ("architecture", ours.architecture, theirs.architecture),
+        ("class count", ours.num_classes, theirs.num_classes),
+        ("input shape", ours.input_shape, theirs.input_shape),
+        ("activation", ours.activation, theirs.activation),
+        ("stem", ours.stem, theirs.stem),
+        ("client protocol", spec.scenario.protocol, bundle.protocol),
+        (
+            "normalisation",
+            Normalization.parse(spec.data.normalization, ours.input_shape[0]),
+            Normalization.parse(bundle.normalization, ours.input_shape[0]),
+        ),
+    ):
+        if mine != bundles:
+            raise AuditInputError(
+                f"the run's {what} ({mine}) is not the observed bundle's ({bundles}); an "
+                "observed update is audited with the model and training its training.json "
+                "states"
+            )

@@ -18,6 +18,9 @@ A verdict is a bound, never one run read alone:
   update is no evidence of safety), or its control did not leak or is missing, or the
   reconstruction sits between the guess and the recovered line, or the defense held
   against the plain attack only (no twin that knows the defense ran).
+- **unavailable**: the reconstructions could not be scored at all: an observed update
+  audited without the client's images has nothing to compare them with (``unscored``).
+  No finding is made up in its place: the verdict has none.
 
 Typed and versioned: result.json, the store, the pages and the PDF read ``Verdict``.
 """
@@ -33,14 +36,16 @@ from auditlib.words import count_of
 
 # 2: held margins, the control's share, twins, diverged and budget-skipped runs, labels.
 VERDICT_VERSION = 2
-Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive"]
+Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive", "unavailable"]
 INCONCLUSIVE = "Inconclusive"
+UNAVAILABLE = "Unavailable"
 LABELS_LEVEL = "Labels"  # a level apart from FedLeak's image bands
 OUTCOME_TITLE = {
     "leaks": "Leaks",
     "labels_leak": "Labels leak",
     "defense_held": "Defense held against these attacks",
     "inconclusive": "Inconclusive",
+    "unavailable": "Unavailable",
 }
 # The control "leaked" (the attack broke the undefended update) only when at least this
 # share of its images was recovered beyond the guess: one image of a batch of 16 does not.
@@ -194,6 +199,7 @@ MALICIOUS_MODEL = "F-H"
 MANIPULATION = "active manipulation of the model or clients"
 NOTICEABLE = "whether the client could have noticed"
 INDIVIDUAL_UPDATES = "individual updates"
+BATCH_ORDER = "the order of the client's mini-batches"
 
 
 def threat_card(
@@ -205,16 +211,20 @@ def threat_card(
     defense: tuple[bool, str] = (False, "no defense"),
     modification: tuple[str, str] | None = None,
     clients: int = 1,
+    update: str = "what the server receives from the client",
+    batch_order: str | None = None,
 ) -> ThreatCard:
     """The card of an honest-but-curious server of this tool: it sends the model, so it
     knows architecture and weights, and it asks for the local training (C); labels the
     client shares or BatchNorm statistics of the client's data inform it further (E).
     ``defense``: whether an adaptive attacker knew the defense, and what it did. No
-    attack here uses surrogate data or manipulates the model or the client selection."""
+    attack here uses surrogate data or manipulates the model or the client selection.
+    ``update``: the shared update's line (an observed update says so); ``batch_order``:
+    where the client shuffled its mini-batches, why the attacker did not know their order."""
     informed = labels_known or batchnorm_statistics
     model = "E" if informed else "C"
     knowledge = (
-        Knowledge("the shared update", True, "what the server receives from the client"),
+        Knowledge("the shared update", True, update),
         Knowledge("model architecture and weights", True, "the server sent them"),
         Knowledge("local training settings", True, protocol),
         Knowledge("batch size", True, str(batch_size)),
@@ -231,6 +241,8 @@ def threat_card(
         Knowledge("the defense's mechanism and public parameters", *defense),
         Knowledge("surrogate data", False, "not used by any attack here"),
     )
+    if batch_order is not None:
+        knowledge += (Knowledge(BATCH_ORDER, False, batch_order),)
     if clients > 1:
         knowledge += (
             Knowledge(
@@ -290,7 +302,7 @@ class Verdict:
     level: str  # "Very High" | "High" | "Medium" | "Low" | "Inconclusive"
     headline: str
     sentence: str
-    finding: Finding
+    finding: Finding | None  # None: the run could not be scored ("unavailable")
     control: Finding | None
     control_note: str
     scope: Scope
@@ -299,7 +311,7 @@ class Verdict:
     @property
     def is_finding(self) -> bool:
         """A level a reviewer may quote: a leak, or a defense that held against a leaking control."""
-        return self.outcome != "inconclusive"
+        return self.outcome not in ("inconclusive", "unavailable")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -312,7 +324,7 @@ class Verdict:
             level=data["level"],
             headline=data["headline"],
             sentence=data["sentence"],
-            finding=_from(Finding, data["finding"]),
+            finding=_from(Finding, data["finding"]) if data.get("finding") else None,
             control=_from(Finding, control) if control else None,
             control_note=data["control_note"],
             scope=Scope.from_dict(data["scope"]),
@@ -464,3 +476,19 @@ def judge(
     return Verdict(
         "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
     )
+
+
+def unscored(scope: Scope, reason: str, stop_reason: str) -> Verdict:
+    """The verdict of a run whose reconstructions could not be scored (``reason``: an
+    observed update audited without the client's images): it says so, and gives no level,
+    figure or finding in their place."""
+    attacks = _attacks(scope)
+    stopped = "" if stop_reason == "completed" else f", stopped by its {stop_reason}"
+    headline = f"{UNAVAILABLE}: {reason}"
+    sentence = (
+        f"{attacks} ran on the update ({scope.budget_words()}{stopped}); their "
+        f"reconstructions and the attacker's own losses are shown, but with {reason} they "
+        "cannot be scored: no leak level, PSNR or count of images recovered is given. Give "
+        "the client's images (--images or --samples) to score them."
+    )
+    return Verdict("unavailable", UNAVAILABLE, headline, sentence, None, None, "", scope)
