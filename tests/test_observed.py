@@ -174,3 +174,213 @@ def test_a_capture_may_write_an_incomplete_record_that_is_refused_until_complete
     )
     write_bundle(folder, start, client, TRAINING | {"extra": {"note": 1}}, overwrite=True)
     assert load_bundle(folder).training.extra == {"note": 1}
+
+
+# --- One client trained in plain PyTorch, audited from the command line -----------------------
+
+
+def _plain_pytorch_client(root: Path, *, write_delta: bool = False):
+    """A client outside the product: LeNet at 32 px, SGD with momentum 0.9 and weight decay
+    5e-4, 2 local epochs of 2 batches of 2 photographs, written with safetensors and json
+    directly. Returns the bundle folder, the images folder (PNG files and labels.csv) and the
+    client's state."""
+    import torch.nn.functional as F
+    from PIL import Image
+
+    from auditlib.data import Normalization, load_sample_set, to_model_batch
+
+    photographs = load_sample_set("photographs", 4, seed=0)
+    pixels = to_model_batch(list(photographs.images), (3, 32, 32), Normalization.identity(3))
+    as_bytes = (pixels * 255).round().clamp(0, 255).to(torch.uint8)
+    labels = [3, 1, 4, 1]
+    images = root / "images"
+    images.mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(as_bytes[i].permute(1, 2, 0).numpy()).save(images / f"img{i}.png")
+    rows = [f"img{i}.png,{label}" for i, label in enumerate(labels)]
+    (images / "labels.csv").write_text("filename,label\n" + "\n".join(rows) + "\n")
+
+    x, y = as_bytes.float() / 255, torch.tensor(labels)
+    model = build_model(ModelSpec("lenet", input_shape=(3, 32, 32)))
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    for _ in range(2):
+        for window in (slice(0, 2), slice(2, 4)):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[window]), y[window]).backward()
+            optimizer.step()
+    client = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    training = {
+        "model": "lenet",
+        "num_classes": 10,
+        "input_size": 32,
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "local_epochs": 2,
+        "local_batch_size": 2,
+        "num_examples": 4,
+        "bn_mode": "train",
+        "shuffled": False,
+        "source": "plain pytorch",
+    }
+    if write_delta:
+        update = {k: v - start[k] for k, v in client.items()}
+        folder = _write_raw(root / "bundle", start, update, training, "delta.safetensors")
+    else:
+        folder = _write_raw(root / "bundle", start, client, training)
+    return folder, images, client
+
+
+def _audit(args: list[str], capsys) -> tuple[int, str, str]:
+    from auditlib.cli import main
+
+    code = main(["audit", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+FAST = ["--attack", "ig", "--iterations", "4", "--lpips-nets", "none"]
+
+
+def test_the_products_simulation_of_the_client_is_the_plain_pytorch_update(tmp_path):
+    from auditlib.defenses import build_defense
+    from auditlib.engine.attack_phase import plan_attacks
+    from auditlib.engine.releases import Rounds
+    from auditlib.engine.victim import prepare_victim
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+    folder, images, client = _plain_pytorch_client(tmp_path)
+    bundle = load_bundle(folder)
+    simulated = RunSpec(
+        model=ModelRef(bundle.model_spec, weights=str(folder / "global.safetensors")),
+        data=DataSpec("folder", str(images), batch_size=4),
+        scenario=ScenarioSpec(protocol=bundle.protocol),
+        attack=ComponentSpec.of("ig"),
+        defense=ComponentSpec("none"),
+        budget=Budget(1),
+    )
+    assert not bundle.protocol.shuffle and bundle.protocol.momentum == 0.9
+    victim = prepare_victim(simulated)
+    attack = plan_attacks(simulated.attack, 1)[0]
+    release = Rounds(simulated, victim, build_defense("none")[0]).for_attack(attack)
+    assert release.observation.kind == "weights"
+    for name, tensor in zip(
+        release.observation.parameter_names, release.observation.tensors, strict=True
+    ):
+        torch.testing.assert_close(tensor, client[name], rtol=1e-5, atol=1e-6)
+
+
+def test_an_observed_update_is_audited_with_its_private_images_and_scored(tmp_path, capsys):
+    folder, images, _ = _plain_pytorch_client(tmp_path)
+    out = tmp_path / "out"
+    code, stdout, stderr = _audit(
+        ["--observed", str(folder), "--images", str(images), *FAST, "--out", str(out)], capsys
+    )
+    assert code == 0, stderr
+    assert "PSNR" in stdout and " dB" in stdout
+    result = json.loads((out / "result.json").read_text())
+    assert result["metrics"]["psnr_mean"] is not None and "unscored" not in result
+    assert result["verdict"]["outcome"] in ("leaks", "labels_leak", "inconclusive")
+    scenario = result["config"]["scenario"]
+    assert scenario["observed"]["content_sha256"] == load_bundle(folder).content_sha256
+    assert scenario["protocol"]["momentum"] == 0.9 and scenario["protocol"]["shared"] == "weights"
+    assert result["threat_model"]["observation"] == "weights"
+    assert any("observed, not simulated" in k for k in result["threat_model"]["server_knows"])
+    assert result["victim"]["observed"]["training"]["local_epochs"] == 2
+    assert (out / "reconstruction.png").exists()
+
+
+def test_without_private_images_the_reconstructions_are_shown_and_not_scored(tmp_path, capsys):
+    from PIL import Image
+
+    from auditlib.result import AuditSummary
+
+    folder, _, _ = _plain_pytorch_client(tmp_path, write_delta=True)
+    out = tmp_path / "out"
+    code, stdout, stderr = _audit(["--observed", str(folder), *FAST, "--out", str(out)], capsys)
+    assert code == 0, stderr
+    assert "not scored (no private images to compare with)" in stdout
+    assert "verdict: Unavailable: no private images to compare with" in stdout
+    assert "PSNR" not in stdout.split("verdict:")[0]
+    data = json.loads((out / "result.json").read_text())
+    assert data["metrics"] is None and data["oracle_best"] is None
+    assert data["unscored"] == "no private images to compare with"
+    verdict = data["verdict"]
+    assert verdict["outcome"] == "unavailable" and verdict["finding"] is None
+    assert data["attacks"][0]["attack_loss"] is not None and data["attacks"][0]["psnr_mean"] is None
+    assert data["threat_model"]["observation"] == "weight_delta"
+    summary = AuditSummary.from_json(data)  # reads back, typed
+    assert summary.metrics is None and summary.verdict.finding is None
+    assert not summary.verdict.is_finding
+    with Image.open(out / "reconstruction.png") as png:  # one row of the 4 reconstructions
+        assert png.size == (4 * 32 * 4 + 5 * 2, 32 * 4 + 2 * 2)
+
+
+def test_bad_observed_input_is_one_clear_line_and_nothing_is_stored(tmp_path, capsys):
+    folder, images, client = _plain_pytorch_client(tmp_path)
+    start = dict(load_bundle(folder).global_state)
+    training = json.loads((folder / "training.json").read_text())
+    nan_delta = {k: v - start[k] for k, v in client.items()}
+    nan_delta["fc.0.bias"][2] = float("nan")
+    resnet = build_model(ModelSpec("resnet10", input_shape=(3, 32, 32))).state_dict()
+    cases = {
+        "architecture": (
+            _write_raw(tmp_path / "arch", start, client, training | {"num_classes": 5}),
+            "global.safetensors does not fit lenet (5 classes",
+        ),
+        "missing": (
+            _write_raw(
+                tmp_path / "missing",
+                start,
+                client,
+                {k: v for k, v in training.items() if k != "lr"},
+            ),
+            "training.json lacks field lr",
+        ),
+        "nan": (
+            _write_raw(tmp_path / "nan", start, nan_delta, training, "delta.safetensors"),
+            "delta.safetensors: fc.0.bias has 1 NaN or infinite value",
+        ),
+        "other model": (
+            _write_raw(tmp_path / "other", resnet, resnet, training | {"model": "resnet10"}),
+            None,  # a bundle of another model than the images: checked below
+        ),
+    }
+    for name, (bundle, words) in cases.items():
+        out = tmp_path / f"out-{name.replace(' ', '-')}"
+        args = ["--observed", str(bundle), "--images", str(images), *FAST, "--out", str(out)]
+        if name == "other model":  # a ResNet bundle audited as the LeNet it is not
+            args += ["--model", "lenet"]
+            words = "--model lenet clashes with the observed bundle (model in training.json"
+        code, stdout, stderr = _audit(args, capsys)
+        assert code == 2, (name, stderr)
+        assert stderr.startswith("error: ") and stderr.count("\n") == 1, stderr
+        assert words in stderr, (name, stderr)
+        assert stdout == "" and not out.exists(), name
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--local-lr", "0.1"], "--local-lr 0.1 clashes with the observed bundle (lr in"),
+        (["--momentum", "0"], "--momentum 0.0 clashes with the observed bundle (momentum in"),
+        (["--num-classes", "10", "--local-lr", "0.05"], None),  # the bundle's own values
+        (["--weights", "w.safetensors"], "--weights does not apply with --observed"),
+        (["--defense", "prune"], "the defense prune cannot be applied to it afterwards"),
+        (["--server", "malicious"], "a malicious server (it sends a model of its own)"),
+        (["--labels-known"], "the server knows the labels only with the private images"),
+    ],
+)
+def test_options_the_bundle_sets_or_cannot_take_are_refused(tmp_path, capsys, options, words):
+    folder, _, _ = _plain_pytorch_client(tmp_path)
+    out = tmp_path / "out"
+    args = ["--observed", str(folder), *options, *FAST, "--iterations", "1", "--out", str(out)]
+    code, _, stderr = _audit(args, capsys)
+    if words is None:
+        assert code == 0, stderr
+        return
+    assert code == 2 and words in stderr and stderr.count("\n") == 1, stderr
+    assert not out.exists()

@@ -22,10 +22,30 @@ def sha256_file(path: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage mistakes end in one line on stderr, like every other bad input."""
+    """Usage mistakes end in one line on stderr, like every other bad input.
+
+    A command's namespace also holds ``given_options``: the options its command line gave,
+    whatever their defaults (a file that fills options, ``audit --observed``, refuses a
+    clash only with those)."""
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self._subparsers is None and args is not None:  # a command, not the top parser
+            parsed.given_options = self._given(list(args))
+        return parsed, extras
+
+    def _given(self, args: list[str]) -> frozenset[str]:
+        # Parsed again into a namespace that already holds every option: argparse sets no
+        # default there, so what changed was given (an appended option starts from None).
+        unset = object()
+        actions = [a for a in self._actions if a.dest != argparse.SUPPRESS]
+        start = {a.dest: None if isinstance(a, argparse._AppendAction) else unset for a in actions}
+        probe = argparse.Namespace(**start)
+        super().parse_known_args(args, probe)
+        return frozenset(k for k, v in vars(probe).items() if k in start and v is not start[k])
 
 
 # --attacker-knows-defense: the CLI's words for ScenarioSpec.attacker_knows_defense.
@@ -36,7 +56,7 @@ PARAMS_HINT = "`python -m auditlib params NAME` lists them: type, default, range
 def build_parser() -> argparse.ArgumentParser:
     from auditlib.attacks import ALL_ATTACKS, ATTACKS
     from auditlib.attacks.restarts import AUDIT_PRESET
-    from auditlib.client.protocol import Algorithm, BatchNormMode, Shared
+    from auditlib.client.protocol import Algorithm, BatchNormMode, Optimizer, Shared
     from auditlib.data.samples import SAMPLE_SETS
     from auditlib.defenses import DEFENSES
     from auditlib.models import ARCHITECTURES
@@ -57,11 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--i-trust-this-file", action="store_true", help="required with --trusted-model"
     )
+    for action in model._group_actions:  # --observed names the model: checked in cli/audit.py
+        if action.dest == "model":
+            action.required = False
+
+    observed = audit.add_argument_group("observed update")
+    observed.add_argument(
+        "--observed",
+        metavar="DIR",
+        help="audit the update a client actually sent: a bundle folder with global.safetensors, "
+        "client.safetensors (or delta.safetensors) and training.json (docs/OBSERVED.md); its "
+        "training.json sets the model and the scenario (an option that says otherwise is "
+        "refused); without --images or --samples the reconstructions are shown, not scored",
+    )
 
     data = audit.add_argument_group("data")
-    source = data.add_mutually_exclusive_group(required=True)
+    source = data.add_mutually_exclusive_group()
     source.add_argument(
-        "--images", help="folder of images (labels from labels.csv or class subfolders)"
+        "--images",
+        help="folder of images (labels from labels.csv or class subfolders); one of --images "
+        "and --samples is required, except with --observed",
     )
     source.add_argument("--samples", help=f"bundled sample set: {', '.join(SAMPLE_SETS)}")
     data.add_argument("--labels-csv", help="CSV with columns filename,label")
@@ -90,6 +125,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="FedAvg: what the client sends",
     )
     scenario.add_argument("--bn-mode", default="train", choices=get_args(BatchNormMode))
+    scenario.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=get_args(Optimizer),
+        help="FedAvg: the client's local optimiser, as torch.optim runs it (adam: its defaults)",
+    )
+    scenario.add_argument(
+        "--momentum", type=float, default=0.0, help="FedAvg: SGD's momentum (default: none)"
+    )
+    scenario.add_argument(
+        "--weight-decay", type=float, default=0.0, help="FedAvg: L2 weight decay (default: none)"
+    )
+    scenario.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="FedAvg: the client shuffles its mini-batches with a seed of its own, which the "
+        "attacker does not know (it simulates them in order)",
+    )
     scenario.add_argument(
         "--labels-known", action="store_true", help="threat model: the server knows the labels"
     )

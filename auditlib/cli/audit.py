@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditlib.cli.arguments import KNOWS_DEFENSE, model_spec_of, sha256_file
+from auditlib.cli.observed import observed_bundle
 from auditlib.errors import AuditInputError
 
 if TYPE_CHECKING:
@@ -21,15 +22,31 @@ def spec_from_args(args: argparse.Namespace):
     from auditlib.attacks.restarts import AUDIT_PRESET
     from auditlib.client.protocol import ClientProtocol
     from auditlib.config import parse_key_values
-    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+    from auditlib.spec import (
+        Budget,
+        ComponentSpec,
+        DataSpec,
+        ModelRef,
+        ObservedRef,
+        RunSpec,
+        ScenarioSpec,
+    )
 
+    bundle = observed_bundle(args)  # None without --observed; refuses a clashing option
+    if bundle is None and not args.model:
+        raise AuditInputError("give --model (or --observed DIR, whose training.json names it)")
+    if bundle is None and not (args.images or args.samples):
+        raise AuditInputError(
+            "give the private images: --images DIR or --samples NAME (only an observed update, "
+            "--observed DIR, is audited without them)"
+        )
     if args.trusted_model and not args.i_trust_this_file:
         raise AuditInputError(
             "--trusted-model loads an archive that can run code; add --i-trust-this-file to accept that"
         )
     if args.trusted_model and args.weights:
         raise AuditInputError("give either --weights or --trusted-model, not both")
-    model_spec = model_spec_of(args)
+    model_spec = bundle.model_spec if bundle is not None else model_spec_of(args)
     weights_file = args.weights or args.trusted_model
     model = ModelRef(
         spec=model_spec,
@@ -37,24 +54,36 @@ def spec_from_args(args: argparse.Namespace):
         trusted_archive=args.trusted_model,
         content_sha256=sha256_file(weights_file) if weights_file else None,
     )
+    if bundle is not None:  # the client's images, where given, are all it trained on
+        args.batch_size = bundle.training.num_examples
+        args.normalization = bundle.normalization
     if args.batch_size is None and args.samples:
         args.batch_size = 1
+    has_images = bool(args.images or args.samples)
     data = DataSpec(
-        source="folder" if args.images else "samples",
-        location=args.images or args.samples,
-        batch_size=args.batch_size,
+        source="folder" if args.images else "samples" if args.samples else "none",
+        location=args.images or args.samples or "",
+        batch_size=args.batch_size if has_images else None,
         offset=args.offset,
         labels_csv=args.labels_csv,
         normalization=args.normalization,
     )
-    protocol = ClientProtocol(
-        algorithm=args.scenario,
-        local_steps=args.local_steps,
-        local_epochs=args.local_epochs,
-        local_lr=args.local_lr,
-        local_batch_size=args.local_batch_size,
-        shared=args.share,
-        batchnorm_mode=args.bn_mode,
+    protocol = (
+        bundle.protocol
+        if bundle is not None
+        else ClientProtocol(
+            algorithm=args.scenario,
+            local_steps=args.local_steps,
+            local_epochs=args.local_epochs,
+            local_lr=args.local_lr,
+            local_batch_size=args.local_batch_size,
+            shared=args.share,
+            batchnorm_mode=args.bn_mode,
+            optimizer=args.optimizer,
+            momentum=args.momentum,
+            weight_decay=args.weight_decay,
+            shuffle=args.shuffle,
+        )
     )
     scenario = ScenarioSpec(
         protocol=protocol,
@@ -64,6 +93,9 @@ def spec_from_args(args: argparse.Namespace):
         pretrain_data=args.pretrain_data,
         server=args.server,
         secure_aggregation=args.secure_aggregation,
+        observed=None
+        if bundle is None
+        else ObservedRef(bundle.location, content_sha256=bundle.content_sha256),
     )
     preset = None if args.preset in (None, "none") else args.preset
     if args.attack == ALL_ATTACKS:
@@ -121,12 +153,23 @@ def check_model_trains(spec) -> None:
 
 
 def write_outputs(result, out: Path) -> None:
-    from auditlib.grids import save_comparison_png
+    """result.json and reconstruction.png: the originals over the matched reconstructions,
+    or without private images each attack's reconstructions, one row per attack."""
+    from auditlib.grids import image_grid, save_comparison_png
     from auditlib.result_json import summary_json
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(summary_json(result.summary.to_json()))
-    save_comparison_png(result.originals, result.reconstruction, out / "reconstruction.png")
+    png = out / "reconstruction.png"
+    rows = [images for _, images in result.by_attack]
+    if not rows:
+        save_comparison_png(result.originals, result.reconstruction, png)
+    elif len({len(r) for r in rows}) == 1:
+        image_grid(rows).save(png, format="PNG")
+    else:  # attacks that picked different counts: one file each
+        image_grid(rows[:1]).save(png, format="PNG")
+        for k, images in enumerate(rows[1:], start=2):
+            image_grid([images]).save(out / f"reconstruction_{k}.png", format="PNG")
 
 
 def _progress_bar(total: int):
@@ -208,12 +251,22 @@ def audit_command(args: argparse.Namespace) -> int:
     write_outputs(result, out)
     metrics, timing = summary.metrics, summary.timing
     psnr, ssim, accuracy = (CATALOGUE[k] for k in ("psnr", "ssim", "label_accuracy"))
-    print(
-        f"{spec.attack.name} vs {spec.defense.name}: PSNR {psnr.text(metrics.psnr_mean)} dB, "
-        f"SSIM {ssim.text(metrics.ssim_mean)}, label accuracy "
-        f"{accuracy.text(metrics.label_accuracy)}, {timing.iterations} steps in "
-        f"{timing.seconds:.1f} s ({summary.stop_reason}); wrote {out / 'result.json'}"
-    )
+    steps = f"{timing.iterations} steps in {timing.seconds:.1f} s ({summary.stop_reason})"
+    if metrics is None:  # no private images: the attacker's own losses, no score
+        losses = ", ".join(
+            f"{a.label} {a.attack_loss:.4g}" for a in summary.attacks if a.attack_loss is not None
+        )
+        print(
+            f"{spec.attack.name} on the observed update: not scored ({summary.unscored}); "
+            f"attacker's loss {losses or 'not recorded'}, {steps}; wrote {out / 'result.json'} "
+            f"and {out / 'reconstruction.png'}"
+        )
+    else:
+        print(
+            f"{spec.attack.name} vs {spec.defense.name}: PSNR {psnr.text(metrics.psnr_mean)} "
+            f"dB, SSIM {ssim.text(metrics.ssim_mean)}, label accuracy "
+            f"{accuracy.text(metrics.label_accuracy)}, {steps}; wrote {out / 'result.json'}"
+        )
     print(f"verdict: {verdict.headline}\n  {verdict.sentence}")
     return 0
 
