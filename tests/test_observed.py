@@ -384,3 +384,41 @@ def test_options_the_bundle_sets_or_cannot_take_are_refused(tmp_path, capsys, op
         return
     assert code == 2 and words in stderr and stderr.count("\n") == 1, stderr
     assert not out.exists()
+
+
+def test_a_one_step_update_is_audited_as_the_gradient_it_is(tmp_path, capsys):
+    start, _ = _lenet_states()
+    gradient = {k: torch.randn_like(v) * 1e-2 for k, v in start.items()}
+    client = {k: v - 0.1 * gradient[k] for k, v in start.items()}
+    training = TRAINING | {"local_epochs": 1, "local_batch_size": 4, "lr": 0.1, "momentum": 0}
+    folder = write_bundle(tmp_path / "b", start, client, training | {"weight_decay": 0})
+    out = tmp_path / "out"
+    code, _, stderr = _audit(["--observed", str(folder), *FAST, "--out", str(out)], capsys)
+    assert code == 0, stderr
+    data = json.loads((out / "result.json").read_text())
+    assert data["threat_model"]["observation"] == "gradient"
+    assert data["config"]["scenario"]["protocol"]["algorithm"] == "fedsgd"
+
+
+def test_a_shuffling_client_is_simulated_and_the_threat_card_says_the_order_was_unknown():
+    from auditlib.client.protocol import ClientProtocol
+    from auditlib.engine.audit import SHUFFLED_ORDER, run_audit
+    from auditlib.metrics.verdict import BATCH_ORDER
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+    protocol = ClientProtocol(
+        algorithm="fedavg", local_epochs=1, local_batch_size=2, momentum=0.9, shuffle=True
+    )
+    spec = RunSpec(
+        model=ModelRef(ModelSpec("lenet", input_shape=(3, 32, 32))),
+        data=DataSpec("samples", "photographs", batch_size=4),
+        scenario=ScenarioSpec(protocol=protocol),
+        attack=ComponentSpec.of("ig"),
+        defense=ComponentSpec("none"),
+        budget=Budget(2),
+    )
+    summary = run_audit(spec, lpips_nets=()).summary
+    card = {k.item: k for k in summary.verdict.scope.threat.knowledge}
+    assert not card[BATCH_ORDER].known and card[BATCH_ORDER].detail == SHUFFLED_ORDER
+    assert "shuffled its mini-batches" in summary.threat_model.server_knows[1]
+    assert summary.metrics is not None and summary.unscored is None
