@@ -15,15 +15,21 @@ import streamlit as st
 from auditlib.access import AccessDenied
 from auditlib.data import LabelledImages, check_labels_fit, load_sample_set, load_zip
 from auditlib.errors import AuditInputError
-from auditlib.models import ARCHITECTURES, ModelSpec, build_model, load_weights
+from auditlib.models import ModelSpec, build_model, load_weights
+from auditlib.models.registry import architecture_info
 from auditlib.store import AssetRecord
 from dashboard.resources import get_store
 from dashboard.state import (
     ARCHITECTURE_DEFAULT,
     AUTOMATIC_STEM,
     SETUP_DEFAULTS,
+    is_torchvision,
     upload_count_key,
 )
+
+# What a torchvision model takes whatever the Setup page's hidden fields hold: colour input,
+# the builder's own initialisation and activations, no stem choice.
+TORCHVISION_FIXED = {"channels": 3, "init": "default", "activation": None, "stem": None}
 
 
 @dataclasses.dataclass
@@ -53,12 +59,27 @@ class Setup:
             input_shape=(self.channels, self.input_size, self.input_size),
             init=self.init,
             activation=self.activation,
-            stem=self.stem if ARCHITECTURES[self.architecture].accepts_stem else None,
+            stem=self.stem if self._accepts_stem() else None,
             seed=self.seed,
         )
 
+    def _accepts_stem(self) -> bool:
+        try:
+            return architecture_info(self.architecture).accepts_stem
+        except AuditInputError:
+            return False  # ModelSpec says why
+
+    @property
+    def torchvision(self) -> bool:
+        return is_torchvision(self.architecture)
+
     def model_text(self) -> str:
-        weights = "uploaded weights" if self.weights else f"{self.init} initialisation"
+        if self.weights:
+            weights = "uploaded weights"
+        elif self.torchvision:
+            weights = "random weights (the builder's initialisation)"
+        else:
+            weights = f"{self.init} initialisation"
         stem = f", {self.stem} stem" if self.stem and self.model_spec().stem else ""
         return (
             f"{self.architecture}, {self.num_classes} classes, input {self.channels}x"
@@ -79,7 +100,7 @@ def current_setup() -> Setup:
     if images:
         count = state.get(upload_count_key(images))
         upload_count = int(count) if count is not None else None
-    return Setup(
+    setup = Setup(
         architecture=get("architecture"),
         num_classes=int(get("num_classes")),
         input_size=int(get("input_size")),
@@ -96,6 +117,9 @@ def current_setup() -> Setup:
         normalization=get("normalization"),
         seed=int(get("seed")),
     )
+    if setup.torchvision:  # the Setup page hides these fields for a torchvision model
+        setup = dataclasses.replace(setup, **TORCHVISION_FIXED)
+    return setup
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -21,10 +21,20 @@ from typing import Any
 import streamlit as st
 
 from auditlib.data import SAMPLE_SETS
+from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
 from auditlib.models.architectures import ACTIVATIONS as MODEL_ACTIVATIONS
 from auditlib.models.architectures import STEMS as MODEL_STEMS
-from auditlib.models.registry import CHANNELS, INITS, MAX_CLASSES, MAX_SIDE, MIN_SIDE
+from auditlib.models.registry import (
+    CHANNELS,
+    INITS,
+    MAX_CLASSES,
+    MAX_SIDE,
+    MIN_SIDE,
+    architecture_info,
+)
+from auditlib.models.zoo import PREFIX as TORCHVISION_PREFIX
+from auditlib.models.zoo import torchvision_names
 
 # Ids kept in the URL so that a refresh or a shared link reopens the same state.
 # Each is a lowercase hex id of a fixed length: run and batch ids, and assets' sha256.
@@ -72,6 +82,28 @@ def _choice(options) -> Callable[[str], str]:
     return parse
 
 
+def architecture_options() -> list[str]:
+    """Every architecture the Setup page offers: the built-ins (sorted), then each
+    torchvision classification model as ``torchvision:NAME`` (sorted)."""
+    return sorted(ARCHITECTURES) + [TORCHVISION_PREFIX + n for n in torchvision_names()]
+
+
+def is_torchvision(architecture: str) -> bool:
+    return architecture.startswith(TORCHVISION_PREFIX)
+
+
+def _architecture(text: str) -> str:
+    """A built-in name or ``torchvision:NAME`` (normalised by the library)."""
+    if text in ARCHITECTURES:
+        return text
+    if is_torchvision(text.strip().lower()):
+        try:
+            return architecture_info(text).name
+        except AuditInputError:
+            pass
+    raise ValueError(f"one of {', '.join(sorted(ARCHITECTURES))}, or torchvision:NAME")
+
+
 def _integer(low: int, high: int, allowed: tuple[int, ...] | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         expected = (
@@ -98,7 +130,7 @@ def _text(max_chars: int) -> Callable[[str], str]:
 
 
 SETUP_FIELDS = (
-    SetupField("architecture", "arch", "lenet", _choice(ARCHITECTURES)),
+    SetupField("architecture", "arch", "lenet", _architecture),
     SetupField("num_classes", "classes", 10, _integer(*CLASSES_RANGE)),
     SetupField("input_size", "size", 32, _integer(*INPUT_SIZE_RANGE)),
     SetupField(

@@ -19,10 +19,17 @@ from auditlib.data import DEFAULT_LIMITS, LabelledImages, images_zip, load_image
 from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
 from auditlib.models.loading import DEFAULT_MAX_BYTES
+from auditlib.models.registry import architecture_info
 from auditlib.words import MB, count_of, size_text
 from dashboard.resources import get_store
 from dashboard.setup_state import check_weights, current_setup
-from dashboard.state import MAX_UPLOAD_BATCH, persist, set_url_state, upload_count_key
+from dashboard.state import (
+    MAX_UPLOAD_BATCH,
+    TORCHVISION_PREFIX,
+    persist,
+    set_url_state,
+    upload_count_key,
+)
 
 IMAGE_TYPES = ["png", "jpg", "jpeg", "bmp", "tif", "tiff", "webp"]
 WEIGHT_TYPES = ["safetensors", "pt", "pth"]
@@ -78,8 +85,8 @@ def weights_upload(errors: list[str]) -> None:
         f"classes and input size chosen above.{cap_note}",
     )
     st.caption(
-        "Upload weights (a state_dict or safetensors) of one of the built-in architectures. "
-        + TRUSTED_ARCHIVES_NOTE
+        "Upload weights (a state_dict or safetensors) of the architecture chosen above: a "
+        "built-in one or any torchvision classification model. " + TRUSTED_ARCHIVES_NOTE
     )
     _removed_note("weights")
     setup = current_setup()
@@ -110,16 +117,18 @@ def weights_upload(errors: list[str]) -> None:
         _, problem, sha = cached
         if problem is not None:
             _inline_error(errors, f"Weights: {problem}")
+            st.info(auditable_note(spec.architecture))
             return
     sha = st.session_state.get("weights")
     if sha:
         asset = _linked_asset("weights", sha, errors)
         if asset is REFUSED:
             return
-        name = asset.name if asset is not None else "unknown file"
         size = size_text(asset.size) if asset is not None else "?"
         col_text, col_button = st.columns([4, 1])
-        col_text.success(f"Using weights {name} ({size}, sha256 {sha[:12]}...).")
+        col_text.success(
+            f"Using weights {_shown_name(upload, sha, asset)} ({size}, sha256 {sha[:12]}...)."
+        )
         col_button.button(
             "Remove",
             key="remove_weights",
@@ -130,11 +139,36 @@ def weights_upload(errors: list[str]) -> None:
         )
 
 
+def auditable_note(architecture: str) -> str:
+    """Which architectures the dashboard can audit, said beside a refusal of weights."""
+    return (
+        f"The weights were checked against **{architecture}**, the architecture chosen above. "
+        f"Auditable are the built-in architectures ({', '.join(sorted(ARCHITECTURES))}) and "
+        "any torchvision classification model as `torchvision:NAME` (e.g. "
+        "`torchvision:resnet18`, `torchvision:mobilenet_v3_small`): the Architecture list "
+        "above has them all, and `python -m auditlib models` lists them. Choose the one your "
+        "weights were saved from, with its classes and input size; another model needs its "
+        "weights converted to one of these first."
+    )
+
+
+def _shown_name(upload, sha: str, asset) -> str:
+    """The name of the file in use: the one in the uploader when it holds these weights
+    (the store keeps the first name the same bytes were uploaded under), else the stored one."""
+    stored = asset.name if asset is not None else "unknown file"
+    if upload is None or upload.name == stored:
+        return stored
+    cached = st.session_state.get("_weights_upload")
+    if cached is None or cached[2] != sha:
+        return stored
+    return f"{upload.name} (the same bytes as {stored}, uploaded before)"
+
+
 def _weights_howto(setup, spec) -> None:
     """Three ways to weights that fit the model chosen above, with its own values filled in."""
     shape = f"({setup.channels}, {setup.input_size}, {setup.input_size})"
     stem = f', stem="{spec.stem}"' if spec.stem else ""
-    file = f"{setup.architecture}.safetensors"
+    file = f"{setup.architecture.removeprefix(TORCHVISION_PREFIX)}.safetensors"
     st.markdown(
         "**Train it here** (FedAvg on a bundled labelled set, or `--images FOLDER` of your "
         "own), and save the trained model:"
@@ -156,7 +190,15 @@ def _weights_howto(setup, spec) -> None:
         f'save_file(model.state_dict(), "{file}")',
         language="python",
     )
-    if ARCHITECTURES[setup.architecture].accepts_stem:
+    if setup.torchvision:
+        name = setup.architecture.removeprefix(TORCHVISION_PREFIX)
+        st.markdown(
+            f"**A torchvision checkpoint**: the `state_dict` of `torchvision.models.{name}("
+            f"num_classes={setup.num_classes})`, saved with `torch.save` or as safetensors, "
+            "loads as it is (the input size above must be the one it was trained at for a "
+            "ViT)."
+        )
+    if architecture_info(spec.architecture).accepts_stem:
         st.markdown(
             "**A torchvision ResNet checkpoint** has the same layer names as the built-in "
             "ResNets with Stem **imagenet** (its 7x7 first convolution); choose that stem, its "

@@ -1157,3 +1157,117 @@ def test_each_user_sees_and_deletes_only_their_own_uploads(dashboard_store):
     assert store.raw.get_asset_info(theirs) is not None
     root = _app(user="root")
     assert any(e.label == "Your uploads in the store (1)" for e in root.expander)  # bob's
+
+
+# --- torchvision models on the Setup page and in the lab -----------------------------------
+
+MOBILENET = "torchvision:mobilenet_v3_small"
+
+
+def _mobilenet_weights(num_classes: int = 10, side: int = 64) -> bytes:
+    model = build_model(ModelSpec(MOBILENET, num_classes, (3, side, side), seed=0))
+    return safetensors.torch.save({k: v.contiguous() for k, v in model.state_dict().items()})
+
+
+def test_setup_offers_torchvision_models_and_the_lab_runs_one(dashboard_store):
+    """A torchvision model is chosen like a built-in: the built-ins' own fields go, its
+    weights are checked against it, and a run with it starts and is titled by its name."""
+    store, manager = dashboard_store
+    at = _app()
+    options = at.selectbox(key="architecture").options
+    assert at.selectbox(key="architecture").value == "lenet"  # the default stays
+    assert options[0] == "convnet (built-in)" and f"{MOBILENET} (torchvision)" in options
+    assert options.index(f"{MOBILENET} (torchvision)") > options.index("resnet34 (built-in)")
+    at.selectbox(key="architecture").set_value(MOBILENET)
+    at.number_input(key="input_size").set_value(64).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert at.query_params["arch"] == MOBILENET and at.query_params["size"] == "64"
+    for key in ("channels", "activation", "stem"):
+        assert not any(s.key == key for s in at.selectbox), key
+    assert not any(r.key == "weights_init" for r in at.radio)
+    assert any("do not apply" in c.value for c in at.caption)
+    assert 'ModelSpec("torchvision:mobilenet_v3_small", 10, (3, 64, 64)' in " ".join(
+        c.value for c in at.code
+    )
+
+    at.file_uploader(key="weights_file.0").set_value(
+        ("mobilenet.safetensors", _mobilenet_weights(), "application/octet-stream")
+    )
+    at.run()
+    assert not _errors(at), _errors(at)
+    sha = at.query_params["weights"]
+    assert any("Using weights mobilenet.safetensors" in s.value for s in at.success)
+
+    # A refresh (a link) brings the torchvision model back with its weights.
+    again = _app(**{k: v[0] if isinstance(v, list) else v for k, v in at.query_params.items()})
+    assert not again.exception and not _errors(again), _errors(again)
+    assert again.selectbox(key="architecture").value == MOBILENET
+
+    at.switch_page(LAB.path).run()
+    assert any(
+        f"{MOBILENET}, 10 classes, input 3x64x64, uploaded weights" in m.value for m in at.markdown
+    ), [m.value for m in at.markdown]
+    at.selectbox(key="attack").set_value("dlg").run()
+    at.number_input(key="iterations.dlg.audit").set_value(2)
+    at.button(key="start").click().run()
+    assert not _errors(at), _errors(at)
+    run_id = at.query_params["run"]
+    assert manager.wait(run_id, 180)
+    record = store.get_run(run_id)
+    assert record.status == "completed", record.error
+    assert record.spec["model"]["spec"]["architecture"] == MOBILENET
+    assert record.spec["model"]["weights_asset"] == sha
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert any(MOBILENET in h.value for h in at.header), [h.value for h in at.header]
+    assert _verdict_headlines(at), "no verdict headline"
+
+
+def test_weights_for_another_architecture_say_which_can_be_audited(dashboard_store):
+    store, _ = dashboard_store
+    at = _app()
+    at.selectbox(key="architecture").set_value(MOBILENET)
+    at.number_input(key="input_size").set_value(64).run()
+    at.file_uploader(key="weights_file.0").set_value(
+        ("lenet.safetensors", _lenet_weights(), "application/octet-stream")
+    )
+    at.run()
+    assert not at.exception
+    assert any(e.startswith("Weights: ") for e in _errors(at)), _errors(at)
+    note = " ".join(i.value for i in at.info)
+    assert f"checked against **{MOBILENET}**" in note
+    assert "built-in architectures (convnet, lenet, mlp," in note
+    assert "`torchvision:NAME`" in note and "`python -m auditlib models`" in note
+    assert "weights" not in at.query_params and store.list_assets("model") == []
+
+    # The same refusal for a built-in says the same.
+    at.selectbox(key="architecture").set_value("convnet").run()
+    assert any(e.startswith("Weights: ") for e in _errors(at)), _errors(at)
+    assert any("checked against **convnet**" in i.value for i in at.info)
+
+
+def test_the_weights_label_follows_the_latest_upload(dashboard_store):
+    """The store keeps the first name of the same bytes; the label names the file in the
+    uploader, never the previous upload's, and a refused upload shows no label at all."""
+    at = _app()
+    uploader = "weights_file.0"
+    at.file_uploader(key=uploader).set_value(
+        ("first.safetensors", _lenet_weights(), "application/octet-stream")
+    )
+    at.run()
+    assert any("Using weights first.safetensors" in s.value for s in at.success)
+
+    at.file_uploader(key=uploader).set_value(
+        ("second.safetensors", _lenet_weights(), "application/octet-stream")
+    )
+    at.run()
+    labels = [s.value for s in at.success if "Using weights" in s.value]
+    assert len(labels) == 1 and labels[0].startswith("Using weights second.safetensors"), labels
+
+    at.file_uploader(key=uploader).set_value(
+        ("third.safetensors", _lenet_weights(7), "application/octet-stream")
+    )
+    at.run()
+    assert any(e.startswith("Weights: ") for e in _errors(at)), _errors(at)
+    assert not [s.value for s in at.success if "Using weights" in s.value]
+    assert "weights" not in at.query_params

@@ -12,7 +12,7 @@ import streamlit as st
 from auditlib.data import SAMPLE_SETS
 from auditlib.errors import AuditInputError
 from auditlib.grids import thumbnail
-from auditlib.models import ARCHITECTURES
+from auditlib.models.registry import architecture_info
 from auditlib.words import count_of
 from dashboard.image_display import image_captions
 from dashboard.navigation import LAB
@@ -28,6 +28,8 @@ from dashboard.state import (
     SETUP_DEFAULTS,
     SOURCES,
     STEMS,
+    architecture_options,
+    is_torchvision,
     persist,
 )
 from dashboard.uploads import images_upload, stored_uploads, weights_upload
@@ -40,18 +42,29 @@ def _field(key: str) -> str:
     return persist(key, SETUP_DEFAULTS[key])
 
 
+def _architecture_label(name: str) -> str:
+    return f"{name} (torchvision)" if is_torchvision(name) else f"{name} (built-in)"
+
+
 def _model_section(errors: list[str]) -> None:
     st.header("Model")
-    names = sorted(ARCHITECTURES)
     architecture = st.selectbox(
         "Architecture",
-        names,
+        architecture_options(),
+        format_func=_architecture_label,
         persist_state="session",
         key=_field("architecture"),
-        help="Built-in architectures of the papers. To audit your own trained model, pick its "
+        help="The built-in architectures of the papers, then every torchvision classification "
+        "model (type to search, e.g. mobilenet). To audit your own trained model, pick its "
         "architecture here and upload its weights below.",
     )
-    st.caption(ARCHITECTURES[architecture].description)
+    try:
+        info = architecture_info(architecture)
+    except AuditInputError as exc:  # not expected: the options are the library's names
+        _problem(errors, f"Model: {exc}")
+        return
+    st.caption(info.description)
+    torchvision = info.source == "torchvision"
     left, right = st.columns(2)
     left.number_input(
         "Classes", *CLASSES_RANGE, step=1, persist_state="session", key=_field("num_classes")
@@ -64,6 +77,27 @@ def _model_section(errors: list[str]) -> None:
         key=_field("input_size"),
         help="Images are centre-cropped and resized to this size.",
     )
+    if torchvision:
+        st.caption(
+            f"{architecture} is built by torchvision (`weights=None`: nothing is downloaded) "
+            "with your classes and input size. It takes colour input (3 channels; grayscale "
+            "images are repeated to three), keeps its builder's activations and its "
+            "PyTorch default initialisation, so the channel, activation, stem and "
+            "initialisation choices of the built-ins do not apply."
+        )
+    else:
+        _builtin_fields(architecture, info)
+    weights_upload(errors)
+
+
+def _problem(errors: list[str], message: str) -> None:
+    st.error(message)
+    errors.append(message)
+
+
+def _builtin_fields(architecture: str, info) -> None:
+    """The choices only the built-in architectures take."""
+    left, right = st.columns(2)
     left.selectbox(
         "Channels",
         list(CHANNELS),
@@ -76,9 +110,9 @@ def _model_section(errors: list[str]) -> None:
         list(ACTIVATIONS),
         persist_state="session",
         key=_field("activation"),
-        help=f"Default for {architecture}: {ARCHITECTURES[architecture].default_activation}.",
+        help=f"Default for {architecture}: {info.default_activation}.",
     )
-    if ARCHITECTURES[architecture].accepts_stem:
+    if info.accepts_stem:
         st.selectbox(
             "Stem",
             list(STEMS),
@@ -97,7 +131,6 @@ def _model_section(errors: list[str]) -> None:
         help="uniform = every weight ~ U(-0.5, 0.5), the DLG/GRNN setting; default = "
         "PyTorch's. Ignored when you upload weights.",
     )
-    weights_upload(errors)
 
 
 def _data_section(errors: list[str]) -> None:
