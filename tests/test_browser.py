@@ -581,3 +581,74 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
             raise
         finally:
             browser.close()
+
+
+MOBILENET = "torchvision:mobilenet_v3_small"
+VERDICT_HEADLINE = re.compile(r"^(Very High|High|Medium|Low|Inconclusive)\b.*:")
+
+
+@pytest.mark.timeout(150)
+def test_a_torchvision_model_with_its_weights_in_a_browser(server, tmp_path):
+    """The auditor picks torchvision's MobileNet v3 small in the Setup page, uploads its
+    weights (random ones, saved as safetensors here), takes two 64-pixel photographs and runs
+    a few DLG steps: the run is titled by the model and reads a verdict."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from auditlib.models import ModelSpec, build_model
+
+    model = build_model(ModelSpec(MOBILENET, 10, (3, 64, 64), seed=0))
+    weights = tmp_path / "mobilenet_v3_small.safetensors"
+    safetensors_torch.save_file(model.state_dict(), str(weights))
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2000})
+            page.set_default_timeout(30_000)
+            page.goto(server)
+            sign_in(page, "alice")
+            page.get_by_role("heading", name="Setup").first.wait_for()
+
+            # The searchable list: type part of the name, pick the torchvision model.
+            page.get_by_label("Architecture", exact=True).click()
+            page.keyboard.type("mobilenet_v3_s")
+            page.get_by_role("option", name=f"{MOBILENET} (torchvision)", exact=True).click()
+            page.get_by_text("the channel, activation, stem and initialisation").wait_for()
+            assert page.get_by_label("Activation", exact=True).count() == 0
+            _set_number(page, "Input size (pixels, height = width)", 64, page)
+            _set_number(page, "Images in the batch", 2, page)
+            uploader = page.locator('[data-testid="stFileUploader"]').filter(
+                has_text="Your trained weights (optional)"
+            )
+            uploader.locator('input[type="file"]').set_input_files(str(weights))
+            page.get_by_text(f"Using weights {weights.name}").wait_for(timeout=60_000)
+            assert "arch=torchvision" in page.url and "weights=" in page.url
+            page.screenshot(path=str(ARTIFACTS / "browser_torchvision_setup.png"), full_page=True)
+
+            page.get_by_role("link", name="Continue to the Attack lab").click()
+            page.get_by_role("heading", name="Attack lab").first.wait_for()
+            page.get_by_text(f"{MOBILENET}, 10 classes, input 3x64x64, uploaded weights").wait_for()
+            sidebar = page.locator('[data-testid="stSidebar"]')
+            sidebar.get_by_text("Iterations", exact=True).wait_for()
+            # One start of a few steps (the audit preset races eight): a short run on 2 cores.
+            _choose(sidebar, "Settings", "paper settings (reproduction)", page)
+            _set_number(sidebar, "Iterations", 3, page)
+            page.get_by_role("button", name="Start the attack").click()
+            title = f"dlg vs none · {MOBILENET} · 2 images from 'photographs'"
+            page.get_by_role("heading", name=title).first.wait_for(timeout=30_000)
+            page.get_by_role("heading", name="Verdict").first.wait_for(timeout=90_000)
+            headline = page.locator('[data-testid="stAlert"] strong').filter(
+                has_text=VERDICT_HEADLINE
+            )
+            headline.first.wait_for()
+            page.get_by_text("dlg against none: PSNR").wait_for()
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(ARTIFACTS / "browser_torchvision_result.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
