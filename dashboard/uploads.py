@@ -328,8 +328,13 @@ def images_upload(errors: list[str]) -> None:
         )
         return
     total = int(asset.meta.get("count") or 1)
+    name = asset.name
+    cached = st.session_state.get("_images_upload")
+    if files and cached is not None and cached[2] == sha:  # the store keeps the first name
+        uploaded = [f.name for f in files if not f.name.lower().endswith(".csv")]
+        name = uploaded[0] if len(uploaded) == 1 else short_names(uploaded)
     col_text, col_button = st.columns([4, 1])
-    col_text.success(f"Using uploaded images: {asset.name} ({count_of(total, 'image')}).")
+    col_text.success(f"Using uploaded images: {name} ({count_of(total, 'image')}).")
     col_button.button("Remove", key="remove_images", on_click=_remove, args=("images",))
     st.number_input(
         "Images in the batch",

@@ -1271,3 +1271,15 @@ def test_the_weights_label_follows_the_latest_upload(dashboard_store):
     assert any(e.startswith("Weights: ") for e in _errors(at)), _errors(at)
     assert not [s.value for s in at.success if "Using weights" in s.value]
     assert "weights" not in at.query_params
+
+
+def test_the_images_label_follows_the_latest_upload(dashboard_store):
+    """The same image under a new name: the label names the file now in the uploader."""
+    data = (EXAMPLES / "coffee.png").read_bytes()
+    at = _app()
+    at.radio(key="source").set_value("upload").run()
+    at.file_uploader(key="images_files.0").set_value([("one.png", data, "image/png")]).run()
+    assert any("Using uploaded images: one.png" in s.value for s in at.success)
+    at.file_uploader(key="images_files.0").set_value([("two.png", data, "image/png")]).run()
+    labels = [s.value for s in at.success if "Using uploaded images" in s.value]
+    assert labels == ["Using uploaded images: two.png (1 image)."], labels

@@ -13,6 +13,7 @@ from auditlib.metrics.catalogue import (
     MetricInfo,
 )
 from auditlib.models import ARCHITECTURES
+from auditlib.models.zoo import torchvision_names
 
 
 def metric_table(metrics: tuple[MetricInfo, ...]) -> list[dict[str, str]]:
@@ -127,4 +128,9 @@ st.table(
         {"architecture": info.name, "description": info.description}
         for info in sorted(ARCHITECTURES.values(), key=lambda i: i.name)
     ]
+)
+st.caption(
+    f"Besides these built-ins, any of torchvision's {len(torchvision_names())} classification "
+    "models can be audited as `torchvision:NAME` (chosen on the Setup page; "
+    "`python -m auditlib models` lists them)."
 )
