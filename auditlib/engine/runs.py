@@ -29,6 +29,7 @@ from auditlib.engine.messages import (
     UtilityMessage,
     from_wire,
 )
+from auditlib.engine.preflight import check_model_trains
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
 from auditlib.store import Store
@@ -85,6 +86,7 @@ class RunManager:
             spec.attack, spec.budget.iterations, server=spec.scenario.server
         )  # one attack, or every applicable one
         build_defense(spec.defense.name, spec.defense.params_dict())
+        check_model_trains(spec)  # a BatchNorm model that cannot train on one image
         ray_backend.ensure_ray(self.ray_address)
         ray_backend.require_device(spec, self.ray_address)
         expire(self.store)
