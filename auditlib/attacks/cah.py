@@ -10,8 +10,14 @@ from typing import Literal
 
 import torch
 
-from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
-from auditlib.attacks.imprint import EMPTY_BIN, ReadBack, block_update, single_event
+from auditlib.attacks.base import Clock, RunControl, register
+from auditlib.attacks.imprint import (
+    EMPTY_BIN,
+    ReadBack,
+    block_update,
+    server_attack,
+    single_event,
+)
 from auditlib.config import check_ranges, param
 from auditlib.server.build import build_cah
 from auditlib.server.modification import BuildContext, ServerModification, rows_within_budget
@@ -119,32 +125,24 @@ def _agreeing(reads: list[torch.Tensor], seed: int) -> list[list[int]]:
     return groups
 
 
-def _honest_server(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
-    if knowledge.server is None or knowledge.server.attack != "cah":
-        return "cah needs a malicious server (threat model 'malicious'): it changes the model"
-    return None
-
-
 register(
-    AttackInfo(
-        name="cah",
-        summary="Curious Abandon Honesty (Boenisch et al. 2023): trap weights in a layer in "
-        "front of the model; a row fired by one image alone holds it exactly.",
-        config_type=CahConfig,
-        run=run_cah,
-        presets={"paper": {"rows": 1000, "sigma": 0.5, "scale": 0.95, "calibrate_on": "none"}},
-        audit=AuditPreset(
-            {"rows": 0, "rows_per_image": 8, "sigma": 0.5, "scale": 0.95, "calibrate_on": "faces"},
-            iterations=1,
-            why="a closed form, so the budget buys rows: 8 trap rows per image of the batch, "
-            "each row's bias set on public faces to fire for one image in B (the paper's "
-            "bias 0 fires ever more rarely as images grow)",
-        ),
-        paper_iterations=1,
-        not_applicable=_honest_server,
-        adapts=frozenset(),
-        weighs_prior=False,
-        builds=build,
-        closed_form=True,
+    server_attack(
+        "cah",
+        "Curious Abandon Honesty (Boenisch et al. 2023): trap weights in a layer in front of "
+        "the model; a row fired by one image alone holds it exactly.",
+        CahConfig,
+        run_cah,
+        build,
+        paper={"rows": 1000, "sigma": 0.5, "scale": 0.95, "calibrate_on": "none"},
+        audit={
+            "rows": 0,
+            "rows_per_image": 8,
+            "sigma": 0.5,
+            "scale": 0.95,
+            "calibrate_on": "faces",
+        },
+        why="a closed form, so the budget buys rows: 8 trap rows per image of the batch, "
+        "each row's bias set on public faces to fire for one image in B (the paper's "
+        "bias 0 fires ever more rarely as images grow)",
     )
 )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from auditlib.attacks.base import Clock, ProgressEvent
+from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, ProgressEvent
 from auditlib.errors import AttackUnsupportedError
 from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.server.modification import ServerModification
@@ -203,4 +203,41 @@ def single_event(
     final = Reconstruction((candidate,), stop, 1, {**inference, "images_read_back": found})
     yield ProgressEvent(
         1, 1, clock.elapsed, {LOSS_NAME: candidate.loss}, 0, candidate.images, None, final
+    )
+
+
+def server_attack(
+    name: str,
+    summary: str,
+    config_type: type,
+    run,
+    build,
+    paper: dict,
+    audit: dict,
+    why: str,
+) -> AttackInfo:
+    """The registry entry of a malicious server's attack: a closed form (one pass, budget 1)
+    that applies only where the server built its own model, adapts to no defense and weighs
+    no image prior."""
+
+    def needs_its_model(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
+        if knowledge.server is None or knowledge.server.attack != name:
+            return (
+                f"{name} needs a malicious server (threat model 'malicious'): it changes the model"
+            )
+        return None
+
+    return AttackInfo(
+        name=name,
+        summary=summary,
+        config_type=config_type,
+        run=run,
+        presets={"paper": paper},
+        audit=AuditPreset(audit, iterations=1, why=why),
+        paper_iterations=1,
+        not_applicable=needs_its_model,
+        adapts=frozenset(),
+        weighs_prior=False,
+        builds=build,
+        closed_form=True,
     )

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
+from auditlib.attacks.base import Clock, RunControl, register
 from auditlib.attacks.imprint import (
     ReadBack,
     block_update,
     noise_floor,
     read_bins,
+    server_attack,
     single_event,
 )
 from auditlib.attacks.rtf import Prior, stack_pixels
@@ -93,30 +94,16 @@ def run_loki(
     return single_event(read, knowledge, clock, inference)
 
 
-def _honest_server(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
-    if knowledge.server is None or knowledge.server.attack != "loki":
-        return "loki needs a malicious server (threat model 'malicious'): it changes the model"
-    return None
-
-
 register(
-    AttackInfo(
-        name="loki",
-        summary="LOKI (Zhao et al. 2024): per-client kernels and brightness bins; images of "
+    server_attack(
+        "loki",
+        "LOKI (Zhao et al. 2024): per-client kernels and brightness bins; images of "
         "many clients read back from the secure-aggregation sum and attributed.",
-        config_type=LokiConfig,
-        run=run_loki,
-        presets={"paper": {"bins": 0, "bins_per_image": 4, "prior": "faces"}},
-        audit=AuditPreset(
-            {"bins": 0, "bins_per_image": 8, "prior": "faces"},
-            iterations=1,
-            why="a closed form, so the budget buys bins: 8 per image of a client's batch",
-        ),
-        paper_iterations=1,
-        not_applicable=_honest_server,
-        adapts=frozenset(),
-        weighs_prior=False,
-        builds=build,
-        closed_form=True,
+        LokiConfig,
+        run_loki,
+        build,
+        paper={"bins": 0, "bins_per_image": 4, "prior": "faces"},
+        audit={"bins": 0, "bins_per_image": 8, "prior": "faces"},
+        why="a closed form, so the budget buys bins: 8 per image of a client's batch",
     )
 )

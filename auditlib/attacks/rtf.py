@@ -10,12 +10,13 @@ from typing import Literal
 
 import torch
 
-from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, RunControl, register
+from auditlib.attacks.base import Clock, RunControl, register
 from auditlib.attacks.imprint import (
     ReadBack,
     block_update,
     noise_floor,
     read_bins,
+    server_attack,
     single_event,
 )
 from auditlib.config import check_ranges, param
@@ -95,31 +96,17 @@ def stack_pixels(rows: list[torch.Tensor], shape: tuple[int, ...], like: torch.T
     return torch.stack(rows).view(shape)
 
 
-def _honest_server(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
-    if knowledge.server is None or knowledge.server.attack != "rtf":
-        return "rtf needs a malicious server (threat model 'malicious'): it changes the model"
-    return None
-
-
 register(
-    AttackInfo(
-        name="rtf",
-        summary="Robbing the Fed (Fowl et al. 2022): an imprint block of brightness bins in "
+    server_attack(
+        "rtf",
+        "Robbing the Fed (Fowl et al. 2022): an imprint block of brightness bins in "
         "front of the model; an image alone in its bin is read back exactly.",
-        config_type=RtfConfig,
-        run=run_rtf,
-        presets={"paper": {"bins": 128, "prior": "faces"}},
-        audit=AuditPreset(
-            {"bins": 0, "bins_per_image": 8, "prior": "faces"},
-            iterations=1,
-            why="a closed form, so the budget buys bins: 8 per image of the batch leave "
-            "about 1 - e^(-1/8) = 12 % of images sharing a bin when the prior fits",
-        ),
-        paper_iterations=1,
-        not_applicable=_honest_server,
-        adapts=frozenset(),
-        weighs_prior=False,
-        builds=build,
-        closed_form=True,
+        RtfConfig,
+        run_rtf,
+        build,
+        paper={"bins": 128, "prior": "faces"},
+        audit={"bins": 0, "bins_per_image": 8, "prior": "faces"},
+        why="a closed form, so the budget buys bins: 8 per image of the batch leave "
+        "about 1 - e^(-1/8) = 12 % of images sharing a bin when the prior fits",
     )
 )
