@@ -4,7 +4,7 @@ UI only; the work is in ``auditlib``. Every visitor signs in first (``dashboard/
 and sees only their own runs, uploads, comparisons and sweeps (an admin sees all). Runs
 execute in the process-wide RunManager (see ``dashboard/resources.py``), so the pages only
 start, watch and read them. The page scripts
-are in ``pages/`` beside this file (listed in ``dashboard/navigation.py``), their helpers in
+are in ``dashboard/pages/`` (listed in ``dashboard/navigation.py``), their helpers in
 ``dashboard/``. The open run's id and the uploaded assets' sha256 live in the URL
 (``?run=...&images=...&weights=...``, and the open ``comparison`` and ``sweep``), so a
 refresh or a shared link reopens the same state.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PAGE_FOLDER = "pages"  # beside app.py, as the design card lays the project out
+PAGE_FOLDER = "dashboard/pages"
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def test_every_page_renders(dashboard_store):
 
 
 def test_the_pages_are_scripts_in_their_own_folder():
-    """app.py registers the page scripts of pages/; the helpers stay outside."""
+    """app.py registers the page scripts of dashboard/pages/; the helpers stay outside."""
     assert [p.title for p in PAGES] == [
         "Setup",
         "Attack lab",
