@@ -5,7 +5,8 @@ client kernels), a linear ``bins`` layer whose rows the client's images imprint,
 a linear ``spread`` back to the input's shape, so any model follows unchanged. Every
 column of ``spread`` is the same, so a sample's gradient reaches every row of ``bins`` with
 one factor: the difference of two rows' updates over the difference of their biases' is
-then exactly the images that lie between them (Fowl et al., ICLR 2022, Sec. 3).
+then exactly the image that lies between them, where one does alone (Fowl et al., ICLR
+2022, Sec. 3).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ SPREAD = 1e-3
 # count: each weight (1/d) then moves by about 2e-4 of itself times the pixel per step, some
 # 1,700 steps of float32's resolution (2^-23 ~ 1.2e-7) when the client adds it to the
 # weights, while the mean pixel's threshold drifts by about 0.3 x 2e-4 = 6e-5 per step,
-# below a bin's width (about 1e-3 at 512 bins). Measured in docs/ALGORITHMS.md.
+# below a bin's width (about 1e-3 at 512 bins). See docs/ALGORITHMS.md, rtf's FedAvg.
 STEP_PER_PIXEL = 2e-4
 
 
