@@ -255,3 +255,22 @@ def test_loki_under_secure_aggregation_attributes_the_images_to_their_clients(tm
     # Read from the summary's recorded spec where the typed one is gone.
     unread = dataclasses.replace(entry, spec=None)
     assert facts_server.is_malicious(unread) and facts_server.clients_of(unread) == 4
+
+
+def _twin_row(label: str, plain: float, twin: float):
+    from auditlib.report.subject import RunRow
+
+    values = {f.name: None for f in dataclasses.fields(RunRow)}
+    values |= {"label": label, "series": "s", "status": "completed", "has_result": True}
+    values |= {"finding": False, "plain_psnr": plain, "adaptive_psnr": twin}
+    return RunRow(**values)
+
+
+def test_the_stronger_of_a_twin_and_its_attack_reads_equal_where_they_print_alike():
+    rows = [
+        _twin_row("tie", 5.2801, 5.2799),  # 5.28 dB both: no finding either way
+        _twin_row("twin", 5.28, 6.10),
+        _twin_row("plain", 7.5, 6.1),
+    ]
+    stronger = {row[0]: row[3] for row in facts_results.twin_rows(rows)}
+    assert stronger == {"tie": "equal", "twin": "knowing the defense", "plain": "plain"}

@@ -21,17 +21,23 @@ def recovered_text(row: RunRow) -> str:
 
 
 def twin_rows(rows: Sequence[RunRow]) -> list[tuple[str, str, str, str]]:
-    """(run, plain PSNR, knowing-the-defense PSNR, the stronger) where a twin ran."""
+    """(run, plain PSNR, knowing-the-defense PSNR, the stronger) where a twin ran; "equal"
+    where the two read the same as printed (a difference below the printed precision is
+    no finding either way)."""
     return [
-        (
-            r.label,
-            metric_text("psnr", r.plain_psnr),
-            metric_text("psnr", r.adaptive_psnr),
-            "knowing the defense" if (r.adaptive_psnr or 0) > (r.plain_psnr or 0) else "plain",
-        )
+        (r.label, plain, twin, _stronger(r, plain, twin))
         for r in rows
         if r.adaptive_psnr is not None
+        for plain, twin in [
+            (metric_text("psnr", r.plain_psnr), metric_text("psnr", r.adaptive_psnr))
+        ]
     ]
+
+
+def _stronger(row: RunRow, plain: str, twin: str) -> str:
+    if plain == twin:
+        return "equal"
+    return "knowing the defense" if (row.adaptive_psnr or 0) > (row.plain_psnr or 0) else "plain"
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,8 @@ def results(b: Builder) -> list[Flowable]:
                 "Beside each attack ran its adaptive twin, with the same settings and seed, "
                 "told the defense's mechanism and public parameters (not its secrets); "
                 "what each twin did is in the threat model of its verdict. The verdict "
-                "takes, per image, the best reconstruction of either.",
+                "takes, per image, the best reconstruction of either. Stronger: equal where "
+                "the two PSNRs print alike.",
                 "caption",
             )
         )
