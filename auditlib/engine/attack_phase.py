@@ -102,11 +102,8 @@ def plan_attacks(
         ]
     else:
         info = ATTACKS.get(attack.name)
-        if info is not None and info.builds is not None and server != "malicious":
-            raise AuditInputError(
-                f"{attack.name} is a malicious server's attack (it changes the model the server "
-                "sends): choose the malicious-server threat model to run it"
-            )
+        if info is not None:
+            refuse_without_its_server(info, server)
         chosen = [(attack.name, attack.preset, attack.params_dict())]
     planned = []
     for name, preset, params in chosen:
@@ -119,6 +116,16 @@ def plan_attacks(
             steps = planned_steps(config, preset, iterations, every)
         planned.append(PlannedAttack(name, preset, config, settings, steps))
     return planned
+
+
+def refuse_without_its_server(info, server: str) -> None:
+    """A malicious server's attack (it builds the model it reads) runs only under that
+    threat model."""
+    if info.builds is not None and server != "malicious":
+        raise AuditInputError(
+            f"{info.name} is a malicious server's attack (it changes the model the server "
+            "sends): choose the malicious-server threat model to run it"
+        )
 
 
 def with_adaptive(planned: list[PlannedAttack]) -> list[PlannedAttack]:

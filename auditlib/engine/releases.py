@@ -17,9 +17,8 @@ import torch
 
 from auditlib.attacks import ATTACKS
 from auditlib.client.update import trainable_parameters
-from auditlib.engine.attack_phase import PlannedAttack
+from auditlib.engine.attack_phase import PlannedAttack, refuse_without_its_server
 from auditlib.engine.victim import Victim
-from auditlib.errors import AuditInputError
 from auditlib.fl.scenario import Release, release_aggregate, release_update
 from auditlib.observed import ObservedBundle
 from auditlib.seeds import derive_seed
@@ -59,11 +58,7 @@ class Rounds:
         info = ATTACKS[attack.name]
         if info.builds is None:
             return self._release("honest", None)
-        if self.spec.scenario.server != "malicious":
-            raise AuditInputError(
-                f"{attack.name} is a malicious server's attack (it changes the model the "
-                "server sends): choose the malicious-server threat model to run it"
-            )
+        refuse_without_its_server(info, self.spec.scenario.server)
         key = f"{attack.name}:{sorted(attack.settings.items())}"
         if key not in self._made:
             modification = info.builds(attack.config, self._context())
