@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PAGE_FOLDER = "dashboard/pages"
+PAGE_FOLDER = "pages"  # beside app.py, as the design card lays the project out
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def test_every_page_renders(dashboard_store):
 
 
 def test_the_pages_are_scripts_in_their_own_folder():
-    """app.py registers the page scripts of dashboard/pages/; the helpers stay outside."""
+    """app.py registers the page scripts of pages/; the helpers stay outside."""
     assert [p.title for p in PAGES] == [
         "Setup",
         "Attack lab",
@@ -167,10 +167,28 @@ def test_the_pages_are_scripts_in_their_own_folder():
         "History",
         "Method",
     ]
-    pages = ROOT / "dashboard" / "pages"
+    pages = ROOT / "pages"
     assert {(ROOT / p.path) for p in PAGES} == set(pages.glob("[!_]*.py"))
-    app = (ROOT / "app.py").read_text()
-    assert "dashboard.navigation" in app and "PAGES" in app
+    for page in pages.glob("[!_]*.py"):
+        assert "\nthrough_app()" in page.read_text(), f"{page.name} does not go through app.py"
+
+
+def test_a_page_script_run_without_app_py_still_asks_for_the_sign_in(dashboard_store):
+    """With pages/ beside app.py, Streamlit's first multipage mode runs a page script before
+    app.py's navigation on a process's first run (and on every AppTest run): a visitor who
+    opens a page's URL then gets the sign-in form, never the page."""
+    for ref in PAGES:
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+        at.switch_page(ref.path).run()
+        assert not at.exception, ref.title
+        assert [t.value for t in at.title] == ["FL gradient-leakage audit"], ref.title
+        assert any("Sign in to see" in c.value for c in at.caption), ref.title
+        assert not at.header and not at.tabs, ref.title
+    # Signed in, the same direct run renders the page once, through app.py.
+    at = _app()
+    at.switch_page(LAB.path).run()
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Attack lab"]
 
 
 # --- Setup ----------------------------------------------------------------------------------

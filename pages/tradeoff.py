@@ -17,9 +17,12 @@ from auditlib.engine import batches
 from auditlib.errors import AuditInputError
 from dashboard.batch_view import open_batch, start_batch
 from dashboard.config_form import changed_params, config_defaults, config_inputs
+from dashboard.entry import through_app
 from dashboard.forms import batch_form, batch_title, show_problems
 from dashboard.run_choices import build_run
 from dashboard.state import persist
+
+through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
 
 # A first grid per defense: from no visible effect to strong (the knob's own units).
 DEFAULT_GRIDS = {

@@ -11,12 +11,15 @@ import streamlit as st
 from auditlib.metrics.catalogue import CATALOGUE
 from auditlib.store import STATUSES, AssetInfo, RunRecord
 from auditlib.words import count_of, size_text
+from dashboard.entry import through_app
 from dashboard.navigation import LAB
 from dashboard.resources import get_manager, get_store
 from dashboard.run_live import open_run
 from dashboard.state import set_url_state, url_state
 from dashboard.stored_runs import run_result, run_settings, run_verdict
 from dashboard.verdict_words import verdict_cell
+
+through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
 
 LIMIT = 200
 REFRESH_S = 2.0

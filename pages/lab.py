@@ -15,6 +15,7 @@ from auditlib.access import AccessDenied
 from auditlib.engine.controls import start_with_control
 from auditlib.errors import AuditInputError
 from auditlib.words import count_of
+from dashboard.entry import through_app
 from dashboard.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
 from dashboard.navigation import HISTORY, SETUP
 from dashboard.resources import get_manager, get_store
@@ -37,6 +38,8 @@ from dashboard.run_result import results
 from dashboard.setup_state import Setup, current_setup, setup_problems
 from dashboard.spec_words import threat_words
 from dashboard.stored_runs import run_settings
+
+through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
 
 
 def _start(setup: Setup, lab: LabChoices) -> None:

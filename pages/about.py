@@ -14,6 +14,9 @@ from auditlib.metrics.catalogue import (
 )
 from auditlib.models import ARCHITECTURES
 from auditlib.models.zoo import torchvision_names
+from dashboard.entry import through_app
+
+through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
 
 
 def metric_table(metrics: tuple[MetricInfo, ...]) -> list[dict[str, str]]:

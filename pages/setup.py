@@ -14,6 +14,7 @@ from auditlib.errors import AuditInputError
 from auditlib.grids import thumbnail
 from auditlib.models.registry import architecture_info
 from auditlib.words import count_of
+from dashboard.entry import through_app
 from dashboard.image_display import image_captions
 from dashboard.navigation import LAB
 from dashboard.setup_state import batch_of, current_setup, setup_problems
@@ -33,6 +34,8 @@ from dashboard.state import (
     persist,
 )
 from dashboard.uploads import images_upload, stored_uploads, weights_upload
+
+through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
 
 THUMBNAIL = 112  # pixels
 SOURCE_LABELS = {"samples": "Bundled sample set", "upload": "My own images"}
