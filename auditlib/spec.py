@@ -61,15 +61,23 @@ class DataSpec:
 NO_IMAGES = DataSpec("none", "")
 
 
+OBSERVED_SOURCES = ("folder", "asset")
+
+
 @dataclass(frozen=True)
 class ObservedRef:
-    """An update a client actually sent, audited in place of the simulated client: the
-    folder of its bundle (``auditlib.observed``: the global weights, the client's weights or
-    their difference, and training.json) and the sha256 of its files, which stands for the
-    folder in the run's identity."""
+    """An update a client actually sent, audited in place of the simulated client: its
+    bundle (``auditlib.observed``: the global weights, the client's weights or their
+    difference, and training.json), a folder (``source`` "folder", ``location`` its path) or
+    an upload stored as an asset (``source`` "asset", ``location`` the asset's sha256), and
+    the sha256 of its files, which stands for either in the run's identity."""
 
     location: str
     content_sha256: str | None = None
+    source: Literal["folder", "asset"] = "folder"
+
+    def __post_init__(self) -> None:
+        require_choice(self.source, OBSERVED_SOURCES, "observed bundle source")
 
 
 SERVERS = ("honest", "malicious")
@@ -288,8 +296,13 @@ class RunSpec:
             del scenario["secure_aggregation"]
         if scenario["observed"] is None:  # and before observed updates
             del scenario["observed"]
-        elif self.scenario.observed is not None and self.scenario.observed.content_sha256:
-            scenario["observed"]["location"] = None
+        else:
+            # The files' sha256 stands for the folder or the stored upload alike: one bundle,
+            # one run, however it was brought in (and ids from before uploads stay).
+            if scenario["observed"]["source"] == "folder" or scenario["observed"]["content_sha256"]:
+                del scenario["observed"]["source"]
+            if scenario["observed"]["content_sha256"]:
+                scenario["observed"]["location"] = None
         protocol = scenario["protocol"]  # and before the local optimiser and shuffling
         for name, default in LATER_FIELDS.items():
             if protocol[name] == default:

@@ -4,6 +4,7 @@ the command line with and without the client's private images."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -422,3 +423,91 @@ def test_a_shuffling_client_is_simulated_and_the_threat_card_says_the_order_was_
     assert not card[BATCH_ORDER].known and card[BATCH_ORDER].detail == SHUFFLED_ORDER
     assert "shuffled its mini-batches" in summary.threat_model.server_knows[1]
     assert summary.metrics is not None and summary.unscored is None
+
+
+# --- A bundle brought in as an upload (the dashboard's Setup page) ------------------------
+
+
+def test_an_uploaded_bundle_is_its_files_or_one_zip_of_its_folder_and_is_stored_once(tmp_path):
+    import io
+    import zipfile
+
+    from auditlib.observed import bundle_from_archive, bundle_from_upload
+
+    start, client = _lenet_states()
+    folder = write_bundle(tmp_path / "b", start, client, TRAINING)
+    on_disk = load_bundle(folder)
+    files = [(p.name, p.read_bytes()) for p in sorted(folder.iterdir())]
+    bundle, archive = bundle_from_upload(files)
+    assert bundle.content_sha256 == on_disk.content_sha256  # one bundle, one identity
+    # A zip of the folder (as a file manager makes it: the folder inside, a macOS fork).
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as made:
+        for name, data in files:
+            made.writestr(f"round-3/{name}", data)
+        made.writestr("__MACOSX/round-3/._training.json", b"fork")
+    zipped, again = bundle_from_upload([("round-3.zip", buffer.getvalue())])
+    assert zipped.content_sha256 == on_disk.content_sha256
+    assert again == archive  # the stored form does not depend on how it came
+    stored = bundle_from_archive(archive, "upload")
+    assert stored.content_sha256 == on_disk.content_sha256
+    assert torch.equal(stored.client_state["fc.0.bias"], client["fc.0.bias"])
+
+    def refusal(upload) -> str:
+        with pytest.raises(AuditInputError) as caught:
+            bundle_from_upload(upload)
+        return str(caught.value)
+
+    assert "no training.json" in refusal([f for f in files if f[0] != "training.json"])
+    assert "notes.txt, which is not a bundle's file" in refusal([*files, ("notes.txt", b"x")])
+    assert "not both" in refusal([*files, ("round-3.zip", buffer.getvalue())])
+    assert "not a readable zip" in refusal([("b.zip", b"PK not a zip")])
+    nested = io.BytesIO()
+    with zipfile.ZipFile(nested, "w") as made:
+        for name, data in files:
+            made.writestr(f"a/b/{name}", data)
+    assert "at its top level or in one folder" in refusal([("n.zip", nested.getvalue())])
+    pickled = [(n, pickle.dumps(client) if n == "client.safetensors" else d) for n, d in files]
+    assert "not a safetensors file" in refusal(pickled)  # never unpickled
+
+
+def test_a_stored_bundle_is_audited_as_its_folder_is(tmp_path):
+    """The dashboard's run of an uploaded bundle (an asset handed to the worker as bytes)
+    gives the run the command line gives for its folder: the same id, the same update."""
+    from auditlib.engine.audit import run_audit
+    from auditlib.observed import bundle_from_upload
+    from auditlib.spec import (
+        NO_IMAGES,
+        Budget,
+        ComponentSpec,
+        DataSpec,
+        ModelRef,
+        ObservedRef,
+        RunSpec,
+        ScenarioSpec,
+    )
+
+    folder, _, _ = _plain_pytorch_client(tmp_path, write_delta=True)
+    bundle, archive = bundle_from_upload([(p.name, p.read_bytes()) for p in folder.iterdir()])
+    asset = hashlib.sha256(archive).hexdigest()
+
+    def spec(observed: ObservedRef) -> RunSpec:
+        return RunSpec(
+            model=ModelRef(bundle.model_spec),
+            data=DataSpec("none", "", normalization=bundle.normalization),
+            scenario=ScenarioSpec(protocol=bundle.protocol, observed=observed),
+            attack=ComponentSpec.of("ig"),
+            defense=ComponentSpec("none"),
+            budget=Budget(3),
+        )
+
+    uploaded = spec(ObservedRef(asset, bundle.content_sha256, source="asset"))
+    from_folder = spec(ObservedRef(str(folder), bundle.content_sha256))
+    assert uploaded.identity() == from_folder.identity()
+    assert NO_IMAGES.source == "none"
+    first = run_audit(uploaded, assets={asset: archive}, lpips_nets=())
+    second = run_audit(from_folder, lpips_nets=())
+    assert first.summary.unscored == second.summary.unscored == "no private images to compare with"
+    torch.testing.assert_close(first.reconstruction, second.reconstruction)
+    with pytest.raises(AuditInputError, match="was not handed to this worker"):
+        run_audit(uploaded, assets={}, lpips_nets=())

@@ -36,7 +36,7 @@ from auditlib.errors import AuditInputError
 from auditlib.fl.training import FederatedTraining, federated_averaging, pretraining_pool
 from auditlib.metrics import to_unit_range
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
-from auditlib.observed import ObservedBundle, load_bundle
+from auditlib.observed import ObservedBundle, bundle_from_archive, load_bundle
 from auditlib.seeds import derive_seed
 from auditlib.spec import MAX_BATCH, RunSpec
 from auditlib.threat import PrivateBatch
@@ -261,8 +261,13 @@ def _on_device(
 def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victim:
     """The observed update's victim: the bundle's global model, and the client's images
     where the auditor has them (the truth to score against), else none."""
-    assert spec.scenario.observed is not None
-    bundle = load_bundle(spec.scenario.observed.location)
+    observed = spec.scenario.observed
+    assert observed is not None
+    if observed.source == "asset":  # an uploaded bundle, stored, handed over as bytes
+        archive = _asset(assets, observed.location, "observed update")
+        bundle = bundle_from_archive(archive, f"upload {observed.location[:12]}")
+    else:
+        bundle = load_bundle(observed.location)
     check_observed_spec(spec, bundle)
     examples = bundle.training.num_examples
     if examples > MAX_BATCH:

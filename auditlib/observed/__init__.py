@@ -15,11 +15,13 @@ from auditlib.observed.bundle import (
     DELTA_FILE,
     GLOBAL_FILE,
     ObservedBundle,
+    bundle_from_files,
     load_bundle,
     write_bundle,
 )
 from auditlib.observed.record import FILE as TRAINING_FILE
 from auditlib.observed.record import TrainingRecord
+from auditlib.observed.upload import bundle_archive, bundle_from_archive, bundle_from_upload
 
 __all__ = [
     "CLIENT_FILE",
@@ -28,6 +30,10 @@ __all__ = [
     "TRAINING_FILE",
     "ObservedBundle",
     "TrainingRecord",
+    "bundle_archive",
+    "bundle_from_archive",
+    "bundle_from_files",
+    "bundle_from_upload",
     "load_bundle",
     "write_bundle",
 ]

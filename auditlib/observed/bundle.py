@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +36,7 @@ from auditlib.words import MB, size_text
 GLOBAL_FILE = "global.safetensors"
 CLIENT_FILE = "client.safetensors"
 DELTA_FILE = "delta.safetensors"
+BUNDLE_FILES = (GLOBAL_FILE, CLIENT_FILE, DELTA_FILE, TRAINING_FILE)
 MAX_TRAINING_BYTES = 1 * MB
 _EXAMPLES = 3  # mismatching tensors named in a refusal
 
@@ -144,20 +145,6 @@ class ObservedBundle:
             "shared": self.shared,
             "training": self.training.to_json(),
         }
-
-
-def _read_bytes(path: Path, limit: int, kind: str) -> bytes:
-    if not path.is_file():
-        raise AuditInputError(f"{path} is not a file; expected the bundle's {kind}")
-    size = path.stat().st_size
-    if size == 0:
-        raise AuditInputError(f"{path.name} is empty (0 bytes); expected the bundle's {kind}")
-    if size > limit:
-        raise AuditInputError(
-            f"{path.name} is {size_text(size)}, over the {size_text(limit)} limit for a "
-            f"bundle's {kind}"
-        )
-    return path.read_bytes()
 
 
 def _read_state(data: bytes, label: str) -> State:
@@ -306,20 +293,20 @@ def _checked(
     )
 
 
-def _files(folder: Path) -> tuple[Path, Shared]:
-    """The update's file and what it holds; refused where there is neither or both."""
-    client, delta = folder / CLIENT_FILE, folder / DELTA_FILE
-    if client.exists() and delta.exists():
+def _update_name(names: Collection[str], where: str) -> tuple[str, Shared]:
+    """The update's file among ``names`` and what it holds; refused where there is neither
+    or both."""
+    if CLIENT_FILE in names and DELTA_FILE in names:
         raise AuditInputError(
-            f"{folder} holds both {CLIENT_FILE} and {DELTA_FILE}; expected one of them (the "
+            f"{where} holds both {CLIENT_FILE} and {DELTA_FILE}; expected one of them (the "
             "client's new weights or their difference)"
         )
-    if not client.exists() and not delta.exists():
+    if CLIENT_FILE not in names and DELTA_FILE not in names:
         raise AuditInputError(
-            f"{folder} holds neither {CLIENT_FILE} nor {DELTA_FILE}; expected one of them (the "
+            f"{where} holds neither {CLIENT_FILE} nor {DELTA_FILE}; expected one of them (the "
             "client's new weights or their difference)"
         )
-    return (client, "weights") if client.exists() else (delta, "delta")
+    return (CLIENT_FILE, "weights") if CLIENT_FILE in names else (DELTA_FILE, "delta")
 
 
 def _training(data: bytes) -> TrainingRecord:
@@ -328,6 +315,56 @@ def _training(data: bytes) -> TrainingRecord:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AuditInputError(f"{TRAINING_FILE} is not valid JSON ({exc})") from None
     return TrainingRecord.from_json(parsed)
+
+
+def _limit(name: str, max_bytes: int) -> tuple[int, str]:
+    if name == TRAINING_FILE:
+        return MAX_TRAINING_BYTES, "training record"
+    return max_bytes, "global weights" if name == GLOBAL_FILE else "client update"
+
+
+def _check_size(name: str, size: int, max_bytes: int) -> None:
+    limit, kind = _limit(name, max_bytes)
+    if size == 0:
+        raise AuditInputError(f"{name} is empty (0 bytes); expected the bundle's {kind}")
+    if size > limit:
+        raise AuditInputError(
+            f"{name} is {size_text(size)}, over the {size_text(limit)} limit for a bundle's {kind}"
+        )
+
+
+def bundle_from_files(
+    files: Mapping[str, bytes], location: str, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> ObservedBundle:
+    """The bundle made of ``files`` (file name -> bytes: global.safetensors,
+    client.safetensors or delta.safetensors, training.json), read and checked as
+    :func:`load_bundle` checks a folder; ``location`` says where it came from."""
+    unknown = sorted(set(files) - set(BUNDLE_FILES))
+    if unknown:
+        raise AuditInputError(
+            f"{location} holds {', '.join(unknown)}, which is not a bundle's file; expected "
+            f"{GLOBAL_FILE}, {CLIENT_FILE} (or {DELTA_FILE}) and {TRAINING_FILE}"
+        )
+    for name in (GLOBAL_FILE, TRAINING_FILE):
+        if name not in files:
+            raise AuditInputError(f"{location} has no {name}; docs/OBSERVED.md describes a bundle")
+    update_name, shared = _update_name(files.keys(), location)
+    raw = {name: files[name] for name in (TRAINING_FILE, GLOBAL_FILE, update_name)}
+    for name, data in raw.items():
+        _check_size(name, len(data), max_bytes)
+    training = _training(raw[TRAINING_FILE])
+    digest = hashlib.sha256()
+    for name in sorted(raw):
+        digest.update(f"{name}:{len(raw[name])}:".encode())
+        digest.update(raw[name])
+    return _checked(
+        location,
+        training,
+        _read_state(raw[GLOBAL_FILE], GLOBAL_FILE),
+        _read_state(raw[update_name], update_name),
+        shared,
+        digest.hexdigest(),
+    )
 
 
 def load_bundle(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ObservedBundle:
@@ -340,28 +377,19 @@ def load_bundle(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Obse
             f"observed bundle {str(folder)!r} {what}; expected a folder with {GLOBAL_FILE}, "
             f"{CLIENT_FILE} (or {DELTA_FILE}) and {TRAINING_FILE}"
         )
+    present = [name for name in BUNDLE_FILES if (folder / name).exists()]
     for name in (GLOBAL_FILE, TRAINING_FILE):
-        if not (folder / name).is_file():
+        if name not in present:
             raise AuditInputError(f"{folder} has no {name}; docs/OBSERVED.md describes a bundle")
-    update_path, shared = _files(folder)
-    raw = {
-        TRAINING_FILE: _read_bytes(folder / TRAINING_FILE, MAX_TRAINING_BYTES, "training record"),
-        GLOBAL_FILE: _read_bytes(folder / GLOBAL_FILE, max_bytes, "global weights"),
-        update_path.name: _read_bytes(update_path, max_bytes, "client update"),
-    }
-    training = _training(raw[TRAINING_FILE])
-    digest = hashlib.sha256()
-    for name in sorted(raw):
-        digest.update(f"{name}:{len(raw[name])}:".encode())
-        digest.update(raw[name])
-    return _checked(
-        str(folder),
-        training,
-        _read_state(raw[GLOBAL_FILE], GLOBAL_FILE),
-        _read_state(raw[update_path.name], update_path.name),
-        shared,
-        digest.hexdigest(),
-    )
+    update_name, _ = _update_name(present, str(folder))
+    files = {}
+    for name in (TRAINING_FILE, GLOBAL_FILE, update_name):
+        path_of = folder / name
+        if not path_of.is_file():
+            raise AuditInputError(f"{path_of} is not a file; expected the bundle's {name}")
+        _check_size(name, path_of.stat().st_size, max_bytes)
+        files[name] = path_of.read_bytes()
+    return bundle_from_files(files, str(folder), max_bytes=max_bytes)
 
 
 def write_bundle(
@@ -401,8 +429,7 @@ def write_bundle(
         _check_finite(start, GLOBAL_FILE)
         _check_finite(update, label)
     folder = Path(path)
-    names = (GLOBAL_FILE, CLIENT_FILE, DELTA_FILE, TRAINING_FILE)
-    present = [n for n in names if (folder / n).exists()]
+    present = [n for n in BUNDLE_FILES if (folder / n).exists()]
     if present and not overwrite:
         raise AuditInputError(
             f"{folder} already holds a bundle ({', '.join(present)}); expected an empty or new "

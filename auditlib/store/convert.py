@@ -34,9 +34,18 @@ def plain_json(value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def assets_in_spec(spec: Mapping[str, Any]) -> set[str]:
-    """The sha256 of every upload a run spec (as stored) names: its weights and its images."""
+    """The sha256 of every upload a run spec (as stored) names: its weights, its images and
+    an observed update's bundle."""
     found: set[str] = set()
     model, data = spec.get("model") or {}, spec.get("data") or {}
+    scenario = spec.get("scenario") or {}
+    observed = scenario.get("observed") if isinstance(scenario, Mapping) else None
+    if (
+        isinstance(observed, Mapping)
+        and observed.get("source") == "asset"
+        and isinstance(observed.get("location"), str)
+    ):
+        found.add(observed["location"])
     if isinstance(model, Mapping) and isinstance(model.get("weights_asset"), str):
         found.add(model["weights_asset"])
     is_upload = isinstance(data, Mapping) and data.get("source") == "asset"
