@@ -21,9 +21,14 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
-from auditlib.attacks.lbfgs import LbfgsSteps
-from auditlib.attacks.loop import run_restarts
-from auditlib.attacks.objectives import UpdateMatcher, random_images, random_label_logits
+from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether
+from auditlib.attacks.loop import run_restarts, stacked
+from auditlib.attacks.objectives import (
+    UpdateMatcher,
+    random_images,
+    random_label_logits,
+    why_not_together,
+)
 from auditlib.config import check_ranges, param
 from auditlib.threat import AttackerKnowledge, Observation
 
@@ -53,15 +58,22 @@ class LbfgsConfig:
     distance: Literal["l2", "cosine"] = param(
         "l2", "distance between the dummy and the observed update: squared L2 (DLG) or cosine"
     )
+    # Starts advance together on a batched L-BFGS with a history per start (lbfgs_batched);
+    # False: one after another on torch's own L-BFGS. The same algorithm per start.
+    together: bool = param(
+        True,
+        "advance the starts together, one L-BFGS history each, as one batched computation "
+        "(false: one after another on torch's L-BFGS; the same algorithm per start)",
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
 
 
 class _Restart:
-    """One L-BFGS restart. Torch's L-BFGS keeps one curvature history and one step size
-    for all it optimises, so restarts stacked into one would steer each other: they run
-    one at a time (raced under the audit preset), each with its own history."""
+    """One L-BFGS restart on torch's own optimiser: a single start (the paper's run, on the
+    paper's optimiser), starts apart (``together=false``), or an objective that cannot be
+    batched (``why_not_together``: an adaptive attacker's fitted unknowns among them)."""
 
     def __init__(self, generators, observation, knowledge, config, fixed_labels, clock):
         (generator,) = generators
@@ -107,6 +119,63 @@ class _Restart:
         return snapshot(self.images), self._hard_labels(), score
 
 
+class _Starts:
+    """K starts on one batched L-BFGS (``LbfgsTogether``): images (and label logits)
+    stacked one row per start; each row's objective is its own update distance, computed
+    for the rows still stepping in one ``UpdateMatcher.together`` pass."""
+
+    def __init__(self, generators, observation, knowledge, config, fixed_labels, clock):
+        self.matcher = UpdateMatcher(observation, knowledge, config.distance)
+        images, logits = [], []
+        for generator in generators:  # per start: images, then label logits (as _Restart)
+            images.append(random_images(knowledge, generator))
+            if fixed_labels is None:
+                logits.append(random_label_logits(knowledge, generator))
+        self.images = stacked(images)
+        self.logits = stacked(logits) if logits else None
+        self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        variables = [self.images] + ([self.logits] if self.logits is not None else [])
+        self.steps = LbfgsTogether.of(variables, self._objective, clock, len(generators), config)
+
+    def _labels(self, rows: list[int]) -> torch.Tensor:
+        return self.fixed if self.logits is None else torch.softmax(self.logits[rows], dim=-1)
+
+    def _objective(self, rows: list[int]) -> torch.Tensor:
+        labels = self._labels(rows)
+        if len(rows) == 1:  # one start: plain autograd, the fastest way alone
+            single = labels if self.logits is None else labels[0]
+            return self.matcher(self.images[rows[0]], single).unsqueeze(0)
+        return self.matcher.together(self.images[rows], labels)
+
+    def _hard_labels(self, row: int) -> torch.Tensor:
+        return (self.fixed if self.logits is None else self.logits[row].detach().argmax(-1)).cpu()
+
+    def step(self, alive):
+        losses = self.steps.step(list(alive))
+        return {
+            "gradient_distance": torch.tensor(losses),
+            "evaluations": torch.tensor([float(self.steps.evaluations[r]) for r in alive]),
+        }
+
+    def frame(self, position):
+        return snapshot(self.images[position]), self._hard_labels(position)
+
+    def candidate(self, position):
+        self.steps.restore([position])  # its last full step, not a cut-short or diverged one
+        labels = self._labels([position])
+        labels = labels if self.logits is None else labels[0]
+        with torch.enable_grad():
+            score = float(self.matcher(self.images[position].detach(), labels.detach()))
+        return snapshot(self.images[position]), self._hard_labels(position), score
+
+
+def lbfgs_together(config, knowledge: AttackerKnowledge) -> bool:
+    """Whether an L-BFGS attack's starts advance together: asked for, more than one (a
+    single start runs on torch's own L-BFGS, the paper's optimiser, bit for bit as before),
+    and an objective that ``UpdateMatcher.together`` can batch."""
+    return config.together and config.restarts > 1 and why_not_together(knowledge) is None
+
+
 def run_lbfgs_attack(
     observation: Observation,
     knowledge: AttackerKnowledge,
@@ -118,11 +187,14 @@ def run_lbfgs_attack(
 ) -> Iterator[ProgressEvent]:
     """DLG when ``fixed_labels`` is None (labels optimised jointly), else iDLG-style."""
 
+    together = lbfgs_together(config, knowledge)
+    kind = _Starts if together else _Restart
+
     def make(generators, clock):
-        return _Restart(generators, observation, knowledge, config, fixed_labels, clock)
+        return kind(generators, observation, knowledge, config, fixed_labels, clock)
 
     return run_restarts(
-        make, config.restarts, False, control, seed, "gradient_distance", label_inference
+        make, config.restarts, together, control, seed, "gradient_distance", label_inference
     )
 
 

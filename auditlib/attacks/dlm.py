@@ -39,15 +39,17 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.labels import infer_batch_labels
-from auditlib.attacks.lbfgs import LbfgsSteps
-from auditlib.attacks.loop import run_restarts
+from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether
+from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     DISTANCES,
     ThroughDefense,
     backward_to,
     random_images,
     random_label_logits,
+    restart_buffers,
     total_variation,
+    why_not_together,
 )
 from auditlib.client.update import client_update
 from auditlib.config import check_ranges, param
@@ -101,6 +103,13 @@ class _ModelLeakageConfig:
         low=1,
         high=64,
     )
+    # L-BFGS starts advance together, one history each (lbfgs_batched); False: one after
+    # another on torch's L-BFGS. Adam's starts run apart.
+    together: bool = param(
+        True,
+        "advance L-BFGS starts together, one history each, as one batched computation "
+        "(false: one after another on torch's L-BFGS; the same algorithm per start)",
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -145,15 +154,28 @@ class DlmPlusConfig(_ModelLeakageConfig):
 # --- The objective -------------------------------------------------------------------------
 
 
-def update_scale(tensors: Sequence[torch.Tensor], norm: str) -> torch.Tensor:
-    """The scalar DLM+ divides a whole update by (Eq. 8, or the public code's layer mean)."""
+def update_scale(tensors: Sequence[torch.Tensor], norm: str, starts: bool = False) -> torch.Tensor:
+    """The scalar DLM+ divides a whole update by (Eq. 8, or the public code's layer mean);
+    with ``starts``, one per start of updates stacked along a leading dimension."""
+    if starts:  # R stacked updates: one scale per start, over all but the first dimension
+        if norm == "frobenius":
+            return torch.sqrt(sum(t.reshape(t.shape[0], -1).pow(2).sum(-1) for t in tensors))
+        norms = [torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=-1) for t in tensors]
+        return torch.stack(norms).mean(0)
     if norm == "frobenius":
         return torch.sqrt(sum(t.pow(2).sum() for t in tensors))
     return torch.stack([torch.linalg.vector_norm(t) for t in tensors]).mean()
 
 
-def normalised(tensors: Sequence[torch.Tensor], norm: str) -> Tensors:
-    scale = update_scale(tensors, norm) + 1e-12
+def per_start(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """One value per start, shaped to multiply ``like`` (stacked along its first dimension)."""
+    return values.reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def normalised(tensors: Sequence[torch.Tensor], norm: str, starts: bool = False) -> Tensors:
+    scale = update_scale(tensors, norm, starts) + 1e-12
+    if starts:
+        return tuple(t / per_start(scale, t) for t in tensors)
     return tuple(t / scale for t in tensors)
 
 
@@ -215,6 +237,7 @@ class ModelLeakageObjective:
         self.target = normalised(target, self.norm) if self.plus else target
         self.gamma_nominal = self._nominal_gamma()
         self.nominal_target = tuple(t * self.gamma_nominal for t in self.target)
+        self.zeros = tuple(torch.zeros_like(t) for t in self.target)
 
     def _nominal_gamma(self) -> float:
         protocol = self.knowledge.protocol
@@ -227,8 +250,11 @@ class ModelLeakageObjective:
         """gamma that makes gamma * (W - W') the dummy descent if the nominal lr were true."""
         return self.gamma_nominal
 
-    def dummy_descent(self, images: torch.Tensor, labels: torch.Tensor) -> Tensors:
-        """The dummy batch's gradient at W (paper), or its unrolled descent / nominal lr."""
+    def dummy_descent(
+        self, images: torch.Tensor, labels: torch.Tensor, buffers: dict | None = None
+    ) -> Tensors:
+        """The dummy batch's gradient at W (paper), or its unrolled descent / nominal lr.
+        ``buffers``: the model's buffers of one start (under ``torch.func.vmap``)."""
         protocol = self.knowledge.protocol
         if self.simulate == "gradient" or protocol.algorithm == "fedsgd":
             return client_update(
@@ -238,27 +264,62 @@ class ModelLeakageObjective:
                 labels,
                 self.gradient_protocol,
                 differentiable=True,
+                buffers=buffers,
             )
         update = client_update(
-            self.knowledge.model, self.parameters, images, labels, protocol, differentiable=True
+            self.knowledge.model,
+            self.parameters,
+            images,
+            labels,
+            protocol,
+            differentiable=True,
+            buffers=buffers,
         )
         if protocol.shared == "weights":
             update = tuple(w - p for w, p in zip(update, self.parameters.values(), strict=True))
         # Divided by the nominal lr so that gamma keeps the paper's meaning (1 / alpha).
         return tuple(-d / protocol.local_lr for d in update)
 
-    def distance(self, descent: Sequence[torch.Tensor], gamma: torch.Tensor | None) -> torch.Tensor:
+    def distance(
+        self, descent: Sequence[torch.Tensor], gamma: torch.Tensor | None, starts: bool = False
+    ) -> torch.Tensor:
+        """The distance of one descent, or with ``starts`` of R descents stacked along a
+        leading dimension (``gamma`` then one factor per start), one value per start."""
         descent = self.view.masked(descent)
         if self.plus:
-            return self.metric(normalised(descent, self.norm), self.target)
+            return self.metric(normalised(descent, self.norm, starts), self.target)
         if gamma is None:
             raise ValueError("DLM's distance needs the tuning factor gamma")
         if self.gamma_on == "dummy":
             # Both sides times the nominal gamma (a constant): the objective then has a
             # gradient's magnitude, not lr^2 times it, which L-BFGS's absolute tolerances need.
             scale = self.nominal_gamma() / gamma
+            if starts:
+                return self.metric(
+                    tuple(d * per_start(scale, d) for d in descent), self.nominal_target
+                )
             return self.metric(tuple(d * scale for d in descent), self.nominal_target)
+        if starts:  # each start's own gamma * target: measured as the residual against zero
+            residual = tuple(
+                d - per_start(gamma, d) * t for d, t in zip(descent, self.target, strict=True)
+            )
+            return self.metric(residual, self.zeros)
         return self.metric(descent, tuple(gamma * t for t in self.target))
+
+    def together(
+        self, images: torch.Tensor, labels: torch.Tensor, gamma: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The distance of each of R starts at once (``images`` R x B x C x H x W, ``labels``
+        R x B x classes or B shared, ``gamma`` R or None): the R dummy descents by
+        ``torch.func.vmap``, as ``UpdateMatcher.together`` computes updates, then the
+        distance on them stacked. Each value is what :meth:`__call__` gives that start alone,
+        up to float summation order."""
+        buffers = restart_buffers(self.knowledge.model, images.shape[0])
+        label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
+        descents = torch.func.vmap(self.dummy_descent, in_dims=(0, label_dim, 0))(
+            images, labels, buffers
+        )
+        return self.distance(descents, gamma, starts=True)
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, gamma: torch.Tensor | None = None
@@ -345,19 +406,28 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
         # gamma / nominal gamma ~ nominal lr / client lr: the client's lr as the attack sees it.
         record["gamma_ratio_by_restart"] = gammas  # filled in as restarts finish
 
-    made: list[_Restarts] = []  # one per restart, made in restart order (they run apart)
+    together = (
+        config.optimizer == "lbfgs"
+        and config.together
+        and config.restarts > 1
+        and why_not_together(knowledge) is None
+    )
+    kind = _Starts if together else _Restarts
+    # Apart: one per restart, made in restart order; together: one, a row per restart.
+    made: list[_Restarts | _Starts] = []
 
     def make(generators, clock):
-        made.append(
-            _Restarts(generators, objective, knowledge, config, fixed_labels, gamma0, clock)
-        )
+        made.append(kind(generators, objective, knowledge, config, fixed_labels, gamma0, clock))
         return made[-1]
 
+    def ratio(restart: int) -> float | None:
+        return made[0].gamma_ratio[restart] if together else made[restart].gamma_ratio[0]
+
     for event in run_restarts(
-        make, config.restarts, False, control, seed, "update_distance", record
+        make, config.restarts, together, control, seed, "update_distance", record
     ):
         if event.final is not None and gamma0 is not None:
-            gammas.update({c.restart: made[c.restart].gamma_ratio for c in event.final.candidates})
+            gammas.update({c.restart: ratio(c.restart) for c in event.final.candidates})
             event = dataclasses.replace(
                 event, losses={**event.losses, "gamma_ratio": gammas[event.restart]}
             )
@@ -390,7 +460,7 @@ class _Restarts:
             self.lbfgs = None
             self.adam = torch.optim.Adam(self.state.variables, lr=config.lr)
             self.completed = [v.detach().clone() for v in self.state.variables]
-        self.gamma_ratio: float | None = None  # gamma / nominal gamma at the candidate
+        self.gamma_ratio: dict[int, float] = {}  # gamma / nominal gamma at the candidate
 
     def loss_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
         state = self.state
@@ -435,8 +505,87 @@ class _Restarts:
         with torch.enable_grad():
             score = float(self.loss_terms()[1].detach())
         if self.state.gamma is not None:
-            self.gamma_ratio = float(self.state.gamma.detach()) / self.objective.nominal_gamma()
+            self.gamma_ratio[position] = (
+                float(self.state.gamma.detach()) / self.objective.nominal_gamma()
+            )
         return snapshot(self.state.images), self.state.hard_labels(), score
+
+
+class _Starts:
+    """K DLM/DLM+ starts on one batched L-BFGS (``LbfgsTogether``): images, label logits and
+    DLM's gamma stacked one row per start; each row's objective is its own, computed for the
+    rows still stepping in one ``ModelLeakageObjective.together`` pass."""
+
+    def __init__(self, generators, objective, knowledge, config, fixed_labels, gamma0, clock):
+        device = knowledge.device
+        self.objective = objective
+        self.config = config
+        self.fixed = fixed_labels
+        images, logits = [], []
+        for generator in generators:  # per start: images, then label logits (as _Restarts)
+            images.append(random_images(knowledge, generator))
+            if fixed_labels is None:
+                logits.append(random_label_logits(knowledge, generator))
+        self.images = stacked(images)
+        self.logits = stacked(logits) if logits else None
+        self.gamma = (
+            None
+            if gamma0 is None
+            else torch.full(
+                (len(generators),), gamma0, dtype=torch.float32, device=device
+            ).requires_grad_()
+        )
+        variables = [v for v in (self.images, self.logits, self.gamma) if v is not None]
+        self.lbfgs = LbfgsTogether.of(variables, self._objective, clock, len(generators), config)
+        self.gamma_ratio: dict[int, float] = {}  # gamma / nominal gamma at the candidates
+
+    def _labels(self, rows: list[int]) -> torch.Tensor:
+        return self.fixed if self.logits is None else torch.softmax(self.logits[rows], dim=-1)
+
+    def _terms(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = self.images[rows], self._labels(rows)
+        gamma = None if self.gamma is None else self.gamma[rows]
+        if len(rows) == 1:  # one start: plain autograd, the fastest way alone
+            single = labels if self.logits is None else labels[0]
+            distance = self.objective(images[0], single, None if gamma is None else gamma[0])
+            distance = distance.unsqueeze(0)
+        else:
+            distance = self.objective.together(images, labels, gamma)
+        if self.config.tv > 0:
+            return distance + self.config.tv * total_variation(images), distance
+        return distance, distance
+
+    def _objective(self, rows: list[int]) -> torch.Tensor:
+        return self._terms(rows)[0]
+
+    def _hard_labels(self, row: int) -> torch.Tensor:
+        if self.logits is None:
+            return self.fixed.cpu()
+        return self.logits[row].detach().argmax(dim=-1).cpu()
+
+    def step(self, alive):
+        rows = list(alive)
+        losses = {
+            "objective": torch.tensor(self.lbfgs.step(rows)),
+            "evaluations": torch.tensor([float(self.lbfgs.evaluations[r]) for r in rows]),
+        }
+        if self.gamma is not None:
+            gamma = self.gamma.detach()[rows].cpu()
+            losses["gamma"] = gamma
+            losses["gamma_ratio"] = gamma / self.objective.nominal_gamma()
+        return losses
+
+    def frame(self, position):
+        return snapshot(self.images[position]), self._hard_labels(position)
+
+    def candidate(self, position):
+        self.lbfgs.restore([position])  # its last full step, not a cut-short or diverged one
+        with torch.enable_grad():
+            score = float(self._terms([position])[1].detach())
+        if self.gamma is not None:
+            gamma = float(self.gamma.detach()[position])
+            self.gamma_ratio[position] = gamma / self.objective.nominal_gamma()
+        return snapshot(self.images[position]), self._hard_labels(position), score
 
 
 def _fedavg_only(observation: Observation, knowledge: AttackerKnowledge) -> str | None:

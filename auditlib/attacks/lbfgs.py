@@ -1,4 +1,6 @@
-"""One restart's L-BFGS steps, shared by DLG, iDLG and DLM (the restarts are attacks.loop's)."""
+"""L-BFGS steps shared by DLG, iDLG and DLM (the restarts are attacks.loop's): one restart's
+on torch's own optimiser (:class:`LbfgsSteps`), or several starts advancing together on
+``lbfgs_batched.BatchedLbfgs`` (:class:`LbfgsTogether`), each with its own history."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from auditlib.attacks.base import Clock
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs
 from auditlib.attacks.loop import StepInterrupted
 from auditlib.attacks.objectives import backward_to
 
@@ -85,3 +88,71 @@ class LbfgsSteps:
         with torch.no_grad():
             for variable, saved in zip(self.variables, self.completed, strict=True):
                 variable.copy_(saved)
+
+
+class LbfgsTogether:
+    """K starts' L-BFGS advanced together: each :meth:`step` is one ``optimizer.step`` of
+    every start asked for, with torch's algorithm per start (its own curvature history,
+    step size and stopping tests) and one batched objective evaluation for all of them.
+
+    ``objective(rows)`` returns one loss per row of the stacked ``variables`` (leading
+    dimension K). Budgets and cancellation are checked before every evaluation, as
+    :class:`LbfgsSteps` does."""
+
+    def __init__(
+        self,
+        variables: list[torch.Tensor],
+        objective: Callable[[list[int]], torch.Tensor],
+        clock: Clock,
+        starts: int,
+        *,
+        lr: float,
+        max_iter: int,
+        history_size: int,
+        line_search: str | None,
+    ) -> None:
+        self.objective = objective
+        self.clock = clock
+        self.optimizer = BatchedLbfgs(
+            variables,
+            starts,
+            lr=lr,
+            max_iter=max_iter,
+            history_size=history_size,
+            line_search_fn=line_search,
+        )
+
+    @classmethod
+    def of(cls, variables, objective, clock: Clock, starts: int, config) -> LbfgsTogether:
+        """From an attack config, as :meth:`LbfgsSteps.of`."""
+        return cls(
+            variables,
+            objective,
+            clock,
+            starts,
+            lr=config.lr,
+            max_iter=config.lbfgs_max_iter,
+            history_size=config.history_size,
+            line_search=None if config.line_search == "none" else config.line_search,
+        )
+
+    @property
+    def evaluations(self) -> list[int]:
+        """Objective evaluations so far, per start."""
+        return self.optimizer.evaluations
+
+    def _checked(self, rows: list[int]) -> torch.Tensor:
+        reason = self.clock.stop_reason()
+        if reason is not None:
+            raise StepInterrupted(reason)
+        return self.objective(rows)
+
+    def step(self, rows: list[int]) -> list[float]:
+        """One L-BFGS step of each start in ``rows``; each one's loss at the start of its
+        step, NaN for a start that left the finite numbers (it keeps its last full step and
+        stops). Raises :class:`StepInterrupted`."""
+        return self.optimizer.step(self._checked, rows)
+
+    def restore(self, rows: list[int]) -> None:
+        """The rows back at their last full step (see :meth:`LbfgsSteps.restore`)."""
+        self.optimizer.restore(rows)
