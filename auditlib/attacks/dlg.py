@@ -165,7 +165,7 @@ class _Starts:
         labels = self._labels([position])
         labels = labels if self.logits is None else labels[0]
         with torch.enable_grad():
-            score = float(self.matcher(self.images[position].detach(), labels.detach()))
+            score = float(self.matcher(self.images[position].detach(), labels.detach()).detach())
         return snapshot(self.images[position]), self._hard_labels(position), score
 
 
