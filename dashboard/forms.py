@@ -111,8 +111,40 @@ def split_words(batch: int, clients: int) -> str:
     )
 
 
+def _observed_scenario(lab: LabChoices, setup: Setup) -> None:
+    """An observed update: the threat model is the honest server that received it, the
+    protocol the bundle's (said, not chosen)."""
+    assert setup.bundle is not None
+    st.caption(
+        "Threat model: the honest server that received this update (an observed update is "
+        "audited as it was received: no model of the server's own, no secure aggregation). "
+        f"Client protocol: the bundle's ({protocol_words(setup.bundle.protocol)})."
+    )
+    lab.server, lab.secure_aggregation = "honest", None
+
+
+def protocol_words(protocol: ClientProtocol) -> str:
+    """'FedAvg, 4 local steps at lr 0.05, mini-batches of 2, sends new weights'."""
+    if protocol.algorithm == "fedsgd":
+        return "FedSGD: one gradient of the whole batch"
+    batches = f", mini-batches of {protocol.local_batch_size}" if protocol.local_batch_size else ""
+    return (
+        f"{ALGORITHM_WORDS['fedavg']}, {count_of(protocol.local_steps, 'local step')} at lr "
+        f"{protocol.local_lr:g}{batches}, sends {SHARED_WORDS.get(protocol.shared)}"
+    )
+
+
 def scenario_inputs(lab: LabChoices, batch: int | None = None) -> None:
     st.header("Scenario")
+    setup = current_setup()
+    if setup.bundle is not None:
+        _observed_scenario(lab, setup)
+    else:
+        _protocol_inputs(lab, batch)
+    _knowledge_inputs(lab)
+
+
+def _protocol_inputs(lab: LabChoices, batch: int | None) -> None:
     threat_inputs(lab, batch)
     default = ClientProtocol()
     lab.algorithm = st.radio(
@@ -161,6 +193,9 @@ def scenario_inputs(lab: LabChoices, batch: int | None = None) -> None:
             persist_state="session",
             key=persist("share", default.shared),
         )
+
+
+def _knowledge_inputs(lab: LabChoices) -> None:
     lab.labels_known = st.checkbox(
         "Server knows the labels",
         persist_state="session",
@@ -277,6 +312,13 @@ def _iterations_input(attack: str, preset: str | None) -> int:
 
 def defense_inputs(lab: LabChoices) -> None:
     st.header("Defense")
+    if current_setup().bundle is not None:
+        st.caption(
+            "None: an observed update is what the client sent, with whatever defense it "
+            "applied; nothing is added to it afterwards."
+        )
+        lab.defense, lab.defense_params = "none", {}
+        return
     names = sorted(DEFENSES, key=lambda n: (n != "none", n))
     lab.defense = st.selectbox(
         "Defense", names, persist_state="session", key=persist("defense", names[0])
@@ -403,6 +445,12 @@ def batch_form(title: str) -> tuple[Setup, LabChoices, UtilitySpec | None, list[
     )
     link_col.page_link(SETUP.path, label="Change", icon=":material/tune:")
     errors, missing = setup_problems(setup)
+    if setup.bundle is not None:
+        errors.append(
+            "An observed update is audited in the Attack lab: Compare and Trade-off apply "
+            "defenses to a simulated client, and the observed update is what the client sent. "
+            "Remove the bundle on the Setup page to compare defenses."
+        )
     errors += check_components(lab) + check_clients_fit(setup, lab)
     if utility_error:
         errors.append(utility_error)

@@ -19,6 +19,7 @@ from auditlib.spec import (
     ComponentSpec,
     DataSpec,
     ModelRef,
+    ObservedRef,
     RunSpec,
     ScenarioSpec,
     check_clients,
@@ -89,6 +90,8 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
     if setup.source == "samples":
         data = DataSpec(source="samples", location=setup.sample_set, batch_size=setup.count)
         images_text = f"{count_of(setup.count, 'image')} from '{setup.sample_set}'"
+    elif setup.source == "none":
+        data, images_text = DataSpec("none", ""), "no private images"
     else:
         if not setup.images:
             raise AuditInputError("no images uploaded yet; upload images or pick a sample set")
@@ -102,10 +105,14 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
             count_of(count, "uploaded image") if isinstance(count, int) else "uploaded images"
         )
     data = dataclasses.replace(data, normalization=setup.normalization)
+    scenario = lab.scenario()
+    if setup.observed:
+        scenario, update_text = _observed_scenario(setup, scenario, assets)
+        images_text = f"{update_text}, {images_text}"
     spec = RunSpec(
         model=model,
         data=data,
-        scenario=lab.scenario(),
+        scenario=scenario,
         attack=ComponentSpec.of(lab.attack, lab.attack_params, lab.preset),
         defense=ComponentSpec.of(lab.defense, lab.defense_params),
         budget=Budget(iterations=lab.iterations, max_seconds=lab.time_budget),
@@ -119,6 +126,26 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
         + f" · {setup.architecture} · {images_text}"
     )
     return spec, assets, title
+
+
+def _observed_scenario(
+    setup: Setup, scenario: ScenarioSpec, assets: dict[str, bytes]
+) -> tuple[ScenarioSpec, str]:
+    """The lab's scenario on the uploaded bundle: its protocol, the bundle as the update
+    (added to ``assets``), and the run's title words."""
+    if setup.bundle is None or not setup.observed:
+        raise AuditInputError(
+            "the observed update is gone from the store; upload it again on the Setup page"
+        )
+    asset = get_store().get_asset(setup.observed)
+    if asset is None:
+        raise AuditInputError(
+            "the observed update is gone from the store; upload it again on the Setup page"
+        )
+    assets[asset.sha256] = asset.data
+    observed = ObservedRef(asset.sha256, setup.bundle.content_sha256, source="asset")
+    scenario = dataclasses.replace(scenario, protocol=setup.bundle.protocol, observed=observed)
+    return scenario, f"observed update {setup.bundle.content_sha256[:12]}"
 
 
 def run_assets(spec: RunSpec) -> dict[str, bytes]:

@@ -13,11 +13,14 @@ from typing import Any
 import streamlit as st
 
 from auditlib.access import AccessDenied
+from auditlib.client.protocol import ClientProtocol, Shared
 from auditlib.data import LabelledImages, check_labels_fit, load_sample_set, load_zip
 from auditlib.errors import AuditInputError
 from auditlib.models import ModelSpec, build_model, load_weights
 from auditlib.models.registry import architecture_info
+from auditlib.observed import TrainingRecord
 from auditlib.store import AssetRecord
+from auditlib.words import count_of
 from dashboard.resources import get_store
 from dashboard.state import (
     ARCHITECTURE_DEFAULT,
@@ -51,8 +54,14 @@ class Setup:
     upload_count: int | None = None  # images of the upload in the batch; None = all
     normalization: str = "none"
     seed: int = 0
+    observed: str | None = None  # sha256 of an uploaded observed-update bundle
+    # That bundle as stored (its training.json, what the client sent, its files' sha256);
+    # None when none is in use or it is not in the store (setup_problems says so).
+    bundle: ObservedUpload | None = None
 
     def model_spec(self) -> ModelSpec:
+        if self.bundle is not None:  # an observed update's model is the bundle's
+            return self.bundle.training.model_spec()
         return ModelSpec(
             architecture=self.architecture,
             num_classes=self.num_classes,
@@ -73,7 +82,24 @@ class Setup:
     def torchvision(self) -> bool:
         return is_torchvision(self.architecture)
 
+    def images_text(self) -> str:
+        """The private images in words: '1 from the 'photographs' sample set'."""
+        if self.source == "samples":
+            return f"{self.count} from the '{self.sample_set}' sample set"
+        if self.source == "none":
+            return "none (the reconstructions are shown, not scored)"
+        if self.upload_count:
+            return count_of(self.upload_count, "uploaded image")
+        return "every uploaded image"
+
     def model_text(self) -> str:
+        if self.bundle is not None:
+            spec = self.model_spec()
+            shape = "x".join(str(v) for v in spec.input_shape)
+            return (
+                f"{spec.architecture}, {spec.num_classes} classes, input {shape}, the observed "
+                f"update's global weights (bundle {self.bundle.content_sha256[:12]})"
+            )
         if self.weights:
             weights = "uploaded weights"
         elif self.torchvision:
@@ -85,6 +111,58 @@ class Setup:
             f"{self.architecture}, {self.num_classes} classes, input {self.channels}x"
             f"{self.input_size}x{self.input_size}{stem}, {weights}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservedUpload:
+    """An uploaded observed-update bundle as its stored record says (the bundle was checked
+    when it was uploaded; the run checks its files again)."""
+
+    training: TrainingRecord
+    shared: Shared
+    content_sha256: str
+    name: str
+
+    @property
+    def protocol(self) -> ClientProtocol:
+        return self.training.protocol(self.shared)
+
+    def describe(self) -> str:
+        """What the client sent and how it trained, in words."""
+        record = self.training
+        sent = "its new weights" if self.shared == "weights" else "its weight change"
+        if record.one_gradient:
+            how = f"one SGD step at lr {record.lr:g} on its {record.num_examples} examples"
+        else:
+            steps = (
+                f"{record.local_epochs} local epochs"
+                if record.local_epochs is not None
+                else f"{record.local_steps} local steps"
+            )
+            how = (
+                f"{record.optimizer.upper()} (lr {record.lr:g}, momentum {record.momentum:g}, "
+                f"weight decay {record.weight_decay:g}), {steps} of batches of "
+                f"{record.local_batch_size} over {record.num_examples} examples"
+            )
+        return f"{self.name}: the client sent {sent} after {how}"
+
+
+def observed_upload(sha: str) -> ObservedUpload | None:
+    """The stored bundle ``sha`` as its record says, or None when it is not stored (cached
+    per session; another user's raises AccessDenied)."""
+    cache = st.session_state.setdefault("_observed_uploads", {})
+    if sha not in cache:
+        asset = get_store().get_asset_info(sha)
+        if asset is None or asset.kind != "observed":
+            return None
+        meta = asset.meta
+        cache[sha] = ObservedUpload(
+            TrainingRecord.from_json(meta["training"]),
+            meta["shared"],
+            meta["content_sha256"],
+            asset.name,
+        )
+    return cache[sha]
 
 
 def current_setup() -> Setup:
@@ -116,8 +194,28 @@ def current_setup() -> Setup:
         upload_count=upload_count,
         normalization=get("normalization"),
         seed=int(get("seed")),
+        observed=state.get("observed") or None,
     )
-    if setup.torchvision:  # the Setup page hides these fields for a torchvision model
+    if setup.observed:
+        try:
+            bundle = observed_upload(setup.observed)
+        except AccessDenied:
+            bundle = None  # setup_problems says whose it is
+        if bundle is not None:  # the bundle's model and normalisation, not the page's fields
+            channels, size, _ = bundle.training.input_shape
+            setup = dataclasses.replace(
+                setup,
+                bundle=bundle,
+                architecture=bundle.training.model_spec().architecture,
+                num_classes=bundle.training.num_classes,
+                input_size=size,
+                channels=channels,
+                weights=None,
+                normalization=bundle.training.normalization,
+            )
+    if (
+        setup.torchvision and setup.bundle is None
+    ):  # the Setup page hides these fields for a torchvision model
         setup = dataclasses.replace(setup, **TORCHVISION_FIXED)
     return setup
 
@@ -190,7 +288,7 @@ def batch_of(setup: Setup) -> LabelledImages | None:
     """
     if setup.source == "samples":
         return sample_batch(setup.sample_set, setup.count, setup.seed)
-    if not setup.images:
+    if setup.source == "none" or not setup.images:
         return None
     images = stored_images(setup.images)
     if images is None:
@@ -205,6 +303,21 @@ def setup_problems(setup: Setup, where: str = "on the Setup page") -> tuple[list
     """(errors, missing): what the library refuses, and what has not been given yet."""
     errors: list[str] = []
     missing: list[str] = []
+    if setup.observed and setup.bundle is None:
+        try:
+            observed_upload(setup.observed)
+        except AccessDenied as exc:
+            errors.append(f"Observed update: {exc}")
+        else:
+            errors.append(
+                f"Observed update: the bundle {setup.observed[:12]}... is not in this "
+                f"dashboard's store; upload it again {where}"
+            )
+    if setup.source == "none" and setup.bundle is None:
+        errors.append(
+            "Images: only an observed update is audited without the client's images; pick a "
+            f"sample set or upload images {where}, or upload an observed update"
+        )
     spec = None
     try:
         spec = setup.model_spec()
@@ -223,6 +336,14 @@ def setup_problems(setup: Setup, where: str = "on the Setup page") -> tuple[list
         images = None
     if images is None and setup.source == "upload" and not errors:
         missing.append(f"No images yet: upload them {where}, or pick a bundled sample set.")
+    if images is not None and setup.bundle is not None:
+        expected = setup.bundle.training.num_examples
+        if len(images) != expected:
+            errors.append(
+                f"Images: the client trained on {expected} examples (the bundle's "
+                f"num_examples) and the batch holds {len(images)}; give the client's {expected} "
+                f"images {where}, or none (the reconstructions are then shown, not scored)"
+            )
     if images is not None and images.labels is not None:
         try:
             check_labels_fit(images.labels, setup.num_classes, images.names)

@@ -38,7 +38,14 @@ from auditlib.models.zoo import torchvision_names
 
 # Ids kept in the URL so that a refresh or a shared link reopens the same state.
 # Each is a lowercase hex id of a fixed length: run and batch ids, and assets' sha256.
-URL_IDS = {"run": 32, "comparison": 32, "sweep": 32, "images": 64, "weights": 64}
+URL_IDS = {
+    "run": 32,
+    "comparison": 32,
+    "sweep": 32,
+    "images": 64,
+    "weights": 64,
+    "observed": 64,  # an observed update's bundle, uploaded (auditlib.observed.upload)
+}
 _HEX = re.compile(r"[0-9a-f]+")
 
 
@@ -58,7 +65,9 @@ ARCHITECTURE_DEFAULT = "architecture default"  # activation None: the architectu
 AUTOMATIC_STEM = "automatic"  # stem None: by input size (ResNets only)
 ACTIVATIONS = (ARCHITECTURE_DEFAULT, *MODEL_ACTIVATIONS)
 STEMS = (AUTOMATIC_STEM, *MODEL_STEMS)
-SOURCES = ("samples", "upload")  # a bundled sample set, or an upload (an images asset)
+# A bundled sample set, an upload (an images asset), or none: only an observed update is
+# audited without the client's images (its reconstructions then shown, not scored).
+SOURCES = ("samples", "upload", "none")
 MAX_NORMALIZATION_CHARS = 200
 
 

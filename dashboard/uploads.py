@@ -20,9 +20,17 @@ from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.models.registry import architecture_info
+from auditlib.observed import (
+    CLIENT_FILE,
+    DELTA_FILE,
+    GLOBAL_FILE,
+    TRAINING_FILE,
+    bundle_from_upload,
+)
+from auditlib.observed.upload import max_archive_bytes
 from auditlib.words import MB, count_of, size_text
 from dashboard.resources import get_store
-from dashboard.setup_state import check_weights, current_setup
+from dashboard.setup_state import check_weights, current_setup, observed_upload
 from dashboard.state import (
     MAX_UPLOAD_BATCH,
     TORCHVISION_PREFIX,
@@ -137,6 +145,83 @@ def weights_upload(errors: list[str]) -> None:
             help="Go back to the built-in initialisation; the file is deleted from the store "
             "unless stored runs use it.",
         )
+
+
+BUNDLE_TYPES = ["safetensors", "json", "zip"]
+
+
+def observed_bundle_upload(errors: list[str]) -> None:
+    """An update a client sent (an observed-update bundle): checked by ``auditlib.observed``
+    as it arrives, stored as one archive, its sha256 in the URL (``observed``)."""
+    cap, cap_note = upload_cap(max_archive_bytes() // MB)
+    files = st.file_uploader(
+        "The bundle's files, or one zip of its folder",
+        type=BUNDLE_TYPES,
+        accept_multiple_files=True,
+        key=f"observed_files.{st.session_state.get('_observed_uploader', 0)}",
+        max_upload_size=cap,
+        help=f"{GLOBAL_FILE} (the weights the round started from), {CLIENT_FILE} (what the "
+        f"client returned) or {DELTA_FILE} (its change), and {TRAINING_FILE} (how it "
+        "trained), as written by the Flower recorder (auditlib.flower) or by your own code "
+        f"(docs/OBSERVED.md); weights as safetensors only, never unpickled.{cap_note}",
+    )
+    _removed_note("observed")
+    if files:
+        signature = tuple((f.file_id, f.name, f.size) for f in files)
+        cached = st.session_state.get("_observed_upload")
+        if cached is None or cached[0] != signature:
+            try:
+                bundle, archive = bundle_from_upload([(f.name, f.getvalue()) for f in files])
+            except AuditInputError as exc:
+                cached = (signature, str(exc), None)
+            else:
+                name = (
+                    files[0].name
+                    if len(files) == 1
+                    else f"bundle of {short_names([f.name for f in files])}"
+                )
+                record = bundle.training
+                sha = get_store().put_asset(
+                    "observed",
+                    name,
+                    archive,
+                    meta={
+                        "training": record.to_json(),
+                        "shared": bundle.shared,
+                        "content_sha256": bundle.content_sha256,
+                        "architecture": bundle.model_spec.architecture,
+                        "num_examples": record.num_examples,
+                    },
+                )
+                cached = (signature, None, sha)
+            st.session_state["_observed_upload"] = cached
+            set_url_state("observed", cached[2])
+        if cached[1] is not None:
+            _inline_error(errors, f"Observed update refused: {cached[1]}")
+            return
+    sha = st.session_state.get("observed")
+    if not sha:
+        return
+    if _linked_asset("observed", sha, errors) is REFUSED:
+        return
+    bundle = observed_upload(sha)
+    if bundle is None:
+        _inline_error(
+            errors,
+            f"The observed update {sha[:12]}... named in the link is not in this dashboard's "
+            "store; upload it again.",
+        )
+        return
+    col_text, col_button = st.columns([4, 1])
+    col_text.success(f"Auditing the update a client sent: {bundle.describe()}.")
+    col_button.button(
+        "Remove",
+        key="remove_observed",
+        on_click=_remove,
+        args=("observed",),
+        help="Go back to simulating the client; the bundle is deleted from the store unless "
+        "stored runs use it.",
+    )
 
 
 def auditable_note(architecture: str) -> str:
@@ -381,7 +466,7 @@ def stored_uploads() -> None:
             except AuditInputError as exc:
                 st.error(f"Not deleted: {exc}")
                 return
-            for kind in ("weights", "images"):
+            for kind in ("weights", "images", "observed"):
                 if st.session_state.get(kind) == sha:
                     set_url_state(kind, None)
             st.session_state["_stored_deleted"] = (

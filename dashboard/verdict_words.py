@@ -20,6 +20,7 @@ OUTCOME_STYLE = {
     "labels_leak": ("error", ":material/label:"),
     "defense_held": ("success", ":material/shield:"),
     "inconclusive": ("warning", ":material/help:"),
+    "unavailable": ("info", ":material/visibility_off:"),  # nothing to score against
 }
 SOK_CITATION = "Carletti et al., USENIX Security 2025"
 # The threat card's lines of an active server and of secure aggregation (the items of

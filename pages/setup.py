@@ -33,12 +33,16 @@ from dashboard.state import (
     is_torchvision,
     persist,
 )
-from dashboard.uploads import images_upload, stored_uploads, weights_upload
+from dashboard.uploads import images_upload, observed_bundle_upload, stored_uploads, weights_upload
 
 through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
 
 THUMBNAIL = 112  # pixels
-SOURCE_LABELS = {"samples": "Bundled sample set", "upload": "My own images"}
+SOURCE_LABELS = {
+    "samples": "Bundled sample set",
+    "upload": "My own images",
+    "none": "None (the reconstructions are shown, not scored)",
+}
 
 
 def _field(key: str) -> str:
@@ -49,8 +53,32 @@ def _architecture_label(name: str) -> str:
     return f"{name} (torchvision)" if is_torchvision(name) else f"{name} (built-in)"
 
 
+def _update_section(errors: list[str]) -> None:
+    observed = bool(st.session_state.get("observed"))
+    with st.expander(
+        "Audit an update a client actually sent (an observed-update bundle)", expanded=observed
+    ):
+        st.caption(
+            "By default the audit simulates the client: the model below trains on the private "
+            "images below. To audit what your federation really sent, upload the bundle the "
+            "Flower recorder (`auditlib.flower`, docs/FLOWER.md) or your own code "
+            "(docs/OBSERVED.md) wrote for one client of one round: the model, its weights and "
+            "the client's training are then the bundle's, and the private images are optional "
+            "(without them the reconstructions are shown, not scored)."
+        )
+        observed_bundle_upload(errors)
+
+
 def _model_section(errors: list[str]) -> None:
     st.header("Model")
+    setup = current_setup()
+    if setup.bundle is not None:
+        st.info(
+            f"The observed update's model: {setup.model_text()}. Its architecture, classes, "
+            "input size, normalisation and weights are the bundle's; remove the bundle above "
+            "to choose a model here."
+        )
+        return
     architecture = st.selectbox(
         "Architecture",
         architecture_options(),
@@ -138,9 +166,13 @@ def _builtin_fields(architecture: str, info) -> None:
 
 def _data_section(errors: list[str]) -> None:
     st.header("Private images")
+    observed = current_setup().bundle is not None
+    sources = [s for s in SOURCES if observed or s != "none"]
+    if st.session_state.get("source") not in (None, *sources):
+        st.session_state["source"] = "samples"  # no images only for an observed update
     source = st.radio(
         "Images the client holds",
-        list(SOURCES),
+        sources,
         format_func=SOURCE_LABELS.get,
         horizontal=True,
         persist_state="session",
@@ -161,8 +193,18 @@ def _data_section(errors: list[str]) -> None:
             persist_state="session",
             key=_field("count"),
         )
-    else:
+    elif source == "upload":
         images_upload(errors)
+    else:
+        st.caption(
+            "The observed update is audited without the client's images: the attacks' "
+            "reconstructions and their own losses are shown; nothing can be scored, and the "
+            "verdict says so."
+        )
+    if observed:  # the bundle's normalisation; only the seed is chosen here
+        st.caption(f"Normalisation: the bundle's ({current_setup().normalization}).")
+        _seed_input(st)
+        return
     left, right = st.columns(2)
     left.text_input(
         "Normalisation",
@@ -171,7 +213,11 @@ def _data_section(errors: list[str]) -> None:
         help="'none' (the model sees pixels in [0, 1], as in DLG) or per-channel MEAN/STD, "
         "e.g. 0.5,0.5,0.5/0.5,0.5,0.5.",
     )
-    right.number_input(
+    _seed_input(right)
+
+
+def _seed_input(where) -> None:
+    where.number_input(
         "Seed",
         *SEED_RANGE,
         step=1,
@@ -213,6 +259,7 @@ def main() -> None:
         "Then choose the attack and the defense in the Attack lab."
     )
     errors: list[str] = []
+    _update_section(errors)
     model_col, data_col = st.columns(2, gap="large")
     with model_col:
         _model_section(errors)

@@ -77,11 +77,12 @@ def headline_metrics(summary: Mapping[str, Any] | None) -> dict[str, Any]:
         return dict.fromkeys(HEADLINE_COLUMNS)
     result = AuditSummary.from_json(summary)
     iterations = finite_number(result.timing.iterations)
+    metrics = result.metrics  # None: an observed update audited without its images (unscored)
     return {
-        "psnr_mean": finite_number(result.metrics.mean("psnr")),
-        "ssim_mean": finite_number(result.metrics.mean("ssim")),
-        "lpips_mean": finite_number(result.metrics.mean("lpips")),
-        "label_accuracy": finite_number(result.metrics.label_accuracy),
+        "psnr_mean": None if metrics is None else finite_number(metrics.mean("psnr")),
+        "ssim_mean": None if metrics is None else finite_number(metrics.mean("ssim")),
+        "lpips_mean": None if metrics is None else finite_number(metrics.mean("lpips")),
+        "label_accuracy": None if metrics is None else finite_number(metrics.label_accuracy),
         "iterations": None if iterations is None else int(iterations),
         "seconds": finite_number(result.timing.seconds),
     }
