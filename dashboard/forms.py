@@ -346,7 +346,8 @@ def budget_inputs(lab: LabChoices, *, batch: bool = False) -> None:
         key, default = "time_budget", LAB_TIME_BUDGET_S
         help_text = (
             "Per run (the undefended control of a defended run gets the same): the attack "
-            "stops when this time is up and is scored as it stands."
+            "stops when this time is up and is scored as it stands. Under a defense the "
+            "attacker that knows it gets the same budget again, so the run may take twice."
         )
     lab.time_budget = float(
         st.number_input(

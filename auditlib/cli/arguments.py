@@ -208,7 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--iterations", type=int, help="optimiser steps per restart (default: the paper's)"
     )
-    run.add_argument("--time-budget", type=float, help="seconds before the attack stops")
+    run.add_argument(
+        "--time-budget",
+        type=float,
+        help="seconds before the attack stops (under a defense its adaptive twin gets as many "
+        "again)",
+    )
     run.add_argument(
         "--no-control",
         action="store_true",

@@ -157,6 +157,7 @@ def run_attacks(
     # One seed per attack name, so an attack and its adaptive twin start alike.
     single = len({p.name for p in planned}) == 1
     finals: dict[str, Reconstruction] = {}  # each plain attack's result, for its twin
+    spent = {False: 0.0, True: 0.0}  # seconds used by the plain attacks and by the twins
     for index, attack in enumerate(planned):
         try:
             release = release_for(attack)
@@ -191,11 +192,17 @@ def run_attacks(
             continue
         share = control.max_seconds
         if share is not None:
-            left = control.max_seconds - (began - started)
+            # The plain attacks share the budget as they do in the undefended control run
+            # (the same attack at the same budget, which the verdict compares with); the
+            # adaptive twins share a budget of their own, so a twin never takes its plain
+            # attack's time. A defended run may take up to twice the budget.
+            pool = spent[attack.adaptive]
+            left = control.max_seconds - pool
             if left <= 0:
                 outcomes.append(AttackRun(attack, None, BUDGET_SPENT, 0.0))
                 continue
-            share = left / (len(planned) - index)
+            still = sum(1 for p in planned[index:] if p.adaptive == attack.adaptive)
+            share = left / still
         sub = replace(control, max_seconds=share)
         seed_of_attack = seed if single else derive_seed(seed, attack.name)
         final = None
@@ -207,12 +214,22 @@ def run_attacks(
                 if event.final is not None:
                     final = event.final
                 # One final for the whole run: iter_audit scores the attacks' finals itself.
-                yield replace(event, step=offset + event.step, total_steps=total, final=None)
+                # Steps and seconds count from the first attack's start, as the run's timing
+                # does (each attack's own clock starts at zero).
+                yield replace(
+                    event,
+                    step=offset + event.step,
+                    total_steps=total,
+                    elapsed_s=began - started + event.elapsed_s,
+                    final=None,
+                )
         except AttackUnsupportedError as exc:
             if len(planned) == 1:
                 raise
             outcomes.append(AttackRun(attack, None, str(exc), time.perf_counter() - began))
             continue
+        finally:
+            spent[attack.adaptive] += time.perf_counter() - began
         if final is not None and attack.adaptive:
             final = _undone(final, knowledge)
         elif final is not None:
