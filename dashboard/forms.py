@@ -24,12 +24,17 @@ from dashboard.config_form import changed_params, config_defaults, config_inputs
 from dashboard.navigation import SETUP
 from dashboard.run_choices import LabChoices, batch_size, check_clients_fit, check_components
 from dashboard.setup_state import Setup, current_setup, setup_problems
-from dashboard.spec_words import SERVER_WORDS, attack_label, preset_label, threat_words
+from dashboard.spec_words import (
+    ALGORITHM_WORDS,
+    SERVER_WORDS,
+    SHARED_WORDS,
+    attack_label,
+    preset_label,
+    protocol_words,
+    threat_words,
+)
 from dashboard.state import persist
 
-# The protocol's values in words (a value without words is shown as it is).
-ALGORITHM_WORDS = {"fedsgd": "FedSGD", "fedavg": "FedAvg"}
-SHARED_WORDS = {"delta": "weight change", "weights": "new weights"}
 DEVICES = ["cpu", "cuda"]  # RunSpec.device is a string: the library lists no choices
 # Compare and Trade-off run two attacks at a time on a 2-core machine, each slower than a lone
 # run. Measured on this 2-core machine (busy with other work): the default comparison (DLG's
@@ -121,17 +126,6 @@ def _observed_scenario(lab: LabChoices, setup: Setup) -> None:
         f"Client protocol: the bundle's ({protocol_words(setup.bundle.protocol)})."
     )
     lab.server, lab.secure_aggregation = "honest", None
-
-
-def protocol_words(protocol: ClientProtocol) -> str:
-    """'FedAvg, 4 local steps at lr 0.05, mini-batches of 2, sends new weights'."""
-    if protocol.algorithm == "fedsgd":
-        return "FedSGD: one gradient of the whole batch"
-    batches = f", mini-batches of {protocol.local_batch_size}" if protocol.local_batch_size else ""
-    return (
-        f"{ALGORITHM_WORDS['fedavg']}, {count_of(protocol.local_steps, 'local step')} at lr "
-        f"{protocol.local_lr:g}{batches}, sends {SHARED_WORDS.get(protocol.shared)}"
-    )
 
 
 def scenario_inputs(lab: LabChoices, batch: int | None = None) -> None:

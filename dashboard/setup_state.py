@@ -22,6 +22,7 @@ from auditlib.observed import TrainingRecord
 from auditlib.store import AssetRecord
 from auditlib.words import count_of
 from dashboard.resources import get_store
+from dashboard.spec_words import protocol_words
 from dashboard.state import (
     ARCHITECTURE_DEFAULT,
     AUTOMATIC_STEM,
@@ -129,22 +130,8 @@ class ObservedUpload:
 
     def describe(self) -> str:
         """What the client sent and how it trained, in words."""
-        record = self.training
-        sent = "its new weights" if self.shared == "weights" else "its weight change"
-        if record.one_gradient:
-            how = f"one SGD step at lr {record.lr:g} on its {record.num_examples} examples"
-        else:
-            steps = (
-                f"{record.local_epochs} local epochs"
-                if record.local_epochs is not None
-                else f"{record.local_steps} local steps"
-            )
-            how = (
-                f"{record.optimizer.upper()} (lr {record.lr:g}, momentum {record.momentum:g}, "
-                f"weight decay {record.weight_decay:g}), {steps} of batches of "
-                f"{record.local_batch_size} over {record.num_examples} examples"
-            )
-        return f"{self.name}: the client sent {sent} after {how}"
+        examples = count_of(self.training.num_examples, "example")
+        return f"{self.name}: {protocol_words(self.protocol)}, on {examples}"
 
 
 def observed_upload(sha: str) -> ObservedUpload | None:

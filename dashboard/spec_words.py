@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL
+from auditlib.client.protocol import ClientProtocol
 from auditlib.spec import ComponentSpec, RunSpec, ScenarioSpec
+from auditlib.words import count_of
 
 OLDER_SPEC = "?"  # a part of a spec this version cannot read (stored by an older version)
 
@@ -74,6 +76,39 @@ def component_text(part: ComponentSpec) -> str:
     return f"{attack_label(part.name)}{preset}" + (f" ({params})" if params else "")
 
 
+ALGORITHM_WORDS = {"fedsgd": "FedSGD", "fedavg": "FedAvg"}
+SHARED_WORDS = {"delta": "weight change", "weights": "new weights"}
+
+
+def protocol_words(protocol: ClientProtocol) -> str:
+    """'FedAvg, 2 local epochs at lr 0.05 (SGD, momentum 0.9), mini-batches of 2, sends new
+    weights': what the client does, in words."""
+    if protocol.algorithm == "fedsgd":
+        return "FedSGD: one gradient of the whole batch"
+    rounds = (
+        count_of(protocol.local_epochs, "local epoch")
+        if protocol.local_epochs is not None
+        else count_of(protocol.local_steps, "local step")
+    )
+    optimiser = protocol.optimizer.upper() if protocol.optimizer != "sgd" else "SGD"
+    extras = [
+        f"momentum {protocol.momentum:g}" if protocol.momentum else "",
+        f"weight decay {protocol.weight_decay:g}" if protocol.weight_decay else "",
+    ]
+    how = ", ".join([optimiser, *(e for e in extras if e)])
+    batches = (
+        f", mini-batches of {protocol.local_batch_size}"
+        + (" in an order only the client knows" if protocol.shuffle else "")
+        if protocol.local_batch_size
+        else ""
+    )
+    sent = SHARED_WORDS.get(protocol.shared, protocol.shared)
+    return (
+        f"{ALGORITHM_WORDS['fedavg']}, {rounds} at lr {protocol.local_lr:g} ({how}){batches}, "
+        f"sends {sent}"
+    )
+
+
 def settings_text(spec: RunSpec) -> RunSettings:
     model = spec.model.spec
     shape = "x".join(str(v) for v in model.input_shape)
@@ -82,16 +117,28 @@ def settings_text(spec: RunSpec) -> RunSettings:
         images = f"{data.batch_size or 1} from '{data.location}'"
     elif data.source == "asset":
         images = f"{data.batch_size or 'all'} uploaded ({data.location[:8]})"
+    elif data.source == "none":
+        images = "none (the reconstructions are not scored)"
     else:
         images = f"{data.batch_size or 'all'} from {data.location}"
     protocol = spec.scenario.protocol
-    scenario: str = protocol.algorithm
+    scenario: str = protocol.algorithm  # short, for a table's column
     if protocol.algorithm == "fedavg":
-        scenario += f", {protocol.local_steps} local steps, lr {protocol.local_lr}"
+        rounds = (
+            f"{protocol.local_epochs} local epochs"
+            if protocol.local_epochs is not None
+            else f"{protocol.local_steps} local steps"
+        )
+        scenario += f", {rounds}, lr {protocol.local_lr}"
+    observed = spec.scenario.observed
+    if observed is not None:
+        scenario = f"observed update ({scenario})"
     threat = scenario_threat(spec.scenario)
     if threat:
         scenario += f", {threat}"
     weights = ", uploaded weights" if spec.model.weights_asset else ""
+    if observed is not None:
+        weights = ", the observed update's global weights"
     return RunSettings(
         attack=component_text(spec.attack),
         defense=component_text(spec.defense),

@@ -652,3 +652,61 @@ def test_a_torchvision_model_with_its_weights_in_a_browser(server, tmp_path):
             raise
         finally:
             browser.close()
+
+
+@pytest.mark.timeout(180)
+def test_an_observed_update_uploaded_and_audited_in_a_browser(server, tmp_path):
+    """The auditor uploads the bundle a client's round left (written by plain PyTorch code,
+    as docs/OBSERVED.md describes), without the client's images, runs IG for a few steps,
+    reads "Unavailable" and downloads the run's PDF."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tests.test_app import _observed_bundle_files
+
+    files = []
+    for name, data, _ in _observed_bundle_files(tmp_path):
+        (tmp_path / "upload").mkdir(exist_ok=True)
+        (tmp_path / "upload" / name).write_bytes(data)
+        files.append(str(tmp_path / "upload" / name))
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2000})
+            page.set_default_timeout(30_000)
+            page.goto(server)
+            sign_in(page, "alice")
+            page.get_by_role("heading", name="Setup").first.wait_for()
+            page.get_by_text("Audit an update a client actually sent").click()
+            uploader = page.locator('[data-testid="stFileUploader"]').filter(
+                has_text="The bundle's files, or one zip of its folder"
+            )
+            uploader.locator('input[type="file"]').set_input_files(files)
+            page.get_by_text("Auditing the update a client sent").wait_for(timeout=60_000)
+            assert "observed=" in page.url
+            page.get_by_text("The observed update's model: lenet, 10 classes").wait_for()
+            page.get_by_text("None (the reconstructions are shown, not scored)").click()
+            page.get_by_role("link", name="Continue to the Attack lab").click()
+            page.get_by_role("heading", name="Attack lab").first.wait_for()
+            sidebar = page.locator('[data-testid="stSidebar"]')
+            sidebar.get_by_text("Client protocol: the bundle's (FedAvg").wait_for()
+            _choose(sidebar, "Attack", "ig", page)
+            _set_number(sidebar, "Iterations", 3, page)
+            page.get_by_role("button", name="Start the attack").click()
+            page.get_by_role("heading", name="Verdict").first.wait_for(timeout=120_000)
+            page.get_by_text("Unavailable: no private images to compare with").first.wait_for()
+            page.get_by_text("not scored (no private images to compare with)").wait_for()
+            page.screenshot(path=str(ARTIFACTS / "browser_observed_result.png"), full_page=True)
+            page.get_by_role("button", name="Build the PDF report").click()
+            with page.expect_download() as download:
+                page.get_by_role("button", name="Download the PDF report").click()
+            pdf = tmp_path / "observed.pdf"
+            download.value.save_as(pdf)
+            assert pdf.read_bytes().startswith(b"%PDF")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
