@@ -74,10 +74,10 @@ def story(b: Builder) -> list[Flowable]:
             "either. Audit the same bundle with the client's images for scores and a verdict."
         )
     )
-    out.append(b.p("2 The observed update", "h1"))
+    out += sections_front.threat_model(b)  # section 2
+    out.append(b.p("3 The observed update: how the client trained", "h1"))
     out.append(b.plain_pairs([(k, str(v)) for k, v in training.items() if v not in (None, {})]))
-    out += sections_front.threat_model(b)
-    out.append(b.p("3 What the attacks reconstructed", "h1"))
+    out.append(b.p("4 What the attacks reconstructed", "h1"))
     if entry.grid_png is not None:
         out.append(whole_image(entry.grid_png))
         out.append(b.p("One row per attack: its lowest-loss restart, chosen without the images."))
