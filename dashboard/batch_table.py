@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from auditlib.engine.controls import WITH_RESULT
 from auditlib.metrics.catalogue import CATALOGUE
 from auditlib.metrics.verdict import Verdict
-from auditlib.report.subject import RunRow
+from auditlib.report.subject import RunRow, learns_nothing
 from dashboard.verdict_words import verdict_cell
 
 PSNR, ACCURACY, EPSILON = CATALOGUE["psnr"], CATALOGUE["accuracy"], CATALOGUE["epsilon"]
@@ -23,6 +23,8 @@ ATTACK_METRICS = ("psnr", "ssim", "lpips", "mse", "label_accuracy", "recovered",
 PLAIN_PSNR = f"plain attack {PSNR.label}"
 ADAPTIVE_PSNR = f"knowing the defense {PSNR.label}"
 UTILITY_ACCURACY = f"Utility {ACCURACY.label.lower()}"
+# Beside the verdict of a setting whose defended model learns nothing (subject.learns_nothing).
+NOT_USABLE = "not usable: the model learns nothing"
 
 
 def undefended_accuracy(rows: Sequence[RunRow]) -> float | None:
@@ -43,13 +45,16 @@ def display_rows(
     """The rows as the tables show them: formatted, 'n/a' where there is no value.
 
     The leakage column is the verdict (with the control's result), never the run's band
-    alone; the utility beside the undefended accuracy and chance, where known.
+    alone, marked not usable where the defended model learns nothing; the utility beside the
+    undefended accuracy and chance, where known.
     """
     out = []
     for i, r in enumerate(rows):
         verdict = verdicts[i] if verdicts is not None else None
         if r.status in (*WITH_RESULT, "cancelled") and r.psnr is not None:
             leakage = verdict_cell(verdict)
+            if learns_nothing(r):
+                leakage += f" · {NOT_USABLE}"
         else:
             leakage = "n/a"
         row = {"defense": r.label, "status": r.status, "verdict": leakage}

@@ -17,14 +17,20 @@ from auditlib.access import AccessDenied
 from auditlib.engine import batches
 from auditlib.engine.controls import WITH_RESULT
 from auditlib.errors import AuditInputError
-from auditlib.metrics.catalogue import CATALOGUE
+from auditlib.metrics.catalogue import CATALOGUE, epsilon_note
 from auditlib.report.charts import (
     PRIVACY_METRICS,
     comparison_figure,
     success_rate_figure,
     tradeoff_figure,
 )
-from auditlib.report.subject import batch_subject, run_rows, success_curves, utility_caveat
+from auditlib.report.subject import (
+    batch_subject,
+    learns_nothing,
+    run_rows,
+    success_curves,
+    utility_caveat,
+)
 from auditlib.store import TIMED_OUT, UNFINISHED
 from auditlib.words import count_of
 from dashboard.batch_table import (  # display_rows: also tests/test_report.py's entry point
@@ -231,7 +237,7 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
         column_config={
             "verdict": st.column_config.TextColumn(
                 "verdict",
-                width="medium",
+                width="large",
                 help="Each run judged beside the best guess without the update and its "
                 "undefended control at the same budget: a level only for a leak ('Labels' "
                 "where only the private labels leaked), or 'Low' for a defense that held, "
@@ -240,6 +246,13 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
             )
         },
     )
+    for row in rows:
+        unusable = learns_nothing(row)
+        if unusable:
+            st.warning(f"{row.label}: {unusable}.", icon=":material/block:")
+    epsilon = epsilon_note(r.epsilon for r in rows)
+    if epsilon:
+        st.caption(f"ε: {epsilon}.")
     notes = []
     if undefended is not None:
         notes.append(f"without a defense the model reaches {undefended:.1%}")

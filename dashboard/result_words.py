@@ -9,12 +9,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from auditlib.metrics.catalogue import CATALOGUE, RECONSTRUCTION_METRICS, MetricInfo
+from auditlib.metrics.catalogue import CATALOGUE, RECONSTRUCTION_METRICS, MetricInfo, epsilon_note
 from auditlib.metrics.scores import Scores
 from auditlib.metrics.verdict import Verdict
-from auditlib.result import DefenseReport
+from auditlib.result import AuditSummary, DefenseReport
+from auditlib.store import RunRecord
 from dashboard.verdict_words import NO_VERDICT
 
+# What the progress line's seconds are, and the Timing section's first figure: the attacks'
+# wall time (every attack and twin, from the first one's start).
+ATTACK_TIME = "in the attacks"
 # The statistics of a metric's spread the table shows (the mean of every other metric).
 SPREAD_ROWS = {"psnr": ("mean", "std", "max")}
 
@@ -82,7 +86,30 @@ def privacy_text(report: DefenseReport | None) -> str:
         for fact in (report.accountant, report.unit, report.neighbours, report.sampling)
         if fact
     ]
-    return f"{text} ({'; '.join(details)})" if details else text
+    text = f"{text} ({'; '.join(details)})" if details else text
+    note = epsilon_note([report.epsilon])
+    return f"{text}. {note[0].upper()}{note[1:]}." if note else text
+
+
+def timing_text(record: RunRecord, result: AuditSummary) -> str:
+    """The run's two times, each named: the attacks' (the figure the progress line ends on)
+    and the whole run's, from its start to its end (victim, attacks, scoring, and the
+    utility training where it had one)."""
+    timing = result.timing
+    per_second = timing.iterations_per_second
+    text = (
+        f"{number(timing.seconds, '.1f')} s {ATTACK_TIME} (every attack and twin, from the "
+        f"first one's start) for {timing.iterations:,} steps"
+        + (f" ({per_second:.2f} per second)" if per_second else "")
+        + f"; stop reason: {result.stop_reason}."
+    )
+    if record.started_at is not None and record.finished_at is not None:
+        whole = (record.finished_at - record.started_at).total_seconds()
+        parts = "the victim's update, the attacks, scoring" + (
+            " and the utility training" if result.utility is not None else ""
+        )
+        text += f" The whole run, from its start to its end ({parts}): {whole:.1f} s."
+    return text
 
 
 def model_check_text(report: DefenseReport | None) -> str | None:

@@ -11,9 +11,10 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from auditlib.engine.controls import control_finding
-from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, RunRecord
+from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, EventRecord, RunRecord
 from dashboard.image_display import png_width
 from dashboard.resources import get_manager, get_store
+from dashboard.result_words import ATTACK_TIME
 from dashboard.state import set_url_state
 from dashboard.stored_runs import defended_spec
 
@@ -29,6 +30,15 @@ STATUS_TEXT = {
     TIMED_OUT: "stopped by its time budget",
     FAILED: "failed",
 }
+
+
+def started_text(record: RunRecord) -> str:
+    """When the run began: its own start (a comparison's or sweep's runs are all recorded at
+    the batch's creation and start one after another), or when it was queued, if it has
+    not started yet."""
+    if record.started_at is None:
+        return f"queued {record.created_at.astimezone():%Y-%m-%d %H:%M:%S}"
+    return f"{record.started_at.astimezone():%Y-%m-%d %H:%M:%S}"
 
 
 def open_run(run_id: str) -> None:
@@ -75,7 +85,26 @@ def loss_figure(events: list) -> go.Figure:
     return fig
 
 
-def _progress(record: RunRecord, events: list) -> None:
+def progress_text(record: RunRecord, last: EventRecord) -> str:
+    """The progress line under the bar: the step, the seconds spent in the attacks, the
+    latest losses. A finished run states the steps and seconds its timing recorded (the
+    Timing section's figures, ``RunRecord.iterations``/``seconds``), not its last event's."""
+    total = max(int(last.total), 1)
+    steps, seconds = last.step, last.elapsed_s
+    if record.finished and record.iterations is not None and record.seconds is not None:
+        steps, seconds = record.iterations, record.seconds
+    losses = ", ".join(f"{k} {v:.4g}" for k, v in last.losses.items() if v is not None)
+    text = f"step {steps:,} of {total:,} · {seconds:.1f} s {ATTACK_TIME}"
+    if losses:
+        text += f" · {losses}"
+    if record.finished:
+        text = f"{STATUS_TEXT.get(record.status, record.status)}: {text}"
+    elif record.stage:  # the attack is done; the run goes on with its utility training
+        text = f"{record.stage} · the attack: {text}"
+    return text
+
+
+def _progress(record: RunRecord, events: list[EventRecord]) -> None:
     if not events:
         text = (
             "waiting for a worker"
@@ -88,15 +117,7 @@ def _progress(record: RunRecord, events: list) -> None:
         return
     last = events[-1]
     total = max(int(last.total), 1)
-    losses = ", ".join(f"{k} {v:.4g}" for k, v in last.losses.items() if v is not None)
-    text = f"step {last.step:,} of {total:,} · {last.elapsed_s:.1f} s"
-    if losses:
-        text += f" · {losses}"
-    if record.finished:
-        text = f"{STATUS_TEXT.get(record.status, record.status)}: {text}"
-    elif record.stage:  # the attack is done; the run goes on with its utility training
-        text = f"{record.stage} · the attack: {text}"
-    st.progress(min(max(last.step / total, 0.0), 1.0), text=text)
+    st.progress(min(max(last.step / total, 0.0), 1.0), text=progress_text(record, last))
 
 
 def live_view(run_id: str, live: bool) -> None:

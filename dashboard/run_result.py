@@ -16,13 +16,21 @@ from auditlib.attacks import ALL_ATTACKS
 from auditlib.metrics.catalogue import CATALOGUE
 from auditlib.metrics.risk import RECOVERED_RULE
 from auditlib.metrics.verdict import Verdict
+from auditlib.report.subject import learns_nothing, run_row, run_subject
 from auditlib.result import AuditSummary
 from auditlib.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, RunRecord
 from auditlib.words import count_of
 from dashboard.image_display import png_width
 from dashboard.resources import get_store
-from dashboard.result_words import metric_rows, model_check_text, number, privacy_text
+from dashboard.result_words import (
+    ATTACK_TIME,
+    metric_rows,
+    model_check_text,
+    number,
+    privacy_text,
+    timing_text,
+)
 from dashboard.run_live import events, loss_figure
 from dashboard.spec_words import scenario_threat
 from dashboard.stored_runs import result_problem, run_result, run_verdict, stored_spec
@@ -49,6 +57,16 @@ def _verdict_box(verdict: Verdict | None) -> None:
     kind, icon = OUTCOME_STYLE[verdict.outcome]
     getattr(st, kind)(f"**{verdict.headline}**", icon=icon)
     st.markdown(verdict.sentence)
+
+
+def _usable(record: RunRecord, result: AuditSummary) -> None:
+    """Beside the verdict: that the setting is no usable defense, where the defended model
+    learns nothing in the utility training (``subject.learns_nothing``)."""
+    if result.measured_utility is None or result.defense == "none":
+        return
+    unusable = learns_nothing(run_row(run_subject(get_store(), record.id).entries[0]))
+    if unusable:
+        st.warning(f"Not usable: {unusable}.", icon=":material/block:")
 
 
 def _yes_no(value: bool | None) -> str:
@@ -177,7 +195,7 @@ def _headline(record: RunRecord, result: AuditSummary) -> None:
     headline = (
         f"{attack} against {result.defense}: {PSNR.label} {PSNR.text(metrics.psnr_mean)} "
         f"{PSNR.unit} (mean over {count_of(len(metrics.per_image), 'image')}), "
-        f"{timing.iterations} iterations in {number(timing.seconds, '.1f')} s, stopped: "
+        f"{timing.iterations:,} steps in {number(timing.seconds, '.1f')} s {ATTACK_TIME}, stopped: "
         f"{result.stop_reason}."
     )
     if record.status == COMPLETED:
@@ -216,7 +234,7 @@ def _reconstruction(record: RunRecord, result: AuditSummary) -> bytes | None:
     return None if grid is None else grid.png
 
 
-def _numbers(result: AuditSummary, verdict: Verdict | None) -> None:
+def _numbers(record: RunRecord, result: AuditSummary, verdict: Verdict | None) -> None:
     """The metrics table with its notes, the defense's privacy statement and the timing."""
     table_col, side_col = st.columns([1, 1], gap="large")
     with table_col:
@@ -238,13 +256,7 @@ def _numbers(result: AuditSummary, verdict: Verdict | None) -> None:
         if before is not None and after is not None:
             st.caption(f"Update norm before the defense {before:.4g}, after {after:.4g}.")
         st.subheader("Timing")
-        timing = result.timing
-        per_second = timing.iterations_per_second
-        st.write(
-            f"{number(timing.seconds, '.1f')} s for {timing.iterations} iterations"
-            + (f" ({per_second:.2f} per second)" if per_second else "")
-            + f"; stop reason: {result.stop_reason}."
-        )
+        st.write(timing_text(record, result))
 
 
 def _details(result: AuditSummary) -> None:
@@ -340,11 +352,12 @@ def results(record: RunRecord) -> None:
     verdict = run_verdict(record)
     st.subheader("Verdict")
     _verdict_box(verdict)
+    _usable(record, result)
     _headline(record, result)
     if verdict is not None:
         _scope(result, verdict)
     st.subheader("Result")
     grid = _reconstruction(record, result)
-    _numbers(result, verdict)
+    _numbers(record, result, verdict)
     _details(result)
     _downloads(record, result, grid)

@@ -14,7 +14,7 @@ from auditlib.words import count_of, size_text
 from dashboard.entry import through_app
 from dashboard.navigation import LAB
 from dashboard.resources import get_manager, get_store
-from dashboard.run_live import open_run
+from dashboard.run_live import open_run, started_text
 from dashboard.state import set_url_state, url_state
 from dashboard.stored_runs import run_result, run_settings, run_verdict
 from dashboard.verdict_words import verdict_cell
@@ -42,7 +42,7 @@ def _rows(records: list[RunRecord]) -> list[dict]:
         # The verdict and PSNR first: what a reader looks for must not hide off to the right.
         rows.append(
             {
-                "started": f"{r.created_at.astimezone():%Y-%m-%d %H:%M:%S}",
+                "started": started_text(r),
                 "status": r.status,
                 "verdict": _verdict(r),
                 PSNR.heading: r.psnr_mean,
@@ -69,9 +69,8 @@ def _label(record: RunRecord) -> str:
         else ""
     )
     verdict = _verdict(record)
-    return (
-        f"{record.created_at.astimezone():%Y-%m-%d %H:%M:%S} · {record.title or record.id[:8]} · "
-        f"{record.status}{psnr}" + (f" · {verdict}" if verdict else "")
+    return f"{started_text(record)} · {record.title or record.id[:8]} · {record.status}{psnr}" + (
+        f" · {verdict}" if verdict else ""
     )
 
 
@@ -92,7 +91,7 @@ def _table(live: bool, statuses: list[str]) -> None:
             "run": st.column_config.TextColumn("run id", width="small"),
             "verdict": st.column_config.TextColumn(
                 "verdict",
-                width="medium",
+                width="large",
                 help="The run judged beside the best guess without the update and, for a "
                 "defended run, its undefended control. Only a leak (of images, or 'Labels' "
                 "of the private labels), or a defense that held against a control that "

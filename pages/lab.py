@@ -14,6 +14,7 @@ import streamlit as st
 from auditlib.access import AccessDenied
 from auditlib.engine.controls import start_with_control
 from auditlib.errors import AuditInputError
+from auditlib.store import RunRecord
 from auditlib.words import count_of
 from dashboard.entry import through_app
 from dashboard.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
@@ -33,11 +34,12 @@ from dashboard.run_live import (
     control_view,
     live_view,
     open_run,
+    started_text,
 )
 from dashboard.run_result import results
 from dashboard.setup_state import Setup, current_setup, setup_problems
 from dashboard.spec_words import threat_words
-from dashboard.stored_runs import run_settings
+from dashboard.stored_runs import run_settings, stored_spec
 
 through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
 
@@ -67,7 +69,19 @@ def _start(setup: Setup, lab: LabChoices) -> None:
     st.session_state["control_started"] = control_id
 
 
-def _run_view(run_id: str) -> None:
+def _setup_differs(record: RunRecord, setup: Setup) -> bool:
+    """Whether the open run's model (architecture, classes, input, weights) is not the one
+    the current Setup describes, the one Start would run."""
+    spec = stored_spec(record)
+    if spec is None:
+        return True  # a spec of an older version: say which runs, to be safe
+    ran, now = spec.model.spec, setup.model_spec()
+    run_model = (ran.architecture, ran.num_classes, tuple(ran.input_shape))
+    setup_model = (now.architecture, now.num_classes, tuple(now.input_shape))
+    return run_model != setup_model or spec.model.weights_asset != setup.weights
+
+
+def _run_view(run_id: str, setup: Setup) -> None:
     try:
         record = get_store().get_run(run_id)
     except AccessDenied as exc:  # a link to another user's run
@@ -85,12 +99,18 @@ def _run_view(run_id: str) -> None:
     head_col.header(record.title or f"Run {run_id[:8]}")
     close_col.button("Close", key="close_run", on_click=close_run, help="Close this view.")
     settings = run_settings(record)
+    st.markdown(f"**This run's model** {settings.model} · **Private images** {settings.batch}")
     st.caption(
-        f"Run {run_id} · started "
-        f"{record.created_at.astimezone():%Y-%m-%d %H:%M:%S} · attack {settings.attack} · "
-        f"defense {settings.defense} · model {settings.model} · batch "
-        f"{settings.batch} · {settings.scenario} · {settings.iterations_text} iterations"
+        f"Run {run_id} · started {started_text(record)} · attack {settings.attack} · "
+        f"defense {settings.defense} · {settings.scenario} · {settings.iterations_text} "
+        "iterations"
     )
+    if _setup_differs(record, setup):
+        st.info(
+            f"This run's model is not the Setup's ({setup.model_text()}): Start runs the "
+            "Setup's. To run this one again, choose its model on the Setup page.",
+            icon=":material/info:",
+        )
     live = not record.finished
     st.fragment(live_view, run_every=REFRESH_S if live else None)(run_id, live)
     control_live = control_running(record)
@@ -120,8 +140,9 @@ def main() -> None:
     )
     info_col, link_col = st.columns([4, 1])
     threat = threat_words(lab.server, lab.secure_aggregation)
+    start_runs = "**Start runs the Setup** · " if st.session_state.get("run") else ""
     info_col.markdown(
-        f"**Model** {setup.model_text()} · **Private images** {images}"
+        f"{start_runs}**Model** {setup.model_text()} · **Private images** {images}"
         + (f" · **Threat model** {threat}" if threat else "")
     )
     link_col.page_link(SETUP.path, label="Change", icon=":material/tune:")
@@ -149,7 +170,7 @@ def main() -> None:
 
     run_id = st.session_state.get("run")
     if run_id:
-        _run_view(run_id)
+        _run_view(run_id, setup)
     else:
         st.info("No run open. Start one, or open a past run from the History page.")
         st.page_link(HISTORY.path, label="History", icon=":material/history:")

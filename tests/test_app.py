@@ -638,6 +638,61 @@ def test_lab_unknown_run_in_the_link_is_explained(dashboard_store):
     assert "run" not in at.query_params
 
 
+def test_a_reopened_run_says_its_model_and_that_start_runs_the_setup(dashboard_store):
+    """Issue 35: a 100-class run reopened from History sat under the header "Model lenet,
+    10 classes" (the Setup's), and Start would have run the 10-class model. The run says
+    its own model, the header says Start runs the Setup, and where the two differ, so."""
+    _, manager = dashboard_store
+    spec = _tiny_spec()
+    spec = dataclasses.replace(
+        spec, model=dataclasses.replace(spec.model, spec=ModelSpec("lenet", 100, (3, 32, 32)))
+    )
+    run_id = manager.start(spec, {}, title="a 100-class run")
+    assert manager.wait(run_id, 120)
+    at = _app(run=run_id)
+    at.switch_page(LAB.path).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    markdown = [m.value for m in at.markdown]
+    assert any(m.startswith("**This run's model** lenet (3x32x32, 100 classes)") for m in markdown)
+    assert any(
+        m.startswith("**Start runs the Setup** · **Model** lenet, 10 classes") for m in markdown
+    ), markdown
+    differs = [i.value for i in at.info if "not the Setup's" in i.value]
+    assert differs and "Start runs the Setup's" in differs[0] and "10 classes" in differs[0]
+
+    same = _app(run=run_id, classes="100")  # the Setup now describes the run's model
+    same.switch_page(LAB.path).run()
+    assert not same.exception
+    assert not [i.value for i in same.info if "not the Setup's" in i.value]
+
+    closed = _app()  # no run open: the header is the Setup's alone
+    closed.switch_page(LAB.path).run()
+    assert not any("Start runs the Setup" in m.value for m in closed.markdown)
+
+
+def test_a_finished_run_states_one_attack_time_and_the_whole_runs_apart(dashboard_store):
+    """Issue 35: the progress line said "63.0 s" and Timing "120.0 s for 932 iterations".
+    The progress line of a finished run ends on the seconds its Timing states, both named
+    as the attacks' time; the whole run's wall time is given apart, named as such."""
+    store, manager = dashboard_store
+    spec = dataclasses.replace(_tiny_spec(4), defense=ComponentSpec.of("prune"))
+    run_id = manager.start(spec, {}, title="pruned")
+    assert manager.wait(run_id, 120)
+    record = store.get_run(run_id)
+    at = _app(run=run_id)
+    at.switch_page(LAB.path).run()
+    assert not at.exception
+    attacks = f"{record.seconds:.1f} s in the attacks"
+    [bar] = at.get("progress")
+    assert bar.proto.text.startswith(f"completed: step {record.iterations:,} of ")
+    assert attacks in bar.proto.text, bar.proto.text
+    [timing] = [m.value for m in at.markdown if "for" in m.value and "stop reason" in m.value]
+    assert timing.startswith(f"{attacks} (every attack and twin"), timing
+    whole = (record.finished_at - record.started_at).total_seconds()
+    parts = "the victim's update, the attacks, scoring"
+    assert f"The whole run, from its start to its end ({parts}): {whole:.1f} s." in timing
+
+
 def _malicious_lab(at: AppTest, attack: str = "rtf", count: int = 8) -> None:
     """LeNet at 32 px on fashion-mnist (one channel), ``count`` images; the Attack lab under
     the malicious server with ``attack`` (a closed form: one pass, about a second)."""
@@ -996,6 +1051,55 @@ def test_history_says_when_runs_of_a_previous_dashboard_were_failed(
         assert list(at.dataframe[0].value["status"]) == ["failed"]
     finally:
         st.cache_resource.clear()
+
+
+def test_history_gives_each_run_its_own_start(dashboard_store):
+    """Issue 35: a sweep's runs all read the sweep's creation time (they are recorded
+    together, then start one after another). Each row gives its run's own start, and a run
+    not started yet says it is queued."""
+    from dashboard.resources import shared_store
+
+    store, spec = shared_store(), _tiny_spec()  # runs recorded as a batch records them
+    first, second, waiting = (
+        store.create_run(spec.to_dict(), spec.identity(), title, owner="alice")
+        for title in ("first", "second", "waiting")
+    )
+    store.mark_running(first)
+    store.finish(first, "failed", error="test")
+    time.sleep(1.1)  # the second starts a second later than both were recorded
+    store.mark_running(second)
+    store.finish(second, "failed", error="test")
+    at = _app()
+    at.switch_page(HISTORY.path).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    started = dict(zip(table["run"], table["started"], strict=True))
+    for run_id in (first, second):
+        expected = store.get_run(run_id).started_at.astimezone()
+        assert started[run_id] == f"{expected:%Y-%m-%d %H:%M:%S}"
+    assert started[first] != started[second]
+    created = store.get_run(waiting).created_at.astimezone()
+    assert started[waiting] == f"queued {created:%Y-%m-%d %H:%M:%S}"
+    # The verdict column is wide enough for "Low: defense held · control leaked (...)".
+    config = json.loads(at.dataframe[0].proto.columns)
+    assert config["verdict"]["width"] == "large", config["verdict"]
+
+
+def test_the_batch_table_marks_a_setting_whose_model_learns_nothing():
+    """Issue 35: beside the verdict of a Trade-off point whose defended model learns
+    nothing (9.8% against chance 11.7%), the table says it is not usable."""
+    from auditlib.report.subject import RunRow
+    from dashboard.batch_table import NOT_USABLE, display_rows
+
+    values = {f.name: None for f in dataclasses.fields(RunRow)}
+    values |= {"series": "dp-gaussian", "status": "completed", "has_result": True}
+    values |= {"finding": False, "psnr": 4.5, "utility_chance": 0.117}
+    values |= {"utility_undefended": 0.767}
+    dead = RunRow(**(values | {"label": "sigma=1", "utility_accuracy": 0.098}))
+    alive = RunRow(**(values | {"label": "sigma=0.1", "utility_accuracy": 0.7}))
+    shown = {r["defense"]: r["verdict"] for r in display_rows([dead, alive], [None, None])}
+    assert shown["sigma=1"].endswith(f" · {NOT_USABLE}")
+    assert NOT_USABLE not in shown["sigma=0.1"]
 
 
 # --- helpers --------------------------------------------------------------------------------

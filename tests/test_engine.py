@@ -261,3 +261,24 @@ def test_the_scope_says_whether_the_attacker_that_knows_the_defense_ran():
     assert state == "off" and "paper preset" in words
     undefended = spec_for(DataSpec("samples", "photographs", batch_size=1))
     assert _twins(undefended, offered, True, [plain])[0] == "no defense"
+
+
+def test_the_progress_seconds_run_on_through_the_twin_as_the_timing_does():
+    """Issue 35: the progress line ended on "63.0 s" (the twin's own clock) while Timing
+    said 120.0 s (both attacks). Events count seconds from the first attack's start, as
+    their steps do, so they never go back, and the last is within the run's timing."""
+    from auditlib.attacks.base import ProgressEvent
+    from auditlib.engine.audit import AuditResult, iter_audit
+
+    items = list(iter_audit(_defended(), lpips_nets=()))
+    result = items[-1]
+    assert isinstance(result, AuditResult)
+    timing = result.summary.timing
+    assert [a.adaptive for a in result.summary.attacks] == [False, True]  # the twin ran
+    events = [i for i in items if isinstance(i, ProgressEvent)]
+    seconds = [e.elapsed_s for e in events]
+    assert seconds == sorted(seconds), seconds
+    assert [e.step for e in events] == sorted(e.step for e in events)
+    assert events[-1].step == timing.iterations
+    plain = result.summary.attacks[0].seconds
+    assert plain is not None and plain <= seconds[-1] <= timing.seconds  # both attacks' time

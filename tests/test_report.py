@@ -31,11 +31,13 @@ from auditlib.engine.batches import SweepCurve, comparison_members, record_batch
 from auditlib.engine.stream import png_bytes
 from auditlib.fl.federated import FederationSpec
 from auditlib.grids import comparison_grid, image_grid, split_grid
+from auditlib.metrics.catalogue import EPSILON_NOTE, MEANINGFUL_EPSILON
 from auditlib.models import ModelSpec
 from auditlib.report import layout
+from auditlib.report.charts import comparison_figure, tradeoff_figure
 from auditlib.report.export import figures_to_png
 from auditlib.report.pdf import build_report, render_report, report_bytes
-from auditlib.report.subject import batch_subject, run_rows, run_subject
+from auditlib.report.subject import RunRow, batch_subject, run_rows, run_subject
 from auditlib.report.text import metric_text
 from auditlib.report.verdict_section import SOK_CITATION
 from auditlib.result import AuditSummary
@@ -334,6 +336,89 @@ def test_the_plain_attack_and_the_one_that_knows_the_defense_are_side_by_side(co
     section = between(pdf_text(path), "The attacker that knows the defense", "Beside each")
     assert f"{plain:.2f}" in section and f"{adaptive:.2f}" in section
     assert "dp-gaussian" in section and "none" not in section.split("stronger", 1)[1]
+
+
+def _cost_row(label: str, series: str, psnr: float, accuracy: float, **more) -> RunRow:
+    values = {f.name: None for f in dataclasses.fields(RunRow)}
+    values |= {"label": label, "series": series, "status": "completed", "has_result": True}
+    values |= {"finding": False, "psnr": psnr, "utility_accuracy": accuracy}
+    values |= {"utility_chance": 0.117, "utility_undefended": 0.767, **more}
+    return RunRow(**values)
+
+
+def test_the_charts_name_their_lines_and_keep_their_labels_whole():
+    """Issue 35: the dotted band lines had no legend (Compare) or labels that ran into each
+    other ("Medium ≥ 10 dBHigh ≥ 15 dB", the PDF's scatter); the trade-off's point labels
+    were cut at the plot's edge ("igma=0.1 (ε=1.98e+05)"); chance and the undefended
+    accuracy were not on the utility charts."""
+    rows = [
+        _cost_row("none", "none", 50.0, 0.767),
+        _cost_row("sigma=0.1", "dp-gaussian", 5.0, 0.7, knob="sigma", value=0.1, epsilon=1.98e5),
+        _cost_row("sigma=1", "dp-gaussian", 4.5, 0.098, knob="sigma", value=1.0, epsilon=2090.0),
+    ]
+    lines = {"Very High ≥ 20 dB", "High ≥ 15 dB", "Medium ≥ 10 dB"}
+    utility = {"chance 11.7%", "no defense 76.7%"}
+
+    trade = tradeoff_figure(rows)
+    (curve,) = [t for t in trade.data if t.name == "dp-gaussian"]
+    (alone,) = [t for t in trade.data if t.name == "none"]
+    assert curve.text == ("sigma=0.1 (ε=1.98e5)", "sigma=1 (ε=2.09e3)")  # the catalogue's ε
+    assert curve.cliponaxis is False and alone.cliponaxis is False
+    # Labels lean into the plot: right of the points on its left half, left on its right.
+    assert curve.textposition == ("top right", "top right") and alone.textposition == ("top left",)
+    assert lines | utility <= {t.name for t in trade.data}
+    assert not trade.layout.annotations  # named in the legend, not written over each other
+    accuracy_lines = {s.y0 for s in trade.layout.shapes if s.y0 == s.y1}
+    assert accuracy_lines == {0.117, 0.767}
+    assert {s.x0 for s in trade.layout.shapes if s.x0 == s.x1} == {10.0, 15.0, 20.0}
+
+    compare = comparison_figure(rows)
+    assert lines | utility <= {t.name for t in compare.data if t.showlegend is not False}
+    on_utility = {s.y0 for s in compare.layout.shapes if s.yref == "y2"}
+    on_psnr = {s.y0 for s in compare.layout.shapes if s.yref == "y"}
+    assert on_utility == {0.117, 0.767} and on_psnr == {10.0, 15.0, 20.0}
+
+
+@needs_poppler
+def test_the_pdf_says_a_setting_whose_model_learns_nothing_is_no_usable_defense(
+    comparison, tmp_path
+):
+    """Issue 35: a sweep point left 9.8% accuracy, below chance, and its verdict stood
+    alone. Here the comparison's measured runs, with the utility figures of the issue set on
+    them (the undefended model 76.7%, the noised one 9.8%, chance 11.7%), in a report."""
+    figures = {"none": 0.767, "dp-gaussian": 0.098}
+    with Store(f"sqlite:///{tmp_path}/dead.db") as store:
+        members = comparison_members(small_spec(), DEFENSES)
+        source = batch_subject(comparison.store, comparison.batch_id).entries
+        for member, entry in zip(members, source, strict=True):
+            summary = entry.result
+            utility = dataclasses.replace(
+                summary.measured_utility,
+                accuracy=figures[member.series],
+                chance_accuracy=0.117,
+                learned=member.series == "none",
+            )
+            run_id = store.create_run(member.spec.to_dict(), member.spec.identity(), member.label)
+            store.mark_running(run_id)
+            store.finish(run_id, "completed", summary=dataclasses.replace(summary, utility=utility))
+        subject = batch_subject(store, record_batch(store, "comparison", "dead", members))
+        out = tmp_path / "dead.pdf"
+        build_report(subject, out, charts=False)
+    text = flat(pdf_text(out))
+    dead = (
+        "learns nothing (accuracy 9.8%, chance 11.7%, 76.7% without the defense): this "
+        "setting is not a usable defense"
+    )
+    summary = between(text, "Executive summary", "A verdict is a bound")
+    assert f"The defended model {dead}" in summary  # beside the run's verdict
+    assert f"Not usable: the defended model {dead}" in text  # in its verdict block
+    cost = between(text, "Defense cost", "Reconstructions")
+    assert "Attack s" in cost and "Training s" in cost
+    assert f"the defended model {dead}" in cost
+    assert "e+0" not in text and "e+1" not in text  # ε in the catalogue's one form
+    epsilon = run_rows(subject.entries)[1].epsilon
+    if epsilon > MEANINGFUL_EPSILON:  # DP noise of sigma 0.01: a bound that says nothing
+        assert EPSILON_NOTE in text
 
 
 @needs_poppler

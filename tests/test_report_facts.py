@@ -12,10 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from auditlib.metrics.catalogue import CATALOGUE, RECONSTRUCTION_METRICS, UTILITY_METRICS
+from auditlib.metrics.catalogue import (
+    CATALOGUE,
+    EPSILON_NOTE,
+    MEANINGFUL_EPSILON,
+    RECONSTRUCTION_METRICS,
+    UTILITY_METRICS,
+)
 from auditlib.metrics.scores import ImageScore
 from auditlib.report import facts, facts_back, facts_results, facts_server, verdict_facts
-from auditlib.report.subject import ReportEntry, run_row, run_subject
+from auditlib.report.subject import ReportEntry, RunRow, learns_nothing, run_row, run_subject
 from auditlib.report.text import NOT_RECORDED, knowledge_text, metric_text, plain
 from auditlib.result import AuditSummary
 from auditlib.store import Store
@@ -127,7 +133,15 @@ def test_defense_and_cost_tables_use_the_catalogue(pruned):
         run_row(pruned), utility_accuracy=0.7234, utility_f1=0.61234, epsilon=2.06e-05
     )
     columns = {c.key: c for c in facts_results.cost_columns([row])}
-    assert list(columns) == ["run", "accuracy", "undefended", "macro_f1", "epsilon", "seconds"]
+    assert list(columns) == [
+        "run",
+        "accuracy",
+        "undefended",
+        "macro_f1",
+        "epsilon",
+        "attack_s",
+        "training_s",
+    ]
     assert columns["accuracy"].head == CATALOGUE["accuracy"].heading
     assert columns["accuracy"].cells == ("72.3%",) and columns["macro_f1"].cells == ("0.612",)
     assert columns["epsilon"].cells == ("2.06e-5",)  # the catalogue's short exponent
@@ -274,3 +288,69 @@ def test_the_stronger_of_a_twin_and_its_attack_reads_equal_where_they_print_alik
     ]
     stronger = {row[0]: row[3] for row in facts_results.twin_rows(rows)}
     assert stronger == {"tie": "equal", "twin": "knowing the defense", "plain": "plain"}
+
+
+def _utility_row(label: str, series: str, accuracy: float, undefended: float, **more):
+    values = {f.name: None for f in dataclasses.fields(RunRow)}
+    values |= {"label": label, "series": series, "status": "completed", "has_result": True}
+    values |= {"finding": False, "utility_accuracy": accuracy, "utility_chance": 0.117}
+    values |= {"utility_undefended": undefended, **more}
+    return RunRow(**values)
+
+
+def test_a_defended_model_that_learns_nothing_is_no_usable_defense():
+    """Issue 35: sigma = 1 left 9.8% accuracy, below chance (11.7%), yet read "Low". A
+    defended model that does not clearly beat chance while the undefended one does is no
+    usable defense, and the facts say so beside the verdict and under the cost table."""
+    dead = _utility_row("sigma=1", "dp-gaussian", 0.098, 0.767)
+    expected = (
+        "the defended model learns nothing (accuracy 9.8%, chance 11.7%, 76.7% without the "
+        "defense): this setting is not a usable defense"
+    )
+    assert learns_nothing(dead) == expected
+    assert "The defended model learns nothing (accuracy 9.8%" in facts.utility_words(dead)
+    assert facts_results.cost_notes([dead]) == [f"sigma=1: {expected}"]
+    # Within LEARNED_MARGIN (5 points) of chance is not learning either.
+    assert learns_nothing(_utility_row("s", "dp-gaussian", 0.117 + 0.049, 0.767))
+    # Not flagged: a model that learns under the defense, the undefended run itself, and a
+    # training in which the undefended model did not learn (the training failed, not the
+    # defense: utility_caveat says so).
+    assert learns_nothing(_utility_row("s", "dp-gaussian", 0.117 + 0.05, 0.767)) is None
+    assert learns_nothing(_utility_row("none", "none", 0.098, 0.098)) is None
+    assert learns_nothing(_utility_row("s", "dp-gaussian", 0.098, 0.12)) is None
+    assert learns_nothing(_utility_row("s", "dp-gaussian", 0.098, None)) is None
+
+
+def test_epsilon_is_printed_one_way_and_a_large_one_is_said_to_guarantee_nothing():
+    """Issue 35: one table printed 1.98e11 and 2.09e+03, and neither said what it meant."""
+    assert [metric_text("epsilon", v) for v in (1.98e11, 2090.0, 1.98e5, 2.06e-5, 0.25)] == [
+        "1.98e11",
+        "2.09e3",
+        "1.98e5",
+        "2.06e-5",
+        "0.25",
+    ]
+    assert metric_text("epsilon", 999.7) == "1e3"  # .3g's own exponent, in the one form
+    assert EPSILON_NOTE.startswith(f"an ε above {MEANINGFUL_EPSILON:g} gives no meaningful")
+    assert EPSILON_NOTE in CATALOGUE["epsilon"].definition
+    huge = _utility_row("sigma=0.1", "dp-gaussian", 0.7, 0.767, epsilon=1.98e11)
+    small = _utility_row("sigma=10", "dp-gaussian", 0.6, 0.767, epsilon=2.5)
+    assert facts_results.cost_notes([small]) == []
+    assert facts_results.cost_notes([small, huge]) == [EPSILON_NOTE]
+    assert "ε = 1.98e11 (above 10: no meaningful formal guarantee)" in facts.utility_words(huge)
+    assert "above 10" not in facts.utility_words(small)
+
+
+def test_the_cost_tables_times_are_one_quantity_each_in_every_row():
+    """Issue 35: "Time" claimed the whole run while the undefended row held its attack
+    alone. Now two columns, each the same quantity in every row, said in the caption."""
+    rows = [
+        _utility_row("none", "none", 0.767, 0.767, seconds=54.7, utility_seconds=20.04),
+        _utility_row("sigma=1", "dp-gaussian", 0.5, 0.767, seconds=112.3, utility_seconds=21.0),
+    ]
+    columns = {c.key: c for c in facts_results.cost_columns(rows)}
+    assert columns["attack_s"].head == "Attack s" and columns["attack_s"].cells == ("54.7", "112.3")
+    assert columns["training_s"].head == "Training s"
+    assert columns["training_s"].cells == ("20.0", "21.0")
+    assert "Attack s: the wall time of all the attacks" in facts_results.TIME_COLUMNS_NOTE
+    assert "Training s: the wall time of the utility training" in facts_results.TIME_COLUMNS_NOTE

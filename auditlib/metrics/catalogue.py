@@ -7,6 +7,7 @@ definition, written once and read by the pages, the PDF and the Method page.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,12 +47,36 @@ class MetricInfo:
             return NOT_AVAILABLE
         if not math.isfinite(value):
             return NOT_AVAILABLE
-        if self.format == "e":  # tiny or huge numbers as 2.06e-5: short, one word
-            if value != 0 and not 1e-3 <= abs(value) < 1e4:
-                mantissa, exponent = f"{value:.2e}".split("e")
-                return f"{mantissa}e{int(exponent)}"
-            return f"{value:.3g}"
+        if self.format == "e":
+            return short_number(value)
         return format(value, self.format)
+
+
+def short_number(value: float) -> str:
+    """3 significant digits, tiny or large numbers as 2.06e-5 or 1.98e11 (one form, never
+    2.09e+03): what the "e" format of the catalogue prints."""
+    plain = value == 0 or 1e-3 <= abs(value) < 1e3
+    text = f"{value:.3g}" if plain else f"{value:.2e}"
+    if "e" in text:  # also .3g's own exponent where rounding reaches 1000 (999.7 -> 1e+03)
+        mantissa, exponent = text.split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return text
+
+
+# Above this an epsilon bounds nothing an auditor can use: e^10 is about 22,000, the factor by
+# which the guarantee lets an attacker's odds about one example grow.
+MEANINGFUL_EPSILON = 10.0
+EPSILON_NOTE = (
+    f"an ε above {MEANINGFUL_EPSILON:g} gives no meaningful formal guarantee (the bound lets "
+    f"an attacker's odds about one example grow by a factor of up to e^ε, already about "
+    f"{math.exp(MEANINGFUL_EPSILON):,.0f} at ε = {MEANINGFUL_EPSILON:g})"
+)
+
+
+def epsilon_note(values: Iterable[float | None]) -> str | None:
+    """``EPSILON_NOTE`` where some of ``values`` is an ε above ``MEANINGFUL_EPSILON``; else None."""
+    big = [v for v in values if isinstance(v, int | float) and v > MEANINGFUL_EPSILON]
+    return EPSILON_NOTE if big else None
 
 
 RECONSTRUCTION_METRICS: tuple[MetricInfo, ...] = (
@@ -153,7 +178,7 @@ UTILITY_METRICS: tuple[MetricInfo, ...] = (
         "e",
         "lower is more private",
         "the differential-privacy bound (with δ) the defense's accountant states for the "
-        "client's update",
+        f"client's update; {EPSILON_NOTE}",
     ),
 )
 

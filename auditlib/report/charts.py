@@ -33,6 +33,8 @@ PRIVACY_METRICS: dict[str, tuple[str, bool]] = {
     key: _axis(CATALOGUE[key]) for key in ("psnr", "ssim", "lpips")
 }
 UTILITY_TITLE = "utility: test accuracy after federated training"
+CHANCE_LINE = "chance"  # the legend's names of the utility reference lines
+UNDEFENDED_LINE = "no defense"
 _LEVEL_COLOURS = {
     "Very High": "#d62728",
     "High": "#ff7f0e",
@@ -45,59 +47,116 @@ _LEVEL_COLOURS = {
 def tradeoff_figure(rows: Sequence[RunRow], privacy: str = "psnr") -> go.Figure:
     """Utility against the attack's success, one curve per defense (points in knob order).
 
-    Each point is labelled with its knob value, and epsilon where the defense has one.
+    Each point is labelled with its knob value, and epsilon where the defense has one; a
+    label leans into the plot (right of the points on the left half, left of those on the
+    right) and is never clipped at the plot's edge. Chance level and the undefended accuracy
+    are drawn as lines, the leakage bands (PSNR) as dotted lines named in the legend.
     """
     if privacy not in PRIVACY_METRICS:
         raise ValueError(f"privacy metric {privacy!r}; expected {', '.join(PRIVACY_METRICS)}")
     axis_title, _ = PRIVACY_METRICS[privacy]
     figure = go.Figure()
-    series = list(dict.fromkeys(r.series for r in rows))
-    for name in series:
-        points = [
-            r
-            for r in rows
-            if r.series == name
-            and finite_number(r.metric(privacy)) is not None
-            and finite_number(r.utility_accuracy) is not None
-        ]
-        points.sort(key=lambda r: (r.value is None, r.value or 0.0))
-        if not points:
-            continue
-        text = []
-        for r in points:
-            label = "" if r.value is None else f"{r.knob}={r.value:g}"
-            if finite_number(r.epsilon) is not None:
-                label += f" (ε={r.epsilon:.3g})"
-            text.append(label.strip())
+    plotted = [
+        r
+        for r in rows
+        if finite_number(r.metric(privacy)) is not None
+        and finite_number(r.utility_accuracy) is not None
+    ]
+    xs = [float(r.metric(privacy)) for r in plotted]  # type: ignore[arg-type]
+    middle = (min(xs) + max(xs)) / 2 if xs else 0.0
+    for name in dict.fromkeys(r.series for r in plotted):
+        points = sorted(
+            (r for r in plotted if r.series == name),
+            key=lambda r: (r.value is None, r.value or 0.0),
+        )
         figure.add_trace(
             go.Scatter(
                 x=[r.metric(privacy) for r in points],
                 y=[r.utility_accuracy for r in points],
                 mode="lines+markers+text" if len(points) > 1 else "markers+text",
                 name=name,
-                text=text,
-                textposition="top center",
+                text=[point_label(r) for r in points],
+                textposition=[
+                    "top right" if float(r.metric(privacy)) <= middle else "top left"  # type: ignore[arg-type]
+                    for r in points
+                ],
+                cliponaxis=False,
                 hovertemplate="%{text}<br>%{x:.3g}, accuracy %{y:.3f}<extra>" + name + "</extra>",
             )
         )
+    utility_lines(figure, rows)
     if privacy == "psnr":
-        for name, floor in LEVELS[:-1]:
-            figure.add_vline(
-                x=floor,
-                line_dash="dot",
-                line_color=_LEVEL_COLOURS[name],
-                annotation_text=f"{name} ≥ {floor:g} dB",
-                annotation_position="bottom right",
-            )
+        band_lines(figure, vertical=True)
     figure.update_layout(
         xaxis_title=axis_title,
         yaxis_title=UTILITY_TITLE,
         yaxis_range=[0, 1.05],
         legend_title="defense",
         template="plotly_white",
-        margin={"l": 60, "r": 20, "t": 30, "b": 50},
+        margin={"l": 60, "r": 40, "t": 40, "b": 50},
     )
     return figure
+
+
+def point_label(row: RunRow) -> str:
+    """'sigma=0.1 (ε=1.98e5)': a trade-off point's knob value, and its ε in the catalogue's
+    one format where the defense states one."""
+    label = "" if row.value is None else f"{row.knob}={row.value:g}"
+    if finite_number(row.epsilon) is not None:
+        label += f" (ε={CATALOGUE['epsilon'].text(row.epsilon)})"
+    return label.strip()
+
+
+def utility_lines(
+    figure: go.Figure, rows: Sequence[RunRow], row: int | None = None, col: int | None = None
+) -> None:
+    """Chance level and the undefended accuracy as horizontal lines, each named in the
+    legend, where the rows know them (on subplot ``row``, ``col`` where given)."""
+    chance = next(
+        (r.utility_chance for r in rows if finite_number(r.utility_chance) is not None), None
+    )
+    ordered = sorted(rows, key=lambda r: r.series != "none")
+    undefended = next(
+        (r.utility_undefended for r in ordered if finite_number(r.utility_undefended) is not None),
+        None,
+    )
+    for value, name, colour, dash in (
+        (undefended, UNDEFENDED_LINE, "#1f77b4", "dash"),
+        (chance, CHANCE_LINE, "#7f7f7f", "dashdot"),
+    ):
+        if value is None:
+            continue
+        figure.add_hline(y=value, line_dash=dash, line_color=colour, row=row, col=col)
+        _legend_line(figure, f"{name} {CATALOGUE['accuracy'].text(value)}", colour, dash)
+
+
+def band_lines(
+    figure: go.Figure, *, vertical: bool, row: int | None = None, col: int | None = None
+) -> None:
+    """FedLeak's leakage bands (PSNR floors) as dotted lines, each named in the legend."""
+    for name, floor in LEVELS[:-1]:
+        colour = _LEVEL_COLOURS[name]
+        if vertical:
+            figure.add_vline(x=floor, line_dash="dot", line_color=colour)
+        else:
+            figure.add_hline(y=floor, line_dash="dot", line_color=colour, row=row, col=col)
+        _legend_line(figure, f"{name} ≥ {floor:g} dB", colour, "dot")
+
+
+def _legend_line(figure: go.Figure, name: str, colour: str, dash: str) -> None:
+    """A legend entry for a reference line (shapes have none): a trace with no points."""
+    figure.add_trace(
+        go.Scatter(
+            x=[None],
+            y=[None],
+            mode="lines",
+            line={"color": colour, "dash": dash},
+            name=name,
+            hoverinfo="skip",
+            legendgroup="reference",
+            legendgrouptitle_text="reference lines",
+        )
+    )
 
 
 def comparison_figure(rows: Sequence[RunRow]) -> go.Figure:
@@ -124,8 +183,8 @@ def comparison_figure(rows: Sequence[RunRow]) -> go.Figure:
         1,
         2,
     )
-    for name, floor in LEVELS[:-1]:
-        figure.add_hline(y=floor, line_dash="dot", line_color=_LEVEL_COLOURS[name], row=1, col=1)
+    band_lines(figure, vertical=False, row=1, col=1)
+    utility_lines(figure, rows, row=1, col=2)
     figure.update_yaxes(range=[0, 1], row=1, col=2)
     figure.update_layout(template="plotly_white", margin={"l": 50, "r": 20, "t": 40, "b": 80})
     return figure

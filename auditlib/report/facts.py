@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from auditlib.attacks import ATTACKS
+from auditlib.metrics.catalogue import MEANINGFUL_EPSILON, epsilon_note
 from auditlib.report import facts_server
-from auditlib.report.subject import ReportEntry, ReportSubject, RunRow
+from auditlib.report.subject import ReportEntry, ReportSubject, RunRow, learns_nothing
 from auditlib.report.text import (
     NOT_AVAILABLE,
     NOT_RECORDED,
@@ -138,7 +139,8 @@ def beside_accuracy(row: RunRow) -> str:
 
 
 def utility_words(row: RunRow) -> str:
-    """' Model accuracy after federated training x% (chance y%, undefended z%).' or ''."""
+    """' Model accuracy after federated training x% (chance y%, undefended z%).' or '', and
+    where the defended model learns nothing, that the setting is no usable defense."""
     if finite_number(row.utility_accuracy) is None:
         return ""
     beside = beside_accuracy(row)
@@ -148,7 +150,10 @@ def utility_words(row: RunRow) -> str:
     text += f" ({beside})" if beside else ""
     if finite_number(row.epsilon) is not None:
         text += f", ε = {metric_text('epsilon', row.epsilon)}"
-    return text + "."
+        if epsilon_note([row.epsilon]):
+            text += f" (above {MEANINGFUL_EPSILON:g}: no meaningful formal guarantee)"
+    unusable = learns_nothing(row)
+    return text + "." + (f" {unusable[0].upper()}{unusable[1:]}." if unusable else "")
 
 
 # ------------------------------------------------------------------------------ threat, scenario

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 import auditlib
 from auditlib.attacks import ATTACKS
-from auditlib.metrics.catalogue import CATALOGUE, RECONSTRUCTION_METRICS, MetricInfo
+from auditlib.metrics.catalogue import (
+    CATALOGUE,
+    EPSILON_NOTE,
+    RECONSTRUCTION_METRICS,
+    MetricInfo,
+    epsilon_note,
+)
 from auditlib.report.facts import completed, with_runs
 from auditlib.report.subject import ReportEntry, RunRow, unavailable_reasons, utility_caveat
 from auditlib.report.text import (
@@ -100,6 +106,9 @@ def limits(entries: Sequence[ReportEntry], rows: Sequence[RunRow]) -> list[str]:
             relations.setdefault(text, []).append(entry.label)
     items += [f"ε n/a for {named(labels)}: {reason}." for reason, labels in no_epsilon.items()]
     items += [f"ε of {named(labels)}: {text}." for text, labels in relations.items()]
+    large = [r.label for r in rows if r.has_result and epsilon_note([r.epsilon])]
+    if large:
+        items.append(f"ε of {named(large)}: {EPSILON_NOTE}.")
     return items
 
 

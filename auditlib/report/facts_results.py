@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from auditlib.metrics.catalogue import CATALOGUE
-from auditlib.report.subject import RunRow
+from auditlib.metrics.catalogue import CATALOGUE, epsilon_note
+from auditlib.report.subject import RunRow, learns_nothing
 from auditlib.report.text import NOT_AVAILABLE, metric_text, seconds_text
 from auditlib.store.convert import finite_number
 
@@ -42,14 +42,15 @@ def _stronger(row: RunRow, plain: str, twin: str) -> str:
 
 @dataclass(frozen=True)
 class Column:
-    key: str  # a catalogue key, or the table's own ("run", "chance", "undefended", "seconds")
+    key: str  # a catalogue key, or the table's own ("run", "chance", "undefended", "attack_s", ...)
     head: str
     cells: tuple[str, ...]
 
 
 def cost_columns(rows: Sequence[RunRow]) -> list[Column]:
     """The defense-cost table: accuracy beside chance (where known) and the undefended
-    accuracy, macro F1, accuracy without the key (FedKL, where measured), ε, time."""
+    accuracy, macro F1, accuracy without the key (FedKL, where measured), ε, and the attacks'
+    and the utility training's wall times (``TIME_COLUMNS_NOTE``)."""
 
     def texts(key: str, values: Sequence[float | None]) -> tuple[str, ...]:
         return tuple(CATALOGUE[key].text(v) for v in values)
@@ -69,5 +70,25 @@ def cost_columns(rows: Sequence[RunRow]) -> list[Column]:
     if any(finite_number(r.utility_without_key) is not None for r in rows):
         columns.append(metric("accuracy_without_key", [r.utility_without_key for r in rows]))
     columns.append(metric("epsilon", [r.epsilon for r in rows]))
-    columns.append(Column("seconds", "Time s", tuple(seconds_text(r.seconds) for r in rows)))
+    columns.append(Column("attack_s", "Attack s", tuple(seconds_text(r.seconds) for r in rows)))
+    columns.append(
+        Column("training_s", "Training s", tuple(seconds_text(r.utility_seconds) for r in rows))
+    )
     return columns
+
+
+# What the defense-cost table's two time columns hold: the same quantity in every row.
+TIME_COLUMNS_NOTE = (
+    "Attack s: the wall time of all the attacks the run ran (under a defense with an "
+    "attacker that knows it, the plain attack and its twin: two attacks where the undefended "
+    "run ran one); Training s: the wall time of the utility training under the run's defense"
+)
+
+
+def cost_notes(rows: Sequence[RunRow]) -> list[str]:
+    """What the defense-cost table's figures mean where they need a word: each setting whose
+    defended model learns nothing (``subject.learns_nothing``), and an ε too large to
+    guarantee anything (``catalogue.epsilon_note``)."""
+    notes = [f"{r.label}: {why}" for r in rows if (why := learns_nothing(r))]
+    epsilon = epsilon_note(r.epsilon for r in rows)
+    return notes + ([epsilon] if epsilon else [])

@@ -14,7 +14,7 @@ import auditlib
 from auditlib.report import facts, facts_server
 from auditlib.report import verdict_section as verdicts
 from auditlib.report.layout import Builder, esc, lines
-from auditlib.report.subject import ReportEntry
+from auditlib.report.subject import ReportEntry, learns_nothing
 from auditlib.report.text import NOT_AVAILABLE, when
 from auditlib.report.verdict_facts import no_verdict_reason
 
@@ -82,9 +82,10 @@ def executive_summary(b: Builder) -> list[Flowable]:
             "small",
         )
     )
-    for number, entry in enumerate(b.entries, 1):
+    for number, (entry, row) in enumerate(zip(b.entries, b.rows, strict=True), 1):
         out.append(CondPageBreak(6 * cm))
-        out += verdicts.verdict_block(b, entry, f"1.{number} Verdict: {entry.label}")
+        title = f"1.{number} Verdict: {entry.label}"
+        out += verdicts.verdict_block(b, entry, title, learns_nothing(row))
     return out
 
 

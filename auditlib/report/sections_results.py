@@ -51,14 +51,15 @@ ATTACK_COLUMNS = (
     ("Verdict", 1.8),
 )
 COST_WIDTHS = {  # the defense-cost table's columns (facts_results.cost_columns), in cm
-    "run": 4.6,
+    "run": 3.2,
     "accuracy": 1.9,
     "chance": 1.7,
     "undefended": 2.2,
     "macro_f1": 1.9,
     "accuracy_without_key": 2.4,
     "epsilon": 1.8,
-    "seconds": 1.5,
+    "attack_s": 1.5,
+    "training_s": 1.7,
 }
 
 
@@ -207,7 +208,8 @@ def defense_cost(b: Builder) -> list[Flowable]:
             "run's defense, beside "
             + ("chance level (always guessing one class) and " if chance else "")
             + "the accuracy of the same training without the defense (the undefended run "
-            "or the control); Time: the whole run, attack and training.",
+            f"or the control). {esc(facts_results.TIME_COLUMNS_NOTE)}."
+            + "".join(f" {esc(n[0].upper() + n[1:])}." for n in facts_results.cost_notes(b.rows)),
             "caption",
         ),
     ]

@@ -17,12 +17,14 @@ from typing import Literal
 from auditlib.engine.batches import batch_state
 from auditlib.engine.controls import WITH_RESULT, control_finding, verdict_of
 from auditlib.errors import AuditInputError
-from auditlib.metrics.catalogue import RECOVERED_PSNR_DB
+from auditlib.fl.federated import LEARNED_MARGIN, learned
+from auditlib.metrics.catalogue import CATALOGUE, RECOVERED_PSNR_DB
 from auditlib.metrics.scores import Scores, SuccessPoint
 from auditlib.metrics.verdict import Outcome, Verdict
 from auditlib.result import AuditSummary, UtilityRecord, UtilityUnavailable
 from auditlib.spec import RunSpec, run_spec_from_dict
 from auditlib.store import RECONSTRUCTION, RunRecord, Store
+from auditlib.store.convert import finite_number
 from auditlib.store.retention import where_and_how_long
 
 SPEC_ERRORS = (AuditInputError, KeyError, TypeError, ValueError)  # a spec of an older version
@@ -207,7 +209,8 @@ class RunRow:
     utility_without_key: float | None
     utility_cut_short: str | None  # "2 of 5 rounds, time budget"
     epsilon: float | None
-    seconds: float | None
+    seconds: float | None  # the attacks' wall time (the plain attacks and their twins)
+    utility_seconds: float | None = None  # the utility training's wall time
 
     def metric(self, key: str) -> float | None:
         """The row's value of a catalogue metric (``metrics.catalogue.CATALOGUE`` key)."""
@@ -255,6 +258,7 @@ def run_row(entry: ReportEntry) -> RunRow:
         utility_cut_short=utility_cut_short(utility),
         epsilon=None if result is None else result.defense_report.epsilon,
         seconds=None if run is None else run.seconds,
+        utility_seconds=utility.seconds if isinstance(utility, UtilityRecord) else None,
     )
 
 
@@ -346,9 +350,6 @@ def unavailable_reasons(entries: Sequence[ReportEntry]) -> dict[str, str]:
     return reasons
 
 
-LEARNED_MARGIN = 0.05  # accuracy the training must add for its costs to be readable
-
-
 def utility_caveat(entries: Sequence[ReportEntry]) -> str | None:
     """Why the utility column cannot be read as the defenses' cost, or None.
 
@@ -375,4 +376,28 @@ def utility_caveat(entries: Sequence[ReportEntry]) -> str | None:
         "the accuracies do not measure what the defenses cost; train longer, or use a "
         "model that trains under FedAvg (DLG's sigmoid LeNet does not in a few rounds: a "
         "ReLU activation does)"
+    )
+
+
+def learns_nothing(row: RunRow) -> str | None:
+    """Why a defended run's setting is no usable defense, or None.
+
+    The defended model learns nothing when its accuracy after the utility training is not
+    clearly above chance (``fl.federated.learned``: by ``LEARNED_MARGIN``, which is larger
+    than the measurement's noise on the held-out split) while the same training without the
+    defense is. Such a setting stops the attack by destroying the model: whatever its
+    verdict, it is not a defense an auditor can recommend. None for an undefended run, a run
+    without the three accuracies, or where the undefended model did not learn either (then
+    ``utility_caveat`` says the training, not the defense, failed).
+    """
+    accuracy, chance = finite_number(row.utility_accuracy), finite_number(row.utility_chance)
+    undefended = finite_number(row.utility_undefended)
+    if row.series == "none" or accuracy is None or chance is None or undefended is None:
+        return None
+    if learned(accuracy, chance) or not learned(undefended, chance):
+        return None
+    text = CATALOGUE["accuracy"].text
+    return (
+        f"the defended model learns nothing (accuracy {text(accuracy)}, chance {text(chance)}, "
+        f"{text(undefended)} without the defense): this setting is not a usable defense"
     )

@@ -107,14 +107,19 @@ def run_line(entry: ReportEntry, utility: str = "") -> str:
 # ------------------------------------------------------------------------------ one run
 
 
-def verdict_block(b: Builder, entry: ReportEntry, title: str) -> list[Flowable]:
-    """The verdict of one run: headline, sentence, scope, guesses, control, images."""
+def verdict_block(
+    b: Builder, entry: ReportEntry, title: str, unusable: str | None = None
+) -> list[Flowable]:
+    """The verdict of one run: headline (with ``unusable``, ``subject.learns_nothing``'s
+    words, beside it), sentence, scope, guesses, control, images."""
     out: list[Flowable] = [b.p(esc(title), "h2")]
     verdict = entry.verdict
     if verdict is None:
         out.append(b.p(f"{esc(entry.label)}: {esc(no_verdict_reason(entry))}."))
         return out
     out.append(b.p(f"<b>{esc(verdict.headline)}</b>"))
+    if unusable:
+        out.append(b.p(f"<b>Not usable</b>: {esc(unusable)}."))
     out.append(b.p(esc(verdict.sentence)))
     out.append(b.plain_pairs(scope_pairs(entry, verdict)))
     out.append(Spacer(1, 4))
