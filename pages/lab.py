@@ -13,6 +13,7 @@ import streamlit as st
 
 from auditlib.access import AccessDenied
 from auditlib.engine.controls import start_with_control
+from auditlib.engine.preflight import estimate_time
 from auditlib.errors import AuditInputError
 from auditlib.store import RunRecord
 from auditlib.words import count_of
@@ -38,7 +39,7 @@ from dashboard.run_live import (
 )
 from dashboard.run_result import results
 from dashboard.setup_state import Setup, current_setup, setup_problems
-from dashboard.spec_words import threat_words
+from dashboard.spec_words import settings_text, threat_words
 from dashboard.stored_runs import run_settings, stored_spec
 
 through_app()  # a run that did not come through app.py goes through it (dashboard/entry.py)
@@ -67,6 +68,21 @@ def _start(setup: Setup, lab: LabChoices) -> None:
         return
     open_run(run_id)
     st.session_state["control_started"] = control_id
+
+
+def _estimate(setup: Setup, lab: LabChoices) -> str:
+    """What the run Start would begin will take here (``engine.preflight.estimate_time``),
+    in words, with the settings it was measured for."""
+    try:
+        spec, _, _ = build_run(setup, lab)
+        estimate = estimate_time(spec)
+    except AuditInputError as exc:
+        return f"No estimate: {exc}"
+    settings = settings_text(spec)
+    if estimate is None:
+        return f"No estimate for {settings.attack}: it runs in one pass, or its batch is unknown."
+    words = estimate.words()
+    return f"{settings.attack} on {settings.model}: {words[0].upper()}{words[1:]}."
 
 
 def _setup_differs(record: RunRecord, setup: Setup) -> bool:
@@ -167,6 +183,17 @@ def main() -> None:
     start_error = st.session_state.pop("start_error", None)  # shown once
     if start_error:
         st.error(start_error)
+    if st.button(
+        "Estimate the time on this machine",
+        key="estimate",
+        disabled=blocked,
+        help="Times one evaluation of the attack's loss on this model and batch (a second "
+        "for a small model, up to a minute for a large one) and scales it by the planned "
+        "steps, before anything runs.",
+    ):
+        st.session_state["estimate_text"] = _estimate(setup, lab)
+    if st.session_state.get("estimate_text"):
+        st.info(st.session_state["estimate_text"], icon=":material/timer:")
 
     run_id = st.session_state.get("run")
     if run_id:

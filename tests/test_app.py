@@ -670,6 +670,24 @@ def test_a_reopened_run_says_its_model_and_that_start_runs_the_setup(dashboard_s
     assert not any("Start runs the Setup" in m.value for m in closed.markdown)
 
 
+def test_the_lab_estimates_the_time_before_anything_runs(dashboard_store):
+    """Issue 35: a ResNet-18 at 224 px ran out of its budget at step 3 of 475 with no word
+    beforehand. The lab measures one evaluation of the attack's loss on the chosen model
+    and says what the planned steps take here, and which budget would let them finish."""
+    store, _ = dashboard_store
+    at = _app()
+    at.switch_page(LAB.path).run()
+    at.number_input(key="time_budget").set_value(1).run()
+    at.button(key="estimate").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    [estimate] = [i.value for i in at.info if "planned steps take at least" in i.value]
+    assert estimate.startswith("dlg [audit] on lenet (3x32x32, 10 classes)"), estimate
+    assert "One evaluation of the attack's gradient-matching loss takes" in estimate
+    assert "the time budget of 1 s stops the attack" in estimate
+    assert "a budget of at least" in estimate and "would let it finish" in estimate
+    assert store.list_runs() == []  # nothing ran
+
+
 def test_a_finished_run_states_one_attack_time_and_the_whole_runs_apart(dashboard_store):
     """Issue 35: the progress line said "63.0 s" and Timing "120.0 s for 932 iterations".
     The progress line of a finished run ends on the seconds its Timing states, both named

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from auditlib.cli.arguments import KNOWS_DEFENSE, model_spec_of, sha256_file
 from auditlib.cli.observed import observed_bundle
-from auditlib.engine.preflight import check_model_trains
+from auditlib.engine.preflight import check_model_trains, estimate_time
 from auditlib.errors import AuditInputError
 
 if TYPE_CHECKING:
@@ -190,6 +190,9 @@ def audit_command(args: argparse.Namespace) -> int:
     plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
     build_defense(spec.defense.name, spec.defense.params_dict())
     check_model_trains(spec)
+    estimate = estimate_time(spec)  # before any time is spent: what the run will take here
+    if estimate is not None:
+        print(f"estimate: {estimate.words()}", file=sys.stderr)
     control_result = None
     control = None if args.no_control else spec.control()
     try:
