@@ -1,0 +1,202 @@
+"""DLG's audit preset with its 8 L-BFGS starts together against apart, through the attack.
+
+DLG's setting (LeNet, sigmoid, U(-0.5, 0.5) init, 100 classes, a 32x32 bundled photograph,
+batch 1, FedSGD) and its audit preset: 8 starts raced by successive halving, 300 steps per
+start (480 L-BFGS steps if none stops early), L-BFGS lr 1, 20 evaluations per step. Each
+repetition runs both arms, interleaved: ``together=false`` (each start on torch's own
+L-BFGS, one after another: the path before the batched L-BFGS) and ``together=true``
+(``attacks.lbfgs_batched``: the 8 starts' evaluations batched through ``vmap``, one
+history each). Reported per arm, the median of the repetitions: wall time, start-steps per
+second (L-BFGS steps summed over the starts) and objective evaluations per second (summed
+likewise), and the PSNR of the attacker's pick (lowest gradient distance; the same every
+repetition, the runs are deterministic). ``--profile`` also splits one together run's time
+into objective evaluations, two-loop directions and the rest.
+
+Writes benchmarks/results/lbfgs_together.json and the table in docs/PERFORMANCE.md.
+Usage: python -m benchmarks.lbfgs_together [--quick] [--repeats 5] [--photo 0] [--profile]
+       [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs, _Histories
+from auditlib.attacks.restarts import run_attack
+from auditlib.defenses import build_defense
+from auditlib.engine.audit import prepare_victim
+from auditlib.fl.scenario import release_update
+from auditlib.metrics import score
+from benchmarks.common import ROOT, lenet_spec, machine, replace_section
+
+RESULTS = ROOT / "benchmarks" / "results" / "lbfgs_together.json"
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+
+
+def _victim_and_release(photo: int):
+    spec = lenet_spec("dlg", offset=photo)
+    victim = prepare_victim(spec)
+    release = release_update(
+        victim.model,
+        victim.batch,
+        spec.scenario.protocol,
+        build_defense("none", None)[0],
+        normalization=victim.normalization,
+        num_classes=spec.model.spec.num_classes,
+        labels_known=False,
+        seed=0,
+    )
+    return victim, release
+
+
+def _run(victim, release, steps: int, together: bool) -> dict:
+    info = get_attack("dlg")
+    config, _ = build_attack_config("dlg", {"together": together}, "audit")
+    control = RunControl(steps, emit_every=10, image_every=50)
+    start = time.perf_counter()
+    final, evaluations = None, {}
+    run = run_attack(info, release.observation, release.knowledge, config, control, 0, "audit")
+    for event in run:
+        final = event.final or final
+        if "evaluations" in event.losses:
+            evaluations[event.restart] = event.losses["evaluations"]
+    seconds = time.perf_counter() - start
+    picked = final.selected
+    scores = score(picked.images, picked.labels, victim.batch, victim.normalization, lpips_nets=())
+    start_steps = sum(c.steps for c in final.candidates)
+    return {
+        "seconds": seconds,
+        "start_steps": start_steps,
+        "steps_per_s": start_steps / seconds,
+        # Events come every 10 steps: evaluations after the last event are not counted.
+        "evaluations_per_s": sum(evaluations.values()) / seconds,
+        "psnr": scores.psnr_mean,
+        "picked": picked.restart,
+        "stops": sorted(c.stop_reason for c in final.candidates),
+    }
+
+
+def _timed(owner: type, name: str, bucket: dict[str, float]) -> Callable[[], None]:
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
+    return lambda: setattr(owner, name, original)
+
+
+def profile(victim, release, steps: int) -> dict:
+    """Where one together run's time goes: objective evaluations (forward, backward, the
+    rows written and read), the batched two-loop directions, and the rest (the per-start
+    scalar logic of torch's algorithm, the loop's events and the race)."""
+    bucket: dict[str, float] = {}
+    undo = [
+        _timed(BatchedLbfgs, "_evaluate", bucket),
+        _timed(_Histories, "direction", bucket),
+    ]
+    try:
+        row = _run(victim, release, steps, True)
+    finally:
+        for u in undo:
+            u()
+    total = row["seconds"]
+    return {
+        "seconds": total,
+        "evaluate_share": bucket.get("_evaluate", 0.0) / total,
+        "direction_share": bucket.get("direction", 0.0) / total,
+        "rest_share": 1 - sum(bucket.values()) / total,
+    }
+
+
+def measure(photo: int, steps: int, repeats: int) -> dict:
+    victim, release = _victim_and_release(photo)
+    _run(victim, release, 2, True)  # warm-up: lazy imports, allocator
+    _run(victim, release, 2, False)
+    arms: dict[bool, list[dict]] = {False: [], True: []}
+    for _ in range(repeats):
+        for together in (False, True):
+            arms[together].append(_run(victim, release, steps, together))
+            print(json.dumps({"together": together, **arms[together][-1]}), flush=True)
+
+    def median(together: bool, key: str) -> float:
+        return statistics.median(r[key] for r in arms[together])
+
+    row = {"photo": photo, "steps": steps, "repeats": repeats}
+    for together, name in ((False, "apart"), (True, "together")):
+        row[name] = {
+            key: median(together, key)
+            for key in ("seconds", "steps_per_s", "evaluations_per_s", "psnr")
+        }
+        row[name]["start_steps"] = arms[together][0]["start_steps"]
+        row[name]["picked"] = arms[together][0]["picked"]
+    row["speedup_wall"] = row["apart"]["seconds"] / row["together"]["seconds"]
+    row["speedup_steps"] = row["together"]["steps_per_s"] / row["apart"]["steps_per_s"]
+    return row
+
+
+def table(rows: list[dict], profiled: dict | None) -> str:
+    lines = [
+        "| photograph | steps per start | arm | wall time (s) | start-steps | start-steps/s | "
+        "evaluations/s | PSNR of the pick (dB) | speed-up (wall) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for arm in ("apart", "together"):
+            a = r[arm]
+            speedup = f"{r['speedup_wall']:.2f}x" if arm == "together" else "-"
+            lines.append(
+                f"| {r['photo']} | {r['steps']} | {arm} | {a['seconds']:.1f} | "
+                f"{a['start_steps']} | {a['steps_per_s']:.1f} | {a['evaluations_per_s']:.0f} | "
+                f"{a['psnr']:.2f} | {speedup} |"
+            )
+    text = "\n".join(lines)
+    if profiled is not None:
+        text += (
+            f"\n\nOne together run ({profiled['seconds']:.1f} s): objective evaluations "
+            f"{profiled['evaluate_share']:.0%}, two-loop directions "
+            f"{profiled['direction_share']:.0%}, the rest (per-start scalar logic, events, "
+            f"race) {profiled['rest_share']:.0%}."
+        )
+    medians = ", ".join(f"{r['repeats']}" for r in rows)
+    return text + f"\n\nMedian of {medians} interleaved repetitions. Measured on: {machine()}."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="30 steps per start, 2 repeats")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--photo", type=int, default=0, help="bundled photograph (offset)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave the docs")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    args = parser.parse_args()
+    steps, repeats = (30, 2) if args.quick else (args.steps, args.repeats)
+    torch.set_num_threads(args.threads)
+    row = measure(args.photo, steps, repeats)
+    victim, release = _victim_and_release(args.photo)
+    profiled = profile(victim, release, steps) if args.profile else None
+    text = table([row], profiled)
+    print(text)
+    if args.quick or args.no_doc:
+        return
+    RESULTS.write_text(
+        json.dumps({"machine": machine(), "rows": [row], "profile": profiled}, indent=2) + "\n"
+    )
+    replace_section(DOC, "lbfgs-together", text)
+
+
+if __name__ == "__main__":
+    main()
