@@ -102,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--labels-csv", help="CSV with columns filename,label")
     data.add_argument("--offset", type=int, default=0, help="first image to use")
     data.add_argument(
+        "--updates",
+        type=_updates,
+        metavar="N|all",
+        help="audit the sample: N updates (or all the set holds) of --batch-size images each, "
+        "one client's update each, from --offset on; the verdict reports the share of images "
+        "recovered with its 95%% interval, each update's figures and the worst case",
+    )
+    data.add_argument(
         "--normalization",
         default="none",
         help="'none' or 'MEAN/STD' per channel, e.g. 0.5,0.5,0.5/0.5,0.5,0.5",
@@ -418,3 +426,9 @@ def _utility_arguments(commands, architectures, defenses) -> None:
         help="write the trained model's weights as safetensors: the file the dashboard's Setup "
         "page (and --weights) takes for the same architecture, classes and input size",
     )
+
+
+def _updates(text: str):
+    from auditlib.cli.sample import parse_updates
+
+    return parse_updates(text)

@@ -172,19 +172,7 @@ def audit_command(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise AuditInputError(f"--out {out} exists and is not a folder")
-    bar = None
-
-    def on_event(event) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = _progress_bar(event.total_steps)
-        if bar is not None:
-            bar.n = event.step
-            loss = next(iter(event.losses.values()), None)
-            if loss is not None:
-                bar.set_postfix(loss=f"{loss:.3g}", refresh=False)
-            bar.refresh()
-
+    progress = _Progress()
     runner = run_isolated if spec.model.trusted_archive else run_audit
     # Refuse bad attack or defense parameters before the control spends any time.
     plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
@@ -193,24 +181,57 @@ def audit_command(args: argparse.Namespace) -> int:
     estimate = estimate_time(spec)  # before any time is spent: what the run will take here
     if estimate is not None:
         print(f"estimate: {estimate.words()}", file=sys.stderr)
+    if args.updates is not None:
+        from auditlib.cli.sample import audit_sample
+
+        return audit_sample(spec, args, lambda s: _judged_run(s, runner, nets, args, progress))
+    result = _judged_run(spec, runner, nets, args, progress)
+    write_outputs(result, out)
+    _print_run(spec, result, out)
+    return 0
+
+
+class _Progress:
+    """A progress bar on a terminal (none otherwise), a new one for each run: the control,
+    the run, each update of a sample."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def __call__(self, event) -> None:
+        if self.bar is None or event.step < self.bar.n or event.total_steps != self.bar.total:
+            self.close()
+            self.bar = _progress_bar(event.total_steps)
+        if self.bar is not None:
+            self.bar.n = event.step
+            loss = next(iter(event.losses.values()), None)
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.3g}", refresh=False)
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _judged_run(spec, runner, nets, args, progress: _Progress):
+    """One audit as the command line runs it: its control first where it has a defense,
+    then the run, judged beside the control; the result with its verdict and control."""
+    import dataclasses
+
+    from auditlib.result import ControlRecord
+
     control_result = None
     control = None if args.no_control else spec.control()
     try:
-        if control is not None:  # the positive control first: the defended run's verdict needs it
+        if control is not None:  # the positive control first: the defended verdict needs it
             print("control: the same attack without the defense", file=sys.stderr)
-            control_result = runner(control, on_event=on_event, lpips_nets=())
-            if bar is not None:
-                bar.close()
-                bar = None
-        result = runner(spec, on_event=on_event, lpips_nets=nets)
+            control_result = runner(control, on_event=progress, lpips_nets=())
+            progress.close()
+        result = runner(spec, on_event=progress, lpips_nets=nets)
     finally:
-        if bar is not None:
-            bar.close()
-    import dataclasses
-
-    from auditlib.metrics.catalogue import CATALOGUE
-    from auditlib.result import ControlRecord
-
+        progress.close()
     verdict = with_control(result.summary, control_result, defended=spec.control() is not None)
     control_record = None
     if control_result is not None:
@@ -221,8 +242,14 @@ def audit_command(args: argparse.Namespace) -> int:
             timing=control_result.summary.timing,
         )
     summary = dataclasses.replace(result.summary, verdict=verdict, control=control_record)
-    result = dataclasses.replace(result, summary=summary)
-    write_outputs(result, out)
+    return dataclasses.replace(result, summary=summary)
+
+
+def _print_run(spec, result, out: Path) -> None:
+    from auditlib.metrics.catalogue import CATALOGUE
+
+    summary = result.summary
+    verdict = summary.verdict
     metrics, timing = summary.metrics, summary.timing
     psnr, ssim, accuracy = (CATALOGUE[k] for k in ("psnr", "ssim", "label_accuracy"))
     steps = f"{timing.iterations} steps in {timing.seconds:.1f} s ({summary.stop_reason})"
@@ -242,7 +269,6 @@ def audit_command(args: argparse.Namespace) -> int:
             f"{accuracy.text(metrics.label_accuracy)}, {steps}; wrote {out / 'result.json'}"
         )
     print(f"verdict: {verdict.headline}\n  {verdict.sentence}")
-    return 0
 
 
 def with_control(summary: AuditSummary, control_result, *, defended: bool) -> Verdict:

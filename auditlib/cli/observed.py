@@ -24,6 +24,7 @@ NOT_WITH_OBSERVED = {
     "model_seed": "the weights are the bundle's global.safetensors",
     "pretrain_rounds": "the global weights are the bundle's",
     "secure_aggregation": "the bundle holds one client's update",
+    "updates": "the bundle holds one client's update (a sample audit simulates many)",
 }
 
 

@@ -17,6 +17,7 @@ from auditlib.data.samples import (
     SampleSetInfo,
     load_sample_set,
     load_training_pool,
+    sample_set_size,
 )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "load_training_pool",
     "load_zip",
     "parse_labels_csv",
+    "sample_set_size",
     "to_model_batch",
     "write_image_folder",
 ]

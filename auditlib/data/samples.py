@@ -204,6 +204,19 @@ def _window(name: str, available: int, count: int, offset: int) -> slice:
     return slice(offset, offset + count)
 
 
+def sample_set_size(name: str, split: str = "test") -> int:
+    """How many images the bundled sample set holds (an audit of the whole sample takes
+    them a batch at a time)."""
+    _check_name(name)
+    if name == "photographs":
+        return len(PHOTOGRAPHS)
+    if name == "faces":
+        return len(_faces()[0])
+    if name == "digits":
+        return len(_digits()[0])
+    return len(_fashion_mnist(split)[0])
+
+
 def load_sample_set(
     name: str, count: int, *, seed: int = 0, offset: int = 0, split: str = "test"
 ) -> LabelledImages:

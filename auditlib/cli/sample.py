@@ -1,0 +1,91 @@
+"""``audit --updates N|all``: the verdict over the sample, one update after another.
+
+Each update is a batch of ``--batch-size`` images of the set, from ``--offset`` on, audited
+as one ``audit`` is (its control first under a defense) and written to
+``OUT/update-NNN/`` (its result.json and reconstruction.png); ``OUT/result.json`` holds the
+sample's verdict: the share of images recovered beyond the best guess with its 95 %
+(Clopper-Pearson) interval, each update's figures, and the worst case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from auditlib.errors import AuditInputError
+from auditlib.spec import RunSpec
+
+SAMPLE_SCHEMA = 1
+
+
+def parse_updates(text: str) -> int | str:
+    """``--updates``: a whole number >= 1, or ``all``."""
+    from auditlib.engine.sample import ALL
+
+    if text.strip().lower() == ALL:
+        return ALL
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number or 'all', got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 update, got {value}")
+    return value
+
+
+def audit_sample(spec: RunSpec, args: argparse.Namespace, run_one: Callable) -> int:
+    from auditlib.cli.audit import write_outputs
+    from auditlib.engine.sample import update_specs
+    from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
+    from auditlib.result_json import summary_json
+
+    specs = update_specs(spec, args.updates)
+    out = Path(args.out)
+    began = time.perf_counter()
+    outcomes = []
+    folders = []
+    for index, one in enumerate(specs):
+        result = run_one(one)
+        summary = result.summary
+        if summary.metrics is None or summary.verdict is None:  # pragma: no cover - images given
+            raise AuditInputError("a sample audit scores every update; this one has no scores")
+        folder = out / f"update-{index + 1:03d}"
+        write_outputs(result, folder)
+        folders.append(folder.name)
+        outcome = UpdateOutcome.of(
+            index, summary.verdict, summary.metrics.per_image, summary.timing.seconds
+        )
+        outcomes.append(outcome)
+        print(
+            f"update {index + 1} of {len(specs)} ({', '.join(outcome.names)}): "
+            f"{outcome.images_recovered} of {len(outcome.names)} recovered; "
+            f"verdict {outcome.headline}"
+        )
+    sample = SampleVerdict(tuple(outcomes))
+    document = {
+        "kind": "sample",
+        "schema": SAMPLE_SCHEMA,
+        "spec": spec.to_dict(),
+        "updates": len(specs),
+        "batch_size": specs[0].data.batch_size,
+        "seconds": time.perf_counter() - began,
+        "folders": folders,
+        "sample": sample.to_json(),
+    }
+    (out / "result.json").write_text(summary_json(document))
+    print(f"sample verdict: {sample.headline}\n  {sample.sentence}")
+    print(f"wrote {out / 'result.json'} and {len(folders)} update folders")
+    return 0
+
+
+def read_sample(path: str | Path) -> dict:
+    """A sample's result.json, as written by :func:`audit_sample`."""
+    data = json.loads(Path(path).read_text())
+    if data.get("kind") != "sample":
+        raise AuditInputError(f"{path} is not a sample audit's result.json")
+    return data

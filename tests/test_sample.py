@@ -1,0 +1,109 @@
+"""The verdict over a sample: each batch of the set one update, judged on its own; the share
+of images recovered with its Clopper-Pearson interval, each update's figures, the worst case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from auditlib.engine.sample import update_specs
+from auditlib.errors import AuditInputError
+from auditlib.metrics.sample import SampleVerdict, UpdateOutcome, clopper_pearson
+from tests.test_attacks import lenet_spec
+
+
+def test_the_interval_is_clopper_pearsons_exact_binomial_interval():
+    # The closed forms at the ends: 0 of n and n of n.
+    low, high = clopper_pearson(0, 17)
+    assert low == 0.0 and high == pytest.approx(1 - 0.025 ** (1 / 17))
+    low, high = clopper_pearson(17, 17)
+    assert high == 1.0 and low == pytest.approx(0.025 ** (1 / 17))
+    # A tabulated value (5 of 10: 0.187 to 0.813).
+    low, high = clopper_pearson(5, 10)
+    assert (round(low, 3), round(high, 3)) == (0.187, 0.813)
+    with pytest.raises(ValueError):
+        clopper_pearson(3, 2)
+
+
+def _update(index, names, outcome, recovered, worst):
+    return UpdateOutcome(index, names, outcome, outcome, recovered, worst - 1, worst, names[0])
+
+
+def test_the_sample_verdict_counts_what_the_updates_found_and_names_the_worst_case():
+    sample = SampleVerdict(
+        (
+            _update(0, ("a", "b"), "leaks", 2, 40.0),
+            _update(1, ("c", "d"), "inconclusive", 0, 9.0),
+            _update(2, ("e", "f"), "leaks", 1, 55.0),
+        )
+    )
+    assert (sample.images, sample.images_recovered) == (6, 3)
+    assert sample.share == 0.5 and sample.interval == clopper_pearson(3, 6)
+    assert sample.worst.index == 2 and sample.worst.worst_image == "e"
+    assert sample.headline.startswith("3 of 6 images recovered beyond the best guess (50%")
+    assert "2 leaked, 1 inconclusive" in sample.sentence
+    assert "not evidence that they are safe" in sample.sentence
+    again = SampleVerdict.from_json(json.loads(json.dumps(sample.to_json())))
+    assert again == sample
+
+
+def test_the_set_is_cut_into_updates_in_order_and_too_many_are_refused():
+    spec = lenet_spec(batch=2, offset=1)
+    specs = update_specs(spec, 3)
+    assert [s.data.offset for s in specs] == [1, 3, 5]
+    assert all(s.data.batch_size == 2 for s in specs)
+    assert len(update_specs(spec, "all")) == 8  # 16 photographs from offset 1, 2 at a time
+    with pytest.raises(AuditInputError, match="holds 16 images from offset 1: 8 updates of 2"):
+        update_specs(spec, 9)
+    with pytest.raises(AuditInputError, match="a whole number >= 1 or 'all'"):
+        update_specs(spec, 0)
+
+
+def test_the_command_line_audits_the_sample_and_writes_its_verdict(tmp_path, capsys):
+    from auditlib.cli import main
+
+    out = tmp_path / "sample"
+    code = main(
+        [
+            "audit",
+            "--model",
+            "lenet",
+            "--num-classes",
+            "100",
+            "--samples",
+            "photographs",
+            "--attack",
+            "dlg",
+            "--preset",
+            "paper",
+            "--iterations",
+            "3",
+            "--updates",
+            "2",
+            "--lpips-nets",
+            "none",
+            "--out",
+            str(out),
+        ]
+    )
+    stdout = capsys.readouterr().out
+    assert code == 0
+    assert "update 1 of 2 (astronaut)" in stdout and "update 2 of 2 (chelsea)" in stdout
+    assert "sample verdict:" in stdout and "95% interval" in stdout
+    data = json.loads((out / "result.json").read_text())
+    assert data["kind"] == "sample" and data["updates"] == 2
+    sample = data["sample"]
+    assert sample["images"] == 2 and len(sample["updates"]) == 2
+    assert [u["names"] for u in sample["updates"]] == [["astronaut"], ["chelsea"]]
+    low, high = sample["interval"]
+    assert 0.0 <= low <= sample["share"] <= high <= 1.0
+    for folder in ("update-001", "update-002"):
+        one = json.loads((out / folder / "result.json").read_text())
+        assert one["config"]["data"]["batch_size"] == 1
+        assert (out / folder / "reconstruction.png").exists()
+    # Bad input: one line, exit code 2.
+    with pytest.raises(SystemExit) as stopped:
+        main(["audit", "--model", "lenet", "--samples", "photographs", "--updates", "zero"])
+    assert stopped.value.code == 2
+    assert "expected a whole number or 'all', got 'zero'" in capsys.readouterr().err
