@@ -285,6 +285,61 @@ def _details(result: AuditSummary) -> None:
         )
 
 
+def _unscored(record: RunRecord, result: AuditSummary) -> None:
+    """An observed update audited without the client's images: each attack's
+    reconstruction and its own loss, never a score (there is nothing to compare with)."""
+    timing = result.timing
+    st.caption(
+        f"{result.attack} on the observed update: not scored ({result.unscored}); "
+        f"{timing.iterations:,} steps in {number(timing.seconds, '.1f')} s {ATTACK_TIME}, "
+        f"stopped: {result.stop_reason}."
+    )
+    st.subheader("Result")
+    grid = get_store().image(record.id, "reconstruction")
+    grid_col, chart_col = st.columns([3, 2], gap="large")
+    if grid is not None:
+        grid_col.image(
+            grid.png,
+            width=png_width(grid.png),
+            caption="What the attacker reconstructed from the update (its lowest-loss "
+            "restart, chosen without ground truth). Without the client's images nobody can "
+            "say how close it is: look at it, or audit the bundle again with the client's "
+            "images for scores and a verdict.",
+        )
+    seen = events(record.id)
+    if seen:
+        chart_col.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
+    st.table(
+        [
+            {
+                "attack": a.label or a.attack,
+                "result": f"skipped: {a.skipped}" if a.skipped else (a.stop_reason or "n/a"),
+                "steps": number(a.steps, ","),
+                "its own loss (lower fits the update better)": number(a.attack_loss, ".4g"),
+            }
+            for a in result.attacks
+        ]
+    )
+    st.caption(
+        "The loss is the attack's own objective: how far its reconstruction's update is from "
+        "the observed one. It ranks an attack's restarts; it is not a distance to the images."
+    )
+    _details_unscored(result)
+    _downloads(record, result, None if grid is None else grid.png)
+
+
+def _details_unscored(result: AuditSummary) -> None:
+    with st.expander("Threat model and the observed update"):
+        st.json(
+            summary_json(
+                {
+                    "threat_model": dataclasses.asdict(result.threat_model),
+                    "victim": result.victim.to_json(),
+                }
+            )
+        )
+
+
 def _downloads(record: RunRecord, result: AuditSummary, grid: bytes | None) -> None:
     col_json, col_png, col_pdf = st.columns(3)
     col_json.download_button(
@@ -352,6 +407,9 @@ def results(record: RunRecord) -> None:
     verdict = run_verdict(record)
     st.subheader("Verdict")
     _verdict_box(verdict)
+    if result.metrics is None:  # an observed update audited without the client's images
+        _unscored(record, result)
+        return
     _usable(record, result)
     _headline(record, result)
     if verdict is not None:

@@ -16,7 +16,6 @@ from auditlib.engine.controls import start_with_control
 from auditlib.engine.preflight import estimate_time
 from auditlib.errors import AuditInputError
 from auditlib.store import RunRecord
-from auditlib.words import count_of
 from dashboard.entry import through_app
 from dashboard.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
 from dashboard.navigation import HISTORY, SETUP
@@ -147,13 +146,7 @@ def main() -> None:
 
     setup_errors, missing = setup_problems(setup)
     errors = setup_errors + check_components(lab) + check_clients_fit(setup, lab)
-    images = (
-        f"{setup.count} from the '{setup.sample_set}' sample set"
-        if setup.source == "samples"
-        else count_of(setup.upload_count, "uploaded image")
-        if setup.upload_count
-        else "every uploaded image"
-    )
+    images = setup.images_text()
     info_col, link_col = st.columns([4, 1])
     threat = threat_words(lab.server, lab.secure_aggregation)
     start_runs = "**Start runs the Setup** · " if st.session_state.get("run") else ""

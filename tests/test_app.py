@@ -1425,3 +1425,103 @@ def test_the_images_label_follows_the_latest_upload(dashboard_store):
     at.file_uploader(key="images_files.0").set_value([("two.png", data, "image/png")]).run()
     labels = [s.value for s in at.success if "Using uploaded images" in s.value]
     assert labels == ["Using uploaded images: two.png (1 image)."], labels
+
+
+# --- An observed update, uploaded ----------------------------------------------------------
+
+
+def _observed_bundle_files(tmp_path) -> list[tuple[str, bytes, str]]:
+    """A bundle written by plain PyTorch code outside the product: LeNet at 32 px, one
+    client's FedAvg update (SGD with momentum, 2 local epochs of 2 batches of 2 photographs)."""
+    import json
+
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import save_file
+
+    from auditlib.data import Normalization, load_sample_set, to_model_batch
+    from auditlib.models import ModelSpec, build_model
+
+    torch.manual_seed(0)
+    images = load_sample_set("photographs", 4, seed=0)
+    batch = to_model_batch(list(images.images), (3, 32, 32), Normalization.identity(3))
+    labels = torch.tensor([1, 2, 3, 4])
+    model = build_model(ModelSpec("lenet", input_shape=(3, 32, 32)))
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(2):
+        for first in (0, 2):
+            optimiser.zero_grad()
+            F.cross_entropy(model(batch[first : first + 2]), labels[first : first + 2]).backward()
+            optimiser.step()
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    save_file(start, str(folder / "global.safetensors"))
+    save_file(model.state_dict(), str(folder / "client.safetensors"))
+    training = {
+        "model": "lenet",
+        "num_classes": 10,
+        "input_size": 32,
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+        "local_epochs": 2,
+        "local_batch_size": 2,
+        "num_examples": 4,
+        "bn_mode": "train",
+    }
+    (folder / "training.json").write_text(json.dumps(training))
+    return [
+        (p.name, p.read_bytes(), "application/octet-stream") for p in sorted(folder.iterdir())
+    ]
+
+
+def test_an_uploaded_observed_update_is_audited_without_the_images_and_not_scored(
+    dashboard_store, tmp_path
+):
+    store, manager = dashboard_store
+    files = _observed_bundle_files(tmp_path)
+    at = _app()
+    # A bundle without its training.json is refused in one line, and nothing is stored.
+    at.file_uploader(key="observed_files.0").set_value(files[:2]).run()
+    assert any("Observed update refused" in e and "no training.json" in e for e in _errors(at))
+    assert store.list_assets() == [] and "observed" not in at.query_params
+    at.file_uploader(key="observed_files.0").set_value(files).run()
+    assert not at.exception
+    sha = at.query_params["observed"]
+    asset = store.get_asset(sha)
+    assert asset is not None and asset.kind == "observed"
+    assert any("Auditing the update a client sent" in s.value for s in at.success)
+    # The model is the bundle's; the images may be none.
+    assert any("The observed update's model: lenet, 10 classes" in i.value for i in at.info)
+    at.radio(key="source").set_value("none").run()
+    assert not _errors(at), _errors(at)
+
+    at.switch_page(LAB.path).run()
+    assert not at.exception
+    assert any("the bundle's (FedAvg" in c.value for c in at.caption), [c.value for c in at.caption]
+    assert "defense" not in [s.key for s in at.selectbox]  # nothing is added to what was sent
+    at.selectbox(key="attack").set_value("ig").run()
+    at.number_input(key="iterations.ig.audit").set_value(3)
+    at.button(key="start").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    run_id = at.query_params["run"]
+    assert manager.wait(run_id, 300)
+    record = store.get_run(run_id)
+    assert record.status == "completed", record.error
+    observed = record.spec["scenario"]["observed"]
+    assert observed["source"] == "asset" and observed["location"] == sha
+    assert record.spec["data"]["source"] == "none"
+    assert store.runs_using_asset(sha) == 1  # the bundle stays while the run names it
+
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    headlines = [i.value for i in at.info if i.value.startswith("**")]
+    assert any("Unavailable" in v for v in headlines), headlines
+    assert not any("PSNR" in m.label for m in at.metric)
+    assert any("not scored (no private images to compare with)" in c.value for c in at.caption)
+    assert any("its own loss" in str(t.value.columns) for t in at.table)
+    at.button(key="run_report").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert any("PDF" in b.proto.label for b in at.get("download_button"))

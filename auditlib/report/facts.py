@@ -225,7 +225,9 @@ def scenario_pairs(entry: ReportEntry | None) -> list[tuple[str, str]]:
         scenario, model = spec.scenario, spec.model
         pairs.append(("BatchNorm mode", scenario.protocol.batchnorm_mode))
         pairs.append(("Labels known to server", "yes" if scenario.labels_known else "no"))
-        if scenario.pretrain_rounds:
+        if scenario.observed is not None:
+            trained = "the observed update's global weights (the model its round started from)"
+        elif scenario.pretrain_rounds:
             trained = (
                 f"trained for {scenario.pretrain_rounds} FedAvg rounds on "
                 f"{scenario.pretrain_data} before the attack"
@@ -246,6 +248,8 @@ def scenario_pairs(entry: ReportEntry | None) -> list[tuple[str, str]]:
     if len(names) > SHOWN_NAMES:
         shown += f" … and {len(names) - SHOWN_NAMES} more"
     size = batch_size(entry)
+    if not names and spec is not None and spec.scenario.observed is not None:
+        size = None  # no images given; the client's example count is its training record's
     pairs += [
         ("Private data", data_source(entry)),
         ("Batch size", NOT_AVAILABLE if size is None else str(size)),

@@ -32,8 +32,17 @@ from reportlab.platypus import Flowable, SimpleDocTemplate
 
 import auditlib
 from auditlib.errors import AuditInputError
-from auditlib.report import layout, sections_back, sections_front, sections_results
+from auditlib.report import (
+    layout,
+    sections_back,
+    sections_front,
+    sections_results,
+    sections_unscored,
+)
 from auditlib.report.subject import ReportSubject
+
+# Why an unscored run's report has no charts: they plot scores.
+UNSCORED = "no charts: the run has no scores to plot (no private images to compare with)"
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,8 @@ class ReportInfo:
 def _render(subject: ReportSubject, target: Any, charts: bool) -> tuple[int, bool, str | None]:
     fonts = layout.fonts()
     b = layout.Builder(subject, fonts)
+    if sections_unscored.is_unscored(b):  # an observed update without the client's images
+        return _build(subject, target, sections_unscored.story(b), fonts), False, UNSCORED
     story: list[Flowable] = []
     story += sections_front.title_page(b)
     story += sections_front.executive_summary(b)
@@ -61,6 +72,11 @@ def _render(subject: ReportSubject, target: Any, charts: bool) -> tuple[int, boo
     story += sections_back.definitions(b)
     story += sections_back.limits_section(b)  # after the sections that add limits
     story += sections_back.appendix(b)
+    return _build(subject, target, story, fonts), drawn, reason
+
+
+def _build(subject: ReportSubject, target: Any, story: list[Flowable], fonts) -> int:
+    """Lay ``story`` out on A4 pages into ``target``; the number of pages."""
     counter = {"pages": 0}
     footer = f"auditlib {auditlib.__version__} · {subject.kind} {subject.id[:12]}"
     document = SimpleDocTemplate(
@@ -76,7 +92,7 @@ def _render(subject: ReportSubject, target: Any, charts: bool) -> tuple[int, boo
         creator="auditlib.report.pdf",
     )
     document.build(story, canvasmaker=layout.canvas_class(footer, fonts, counter))
-    return counter["pages"], drawn, reason
+    return counter["pages"]
 
 
 def render_report(subject: ReportSubject, *, charts: bool = True) -> tuple[bytes, ReportInfo]:
