@@ -1,4 +1,5 @@
-"""The view of a comparison or a sweep, shared by the Compare and Trade-off pages (not a page).
+"""The view of a comparison, a sweep or a sample, shared by the Compare, Trade-off and Sample
+pages (not a page).
 
 A batch's runs execute in the process-wide RunManager like any run; this view only starts
 them, polls the store about once a second while any is in progress (points and grids
@@ -28,6 +29,7 @@ from auditlib.report.subject import (
     batch_subject,
     learns_nothing,
     run_rows,
+    sample_verdict,
     success_curves,
     utility_caveat,
 )
@@ -170,6 +172,35 @@ def _grids(entries) -> None:
             st.progress(min(progress, 1.0), text=status)
 
 
+def _sample(entries) -> None:
+    """The verdict over the sample's updates that have a verdict so far."""
+    sample = sample_verdict(entries)
+    if sample is None:
+        st.info("The sample's verdict appears as its updates finish.")
+        return
+    with st.container(border=True):
+        st.subheader("The sample")
+        st.markdown(f"**{sample.headline}**")
+        st.markdown(sample.sentence)
+        low, high = sample.interval
+        col1, col2, col3 = st.columns(3)
+        col1.metric("Images recovered", f"{sample.images_recovered} of {sample.images}")
+        col2.metric("Share (95 % interval)", f"{sample.share:.0%} ({low:.0%} to {high:.0%})")
+        worst = sample.worst
+        if worst is not None:
+            col3.metric(
+                "Worst case",
+                f"{PSNR.text(worst.worst_psnr)} {PSNR.unit}",
+                help=f"{worst.worst_image}, update {worst.index + 1}: the sample's "
+                "best-reconstructed image.",
+            )
+        if len(sample.updates) < len(entries):
+            st.caption(
+                f"Over the {count_of(len(sample.updates), 'update')} with a verdict so far, "
+                f"of {len(entries)}."
+            )
+
+
 def _live(kind: str, batch_id: str, live: bool) -> None:
     store = get_store()
     subject = batch_subject(store, batch_id)
@@ -205,7 +236,10 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
             help="Starts only the runs without a result; those with one (completed, or stopped "
             "by the time budget) are reused.",
         )
-    if kind == "comparison":
+    if kind == "sample":
+        _sample(subject.entries)
+        _grids(subject.entries)
+    elif kind == "comparison":
         _grids(subject.entries)
         st.plotly_chart(comparison_figure(rows), config={"displayModeBar": False})
         curves = success_curves(subject.entries)

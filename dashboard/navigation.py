@@ -17,10 +17,19 @@ class PageRef:
 
 SETUP = PageRef(f"{PAGE_FOLDER}/setup.py", "Setup", ":material/tune:")
 LAB = PageRef(f"{PAGE_FOLDER}/lab.py", "Attack lab", ":material/science:")
+SAMPLE = PageRef(f"{PAGE_FOLDER}/sample.py", "Sample", ":material/grid_view:")
 COMPARE = PageRef(f"{PAGE_FOLDER}/compare.py", "Compare", ":material/compare:")
 TRADEOFF = PageRef(f"{PAGE_FOLDER}/tradeoff.py", "Trade-off", ":material/ssid_chart:")
 HISTORY = PageRef(f"{PAGE_FOLDER}/history.py", "History", ":material/history:")
 METHOD = PageRef(f"{PAGE_FOLDER}/about.py", "Method", ":material/menu_book:")
 
-PAGES = (SETUP, LAB, COMPARE, TRADEOFF, HISTORY, METHOD)  # in the sidebar's order; SETUP first
+PAGES = (
+    SETUP,
+    LAB,
+    SAMPLE,
+    COMPARE,
+    TRADEOFF,
+    HISTORY,
+    METHOD,
+)  # in the sidebar's order; SETUP first
 DEFAULT_PAGE = SETUP

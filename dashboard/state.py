@@ -42,6 +42,7 @@ URL_IDS = {
     "run": 32,
     "comparison": 32,
     "sweep": 32,
+    "sample": 32,  # an audit of the sample (a batch of updates)
     "images": 64,
     "weights": 64,
     "observed": 64,  # an observed update's bundle, uploaded (auditlib.observed.upload)

@@ -52,6 +52,7 @@ from dashboard.navigation import (  # noqa: E402
     LAB,
     METHOD,
     PAGES,
+    SAMPLE,
     SETUP,
     TRADEOFF,
 )
@@ -162,6 +163,7 @@ def test_the_pages_are_scripts_in_their_own_folder():
     assert [p.title for p in PAGES] == [
         "Setup",
         "Attack lab",
+        "Sample",
         "Compare",
         "Trade-off",
         "History",
@@ -1523,5 +1525,42 @@ def test_an_uploaded_observed_update_is_audited_without_the_images_and_not_score
     assert any("not scored (no private images to compare with)" in c.value for c in at.caption)
     assert any("its own loss" in str(t.value.columns) for t in at.table)
     at.button(key="run_report").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert any("PDF" in b.proto.label for b in at.get("download_button"))
+
+
+# --- The whole sample ------------------------------------------------------------------------
+
+
+def test_the_sample_page_audits_every_update_and_gives_the_share_with_its_interval(
+    dashboard_store,
+):
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page(SAMPLE.path).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    at.selectbox(key="attack").set_value("dlg").run()
+    at.number_input(key="sample.updates").set_value(40).run()  # the 17 photographs hold 17
+    assert any("holds 17 images from offset 0: 17 updates of 1" in e for e in _errors(at))
+    assert at.button(key="sample.start").disabled
+    at.number_input(key="sample.updates").set_value(2)
+    at.number_input(key="iterations.dlg.audit").set_value(3).run()
+    assert not _errors(at), _errors(at)
+    at.button(key="sample.start").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    batch_id = at.query_params["sample"]
+    states = _wait_batch(manager, store, batch_id)
+    assert [s.member.label for s in states] == ["update 1 (image 1)", "update 2 (image 2)"]
+    assert [s.run.spec["data"]["offset"] for s in states] == [0, 1]
+
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert "The sample" in [h.value for h in at.subheader]
+    headline = next(m.value for m in at.markdown if "images recovered beyond" in m.value)
+    assert "of 2 images recovered beyond the best guess" in headline
+    assert "95% interval" in headline
+    assert any(m.label == "Share (95 % interval)" for m in at.metric)
+    assert len(at.get("image")) == 2  # one grid per update
+    at.button(key="sample.report").click().run()
     assert not at.exception and not _errors(at), _errors(at)
     assert any("PDF" in b.proto.label for b in at.get("download_button"))

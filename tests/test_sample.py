@@ -11,6 +11,7 @@ from auditlib.engine.sample import update_specs
 from auditlib.errors import AuditInputError
 from auditlib.metrics.sample import SampleVerdict, UpdateOutcome, clopper_pearson
 from tests.test_attacks import lenet_spec
+from tests.test_report import needs_poppler
 
 
 def test_the_interval_is_clopper_pearsons_exact_binomial_interval():
@@ -107,3 +108,37 @@ def test_the_command_line_audits_the_sample_and_writes_its_verdict(tmp_path, cap
         main(["audit", "--model", "lenet", "--samples", "photographs", "--updates", "zero"])
     assert stopped.value.code == 2
     assert "expected a whole number or 'all', got 'zero'" in capsys.readouterr().err
+
+
+@needs_poppler
+def test_the_report_of_a_sample_gives_its_share_interval_and_one_row_per_update(tmp_path):
+    import dataclasses
+
+    from auditlib.engine.audit import run_audit
+    from auditlib.engine.batches import record_batch, sample_members
+    from auditlib.report.pdf import build_report
+    from auditlib.report.subject import batch_subject
+    from auditlib.spec import Budget, ComponentSpec
+    from auditlib.store import Store
+    from tests.test_report import flat, pdf_text
+
+    base = dataclasses.replace(
+        lenet_spec("dlg"), attack=ComponentSpec.of("dlg", preset="paper"), budget=Budget(5)
+    )
+    members = sample_members(base, 2)
+    assert [m.label for m in members] == ["update 1 (image 1)", "update 2 (image 2)"]
+    with Store(f"sqlite:///{tmp_path}/sample.db") as store:
+        for member in members:
+            result = run_audit(member.spec, lpips_nets=())
+            run_id = store.create_run(member.spec.to_dict(), member.spec.identity(), member.label)
+            store.mark_running(run_id)
+            store.finish(run_id, "completed", summary=result.summary)
+        subject = batch_subject(store, record_batch(store, "sample", "two updates", members))
+        assert subject.kind == "sample"
+        out = tmp_path / "sample.pdf"
+        build_report(subject, out, charts=False)
+    text = flat(pdf_text(out))
+    assert "an audit of the sample: 2 updates" in text
+    assert "The sample" in text and "of 2 images recovered beyond the best guess" in text
+    assert "95% interval" in text and "Clopper-Pearson" in text
+    assert "astronaut" in text and "chelsea" in text

@@ -1,7 +1,9 @@
-"""Comparisons and sweeps: sets of ordinary runs, recorded as a batch in the store.
+"""Comparisons, sweeps and samples: sets of ordinary runs, recorded as a batch in the store.
 
 A comparison runs one scenario and attack under several defenses; a sweep runs it over a
-grid of one defense's strength knob (several defenses may share a chart, one curve each).
+grid of one defense's strength knob (several defenses may share a chart, one curve each); a
+sample runs it on every batch of the auditor's set, one client's update each
+(``engine.sample``; its verdict is ``metrics.sample``).
 Each member is a plain :class:`RunSpec` started through the :class:`RunManager`, so it
 streams, persists and cancels like any run, and Ray runs as many at once as there are
 workers. Members are matched to runs by spec id (``engine.identity``): restarting a batch (after a cancel or a
@@ -162,6 +164,25 @@ def sweep_members(base: RunSpec, curves: Sequence[SweepCurve]) -> list[BatchMemb
                     dataclasses.replace(base, defense=defense),
                 )
             )
+    return _checked(members)
+
+
+SAMPLE_SERIES = "sample"
+
+
+def sample_members(
+    base: RunSpec, updates: int | str, assets: Mapping[str, bytes] | None = None
+) -> list[BatchMember]:
+    """The sample's updates (``engine.sample.update_specs``), one member each, in order."""
+    from auditlib.engine.sample import update_specs
+
+    members = []
+    for index, spec in enumerate(update_specs(base, updates, assets)):
+        first = spec.data.offset + 1
+        size = spec.data.batch_size or 1
+        images = f"image {first}" if size == 1 else f"images {first} to {first + size - 1}"
+        label = f"update {index + 1} ({images})"
+        members.append(BatchMember(label, SAMPLE_SERIES, None, float(index), spec))
     return _checked(members)
 
 

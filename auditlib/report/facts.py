@@ -106,6 +106,8 @@ def subject_text(subject: ReportSubject) -> str:
         return "one audit run"
     if subject.kind == "comparison":
         return f"a comparison of {count} defenses under one attack"
+    if subject.kind == "sample":
+        return f"an audit of the sample: {count} updates, each one client's batch"
     knobs = dict.fromkeys(f"{e.series} {e.knob}" for e in subject.entries if e.knob is not None)
     return f"a sweep of {count} runs over {', '.join(knobs) or 'defense settings'}"
 

@@ -11,7 +11,7 @@ from reportlab.lib.units import cm
 from reportlab.platypus import CondPageBreak, Flowable, PageBreak, Spacer
 
 import auditlib
-from auditlib.report import facts, facts_server
+from auditlib.report import facts, facts_server, sections_sample
 from auditlib.report import verdict_section as verdicts
 from auditlib.report.layout import Builder, esc, lines
 from auditlib.report.subject import ReportEntry, learns_nothing
@@ -64,6 +64,8 @@ def executive_summary(b: Builder) -> list[Flowable]:
     if b.subject.kind == "run":
         out += run_summary(b, b.entries[0])
     else:
+        if b.subject.kind == "sample":
+            out += sections_sample.sample_block(b)
         out += verdicts.batch_summary(b, b.entries)
         out += b.bullets(
             verdicts.run_line(e, esc(facts.utility_words(r)))

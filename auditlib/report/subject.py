@@ -19,12 +19,14 @@ from auditlib.engine.controls import WITH_RESULT, control_finding, verdict_of
 from auditlib.errors import AuditInputError
 from auditlib.fl.federated import LEARNED_MARGIN, learned
 from auditlib.metrics.catalogue import CATALOGUE, RECOVERED_PSNR_DB
+from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
 from auditlib.metrics.scores import Scores, SuccessPoint
 from auditlib.metrics.verdict import Outcome, Verdict
 from auditlib.result import AuditSummary, UtilityRecord, UtilityUnavailable
 from auditlib.spec import RunSpec, run_spec_from_dict
 from auditlib.store import RECONSTRUCTION, RunRecord, Store
 from auditlib.store.convert import finite_number
+from auditlib.store.engine import describe
 from auditlib.store.retention import where_and_how_long
 
 SPEC_ERRORS = (AuditInputError, KeyError, TypeError, ValueError)  # a spec of an older version
@@ -59,7 +61,7 @@ class ReportEntry:
 
 @dataclass(frozen=True)
 class ReportSubject:
-    kind: Literal["run", "comparison", "sweep"]
+    kind: Literal["run", "comparison", "sweep", "sample"]
     id: str  # the run's or the batch's id
     title: str
     created_at: datetime
@@ -142,7 +144,7 @@ def _entry(
 def run_subject(store: Store, run_id: str) -> ReportSubject:
     run = store.get_run(run_id)
     if run is None:
-        raise AuditInputError(f"no run {run_id!r} in {store.url}")
+        raise AuditInputError(f"no run {run_id!r} in {describe(store.url)}")
     result, _ = read_result(run)
     spec = read_spec(run, result)
     defense = spec.defense.name if spec is not None else result.defense if result else "?"
@@ -154,12 +156,18 @@ def run_subject(store: Store, run_id: str) -> ReportSubject:
 def batch_subject(store: Store, batch_id: str) -> ReportSubject:
     batch = store.get_batch(batch_id)
     if batch is None:
-        raise AuditInputError(f"no comparison or sweep {batch_id!r} in {store.url}")
+        raise AuditInputError(
+            f"no comparison, sweep or sample {batch_id!r} in {describe(store.url)}"
+        )
     entries = tuple(
         _entry(store, s.member.label, s.member.series, s.member.knob, s.member.value, s.run)
         for s in batch_state(store, batch)
     )
-    kind: Literal["comparison", "sweep"] = "sweep" if batch.kind == "sweep" else "comparison"
+    kinds: dict[str, Literal["comparison", "sweep", "sample"]] = {
+        "sweep": "sweep",
+        "sample": "sample",
+    }
+    kind = kinds.get(batch.kind, "comparison")
     return ReportSubject(
         kind,
         batch.id,
@@ -401,3 +409,25 @@ def learns_nothing(row: RunRow) -> str | None:
         f"the defended model learns nothing (accuracy {text(accuracy)}, chance {text(chance)}, "
         f"{text(undefended)} without the defense): this setting is not a usable defense"
     )
+
+
+# ------------------------------------------------------------------------------ a sample
+
+
+def sample_verdict(entries: Sequence[ReportEntry]) -> SampleVerdict | None:
+    """The verdict over a sample's updates that have a scored result and a verdict (None
+    before any has); the page and the PDF both read it here."""
+    outcomes = [
+        UpdateOutcome.of(
+            index,
+            entry.verdict,
+            entry.result.metrics.per_image,
+            entry.result.timing.seconds,
+        )
+        for index, entry in enumerate(entries)
+        if entry.has_result
+        and entry.verdict is not None
+        and entry.result is not None
+        and entry.result.metrics is not None
+    ]
+    return SampleVerdict(tuple(outcomes)) if outcomes else None

@@ -33,7 +33,7 @@ ASSET_KINDS: frozenset[str] = frozenset({"images", "model", "observed"})
 
 # Batches: several runs of one scenario and attack, under several defenses (a comparison)
 # or over a grid of a defense's strength (a sweep).
-BATCH_KINDS: frozenset[str] = frozenset({"comparison", "sweep"})
+BATCH_KINDS: frozenset[str] = frozenset({"comparison", "sweep", "sample"})
 
 # Run images: "live" is the reconstruction as it converges (only the latest is kept, it is
 # overwritten every few steps); "originals" and "reconstruction" are written once per run.
