@@ -1,7 +1,7 @@
 # The audit dashboard: Streamlit on port 8501, run as a non-root user.
 #
 #   docker build -t fl-audit .
-#   docker run --rm -p 8501:8501 --shm-size=2g fl-audit
+#   docker run --rm -p 127.0.0.1:8501:8501 -v fl-audit-data:/data --shm-size=2g fl-audit
 #
 # Build needs network access (apt, PyPI, and the two LPIPS backbones from download.pytorch.org);
 # the running container needs none.
@@ -38,23 +38,23 @@ RUN python -c "import torchvision as tv; tv.models.alexnet(weights='IMAGENET1K_V
     && test -s /opt/torch/hub/checkpoints/vgg16-397923af.pth \
     && chmod -R a+rX /opt/torch
 
-# The code stays owned by root (read-only for the app); the app user only writes to its
-# home and to /tmp (uploads are written to temporary folders there during a run).
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin auditor
+# The code stays owned by root (read-only for the app); the app user writes only to its data
+# volume (/data: the users file, the database; 0700), its home and /tmp.
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin auditor \
+    && mkdir -p /data && chown auditor:auditor /data && chmod 0700 /data
 COPY . .
 USER auditor
+ENV AUDIT_DATA_DIR=/data \
+    ADDRESS=0.0.0.0 \
+    PORT=8501
+VOLUME ["/data"]
 
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4)"
 
-# --server.maxUploadSize 512: Streamlit's server refuses larger request bodies (default 200 MB)
-# whatever a widget says; the weights uploader takes up to 500 MB (decimal, as the browser shows it). Per-widget limits in dashboard/uploads.py keep
-# image files to 20 MB and zips to 256 MB. No file watcher in production.
-CMD ["streamlit", "run", "app.py", \
-     "--server.port", "8501", \
-     "--server.address", "0.0.0.0", \
-     "--server.headless", "true", \
-     "--browser.gatherUsageStats", "false", \
-     "--server.maxUploadSize", "512", \
-     "--server.fileWatcherType", "none"]
+# As `make run`: the first admin on the first start (its password in the container's log,
+# once), the embedded Ray on 127.0.0.1 inside the container, Streamlit with
+# .streamlit/config.toml. ADDRESS=0.0.0.0 so that `-p 8501:8501` reaches it: plain HTTP,
+# so put TLS in front (a reverse proxy) before serving it beyond this machine.
+CMD ["sh", "scripts/serve.sh"]

@@ -26,12 +26,11 @@ $(STAMP): requirements.txt
 system-deps:
 	@bash scripts/install_system_deps.sh
 
-# The first start creates the users file with an admin and prints its password once.
+# The first start creates the users file with an admin and prints its password once; the
+# rest of the server's settings are .streamlit/config.toml's (scripts/serve.sh does the same).
 run: setup
 	$(BIN)/python -m auditlib users init
-	$(EMBEDDED_RAY_LOCAL) $(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
-		--server.headless true --browser.gatherUsageStats false --server.maxUploadSize 512 \
-		--server.fileWatcherType none
+	$(EMBEDDED_RAY_LOCAL) $(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS)
 
 test: setup
 	$(BIN)/python -m pytest

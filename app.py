@@ -10,6 +10,13 @@ way in (page config, navigation, sign-in, URL state) that every page goes throug
 refresh or a shared link reopens the same state.
 """
 
+import os
+
+# The embedded Ray in its single-machine mode (its servers on 127.0.0.1), however the app is
+# started: Ray reads this when it is first imported, so before anything imports it.
+if not os.environ.get("AUDIT_RAY_ADDRESS"):
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 from dashboard.entry import run_app
 
 run_app()

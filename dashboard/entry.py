@@ -11,6 +11,7 @@ instead, which renders the page the URL names once someone has signed in.
 from __future__ import annotations
 
 import contextvars
+from pathlib import Path
 
 import streamlit as st
 
@@ -19,6 +20,7 @@ from dashboard.auth import sign_in
 from dashboard.navigation import DEFAULT_PAGE, PAGES
 from dashboard.state import sync_url_state
 
+ICON = str(Path(__file__).resolve().parents[1] / "assets" / "icon.png")
 # True while run_app is running a page in this thread's script run (page scripts run
 # synchronously inside page.run(), so a context variable reaches them; fragments re-run
 # only their function, never the page's guard).
@@ -26,9 +28,9 @@ _IN_APP: contextvars.ContextVar[bool] = contextvars.ContextVar("in_app", default
 
 
 def run_app() -> None:
-    st.set_page_config(
-        page_title="FL gradient-leakage audit", page_icon=":material/shield:", layout="wide"
-    )
+    # The icon is a file of the project: a material icon's favicon is fetched from a public
+    # font host, and nothing is downloaded at run time.
+    st.set_page_config(page_title="FL gradient-leakage audit", page_icon=ICON, layout="wide")
     ray_backend.start_ray()  # in the background, once per server process
     # The page is read from the URL before the sign-in form (so a link to a run still opens
     # it once its owner has signed in); no page runs before someone has signed in. The

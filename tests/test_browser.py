@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from conftest import USERS
@@ -140,18 +141,10 @@ class Server:
                 "streamlit",
                 "run",
                 "app.py",
+                # Everything else from .streamlit/config.toml, as a plain `streamlit run
+                # app.py` reads it (address 127.0.0.1, no usage statistics, 512 MB bodies).
                 "--server.port",
                 str(self.port),
-                "--server.address",
-                "127.0.0.1",
-                "--server.headless",
-                "true",
-                "--browser.gatherUsageStats",
-                "false",
-                "--server.fileWatcherType",
-                "none",
-                "--server.maxUploadSize",  # as `make run` starts it
-                "512",
             ],
             cwd=ROOT,
             env=self.env,
@@ -675,9 +668,14 @@ def test_an_observed_update_uploaded_and_audited_in_a_browser(server, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
+            hosts: set[str] = set()  # every host the page asks for anything
+            page.on("request", lambda request: hosts.add(urlparse(request.url).hostname or ""))
             page.goto(server)
             sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").first.wait_for()
+            # Started as a plain `streamlit run app.py` (the config file's settings): no
+            # Deploy button offering a public cloud.
+            assert page.get_by_role("button", name="Deploy").count() == 0
             page.get_by_text("Audit an update a client actually sent").click()
             uploader = page.locator('[data-testid="stFileUploader"]').filter(
                 has_text="The bundle's files, or one zip of its folder"
@@ -704,6 +702,8 @@ def test_an_observed_update_uploaded_and_audited_in_a_browser(server, tmp_path):
             pdf = tmp_path / "observed.pdf"
             download.value.save_as(pdf)
             assert pdf.read_bytes().startswith(b"%PDF")
+            # Nothing left this machine: no metrics host, no font or icon host.
+            assert hosts <= {"127.0.0.1", "localhost", ""}, hosts
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
