@@ -125,11 +125,12 @@ class _Histories:
 
     def _products(self, rows: list[int], vectors: torch.Tensor) -> torch.Tensor:
         """Every stored s and y of each row against its ``vectors`` ([n, c, N]): one pass
-        over the history, [n, 2 x capacity, c]. (The vectors as rows, transposed: measured
-        2.5 times faster than [n, N, c] columns, whose stride is c.)"""
+        over the history, [n, 2 x capacity, c]. (Computed as vectors x history^T: measured
+        1.5 times faster than history x vectors^T, and 4 times faster than with the vectors
+        as [n, N, c] columns.)"""
         if rows == list(range(self.pairs.shape[0])):
-            return torch.bmm(self.pairs, vectors.transpose(1, 2))
-        return torch.stack([self.pairs[r] @ vectors[i].T for i, r in enumerate(rows)])
+            return torch.bmm(vectors, self.pairs.transpose(1, 2)).transpose(1, 2)
+        return torch.stack([(vectors[i] @ self.pairs[r].T).T for i, r in enumerate(rows)])
 
     def _in_order(self, matrix: torch.Tensor, rows: list[int], order: torch.Tensor):
         """The rows' [size, size] products with slots in the order ``order`` ([n, m])."""
