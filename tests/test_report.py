@@ -843,7 +843,7 @@ def test_cli_writes_the_report_of_a_batch_and_of_a_run(comparison, tmp_path, cap
     ("args", "message"),
     [
         (["--run", "nope"], "no run 'nope'"),
-        (["--batch", "nope"], "no comparison or sweep 'nope'"),
+        (["--batch", "nope"], "no comparison, sweep or sample 'nope'"),
         (["--run", "nope", "--out", "{tmp}"], "is a folder"),
         (["--run", "nope", "--out", "{tmp}/missing/r.pdf"], "does not exist"),
         (["--run", "nope", "--db", "sqlite:///{tmp}/none.db"], "no database at"),

@@ -25,9 +25,9 @@ from tests.test_observed import _plain_pytorch_client
 from tests.test_report import needs_poppler
 
 
-@needs_poppler
-def test_the_report_of_an_unscored_observed_update_shows_what_came_back_and_no_score(tmp_path):
-    folder, _, _ = _plain_pytorch_client(tmp_path)
+def unscored_subject(tmp_path, bundle_folder=None):
+    """The report subject of a stored run of an observed update audited without images."""
+    folder = bundle_folder or _plain_pytorch_client(tmp_path)[0]
     bundle = load_bundle(folder)
     spec = RunSpec(
         model=ModelRef(bundle.model_spec),
@@ -48,9 +48,15 @@ def test_the_report_of_an_unscored_observed_update_shows_what_came_back_and_no_s
     rows = [images for _, images in result.by_attack]
     store.add_image(run_id, 0, "reconstruction", png_bytes(image_grid(rows)))
     store.finish(run_id, "completed", summary=result.summary)
+    return run_subject(store, run_id)
 
+
+@needs_poppler
+def test_the_report_of_an_unscored_observed_update_shows_what_came_back_and_no_score(tmp_path):
+    folder, _, _ = _plain_pytorch_client(tmp_path)
+    bundle = load_bundle(folder)
     out = tmp_path / "report.pdf"
-    build_report(run_subject(store, run_id), out, charts=False)
+    build_report(unscored_subject(tmp_path, folder), out, charts=False)
     text = " ".join(
         subprocess.run(
             ["pdftotext", "-layout", str(out), "-"], capture_output=True, text=True, check=True

@@ -106,6 +106,12 @@ def report_bytes(subject: ReportSubject, *, charts: bool = True) -> bytes:
     return render_report(subject, charts=charts)[0]
 
 
+def _umask() -> int:
+    mask = os.umask(0o077)  # read it (the only way); set back at once
+    os.umask(mask)
+    return mask
+
+
 def build_report(subject: ReportSubject, out: str | Path, *, charts: bool = True) -> ReportInfo:
     """Write the report of ``subject`` to the PDF file ``out`` (replaced whole, never left
     half-written). Refuses a folder or a path whose folder does not exist."""
@@ -119,7 +125,7 @@ def build_report(subject: ReportSubject, out: str | Path, *, charts: bool = True
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)
-        os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide the report from others
+        os.chmod(temporary, 0o666 & ~_umask())  # as any file the user writes, not mkstemp's
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

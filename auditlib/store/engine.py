@@ -34,7 +34,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
-from auditlib.paths import data_dir
+from auditlib.paths import data_dir, private
 
 BUSY_TIMEOUT_MS = 15_000
 WRITE_OPTION = "auditlib_write"  # execution option: this transaction will write
@@ -97,6 +97,15 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
 
+def _private_database(path: Path) -> None:
+    """The SQLite file created readable by its owner only (SQLite gives its -wal and -shm
+    files the database's permissions), or made so where this process owns it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    private(path, 0o600)
+
+
 def _create(url: URL) -> SharedEngine:
     if is_sqlite_memory(url):
         engine = create_engine(url, connect_args={"check_same_thread": False}, poolclass=StaticPool)
@@ -105,7 +114,7 @@ def _create(url: URL) -> SharedEngine:
     if is_sqlite(url):
         database = url.database or ""
         if not database.startswith("file:"):
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _private_database(Path(database).expanduser())
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False},
