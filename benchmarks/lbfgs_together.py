@@ -19,8 +19,11 @@ batched step is), and the same 8 starts each to the end of a shorter budget (no 
 every step has 8 starts to batch, the batching's own gain).
 
 Writes benchmarks/results/lbfgs_together.json and the table in docs/PERFORMANCE.md.
+``--photographs`` instead runs the audit preset on all 17 bundled photographs, starts apart
+and together (seed 0, no time budget), and writes their PSNRs side by side.
+
 Usage: python -m benchmarks.lbfgs_together [--quick] [--repeats 5] [--photo 0] [--profile]
-       [--threads 2]
+       [--threads 2] [--photographs]
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from auditlib.attacks import RunControl, build_attack_config, get_attack
 from auditlib.attacks.lbfgs_batched import BatchedLbfgs, _Histories
 from auditlib.attacks.restarts import run_attack
+from auditlib.data.samples import PHOTOGRAPHS
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.fl.scenario import release_update
@@ -189,6 +193,39 @@ def table(rows: list[dict], profiled: list[dict]) -> str:
     )
 
 
+def photographs() -> list[dict]:
+    """The audit preset on each of the 17 photographs (300 steps, raced, no time budget,
+    seed 0), starts apart and together: did any recovery get worse?"""
+    rows = []
+    for offset, name in enumerate(PHOTOGRAPHS):
+        victim, release = _victim_and_release(offset)
+        row = {"photograph": name}
+        for together, arm in ((False, "apart"), (True, "together")):
+            row[arm] = _run(victim, release, 300, together)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def photographs_table(rows: list[dict]) -> str:
+    lines = [
+        "| photograph | audit, starts apart: PSNR (dB) / s | audit, starts together: PSNR (dB) / s |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        cells = [f"{r[a]['psnr']:.2f} / {r[a]['seconds']:.0f}" for a in ("apart", "together")]
+        lines.append(f"| {r['photograph']} | {cells[0]} | {cells[1]} |")
+    for arm in ("apart", "together"):
+        psnr = [r[arm]["psnr"] for r in rows]
+        seconds = [r[arm]["seconds"] for r in rows]
+        lines.append(
+            f"\n- {arm}: {sum(p >= 30 for p in psnr)}/{len(psnr)} at >= 30 dB, mean "
+            f"{statistics.mean(psnr):.2f} dB, min {min(psnr):.2f} dB; "
+            f"{statistics.mean(seconds):.1f} s per image on average."
+        )
+    return "\n".join(lines) + f"\n\nMeasured on: {machine()}."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="30 steps per start, 2 repeats")
@@ -201,11 +238,24 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave the docs")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument(
+        "--photographs",
+        action="store_true",
+        help="only the audit preset on the 17 photographs, starts apart and together",
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.photographs:
+        rows = photographs()
+        text = photographs_table(rows)
+        print(text)
+        (ROOT / "benchmarks" / "results" / "lbfgs_together_photographs.json").write_text(
+            json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n"
+        )
+        return
     steps, unraced, repeats = (
         (30, 10, 2) if args.quick else (args.steps, args.unraced_steps, args.repeats)
     )
-    torch.set_num_threads(args.threads)
     cases = [(steps, True)] + ([(unraced, False)] if unraced > 0 else [])
     rows = [measure(args.photo, n, repeats, raced) for n, raced in cases]
     profiled = []
