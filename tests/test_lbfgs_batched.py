@@ -357,3 +357,36 @@ def test_dlm_starts_together_report_each_starts_gamma():
     assert all(math.isfinite(r) for r in ratios.values())
     steps = [e for e in events if "gamma" in e.losses]
     assert {e.restart for e in steps} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"gamma_on": "update"},
+        {"gamma_on": "dummy"},
+        {"norm": "frobenius"},
+        {"norm": "layer-mean"},
+    ],
+    ids=["dlm-update", "dlm-dummy", "dlm+-frobenius", "dlm+-layer-mean"],
+)
+def test_dlm_objective_of_starts_together_is_each_starts_own(config):
+    """DLM's and DLM+'s distance of 3 starts at once (each its own gamma) against each start
+    alone: values and image gradients, to float rounding."""
+    from auditlib.attacks.dlm import DlmConfig, DlmPlusConfig, ModelLeakageObjective
+    from tests.test_attack_dlm import release_for
+
+    _, observation, knowledge = release_for()
+    kind = DlmPlusConfig if "norm" in config else DlmConfig
+    objective = ModelLeakageObjective(observation, knowledge, kind(**config))
+    images, logits = dlg_starts(knowledge, 3)
+    images.requires_grad_(True)
+    labels = torch.softmax(logits, -1)
+    gamma = None if objective.plus else torch.tensor([80.0, 100.0, 130.0])
+    together = objective.together(images, labels, gamma)
+    (batched,) = torch.autograd.grad(together.sum(), images)
+    assert together.shape == (3,)
+    for r in range(3):
+        alone = objective(images[r], labels[r], None if gamma is None else gamma[r])
+        (own,) = torch.autograd.grad(alone, images)
+        assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
+        torch.testing.assert_close(batched[r], own[r], rtol=1e-4, atol=1e-6)
