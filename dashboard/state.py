@@ -35,6 +35,7 @@ from auditlib.models.registry import (
 )
 from auditlib.models.zoo import PREFIX as TORCHVISION_PREFIX
 from auditlib.models.zoo import torchvision_names
+from dashboard.plain import literal
 
 # Ids kept in the URL so that a refresh or a shared link reopens the same state.
 # Each is a lowercase hex id of a fixed length: run and batch ids, and assets' sha256.
@@ -195,7 +196,9 @@ def _adopt_url() -> list[str]:
         if value and is_url_id(key, value):
             state[key] = value
         elif value:
-            refused.append(f"{key}={value[:40]} (expected {digits} lowercase hex digits)")
+            refused.append(
+                f"{literal(f'{key}={value}', 40)} (expected {digits} lowercase hex digits)"
+            )
     for field in SETUP_FIELDS:
         value = params.get(field.url)
         if value is None:
@@ -203,14 +206,14 @@ def _adopt_url() -> list[str]:
         try:
             state[field.key] = field.parse(value)
         except ValueError as exc:
-            refused.append(f"{field.url}={value[:40]} (expected {exc})")
+            refused.append(f"{literal(f'{field.url}={value}', 40)} (expected {exc})")
     if state.get("images"):
         value = params.get(UPLOAD_COUNT_URL)
         if value is not None:
             try:
                 state[upload_count_key(state["images"])] = _upload_count(value)
             except ValueError as exc:
-                refused.append(f"{UPLOAD_COUNT_URL}={value[:40]} (expected {exc})")
+                refused.append(f"{literal(f'{UPLOAD_COUNT_URL}={value}', 40)} (expected {exc})")
         if params.get("source") is None:
             state["source"] = "upload"  # a link from before the source was in the URL
     return refused

@@ -29,6 +29,7 @@ from auditlib.observed import (
 )
 from auditlib.observed.upload import max_archive_bytes
 from auditlib.words import MB, count_of, size_text
+from dashboard.plain import literal
 from dashboard.resources import get_store
 from dashboard.setup_state import check_weights, current_setup, observed_upload
 from dashboard.state import (
@@ -135,7 +136,8 @@ def weights_upload(errors: list[str]) -> None:
         size = size_text(asset.size) if asset is not None else "?"
         col_text, col_button = st.columns([4, 1])
         col_text.success(
-            f"Using weights {_shown_name(upload, sha, asset)} ({size}, sha256 {sha[:12]}...)."
+            f"Using weights {_shown_name(upload, sha, asset)} ({size}, sha256 "
+            f"{sha[:12]}...)."
         )
         col_button.button(
             "Remove",
@@ -213,7 +215,7 @@ def observed_bundle_upload(errors: list[str]) -> None:
         )
         return
     col_text, col_button = st.columns([4, 1])
-    col_text.success(f"Auditing the update a client sent: {bundle.describe()}.")
+    col_text.success(f"Auditing the update a client sent: {literal(bundle.describe())}.")
     col_button.button(
         "Remove",
         key="remove_observed",
@@ -240,13 +242,13 @@ def auditable_note(architecture: str) -> str:
 def _shown_name(upload, sha: str, asset) -> str:
     """The name of the file in use: the one in the uploader when it holds these weights
     (the store keeps the first name the same bytes were uploaded under), else the stored one."""
-    stored = asset.name if asset is not None else "unknown file"
-    if upload is None or upload.name == stored:
+    stored = literal(asset.name) if asset is not None else "an unknown file"
+    if upload is None or literal(upload.name) == stored:
         return stored
     cached = st.session_state.get("_weights_upload")
     if cached is None or cached[2] != sha:
         return stored
-    return f"{upload.name} (the same bytes as {stored}, uploaded before)"
+    return f"{literal(upload.name)} (the same bytes as {stored}, uploaded before)"
 
 
 def _weights_howto(setup, spec) -> None:
@@ -419,7 +421,7 @@ def images_upload(errors: list[str]) -> None:
         uploaded = [f.name for f in files if not f.name.lower().endswith(".csv")]
         name = uploaded[0] if len(uploaded) == 1 else short_names(uploaded)
     col_text, col_button = st.columns([4, 1])
-    col_text.success(f"Using uploaded images: {name} ({count_of(total, 'image')}).")
+    col_text.success(f"Using uploaded images: {literal(name)} ({count_of(total, 'image')}).")
     col_button.button("Remove", key="remove_images", on_click=_remove, args=("images",))
     st.number_input(
         "Images in the batch",

@@ -305,7 +305,7 @@ def test_a_refresh_keeps_the_whole_setup_with_its_weights(dashboard_store):
     assert again.number_input(key="num_classes").value == 100
     assert again.number_input(key="seed").value == 7
     assert again.selectbox(key="activation").value == "relu"
-    assert any("Using weights mine.safetensors" in s.value for s in again.success)
+    assert any("Using weights `mine.safetensors`" in s.value for s in again.success)
     again.switch_page(LAB.path).run()
     assert any("lenet, 100 classes" in m.value for m in again.markdown)
 
@@ -319,13 +319,23 @@ def test_a_link_with_bad_values_says_what_it_did_not_use(dashboard_store):
     at = _app(arch="vgg99", classes="1", size="64", run="../../etc")
     assert not at.exception
     warning = " ".join(w.value for w in at.warning)
-    assert "arch=vgg99 (expected one of" in warning
-    assert "classes=1 (expected an integer 2-100000)" in warning
-    assert "run=../../etc (expected 32 lowercase hex digits)" in warning
+    assert "`arch=vgg99` (expected one of" in warning
+    assert "`classes=1` (expected an integer 2-100000)" in warning
+    assert "`run=../../etc` (expected 32 lowercase hex digits)" in warning
     # The rest of the link still opens.
     assert at.number_input(key="input_size").value == 64
     assert at.selectbox(key="architecture").value == "lenet"
     assert "arch" not in at.query_params and "run" not in at.query_params
+
+
+def test_a_link_cannot_put_markdown_into_the_page(dashboard_store):
+    """Issue 33, item 7: a value from the URL is shown as typed, never as a link or bold."""
+    at = _app(run="[Session expired, sign in](https://x.io)", arch="**vgg**")
+    assert not at.exception
+    warning = " ".join(w.value for w in at.warning)
+    shown = "`run=[Session expired, sign in](https://x…`"  # a code span, cut at 40
+    assert shown in warning and "`arch=**vgg**`" in warning
+    assert "](" not in warning.replace(shown, "")
 
 
 def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
@@ -346,7 +356,7 @@ def test_setup_weights_that_do_not_fit_are_a_clear_error(dashboard_store):
     assert not _errors(at), _errors(at)
     sha = at.query_params["weights"]
     assert store.get_asset(sha).kind == "model"
-    assert any("Using weights mine.safetensors" in s.value for s in at.success)
+    assert any("Using weights `mine.safetensors`" in s.value for s in at.success)
     at.switch_page(LAB.path).run()
     assert any("uploaded weights" in m.value for m in at.markdown)
 
@@ -400,7 +410,7 @@ def test_a_torchvision_resnet_checkpoint_is_told_which_stem_it_needs(dashboard_s
 
     at.selectbox(key="stem").set_value("imagenet").run()
     assert not _errors(at), _errors(at)
-    assert any("Using weights resnet18.pth" in s.value for s in at.success)
+    assert any("Using weights `resnet18.pth`" in s.value for s in at.success)
     assert at.query_params["stem"] == "imagenet" and at.query_params["arch"] == "resnet18"
     assert 'stem="imagenet"' in " ".join(c.value for c in at.code)
 
@@ -1340,7 +1350,7 @@ def test_setup_offers_torchvision_models_and_the_lab_runs_one(dashboard_store):
     at.run()
     assert not _errors(at), _errors(at)
     sha = at.query_params["weights"]
-    assert any("Using weights mobilenet.safetensors" in s.value for s in at.success)
+    assert any("Using weights `mobilenet.safetensors`" in s.value for s in at.success)
 
     # A refresh (a link) brings the torchvision model back with its weights.
     again = _app(**{k: v[0] if isinstance(v, list) else v for k, v in at.query_params.items()})
@@ -1399,14 +1409,14 @@ def test_the_weights_label_follows_the_latest_upload(dashboard_store):
         ("first.safetensors", _lenet_weights(), "application/octet-stream")
     )
     at.run()
-    assert any("Using weights first.safetensors" in s.value for s in at.success)
+    assert any("Using weights `first.safetensors`" in s.value for s in at.success)
 
     at.file_uploader(key=uploader).set_value(
         ("second.safetensors", _lenet_weights(), "application/octet-stream")
     )
     at.run()
     labels = [s.value for s in at.success if "Using weights" in s.value]
-    assert len(labels) == 1 and labels[0].startswith("Using weights second.safetensors"), labels
+    assert len(labels) == 1 and labels[0].startswith("Using weights `second.safetensors`"), labels
 
     at.file_uploader(key=uploader).set_value(
         ("third.safetensors", _lenet_weights(7), "application/octet-stream")
@@ -1423,10 +1433,10 @@ def test_the_images_label_follows_the_latest_upload(dashboard_store):
     at = _app()
     at.radio(key="source").set_value("upload").run()
     at.file_uploader(key="images_files.0").set_value([("one.png", data, "image/png")]).run()
-    assert any("Using uploaded images: one.png" in s.value for s in at.success)
+    assert any("Using uploaded images: `one.png`" in s.value for s in at.success)
     at.file_uploader(key="images_files.0").set_value([("two.png", data, "image/png")]).run()
     labels = [s.value for s in at.success if "Using uploaded images" in s.value]
-    assert labels == ["Using uploaded images: two.png (1 image)."], labels
+    assert labels == ["Using uploaded images: `two.png` (1 image)."], labels
 
 
 # --- An observed update, uploaded ----------------------------------------------------------
