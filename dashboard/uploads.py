@@ -64,7 +64,8 @@ def limits_text() -> str:
     limits = DEFAULT_LIMITS
     return (
         f"At most {limits.max_images} images, each file up to {size_text(limits.max_file_bytes)} "
-        f"and {limits.max_pixels / 1e6:.0f} megapixels, {limits.min_side} to {limits.max_side} "
+        f"and {limits.max_pixels / 1e6:.0f} megapixels ({limits.max_total_pixels / 1e6:.0f} "
+        f"megapixels together), {limits.min_side} to {limits.max_side} "
         "pixels per side; PNG, JPEG, BMP, TIFF or WebP; or one zip of them up to "
         f"{size_text(limits.max_archive_bytes)}."
     )
@@ -73,6 +74,14 @@ def limits_text() -> str:
 def short_names(names: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _stored(kind: str, name: str, data: bytes, meta: dict) -> tuple[str | None, str | None]:
+    """The upload stored (its sha256), or why not (the user's quota): one of the two."""
+    try:
+        return get_store().put_asset(kind, name, data, meta=meta), None
+    except AuditInputError as exc:
+        return None, str(exc)
 
 
 def _inline_error(shown: list[str], message: str) -> None:
@@ -114,12 +123,8 @@ def weights_upload(errors: list[str]) -> None:
             problem = check_weights(data, upload.name, spec)
             sha = None
             if problem is None:
-                sha = get_store().put_asset(
-                    "model",
-                    upload.name,
-                    data,
-                    meta={"architecture": spec.architecture, "num_classes": spec.num_classes},
-                )
+                meta = {"architecture": spec.architecture, "num_classes": spec.num_classes}
+                sha, problem = _stored("model", upload.name, data, meta)
             cached = (signature, problem, sha)
             st.session_state["_weights_upload"] = cached
             set_url_state("weights", sha)
@@ -136,8 +141,7 @@ def weights_upload(errors: list[str]) -> None:
         size = size_text(asset.size) if asset is not None else "?"
         col_text, col_button = st.columns([4, 1])
         col_text.success(
-            f"Using weights {_shown_name(upload, sha, asset)} ({size}, sha256 "
-            f"{sha[:12]}...)."
+            f"Using weights {_shown_name(upload, sha, asset)} ({size}, sha256 {sha[:12]}...)."
         )
         col_button.button(
             "Remove",
@@ -183,11 +187,11 @@ def observed_bundle_upload(errors: list[str]) -> None:
                     else f"bundle of {short_names([f.name for f in files])}"
                 )
                 record = bundle.training
-                sha = get_store().put_asset(
+                sha, problem = _stored(
                     "observed",
                     name,
                     archive,
-                    meta={
+                    {
                         "training": record.to_json(),
                         "shared": bundle.shared,
                         "content_sha256": bundle.content_sha256,
@@ -195,7 +199,7 @@ def observed_bundle_upload(errors: list[str]) -> None:
                         "num_examples": record.num_examples,
                     },
                 )
-                cached = (signature, None, sha)
+                cached = (signature, problem, sha)
             st.session_state["_observed_upload"] = cached
             set_url_state("observed", cached[2])
         if cached[1] is not None:
@@ -382,11 +386,11 @@ def images_upload(errors: list[str]) -> None:
                 data = images_zip(decoded)
                 images = [f.name for f in files if not f.name.lower().endswith(".csv")]
                 name = images[0] if len(images) == 1 else short_names(images)
-                sha = get_store().put_asset(
+                sha, problem = _stored(
                     "images",
                     name,
                     data,
-                    meta={
+                    {
                         "count": len(decoded),
                         "names": list(decoded.names),
                         "source": decoded.source,
@@ -394,8 +398,9 @@ def images_upload(errors: list[str]) -> None:
                         "labelled": decoded.labels is not None,
                     },
                 )
-                st.session_state.setdefault("_stored_images", {})[sha] = decoded
-                cached = (signature, None, sha)
+                if sha is not None:
+                    st.session_state.setdefault("_stored_images", {})[sha] = decoded
+                cached = (signature, problem, sha)
             st.session_state["_images_upload"] = cached
             set_url_state("images", cached[2])
         if cached[1] is not None:

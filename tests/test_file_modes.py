@@ -68,3 +68,52 @@ def test_no_message_carries_the_database_password():
             read(Planted(), "nope")
         assert "s3cret-pw" not in str(refused.value) and "127.0.0.1" in str(refused.value)
     assert "s3cret-pw" not in where_and_how_long(Planted())
+
+
+def test_a_set_of_small_files_that_decodes_to_gigabytes_is_refused_from_its_headers():
+    """Issue 33, item 5: 64 black 6300x6300 PNGs are a few MB and decode to 7.6 GB; the set
+    is refused from the headers before any image is decoded, with memory bounded."""
+    import io
+    import resource
+
+    import numpy as np
+    import pytest
+    from PIL import Image
+
+    from auditlib.data import load_image_uploads
+    from auditlib.errors import AuditInputError
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((6300, 6300), dtype=np.uint8)).save(buffer, format="PNG")
+    bomb = buffer.getvalue()
+    assert len(bomb) < 200_000  # a small file each
+    files = [(f"black-{i:02d}.png", bomb) for i in range(64)]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(AuditInputError, match="pixels together; at most 160,000,000"):
+        load_image_uploads(files)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 200_000, grown_kib  # not one image decoded (one is 40 MB)
+
+
+def test_each_user_holds_uploads_within_a_quota(tmp_path, monkeypatch):
+    """Issue 33, item 5: a per-user storage quota (AUDIT_USER_QUOTA_MB); the same bytes
+    again cost nothing; another user's uploads are theirs; a refusal stores nothing."""
+    import pytest
+
+    from auditlib.access import Principal
+    from auditlib.errors import AuditInputError
+    from auditlib.store.scoped import DEFAULT_QUOTA_MB, UserStore, user_quota_bytes
+
+    assert user_quota_bytes() == DEFAULT_QUOTA_MB * 1_000_000
+    monkeypatch.setenv("AUDIT_USER_QUOTA_MB", "0.001")  # 1,000 bytes
+    with Store(f"sqlite:///{tmp_path / 'audit.db'}") as store:
+        alice, bob = UserStore(store, Principal("alice")), UserStore(store, Principal("bob"))
+        first = alice.put_asset("images", "a.zip", b"a" * 800)
+        assert alice.put_asset("images", "again.zip", b"a" * 800) == first
+        with pytest.raises(AuditInputError, match="to 1,100 bytes, over your quota of 1,000 bytes"):
+            alice.put_asset("images", "b.zip", b"b" * 300)
+        assert [a.name for a in alice.list_assets()] == ["a.zip"]
+        bob.put_asset("images", "c.zip", b"c" * 900)  # bob's own quota
+    monkeypatch.setenv("AUDIT_USER_QUOTA_MB", "lots")
+    with pytest.raises(AuditInputError, match="must be a number"):
+        user_quota_bytes()

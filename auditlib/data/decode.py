@@ -31,6 +31,9 @@ class ImageLimits:
 
     max_file_bytes: int = 20 * MB
     max_pixels: int = 40_000_000  # width*height, from the header (decompression bombs)
+    # All images of one set together (64 black 6300x6300 PNGs are a few MB and would decode
+    # to about 7.6 GB): from the headers, before any is decoded.
+    max_total_pixels: int = 160_000_000
     max_side: int = 16384
     max_images: int = 64  # the attacks handle batches up to 64
     min_side: int = 8
@@ -158,6 +161,13 @@ def _to_array(im: Image.Image, name: str) -> np.ndarray:
             "RGB, RGBA, palette or CMYK images"
         )
     return np.array(out, dtype=np.uint8, order="C")  # an owned, writable copy
+
+
+def header_pixels(data: bytes, name: str, limits: ImageLimits = DEFAULT_LIMITS) -> int:
+    """Width x height of the image in ``data``, from its header alone (checked as
+    :func:`decode_image` checks it); nothing is decoded."""
+    width, height = _check_header(data, name, limits).size
+    return width * height
 
 
 def decode_image(data: bytes, name: str, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:

@@ -25,6 +25,7 @@ from auditlib.data.decode import (
     FORMATS_TEXT,
     ImageLimits,
     decode_image,
+    header_pixels,
 )
 from auditlib.data.labels import parse_labels_csv
 from auditlib.errors import AuditInputError
@@ -119,13 +120,24 @@ def _assemble(
             "(the attacks handle batches up to that size)"
         )
 
-    images = []
-    for member in chosen:
+    total = 0
+    for member in chosen:  # every header first: the set's pixels are bounded before decoding
         if member.size > limits.max_file_bytes:  # refuse before reading it into memory
             raise AuditInputError(
                 f"in {where}: {member.name} is {size_text(member.size)}; image files up to "
                 f"{size_text(limits.max_file_bytes)} are accepted"
             )
+        try:
+            total += header_pixels(member.read(), member.name, limits)
+        except AuditInputError as exc:
+            raise AuditInputError(f"in {where}: {exc}") from exc
+        if total > limits.max_total_pixels:
+            raise AuditInputError(
+                f"{where}: the images up to {member.name} hold {total:,} pixels together; at "
+                f"most {limits.max_total_pixels:,} are accepted in one set (resize them first)"
+            )
+    images = []
+    for member in chosen:  # read again: one file's bytes in memory at a time
         try:
             images.append(decode_image(member.read(), member.name, limits))
         except AuditInputError as exc:

@@ -9,10 +9,13 @@ It offers the reads and writes the pages, the batches and the report use, with t
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from auditlib.access import Principal
+from auditlib.errors import AuditInputError
 from auditlib.store.records import (
     AssetInfo,
     AssetRecord,
@@ -22,8 +25,24 @@ from auditlib.store.records import (
     RunRecord,
 )
 from auditlib.store.store import Store
+from auditlib.words import MB, size_text
 
 _OWN = object()  # runs_for_specs without an owner: the signed-in user's own runs
+
+
+DEFAULT_QUOTA_MB = 2000  # per user; AUDIT_USER_QUOTA_MB changes it
+
+
+def user_quota_bytes() -> int:
+    """The uploads one user may hold together, in bytes (``AUDIT_USER_QUOTA_MB``, decimal MB)."""
+    value = os.environ.get("AUDIT_USER_QUOTA_MB", "").strip()
+    try:
+        megabytes = float(value) if value else DEFAULT_QUOTA_MB
+    except ValueError:
+        raise AuditInputError(f"AUDIT_USER_QUOTA_MB must be a number, got {value!r}") from None
+    if megabytes <= 0:
+        raise AuditInputError(f"AUDIT_USER_QUOTA_MB must be > 0, got {value!r}")
+    return int(megabytes * MB)
 
 
 class UserStore:
@@ -64,7 +83,20 @@ class UserStore:
     def put_asset(
         self, kind: str, name: str, data: bytes, meta: Mapping[str, Any] | None = None
     ) -> str:
-        return self.raw.put_asset(kind, name, data, meta, owner=self.principal.username)
+        """Store the user's upload within their quota (``AUDIT_USER_QUOTA_MB``): bytes they
+        already hold cost nothing again; more than the quota is refused, nothing stored."""
+        owner = self.principal.username
+        held = self.raw.list_assets(owner=owner)
+        digest = hashlib.sha256(data).hexdigest()
+        if all(a.sha256 != digest for a in held):
+            used, quota = sum(a.size for a in held), user_quota_bytes()
+            if used + len(data) > quota:
+                raise AuditInputError(
+                    f"this upload ({size_text(len(data))}) would take your uploads to "
+                    f"{size_text(used + len(data))}, over your quota of {size_text(quota)}; "
+                    "delete uploads you no longer need (Setup, 'Your uploads in the store')"
+                )
+        return self.raw.put_asset(kind, name, data, meta, owner=owner)
 
     def get_asset(self, sha256: str) -> AssetRecord | None:
         return self.raw.get_asset(sha256) if self._check_asset(sha256) else None
