@@ -4,21 +4,44 @@ page acts for.
 
 ``app.py`` calls :func:`sign_in` before a page runs and stops where nobody has signed in,
 so no page renders for a visitor (the navigation has read the page from the URL before,
-so a shared link to a run opens that run once its owner signs in). The role is read from the users file on every script run,
-not from the cookie or the session: a user removed from the file is signed out at their
-next interaction, and a changed role counts at once.
+so a shared link to a run opens that run once its owner signs in). The role is read from
+the users file on every script run, not from the session: a user removed from the file is
+signed out at their next interaction, and a changed role counts at once.
+
+A sign-in lasts as long as the browser tab's session, and no sign-in cookie is kept: the
+library's re-authentication cookie (a JWT readable by the page's scripts, valid for days,
+not ended by a sign-out or a new password) would sign a reloaded tab, a new tab or a copied
+cookie straight back in. So its cookie is off (``cookie_expiry_days=0``) and signed with a
+key of this process, which no cookie set before can match; a reload asks for the password
+again and reopens the same page and run from the URL. A changed password ends the sessions
+signed in with the old one at their next interaction. Guessing is slowed
+(``auditlib.access.throttle``): after five failed tries a user name, or a client address,
+waits 30 s, then twice as long after each further failure; an unknown name costs the same
+bcrypt time as a known one, so the time does not tell which names exist.
 """
 
 from __future__ import annotations
 
+import math
+import secrets
+from typing import Any
+
+import bcrypt
 import streamlit as st
 import streamlit_authenticator as stauth
 
 from auditlib.access import Principal
-from auditlib.access.users import principal_of, read_users
+from auditlib.access.throttle import FIRST_WAIT_S, FREE_FAILURES, SignInThrottle
+from auditlib.access.users import Users, principal_of, read_users
 from auditlib.errors import AuditInputError
 
 PRINCIPAL_KEY = "_principal"
+PASSWORD_KEY = "_password_hash"  # the hash the session signed in with
+LOCKED = "locked"  # not a bcrypt hash: the library's check fails for a waiting user name
+SLOWED = (
+    f"After {FREE_FAILURES} failed sign-ins a user name or an address waits {FIRST_WAIT_S:.0f} s, "
+    "twice as long after each further failure."
+)
 FORM_FIELDS = {
     "Form name": "Sign in",
     "Username": "User name",
@@ -26,6 +49,39 @@ FORM_FIELDS = {
     "Login": "Sign in",
     "Captcha": "Captcha",
 }
+
+
+@st.cache_resource
+def _guard() -> tuple[SignInThrottle, dict[str, Any], str, bytes]:
+    """Process-wide: the failure counts, the credentials the library counts failures in, the
+    key no earlier cookie matches, and a hash to spend an unknown name's bcrypt time on."""
+    dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt())
+    return SignInThrottle(), {"usernames": {}}, secrets.token_hex(32), dummy
+
+
+def _client() -> tuple[str, str]:
+    address = st.context.ip_address
+    return ("client", address or "unknown")
+
+
+def _credentials(users: Users, throttle: SignInThrottle, shared: dict[str, Any]) -> dict:
+    """The library's credentials, kept across sessions (its failure counts tell which name a
+    failed try was for), with this users file's hashes; a waiting name's hash is LOCKED."""
+    entries = users.credentials()["usernames"]
+    kept = shared["usernames"]
+    for name in list(kept):
+        if name not in entries:
+            del kept[name]
+    for name, entry in entries.items():
+        counts = kept.get(name, {}).get("failed_login_attempts", 0)
+        if throttle.wait_s(("user", name)) > 0:
+            entry = {**entry, "password": LOCKED}
+        kept[name] = {**entry, "failed_login_attempts": counts}
+    return shared
+
+
+def _wait_words(seconds: float) -> str:
+    return f"try again in {math.ceil(seconds)} s"
 
 
 def sign_in() -> Principal | None:
@@ -36,24 +92,63 @@ def sign_in() -> Principal | None:
     except AuditInputError as exc:
         st.error(f"Sign-in is not set up: {exc}")
         st.stop()
-    authenticator = stauth.Authenticate(
-        users.credentials(),
-        users.cookie_name,
-        users.cookie_key,
-        users.cookie_expiry_days,
-        auto_hash=False,  # the file holds bcrypt hashes only
-    )
-    if not st.session_state.get("authentication_status"):
+    throttle, shared, key, dummy = _guard()
+    signed_in = bool(st.session_state.get("authentication_status"))
+    if not signed_in:
         st.title("FL gradient-leakage audit")
         st.caption("Sign in to see your runs, uploads, comparisons and sweeps.")
+        wait = throttle.wait_s(_client())
+        if wait > 0:
+            st.error(f"Too many failed sign-ins from this address: {_wait_words(wait)}.")
+            st.caption(SLOWED)
+            st.stop()
+        if st.session_state.get("authentication_status") is False:
+            st.session_state["authentication_status"] = None  # a failure counts on its run
+    # The library's counts before and after this try tell which known name it failed for.
+    credentials = _credentials(users, throttle, shared)
+    before = {n: e["failed_login_attempts"] for n, e in credentials["usernames"].items()}
+    authenticator = stauth.Authenticate(
+        credentials,
+        users.cookie_name,
+        key,  # this process's: no cookie issued before can sign anyone in
+        0,  # no sign-in cookie: the tab's session is the sign-in
+        auto_hash=False,  # the file holds bcrypt hashes only
+    )
     try:
         authenticator.login(location="main", fields=FORM_FIELDS)
     except Exception as exc:  # the package's LoginError: say it, keep the form
         st.error(str(exc))
+    failed = [
+        n
+        for n, e in credentials["usernames"].items()
+        if e.get("failed_login_attempts", 0) > before.get(n, 0)
+    ]
     status = st.session_state.get("authentication_status")
     if status is False:
-        st.error("Username or password is incorrect.")
-    principal = principal_of(st.session_state.get("username")) if status else None
+        if not failed:  # an unknown or waiting name: the time a known one takes
+            bcrypt.checkpw(b"not the password", dummy)
+        waits = [throttle.failed(("user", n)) for n in failed] + [throttle.failed(_client())]
+        wait = max(waits)
+        st.error(
+            "Username or password is incorrect."
+            + (f" Too many failed sign-ins: {_wait_words(wait)}." if wait > 0 else "")
+        )
+        st.caption(SLOWED)
+    username = st.session_state.get("username")
+    principal = principal_of(username) if status else None
+    if principal is not None:
+        current = users.password_hashes.get(principal.username)
+        if not signed_in:  # signed in on this run
+            throttle.succeeded(("user", principal.username))
+        if PASSWORD_KEY not in st.session_state:  # remember with which password
+            st.session_state[PASSWORD_KEY] = current
+        elif st.session_state[PASSWORD_KEY] != current:
+            _sign_out(authenticator)  # the password changed since: sign in with the new one
+            st.session_state["_signed_out_why"] = "Your password was changed; sign in again."
+            st.rerun()
+    why = st.session_state.pop("_signed_out_why", None)
+    if why and principal is None:
+        st.info(why)
     if principal is None:
         st.session_state.pop(PRINCIPAL_KEY, None)
         if status:  # signed in, but no longer in the users file
@@ -64,12 +159,17 @@ def sign_in() -> Principal | None:
     with st.sidebar:
         st.caption(f"Signed in as **{principal.username}** ({principal.role})")
         if st.button("Sign out", key="sign_out"):
-            authenticator.logout(location="unrendered")
-            for key in list(st.session_state):
-                del st.session_state[key]
+            _sign_out(authenticator)
             st.query_params.clear()
             st.rerun()
     return principal
+
+
+def _sign_out(authenticator: stauth.Authenticate) -> None:
+    """End this session's sign-in: the library's state and every key of the session."""
+    authenticator.logout(location="unrendered")
+    for name in list(st.session_state):
+        del st.session_state[name]
 
 
 def current_principal() -> Principal:

@@ -156,9 +156,11 @@ def weights_upload(errors: list[str]) -> None:
 BUNDLE_TYPES = ["safetensors", "json", "zip"]
 
 
-def observed_bundle_upload(errors: list[str]) -> None:
+def observed_bundle_upload(errors: list[str], status) -> None:
     """An update a client sent (an observed-update bundle): checked by ``auditlib.observed``
-    as it arrives, stored as one archive, its sha256 in the URL (``observed``)."""
+    as it arrives, stored as one archive, its sha256 in the URL (``observed``). What became
+    of it (refused, or in use with Remove) is drawn in ``status``, a container the page
+    keeps in sight (the uploader's expander may be closed)."""
     cap, cap_note = upload_cap(max_archive_bytes() // MB)
     files = st.file_uploader(
         "The bundle's files, or one zip of its folder",
@@ -171,6 +173,11 @@ def observed_bundle_upload(errors: list[str]) -> None:
         "trained), as written by the Flower recorder (auditlib.flower) or by your own code "
         f"(docs/OBSERVED.md); weights as safetensors only, never unpickled.{cap_note}",
     )
+    with status:
+        _observed_status(files, errors)
+
+
+def _observed_status(files, errors: list[str]) -> None:
     _removed_note("observed")
     if files:
         signature = tuple((f.file_id, f.name, f.size) for f in files)

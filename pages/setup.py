@@ -55,9 +55,11 @@ def _architecture_label(name: str) -> str:
 
 def _update_section(errors: list[str]) -> None:
     observed = bool(st.session_state.get("observed"))
-    with st.expander(
+    expander = st.expander(
         "Audit an update a client actually sent (an observed-update bundle)", expanded=observed
-    ):
+    )
+    status = st.container()  # in sight whether the expander is open or not
+    with expander:
         st.caption(
             "By default the audit simulates the client: the model below trains on the private "
             "images below. To audit what your federation really sent, upload the bundle the "
@@ -66,7 +68,7 @@ def _update_section(errors: list[str]) -> None:
             "the client's training are then the bundle's, and the private images are optional "
             "(without them the reconstructions are shown, not scored)."
         )
-        observed_bundle_upload(errors)
+        observed_bundle_upload(errors, status)
 
 
 def _model_section(errors: list[str]) -> None:

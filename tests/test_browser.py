@@ -245,7 +245,7 @@ def _start_and_watch(page, label: str, opened: float) -> dict[str, object]:
     }
 
 
-PAGE_TITLES = ["Setup", "Attack lab", "Compare", "Trade-off", "History", "Method"]
+PAGE_TITLES = ["Setup", "Attack lab", "Sample", "Compare", "Trade-off", "History", "Method"]
 
 
 # Each navigation link's text without its icon (a Material icon's text is its name).
@@ -343,7 +343,8 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             heading = page.get_by_role(
                 "heading", name="dlg vs none · lenet · 4 uploaded images"
             ).first
-            page.goto(run_link)
+            page.goto(run_link)  # a new page: no sign-in is kept, the link's run opens after it
+            sign_in(page, "alice")
             heading.wait_for()
             _assert_titled_navigation(page)
             _wait_images_loaded(page)
@@ -353,6 +354,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             restartable_server.restart()
             page.get_by_text("Connection error").wait_for(state="hidden", timeout=90_000)
             page.get_by_text("CONNECTING").wait_for(state="hidden", timeout=90_000)
+            sign_in(page, "alice")  # a new server: a new session, signed in again
             page.get_by_text("PSNR mean (attacker's pick)").wait_for(timeout=90_000)
             heading.wait_for()
             _assert_titled_navigation(page)
@@ -360,6 +362,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             _wait_images_loaded(page)
             page.screenshot(path=str(ARTIFACTS / "browser_after_restart.png"), full_page=True)
             page.reload()
+            sign_in(page, "alice")
             heading.wait_for(timeout=60_000)
             _assert_titled_navigation(page)
             _wait_images_loaded(page)
@@ -557,15 +560,18 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
 
             bob = pages["bob"]
             bob.goto(f"{server}/lab?run={runs['alice']}")
+            sign_in(bob, "bob")
             bob.get_by_text("This run cannot be opened").wait_for()
             bob.get_by_text("belongs to another user; you are signed in as 'bob'").wait_for()
             assert bob.get_by_role("heading", name="alice's audit").count() == 0
             bob.screenshot(path=str(ARTIFACTS / "browser_bob_refused.png"))
             bob.goto(f"{server}/?source=upload&images={upload}")
+            sign_in(bob, "bob")
             bob.get_by_text(f"the upload {upload[:12]}... belongs to another user").wait_for()
 
             root = pages["root"]
             root.goto(f"{server}/lab?run={runs['alice']}")
+            sign_in(root, "root")
             root.get_by_role("heading", name="alice's audit").first.wait_for()
         except BaseException:
             for user, page in pages.items():
@@ -704,6 +710,85 @@ def test_an_observed_update_uploaded_and_audited_in_a_browser(server, tmp_path):
             assert pdf.read_bytes().startswith(b"%PDF")
             # Nothing left this machine: no metrics host, no font or icon host.
             assert hosts <= {"127.0.0.1", "localhost", ""}, hosts
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+SIGN_IN_WAIT_S = 10.0  # the first wait after the free failures, for this test's server
+
+
+@pytest.fixture
+def own_users(tmp_path, users_path, monkeypatch):
+    """A users file of this test's own (it changes a password) and a short sign-in wait,
+    set before the server starts."""
+    import shutil
+
+    path = tmp_path / "users.yaml"
+    shutil.copy(users_path, path)
+    monkeypatch.setenv("AUDIT_USERS_FILE", str(path))
+    monkeypatch.setenv("AUDIT_SIGN_IN_WAIT_S", str(SIGN_IN_WAIT_S))
+    return path
+
+
+@pytest.mark.timeout(240)
+def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(own_users, server):
+    """Issue 33, items 1-2: a reload, a sign-out and a reopened URL each show the sign-in
+    form (no sign-in cookie is kept); a changed password ends the session signed in with the
+    old one; wrong passwords in a row are slowed for the user name and the address, and
+    the right one works again after the stated wait."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from auditlib.access.throttle import FREE_FAILURES
+    from auditlib.access.users import set_password
+
+    form = "Sign in to see your runs"
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1400})
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        try:
+            page.goto(f"{server}/history")
+            sign_in(page, "alice")
+            page.get_by_role("heading", name="History").first.wait_for()
+            assert not [c for c in context.cookies() if "auth" in c["name"].lower()]
+            page.reload()
+            page.get_by_text(form).wait_for()
+            sign_in(page, "alice")
+            page.get_by_role("button", name="Sign out").click()
+            page.get_by_text(form).wait_for()
+            page.reload()
+            page.get_by_text(form).wait_for()
+            second = context.new_page()
+            second.goto(f"{server}/history")
+            second.get_by_text(form).wait_for()
+            assert second.get_by_role("heading", name="History").count() == 0
+
+            # A new password ends the session signed in with the old one.
+            sign_in(page, "alice")
+            set_password("alice", "a-brand-new-password", path=own_users)
+            page.get_by_role("link", name="History").first.click()
+            page.get_by_text("Your password was changed; sign in again.").wait_for()
+            page.get_by_text(form).wait_for()
+
+            # Guessing: wrong passwords in a row, then a wait; the right one after it.
+            for attempt in range(FREE_FAILURES):
+                page.get_by_label("User name").fill("bob")
+                page.get_by_label("Password", exact=True).fill(f"wrong-{attempt}")
+                page.get_by_role("button", name="Sign in").click()
+                page.get_by_text("Username or password is incorrect").wait_for()
+            page.get_by_text("Too many failed sign-ins").first.wait_for()
+            page.reload()  # a new session from the same address waits too
+            page.get_by_text("Too many failed sign-ins from this address").wait_for()
+            assert page.get_by_label("Password", exact=True).count() == 0
+            page.wait_for_timeout(int(SIGN_IN_WAIT_S * 1000) + 1000)  # the stated wait
+            page.reload()
+            sign_in(page, "bob")
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)

@@ -174,6 +174,10 @@ def _write(users: Users) -> None:
 
 
 def _checked_password(password: str) -> str:
+    if password != password.strip():
+        # The sign-in form strips what is typed (streamlit-authenticator): such a password
+        # could never sign in.
+        raise AuditInputError("a password cannot begin or end with a space or a line break")
     if len(password) < MIN_PASSWORD or len(password.encode()) > MAX_PASSWORD_BYTES:
         raise AuditInputError(
             f"a password needs at least {MIN_PASSWORD} characters and at most "
