@@ -418,6 +418,16 @@ def utility_inputs() -> tuple[UtilitySpec | None, str | None]:
         return None, f"Utility: {exc}"
 
 
+def run_inputs(lab: LabChoices, setup: Setup, *, batch: bool = False) -> None:
+    """The sidebar of a page that runs the Setup under one scenario, attack and defense (the
+    Attack lab, the Sample page): their choices into ``lab``."""
+    with st.sidebar:
+        scenario_inputs(lab, batch_size(setup))
+        attack_inputs(lab)
+        defense_inputs(lab)
+        budget_inputs(lab, batch=batch)
+
+
 def batch_form(title: str) -> tuple[Setup, LabChoices, UtilitySpec | None, list[str], list[str]]:
     """The Compare and Trade-off pages' common top: title, sidebar, the model line.
 

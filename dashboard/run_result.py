@@ -204,22 +204,28 @@ def _headline(record: RunRecord, result: AuditSummary) -> None:
         st.warning(f"{headline} The attack did not run to the end; it is scored as it stood.")
 
 
-def _reconstruction(record: RunRecord, result: AuditSummary) -> bytes | None:
-    """The grid of originals over the reconstruction, the loss curve and the three headline
-    numbers; returns the grid's PNG (None where the run has none)."""
+def _grid_and_losses(record: RunRecord, caption: str):
+    """The run's stored grid with ``caption`` beside its loss curve; the grid (None where
+    the run has none)."""
     grid = get_store().image(record.id, "reconstruction")
     grid_col, chart_col = st.columns([3, 2], gap="large")
     if grid is not None:
-        grid_col.image(
-            grid.png,
-            width=png_width(grid.png),
-            caption="Top: the private images (only the auditor sees them). Bottom: the "
-            "attacker's reconstruction (its lowest-loss restart, chosen without ground truth), "
-            "each matched to its original.",
-        )
+        grid_col.image(grid.png, width=png_width(grid.png), caption=caption)
     seen = events(record.id)
     if seen:
         chart_col.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
+    return grid
+
+
+def _reconstruction(record: RunRecord, result: AuditSummary) -> bytes | None:
+    """The grid of originals over the reconstruction, the loss curve and the three headline
+    numbers; returns the grid's PNG (None where the run has none)."""
+    grid = _grid_and_losses(
+        record,
+        "Top: the private images (only the auditor sees them). Bottom: the attacker's "
+        "reconstruction (its lowest-loss restart, chosen without ground truth), each matched "
+        "to its original.",
+    )
     col1, col2, col3 = st.columns(3)
     col1.metric(
         f"{PSNR.label} mean (attacker's pick)", f"{PSNR.text(result.metrics.psnr_mean)} {PSNR.unit}"
@@ -274,15 +280,7 @@ def _details(result: AuditSummary) -> None:
                 for p in result.metrics.per_image
             ]
         )
-    with st.expander("Threat model and victim"):
-        st.json(
-            summary_json(
-                {
-                    "threat_model": dataclasses.asdict(result.threat_model),
-                    "victim": result.victim.to_json(),
-                }
-            )
-        )
+    _threat_and_victim(result, "Threat model and victim")
 
 
 def _unscored(record: RunRecord, result: AuditSummary) -> None:
@@ -295,20 +293,13 @@ def _unscored(record: RunRecord, result: AuditSummary) -> None:
         f"stopped: {result.stop_reason}."
     )
     st.subheader("Result")
-    grid = get_store().image(record.id, "reconstruction")
-    grid_col, chart_col = st.columns([3, 2], gap="large")
-    if grid is not None:
-        grid_col.image(
-            grid.png,
-            width=png_width(grid.png),
-            caption="What the attacker reconstructed from the update (its lowest-loss "
-            "restart, chosen without ground truth). Without the client's images nobody can "
-            "say how close it is: look at it, or audit the bundle again with the client's "
-            "images for scores and a verdict.",
-        )
-    seen = events(record.id)
-    if seen:
-        chart_col.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
+    grid = _grid_and_losses(
+        record,
+        "What the attacker reconstructed from the update (its lowest-loss restart, chosen "
+        "without ground truth). Without the client's images nobody can say how close it is: "
+        "look at it, or audit the bundle again with the client's images for scores and a "
+        "verdict.",
+    )
     st.table(
         [
             {
@@ -324,12 +315,13 @@ def _unscored(record: RunRecord, result: AuditSummary) -> None:
         "The loss is the attack's own objective: how far its reconstruction's update is from "
         "the observed one. It ranks an attack's restarts; it is not a distance to the images."
     )
-    _details_unscored(result)
+    _threat_and_victim(result, "Threat model and the observed update")
     _downloads(record, result, None if grid is None else grid.png)
 
 
-def _details_unscored(result: AuditSummary) -> None:
-    with st.expander("Threat model and the observed update"):
+def _threat_and_victim(result: AuditSummary, title: str) -> None:
+    """What the attacker knew and what was audited, as result.json records them."""
+    with st.expander(title):
         st.json(
             summary_json(
                 {

@@ -17,12 +17,11 @@ from auditlib.engine.preflight import estimate_time
 from auditlib.errors import AuditInputError
 from auditlib.store import RunRecord
 from dashboard.entry import through_app
-from dashboard.forms import attack_inputs, budget_inputs, defense_inputs, scenario_inputs
+from dashboard.forms import run_inputs
 from dashboard.navigation import HISTORY, SETUP
 from dashboard.resources import get_manager, get_store
 from dashboard.run_choices import (
     LabChoices,
-    batch_size,
     build_run,
     check_clients_fit,
     check_components,
@@ -138,11 +137,7 @@ def main() -> None:
     st.title("Attack lab")
     setup = current_setup()
     lab = LabChoices()
-    with st.sidebar:
-        scenario_inputs(lab, batch_size(setup))
-        attack_inputs(lab)
-        defense_inputs(lab)
-        budget_inputs(lab)
+    run_inputs(lab, setup)
 
     setup_errors, missing = setup_problems(setup)
     errors = setup_errors + check_components(lab) + check_clients_fit(setup, lab)

@@ -16,18 +16,10 @@ from auditlib.engine.sample import MAX_UPDATES
 from auditlib.errors import AuditInputError
 from dashboard.batch_view import open_batch, start_batch
 from dashboard.entry import through_app
-from dashboard.forms import (
-    attack_inputs,
-    batch_title,
-    budget_inputs,
-    defense_inputs,
-    scenario_inputs,
-    show_problems,
-)
+from dashboard.forms import batch_title, run_inputs, show_problems
 from dashboard.navigation import SETUP
 from dashboard.run_choices import (
     LabChoices,
-    batch_size,
     build_run,
     check_clients_fit,
     check_components,
@@ -44,11 +36,7 @@ def main() -> None:
     st.title("Audit the sample")
     setup = current_setup()
     lab = LabChoices()
-    with st.sidebar:
-        scenario_inputs(lab, batch_size(setup))
-        attack_inputs(lab)
-        defense_inputs(lab)
-        budget_inputs(lab, batch=True)
+    run_inputs(lab, setup, batch=True)
     st.caption(
         "Every batch of the Setup's private images is one client's update: the Setup's "
         "batch size is each update's, the set is cut in order. Each update is audited as "
