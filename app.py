@@ -11,12 +11,14 @@ refresh or a shared link reopens the same state.
 """
 
 import os
+import sys
 
 # The embedded Ray in its single-machine mode (its servers on 127.0.0.1), however the app is
-# started: Ray reads this when it is first imported, so before anything imports it.
-if not os.environ.get("AUDIT_RAY_ADDRESS"):
+# started: Ray reads this when it is first imported, so only before anything imports it
+# (a process that already runs Ray, as AppTest's test session, is left as it is).
+if not os.environ.get("AUDIT_RAY_ADDRESS") and "ray" not in sys.modules:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from dashboard.entry import run_app
+from dashboard.entry import run_app  # after the variable: it imports Ray
 
 run_app()

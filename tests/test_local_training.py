@@ -119,7 +119,10 @@ def test_specs_without_the_new_options_keep_their_identities():
         Budget(10),
     )
     assert plain.identity() == "810877352253e6e79ecf930fd691c2e8d3c764e277b297b936a6929eb67af0d8"
-    assert run_identity(plain) == "9da2568c0d17e11df9c043e3ce6ad6f5324f4b2392aa34db35457dd27dc5f5b7"
+    # DLG's resolved id changed once since, for another reason: its starts advance together
+    # on the batched L-BFGS (the attack's ``together``, a different computation); the raw id
+    # above and the FedAvg spec's ids below are the ones from before the optimiser options.
+    assert run_identity(plain) == "489ebfeff8cd131f495f5a30a667b3f4a28bdfc49b5a792b08b0b7bdd1904103"
     assert fedavg.identity() == "590afb96816631e018e10ed17ff7b789e30b79f76484365519859102c56f91bc"
     assert (
         run_identity(fedavg) == "59ac27f419399a8bed26de07126abb30776c7aba2afad86841799501880a9e98"

@@ -178,9 +178,9 @@ def audit_command(args: argparse.Namespace) -> int:
     plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
     build_defense(spec.defense.name, spec.defense.params_dict())
     check_model_trains(spec)
-    estimate = estimate_time(spec)  # before any time is spent: what the run will take here
-    if estimate is not None:
-        print(f"estimate: {estimate.words()}", file=sys.stderr)
+    estimate = estimate_time(spec)  # measured before any time is spent on the attack
+    if estimate is not None:  # said once the first run has its data (a bad input: one line)
+        progress.first_note = f"estimate: {estimate.words()}"
     if args.updates is not None:
         from auditlib.cli.sample import audit_sample
 
@@ -197,8 +197,12 @@ class _Progress:
 
     def __init__(self) -> None:
         self.bar = None
+        self.first_note: str | None = None  # printed at the first event, on stderr
 
     def __call__(self, event) -> None:
+        if self.first_note is not None:
+            print(self.first_note, file=sys.stderr)
+            self.first_note = None
         if self.bar is None or event.step < self.bar.n or event.total_steps != self.bar.total:
             self.close()
             self.bar = _progress_bar(event.total_steps)
