@@ -53,7 +53,6 @@ def _users_file(users_path, monkeypatch):
     monkeypatch.setenv("AUDIT_USERS_FILE", str(users_path))
 
 
-
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray instance shared by the whole test session, shut down at its end."""
