@@ -1484,9 +1484,7 @@ def _observed_bundle_files(tmp_path) -> list[tuple[str, bytes, str]]:
         "bn_mode": "train",
     }
     (folder / "training.json").write_text(json.dumps(training))
-    return [
-        (p.name, p.read_bytes(), "application/octet-stream") for p in sorted(folder.iterdir())
-    ]
+    return [(p.name, p.read_bytes(), "application/octet-stream") for p in sorted(folder.iterdir())]
 
 
 def test_an_uploaded_observed_update_is_audited_without_the_images_and_not_scored(
