@@ -15,13 +15,15 @@ cookie straight back in. So its cookie is off (``cookie_expiry_days=0``) and sig
 key of this process, which no cookie set before can match; a reload asks for the password
 again and reopens the same page and run from the URL. A changed password ends the sessions
 signed in with the old one at their next interaction. Guessing is slowed
-(``auditlib.access.throttle``): after five failed tries a user name, or a client address,
-waits 30 s, then twice as long after each further failure; an unknown name costs the same
-bcrypt time as a known one, so the time does not tell which names exist.
+(``auditlib.access.throttle``): after five failed tries a user name, or a client address
+other than this machine's own (local browsers and a reverse proxy share those), waits 30 s,
+then twice as long after each further failure; an unknown name costs the same bcrypt time
+as a known one, so the time does not tell which names exist.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import secrets
 from typing import Any
@@ -59,9 +61,19 @@ def _guard() -> tuple[SignInThrottle, dict[str, Any], str, bytes]:
     return SignInThrottle(), {"usernames": {}}, secrets.token_hex(32), dummy
 
 
-def _client() -> tuple[str, str]:
+def _client() -> tuple[str, str] | None:
+    """The client's address as a throttle key; None for this machine's own addresses (every
+    local browser, and every user behind a reverse proxy on this machine, shares them: a lock
+    on them would let one guesser lock everybody out) and where Streamlit gives none."""
     address = st.context.ip_address
-    return ("client", address or "unknown")
+    if not address:
+        return None
+    try:
+        if ipaddress.ip_address(address).is_loopback:
+            return None
+    except ValueError:
+        return None
+    return ("client", address)
 
 
 def _credentials(users: Users, throttle: SignInThrottle, shared: dict[str, Any]) -> dict:
@@ -97,7 +109,8 @@ def sign_in() -> Principal | None:
     if not signed_in:
         st.title("FL gradient-leakage audit")
         st.caption("Sign in to see your runs, uploads, comparisons and sweeps.")
-        wait = throttle.wait_s(_client())
+        client = _client()
+        wait = 0.0 if client is None else throttle.wait_s(client)
         if wait > 0:
             st.error(f"Too many failed sign-ins from this address: {_wait_words(wait)}.")
             st.caption(SLOWED)
@@ -127,8 +140,8 @@ def sign_in() -> Principal | None:
     if status is False:
         if not failed:  # an unknown or waiting name: the time a known one takes
             bcrypt.checkpw(b"not the password", dummy)
-        waits = [throttle.failed(("user", n)) for n in failed] + [throttle.failed(_client())]
-        wait = max(waits)
+        keys = [("user", n) for n in failed] + [k for k in (_client(),) if k is not None]
+        wait = max((throttle.failed(k) for k in keys), default=0.0)
         st.error(
             "Username or password is incorrect."
             + (f" Too many failed sign-ins: {_wait_words(wait)}." if wait > 0 else "")
