@@ -27,7 +27,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 
@@ -113,8 +113,6 @@ class _ModelLeakageConfig:
 
 @dataclass(frozen=True)
 class DlmConfig(_ModelLeakageConfig):
-    plus: ClassVar[bool] = False  # DLM: the tuning factor gamma (Eq. 3)
-
     # Initial gamma as a multiple of its ideal value under the server's nominal learning rate
     # eta (1 / eta, or 1 / (eta * K) for K local steps matched by one gradient). The paper
     # sweeps gamma around 1 / alpha = 100 (alpha = 0.01) and finds 120 best for LeNet (Fig. 2a).
@@ -138,8 +136,6 @@ class DlmConfig(_ModelLeakageConfig):
 
 @dataclass(frozen=True)
 class DlmPlusConfig(_ModelLeakageConfig):
-    plus: ClassVar[bool] = True  # DLM+: both sides normalised (Eq. 8)
-
     # "layer-mean": the mean of the per-layer norms, as the public code that produced the
     # paper's results computes it; "frobenius": the norm of the whole update, as Eq. 8 is
     # printed. Both are one scalar per update, so alpha cancels either way. With L-BFGS at a

@@ -78,12 +78,12 @@ class ModelLeakageObjective:
         self,
         observation: Observation,
         knowledge: AttackerKnowledge,
-        config: Any,  # dlm.py's DlmConfig or DlmPlusConfig (``plus`` tells which)
+        config: Any,  # dlm.py's DlmConfig, or DlmPlusConfig (the one with a ``norm``)
     ) -> None:
         self.knowledge = knowledge
         self.parameters = knowledge.parameters()
-        self.plus = config.plus
-        self.norm = config.norm if config.plus else "frobenius"
+        self.plus = hasattr(config, "norm")  # DLM+ normalises both sides (Eq. 8)
+        self.norm = config.norm if self.plus else "frobenius"
         self.gamma_on = "update" if self.plus else config.gamma_on
         self.simulate = config.simulate
         protocol = knowledge.protocol
