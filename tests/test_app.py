@@ -1443,47 +1443,12 @@ def test_the_images_label_follows_the_latest_upload(dashboard_store):
 
 
 def _observed_bundle_files(tmp_path) -> list[tuple[str, bytes, str]]:
-    """A bundle written by plain PyTorch code outside the product: LeNet at 32 px, one
-    client's FedAvg update (SGD with momentum, 2 local epochs of 2 batches of 2 photographs)."""
-    import json
+    """The files of a bundle written by plain PyTorch code outside the product
+    (``tests/test_observed.py``: LeNet at 32 px, SGD with momentum, 2 local epochs of 2
+    batches), as an uploader hands them over."""
+    from tests.test_observed import _plain_pytorch_client
 
-    import torch
-    import torch.nn.functional as F
-    from safetensors.torch import save_file
-
-    from auditlib.data import Normalization, load_sample_set, to_model_batch
-    from auditlib.models import ModelSpec, build_model
-
-    torch.manual_seed(0)
-    images = load_sample_set("photographs", 4, seed=0)
-    batch = to_model_batch(list(images.images), (3, 32, 32), Normalization.identity(3))
-    labels = torch.tensor([1, 2, 3, 4])
-    model = build_model(ModelSpec("lenet", input_shape=(3, 32, 32)))
-    start = {k: v.clone() for k, v in model.state_dict().items()}
-    optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(2):
-        for first in (0, 2):
-            optimiser.zero_grad()
-            F.cross_entropy(model(batch[first : first + 2]), labels[first : first + 2]).backward()
-            optimiser.step()
-    folder = tmp_path / "bundle"
-    folder.mkdir()
-    save_file(start, str(folder / "global.safetensors"))
-    save_file(model.state_dict(), str(folder / "client.safetensors"))
-    training = {
-        "model": "lenet",
-        "num_classes": 10,
-        "input_size": 32,
-        "optimizer": "sgd",
-        "lr": 0.05,
-        "momentum": 0.9,
-        "weight_decay": 0.0,
-        "local_epochs": 2,
-        "local_batch_size": 2,
-        "num_examples": 4,
-        "bn_mode": "train",
-    }
-    (folder / "training.json").write_text(json.dumps(training))
+    folder = _plain_pytorch_client(tmp_path)[0]
     return [(p.name, p.read_bytes(), "application/octet-stream") for p in sorted(folder.iterdir())]
 
 
