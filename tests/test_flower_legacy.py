@@ -101,21 +101,21 @@ def test_results_that_all_carry_one_aggregate_are_not_recorded(tmp_path):
 
 
 def test_a_recording_failure_never_stops_the_round_and_rounds_filter(tmp_path, caplog, monkeypatch):
-    from auditlib.flower import legacy
+    from auditlib.flower import records
 
     start = _model()
     wrapped = RecordingLegacyStrategy(FedAvg(min_available_clients=2), tmp_path, LENET, rounds=[2])
     manager = _clients(1, 2)
     _, _, aggregated = _fit(wrapped, manager, start, server_round=1)
     assert aggregated[0] is not None and wrapped.written == []  # round 1 not recorded
-    write_round = legacy.write_round
+    write_round = records.write_round  # the strategies' one write (records.record_client)
 
     def failing(*args, **kwargs):
         if kwargs["client_id"] == "1":
             raise OSError("disk full")
         return write_round(*args, **kwargs)
 
-    monkeypatch.setattr(legacy, "write_round", failing)
+    monkeypatch.setattr(records, "write_round", failing)
     _, _, aggregated = _fit(wrapped, manager, start, server_round=2)
     assert aggregated[0] is not None  # the round goes on, aggregated as ever
     assert [p.name for p in wrapped.written] == ["client-2"]

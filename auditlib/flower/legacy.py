@@ -27,6 +27,7 @@ clients, with ``record_updates`` after ``secaggplus_mod``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -48,7 +49,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from auditlib.flower.records import Returned, Sent, write_round
+from auditlib.flower.records import Returned, Sent, record_client
 
 log = logging.getLogger(__name__)
 
@@ -165,35 +166,22 @@ class RecordingLegacyStrategy(Strategy):
             client = _client_id(proxy)
             if client not in sent:
                 continue
-            try:
-                returned = Returned(
-                    _arrays(fitres.parameters),
-                    dict(fitres.metrics or {}),
-                    int(fitres.num_examples),
-                    layout="legacy",
-                )
-                folder = write_round(
-                    self.out_dir,
-                    round=server_round,
-                    client_id=client,
-                    source=SOURCE,
-                    sent=sent[client],
-                    returned=returned,
-                    given=self.training,
-                    extra={
-                        "cid": client,
-                        "node_id": getattr(proxy, "node_id", None),
-                        "strategy": type(self.strategy).__name__,
-                        "flwr_version": flwr.__version__,
-                    },
-                )
-            except Exception:  # a recording failure never stops the federation
-                log.exception(
-                    "auditlib.flower: could not record client %s, round %s", client, server_round
-                )
-                continue
-            if folder is not None:
-                self.written.append(folder)
+            record_client(
+                self.written,
+                self.out_dir,
+                round=server_round,
+                client_id=client,
+                returned=functools.partial(_returned, fitres),
+                source=SOURCE,
+                sent=sent[client],
+                given=self.training,
+                extra={
+                    "cid": client,
+                    "node_id": getattr(proxy, "node_id", None),
+                    "strategy": type(self.strategy).__name__,
+                    "flwr_version": flwr.__version__,
+                },
+            )
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -212,3 +200,13 @@ class RecordingLegacyStrategy(Strategy):
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
         return self.strategy.evaluate(server_round, parameters)
+
+
+def _returned(fitres: FitRes) -> Returned:
+    """What a legacy client returned, as the recorder reads a reply."""
+    return Returned(
+        _arrays(fitres.parameters),
+        dict(fitres.metrics or {}),
+        int(fitres.num_examples),
+        layout="legacy",
+    )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,3 +231,27 @@ def write_round(
     )
     training["extra"]["unchecked"] = why
     return write_unchecked(folder, global_state, client_state, training)
+
+
+def record_client(
+    written: list[Path],
+    out_dir: str | os.PathLike,
+    *,
+    round: int | None,
+    client_id: str,
+    returned: Callable[[], Returned],
+    **bundle: Any,
+) -> None:
+    """The strategies' write of one client's round (:func:`write_round` with the rest of
+    ``bundle``); the folder goes to ``written``. A recording failure never stops the
+    federation: it is logged and the round goes on (``returned`` is read inside, so a reply
+    that cannot be read is one such failure)."""
+    try:
+        folder = write_round(
+            out_dir, round=round, client_id=client_id, returned=returned(), **bundle
+        )
+    except Exception:
+        log.exception("auditlib.flower: could not record client %s, round %s", client_id, round)
+        return
+    if folder is not None:
+        written.append(folder)

@@ -17,6 +17,7 @@ methods); a strategy that overrides ``start`` is recorded only as far as that lo
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -28,7 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from auditlib.flower.records import Sent, read_returned, read_sent, snapshot, write_round
+from auditlib.flower.records import Sent, read_returned, read_sent, record_client, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -107,29 +108,22 @@ class RecordingStrategy(Strategy):
             node = reply.metadata.src_node_id
             if reply.has_error() or node not in sent:
                 continue
-            try:
-                folder = write_round(
-                    self.out_dir,
-                    round=server_round,
-                    client_id=str(node),
-                    source=SOURCE,
-                    sent=sent[node],
-                    returned=read_returned(reply.content, key, weight_key),
-                    given=self.training,
-                    extra={
-                        "node_id": node,
-                        "message_id": reply.metadata.message_id,
-                        "strategy": type(self.strategy).__name__,
-                        "flwr_version": flwr.__version__,
-                    },
-                )
-            except Exception:  # a recording failure never stops the federation
-                log.exception(
-                    "auditlib.flower: could not record node %s, round %s", node, server_round
-                )
-                continue
-            if folder is not None:
-                self.written.append(folder)
+            record_client(
+                self.written,
+                self.out_dir,
+                round=server_round,
+                client_id=str(node),
+                returned=functools.partial(read_returned, reply.content, key, weight_key),
+                source=SOURCE,
+                sent=sent[node],
+                given=self.training,
+                extra={
+                    "node_id": node,
+                    "message_id": reply.metadata.message_id,
+                    "strategy": type(self.strategy).__name__,
+                    "flwr_version": flwr.__version__,
+                },
+            )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
