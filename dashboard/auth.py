@@ -23,20 +23,25 @@ as a known one, so the time does not tell which names exist.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec
 
 import bcrypt
 import streamlit as st
 import streamlit_authenticator as stauth
+from streamlit import runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from auditlib.access import Principal
 from auditlib.access.throttle import FIRST_WAIT_S, FREE_FAILURES, SignInThrottle
 from auditlib.access.users import Users, principal_of, read_users
 from auditlib.errors import AuditInputError
 
+P = ParamSpec("P")
 PRINCIPAL_KEY = "_principal"
 PASSWORD_KEY = "_password_hash"  # the hash the session signed in with
 LOCKED = "locked"  # not a bcrypt hash: the library's check fails for a waiting user name
@@ -178,16 +183,93 @@ def sign_in() -> Principal | None:
     return principal
 
 
-def _sign_out(authenticator: stauth.Authenticate) -> None:
-    """End this session's sign-in: the library's state and every key of the session."""
-    authenticator.logout(location="unrendered")
+def _sign_out(authenticator: stauth.Authenticate | None = None) -> None:
+    """End this session's sign-in: the library's state, every key of the session, and the
+    downloads Streamlit still serves for it (``/media/...``; its images never go there:
+    ``dashboard/image_display.inline``)."""
+    if authenticator is not None:
+        authenticator.logout(location="unrendered")
     for name in list(st.session_state):
         del st.session_state[name]
+    _forget_media()
+
+
+def _forget_media() -> None:
+    """Drop the session's files from Streamlit's media store now, not at a later run: a
+    download is kept for one sweep after its last reference, so two sweeps delete it."""
+    ctx = get_script_run_ctx()
+    if ctx is None:
+        return
+    manager = runtime.get_instance().media_file_mgr
+    manager.clear_session_refs(ctx.session_id)
+    manager.remove_orphaned_files()
+    manager.remove_orphaned_files()
+
+
+class SignedOut(Exception):
+    """The session's user may no longer act: removed from the users file, or their password
+    changed since this session signed in. The session is signed out already."""
+
+
+def _still_signed_in(principal: Principal) -> Principal | None:
+    """``principal`` as the users file has them now (their role re-read), or None where they
+    are gone or signed in with a password that is no longer theirs."""
+    try:
+        users = read_users()
+    except AuditInputError:
+        return None
+    current = users.password_hashes.get(principal.username)
+    if current is None or current != st.session_state.get(PASSWORD_KEY):
+        return None
+    return users.users[principal.username].principal
 
 
 def current_principal() -> Principal:
-    """The user this script run acts for (set by :func:`sign_in` in ``app.py``)."""
+    """The user this script run, callback or fragment acts for, re-read from the users file.
+
+    A button's callback runs before ``app.py`` (and so before :func:`sign_in`), and a
+    refreshing fragment never runs ``app.py`` at all: both would otherwise act for the
+    session's user as the last full run saw them. Raises :class:`SignedOut` (after signing
+    the session out) where that user is gone or their password changed; a changed role
+    counts at once."""
     principal = st.session_state.get(PRINCIPAL_KEY)
     if not isinstance(principal, Principal):
         raise RuntimeError("no signed-in user: app.py signs in before any page runs")
-    return principal
+    fresh = _still_signed_in(principal)
+    if fresh is None:
+        _sign_out()
+        st.session_state["_signed_out_why"] = "Your account or password changed; sign in again."
+        raise SignedOut(principal.username)
+    if fresh != principal:
+        st.session_state[PRINCIPAL_KEY] = fresh
+    return fresh
+
+
+def signed_in_only(callback: Callable[P, None]) -> Callable[P, None]:
+    """A widget callback that does nothing where its session's user may no longer act (the
+    next run then shows the sign-in form)."""
+
+    @functools.wraps(callback)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            current_principal()
+        except SignedOut:
+            return
+        callback(*args, **kwargs)
+
+    return guarded
+
+
+def signed_in_fragment(view: Callable[P, None]) -> Callable[P, None]:
+    """A fragment's body that reruns the whole app (to its sign-in form) where its session's
+    user may no longer act, instead of drawing another refresh for them."""
+
+    @functools.wraps(view)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            current_principal()
+            view(*args, **kwargs)
+        except SignedOut:
+            st.rerun(scope="app")
+
+    return guarded

@@ -35,12 +35,13 @@ from auditlib.report.subject import (
 )
 from auditlib.store import TIMED_OUT, UNFINISHED
 from auditlib.words import count_of
+from dashboard.auth import signed_in_fragment, signed_in_only
 from dashboard.batch_table import (  # display_rows: also tests/test_report.py's entry point
     chance_accuracy,
     display_rows,
     undefended_accuracy,
 )
-from dashboard.image_display import png_width
+from dashboard.image_display import inline, png_width
 from dashboard.resources import get_manager, get_store
 from dashboard.run_choices import run_assets
 from dashboard.spec_words import settings_text
@@ -75,6 +76,7 @@ def start_batch(
     return None
 
 
+@signed_in_only
 def _resume(kind: str, batch_id: str) -> None:
     store = get_store()
     batch = store.get_batch(batch_id)
@@ -109,12 +111,14 @@ def members_words(states: Sequence[batches.MemberState]) -> str:
     return f"attack {attacks} · {scenarios}"
 
 
+@signed_in_only
 def _cancel(batch_id: str) -> None:
     batch = get_store().get_batch(batch_id)
     if batch is not None:
         batches.cancel(get_manager(), batch)
 
 
+@signed_in_only
 def _picked(kind: str) -> None:
     chosen = st.session_state.get(f"{kind}.picker")
     if chosen:
@@ -158,14 +162,18 @@ def _grids(entries) -> None:
                 value = None if entry.scores is None else entry.scores.psnr_mean
                 verdict = verdict_cell(run_verdict(run), control=False)
                 st.image(
-                    entry.grid_png,
+                    inline(entry.grid_png),
                     width=min(png_width(entry.grid_png), 360),
                     caption=f"{PSNR.label} {PSNR.text(value)} {PSNR.unit} · {verdict}",
                 )
                 continue
             live = store.image(run.id, "live")
             if live is not None:
-                st.image(live.png, width=min(png_width(live.png), 360), caption=f"step {live.step}")
+                st.image(
+                    inline(live.png),
+                    width=min(png_width(live.png), 360),
+                    caption=f"step {live.step}",
+                )
             event = store.latest_event(run.id)
             progress = 0.0 if event is None or not event.total else event.step / event.total
             status = f"{run.status}: {run.stage}" if run.stage else run.status
@@ -296,6 +304,7 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
         st.caption(f"Utility accuracy: {'; '.join(notes)}.")
 
 
+@signed_in_only
 def _report(kind: str, batch_id: str) -> None:
     from auditlib.report.pdf import report_bytes
 
@@ -306,6 +315,7 @@ def _report(kind: str, batch_id: str) -> None:
         st.session_state[f"{kind}.error"] = f"The report could not be built: {exc}"
 
 
+@signed_in_only
 def _delete(kind: str, batch_id: str) -> None:
     store = get_store()
     batch = store.get_batch(batch_id)
@@ -323,6 +333,7 @@ def _delete(kind: str, batch_id: str) -> None:
     )
 
 
+@signed_in_only
 def _close(kind: str) -> None:
     _set_url_state(kind, None)
 
@@ -351,7 +362,9 @@ def _batch_view(kind: str, batch_id: str) -> None:
     if error:
         st.error(error)
     live = any(s.run is not None and s.run.status in UNFINISHED for s in states)
-    st.fragment(_live, run_every=REFRESH_S if live else None)(kind, batch_id, live)
+    st.fragment(signed_in_fragment(_live), run_every=REFRESH_S if live else None)(
+        kind, batch_id, live
+    )
     if live:
         return
     st.button(

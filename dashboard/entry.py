@@ -16,7 +16,7 @@ from pathlib import Path
 import streamlit as st
 
 from auditlib.engine import ray_backend
-from dashboard.auth import sign_in
+from dashboard.auth import SignedOut, sign_in
 from dashboard.navigation import DEFAULT_PAGE, PAGES
 from dashboard.state import sync_url_state
 
@@ -44,6 +44,8 @@ def run_app() -> None:
     token = _IN_APP.set(True)
     try:
         page.run()
+    except SignedOut:  # the users file changed under this run: to the sign-in form
+        st.rerun()
     finally:
         _IN_APP.reset(token)
 

@@ -20,6 +20,7 @@ from auditlib.defenses import DEFENSES
 from auditlib.errors import AuditInputError
 from auditlib.spec import MAX_CLIENTS, SERVERS, UTILITY_DATASETS, UtilitySpec
 from auditlib.words import count_of
+from dashboard.auth import signed_in_only
 from dashboard.config_form import changed_params, config_defaults, config_inputs
 from dashboard.navigation import SETUP
 from dashboard.run_choices import LabChoices, batch_size, check_clients_fit, check_components
@@ -207,6 +208,7 @@ def _knowledge_inputs(lab: LabChoices) -> None:
     )
 
 
+@signed_in_only
 def _use_paper_iterations(attack: str, preset: str | None, count: int) -> None:
     st.session_state[f"iterations.{attack}.{preset}"] = count
 

@@ -1,12 +1,33 @@
-"""Images as the pages show them: at their natural size, with their names, sizes and labels."""
+"""Images as the pages show them: at their natural size, with their names, sizes and labels,
+drawn from the page's own connection.
+
+Streamlit serves what ``st.image`` is given as bytes at ``/media/<hash>``, to anyone who
+asks for that URL, signed in or not, until the session's next runs drop it; the hash is of
+the bytes, so whoever holds a picture can ask whether it is on the server. Every private
+image (thumbnails, reconstructions, grids) is therefore handed to ``st.image`` as a
+``data:`` URL made by :func:`inline`: the bytes travel inside the signed-in session's own
+websocket and no URL serves them.
+"""
 
 from __future__ import annotations
 
+import base64
 import io
 
 from PIL import Image
 
 from auditlib.data import LabelledImages
+
+
+def inline(image: bytes | Image.Image) -> str:
+    """A PNG's bytes, or a picture (encoded as PNG), as a ``data:`` URL for ``st.image``."""
+    if isinstance(image, Image.Image):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        image = buffer.getvalue()
+    if not image.startswith(b"\x89PNG"):
+        raise ValueError("inline takes PNG bytes or a PIL image")
+    return "data:image/png;base64," + base64.b64encode(image).decode("ascii")
 
 
 def png_width(png: bytes) -> int:

@@ -12,7 +12,8 @@ import streamlit as st
 
 from auditlib.engine.controls import control_finding
 from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, EventRecord, RunRecord
-from dashboard.image_display import png_width
+from dashboard.auth import signed_in_only
+from dashboard.image_display import inline, png_width
 from dashboard.resources import get_manager, get_store
 from dashboard.result_words import ATTACK_TIME
 from dashboard.state import set_url_state
@@ -41,12 +42,21 @@ def started_text(record: RunRecord) -> str:
     return f"{record.started_at.astimezone():%Y-%m-%d %H:%M:%S}"
 
 
+@signed_in_only
+def _cancel_run(run_id: str) -> None:
+    """Cancel for the user as the users file has them at the click (not as the page was
+    drawn for them)."""
+    get_manager().cancel(run_id)
+
+
+@signed_in_only
 def open_run(run_id: str) -> None:
     """Show run ``run_id`` (its id goes into the session and the URL)."""
     set_url_state("run", run_id)
     st.session_state.pop("_events", None)
 
 
+@signed_in_only
 def close_run() -> None:
     set_url_state("run", None)
     st.session_state.pop("_events", None)
@@ -140,7 +150,7 @@ def live_view(run_id: str, live: bool) -> None:
     cancel_col.button(
         "Cancel run",
         key="cancel",
-        on_click=get_manager().cancel,
+        on_click=_cancel_run,
         args=(run_id,),
         disabled=record.cancel_requested,
         help="Stops the attack; what it has reconstructed so far is still scored.",
@@ -158,13 +168,13 @@ def live_view(run_id: str, live: bool) -> None:
         current = store.image(run_id, "live")
         if originals is not None:
             st.image(
-                originals.png,
+                inline(originals.png),
                 width=png_width(originals.png),
                 caption="Private images (only the auditor sees them)",
             )
         if current is not None:
             st.image(
-                current.png,
+                inline(current.png),
                 width=png_width(current.png),
                 caption=f"The attacker's reconstruction at step {current.step:,}, each image "
                 "under the original it matches",

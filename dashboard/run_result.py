@@ -21,7 +21,8 @@ from auditlib.result import AuditSummary
 from auditlib.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, RunRecord
 from auditlib.words import count_of
-from dashboard.image_display import png_width
+from dashboard.auth import signed_in_only
+from dashboard.image_display import inline, png_width
 from dashboard.resources import get_store
 from dashboard.result_words import (
     ATTACK_TIME,
@@ -210,7 +211,7 @@ def _grid_and_losses(record: RunRecord, caption: str):
     grid = get_store().image(record.id, "reconstruction")
     grid_col, chart_col = st.columns([3, 2], gap="large")
     if grid is not None:
-        grid_col.image(grid.png, width=png_width(grid.png), caption=caption)
+        grid_col.image(inline(grid.png), width=png_width(grid.png), caption=caption)
     seen = events(record.id)
     if seen:
         chart_col.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
@@ -371,6 +372,7 @@ def _downloads(record: RunRecord, result: AuditSummary, grid: bytes | None) -> N
         )
 
 
+@signed_in_only
 def _build_report(run_id: str) -> None:
     from auditlib.report.pdf import report_bytes
     from auditlib.report.subject import run_subject

@@ -29,6 +29,7 @@ from auditlib.observed import (
 )
 from auditlib.observed.upload import max_archive_bytes
 from auditlib.words import MB, count_of, size_text
+from dashboard.auth import signed_in_only
 from dashboard.plain import literal
 from dashboard.resources import get_store
 from dashboard.setup_state import check_weights, current_setup, observed_upload
@@ -322,6 +323,7 @@ def _linked_asset(kind: str, sha: str, errors: list[str]):
         return REFUSED
 
 
+@signed_in_only
 def _remove(kind: str) -> None:
     """Take the upload out of the setup, empty its uploader (a new key gives a new widget)
     and delete it from the store unless stored runs use it (they name it)."""

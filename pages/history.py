@@ -11,6 +11,7 @@ import streamlit as st
 from auditlib.metrics.catalogue import CATALOGUE
 from auditlib.store import STATUSES, AssetInfo, RunRecord
 from auditlib.words import count_of, size_text
+from dashboard.auth import signed_in_fragment
 from dashboard.entry import through_app
 from dashboard.navigation import LAB
 from dashboard.resources import get_manager, get_store
@@ -137,7 +138,7 @@ def main() -> None:
         "Status", sorted(STATUSES), key="history_status", placeholder="every status"
     )
     live = bool(manager.active_runs())
-    st.fragment(_table, run_every=REFRESH_S if live else None)(live, statuses)
+    st.fragment(signed_in_fragment(_table), run_every=REFRESH_S if live else None)(live, statuses)
 
     records = get_store().list_runs(limit=LIMIT)
     if statuses:

@@ -16,6 +16,7 @@ from auditlib.engine.controls import start_with_control
 from auditlib.engine.preflight import estimate_time
 from auditlib.errors import AuditInputError
 from auditlib.store import RunRecord
+from dashboard.auth import signed_in_fragment
 from dashboard.entry import through_app
 from dashboard.forms import run_inputs
 from dashboard.navigation import HISTORY, SETUP
@@ -126,9 +127,11 @@ def _run_view(run_id: str, setup: Setup) -> None:
             icon=":material/info:",
         )
     live = not record.finished
-    st.fragment(live_view, run_every=REFRESH_S if live else None)(run_id, live)
+    st.fragment(signed_in_fragment(live_view), run_every=REFRESH_S if live else None)(run_id, live)
     control_live = control_running(record)
-    st.fragment(control_view, run_every=REFRESH_S if control_live else None)(run_id, control_live)
+    st.fragment(signed_in_fragment(control_view), run_every=REFRESH_S if control_live else None)(
+        run_id, control_live
+    )
     if record.finished:
         results(record)
 

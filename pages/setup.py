@@ -15,7 +15,7 @@ from auditlib.grids import thumbnail
 from auditlib.models.registry import architecture_info
 from auditlib.words import count_of
 from dashboard.entry import through_app
-from dashboard.image_display import image_captions
+from dashboard.image_display import image_captions, inline
 from dashboard.navigation import LAB
 from dashboard.setup_state import batch_of, current_setup, setup_problems
 from dashboard.state import (
@@ -239,7 +239,7 @@ def _batch_preview() -> None:
     if images is None:
         return
     st.image(
-        [thumbnail(a, THUMBNAIL) for a in images.images],
+        [inline(thumbnail(a, THUMBNAIL)) for a in images.images],
         caption=image_captions(images),
         width=THUMBNAIL,  # one size for all, whatever the caption's length
     )

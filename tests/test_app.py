@@ -1537,3 +1537,71 @@ def test_the_sample_page_audits_every_update_and_gives_the_share_with_its_interv
     at.button(key="sample.report").click().run()
     assert not at.exception and not _errors(at), _errors(at)
     assert any("PDF" in b.proto.label for b in at.get("download_button"))
+
+
+# --- issue 33: private images off /media, callbacks for the user as they are now ----------
+
+
+def test_private_images_reach_the_page_inline_never_by_a_media_url(dashboard_store):
+    """Issue 33, item 9: Streamlit serves st.image's bytes at /media/<hash> to anyone who
+    asks, signed in or not; the uploaded batch's thumbnails come as data: URLs instead."""
+    files = [
+        (p.name, p.read_bytes(), "text/csv" if p.suffix == ".csv" else "image/png")
+        for p in sorted(EXAMPLES.iterdir())
+    ]
+    at = _app()
+    at.radio(key="source").set_value("upload").run()
+    at.file_uploader(key="images_files.0").set_value(files).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    urls = [img.url for element in at.get("image") for img in element.proto.imgs]
+    assert len(urls) == 4
+    assert all(url.startswith("data:image/png;base64,") for url in urls), [u[:40] for u in urls]
+
+
+def test_every_image_the_dashboard_shows_goes_through_inline():
+    """No ``st.image`` (or ``column.image``) call of the dashboard's hands Streamlit bytes it
+    would serve at /media: its first argument is ``inline(...)`` (a data: URL)."""
+    import ast
+
+    calls = []
+    for path in [*(ROOT / "dashboard").glob("*.py"), *(ROOT / "pages").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "image"
+                and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "store")
+                and "get_store" not in ast.unparse(node.func.value)
+            ):
+                calls.append((path.name, ast.unparse(node.args[0]) if node.args else ""))
+    assert len(calls) >= 6, calls
+    not_inline = [c for c in calls if not c[1].lstrip("[").startswith("inline(")]
+    assert not not_inline, not_inline
+
+
+def test_a_removed_users_next_click_does_nothing(dashboard_store, tmp_path, monkeypatch):
+    """Issue 33, item 6: a button's callback runs before app.py's sign-in check; for a user
+    removed from the users file since the page was drawn it does nothing, and the next run
+    shows the sign-in form."""
+    import shutil
+
+    from auditlib.access.users import remove_user, users_file
+
+    path = tmp_path / "users.yaml"
+    shutil.copy(users_file(), path)
+    monkeypatch.setenv("AUDIT_USERS_FILE", str(path))
+    store, _ = dashboard_store
+    at = _app()
+    at.file_uploader(key="weights_file.0").set_value(
+        ("mine.safetensors", _lenet_weights(10), "application/octet-stream")
+    )
+    at.run()
+    sha = at.query_params["weights"]
+    assert store.get_asset_info(sha) is not None
+
+    remove_user("alice", path=path)
+    at.button(key="remove_weights").click().run()
+    assert not at.exception
+    assert store.raw.get_asset_info(sha) is not None  # the Remove did not delete it
+    assert any("Sign in to see your runs" in c.value for c in at.caption)
+    assert any("sign in again" in i.value for i in at.info), [i.value for i in at.info]
