@@ -8,7 +8,7 @@ cancellation flag through :class:`RunControl`, and draw all randomness from ``se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,6 +82,12 @@ AttackRun = Callable[
 ]
 
 
+UpdatesRun = Callable[
+    [Sequence[Observation], Sequence[AttackerKnowledge], Any, RunControl, Sequence[int]],
+    Iterator[tuple[int, ProgressEvent]],
+]
+
+
 @dataclass(frozen=True)
 class AuditPreset:
     """The strongest configuration an attack has for an audit's budget (the default).
@@ -119,6 +125,10 @@ class AttackInfo:
     builds: Callable[[Any, Any], Any] | None = None
     # A closed-form read-back (one pass, no optimiser steps): its plan is one step.
     closed_form: bool = False
+    # Several updates' starts as one batched computation (``attacks.updates_loop``):
+    # ``(observations, knowledges, config, control, seeds)`` -> (update, event) pairs, each
+    # update ending with its own final event. None: its updates run one after another.
+    run_updates: UpdatesRun | None = None
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge

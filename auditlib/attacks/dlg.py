@@ -7,7 +7,7 @@ distance; the soft label is softmax(dummy logits). The recovered label is the ar
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +29,8 @@ from auditlib.attacks.objectives import (
     random_label_logits,
     why_not_together,
 )
+from auditlib.attacks.updates import UpdatesMatcher
+from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
 from auditlib.threat import AttackerKnowledge, Observation
 
@@ -122,10 +124,12 @@ class _Restart:
 class _Starts:
     """K starts on one batched L-BFGS (``LbfgsTogether``): images (and label logits)
     stacked one row per start; each row's objective is its own update distance, computed
-    for the rows still stepping in one ``UpdateMatcher.together`` pass."""
+    for the rows still stepping in one ``matcher.at(rows).together`` pass. The rows are one
+    update's starts (an ``UpdateMatcher``) or several updates' (``UpdatesMatcher``: each row
+    its own update's target and, where labels are fixed, its own labels, K x B)."""
 
-    def __init__(self, generators, observation, knowledge, config, fixed_labels, clock):
-        self.matcher = UpdateMatcher(observation, knowledge, config.distance)
+    def __init__(self, generators, matcher, knowledge, config, fixed_labels, clock):
+        self.matcher = matcher
         images, logits = [], []
         for generator in generators:  # per start: images, then label logits (as _Restart)
             images.append(random_images(knowledge, generator))
@@ -134,21 +138,30 @@ class _Starts:
         self.images = stacked(images)
         self.logits = stacked(logits) if logits else None
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
         self.steps = LbfgsTogether.of(variables, self._objective, clock, len(generators), config)
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
-        return self.fixed if self.logits is None else torch.softmax(self.logits[rows], dim=-1)
+        if self.logits is not None:
+            return torch.softmax(self.logits[rows], dim=-1)
+        return self.fixed[rows] if self.fixed_rows else self.fixed
+
+    def _one(self, labels: torch.Tensor) -> torch.Tensor:
+        """One row's labels out of ``_labels([row])``."""
+        return labels[0] if self.logits is not None or self.fixed_rows else labels
 
     def _objective(self, rows: list[int]) -> torch.Tensor:
         labels = self._labels(rows)
+        matcher = self.matcher.at(rows)
         if len(rows) == 1:  # one start: plain autograd, the fastest way alone
-            single = labels if self.logits is None else labels[0]
-            return self.matcher(self.images[rows[0]], single).unsqueeze(0)
-        return self.matcher.together(self.images[rows], labels)
+            return matcher(self.images[rows[0]], self._one(labels)).unsqueeze(0)
+        return matcher.together(self.images[rows], labels)
 
     def _hard_labels(self, row: int) -> torch.Tensor:
-        return (self.fixed if self.logits is None else self.logits[row].detach().argmax(-1)).cpu()
+        if self.logits is not None:
+            return self.logits[row].detach().argmax(-1).cpu()
+        return (self.fixed[row] if self.fixed_rows else self.fixed).cpu()
 
     def step(self, alive):
         losses = self.steps.step(list(alive))
@@ -162,10 +175,13 @@ class _Starts:
 
     def candidate(self, position):
         self.steps.restore([position])  # its last full step, not a cut-short or diverged one
-        labels = self._labels([position])
-        labels = labels if self.logits is None else labels[0]
+        labels = self._one(self._labels([position]))
         with torch.enable_grad():
-            score = float(self.matcher(self.images[position].detach(), labels.detach()).detach())
+            score = float(
+                self.matcher.at([position])(
+                    self.images[position].detach(), labels.detach()
+                ).detach()
+            )
         return snapshot(self.images[position]), self._hard_labels(position), score
 
 
@@ -188,19 +204,58 @@ def run_lbfgs_attack(
     """DLG when ``fixed_labels`` is None (labels optimised jointly), else iDLG-style."""
 
     together = lbfgs_together(config, knowledge)
-    kind = _Starts if together else _Restart
 
     def make(generators, clock):
-        return kind(generators, observation, knowledge, config, fixed_labels, clock)
+        if together:
+            matcher = UpdateMatcher(observation, knowledge, config.distance)
+            return _Starts(generators, matcher, knowledge, config, fixed_labels, clock)
+        return _Restart(generators, observation, knowledge, config, fixed_labels, clock)
 
     return run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", label_inference
     )
 
 
+def run_lbfgs_updates(
+    observations: Sequence[Observation],
+    knowledges: Sequence[AttackerKnowledge],
+    config: LbfgsConfig,
+    control: RunControl,
+    seeds: Sequence[int],
+    fixed_labels: Sequence[torch.Tensor] | None,
+    label_inferences: Sequence[dict | None],
+) -> Iterator[tuple[int, ProgressEvent]]:
+    """Several updates' starts on one batched L-BFGS (``attacks.updates_loop``): update u's
+    starts are rows u R .. u R + R - 1, each matching update u's target (with update u's
+    own labels where they are fixed), each its own L-BFGS as in :func:`run_lbfgs_attack`.
+    The caller checked ``attacks.updates.why_updates_apart``."""
+    restarts = config.restarts
+    owners = [u for u in range(len(observations)) for _ in range(restarts)]
+    matchers = [
+        UpdateMatcher(o, k, config.distance) for o, k in zip(observations, knowledges, strict=True)
+    ]
+    matcher = UpdatesMatcher(matchers, owners)
+    fixed = None if fixed_labels is None else torch.stack([fixed_labels[u] for u in owners])
+
+    def make(generators, clock):
+        return _Starts(generators, matcher, knowledges[0], config, fixed, clock)
+
+    return run_updates(make, restarts, control, seeds, "gradient_distance", label_inferences)
+
+
+DLG_INFERENCE = {"rule": "DLG joint optimisation (argmax of the optimised soft label)"}
+
+
 def run_dlg(observation, knowledge, config: LbfgsConfig, control: RunControl, seed: int):
-    inference = {"rule": "DLG joint optimisation (argmax of the optimised soft label)"}
-    return run_lbfgs_attack(observation, knowledge, config, control, seed, None, inference)
+    return run_lbfgs_attack(
+        observation, knowledge, config, control, seed, None, dict(DLG_INFERENCE)
+    )
+
+
+def run_dlg_updates(observations, knowledges, config: LbfgsConfig, control, seeds):
+    """DLG on several updates together (``AttackInfo.run_updates``)."""
+    inferences = [dict(DLG_INFERENCE) for _ in observations]
+    return run_lbfgs_updates(observations, knowledges, config, control, seeds, None, inferences)
 
 
 register(
@@ -209,6 +264,7 @@ register(
         summary="DLG (Zhu et al. 2019): L-BFGS on dummy images and soft labels, L2 update distance.",
         config_type=LbfgsConfig,
         run=run_dlg,
+        run_updates=run_dlg_updates,
         presets={"paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "distance": "l2"}},
         audit=AuditPreset(
             {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 8, "distance": "l2"},

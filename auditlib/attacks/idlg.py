@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 
 from auditlib.attacks.base import AttackInfo, AuditPreset, RunControl, register
-from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack
+from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack, run_lbfgs_updates
 from auditlib.attacks.labels import idlg_label
 from auditlib.config import param
 
@@ -31,12 +31,24 @@ def run_idlg(observation, knowledge, config: IdlgConfig, control: RunControl, se
     return run_lbfgs_attack(observation, knowledge, config, control, seed, labels, inference)
 
 
+def run_idlg_updates(observations, knowledges, config: IdlgConfig, control, seeds):
+    """iDLG on several updates together (``AttackInfo.run_updates``): each update's label
+    read off its own last layer, its starts matching its own update."""
+    read = [
+        idlg_label(o, k, config.label_source) for o, k in zip(observations, knowledges, strict=True)
+    ]
+    labels = [torch.tensor([label], dtype=torch.long) for label, _ in read]
+    inferences = [inference for _, inference in read]
+    return run_lbfgs_updates(observations, knowledges, config, control, seeds, labels, inferences)
+
+
 register(
     AttackInfo(
         name="idlg",
         summary="iDLG (Zhao et al. 2020): analytic label from the last layer, then L-BFGS on the image.",
         config_type=IdlgConfig,
         run=run_idlg,
+        run_updates=run_idlg_updates,
         presets={
             "paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "label_source": "weight"}
         },

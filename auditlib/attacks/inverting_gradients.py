@@ -37,6 +37,8 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
+from auditlib.attacks.updates import UpdatesMatcher
+from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import AttackerKnowledge, Observation
@@ -117,11 +119,14 @@ def run_inverting_gradients(
 
 
 class _Restarts:
-    """IG's restarts: signed Adam on the images (and soft labels), stacked one per restart."""
+    """IG's restarts: signed Adam on the images (and soft labels), stacked one per restart.
+    The rows are one update's restarts (an ``UpdateMatcher``) or several updates' (an
+    ``UpdatesMatcher``: each row its own update's target and, where labels are fixed, its
+    own labels, K x B); Adam and the sign are elementwise, so each row is its own run."""
 
-    def __init__(self, generators, observation, knowledge, config, iterations, fixed_labels):
+    def __init__(self, generators, matcher, knowledge, config, iterations, fixed_labels):
         self.config = config
-        self.matcher = UpdateMatcher(observation, knowledge, config.distance)
+        self.matcher = matcher
         images, logits = [], []
         for generator in generators:  # per restart: images, then label logits (its own draw)
             images.append(random_images(knowledge, generator))
@@ -130,6 +135,7 @@ class _Restarts:
         self.images = stacked(images)
         self.logits = stacked(logits) if logits else None
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
+        self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
         # An adaptive attacker's unknowns are fitted with the images (one restart per group).
         self.matcher.restart()
@@ -148,15 +154,19 @@ class _Restarts:
 
     def _labels(self, positions) -> torch.Tensor:
         if self.logits is None:
-            return self.fixed
+            return self.fixed[positions] if self.fixed_rows else self.fixed
         return torch.softmax(self.logits[positions], dim=-1)
+
+    def _one(self, labels: torch.Tensor) -> torch.Tensor:
+        """One restart's labels out of ``_labels([position])``."""
+        return labels[0] if self.logits is not None or self.fixed_rows else labels
 
     def _distance(self, images: torch.Tensor, positions) -> torch.Tensor:
         labels = self._labels(positions)
+        matcher = self.matcher.at(positions)
         if len(positions) == 1:  # one restart: plain autograd, the fastest way alone
-            single = labels if self.logits is None else labels[0]
-            return self.matcher(images[0], single).unsqueeze(0)
-        return self.matcher.together(images, labels)
+            return matcher(images[0], self._one(labels)).unsqueeze(0)
+        return matcher.together(images, labels)
 
     def step(self, alive):
         self.optimizer.zero_grad()
@@ -178,7 +188,7 @@ class _Restarts:
 
     def _hard_labels(self, position: int) -> torch.Tensor:
         if self.logits is None:
-            return self.fixed.cpu()
+            return (self.fixed[position] if self.fixed_rows else self.fixed).cpu()
         return self.logits[position].detach().argmax(-1).cpu()
 
     def frame(self, position):
@@ -188,23 +198,47 @@ class _Restarts:
         # Restarts are scored by the update distance alone, as the public code's
         # scoring_choice="loss" does (the TV prior is not part of the score).
         images = self.images[position].detach()
-        labels = self._labels([position])
-        labels = labels if self.logits is None else labels[0].detach()
+        labels = self._one(self._labels([position])).detach()
         with torch.enable_grad():
-            score = float(self.matcher(images, labels).detach())
+            score = float(self.matcher.at([position])(images, labels).detach())
         return snapshot(images), self._hard_labels(position), score
 
 
 def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
     def make(generators, clock):
-        return _Restarts(
-            generators, observation, knowledge, config, control.max_steps, fixed_labels
-        )
+        matcher = UpdateMatcher(observation, knowledge, config.distance)
+        return _Restarts(generators, matcher, knowledge, config, control.max_steps, fixed_labels)
 
     together = config.together and why_not_together(knowledge) is None
     return run_restarts(
         make, config.restarts, together, control, seed, "update_distance", inference
     )
+
+
+def run_ig_updates(observations, knowledges, config, control, seeds):
+    """IG on several updates together (``AttackInfo.run_updates``): update u's restarts are
+    rows u R .. u R + R - 1 of one signed-Adam run, each matching update u's target with
+    update u's own labels (``attacks.updates_loop``)."""
+    read = [
+        _resolve_labels(o, k, config.labels) for o, k in zip(observations, knowledges, strict=True)
+    ]
+    fixed = [labels for labels, _ in read]
+    restarts = config.restarts
+    owners = [u for u in range(len(observations)) for _ in range(restarts)]
+    matchers = [
+        UpdateMatcher(o, k, config.distance) for o, k in zip(observations, knowledges, strict=True)
+    ]
+    matcher = UpdatesMatcher(matchers, owners)
+    # Every update resolves its labels the same way (the same threat model): all or none fixed.
+    stacked_labels = None if fixed[0] is None else torch.stack([fixed[u] for u in owners])
+
+    def make(generators, clock):
+        return _Restarts(
+            generators, matcher, knowledges[0], config, control.max_steps, stacked_labels
+        )
+
+    inferences = [inference for _, inference in read]
+    return run_updates(make, restarts, control, seeds, "update_distance", inferences)
 
 
 register(
@@ -213,6 +247,7 @@ register(
         summary="Inverting Gradients (Geiping et al. 2020): cosine distance + TV, signed Adam, box, restarts.",
         config_type=InvertingGradientsConfig,
         run=run_inverting_gradients,
+        run_updates=run_ig_updates,
         presets={
             # inversefed's reconstruct_image.py defaults (--optim ours): 24k its, TV 1e-4, 1 restart.
             "paper": {

@@ -287,6 +287,13 @@ class UpdateMatcher:
         order; the R updates are computed by ``torch.func.vmap`` in one batched pass.
         ``distance`` replaces the matcher's own (GRNN's summed squares) for the plain
         attacker; through a noisy defense the release's likelihood stands."""
+        return self.measured(self.stacked_updates(images, labels), images, distance)
+
+    def stacked_updates(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The R candidates' updates (``images`` R x B x C x H x W), stacked along a leading
+        dimension, by one ``torch.func.vmap`` pass (:meth:`together`'s first half)."""
         buffers = restart_buffers(self.view.model, images.shape[0])
         protocol = self.knowledge.protocol
 
@@ -297,12 +304,23 @@ class UpdateMatcher:
             gradient = read_as_gradient(simulated, self.parameters, protocol, x.shape[0])
             return self.view.candidate(gradient)
 
-        measure = self.distance if distance is None or self.view.noise else distance
         label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
-        updates = torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(images, labels, buffers)
+        return torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(images, labels, buffers)
+
+    def measured(
+        self, updates: Sequence[torch.Tensor], images: torch.Tensor, distance=None
+    ) -> torch.Tensor:
+        """Each of R stacked updates' distance to this matcher's target, plus the prior
+        (:meth:`together`'s second half)."""
+        measure = self.distance if distance is None or self.view.noise else distance
         # The distance outside the vmap, on the R stacked updates: its inner products are
         # then matrix-vector products, not vmap's batched torch.dot (see _inner).
         return measure(updates, self.target) + self.prior(images)
+
+    def at(self, rows: Sequence[int]) -> UpdateMatcher:
+        """The matcher of these rows (starts): this one, whose target every row matches
+        (``attacks.updates.UpdatesMatcher`` gives each row its own update's)."""
+        return self
 
 
 def restart_buffers(model: nn.Module, restarts: int) -> dict[str, torch.Tensor]:

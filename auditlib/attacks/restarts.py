@@ -14,11 +14,12 @@ ones included), never the ground truth.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from auditlib.attacks.base import AttackInfo, ProgressEvent, RunControl
 from auditlib.attacks.loop import PLAN, HalvingPlan, total_steps
+from auditlib.attacks.updates import why_updates_apart
 from auditlib.threat import AttackerKnowledge, Observation
 
 AUDIT_PRESET = "audit"
@@ -52,6 +53,33 @@ def run_attack(
     if race is not None:
         control = dataclasses.replace(control, race=race)
     return info.run(observation, knowledge, config, control, seed)
+
+
+def why_apart(info: AttackInfo, config: Any, knowledges: Sequence[AttackerKnowledge]) -> str | None:
+    """Why these updates run this attack one after another rather than together (None: they
+    can advance together, ``run_attack_updates``)."""
+    if info.run_updates is None:
+        return f"{info.name} has no batched form across updates"
+    if not getattr(config, "together", True):
+        return f"{info.name} was asked to run its starts apart (together=false)"
+    return why_updates_apart(knowledges)
+
+
+def run_attack_updates(
+    info: AttackInfo,
+    observations: Sequence[Observation],
+    knowledges: Sequence[AttackerKnowledge],
+    config: Any,
+    control: RunControl,
+    seeds: Sequence[int],
+    preset: str | None,
+) -> Iterator[tuple[int, ProgressEvent]]:
+    """Several updates' runs of one attack together, each with its preset's restart schedule
+    (each update its own race): (update, event) pairs, one final event per update."""
+    race = race_of(config, preset)
+    if race is not None:
+        control = dataclasses.replace(control, race=race)
+    return info.run_updates(observations, knowledges, config, control, seeds)
 
 
 def restart_schedule(config: Any, preset: str | None) -> str:

@@ -1,0 +1,130 @@
+"""Several updates' starts as rows of one batched computation, each row its own objective.
+
+A sample audit attacks many updates (one client's batch each) of the same model. Their
+starts are independent problems that differ only in the target they match, so they can be
+stacked as starts are (``UpdateMatcher.together``): one ``torch.func.vmap`` pass computes
+every row's candidate update through the one model, and each row's distance is then taken
+against its own update's target (:class:`UpdatesMatcher`). A row's value is what its update's
+matcher gives it alone, up to float summation order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from auditlib.attacks.objectives import UpdateMatcher, why_not_together
+from auditlib.threat import AttackerKnowledge
+
+
+class UpdatesMatcher:
+    """Rows (starts) of U updates: row k matches update ``owners[k]``'s target with that
+    update's matcher (:meth:`at` gives the rows' matcher, as ``UpdateMatcher.at`` does)."""
+
+    def __init__(self, matchers: Sequence[UpdateMatcher], owners: Sequence[int]) -> None:
+        self.matchers = list(matchers)
+        self.owners = list(owners)
+        # What an attack fits besides its images: nothing where updates advance together
+        # (``why_updates_apart`` refuses a defense that hides parameters).
+        self.unknowns: tuple[torch.Tensor, ...] = ()
+
+    def restart(self) -> None:
+        """No unknown parameters to reset (see :attr:`unknowns`)."""
+
+    def at(self, rows: Sequence[int]) -> _Rows:
+        return _Rows(self, list(rows))
+
+
+class _Rows:
+    """The matcher of some rows of an :class:`UpdatesMatcher`, in that order."""
+
+    def __init__(self, many: UpdatesMatcher, rows: list[int]) -> None:
+        self.many = many
+        self.rows = rows
+        self.owners = [many.owners[r] for r in rows]
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One row's objective: its own update's matcher, alone."""
+        (owner,) = set(self.owners)
+        return self.many.matchers[owner](images, labels)
+
+    def together(self, images: torch.Tensor, labels: torch.Tensor, distance=None) -> torch.Tensor:
+        """One value per row: the rows' updates in one ``vmap`` pass through the shared model
+        (the first update's matcher: ``why_updates_apart`` checked they share it), then each
+        update's rows measured against that update's target (one distance call per update,
+        on its rows stacked, as ``UpdateMatcher.together`` measures its restarts)."""
+        matchers = self.many.matchers
+        updates = matchers[self.owners[0]].stacked_updates(images, labels)
+        groups: dict[int, list[int]] = {}
+        for index, owner in enumerate(self.owners):
+            groups.setdefault(owner, []).append(index)
+        if len(groups) == 1:
+            return matchers[self.owners[0]].measured(updates, images, distance)
+        values = images.new_empty(len(self.rows))
+        parts, places = [], []
+        for owner, indices in groups.items():
+            index = torch.tensor(indices, device=images.device)
+            own = tuple(u.index_select(0, index) for u in updates)
+            parts.append(matchers[owner].measured(own, images.index_select(0, index), distance))
+            places.append(index)
+        # Each update's values back in the rows' order (differentiably).
+        return values.index_put((torch.cat(places),), torch.cat(parts))
+
+
+def same_model(knowledges: Sequence[AttackerKnowledge]) -> bool:
+    """Whether the updates were computed from one model: equal architecture, parameters and
+    buffers (each update's audit builds its own copy of the global model)."""
+    first = knowledges[0].model
+    ours = dict(first.state_dict())
+    for knowledge in knowledges[1:]:
+        other = knowledge.model.state_dict()
+        if type(knowledge.model) is not type(first) or other.keys() != ours.keys():
+            return False
+        if not all(torch.equal(ours[k], other[k]) for k in ours):
+            return False
+    return True
+
+
+def _same_mask(a: AttackerKnowledge, b: AttackerKnowledge) -> bool:
+    masks = [None if k.defense is None else k.defense.mask for k in (a, b)]
+    if masks[0] is None or masks[1] is None:
+        return masks[0] is None and masks[1] is None
+    return all(torch.equal(x, y) for x, y in zip(*masks, strict=True))
+
+
+def why_updates_apart(knowledges: Sequence[AttackerKnowledge]) -> str | None:
+    """Why these updates' starts cannot be rows of one batched computation (None: they can):
+    each update's own reason its restarts run apart, or updates that differ in anything but
+    their target (the model, the client's protocol, the batch's shape, the device, what the
+    attacker knows of a defense)."""
+    if len(knowledges) < 2:
+        return "one update"
+    for knowledge in knowledges:
+        reason = why_not_together(knowledge)
+        if reason is not None:
+            return reason
+    first = knowledges[0]
+    for knowledge in knowledges[1:]:
+        if knowledge.protocol != first.protocol:
+            return "the updates' client protocols differ"
+        if (knowledge.batch_size, knowledge.input_shape, knowledge.num_classes) != (
+            first.batch_size,
+            first.input_shape,
+            first.num_classes,
+        ):
+            return "the updates' batches differ in shape"
+        if str(knowledge.device) != str(first.device):
+            return "the updates are on different devices"
+        if knowledge.normalization != first.normalization:
+            return "the updates' normalisations differ"
+        if (knowledge.defense is None) != (first.defense is None) or (
+            knowledge.defense is not None and knowledge.defense.name != first.defense.name
+        ):
+            return "the attacker knows a different defense on each update"
+        if not _same_mask(knowledge, first):
+            # The candidate's update goes through one mask in the batched pass.
+            return "the defense leaves different coordinates visible on each update"
+    if not same_model(knowledges):
+        return "the updates were computed from different models"
+    return None
