@@ -12,7 +12,6 @@ from typing import Any
 
 import streamlit as st
 
-from auditlib.access import AccessDenied
 from auditlib.client.protocol import ClientProtocol, Shared
 from auditlib.data import LabelledImages, check_labels_fit, load_sample_set, load_zip
 from auditlib.errors import AuditInputError
@@ -135,8 +134,8 @@ class ObservedUpload:
 
 
 def observed_upload(sha: str) -> ObservedUpload | None:
-    """The stored bundle ``sha`` as its record says, or None when it is not stored (cached
-    per session; another user's raises AccessDenied)."""
+    """The stored bundle ``sha`` as its record says, or None when it is not among the
+    user's uploads (cached per session)."""
     cache = st.session_state.setdefault("_observed_uploads", {})
     if sha not in cache:
         asset = get_store().get_asset_info(sha)
@@ -184,10 +183,7 @@ def current_setup() -> Setup:
         observed=state.get("observed") or None,
     )
     if setup.observed:
-        try:
-            bundle = observed_upload(setup.observed)
-        except AccessDenied:
-            bundle = None  # setup_problems says whose it is
+        bundle = observed_upload(setup.observed)  # None: setup_problems says so
         if bundle is not None:  # the bundle's model and normalisation, not the page's fields
             channels, size, _ = bundle.training.input_shape
             setup = dataclasses.replace(
@@ -246,13 +242,11 @@ def weights_problem(sha: str, spec: ModelSpec) -> str | None:
     cache = st.session_state.setdefault("_weights_fit", {})
     key = (sha, repr(spec))
     if key not in cache:
-        try:
-            asset = get_store().get_asset(sha)
-        except AccessDenied as exc:  # another user's upload (a shared link): not cached
-            return str(exc)
+        asset = get_store().get_asset(sha)
         if asset is None or asset.kind != "model":
             cache[key] = (
-                f"the weights {sha[:12]}... are not in this dashboard's store; upload them again"
+                f"the weights {sha[:12]}... are not among your uploads in this dashboard's "
+                "store; upload them again"
             )
         else:
             cache[key] = check_weights(asset.data, asset.name, spec)
@@ -280,7 +274,8 @@ def batch_of(setup: Setup) -> LabelledImages | None:
     images = stored_images(setup.images)
     if images is None:
         raise AuditInputError(
-            f"the uploaded images {setup.images[:12]}... are not in this dashboard's store; "
+            f"the uploaded images {setup.images[:12]}... are not among your uploads in this "
+            "dashboard's store; "
             "upload them again on the Setup page"
         )
     return images.window(0, setup.upload_count or len(images))
@@ -291,15 +286,10 @@ def setup_problems(setup: Setup, where: str = "on the Setup page") -> tuple[list
     errors: list[str] = []
     missing: list[str] = []
     if setup.observed and setup.bundle is None:
-        try:
-            observed_upload(setup.observed)
-        except AccessDenied as exc:
-            errors.append(f"Observed update: {exc}")
-        else:
-            errors.append(
-                f"Observed update: the bundle {setup.observed[:12]}... is not in this "
-                f"dashboard's store; upload it again {where}"
-            )
+        errors.append(
+            f"Observed update: the bundle {setup.observed[:12]}... is not among your uploads "
+            f"in this dashboard's store; upload it again {where}"
+        )
     if setup.source == "none" and setup.bundle is None:
         errors.append(
             "Images: only an observed update is audited without the client's images; pick a "

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import streamlit as st
 
-from auditlib.access import AccessDenied
 from auditlib.data import DEFAULT_LIMITS, LabelledImages, images_zip, load_image_uploads, load_zip
 from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
@@ -136,9 +135,7 @@ def weights_upload(errors: list[str]) -> None:
             return
     sha = st.session_state.get("weights")
     if sha:
-        asset = _linked_asset("weights", sha, errors)
-        if asset is REFUSED:
-            return
+        asset = get_store().get_asset_info(sha)  # None: setup_problems says so
         size = size_text(asset.size) if asset is not None else "?"
         col_text, col_button = st.columns([4, 1])
         col_text.success(
@@ -216,14 +213,12 @@ def _observed_status(files, errors: list[str]) -> None:
     sha = st.session_state.get("observed")
     if not sha:
         return
-    if _linked_asset("observed", sha, errors) is REFUSED:
-        return
     bundle = observed_upload(sha)
     if bundle is None:
         _inline_error(
             errors,
-            f"The observed update {sha[:12]}... named in the link is not in this dashboard's "
-            "store; upload it again.",
+            f"The observed update {sha[:12]}... named in the link is not among your uploads in "
+            "this dashboard's store; upload it again.",
         )
         return
     col_text, col_button = st.columns([4, 1])
@@ -307,20 +302,6 @@ def _weights_howto(setup, spec) -> None:
         "The classes, the input size and the channels above must be the ones the weights "
         "were trained with; the upload is checked against them at once."
     )
-
-
-REFUSED = object()  # _linked_asset: the upload is someone else's
-
-
-def _linked_asset(kind: str, sha: str, errors: list[str]):
-    """The upload the session (or its link) names: its info, None when it is not stored, or
-    REFUSED when it is another user's (said on the page, and dropped from the setup)."""
-    try:
-        return get_store().get_asset_info(sha)
-    except AccessDenied as exc:
-        set_url_state(kind, None)
-        _inline_error(errors, f"This link's {kind} cannot be used: {exc}")
-        return REFUSED
 
 
 @signed_in_only
@@ -418,13 +399,12 @@ def images_upload(errors: list[str]) -> None:
     sha = st.session_state.get("images")
     if not sha:
         return
-    asset = _linked_asset("images", sha, errors)
-    if asset is REFUSED:
-        return
+    asset = get_store().get_asset_info(sha)
     if asset is None:
         _inline_error(
             errors,
-            f"The images {sha[:12]}... named in the link are not in this dashboard's store; "
+            f"The images {sha[:12]}... named in the link are not among your uploads in this "
+            "dashboard's store; "
             "upload them again.",
         )
         return

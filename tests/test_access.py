@@ -4,6 +4,7 @@ runs only with one's own uploads, and the ``users`` command."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import stat
 
@@ -157,16 +158,29 @@ def test_an_upload_is_its_uploaders_and_goes_when_nobody_needs_it(store):
     alice, bob = UserStore(store, ALICE), UserStore(store, BOB)
     sha = alice.put_asset("images", "private.zip", b"alice's private images")
     assert [a.sha256 for a in alice.list_assets()] == [sha] and bob.list_assets() == []
-    with pytest.raises(AccessDenied, match=r"the upload .* belongs to another user"):
-        bob.get_asset(sha)
-    # The same bytes uploaded by bob: one row, two claims (he holds the file anyway).
-    assert bob.put_asset("images", "mine.zip", b"alice's private images") == sha
+    # To bob, alice's upload is one that is not stored: the same answer as for bytes nobody
+    # uploaded (uploads are named by their bytes' hash: any other answer tells whoever holds
+    # a file that somebody uploaded it).
+    nobodys = hashlib.sha256(b"nobody uploaded this").hexdigest()
+    assert bob.get_asset(sha) is None and bob.get_asset(nobodys) is None
+    assert bob.get_asset_info(sha) is None and bob.get_asset_info(nobodys) is None
+    assert bob.runs_using_asset(sha) == bob.runs_using_asset(nobodys) == 0
+    assert bob.delete_asset(sha) is None and store.get_asset_info(sha) is not None
+    # The same bytes uploaded by bob: one row, two claims (he holds the file anyway), each
+    # seen under its uploader's own name, details and time, never the other's.
+    assert bob.put_asset("images", "mine.zip", b"alice's private images", {"classes": ["b"]}) == sha
     assert bob.get_asset(sha).data == b"alice's private images"
+    assert (bob.get_asset(sha).name, bob.get_asset_info(sha).meta) == (
+        "mine.zip",
+        {"classes": ["b"]},
+    )
+    assert [(a.name, a.meta) for a in bob.list_assets()] == [("mine.zip", {"classes": ["b"]})]
+    assert alice.get_asset_info(sha).name == "private.zip" and alice.get_asset(sha).meta == {}
+    assert bob.get_asset_info(sha).created_at > alice.get_asset_info(sha).created_at
     # alice deletes her upload: her claim goes, bob's keeps the bytes.
     alice.delete_asset(sha)
     assert store.asset_owners(sha) == {"bob"}
-    with pytest.raises(AccessDenied):
-        alice.get_asset(sha)
+    assert alice.get_asset(sha) is None
     assert bob.delete_asset(sha).sha256 == sha  # the last claim: the bytes go
     assert store.get_asset_info(sha) is None
     # Gone (or never uploaded): nothing to read, and nothing to refuse.
@@ -212,7 +226,7 @@ def test_a_run_starts_as_its_users_with_their_own_uploads_only(store):
         defense=ComponentSpec.of("none"),
         budget=Budget(2),
     )
-    with pytest.raises(AccessDenied, match="belongs to another user"):
+    with pytest.raises(AuditInputError, match=r"the upload .* is not among your uploads"):
         bob.start(spec, {sha: b"private"})
     assert manager.started == []
     run_id = alice.start(spec, {sha: b"private"})

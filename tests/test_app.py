@@ -1284,7 +1284,7 @@ def test_url_ids_are_checked(value):
 
 def test_each_user_sees_and_deletes_only_their_own_uploads(dashboard_store):
     """Setup lists the signed-in user's uploads; another user's upload is not listed, and
-    its link is refused with a message that says whose it is not."""
+    its link answers as a link to an upload nobody made."""
     from auditlib.access import Principal
     from auditlib.store.scoped import UserStore
 
@@ -1295,13 +1295,17 @@ def test_each_user_sees_and_deletes_only_their_own_uploads(dashboard_store):
     assert not at.exception
     assert any(e.label == "Your uploads in the store (1)" for e in at.expander)
     assert list(at.dataframe[0].value["name"]) == ["mine.safetensors"]
-    # bob's upload by its link: refused, not shown.
+    # bob's upload by its link: to alice it is not stored (the same words as for bytes
+    # nobody uploaded), and nothing of it is shown.
     linked = _app(weights=theirs)
-    assert any("belongs to another user" in e.value for e in linked.error), (
+    assert any("are not among your uploads" in e.value for e in linked.error), (
         _errors(linked),
         [str(x.value)[:300] for x in linked.exception],
         [w.value for w in linked.warning],
     )
+    nobodys = _app(weights="0" * 64)
+    assert [e.replace("0" * 12, theirs[:12]) for e in _errors(nobodys)] == _errors(linked)
+    assert "bobs.safetensors" not in _page_text(linked)
     # Deleting mine (no run uses it) removes it from the store.
     at.selectbox(key="_stored").set_value(mine)
     at.button(key="_stored_delete").click().run()

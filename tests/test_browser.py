@@ -567,7 +567,8 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
             bob.screenshot(path=str(ARTIFACTS / "browser_bob_refused.png"))
             bob.goto(f"{server}/?source=upload&images={upload}")
             sign_in(bob, "bob")
-            bob.get_by_text(f"the upload {upload[:12]}... belongs to another user").wait_for()
+            bob.get_by_text(f"The images {upload[:12]}... named in the link are not among").wait_for()
+            assert bob.get_by_text("belongs to another user").count() == 0  # nor whose
 
             root = pages["root"]
             root.goto(f"{server}/lab?run={runs['alice']}")

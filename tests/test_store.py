@@ -465,6 +465,11 @@ UNDO: dict[int, list[str]] = {
         "DROP INDEX ix_batches_owner",
         "ALTER TABLE batches DROP COLUMN owner",
     ],
+    5: [
+        "ALTER TABLE asset_owners DROP COLUMN name",
+        "ALTER TABLE asset_owners DROP COLUMN meta",
+        "ALTER TABLE asset_owners DROP COLUMN claimed_at",
+    ],
 }
 
 
@@ -544,6 +549,28 @@ def test_schema_3_database_learns_which_runs_use_which_uploads(url: str) -> None
         assert migrated.runs_using_asset(weights) == 2
         assert [a.sha256 for a in migrated.delete_run(both)] == [images]
         assert [a.sha256 for a in migrated.delete_run(only_weights)] == [weights]
+    assert _version(url) == SCHEMA_VERSION
+
+
+def test_schema_5_claims_keep_the_name_their_upload_had(url: str) -> None:
+    """A database of the fifth release (claims without their own name, meta and time): each
+    claim is filled from the upload it shares, so its owner sees what they saw before."""
+    with Store(url) as old:
+        sha = old.put_asset("images", "a.zip", b"i", {"count": 1}, owner="alice")
+        old.put_asset("images", "b.zip", b"i", {"count": 2}, owner="bob")
+        first = old.get_asset_info(sha)
+    as_release(url, 5)
+    with Store(url) as migrated:
+        for owner in ("alice", "bob"):
+            info = migrated.get_asset_info(sha, owner=owner)
+            assert (info.name, info.meta, info.created_at) == (
+                "a.zip",
+                {"count": 1},
+                first.created_at,
+            )
+        migrated.put_asset("images", "c.zip", b"i", {"count": 3}, owner="bob")
+        assert migrated.get_asset_info(sha, owner="bob").name == "c.zip"
+        assert migrated.get_asset_info(sha, owner="alice").name == "a.zip"
     assert _version(url) == SCHEMA_VERSION
 
 

@@ -37,12 +37,13 @@ class UserRuns:
     def start(
         self, spec: RunSpec, assets: Mapping[str, bytes] | None = None, title: str = ""
     ) -> str:
-        """Start ``spec`` as this user's run. Every upload it names must be theirs (the store
-        refuses another user's), whatever bytes the caller hands in."""
+        """Start ``spec`` as this user's run. Every upload it names must be theirs (another
+        user's is, to them, not stored), whatever bytes the caller hands in."""
         for sha in sorted(assets_in_spec(spec.to_dict())):
             if self.store.get_asset_info(sha) is None:
                 raise AuditInputError(
-                    f"the upload {sha[:12]}... is not in the store; upload it on the Setup page"
+                    f"the upload {sha[:12]}... is not among your uploads in the store; upload "
+                    "it on the Setup page"
                 )
         return self.manager.start(spec, assets, title, owner=self.principal.username)
 

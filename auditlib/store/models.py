@@ -127,6 +127,12 @@ class AssetOwner(Base):
         ForeignKey("assets.sha256", ondelete="CASCADE"), primary_key=True
     )
     owner: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+    # The uploader's own file name, details and time for the shared bytes (schema 6): the
+    # second uploader of a file must not see the first one's file or class names, nor when
+    # the file first came. None on claims migrated from schema 5 (the asset row's then).
+    name: Mapped[str | None] = mapped_column(String(255))
+    meta: Mapped[dict[str, Any] | None]
+    claimed_at: Mapped[datetime | None]
 
 
 class RunAsset(Base):

@@ -6,12 +6,17 @@ that would load after the session closed.
 
 from __future__ import annotations
 
-from auditlib.store.models import Asset, Batch, Run, RunEvent, RunImage
+from auditlib.store.models import Asset, AssetOwner, Batch, Run, RunEvent, RunImage
 from auditlib.store.records import AssetInfo, BatchRecord, EventRecord, ImageRecord, RunRecord
 
 
-def asset_info(row: Asset) -> AssetInfo:
-    return AssetInfo(row.sha256, row.kind, row.name, row.size, dict(row.meta), row.created_at)
+def asset_info(row: Asset, claim: AssetOwner | None = None) -> AssetInfo:
+    """The upload as stored, or as ``claim``'s uploader gave it (their name, details and
+    time) where the claim holds them."""
+    name, meta, when = row.name, row.meta, row.created_at
+    if claim is not None and claim.name is not None:
+        name, meta, when = claim.name, claim.meta or {}, claim.claimed_at or when
+    return AssetInfo(row.sha256, row.kind, name, row.size, dict(meta), when)
 
 
 def run_record(row: Run) -> RunRecord:

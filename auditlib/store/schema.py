@@ -68,19 +68,42 @@ def _add_run_assets(connection: Connection) -> None:
 
 def _add_owners(connection: Connection) -> None:
     """4 -> 5: owners (``runs.owner``, ``batches.owner``, the ``asset_owners`` table).
-    What was stored before sign-in keeps no owner: only an admin sees it."""
+    What was stored before sign-in keeps no owner: only an admin sees it. The claims'
+    columns later steps add (their name, meta and time, 5 -> 6) come with those steps."""
     for table in ("runs", "batches"):
         connection.execute(text(f"ALTER TABLE {table} ADD COLUMN owner VARCHAR(64)"))
         connection.execute(text(f"CREATE INDEX ix_{table}_owner ON {table} (owner)"))
-    AssetOwner.__table__.create(connection)
+    later = {"name", "meta", "claimed_at"}
+    Table(
+        "asset_owners",
+        MetaData(),
+        *(c._copy() for c in AssetOwner.__table__.columns if c.name not in later),
+    ).create(connection)
 
 
-SCHEMA_VERSION: int = 5
+def _add_claim_details(connection: Connection) -> None:
+    """5 -> 6: each claim's own name, meta and time (``asset_owners.name``, ``.meta``,
+    ``.claimed_at``), filled for the claims already there from the asset row they share."""
+    columns = AssetOwner.__table__.c
+    for column in (columns.name, columns.meta, columns.claimed_at):
+        kind = column.type.compile(dialect=connection.dialect)
+        connection.execute(text(f"ALTER TABLE asset_owners ADD COLUMN {column.name} {kind}"))
+    for column, source in (("name", "name"), ("meta", "meta"), ("claimed_at", "created_at")):
+        connection.execute(
+            text(
+                f"UPDATE asset_owners SET {column} = (SELECT assets.{source} FROM assets "
+                "WHERE assets.sha256 = asset_owners.sha256)"
+            )
+        )
+
+
+SCHEMA_VERSION: int = 6
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _add_batches,
     2: _add_run_stage,
     3: _add_run_assets,
     4: _add_owners,
+    5: _add_claim_details,
 }
 
 _VERSION_ROW = 1

@@ -145,7 +145,8 @@ class Store:
     ) -> str:
         """Store an upload; returns its sha256 hex. The same bytes again reuse the first row
         (its kind, name and meta are kept), so re-uploading costs nothing; ``owner`` gains a
-        claim to it either way."""
+        claim to it either way, which holds the name and meta they gave (their view of it:
+        ``owner=`` on the reads)."""
         check_choice(kind, ASSET_KINDS, "asset kind")
         data = bytes(data)
         digest = hashlib.sha256(data).hexdigest()
@@ -153,7 +154,7 @@ class Store:
         try:
             with self._session(write=True) as s:
                 if s.get(Asset, digest, options=[defer(Asset.data)]) is not None:
-                    self._claim(s, digest, owner)
+                    self._claim(s, digest, owner, name, clean_meta)
                     return digest
                 s.add(
                     Asset(
@@ -167,49 +168,75 @@ class Store:
                     )
                 )
                 s.flush()  # the asset row first: asset_owners refers to it
-                self._claim(s, digest, owner)
+                self._claim(s, digest, owner, name, clean_meta)
         except IntegrityError:  # a concurrent upload of the same bytes won the race
             if self.get_asset_info(digest) is None:
                 raise
             with self._session(write=True) as s:
-                self._claim(s, digest, owner)
+                self._claim(s, digest, owner, name, clean_meta)
         return digest
 
     @staticmethod
-    def _claim(s: Session, sha256: str, owner: str | None) -> None:
-        if owner is not None and s.get(AssetOwner, (sha256, owner)) is None:
-            s.add(AssetOwner(sha256=sha256, owner=owner))
+    def _claim(s: Session, sha256: str, owner: str | None, name: str, meta: dict[str, Any]) -> None:
+        """``owner``'s claim, with what they called the file and said of it this time."""
+        if owner is None:
+            return
+        claim = s.get(AssetOwner, (sha256, owner))
+        if claim is None:
+            s.add(
+                AssetOwner(
+                    sha256=sha256, owner=owner, name=name[:255], meta=meta, claimed_at=utcnow()
+                )
+            )
+        else:
+            claim.name, claim.meta = name[:255], meta
 
     def asset_owners(self, sha256: str) -> set[str]:
         """The users who uploaded ``sha256`` (empty for an upload from before sign-in)."""
         with self._session() as s:
             return set(s.scalars(select(AssetOwner.owner).where(AssetOwner.sha256 == sha256)))
 
-    def get_asset(self, sha256: str) -> AssetRecord | None:
+    def get_asset(self, sha256: str, *, owner: str | None = None) -> AssetRecord | None:
+        """An asset with its bytes; with ``owner``, named as that uploader named it."""
         with self._session() as s:
             row = s.get(Asset, sha256)
             if row is None:
                 return None
-            info = asset_info(row)
+            info = asset_info(row, self._claim_of(s, sha256, owner))
             return AssetRecord(**vars(info), data=bytes(row.data))
 
-    def get_asset_info(self, sha256: str) -> AssetInfo | None:
-        """An asset without its bytes."""
+    def get_asset_info(self, sha256: str, *, owner: str | None = None) -> AssetInfo | None:
+        """An asset without its bytes; with ``owner``, as that uploader named it."""
         with self._session() as s:
             row = s.get(Asset, sha256, options=[defer(Asset.data)])
-            return None if row is None else asset_info(row)
+            return None if row is None else asset_info(row, self._claim_of(s, sha256, owner))
+
+    @staticmethod
+    def _claim_of(s: Session, sha256: str, owner: str | None) -> AssetOwner | None:
+        return None if owner is None else s.get(AssetOwner, (sha256, owner))
 
     def list_assets(self, kind: str | None = None, *, owner: str | None = None) -> list[AssetInfo]:
         """Assets newest first, WITHOUT their bytes (AssetInfo; ``get_asset`` loads them);
-        with ``owner``, only the uploads that user holds a claim to."""
-        query = select(Asset).options(defer(Asset.data))
-        if owner is not None:
-            query = query.join(AssetOwner).where(AssetOwner.owner == owner)
-        if kind is not None:
-            query = query.where(Asset.kind == check_choice(kind, ASSET_KINDS, "asset kind"))
-        query = query.order_by(Asset.created_at.desc(), Asset.sha256)
+        with ``owner``, only the uploads that user holds a claim to, as they named them,
+        newest claim first."""
+        kinds = (
+            [] if kind is None else [Asset.kind == check_choice(kind, ASSET_KINDS, "asset kind")]
+        )
         with self._session() as s:
-            return [asset_info(row) for row in s.scalars(query)]
+            if owner is None:
+                query = select(Asset).options(defer(Asset.data)).where(*kinds)
+                query = query.order_by(Asset.created_at.desc(), Asset.sha256)
+                return [asset_info(row) for row in s.scalars(query)]
+            claimed = (
+                select(Asset, AssetOwner)
+                .options(defer(Asset.data))
+                .join(AssetOwner)
+                .where(AssetOwner.owner == owner, *kinds)
+                .order_by(
+                    func.coalesce(AssetOwner.claimed_at, Asset.created_at).desc(), Asset.sha256
+                )
+            )
+            return [asset_info(row, claim) for row, claim in s.execute(claimed)]
 
     # ---------------------------------------------------------------- runs: writes
 
