@@ -53,8 +53,9 @@ EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4)"
 
-# As `make run`: the first admin on the first start (its password in the container's log,
-# once), the embedded Ray on 127.0.0.1 inside the container, Streamlit with
+# As `make run`: the first admin on the first start (its one-time password in
+# /data/first-admin-password, never in the log: `docker exec CONTAINER cat` it, then choose
+# your own at the first sign-in), the embedded Ray on 127.0.0.1 inside the container, Streamlit with
 # .streamlit/config.toml. ADDRESS=0.0.0.0 so that `-p 8501:8501` reaches it: plain HTTP,
 # so put TLS in front (a reverse proxy) before serving it beyond this machine.
 CMD ["sh", "scripts/serve.sh"]

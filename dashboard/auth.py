@@ -38,7 +38,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from auditlib.access import Principal
 from auditlib.access.throttle import FIRST_WAIT_S, FREE_FAILURES, SignInThrottle
-from auditlib.access.users import Users, principal_of, read_users
+from auditlib.access.users import MIN_PASSWORD, Users, principal_of, read_users, set_password
 from auditlib.errors import AuditInputError
 
 P = ParamSpec("P")
@@ -173,6 +173,9 @@ def sign_in() -> Principal | None:
             authenticator.logout(location="unrendered")
             st.error("This account no longer exists; sign in again.")
         return None
+    if users.users[principal.username].must_change:  # a generated password: none of the pages
+        _choose_password(principal.username, authenticator)
+        return None
     st.session_state[PRINCIPAL_KEY] = principal
     with st.sidebar:
         st.caption(f"Signed in as **{principal.username}** ({principal.role})")
@@ -181,6 +184,35 @@ def sign_in() -> Principal | None:
             st.query_params.clear()
             st.rerun()
     return principal
+
+
+def _choose_password(username: str, authenticator: stauth.Authenticate) -> None:
+    """The only thing a user with a generated password (the first admin) can do: choose
+    their own, which ends the one-time password (and deletes its file)."""
+    st.title("Choose your password")
+    st.caption(
+        f"You signed in as {username} with the password generated when the dashboard was set "
+        f"up. Choose your own before anything else: at least {MIN_PASSWORD} characters, no "
+        "space at either end, not the generated one."
+    )
+    with st.form("choose_password"):
+        new = st.text_input("New password", type="password")
+        again = st.text_input("New password, again", type="password")
+        chosen = st.form_submit_button("Set my password")
+    if chosen:
+        if new != again:
+            st.error("The two passwords differ.")
+        else:
+            try:
+                st.session_state[PASSWORD_KEY] = set_password(username, new)
+            except AuditInputError as exc:
+                st.error(f"Not changed: {exc}")
+            else:
+                st.rerun()  # signed in with the new password: the pages now
+    with st.sidebar:
+        if st.button("Sign out", key="sign_out"):
+            _sign_out(authenticator)
+            st.rerun()
 
 
 def _sign_out(authenticator: stauth.Authenticate | None = None) -> None:

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The dashboard as `make run` starts it, for the Docker image and any service manager: the
-# users file with a first admin on the first start (its password printed once), the embedded
+# users file with a first admin on the first start (its one-time password in a 0600 file
+# beside it, never printed; changed at the first sign-in), the embedded
 # Ray in its single-machine mode (its servers on 127.0.0.1), then Streamlit with
 # .streamlit/config.toml (no usage statistics, 512 MB request bodies, no Deploy button).
 # ADDRESS and PORT as in the Makefile; serving beyond this machine needs TLS in front.

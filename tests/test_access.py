@@ -68,10 +68,19 @@ def test_bad_users_are_refused_with_what_was_expected(tmp_path, name, password, 
 
 def test_the_first_admin_is_created_once_and_the_last_admin_stays(tmp_path):
     path = tmp_path / "users.yaml"
-    password = init_users(path)
-    assert password and len(password) >= 16
+    one_time = init_users(path)
+    assert one_time == tmp_path / "first-admin-password"
+    assert stat.S_IMODE(one_time.stat().st_mode) == 0o600
+    password = one_time.read_text().strip()
+    assert len(password) >= 16
     assert read_users(path).check_password("admin", password)
+    assert read_users(path).users["admin"].must_change
     assert init_users(path) is None  # never again, nothing changes
+    assert one_time.read_text().strip() == password
+    with pytest.raises(AuditInputError, match="the one in use"):
+        set_password("admin", password, path=path)
+    set_password("admin", "the-admins-own", path=path)  # the first change ends it
+    assert not read_users(path).users["admin"].must_change and not one_time.exists()
     add_user("dave", "dave-password", "auditor", path=path)
     with pytest.raises(AuditInputError, match="exists"):
         add_user("dave", "other-password", "auditor", path=path)
@@ -245,10 +254,13 @@ def test_the_users_command_creates_the_first_admin_and_manages_users(tmp_path, m
     monkeypatch.setenv("AUDIT_USERS_FILE", str(path))
     assert main(["users", "init"]) == 0
     shown = capsys.readouterr().out
-    password = shown.split("Sign in with the password")[1].split()[0]
+    one_time = tmp_path / "first-admin-password"
+    password = one_time.read_text().strip()
     assert read_users(path).check_password("admin", password)
+    assert str(one_time) in shown and password not in shown  # no log keeps it
     assert main(["users", "init"]) == 0
-    assert password not in capsys.readouterr().out  # shown once only
+    again = capsys.readouterr().out
+    assert password not in again and "has not chosen a password yet" in again
 
     monkeypatch.setattr("sys.stdin", io.StringIO("frank-password\n"))
     assert main(["users", "add", "frank", "--role", "auditor", "--password-stdin"]) == 0

@@ -1609,3 +1609,36 @@ def test_a_removed_users_next_click_does_nothing(dashboard_store, tmp_path, monk
     assert store.raw.get_asset_info(sha) is not None  # the Remove did not delete it
     assert any("Sign in to see your runs" in c.value for c in at.caption)
     assert any("sign in again" in i.value for i in at.info), [i.value for i in at.info]
+
+
+def test_the_first_admin_chooses_a_password_before_any_page(dashboard_store, tmp_path, monkeypatch):
+    """Issue 33, item 12: the generated password (in a 0600 file, never printed) signs the
+    first admin in to one form only, "Choose your password"; the new one ends the generated
+    one and its file, and the pages follow."""
+    from auditlib.access.users import init_users, read_users
+
+    path = tmp_path / "users.yaml"
+    monkeypatch.setenv("AUDIT_USERS_FILE", str(path))
+    one_time = init_users(path)
+    generated = one_time.read_text().strip()
+    at = _app(user="admin")
+    assert not at.exception
+    assert any("Choose your password" in t.value for t in at.title)
+    assert not any(e.label.startswith("Your uploads") for e in at.expander)  # no Setup page
+    at.text_input[0].set_value("mine-at-last")
+    at.text_input[1].set_value("not-the-same")
+    at.button[0].click().run()
+    assert any("The two passwords differ" in e for e in _errors(at))
+    at.text_input[0].set_value(generated)
+    at.text_input[1].set_value(generated)
+    at.button[0].click().run()
+    assert any("the one in use" in e for e in _errors(at)), _errors(at)
+    at.text_input[0].set_value("mine-at-last")
+    at.text_input[1].set_value("mine-at-last")
+    at.button[0].click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    users = read_users(path)
+    assert users.check_password("admin", "mine-at-last") and not users.users["admin"].must_change
+    assert not one_time.exists()
+    assert any(e.label.startswith("Your uploads in the store") for e in at.expander)
+    assert any("Signed in as **admin**" in c.value for c in at.sidebar.caption)

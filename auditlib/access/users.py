@@ -5,7 +5,10 @@ The file is streamlit-authenticator's configuration (``credentials.usernames.<na
 re-authentication cookie's name, signing key and expiry), so the dashboard hands it to
 ``streamlit_authenticator.Authenticate`` as it is. It lives at ``$AUDIT_USERS_FILE``, else
 ``users.yaml`` in the data folder, readable by its owner only (mode 0600). Plain passwords
-are never stored; the first admin's generated password is printed once and never again.
+are never stored in it. The first admin's generated password is never printed (a log of
+``make run`` or of a container would keep it): it is written to ``first-admin-password``
+beside the users file, mode 0600, and the admin must choose a new password at the first
+sign-in (``must_change_password``), which deletes that file.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ USERNAME_EXPECTED = (
 )
 MIN_PASSWORD, MAX_PASSWORD_BYTES = 8, 72  # bcrypt reads at most 72 bytes
 FIRST_ADMIN = "admin"
+ONE_TIME_FILE = "first-admin-password"  # beside the users file; gone with the first change
 COOKIE_NAME = "auditlib_session"
 COOKIE_EXPIRY_DAYS = 1.0
 
@@ -47,6 +51,7 @@ class User:
     role: str
     name: str = ""
     email: str = ""
+    must_change: bool = False  # a generated password: a new one before anything else
 
     @property
     def principal(self) -> Principal:
@@ -126,8 +131,15 @@ def _parse(path: Path, data: Any) -> Users:
         role = roles[0] if isinstance(roles, list) and len(roles) == 1 else None
         if role not in ROLES:
             raise bad(f"user {username}: roles must be one of {[[r] for r in ROLES]}")
+        must_change = entry.get("must_change_password", False)
+        if not isinstance(must_change, bool):
+            raise bad(f"user {username}: must_change_password must be true or false")
         users[username] = User(
-            username, role, str(entry.get("name") or ""), str(entry.get("email") or "")
+            username,
+            role,
+            str(entry.get("name") or ""),
+            str(entry.get("email") or ""),
+            must_change,
         )
         hashes[username] = password
     key = cookie.get("key")
@@ -151,6 +163,7 @@ def _write(users: Users) -> None:
                     "email": u.email,
                     "password": users.password_hashes[u.username],
                     "roles": [u.role],
+                    **({"must_change_password": True} if u.must_change else {}),
                 }
                 for u in users.users.values()
             }
@@ -197,6 +210,7 @@ def add_user(
     *,
     name: str = "",
     email: str = "",
+    must_change: bool = False,
     path: Path | None = None,
 ) -> User:
     """Add a user (the file is created if missing). A taken name is refused."""
@@ -208,7 +222,7 @@ def add_user(
     users = read_users(path) if path.exists() else _empty(path)
     if username in users.users:
         raise AuditInputError(f"user {username!r} exists; change a password with 'users passwd'")
-    user = User(username, role, name, email)
+    user = User(username, role, name, email, must_change)
     _write(
         replace(
             users,
@@ -219,12 +233,26 @@ def add_user(
     return user
 
 
-def set_password(username: str, password: str, *, path: Path | None = None) -> None:
+def set_password(username: str, password: str, *, path: Path | None = None) -> str:
+    """Set ``username``'s password (a generated one is then replaced: its one-time file
+    goes); returns the new hash."""
     users = read_users(path)
     if username not in users.users:
         raise AuditInputError(f"no user {username!r} in {users.path}")
-    hashes = {**users.password_hashes, username: _checked_password(password)}
-    _write(replace(users, password_hashes=hashes))
+    hashed = _checked_password(password)
+    if users.check_password(username, password):
+        raise AuditInputError("the new password is the one in use; choose another")
+    user = users.users[username]
+    _write(
+        replace(
+            users,
+            users={**users.users, username: replace(user, must_change=False)},
+            password_hashes={**users.password_hashes, username: hashed},
+        )
+    )
+    if user.must_change:
+        one_time_file(users.path).unlink(missing_ok=True)
+    return hashed
 
 
 def remove_user(username: str, *, path: Path | None = None) -> None:
@@ -245,15 +273,32 @@ def remove_user(username: str, *, path: Path | None = None) -> None:
     )
 
 
-def init_users(path: Path | None = None) -> str | None:
-    """Create the users file with a first admin (``admin``) and a generated password, which
-    is returned to be shown once; ``None`` where the file exists (nothing changes)."""
+def one_time_file(path: Path) -> Path:
+    """Where the first admin's generated password waits for them, beside the users file."""
+    return path.parent / ONE_TIME_FILE
+
+
+def init_users(path: Path | None = None) -> Path | None:
+    """Create the users file with a first admin (``admin``) whose generated password must be
+    changed at the first sign-in; the password is written to :func:`one_time_file` (mode
+    0600, never printed), whose path is returned. ``None`` where the users file exists
+    (nothing changes)."""
     path = path or users_file()
     if path.exists():
         return None
     password = secrets.token_urlsafe(12)
-    add_user(FIRST_ADMIN, password, ADMIN, name="Administrator", path=path)
-    return password
+    target = one_time_file(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)  # a leftover of a users file deleted since
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(password + "\n")
+    try:
+        add_user(FIRST_ADMIN, password, ADMIN, name="Administrator", must_change=True, path=path)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return target
 
 
 def principal_of(username: str | None, path: Path | None = None) -> Principal | None:

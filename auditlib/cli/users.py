@@ -1,7 +1,8 @@
 """``python -m auditlib users``: who may sign in to the dashboard (``auditlib.access.users``).
 
-``init`` creates the users file with a first admin and prints the generated password once
-(``make run`` calls it, so a fresh machine starts in one command); ``add``, ``passwd``,
+``init`` creates the users file with a first admin, whose generated password is written to
+a file readable by its owner only, never printed (``make run`` calls it, so a fresh machine
+starts in one command; the dashboard asks for a new password at the first sign-in); ``add``, ``passwd``,
 ``remove`` and ``list`` manage it. Passwords are asked for without echo, or read from the
 first line of stdin with ``--password-stdin``; they are never taken as arguments (they
 would stay in the shell's history and in the process list).
@@ -17,6 +18,7 @@ from auditlib.access.users import (
     FIRST_ADMIN,
     add_user,
     init_users,
+    one_time_file,
     read_users,
     remove_user,
     set_password,
@@ -40,16 +42,20 @@ def _password(args: argparse.Namespace) -> str:
 def users_command(args: argparse.Namespace) -> int:
     path = users_file()
     if args.action == "init":
-        password = init_users(path)
-        if password is None:
+        one_time = init_users(path)
+        if one_time is None:
             users = read_users(path)
+            waiting = one_time_file(path)
             print(f"users: {path} ({len(users.users)} user(s)); sign in as one of them")
+            if waiting.exists():
+                print(f"'{FIRST_ADMIN}' has not chosen a password yet: it is in {waiting}")
         else:
             print(
-                f"Created {path} with the admin '{FIRST_ADMIN}'. Sign in with the password\n\n"
-                f"    {password}\n\n"
-                "It is shown this once; change it with "
-                f"'python -m auditlib users passwd {FIRST_ADMIN}'."
+                f"Created {path} with the admin '{FIRST_ADMIN}'. Its one-time password is in\n\n"
+                f"    {one_time}\n\n"
+                "(readable by you only; never printed, so no log keeps it). The dashboard asks "
+                "for a new password at the first sign-in and the file goes then; or set one "
+                f"now with 'python -m auditlib users passwd {FIRST_ADMIN}'."
             )
         return 0
     if args.action == "add":
