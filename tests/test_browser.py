@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 import pytest
 from conftest import USERS
@@ -289,6 +289,8 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
+            media: list[str] = []  # issue 33, item 9: no private image by a /media/ URL
+            page.on("request", lambda r: _media_request(r.url, media))
             opened = time.monotonic()
             page.goto(server)
             sign_in(page, "alice")
@@ -348,6 +350,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             heading.wait_for()
             _assert_titled_navigation(page)
             _wait_images_loaded(page)
+            _only_the_icon(media)  # thumbnails, live frames, the result's grid: all inline
 
             # The server restarts while the tab stays open: it reconnects to the same run,
             # with the pages' titles, and so does a reload.
@@ -567,7 +570,9 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
             bob.screenshot(path=str(ARTIFACTS / "browser_bob_refused.png"))
             bob.goto(f"{server}/?source=upload&images={upload}")
             sign_in(bob, "bob")
-            bob.get_by_text(f"The images {upload[:12]}... named in the link are not among").wait_for()
+            bob.get_by_text(
+                f"The images {upload[:12]}... named in the link are not among"
+            ).wait_for()
             assert bob.get_by_text("belongs to another user").count() == 0  # nor whose
 
             root = pages["root"]
@@ -798,6 +803,95 @@ def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(own_users, se
             page.wait_for_timeout(int(SIGN_IN_WAIT_S * 1000) + 1000)  # the stated wait
             page.reload()
             sign_in(page, "bob")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def _media_request(url: str, media: list[str]) -> None:
+    """Keep the URLs of Streamlit's media route (its frontend's own files are under
+    /static/media/)."""
+    if urlsplit(url).path.startswith("/media/"):
+        media.append(url)
+
+
+def _only_the_icon(media: list[str]) -> None:
+    """What the browser fetched from Streamlit's /media/ route is the app's icon (a public
+    file of the project), nothing else."""
+    icon = (ROOT / "assets" / "icon.png").read_bytes()
+    served = {url: urllib.request.urlopen(url, timeout=10).read() for url in media}
+    assert all(data == icon for data in served.values()), [
+        u for u, d in served.items() if d != icon
+    ]
+
+
+@pytest.mark.timeout(240)
+def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothing_in_a_browser(
+    own_users, server
+):
+    """Issue 33, items 9, 6 and 12: the private batch's thumbnails reach the page inside its
+    session (data: URLs; the browser asks /media/ for nothing, so no URL serves them to
+    anyone else); a user removed from the users file after the page was drawn clicks Remove
+    and nothing is removed, the sign-in form comes instead; a user with a generated password
+    sees only "Choose your password" until they have chosen one."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from auditlib.access.users import add_user, remove_user
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.set_default_timeout(30_000)
+        media: list[str] = []
+        page.on("request", lambda r: _media_request(r.url, media))
+        try:
+            page.goto(server)
+            sign_in(page, "alice")
+            page.get_by_role("heading", name="Setup").first.wait_for()
+            page.get_by_text("My own images").click()
+            uploader = page.locator('[data-testid="stFileUploader"]').filter(
+                has_text="Images, a labels.csv, or one zip"
+            )
+            uploader.locator('input[type="file"]').set_input_files(
+                sorted(str(p) for p in EXAMPLES.iterdir())
+            )
+            page.get_by_text("Using uploaded images").wait_for()
+            _wait_images_loaded(page)
+            sources = page.eval_on_selector_all(
+                '[data-testid="stImage"] img, [data-testid="stImageContainer"] img',
+                "images => images.map(i => i.src)",
+            )
+            assert len(sources) == 4, [s[:40] for s in sources]
+            assert all(s.startswith("data:image/png;base64,") for s in sources)
+            _only_the_icon(media)
+
+            # alice is removed while her page is open: her next click does nothing.
+            remove_user("alice", path=own_users)
+            page.get_by_role("button", name="Remove", exact=True).click()
+            page.get_by_text("Your account or password changed; sign in again.").wait_for()
+            page.get_by_text("Sign in to see your runs").wait_for()
+            add_user("alice", "alice-second-password", "auditor", path=own_users)
+            sign_in(page, "alice", "alice-second-password")
+            page.get_by_text("Your uploads in the store (1)").wait_for()  # nothing was removed
+            page.get_by_role("button", name="Sign out").click()
+
+            # A generated password opens one form only, until the user has chosen their own.
+            add_user("erin", "erin-generated", "auditor", must_change=True, path=own_users)
+            page.get_by_label("User name").fill("erin")
+            page.get_by_label("Password", exact=True).fill("erin-generated")
+            page.get_by_role("button", name="Sign in").click()
+            page.get_by_role("heading", name="Choose your password").wait_for()
+            assert page.get_by_role("heading", name="Setup").count() == 0
+            page.get_by_label("New password", exact=True).fill("erin-chose-this")
+            page.get_by_label("New password, again").fill("erin-chose-this")
+            page.get_by_role("button", name="Set my password").click()
+            page.get_by_text("Signed in as erin").wait_for()
+            page.get_by_role("heading", name="Setup").first.wait_for()
+            _only_the_icon(media)
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
