@@ -41,6 +41,7 @@ from dashboard.batch_table import (  # display_rows: also tests/test_report.py's
     display_rows,
     undefended_accuracy,
 )
+from dashboard.downloads import private_download
 from dashboard.image_display import inline, png_width
 from dashboard.resources import get_manager, get_store
 from dashboard.run_choices import run_assets
@@ -377,7 +378,8 @@ def _batch_view(kind: str, batch_id: str) -> None:
     )
     built = st.session_state.get(f"{kind}.pdf")
     if built and built[0] == batch_id:
-        st.download_button(
+        private_download(
+            st,
             "Download the PDF report",
             built[1],
             file_name=f"audit-{kind}-{batch_id[:8]}.pdf",

@@ -22,6 +22,7 @@ from auditlib.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, RunRecord
 from auditlib.words import count_of
 from dashboard.auth import signed_in_only
+from dashboard.downloads import private_download
 from dashboard.image_display import inline, png_width
 from dashboard.resources import get_store
 from dashboard.result_words import (
@@ -335,15 +336,17 @@ def _threat_and_victim(result: AuditSummary, title: str) -> None:
 
 def _downloads(record: RunRecord, result: AuditSummary, grid: bytes | None) -> None:
     col_json, col_png, col_pdf = st.columns(3)
-    col_json.download_button(
+    private_download(
+        col_json,
         "Download result.json",
-        summary_json(result.to_json()),
+        summary_json(result.to_json()).encode(),
         file_name="result.json",
         mime="application/json",
         key="download_json",
     )
     if grid is not None:
-        col_png.download_button(
+        private_download(
+            col_png,
             "Download reconstruction.png",
             grid,
             file_name="reconstruction.png",
@@ -363,7 +366,8 @@ def _downloads(record: RunRecord, result: AuditSummary, grid: bytes | None) -> N
         col_pdf.error(report_error)
     built = st.session_state.get("run_report_pdf")
     if built and built[0] == record.id:
-        col_pdf.download_button(
+        private_download(
+            col_pdf,
             "Download the PDF report",
             built[1],
             file_name=f"audit-run-{record.id[:8]}.pdf",

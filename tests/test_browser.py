@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse, urlsplit
@@ -454,6 +455,16 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
             page.locator('[data-testid="stPlotlyChart"]').first.wait_for()
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / "browser_tradeoff.png"), full_page=True)
+
+            # The report's download URL dies with the sign-in (issue 33, item 9): Streamlit
+            # would serve it to anyone holding the URL while the session lasts.
+            report_url = download.value.url
+            assert urlsplit(report_url).path.startswith("/media/")
+            page.get_by_role("button", name="Sign out").click()
+            page.get_by_text("Sign in to see your runs").wait_for()
+            with pytest.raises(urllib.error.HTTPError) as gone:
+                urllib.request.urlopen(report_url, timeout=10)
+            assert gone.value.code == 404
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
