@@ -56,20 +56,32 @@ class _Rows:
         on its rows stacked, as ``UpdateMatcher.together`` measures its restarts)."""
         matchers = self.many.matchers
         updates = matchers[self.owners[0]].stacked_updates(images, labels)
-        groups: dict[int, list[int]] = {}
-        for index, owner in enumerate(self.owners):
-            groups.setdefault(owner, []).append(index)
-        if len(groups) == 1:
+        if len(set(self.owners)) == 1:
             return matchers[self.owners[0]].measured(updates, images, distance)
-        values = images.new_empty(len(self.rows))
-        parts, places = [], []
-        for owner, indices in groups.items():
-            index = torch.tensor(indices, device=images.device)
-            own = tuple(u.index_select(0, index) for u in updates)
-            parts.append(matchers[owner].measured(own, images.index_select(0, index), distance))
-            places.append(index)
-        # Each update's values back in the rows' order (differentiably).
-        return values.index_put((torch.cat(places),), torch.cat(parts))
+        # Each update's rows made contiguous (a no-op where they are, as the loop's sorted
+        # rows are) and split, not picked out one update at a time: a pick's backward writes
+        # a gradient the size of all rows, so U picks would cost U times the whole batch.
+        order = sorted(range(len(self.rows)), key=lambda i: self.owners[i])
+        if order != list(range(len(order))):
+            index = torch.tensor(order, device=images.device)
+            updates = tuple(u.index_select(0, index) for u in updates)
+            images = images.index_select(0, index)
+        owners = [self.owners[i] for i in order]
+        sizes = [owners.count(u) for u in dict.fromkeys(owners)]
+        pieces = [torch.split(u, sizes) for u in updates]
+        values = torch.cat(
+            [
+                matchers[owner].measured(tuple(p[g] for p in pieces), part, distance)
+                for g, (owner, part) in enumerate(
+                    zip(dict.fromkeys(owners), torch.split(images, sizes), strict=True)
+                )
+            ]
+        )
+        if order == list(range(len(order))):
+            return values
+        back = torch.empty_like(index)
+        back[index] = torch.arange(len(order), device=images.device)
+        return values.index_select(0, back)  # the rows' own order
 
 
 def same_model(knowledges: Sequence[AttackerKnowledge]) -> bool:

@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         "recovered with its 95%% interval, each update's figures and the worst case",
     )
     data.add_argument(
+        "--updates-apart",
+        action="store_true",
+        help="with --updates: attack the updates one after another instead of together as "
+        "one batched computation (each update's result is the same up to float rounding)",
+    )
+    data.add_argument(
         "--normalization",
         default="none",
         help="'none' or 'MEAN/STD' per channel, e.g. 0.5,0.5,0.5/0.5,0.5,0.5",

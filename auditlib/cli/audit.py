@@ -184,7 +184,12 @@ def audit_command(args: argparse.Namespace) -> int:
     if args.updates is not None:
         from auditlib.cli.sample import audit_sample
 
-        return audit_sample(spec, args, lambda s: _judged_run(s, runner, nets, args, progress))
+        return audit_sample(
+            spec,
+            args,
+            lambda s: _judged_run(s, runner, nets, args, progress),
+            lambda specs: _judged_together(specs, nets, args, progress),
+        )
     result = _judged_run(spec, runner, nets, args, progress)
     write_outputs(result, out)
     _print_run(spec, result, out)
@@ -222,9 +227,6 @@ class _Progress:
 def _judged_run(spec, runner, nets, args, progress: _Progress):
     """One audit as the command line runs it: its control first where it has a defense,
     then the run, judged beside the control; the result with its verdict and control."""
-    import dataclasses
-
-    from auditlib.result import ControlRecord
 
     control_result = None
     control = None if args.no_control else spec.control()
@@ -236,6 +238,43 @@ def _judged_run(spec, runner, nets, args, progress: _Progress):
         result = runner(spec, on_event=progress, lpips_nets=nets)
     finally:
         progress.close()
+    return _judged(spec, result, control_result)
+
+
+def _judged_together(specs, nets, args, progress: _Progress):
+    """A sample's updates as the command line runs them, their attacks together
+    (``engine.together``): every update's control first where they have a defense, then the
+    runs, each judged beside its own control; the results, and how each attack ran."""
+    from auditlib.engine.together import audit_together
+
+    def shown(update: int, event) -> None:  # one bar: the updates advance in lockstep
+        if update == 0:
+            progress(event)
+
+    controls = [None if args.no_control else s.control() for s in specs]
+    control_results = [None] * len(specs)
+    notes = []
+    try:
+        if controls[0] is not None:
+            print("controls: the same attack without the defense", file=sys.stderr)
+            control_results, control_notes = audit_together(controls, on_event=shown, lpips_nets=())
+            notes += [f"control, {n.words}" for n in control_notes]
+            progress.close()
+        results, run_notes = audit_together(specs, on_event=shown, lpips_nets=nets)
+        notes += [n.words for n in run_notes]
+    finally:
+        progress.close()
+    judged = [_judged(s, r, c) for s, r, c in zip(specs, results, control_results, strict=True)]
+    return judged, notes
+
+
+def _judged(spec, result, control_result):
+    """The run's result with its verdict judged beside its control, and the control's
+    record."""
+    import dataclasses
+
+    from auditlib.result import ControlRecord
+
     verdict = with_control(result.summary, control_result, defended=spec.control() is not None)
     control_record = None
     if control_result is not None:

@@ -1,7 +1,9 @@
-"""``audit --updates N|all``: the verdict over the sample, one update after another.
+"""``audit --updates N|all``: the verdict over the sample.
 
 Each update is a batch of ``--batch-size`` images of the set, from ``--offset`` on, audited
-as one ``audit`` is (its control first under a defense) and written to
+as one ``audit`` is (its control first under a defense), the updates' attacks advancing
+together as one batched computation where they can (``engine.together``; the output says
+which ran one after another and why), and written to
 ``OUT/update-NNN/`` (its result.json and reconstruction.png); ``OUT/result.json`` holds the
 sample's verdict: the share of images recovered beyond the best guess with its 95 %
 (Clopper-Pearson) interval, each update's figures, and the worst case.
@@ -38,9 +40,17 @@ def parse_updates(text: str) -> int | str:
     return value
 
 
-def audit_sample(spec: RunSpec, args: argparse.Namespace, run_one: Callable) -> int:
+def audit_sample(
+    spec: RunSpec,
+    args: argparse.Namespace,
+    run_one: Callable,
+    run_together: Callable | None = None,
+) -> int:
+    """``run_one(spec)``: one update's judged result; ``run_together(specs)``: every
+    update's, their attacks advancing together, and how each attack ran, in words."""
     from auditlib.cli.audit import write_outputs
     from auditlib.engine.sample import update_specs
+    from auditlib.engine.together import why_specs_apart
     from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
     from auditlib.result_json import summary_json
 
@@ -49,8 +59,20 @@ def audit_sample(spec: RunSpec, args: argparse.Namespace, run_one: Callable) -> 
     began = time.perf_counter()
     outcomes = []
     folders = []
+    why = why_specs_apart(specs)
+    if why is None and getattr(args, "updates_apart", False):
+        why = "--updates-apart was given"
+    if why is None and run_together is None:
+        why = "this caller runs updates one at a time"
+    together = None
+    if why is None:
+        together, notes = run_together(specs)
+        for words in notes:  # per attack: together, or one after another and why
+            print(f"updates: {words}")
+    else:
+        print(f"updates: one after another ({why})")
     for index, one in enumerate(specs):
-        result = run_one(one)
+        result = together[index] if together is not None else run_one(one)
         summary = result.summary
         if summary.metrics is None or summary.verdict is None:  # pragma: no cover - images given
             raise AuditInputError("a sample audit scores every update; this one has no scores")

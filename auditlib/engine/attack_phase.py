@@ -154,61 +154,24 @@ def run_attacks(
     started = time.perf_counter()
     total = sum(p.planned_steps for p in planned)
     offset = 0
-    # One seed per attack name, so an attack and its adaptive twin start alike.
-    single = len({p.name for p in planned}) == 1
     finals: dict[str, Reconstruction] = {}  # each plain attack's result, for its twin
     spent = {False: 0.0, True: 0.0}  # seconds used by the plain attacks and by the twins
     for index, attack in enumerate(planned):
-        try:
-            release = release_for(attack)
-        except AuditInputError as exc:  # the server could not build its model for this batch
-            if len(planned) == 1:
-                raise
-            outcomes.append(AttackRun(attack, None, str(exc), 0.0))
+        call = attack_call(index, planned, release_for, control, seed, finals, spent)
+        if isinstance(call, AttackRun):  # skipped, or a twin that is its plain attack undone
+            outcomes.append(call)
             continue
-        observation = release.observation
-        knowledge = release.knowledge
-        if attack.adaptive:
-            knowledge = replace(knowledge, defense=release.known_defense)
-        info = ATTACKS[attack.name]
         began = time.perf_counter()
-        reason = info.why_not_applicable(observation, knowledge) if len(planned) > 1 else None
-        if reason is None and attack.adaptive:
-            reason = info.why_not_adaptive(knowledge.defense)
-            if reason is None and info.twin_adds_nothing(knowledge.defense, attack.config):
-                reason = TWIN_SAME_AS_PLAIN
-        if reason is not None or control.is_cancelled():
-            outcomes.append(AttackRun(attack, None, reason or "the run was cancelled first", 0.0))
-            continue
-        plain = finals.get(attack.name)
-        if attack.adaptive and knowledge.defense.needs() & info.adapts == {"postprocess"}:
-            # Knowing the defense changes only what is done with the images afterwards
-            # (Shadow's): the twin is the plain attack's own result, undone, not a rerun.
-            if plain is None:
-                outcomes.append(AttackRun(attack, None, "its plain attack has no result", 0.0))
-            else:
-                undone = replace(_undone(plain, knowledge), steps=0)  # no step of its own
-                outcomes.append(AttackRun(attack, undone, None, 0.0))
-            continue
-        share = control.max_seconds
-        if share is not None:
-            # The plain attacks share the budget as they do in the undefended control run
-            # (the same attack at the same budget, which the verdict compares with); the
-            # adaptive twins share a budget of their own, so a twin never takes its plain
-            # attack's time. A defended run may take up to twice the budget.
-            pool = spent[attack.adaptive]
-            left = control.max_seconds - pool
-            if left <= 0:
-                outcomes.append(AttackRun(attack, None, BUDGET_SPENT, 0.0))
-                continue
-            still = sum(1 for p in planned[index:] if p.adaptive == attack.adaptive)
-            share = left / still
-        sub = replace(control, max_seconds=share)
-        seed_of_attack = seed if single else derive_seed(seed, attack.name)
         final = None
         try:
             events = run_attack(
-                info, observation, knowledge, attack.config, sub, seed_of_attack, attack.preset
+                call.info,
+                call.observation,
+                call.knowledge,
+                attack.config,
+                call.control,
+                call.seed,
+                attack.preset,
             )
             for event in events:
                 if event.final is not None:
@@ -230,12 +193,93 @@ def run_attacks(
             continue
         finally:
             spent[attack.adaptive] += time.perf_counter() - began
-        if final is not None and attack.adaptive:
-            final = _undone(final, knowledge)
-        elif final is not None:
-            finals[attack.name] = final
+        final = settled(call, final, finals)
         offset += final.steps if final is not None else 0
         outcomes.append(AttackRun(attack, final, None, time.perf_counter() - began))
+
+
+@dataclass(frozen=True, eq=False)
+class AttackCall:
+    """One planned attack ready to run on one update: what ``run_attack`` takes, with the
+    budget's share it gets (:func:`attack_call`)."""
+
+    attack: PlannedAttack
+    info: Any  # AttackInfo
+    observation: Any
+    knowledge: AttackerKnowledge
+    control: RunControl
+    seed: int
+
+
+def attack_call(
+    index: int,
+    planned: list[PlannedAttack],
+    release_for: Callable[[PlannedAttack], Release],
+    control: RunControl,
+    seed: int,
+    finals: dict[str, Reconstruction],
+    spent: dict[bool, float],
+) -> AttackCall | AttackRun:
+    """What :func:`run_attacks` runs for ``planned[index]``: the call, or the attack's
+    outcome without a run (it does not apply, the budget was spent, or a twin that is its
+    plain attack's result undone). ``finals``: the plain attacks' results so far; ``spent``:
+    the seconds the plain attacks and the twins have used."""
+    attack = planned[index]
+    try:
+        release = release_for(attack)
+    except AuditInputError as exc:  # the server could not build its model for this batch
+        if len(planned) == 1:
+            raise
+        return AttackRun(attack, None, str(exc), 0.0)
+    observation = release.observation
+    knowledge = release.knowledge
+    if attack.adaptive:
+        knowledge = replace(knowledge, defense=release.known_defense)
+    info = ATTACKS[attack.name]
+    reason = info.why_not_applicable(observation, knowledge) if len(planned) > 1 else None
+    if reason is None and attack.adaptive:
+        reason = info.why_not_adaptive(knowledge.defense)
+        if reason is None and info.twin_adds_nothing(knowledge.defense, attack.config):
+            reason = TWIN_SAME_AS_PLAIN
+    if reason is not None or control.is_cancelled():
+        return AttackRun(attack, None, reason or "the run was cancelled first", 0.0)
+    plain = finals.get(attack.name)
+    if attack.adaptive and knowledge.defense.needs() & info.adapts == {"postprocess"}:
+        # Knowing the defense changes only what is done with the images afterwards
+        # (Shadow's): the twin is the plain attack's own result, undone, not a rerun.
+        if plain is None:
+            return AttackRun(attack, None, "its plain attack has no result", 0.0)
+        undone = replace(_undone(plain, knowledge), steps=0)  # no step of its own
+        return AttackRun(attack, undone, None, 0.0)
+    share = control.max_seconds
+    if share is not None:
+        # The plain attacks share the budget as they do in the undefended control run
+        # (the same attack at the same budget, which the verdict compares with); the
+        # adaptive twins share a budget of their own, so a twin never takes its plain
+        # attack's time. A defended run may take up to twice the budget.
+        pool = spent[attack.adaptive]
+        left = control.max_seconds - pool
+        if left <= 0:
+            return AttackRun(attack, None, BUDGET_SPENT, 0.0)
+        still = sum(1 for p in planned[index:] if p.adaptive == attack.adaptive)
+        share = left / still
+    # One seed per attack name, so an attack and its adaptive twin start alike.
+    single = len({p.name for p in planned}) == 1
+    seed_of_attack = seed if single else derive_seed(seed, attack.name)
+    sub = replace(control, max_seconds=share)
+    return AttackCall(attack, info, observation, knowledge, sub, seed_of_attack)
+
+
+def settled(
+    call: AttackCall, final: Reconstruction | None, finals: dict[str, Reconstruction]
+) -> Reconstruction | None:
+    """An attack's result as the run keeps it: a twin's with the defense's action on the
+    images undone; a plain attack's remembered for its twin."""
+    if final is not None and call.attack.adaptive:
+        return _undone(final, call.knowledge)
+    if final is not None:
+        finals[call.attack.name] = final
+    return final
 
 
 def _undone(final: Reconstruction, knowledge: AttackerKnowledge) -> Reconstruction:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,22 +98,54 @@ class LiveFrame:
     psnr_mean: float
 
 
-def iter_audit(
+@dataclass(frozen=True, eq=False)
+class PreparedRun:
+    """A run up to its attack phase: the victim ready, the server's release made, the
+    attacks planned (:func:`prepare_run`); :func:`finish_run` judges it once its attacks
+    ran, here (:func:`iter_audit`) or beside other updates' (``engine.together``)."""
+
+    spec: RunSpec
+    planned: list  # PlannedAttack, with the adaptive twins where they run
+    defense_settings: dict
+    control: RunControl
+    victim: Any
+    originals: np.ndarray
+    rounds: Rounds
+    release: Any  # the report's release (the first attack's)
+    adaptive: bool
+    began_unix: float
+
+    @property
+    def batch(self):
+        return self.victim.batch  # None: an observed update without the client's images
+
+    @property
+    def attack_seed(self) -> int:
+        return derive_seed(self.spec.seed, "attack")
+
+
+def prepare_run(spec: RunSpec, **kwargs: Any) -> PreparedRun:
+    """Everything of a run before its attacks: the plan, the victim, the release (the
+    keywords are :func:`iter_audit`'s, less ``lpips_nets``)."""
+    preparing = _prepare(spec, **kwargs)
+    while True:
+        try:
+            next(preparing)
+        except StopIteration as done:
+            return done.value
+
+
+def _prepare(
     spec: RunSpec,
     *,
     is_cancelled: Callable[[], bool] | None = None,
     emit_every: int = 10,
     image_every: int = 50,
-    lpips_nets: tuple[str, ...] = LPIPS_NETS,
     allow_trusted_archive: bool = False,
     assets: Mapping[str, bytes] | None = None,
-) -> Iterator[AuditStart | ProgressEvent | LiveFrame | UtilityProgress | AuditResult]:
-    """Run the audit described by ``spec``.
-
-    Yields an :class:`AuditStart`, then the attack's progress events (each event with images
-    followed by a :class:`LiveFrame`), then, where the spec measures utility, one
-    :class:`UtilityProgress` per training round, then the :class:`AuditResult`.
-    """
+) -> Generator[AuditStart, None, PreparedRun]:
+    """:func:`prepare_run`, yielding the :class:`AuditStart` as soon as the victim is ready
+    (before the release, which may refuse the scenario)."""
     began_unix = time.time()  # wall clock, for when runs overlapped (timing.*_unix)
     planned = plan_attacks(spec.attack, spec.budget.iterations, emit_every, spec.scenario.server)
     defense, defense_settings = build_defense(spec.defense.name, spec.defense.params_dict())
@@ -138,12 +170,52 @@ def iter_audit(
     adaptive = adaptive_wanted(spec.scenario.attacker_knows_defense, spec.attack)
     if adaptive and release.known_defense is not None:
         planned = with_adaptive(planned)
+    return PreparedRun(
+        spec,
+        planned,
+        defense_settings,
+        control,
+        victim,
+        originals,
+        rounds,
+        release,
+        adaptive,
+        began_unix,
+    )
 
+
+def iter_audit(
+    spec: RunSpec,
+    *,
+    is_cancelled: Callable[[], bool] | None = None,
+    emit_every: int = 10,
+    image_every: int = 50,
+    lpips_nets: tuple[str, ...] = LPIPS_NETS,
+    allow_trusted_archive: bool = False,
+    assets: Mapping[str, bytes] | None = None,
+) -> Iterator[AuditStart | ProgressEvent | LiveFrame | UtilityProgress | AuditResult]:
+    """Run the audit described by ``spec``.
+
+    Yields an :class:`AuditStart`, then the attack's progress events (each event with images
+    followed by a :class:`LiveFrame`), then, where the spec measures utility, one
+    :class:`UtilityProgress` per training round, then the :class:`AuditResult`.
+    """
+    prepared = yield from _prepare(
+        spec,
+        is_cancelled=is_cancelled,
+        emit_every=emit_every,
+        image_every=image_every,
+        allow_trusted_archive=allow_trusted_archive,
+        assets=assets,
+    )
+    batch, victim, originals = prepared.batch, prepared.victim, prepared.originals
     started = time.perf_counter()
     first_event_s = None
     runs: list[AttackRun] = []
-    attack_seed = derive_seed(spec.seed, "attack")
-    for event in run_attacks(planned, rounds.for_attack, control, attack_seed, runs):
+    rounds, control = prepared.rounds, prepared.control
+    for event in run_attacks(
+        prepared.planned, rounds.for_attack, control, prepared.attack_seed, runs
+    ):
         if first_event_s is None:
             first_event_s = time.perf_counter() - started
         yield event
@@ -155,6 +227,35 @@ def iter_audit(
             )
             yield LiveFrame(event.step, current[order], psnr_mean)
     seconds = time.perf_counter() - started
+    result = yield from finish_run(
+        prepared,
+        runs,
+        seconds,
+        first_event_s,
+        lpips_nets=lpips_nets,
+        allow_trusted_archive=allow_trusted_archive,
+        assets=assets,
+    )
+    yield result
+
+
+def finish_run(
+    prepared: PreparedRun,
+    runs: list[AttackRun],
+    seconds: float,
+    first_event_s: float | None,
+    *,
+    lpips_nets: tuple[str, ...] = LPIPS_NETS,
+    allow_trusted_archive: bool = False,
+    assets: Mapping[str, bytes] | None = None,
+) -> Generator[UtilityProgress, None, AuditResult]:
+    """A run once its attacks ran (``runs``, in ``seconds`` of attack phase): the utility
+    training where the spec asks for it (yielding its progress), the scores, the verdict;
+    returns the :class:`AuditResult`."""
+    spec, planned, control = prepared.spec, prepared.planned, prepared.control
+    victim, batch, rounds = prepared.victim, prepared.batch, prepared.rounds
+    release, adaptive = prepared.release, prepared.adaptive
+    defense_settings, began_unix = prepared.defense_settings, prepared.began_unix
     ran = [r for r in runs if r.final is not None]
     if not ran and control.is_cancelled():
         raise RunCancelledError("cancelled before its attack started; nothing was measured")
@@ -283,7 +384,7 @@ def iter_audit(
         },
         unscored=judged.unscored,
     )
-    yield AuditResult(summary, originals, judged.reconstruction, judged.by_attack)
+    return AuditResult(summary, prepared.originals, judged.reconstruction, judged.by_attack)
 
 
 def _first_release(rounds: Rounds, planned: list[AttackRun]):

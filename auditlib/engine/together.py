@@ -1,0 +1,235 @@
+"""Updates together: a sample audit's updates attacked as one batched computation.
+
+A sample audit (``engine.sample``) audits many updates of one model, each a full run judged
+on its own. Each run is prepared alone (``audit.prepare_run``: its victim, its release, its
+plan) and judged alone (``audit.finish_run``); only the attack phase is shared: for each
+planned attack in turn, the updates it runs on advance together as one batched computation
+(``attacks.restarts.run_attack_updates``) where the attack has a batched form and the
+updates differ only in what they match (``attacks.restarts.why_apart``); otherwise they run
+one after another, exactly as alone, and the reason is kept (:class:`Together`).
+
+Budgets, per update as alone: each update's attack gets its own share of its own time
+budget (``attack_phase.attack_call``, the same rule as one run); updates together get one
+clock of the sum of their shares, and since they advance in lockstep (every running start of
+every update takes every step) a budget cut leaves every update at the same step. The
+seconds an update is charged (its pools, ``timing.seconds``) are the joint time divided by
+the updates that shared it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from auditlib.attacks import ATTACKS, ProgressEvent
+from auditlib.attacks.restarts import run_attack, run_attack_updates, why_apart
+from auditlib.engine.attack_phase import AttackCall, AttackRun, attack_call, settled
+from auditlib.engine.audit import AuditResult, PreparedRun, finish_run, prepare_run
+from auditlib.errors import AttackUnsupportedError
+from auditlib.metrics import LPIPS_NETS
+from auditlib.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class Together:
+    """How one planned attack ran over the updates: how many advanced together, and why
+    the others (or all) ran one after another."""
+
+    attack: str
+    together: int  # updates that advanced as one batched computation
+    apart: int  # updates run one after another
+    why_apart: str | None = None
+
+    @property
+    def words(self) -> str:
+        if self.apart == 0:
+            return f"{self.attack}: {self.together} updates advanced together"
+        return f"{self.attack}: {self.apart} updates one after another ({self.why_apart})"
+
+
+def why_specs_apart(specs: Sequence[RunSpec]) -> str | None:
+    """Why a sample's updates cannot share their attack phase at all (None: they may, attack
+    by attack)."""
+    if len(specs) < 2:
+        return "one update"
+    if any(s.model.trusted_archive for s in specs):
+        return "a trusted model archive runs in a process of its own, one update at a time"
+    first = specs[0]
+    for spec in specs[1:]:  # update_specs changes only which images; anything else is refused
+        if replace(spec, data=first.data) != first:
+            return "the updates' specs differ beyond their images"
+    return None
+
+
+def run_attacks_together(
+    prepared: Sequence[PreparedRun],
+    outcomes: Sequence[list[AttackRun]],
+    seconds: list[float],
+    notes: list[Together],
+) -> Iterator[tuple[int, ProgressEvent]]:
+    """The attack phase of every prepared run (``engine.attack_phase.run_attacks``'s, per
+    update), attack by attack, updates together where they can be: (update, event) pairs.
+    ``outcomes[u]`` receives update u's :class:`AttackRun` per planned attack, ``seconds[u]``
+    its attack seconds; ``notes`` one :class:`Together` per attack that ran."""
+    phase = _Phase(prepared, outcomes, seconds)
+    for index, attack in enumerate(phase.planned):
+        calls: dict[int, AttackCall] = {}
+        for u, run in enumerate(prepared):
+            call = attack_call(
+                index,
+                run.planned,
+                run.rounds.for_attack,
+                run.control,
+                run.attack_seed,
+                phase.finals[u],
+                phase.spent[u],
+            )
+            if isinstance(call, AttackRun):
+                outcomes[u].append(call)
+            else:
+                calls[u] = call
+        if not calls:
+            continue
+        info = ATTACKS[attack.name]
+        updates = sorted(calls)
+        why = (
+            why_apart(info, attack.config, [calls[u].knowledge for u in updates])
+            if len(updates) > 1
+            else "one update to run"
+        )
+        notes.append(
+            Together(attack.label, len(updates), 0)
+            if why is None
+            else Together(attack.label, 0, len(updates), why)
+        )
+        if why is None:
+            yield from phase.together(info, {u: calls[u] for u in updates})
+        else:
+            for u in updates:
+                yield from phase.alone(u, calls[u])
+
+
+class _Phase:
+    """The bookkeeping :func:`run_attacks` keeps for one run, kept per update: each plain
+    attack's result (for its twin), the seconds each pool spent, the steps so far."""
+
+    def __init__(self, prepared, outcomes, seconds) -> None:
+        self.planned = prepared[0].planned
+        self.several = len(self.planned) > 1
+        self.total = sum(p.planned_steps for p in self.planned)
+        self.finals: list[dict] = [{} for _ in prepared]
+        self.spent = [{False: 0.0, True: 0.0} for _ in prepared]
+        self.offsets = [0] * len(prepared)
+        self.outcomes = outcomes
+        self.seconds = seconds
+        self.started = time.perf_counter()
+
+    def _renumbered(self, u: int, event: ProgressEvent, began: float) -> ProgressEvent:
+        # As run_attacks: steps and seconds from the phase's start, the final kept aside.
+        return replace(
+            event,
+            step=self.offsets[u] + event.step,
+            total_steps=self.total,
+            elapsed_s=began - self.started + event.elapsed_s,
+            final=None,
+        )
+
+    def _settle(self, u: int, call: AttackCall, final, skipped: str | None, seconds: float):
+        self.spent[u][call.attack.adaptive] += seconds
+        self.seconds[u] += seconds
+        final = settled(call, final, self.finals[u])
+        self.offsets[u] += final.steps if final is not None else 0
+        self.outcomes[u].append(AttackRun(call.attack, final, skipped, seconds))
+
+    def alone(self, u: int, call: AttackCall) -> Iterator[tuple[int, ProgressEvent]]:
+        """Update u's attack on its own, as ``run_attacks`` runs it."""
+        began = time.perf_counter()
+        final, skipped = None, None
+        try:
+            attack = call.attack
+            for event in run_attack(
+                call.info,
+                call.observation,
+                call.knowledge,
+                attack.config,
+                call.control,
+                call.seed,
+                attack.preset,
+            ):
+                final = event.final if event.final is not None else final
+                yield u, self._renumbered(u, event, began)
+        except AttackUnsupportedError as exc:
+            if not self.several:
+                raise
+            final, skipped = None, str(exc)
+        self._settle(u, call, final, skipped, time.perf_counter() - began)
+
+    def together(self, info, calls: dict[int, AttackCall]) -> Iterator[tuple[int, ProgressEvent]]:
+        """The updates' attack as one batched computation (``run_attack_updates``)."""
+        updates = list(calls)
+        first = calls[updates[0]]
+        shares = [c.control.max_seconds for c in calls.values()]
+        # One clock for all: the sum of each update's share of its own budget (in lockstep
+        # every update takes the same steps, whatever cuts them).
+        budget = None if any(s is None for s in shares) else sum(shares)
+        control = replace(first.control, max_seconds=budget)
+        began = time.perf_counter()
+        finals: dict[int, Any] = {}
+        skipped = None
+        try:
+            for k, event in run_attack_updates(
+                info,
+                [c.observation for c in calls.values()],
+                [c.knowledge for c in calls.values()],
+                first.attack.config,
+                control,
+                [c.seed for c in calls.values()],
+                first.attack.preset,
+            ):
+                u = updates[k]
+                if event.final is not None:
+                    finals[u] = event.final
+                yield u, self._renumbered(u, event, began)
+        except AttackUnsupportedError as exc:
+            if not self.several:
+                raise
+            skipped = str(exc)
+        share = (time.perf_counter() - began) / len(updates)  # each update's part of it
+        for u in updates:
+            self._settle(u, calls[u], finals.get(u), skipped, share)
+
+
+def audit_together(
+    specs: Sequence[RunSpec],
+    *,
+    on_event: Callable[[int, ProgressEvent], None] | None = None,
+    lpips_nets: tuple[str, ...] = LPIPS_NETS,
+    emit_every: int = 10,
+    image_every: int = 50,
+) -> tuple[list[AuditResult], list[Together]]:
+    """The runs of ``specs`` (a sample's updates, ``engine.sample.update_specs``), their
+    attack phases shared (:func:`run_attacks_together`), each judged on its own: the same
+    :class:`AuditResult` each would have alone, and how each attack ran."""
+    prepared = [prepare_run(s, emit_every=emit_every, image_every=image_every) for s in specs]
+    outcomes: list[list[AttackRun]] = [[] for _ in specs]
+    seconds = [0.0] * len(specs)
+    first_event: list[float | None] = [None] * len(specs)
+    notes: list[Together] = []
+    started = time.perf_counter()
+    for u, event in run_attacks_together(prepared, outcomes, seconds, notes):
+        if first_event[u] is None:
+            first_event[u] = time.perf_counter() - started
+        if on_event is not None:
+            on_event(u, event)
+    results = []
+    for u, run in enumerate(prepared):
+        finishing = finish_run(run, outcomes[u], seconds[u], first_event[u], lpips_nets=lpips_nets)
+        while True:  # the utility training's progress, where the spec asks for it
+            try:
+                next(finishing)
+            except StopIteration as done:
+                results.append(done.value)
+                break
+    return results, notes

@@ -1,0 +1,224 @@
+"""Updates together (issue 34, item 2): a sample audit's updates advance as one batched
+computation, each row its own objective; each update ends where it would alone, keeps its
+own race, and is not starved by a shared budget; the sample audit's result.json keeps its
+shape."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.attacks.objectives import UpdateMatcher
+from auditlib.attacks.race import PLAN
+from auditlib.attacks.restarts import run_attack, run_attack_updates, why_apart
+from auditlib.attacks.updates import UpdatesMatcher, why_updates_apart
+from tests.test_attacks import lenet_spec, release_for
+
+UPDATES = 3
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def releases():
+    torch.manual_seed(0)
+    return [release_for(lenet_spec(offset=u))[2] for u in range(UPDATES)]
+
+
+def _together(name, params, releases, control, observations=None):
+    info = get_attack(name)
+    config, _ = build_attack_config(name, params, "audit")
+    observations = observations or [r.observation for r in releases]
+    knowledges = [r.knowledge for r in releases]
+    finals = {}
+    for u, event in run_attack_updates(
+        info, observations, knowledges, config, control, [SEED] * len(releases), "audit"
+    ):
+        if event.final is not None:
+            finals[u] = event.final
+    return info, config, finals
+
+
+def _alone(info, config, observation, knowledge, control):
+    events = list(run_attack(info, observation, knowledge, config, control, SEED, "audit"))
+    return events[-1].final
+
+
+# Few steps, events every step (so the audit preset's race has its rungs): seconds each.
+CASES = [
+    ("dlg", {"lbfgs_max_iter": 5}, 4),
+    ("idlg", {"lbfgs_max_iter": 5}, 4),
+    ("ig", {}, 12),
+]
+
+
+@pytest.mark.parametrize(("name", "params", "steps"), CASES)
+def test_each_update_together_ends_where_it_would_alone(releases, name, params, steps):
+    control = RunControl(max_steps=steps, emit_every=1, image_every=1)
+    info, config, finals = _together(name, params, releases, control)
+    assert sorted(finals) == list(range(UPDATES))
+    for u, release in enumerate(releases):
+        alone = _alone(info, config, release.observation, release.knowledge, control)
+        together = finals[u]
+        assert together.stop_reason == alone.stop_reason
+        assert len(together.candidates) == len(alone.candidates) == config.restarts
+        for a, b in zip(alone.candidates, together.candidates, strict=True):
+            assert (a.restart, a.steps, a.stop_reason) == (b.restart, b.steps, b.stop_reason)
+            assert b.loss == pytest.approx(a.loss, rel=1e-4, abs=1e-6)
+            torch.testing.assert_close(b.images, a.images, rtol=1e-4, atol=1e-4)
+        assert together.selected.restart == alone.selected.restart
+    # Each update matched its own target: the updates' picks differ.
+    picks = [finals[u].selected.images for u in range(UPDATES)]
+    assert not torch.allclose(picks[0], picks[1])
+
+
+def test_each_row_is_its_own_updates_objective_in_any_row_order(releases):
+    matchers = [UpdateMatcher(r.observation, r.knowledge, "l2") for r in releases]
+    owners = [0, 0, 1, 1, 2, 2]
+    many = UpdatesMatcher(matchers, owners)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(6, 1, 3, 32, 32, generator=generator).requires_grad_(True)
+    labels = torch.softmax(torch.randn(6, 1, 100, generator=generator), -1)
+    rows = [4, 1, 2, 5, 0]  # owners interleaved and out of order: the permuted path
+    values = many.at(rows).together(images[rows], labels[rows])
+    (grad,) = torch.autograd.grad(values.sum(), images)
+    for i, row in enumerate(rows):
+        image = images[row].detach().requires_grad_(True)
+        alone = matchers[owners[row]](image, labels[row])
+        (own,) = torch.autograd.grad(alone, image)
+        assert float(values[i].detach()) == pytest.approx(float(alone), rel=1e-5)
+        # float32 summed in another order: equal to 1e-4 of the gradient's largest entry
+        scale = float(own.abs().max())
+        torch.testing.assert_close(grad[row], own, rtol=0, atol=1e-4 * scale)
+    assert float(grad[3].abs().sum()) == 0.0  # row 3 was not evaluated
+
+
+def test_each_update_races_its_own_starts(releases):
+    # Update 1's objective is 10^4 times the others' scale: a race over all the starts
+    # together would drop every one of its starts at the first rung.
+    observations = [r.observation for r in releases]
+    observations[1] = dataclasses.replace(
+        observations[1], tensors=tuple(t * 100 for t in observations[1].tensors)
+    )
+    control = RunControl(max_steps=8, emit_every=1, image_every=1)
+    info, config, finals = _together("dlg", {"lbfgs_max_iter": 3}, releases, control, observations)
+    survivors = config.restarts  # the preset's race: halved at each rung, for each update
+    for _ in PLAN.rung_steps(control.max_steps, control.emit_every):
+        survivors = PLAN.survivors(survivors)
+    assert 1 <= survivors < config.restarts
+    for u, release in enumerate(releases):
+        alone = _alone(info, config, observations[u], release.knowledge, control)
+        ran_on = [c.stop_reason for c in finals[u].candidates]
+        assert ran_on == [c.stop_reason for c in alone.candidates]
+        assert ran_on.count("completed") == survivors
+        assert sum("behind in the race" in r for r in ran_on) == config.restarts - survivors
+
+
+def test_a_time_budget_cuts_every_update_at_the_same_step(releases):
+    # One clock for all: the updates advance in lockstep, so none is starved while another
+    # runs on (one after another under one clock, the last would get nothing).
+    control = RunControl(max_steps=10_000, max_seconds=1.5, emit_every=10, image_every=50)
+    _, _, finals = _together("ig", {"restarts": 2}, releases, control)
+    reached = set()
+    for u in range(UPDATES):
+        assert finals[u].stop_reason == "time budget"
+        running = [c for c in finals[u].candidates if "behind in the race" not in c.stop_reason]
+        assert running and all(c.stop_reason == "time budget" for c in running)
+        reached |= {c.steps for c in running}
+    assert len(reached) == 1 and reached.pop() > 0
+
+
+def test_what_cannot_advance_together_says_why(releases):
+    knowledges = [r.knowledge for r in releases]
+    config, _ = build_attack_config("grnn", {}, "audit")
+    assert why_apart(get_attack("grnn"), config, knowledges) == (
+        "grnn has no batched form across updates"
+    )
+    config, _ = build_attack_config("dlg", {"together": False}, "audit")
+    assert "together=false" in why_apart(get_attack("dlg"), config, knowledges)
+    config, _ = build_attack_config("dlg", {}, "audit")
+    assert why_apart(get_attack("dlg"), config, knowledges) is None
+    model = copy.deepcopy(knowledges[0].model)  # another model's weights
+    with torch.no_grad():
+        next(model.parameters())[0].add_(1e-3)
+    other = dataclasses.replace(knowledges[0], model=model)
+    assert why_updates_apart([knowledges[0], other]) == (
+        "the updates were computed from different models"
+    )
+
+
+def _sample(tmp_path, name, *extra):
+    from auditlib.cli import main
+
+    out = tmp_path / name
+    code = main(
+        [
+            "audit",
+            "--model",
+            "lenet",
+            "--num-classes",
+            "100",
+            "--samples",
+            "photographs",
+            "--attack",
+            "dlg",
+            "--preset",
+            "paper",
+            "--attack-param",
+            "lbfgs_max_iter=3",  # DLG at a fixed step of 1 is chaotic: few evaluations
+            "--iterations",
+            "3",
+            "--updates",
+            "2",
+            "--lpips-nets",
+            "none",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
+    assert code == 0
+    return out
+
+
+def _shape(value):
+    """The keys of a JSON document, nested (lists by their items' shapes)."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value[:1]]
+    return type(value).__name__ if value is not None else None
+
+
+def test_the_sample_audit_runs_updates_together_and_its_result_keeps_its_shape(tmp_path, capsys):
+    defense = ["--defense", "dp-gaussian", "--defense-param", "sigma=0.001"]
+    together = _sample(tmp_path, "together", *defense)
+    said = capsys.readouterr().out
+    assert "updates: control, dlg (paper preset): 2 updates advanced together" in said
+    assert "updates: dlg (paper preset): 2 updates advanced together" in said
+    apart = _sample(tmp_path, "apart", *defense, "--updates-apart")
+    assert "updates: one after another (--updates-apart was given)" in capsys.readouterr().out
+    ours, theirs = (json.loads((d / "result.json").read_text()) for d in (together, apart))
+
+    def loose(shape):  # a value that may be null in one run and a number in the other
+        return json.loads(json.dumps(shape).replace('"NoneType"', "null"))
+
+    assert set(ours) == set(theirs) and set(ours["sample"]) == set(theirs["sample"])
+    assert ours["updates"] == theirs["updates"] == 2
+    for a, b in zip(ours["sample"]["updates"], theirs["sample"]["updates"], strict=True):
+        assert set(a) == set(b) and a["names"] == b["names"]
+        # One start: torch's L-BFGS alone, the batched one together (float32 rounding grown
+        # over 3 steps: measured 7e-4 in the pixels, 3e-3 dB).
+        assert a["psnr_mean"] == pytest.approx(b["psnr_mean"], abs=0.05)
+    for folder in ("update-001", "update-002"):
+        one, other = (
+            json.loads((d / folder / "result.json").read_text()) for d in (together, apart)
+        )
+        assert loose(_shape(one)).keys() == loose(_shape(other)).keys()
+        assert one["control"] is not None and other["control"] is not None
+        assert one["verdict"]["outcome"] == other["verdict"]["outcome"]
+        assert one["metrics"]["psnr_mean"] == pytest.approx(other["metrics"]["psnr_mean"], abs=0.05)
