@@ -15,7 +15,8 @@ cookie straight back in. So its cookie is off (``cookie_expiry_days=0``) and sig
 key of this process, which no cookie set before can match; a reload asks for the password
 again and reopens the same page and run from the URL. A changed password ends the sessions
 signed in with the old one at their next interaction. Guessing is slowed
-(``auditlib.access.throttle``): after five failed tries a user name, or a client address
+(``auditlib.access.throttle``): after five failed tries a user name (any name typed, whether
+or not anyone has it, so the slowing does not tell which names exist), or a client address
 other than this machine's own (local browsers and a reverse proxy share those), waits 30 s,
 then twice as long after each further failure; an unknown name costs the same bcrypt time
 as a known one, so the time does not tell which names exist.
@@ -59,11 +60,26 @@ FORM_FIELDS = {
 
 
 @st.cache_resource
-def _guard() -> tuple[SignInThrottle, dict[str, Any], str, bytes]:
-    """Process-wide: the failure counts, the credentials the library counts failures in, the
-    key no earlier cookie matches, and a hash to spend an unknown name's bcrypt time on."""
+def _guard() -> tuple[SignInThrottle, str, bytes]:
+    """Process-wide: the failure counts, the key no earlier cookie matches, and a hash to
+    spend an unknown or waiting name's bcrypt time on."""
     dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt())
-    return SignInThrottle(), {"usernames": {}}, secrets.token_hex(32), dummy
+    return SignInThrottle(), secrets.token_hex(32), dummy
+
+
+class _AskedNames(dict):
+    """The credentials by user name, noting the name the library looks up when it checks a
+    try: the name typed (lower-cased as the library does), whether or not anyone has it. A
+    failure counts against that name either way: slowing only the names that exist would
+    tell a guesser which do."""
+
+    def __init__(self, entries: dict[str, Any]) -> None:
+        super().__init__(entries)
+        self.asked: str | None = None
+
+    def __contains__(self, name: object) -> bool:
+        self.asked = name if isinstance(name, str) else None
+        return super().__contains__(name)
 
 
 def _client() -> tuple[str, str] | None:
@@ -81,20 +97,32 @@ def _client() -> tuple[str, str] | None:
     return ("client", address)
 
 
-def _credentials(users: Users, throttle: SignInThrottle, shared: dict[str, Any]) -> dict:
-    """The library's credentials, kept across sessions (its failure counts tell which name a
-    failed try was for), with this users file's hashes; a waiting name's hash is LOCKED."""
+def _credentials(users: Users, throttle: SignInThrottle) -> dict[str, Any]:
+    """The library's credentials for this run, from the users file; a waiting name's hash
+    is LOCKED, so even its right password fails until the wait is over."""
     entries = users.credentials()["usernames"]
-    kept = shared["usernames"]
-    for name in list(kept):
-        if name not in entries:
-            del kept[name]
     for name, entry in entries.items():
-        counts = kept.get(name, {}).get("failed_login_attempts", 0)
         if throttle.wait_s(("user", name)) > 0:
-            entry = {**entry, "password": LOCKED}
-        kept[name] = {**entry, "failed_login_attempts": counts}
-    return shared
+            entries[name] = {**entry, "password": LOCKED}
+    return {"usernames": entries}
+
+
+def _failed(throttle: SignInThrottle, name: str | None, *, known: bool, dummy: bytes) -> None:
+    """Count and say a failed try for ``name`` (as typed), in the same words and the same
+    time whether or not anyone has that name."""
+    waiting = 0.0 if name is None else throttle.wait_s(("user", name))
+    if not known or waiting > 0:  # no bcrypt check ran: spend the time a known name's takes
+        bcrypt.checkpw(b"not the password", dummy)
+    if waiting > 0:  # the try was not let through, so it does not count again
+        wait = waiting
+    else:
+        keys = [k for k in (("user", name) if name else None, _client()) if k is not None]
+        wait = max((throttle.failed(k) for k in keys), default=0.0)
+    st.error(
+        "Username or password is incorrect."
+        + (f" Too many failed sign-ins: {_wait_words(wait)}." if wait > 0 else "")
+    )
+    st.caption(SLOWED)
 
 
 def _wait_words(seconds: float) -> str:
@@ -109,7 +137,7 @@ def sign_in() -> Principal | None:
     except AuditInputError as exc:
         st.error(f"Sign-in is not set up: {exc}")
         st.stop()
-    throttle, shared, key, dummy = _guard()
+    throttle, key, dummy = _guard()
     signed_in = bool(st.session_state.get("authentication_status"))
     if not signed_in:
         st.title("FL gradient-leakage audit")
@@ -122,9 +150,7 @@ def sign_in() -> Principal | None:
             st.stop()
         if st.session_state.get("authentication_status") is False:
             st.session_state["authentication_status"] = None  # a failure counts on its run
-    # The library's counts before and after this try tell which known name it failed for.
-    credentials = _credentials(users, throttle, shared)
-    before = {n: e["failed_login_attempts"] for n, e in credentials["usernames"].items()}
+    credentials = _credentials(users, throttle)
     authenticator = stauth.Authenticate(
         credentials,
         users.cookie_name,
@@ -132,26 +158,16 @@ def sign_in() -> Principal | None:
         0,  # no sign-in cookie: the tab's session is the sign-in
         auto_hash=False,  # the file holds bcrypt hashes only
     )
+    # The library keeps this dictionary and rebuilt its names (lower-cased): watch which
+    # name the try is for.
+    asked = credentials["usernames"] = _AskedNames(credentials["usernames"])
     try:
         authenticator.login(location="main", fields=FORM_FIELDS)
     except Exception as exc:  # the package's LoginError: say it, keep the form
         st.error(str(exc))
-    failed = [
-        n
-        for n, e in credentials["usernames"].items()
-        if e.get("failed_login_attempts", 0) > before.get(n, 0)
-    ]
     status = st.session_state.get("authentication_status")
     if status is False:
-        if not failed:  # an unknown or waiting name: the time a known one takes
-            bcrypt.checkpw(b"not the password", dummy)
-        keys = [("user", n) for n in failed] + [k for k in (_client(),) if k is not None]
-        wait = max((throttle.failed(k) for k in keys), default=0.0)
-        st.error(
-            "Username or password is incorrect."
-            + (f" Too many failed sign-ins: {_wait_words(wait)}." if wait > 0 else "")
-        )
-        st.caption(SLOWED)
+        _failed(throttle, asked.asked, known=asked.asked in users.users, dummy=dummy)
     username = st.session_state.get("username")
     principal = principal_of(username) if status else None
     if principal is not None:

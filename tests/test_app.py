@@ -1642,3 +1642,24 @@ def test_the_first_admin_chooses_a_password_before_any_page(dashboard_store, tmp
     assert not one_time.exists()
     assert any(e.label.startswith("Your uploads in the store") for e in at.expander)
     assert any("Signed in as **admin**" in c.value for c in at.sidebar.caption)
+
+
+def test_guessing_a_name_nobody_has_reads_as_guessing_a_real_one(dashboard_store):
+    """Issue 33, item 2: the slowing counts the name typed whether or not anyone has it;
+    slowing only real names would tell a guesser after five tries which names exist."""
+    from auditlib.access.throttle import FREE_FAILURES
+
+    def guesses(name: str) -> list[list[str]]:
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        said = []
+        for attempt in range(FREE_FAILURES + 1):
+            at.text_input[0].set_value(name)
+            at.text_input[1].set_value(f"wrong-{attempt}")
+            at.button[0].click().run()
+            said.append(_errors(at))
+        return said
+
+    real, made_up = guesses("bob"), guesses("nobody-at-all")
+    assert real == made_up, (real, made_up)
+    assert "Too many failed sign-ins" in real[FREE_FAILURES - 1][0]
+    assert "Too many failed sign-ins" in real[FREE_FAILURES][0]
