@@ -346,3 +346,19 @@ def test_deleting_a_batch_deletes_its_runs_but_not_those_another_batch_stands_on
     with pytest.raises(AccessDenied):  # bob cannot delete alice's batch
         batches.delete(UserStore(store, BOB), alice.get_batch(second))
     assert alice.get_batch(second) is not None
+
+
+def test_a_role_changes_in_the_file_and_the_last_admin_stays_one(tmp_path):
+    from auditlib.access.users import set_role
+
+    path = tmp_path / "users.yaml"
+    add_user("ada", "ada-password", "admin", path=path)
+    add_user("bea", "bea-password", "auditor", path=path)
+    with pytest.raises(AuditInputError, match="last admin"):
+        set_role("ada", "auditor", path=path)
+    set_role("bea", "admin", path=path)
+    set_role("ada", "auditor", path=path)
+    assert principal_of("ada", path) == Principal("ada", "auditor")
+    assert read_users(path).check_password("ada", "ada-password")  # the password stays
+    with pytest.raises(AuditInputError, match="role 'root'"):
+        set_role("bea", "root", path=path)

@@ -1663,3 +1663,31 @@ def test_guessing_a_name_nobody_has_reads_as_guessing_a_real_one(dashboard_store
     assert real == made_up, (real, made_up)
     assert "Too many failed sign-ins" in real[FREE_FAILURES - 1][0]
     assert "Too many failed sign-ins" in real[FREE_FAILURES][0]
+
+
+def test_a_demoted_admins_next_click_acts_as_an_auditor(dashboard_store, tmp_path, monkeypatch):
+    """Issue 33, item 6: an admin opens another user's weights by their link (an admin may)
+    and is made an auditor before pressing Remove: the click acts for an auditor, who
+    holds no claim to them, so nothing is deleted (the admin of the drawn page would have
+    deleted them)."""
+    import shutil
+
+    from auditlib.access import Principal
+    from auditlib.access.users import add_user, set_role, users_file
+    from auditlib.store.scoped import UserStore
+
+    path = tmp_path / "users.yaml"
+    shutil.copy(users_file(), path)
+    monkeypatch.setenv("AUDIT_USERS_FILE", str(path))
+    add_user("ada", "ada-password", "admin", path=path)  # root is not the last admin then
+    store, _ = dashboard_store
+    bobs = UserStore(store.raw, Principal("bob")).put_asset(
+        "model", "bobs.safetensors", _lenet_weights(10)
+    )
+    at = _app(user="root", weights=bobs)
+    assert any("Using weights" in s.value for s in at.success), [s.value for s in at.success]
+    set_role("root", "auditor", path=path)
+    at.button(key="remove_weights").click().run()
+    assert not at.exception
+    assert store.raw.get_asset_info(bobs) is not None
+    assert any("Signed in as **root** (auditor)" in c.value for c in at.sidebar.caption)

@@ -255,6 +255,21 @@ def set_password(username: str, password: str, *, path: Path | None = None) -> s
     return hashed
 
 
+def set_role(username: str, role: str, *, path: Path | None = None) -> None:
+    """Give ``username`` ``role``; the last admin stays one (nobody could manage the users
+    otherwise). An open session acts in the new role from its next click."""
+    users = read_users(path)
+    if username not in users.users:
+        raise AuditInputError(f"no user {username!r} in {users.path}")
+    if role not in ROLES:
+        raise AuditInputError(f"role {role!r}: expected one of {', '.join(ROLES)}")
+    user = users.users[username]
+    admins = [u for u in users.users.values() if u.role == ADMIN]
+    if user.role == ADMIN and role != ADMIN and len(admins) == 1:
+        raise AuditInputError(f"{username!r} is the last admin; make another user admin first")
+    _write(replace(users, users={**users.users, username: replace(user, role=role)}))
+
+
 def remove_user(username: str, *, path: Path | None = None) -> None:
     """Remove a user; the last admin stays (nobody could manage the users otherwise). Their
     runs and uploads stay in the store, visible to admins."""

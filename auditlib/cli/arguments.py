@@ -293,7 +293,8 @@ def _users_arguments(commands) -> None:
     )
     actions = users.add_subparsers(dest="action", required=True, parser_class=_Parser)
     actions.add_parser(
-        "init", help="create the users file with a first admin and print its password once"
+        "init",
+        help="create the users file with a first admin (its one-time password in a file)",
     )
     add = actions.add_parser("add", help="add a user (the password is asked for, or read)")
     add.add_argument("username")
@@ -308,6 +309,9 @@ def _users_arguments(commands) -> None:
             action="store_true",
             help="read the password from the first line of stdin instead of asking",
         )
+    role = actions.add_parser("role", help="change a user's role (counts at their next click)")
+    role.add_argument("username")
+    role.add_argument("role", choices=ROLES)
     remove = actions.add_parser("remove", help="remove a user (their runs stay, for admins)")
     remove.add_argument("username")
     actions.add_parser("list", help="list the users and their roles")

@@ -3,7 +3,7 @@
 ``init`` creates the users file with a first admin, whose generated password is written to
 a file readable by its owner only, never printed (``make run`` calls it, so a fresh machine
 starts in one command; the dashboard asks for a new password at the first sign-in); ``add``, ``passwd``,
-``remove`` and ``list`` manage it. Passwords are asked for without echo, or read from the
+``role``, ``remove`` and ``list`` manage it. Passwords are asked for without echo, or read from the
 first line of stdin with ``--password-stdin``; they are never taken as arguments (they
 would stay in the shell's history and in the process list).
 """
@@ -22,6 +22,7 @@ from auditlib.access.users import (
     read_users,
     remove_user,
     set_password,
+    set_role,
     users_file,
 )
 from auditlib.errors import AuditInputError
@@ -66,6 +67,9 @@ def users_command(args: argparse.Namespace) -> int:
     elif args.action == "passwd":
         set_password(args.username, _password(args), path=path)
         print(f"changed the password of {args.username}")
+    elif args.action == "role":
+        set_role(args.username, args.role, path=path)
+        print(f"{args.username} is now {args.role}; it counts at their next click")
     elif args.action == "remove":
         remove_user(args.username, path=path)
         print(f"removed {args.username}; their runs and uploads stay, visible to admins")
