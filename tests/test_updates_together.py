@@ -76,6 +76,39 @@ def test_each_update_together_ends_where_it_would_alone(releases, name, params, 
     assert not torch.allclose(picks[0], picks[1])
 
 
+@pytest.mark.parametrize("name", ["dlm", "dlm+"])
+def test_dlm_updates_together_end_where_each_would_alone(name):
+    from tests.test_attack_dlm import release_for as fedavg_release
+
+    pairs = [fedavg_release(offset=u)[1:] for u in range(UPDATES)]  # FedAvg weights, 12 px
+    info = get_attack(name)
+    config, _ = build_attack_config(name, {"lbfgs_max_iter": 4}, "audit")
+    # Two steps: float rounding (another batch in vmap) grows in DLM's line search, 5e-7
+    # in the pixels after one step, 1e-5 after two, 1e-3 after four (measured).
+    control = RunControl(max_steps=2, emit_every=1, image_every=1)
+    observations, knowledges = zip(*pairs, strict=True)
+    assert why_apart(info, config, knowledges) is None
+    finals = {}
+    for u, event in run_attack_updates(
+        info, observations, knowledges, config, control, [SEED] * UPDATES, "audit"
+    ):
+        finals[u] = event.final or finals.get(u)
+    for u, (observation, knowledge) in enumerate(pairs):
+        alone = _alone(info, config, observation, knowledge, control)
+        for a, b in zip(alone.candidates, finals[u].candidates, strict=True):
+            assert (a.restart, a.steps, a.stop_reason) == (b.restart, b.steps, b.stop_reason)
+            assert b.loss == pytest.approx(a.loss, rel=1e-4, abs=1e-6)
+            torch.testing.assert_close(b.images, a.images, rtol=1e-4, atol=1e-4)
+        ours, theirs = finals[u].label_inference, alone.label_inference
+        assert ours["rule"] == theirs["rule"]
+        if name == "dlm":  # each start's learned gamma, as the nominal's ratio
+            mine, own = ours["gamma_ratio_by_restart"], theirs["gamma_ratio_by_restart"]
+            assert mine.keys() == own.keys()
+            assert list(mine.values()) == pytest.approx(list(own.values()), rel=1e-5)
+    adam, _ = build_attack_config(name, {"optimizer": "adam"}, "audit")
+    assert why_apart(info, adam, knowledges) == "DLM with Adam runs its starts apart"
+
+
 def test_each_row_is_its_own_updates_objective_in_any_row_order(releases):
     matchers = [UpdateMatcher(r.observation, r.knowledge, "l2") for r in releases]
     owners = [0, 0, 1, 1, 2, 2]

@@ -129,6 +129,8 @@ class AttackInfo:
     # ``(observations, knowledges, config, control, seeds)`` -> (update, event) pairs, each
     # update ending with its own final event. None: its updates run one after another.
     run_updates: UpdatesRun | None = None
+    # Why a config of it runs its updates one after another all the same (None: it doesn't).
+    why_updates_apart: Callable[[Any], str | None] | None = None
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge

@@ -50,6 +50,8 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
+from auditlib.attacks.updates import UpdatesMatcher
+from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import AttackerKnowledge, Observation
@@ -232,12 +234,12 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
         and config.restarts > 1
         and why_not_together(knowledge) is None
     )
-    kind = _Starts if together else _Restarts
     # Apart: one per restart, made in restart order; together: one, a row per restart.
     made: list[_Restarts | _Starts] = []
 
     def make(generators, clock):
-        made.append(kind(generators, objective, knowledge, config, fixed_labels, gamma0, clock))
+        args = (generators, objective, knowledge, config, fixed_labels, gamma0, clock)
+        made.append(_Starts(*args, objective.nominal_gamma()) if together else _Restarts(*args))
         return made[-1]
 
     def ratio(restart: int) -> float | None:
@@ -336,11 +338,15 @@ class _Starts:
     DLM's gamma stacked one row per start; each row's objective is its own, computed for the
     rows still stepping in one ``ModelLeakageObjective.together`` pass."""
 
-    def __init__(self, generators, objective, knowledge, config, fixed_labels, gamma0, clock):
+    def __init__(
+        self, generators, objective, knowledge, config, fixed_labels, gamma0, clock, nominal
+    ):
         device = knowledge.device
-        self.objective = objective
+        self.objective = objective  # a ModelLeakageObjective, or several updates' (at(rows))
+        self.nominal = nominal  # the nominal gamma (the same for every update's rows)
         self.config = config
         self.fixed = fixed_labels
+        self.fixed_rows = fixed_labels is not None and fixed_labels.dim() == 2  # K x B
         images, logits = [], []
         for generator in generators:  # per start: images, then label logits (as _Restarts)
             images.append(random_images(knowledge, generator))
@@ -360,17 +366,20 @@ class _Starts:
         self.gamma_ratio: dict[int, float] = {}  # gamma / nominal gamma at the candidates
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
-        return self.fixed if self.logits is None else torch.softmax(self.logits[rows], dim=-1)
+        if self.logits is not None:
+            return torch.softmax(self.logits[rows], dim=-1)
+        return self.fixed[rows] if self.fixed_rows else self.fixed
 
     def _terms(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = self.images[rows], self._labels(rows)
         gamma = None if self.gamma is None else self.gamma[rows]
+        objective = self.objective.at(rows)
         if len(rows) == 1:  # one start: plain autograd, the fastest way alone
-            single = labels if self.logits is None else labels[0]
-            distance = self.objective(images[0], single, None if gamma is None else gamma[0])
+            single = labels[0] if self.logits is not None or self.fixed_rows else labels
+            distance = objective(images[0], single, None if gamma is None else gamma[0])
             distance = distance.unsqueeze(0)
         else:
-            distance = self.objective.together(images, labels, gamma)
+            distance = objective.together(images, labels, gamma)
         if self.config.tv > 0:
             return distance + self.config.tv * total_variation(images), distance
         return distance, distance
@@ -380,7 +389,7 @@ class _Starts:
 
     def _hard_labels(self, row: int) -> torch.Tensor:
         if self.logits is None:
-            return self.fixed.cpu()
+            return (self.fixed[row] if self.fixed_rows else self.fixed).cpu()
         return self.logits[row].detach().argmax(dim=-1).cpu()
 
     def step(self, alive):
@@ -392,7 +401,7 @@ class _Starts:
         if self.gamma is not None:
             gamma = self.gamma.detach()[rows].cpu()
             losses["gamma"] = gamma
-            losses["gamma_ratio"] = gamma / self.objective.nominal_gamma()
+            losses["gamma_ratio"] = gamma / self.nominal
         return losses
 
     def frame(self, position):
@@ -404,8 +413,55 @@ class _Starts:
             score = float(self._terms([position])[1].detach())
         if self.gamma is not None:
             gamma = float(self.gamma.detach()[position])
-            self.gamma_ratio[position] = gamma / self.objective.nominal_gamma()
+            self.gamma_ratio[position] = gamma / self.nominal
         return snapshot(self.images[position]), self._hard_labels(position), score
+
+
+def why_updates_apart(config) -> str | None:
+    """Why DLM's updates run one after another (``AttackInfo.why_updates_apart``): its
+    Adam runs its starts apart, so its updates too."""
+    return None if config.optimizer == "lbfgs" else "DLM with Adam runs its starts apart"
+
+
+def run_model_leakage_updates(observations, knowledges, config, control, seeds):
+    """DLM or DLM+ on several updates together (``AttackInfo.run_updates``): update u's
+    starts are rows u R .. u R + R - 1 of one batched L-BFGS, each matching update u's
+    observed descent with update u's own labels (``attacks.updates_loop``)."""
+    pairs = list(zip(observations, knowledges, strict=True))
+    objectives = [ModelLeakageObjective(o, k, config) for o, k in pairs]
+    resolved = [_resolve_labels(o, k, config.labels) for o, k in pairs]
+    restarts = config.restarts
+    owners = [u for u in range(len(pairs)) for _ in range(restarts)]
+    device = knowledges[0].device
+    # Every update resolves its labels the same way (the same threat model): all or none.
+    fixed = (
+        None if resolved[0][0] is None else torch.stack([resolved[u][0] for u in owners]).to(device)
+    )
+    nominal = objectives[0].nominal_gamma()  # the protocol's, the same for every update
+    gamma0 = None if objectives[0].plus else config.gamma_init_ratio * nominal
+    records, gammas = [], [{} for _ in pairs]
+    for u, (_, inference) in enumerate(resolved):
+        records.append(dict(inference))
+        if gamma0 is not None:
+            records[u]["gamma_init"] = gamma0
+            records[u]["gamma_ratio_by_restart"] = gammas[u]  # filled in as restarts finish
+    made: list[_Starts] = []
+    many = UpdatesMatcher(objectives, owners)
+
+    def make(generators, clock):
+        made.append(_Starts(generators, many, knowledges[0], config, fixed, gamma0, clock, nominal))
+        return made[-1]
+
+    for u, event in run_updates(make, restarts, control, seeds, "update_distance", records):
+        if event.final is not None and gamma0 is not None:
+            ratios = made[0].gamma_ratio
+            gammas[u].update(
+                {c.restart: ratios[u * restarts + c.restart] for c in event.final.candidates}
+            )
+            event = dataclasses.replace(
+                event, losses={**event.losses, "gamma_ratio": gammas[u][event.restart]}
+            )
+        yield u, event
 
 
 def _fedavg_only(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
@@ -425,6 +481,8 @@ register(
         "gamma learned with the images (unknown client learning rate).",
         config_type=DlmConfig,
         run=run_dlm,
+        run_updates=run_model_leakage_updates,
+        why_updates_apart=why_updates_apart,
         presets={
             "paper": {**_LENET, "gamma_init_ratio": 1.2},
             "paper-mlp": {**_MLP, "gamma_init_ratio": 0.6},
@@ -465,6 +523,8 @@ register(
         "normalised W - W', so the client's learning rate cancels.",
         config_type=DlmPlusConfig,
         run=run_dlm_plus,
+        run_updates=run_model_leakage_updates,
+        why_updates_apart=why_updates_apart,
         presets={
             # The norm of the public code that produced the paper's tables (see the config).
             "paper": {**_LENET, "norm": "layer-mean"},

@@ -182,12 +182,27 @@ class ModelLeakageObjective:
         ``torch.func.vmap``, as ``UpdateMatcher.together`` computes updates, then the
         distance on them stacked. Each value is what :meth:`__call__` gives that start alone,
         up to float summation order."""
+        return self.measured(self.stacked_updates(images, labels), images, gamma)
+
+    def stacked_updates(self, images: torch.Tensor, labels: torch.Tensor) -> Tensors:
+        """The R dummy descents, stacked, by one ``vmap`` pass (:meth:`together`'s first
+        half; ``attacks.updates`` measures each update's rows against its own target)."""
         buffers = restart_buffers(self.knowledge.model, images.shape[0])
         label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
-        descents = torch.func.vmap(self.dummy_descent, in_dims=(0, label_dim, 0))(
+        return torch.func.vmap(self.dummy_descent, in_dims=(0, label_dim, 0))(
             images, labels, buffers
         )
+
+    def measured(
+        self, descents: Sequence[torch.Tensor], images: torch.Tensor, gamma: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Each of R stacked descents' distance to this objective's target (``images`` is
+        unused: DLM weighs no image prior)."""
         return self.distance(descents, gamma, starts=True)
+
+    def at(self, rows: Sequence[int]) -> ModelLeakageObjective:
+        """The objective of these rows (starts): this one (see ``UpdateMatcher.at``)."""
+        return self
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, gamma: torch.Tensor | None = None

@@ -62,6 +62,9 @@ def why_apart(info: AttackInfo, config: Any, knowledges: Sequence[AttackerKnowle
         return f"{info.name} has no batched form across updates"
     if not getattr(config, "together", True):
         return f"{info.name} was asked to run its starts apart (together=false)"
+    own = None if info.why_updates_apart is None else info.why_updates_apart(config)
+    if own is not None:
+        return own
     return why_updates_apart(knowledges)
 
 

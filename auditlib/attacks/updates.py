@@ -44,20 +44,26 @@ class _Rows:
         self.rows = rows
         self.owners = [many.owners[r] for r in rows]
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, *args) -> torch.Tensor:
         """One row's objective: its own update's matcher, alone."""
         (owner,) = set(self.owners)
-        return self.many.matchers[owner](images, labels)
+        return self.many.matchers[owner](images, labels, *args)
 
-    def together(self, images: torch.Tensor, labels: torch.Tensor, distance=None) -> torch.Tensor:
+    def together(
+        self, images: torch.Tensor, labels: torch.Tensor, extra: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One value per row: the rows' updates in one ``vmap`` pass through the shared model
         (the first update's matcher: ``why_updates_apart`` checked they share it), then each
         update's rows measured against that update's target (one distance call per update,
-        on its rows stacked, as ``UpdateMatcher.together`` measures its restarts)."""
+        on its rows stacked, as ``UpdateMatcher.together`` measures its restarts). ``extra``:
+        one value per row the measure also takes (DLM's gamma), or None.
+
+        A matcher here has ``stacked_updates(images, labels)`` and ``measured(updates,
+        images, extra)`` (``UpdateMatcher``, ``ModelLeakageObjective``)."""
         matchers = self.many.matchers
         updates = matchers[self.owners[0]].stacked_updates(images, labels)
         if len(set(self.owners)) == 1:
-            return matchers[self.owners[0]].measured(updates, images, distance)
+            return matchers[self.owners[0]].measured(updates, images, extra)
         # Each update's rows made contiguous (a no-op where they are, as the loop's sorted
         # rows are) and split, not picked out one update at a time: a pick's backward writes
         # a gradient the size of all rows, so U picks would cost U times the whole batch.
@@ -66,12 +72,14 @@ class _Rows:
             index = torch.tensor(order, device=images.device)
             updates = tuple(u.index_select(0, index) for u in updates)
             images = images.index_select(0, index)
+            extra = None if extra is None else extra.index_select(0, index)
         owners = [self.owners[i] for i in order]
         sizes = [owners.count(u) for u in dict.fromkeys(owners)]
         pieces = [torch.split(u, sizes) for u in updates]
+        extras = [None] * len(sizes) if extra is None else torch.split(extra, sizes)
         values = torch.cat(
             [
-                matchers[owner].measured(tuple(p[g] for p in pieces), part, distance)
+                matchers[owner].measured(tuple(p[g] for p in pieces), part, extras[g])
                 for g, (owner, part) in enumerate(
                     zip(dict.fromkeys(owners), torch.split(images, sizes), strict=True)
                 )
