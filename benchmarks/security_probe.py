@@ -36,7 +36,14 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' c
 from auditlib.access.throttle import FREE_FAILURES  # noqa: E402
 from auditlib.access.users import add_user, remove_user, set_password  # noqa: E402
 from benchmarks.common import machine, replace_section  # noqa: E402
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, EXAMPLES, Server, sign_in  # noqa: E402
+from tests.test_browser import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    EXAMPLES,
+    Server,
+    sign_in,
+    upload_images,
+)
 
 RESULTS = ROOT / "benchmarks" / "results" / "security_probe.json"
 FORM = "Sign in to see your runs"
@@ -167,13 +174,7 @@ def private_images_by_url(probe: Probe) -> tuple[bool, str]:
     page = probe.page()
     page.goto(probe.url)
     sign_in(page, "victor", PASSWORDS["victor"])
-    page.get_by_text("My own images").click()
-    uploader = page.locator('[data-testid="stFileUploader"]').filter(
-        has_text="Images, a labels.csv, or one zip"
-    )
-    uploader.locator('input[type="file"]').set_input_files(
-        sorted(str(p) for p in EXAMPLES.iterdir())
-    )
+    upload_images(page)
     page.get_by_text("Using uploaded images").wait_for()
     page.wait_for_timeout(1500)
     sources = page.eval_on_selector_all(
@@ -224,12 +225,8 @@ def decompression_bomb(probe: Probe, server: Server) -> tuple[bool, str]:
     page = probe.page()
     page.goto(probe.url)
     sign_in(page, "mallory", PASSWORDS["mallory"])
-    page.get_by_text("My own images").click()
-    uploader = page.locator('[data-testid="stFileUploader"]').filter(
-        has_text="Images, a labels.csv, or one zip"
-    )
     before = _peak_rss_mb(server)
-    uploader.locator('input[type="file"]').set_input_files(sorted(str(p) for p in folder.iterdir()))
+    upload_images(page, sorted(folder.iterdir()))
     page.get_by_text("pixels together").wait_for(timeout=60_000)  # the headers' check
     after = _peak_rss_mb(server)
     # One image decoded as RGB is 119 MB; all eight, 950 MB. The peak can only show growth
@@ -259,11 +256,7 @@ def removed_users_click(probe: Probe) -> tuple[bool, str]:
     page = probe.page()
     page.goto(probe.url)
     sign_in(page, "mallory", PASSWORDS["mallory"])
-    page.get_by_text("My own images").click()
-    uploader = page.locator('[data-testid="stFileUploader"]').filter(
-        has_text="Images, a labels.csv, or one zip"
-    )
-    uploader.locator('input[type="file"]').set_input_files(str(next(EXAMPLES.glob("*.png"))))
+    upload_images(page, [next(EXAMPLES.glob("*.png"))])
     page.get_by_text("Using uploaded images").wait_for()
     remove_user("mallory", path=probe.users)
     page.get_by_role("button", name="Remove", exact=True).click()

@@ -110,6 +110,14 @@ def _png(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def _example_files() -> list[tuple[str, bytes, str]]:
+    """The example images and their labels.csv, as the browser uploads them."""
+    return [
+        (p.name, p.read_bytes(), "text/csv" if p.suffix == ".csv" else "image/png")
+        for p in sorted(EXAMPLES.iterdir())
+    ]
+
+
 def _lenet_weights(num_classes: int = 10) -> bytes:
     state = build_model(ModelSpec("lenet", num_classes, (3, 32, 32))).state_dict()
     return safetensors.torch.save({k: v.contiguous() for k, v in state.items()})
@@ -236,10 +244,7 @@ def test_setup_refuses_a_text_file_renamed_png(dashboard_store):
 
 def test_setup_upload_is_stored_and_survives_a_refresh(dashboard_store):
     store, _ = dashboard_store
-    files = [
-        (p.name, p.read_bytes(), "text/csv" if p.suffix == ".csv" else "image/png")
-        for p in sorted(EXAMPLES.iterdir())
-    ]
+    files = _example_files()
     at = _app()
     at.radio(key="source").set_value("upload").run()
     at.file_uploader(key="images_files.0").set_value(files).run()
@@ -1549,10 +1554,7 @@ def test_the_sample_page_audits_every_update_and_gives_the_share_with_its_interv
 def test_private_images_reach_the_page_inline_never_by_a_media_url(dashboard_store):
     """Issue 33, item 9: Streamlit serves st.image's bytes at /media/<hash> to anyone who
     asks, signed in or not; the uploaded batch's thumbnails come as data: URLs instead."""
-    files = [
-        (p.name, p.read_bytes(), "text/csv" if p.suffix == ".csv" else "image/png")
-        for p in sorted(EXAMPLES.iterdir())
-    ]
+    files = _example_files()
     at = _app()
     at.radio(key="source").set_value("upload").run()
     at.file_uploader(key="images_files.0").set_value(files).run()

@@ -198,6 +198,17 @@ def sign_in(page, user: str, password: str | None = None) -> None:
     page.get_by_text(f"Signed in as {user}").wait_for()
 
 
+def upload_images(page, files: list[Path] | None = None) -> None:
+    """On the Setup page: choose "My own images" and upload ``files`` (default: the example
+    images with their labels.csv); returns once the page has them."""
+    page.get_by_text("My own images").click()
+    uploader = page.locator('[data-testid="stFileUploader"]').filter(
+        has_text="Images, a labels.csv, or one zip"
+    )
+    chosen = files if files is not None else sorted(EXAMPLES.iterdir())
+    uploader.locator('input[type="file"]').set_input_files([str(p) for p in chosen])
+
+
 def _progress_step(page) -> int | None:
     bars = page.locator('[data-testid="stProgress"]')
     if bars.count() == 0:
@@ -298,13 +309,7 @@ def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
             page.get_by_role("heading", name="Setup").first.wait_for()
 
             # Setup: upload the example images with their labels.csv.
-            page.get_by_text("My own images").click()
-            uploader = page.locator('[data-testid="stFileUploader"]').filter(
-                has_text="Images, a labels.csv, or one zip"
-            )
-            uploader.locator('input[type="file"]').set_input_files(
-                sorted(str(p) for p in EXAMPLES.iterdir())
-            )
+            upload_images(page)
             page.get_by_text("Using uploaded images").wait_for()
             page.get_by_text("4 images from").wait_for()
             assert "images=" in page.url
@@ -863,13 +868,7 @@ def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothi
             page.goto(server)
             sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").first.wait_for()
-            page.get_by_text("My own images").click()
-            uploader = page.locator('[data-testid="stFileUploader"]').filter(
-                has_text="Images, a labels.csv, or one zip"
-            )
-            uploader.locator('input[type="file"]').set_input_files(
-                sorted(str(p) for p in EXAMPLES.iterdir())
-            )
+            upload_images(page)
             page.get_by_text("Using uploaded images").wait_for()
             _wait_images_loaded(page)
             sources = page.eval_on_selector_all(
