@@ -177,10 +177,20 @@ def _faces() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _photograph(name: str) -> np.ndarray:
+    return np.array(_decoded_photograph(name), order="C")  # the caller's own copy
+
+
+@functools.cache
+def _decoded_photograph(name: str) -> np.ndarray:
+    # Decoded once per process: a sample audit's every update reads the set (its images and
+    # the prior's pool), and decoding 17 files took 0.08 s per update (benchmarks/
+    # updates_together.py).
     from skimage import data
 
     image = np.asarray(getattr(data, name)(), dtype=np.uint8)
-    return np.array(image[..., None] if image.ndim == 2 else image, order="C")
+    image = np.array(image[..., None] if image.ndim == 2 else image, order="C")
+    image.flags.writeable = False
+    return image
 
 
 def _check_name(name: str) -> SampleSetInfo:
