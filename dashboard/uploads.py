@@ -248,7 +248,8 @@ def auditable_note(architecture: str) -> str:
 
 def _shown_name(upload, sha: str, asset) -> str:
     """The name of the file in use: the one in the uploader when it holds these weights
-    (the store keeps the first name the same bytes were uploaded under), else the stored one."""
+    (the stored name is the one this user last uploaded these bytes under), else the stored
+    one."""
     stored = literal(asset.name) if asset is not None else "an unknown file"
     if upload is None or literal(upload.name) == stored:
         return stored
@@ -411,7 +412,7 @@ def images_upload(errors: list[str]) -> None:
     total = int(asset.meta.get("count") or 1)
     name = asset.name
     cached = st.session_state.get("_images_upload")
-    if files and cached is not None and cached[2] == sha:  # the store keeps the first name
+    if files and cached is not None and cached[2] == sha:  # as uploaded this time
         uploaded = [f.name for f in files if not f.name.lower().endswith(".csv")]
         name = uploaded[0] if len(uploaded) == 1 else short_names(uploaded)
     col_text, col_button = st.columns([4, 1])

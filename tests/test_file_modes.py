@@ -112,7 +112,7 @@ def test_each_user_holds_uploads_within_a_quota(tmp_path, monkeypatch):
         assert alice.put_asset("images", "again.zip", b"a" * 800) == first
         with pytest.raises(AuditInputError, match="to 1,100 bytes, over your quota of 1,000 bytes"):
             alice.put_asset("images", "b.zip", b"b" * 300)
-        assert [a.name for a in alice.list_assets()] == ["a.zip"]
+        assert [a.name for a in alice.list_assets()] == ["again.zip"]  # as she last named it
         bob.put_asset("images", "c.zip", b"c" * 900)  # bob's own quota
     monkeypatch.setenv("AUDIT_USER_QUOTA_MB", "lots")
     with pytest.raises(AuditInputError, match="must be a number"):
