@@ -25,7 +25,13 @@ from typing import Any
 
 from auditlib.attacks import ATTACKS, ProgressEvent
 from auditlib.attacks.restarts import run_attack, run_attack_updates, why_apart
-from auditlib.engine.attack_phase import AttackCall, AttackRun, attack_call, settled
+from auditlib.engine.attack_phase import (
+    AttackCall,
+    AttackRun,
+    attack_call,
+    run_attacks,
+    settled,
+)
 from auditlib.engine.audit import AuditResult, PreparedRun, finish_run, prepare_run
 from auditlib.errors import AttackUnsupportedError
 from auditlib.metrics import LPIPS_NETS
@@ -46,7 +52,8 @@ class Together:
     def words(self) -> str:
         if self.apart == 0:
             return f"{self.attack}: {self.together} updates advanced together"
-        return f"{self.attack}: {self.apart} updates one after another ({self.why_apart})"
+        updates = f"{self.apart} update{'s' if self.apart != 1 else ''}"
+        return f"{self.attack}: {updates} one after another ({self.why_apart})"
 
 
 def why_specs_apart(specs: Sequence[RunSpec]) -> str | None:
@@ -74,6 +81,17 @@ def run_attacks_together(
     ``outcomes[u]`` receives update u's :class:`AttackRun` per planned attack, ``seconds[u]``
     its attack seconds; ``notes`` one :class:`Together` per attack that ran."""
     phase = _Phase(prepared, outcomes, seconds)
+    plans = {tuple(p.label for p in run.planned) for run in prepared}
+    if len(plans) > 1:  # each update its own plan (a release that offers no twin): as alone
+        notes.append(Together("every attack", 0, len(prepared), "the updates' plans differ"))
+        for u, run in enumerate(prepared):
+            began = time.perf_counter()
+            for event in run_attacks(
+                run.planned, run.rounds.for_attack, run.control, run.attack_seed, outcomes[u]
+            ):
+                yield u, event
+            seconds[u] += time.perf_counter() - began
+        return
     for index, attack in enumerate(phase.planned):
         calls: dict[int, AttackCall] = {}
         for u, run in enumerate(prepared):
