@@ -1,0 +1,259 @@
+"""A sample audit's updates together against one after another, through the engine.
+
+DLG's setting (LeNet, sigmoid, U(-0.5, 0.5) init, 100 classes, bundled 32x32 photographs,
+batch 1, FedSGD): 16 updates (one photograph each, ``engine.sample.update_specs``), each at
+its attack's audit preset (DLG: 8 L-BFGS starts raced, 300 steps; IG: 4 signed-Adam starts
+raced, 300 steps), no time budget. Two arms, interleaved in each repetition:
+
+- apart: ``engine.audit.run_audit`` on each update in turn (the sample audit's path before;
+  each update's own starts already advance together);
+- together: ``engine.together.audit_together`` on the 16 (every update's starts rows of one
+  batched computation, each with its own target and its own race).
+
+Both arms do the whole run per update (victim, release, attack, scores, verdict; LPIPS
+off). Reported per arm, the median of the repetitions: wall time, updates per second, and
+the share of images recovered beyond the best guess (``metrics.sample.SampleVerdict``, the
+sample audit's figure); the throughput ratio is apart's wall time over together's.
+``--profile`` splits one together run's time into objective evaluations, L-BFGS directions
+(DLG) and the rest.
+
+Writes benchmarks/results/updates_together.json and the table in docs/PERFORMANCE.md.
+
+Usage: python -m benchmarks.updates_together [--quick] [--repeats 5] [--updates 16]
+       [--attacks dlg,ig] [--threads 1] [--profile]
+(a run of some attacks keeps the other attacks' rows in the results and the table)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs, _Histories
+from auditlib.attacks.updates import _Rows
+from auditlib.engine.audit import run_audit
+from auditlib.engine.sample import update_specs
+from auditlib.engine.together import audit_together
+from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
+from auditlib.spec import Budget, ComponentSpec
+from benchmarks.common import ROOT, lenet_spec, machine, replace_section
+from benchmarks.lbfgs_together import _timed
+
+RESULTS = ROOT / "benchmarks" / "results" / "updates_together.json"
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+
+
+def _specs(attack: str, updates: int, steps: int):
+    base = dataclasses.replace(
+        lenet_spec(attack), attack=ComponentSpec.of(attack, {}, "audit"), budget=Budget(steps)
+    )
+    return update_specs(base, updates)
+
+
+def _verdict(results) -> SampleVerdict:
+    return SampleVerdict(
+        tuple(
+            UpdateOutcome.of(
+                i, r.summary.verdict, r.summary.metrics.per_image, r.summary.timing.seconds
+            )
+            for i, r in enumerate(results)
+        )
+    )
+
+
+def _run(specs, together: bool) -> dict:
+    start = time.perf_counter()
+    if together:
+        results, notes = audit_together(specs, lpips_nets=())
+        words = [n.words for n in notes]
+    else:
+        results, words = [run_audit(s, lpips_nets=()) for s in specs], []
+    seconds = time.perf_counter() - start
+    sample = _verdict(results)
+    return {
+        "seconds": seconds,
+        "updates_per_s": len(specs) / seconds,
+        "recovered": sample.images_recovered,
+        "images": sample.images,
+        "share": sample.share,
+        "psnr": [u.worst_psnr for u in sample.updates],
+        "steps": sum(r.summary.timing.iterations for r in results),
+        "notes": words,
+        "load": os.getloadavg()[0],
+    }
+
+
+def measure(attack: str, updates: int, steps: int, repeats: int) -> dict:
+    specs = _specs(attack, updates, steps)
+    warm = _specs(attack, 2, 2)  # lazy imports, allocator
+    _run(warm, True)
+    _run(warm, False)
+    arms: dict[bool, list[dict]] = {False: [], True: []}
+    for _ in range(repeats):
+        for together in (False, True):
+            arms[together].append(_run(specs, together))
+            row = {k: v for k, v in arms[together][-1].items() if k != "psnr"}
+            print(json.dumps({"attack": attack, "together": together, **row}), flush=True)
+
+    def median(together: bool, key: str) -> float:
+        return statistics.median(r[key] for r in arms[together])
+
+    row = {"attack": attack, "updates": updates, "steps": steps, "repeats": repeats}
+    for together, name in ((False, "apart"), (True, "together")):
+        row[name] = {k: median(together, k) for k in ("seconds", "updates_per_s", "load")}
+        first = arms[together][0]
+        row[name].update({k: first[k] for k in ("recovered", "images", "share", "psnr")})
+        row[name]["runs"] = arms[together]
+    row["notes"] = arms[True][0]["notes"]
+    row["throughput_ratio"] = row["apart"]["seconds"] / row["together"]["seconds"]
+    return row
+
+
+def profile(attack: str, updates: int, steps: int) -> dict:
+    """Where one together run's time goes: the batched objective (every row's update in one
+    ``vmap`` pass, each update's distance), the L-BFGS directions (DLG), the rest (the
+    per-start scalar logic of torch's algorithm, events, race, victims, scores)."""
+    bucket: dict[str, float] = {}
+    undo = [
+        _timed(_Rows, "together", bucket),
+        _timed(BatchedLbfgs, "_evaluate", bucket),
+        _timed(_Histories, "direction", bucket),
+    ]
+    try:
+        run = _run(_specs(attack, updates, steps), True)
+    finally:
+        for u in undo:
+            u()
+    total = run["seconds"]
+    # DLG's objective runs inside _evaluate (with its backward); IG's backward is outside.
+    objective = bucket.get("_evaluate", 0.0) or bucket.get("together", 0.0)
+    return {
+        "attack": attack,
+        "seconds": total,
+        "objective_share": objective / total,
+        "direction_share": bucket.get("direction", 0.0) / total,
+        "rest_share": 1 - (objective + bucket.get("direction", 0.0)) / total,
+    }
+
+
+def scaling(sizes=(1, 8, 16, 32, 64, 128)) -> list[dict]:
+    """The cost of one batched DLG objective evaluation (forward and backward, the images'
+    and label logits' gradients) per row, at K rows: where batching stops paying."""
+    from auditlib.attacks.objectives import UpdateMatcher
+    from auditlib.engine.audit import prepare_run
+
+    run = prepare_run(lenet_spec("dlg"))
+    release = run.release
+    matcher = UpdateMatcher(release.observation, release.knowledge, "l2")
+    generator = torch.Generator().manual_seed(0)
+
+    def evaluate(matcher, images: torch.Tensor, logits: torch.Tensor) -> None:
+        labels = torch.softmax(logits, -1)
+        if images.shape[0] == 1:  # one start: plain autograd, as the attacks do alone
+            loss = matcher(images[0], labels[0])
+        else:
+            loss = matcher.together(images, labels).sum()
+        torch.autograd.grad(loss, [images, logits])
+
+    rows = []
+    for k in sizes:
+        images = torch.randn(k, 1, 3, 32, 32, generator=generator).requires_grad_(True)
+        logits = torch.randn(k, 1, 100, generator=generator).requires_grad_(True)
+        evaluate(matcher, images, logits)
+        repeats = max(5, 256 // k)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            evaluate(matcher, images, logits)
+        seconds = (time.perf_counter() - start) / repeats
+        rows.append(
+            {"rows": k, "ms_per_evaluation": 1e3 * seconds, "ms_per_row": 1e3 * seconds / k}
+        )
+    return rows
+
+
+def table(rows: list[dict], profiled: list[dict], scaled: list[dict] | None = None) -> str:
+    lines = [
+        "| attack (audit preset) | updates | steps per start | arm | wall time (s) | "
+        "updates/s | recovered (share) | throughput ratio | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for arm in ("apart", "together"):
+            a = r[arm]
+            ratio = f"{r['throughput_ratio']:.2f}x" if arm == "together" else "-"
+            lines.append(
+                f"| {r['attack']} | {r['updates']} | {r['steps']} | {arm} | {a['seconds']:.1f} | "
+                f"{a['updates_per_s']:.3f} | {a['recovered']}/{a['images']} ({a['share']:.0%}) | "
+                f"{ratio} | {a['load']:.1f} |"
+            )
+    text = "\n".join(lines)
+    for p in profiled:
+        text += (
+            f"\n\nOne together run of {p['attack']} ({p['seconds']:.1f} s): batched objective "
+            f"{p['objective_share']:.0%}, L-BFGS directions {p['direction_share']:.0%}, the rest "
+            f"(per-start scalar logic, events, races, victims, scores) {p['rest_share']:.0%}."
+        )
+    if scaled:
+        text += (
+            "\n\nOne batched DLG objective evaluation (forward and backward) at K rows: "
+            + (", ".join(f"K = {r['rows']}: {r['ms_per_row']:.2f} ms per row" for r in scaled))
+            + "."
+        )
+    repeats = " and ".join(f"{r['repeats']}" for r in rows)
+    return text + (
+        f"\n\nMedian of {repeats} interleaved repetitions (the load column: the median 1-minute "
+        f"load average at the end of each run). Measured on: {machine()}."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="4 updates, 10 steps, 1 repeat")
+    parser.add_argument("--attacks", default="dlg,ig")
+    parser.add_argument("--updates", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=300, help="steps per start")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--scaling", action="store_true", help="also time one batched evaluation per row count"
+    )
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave the docs")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    updates, steps, repeats = (4, 10, 1) if args.quick else (args.updates, args.steps, args.repeats)
+    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
+    rows = [measure(a, updates, steps, repeats) for a in attacks]
+    profiled = [profile(a, updates, steps) for a in attacks] if args.profile else []
+    scaled = scaling() if args.scaling else []
+    text = table(rows, profiled, scaled)
+    print(text)
+    if args.quick or args.no_doc:
+        return
+    # Rows of the attacks not rerun are kept (DLG and IG may be measured in separate runs,
+    # with their own repetitions); the table is made from all of them.
+    kept = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": [], "profile": []}
+    rows = [r for r in kept["rows"] if r["attack"] not in attacks] + rows
+    profiled = [p for p in kept.get("profile", []) if p["attack"] not in attacks] + profiled
+    order = {"dlg": 0, "ig": 1}
+    rows.sort(key=lambda r: order.get(r["attack"], 2))
+    profiled.sort(key=lambda p: order.get(p["attack"], 2))
+    scaled = scaled or kept.get("scaling", [])
+    RESULTS.write_text(
+        json.dumps(
+            {"machine": machine(), "rows": rows, "profile": profiled, "scaling": scaled},
+            indent=2,
+        )
+        + "\n"
+    )
+    replace_section(DOC, "updates-together", table(rows, profiled, scaled))
+
+
+if __name__ == "__main__":
+    main()
