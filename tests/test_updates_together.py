@@ -255,3 +255,25 @@ def test_the_sample_audit_runs_updates_together_and_its_result_keeps_its_shape(t
         assert one["control"] is not None and other["control"] is not None
         assert one["verdict"]["outcome"] == other["verdict"]["outcome"]
         assert one["metrics"]["psnr_mean"] == pytest.approx(other["metrics"]["psnr_mean"], abs=0.05)
+
+
+def test_updates_that_do_not_fit_advance_in_chunks_and_the_run_says_so(
+    tmp_path, capsys, monkeypatch
+):
+    """The memory plan measures a step of one update and of two; where the updates together
+    would not fit in its share of the free memory they advance in chunks, each update ending
+    where it would in one batch, and the run says how it was split."""
+    from auditlib.engine import memory_plan
+
+    together = _sample(tmp_path, "together")
+    said = capsys.readouterr().out
+    assert "2 updates advanced together (memory: 2 updates together need about" in said
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device: 1)  # nothing free
+    chunked = _sample(tmp_path, "chunked")
+    said = capsys.readouterr().out
+    assert "2 updates advanced together, 2 chunks one after another" in said
+    assert "2 chunks of up to 1" in said
+    ours, theirs = (json.loads((d / "result.json").read_text()) for d in (together, chunked))
+    for a, b in zip(ours["sample"]["updates"], theirs["sample"]["updates"], strict=True):
+        assert a["names"] == b["names"]
+        assert a["psnr_mean"] == pytest.approx(b["psnr_mean"], abs=0.05)

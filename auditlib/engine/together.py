@@ -33,6 +33,7 @@ from auditlib.engine.attack_phase import (
     settled,
 )
 from auditlib.engine.audit import AuditResult, PreparedRun, finish_run, prepare_run
+from auditlib.engine.memory_plan import MemoryPlan, measure_rows, plan_updates
 from auditlib.errors import AttackUnsupportedError
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
@@ -47,11 +48,15 @@ class Together:
     together: int  # updates that advanced as one batched computation
     apart: int  # updates run one after another
     why_apart: str | None = None
+    memory: MemoryPlan | None = None  # how the updates together were chunked, and why
 
     @property
     def words(self) -> str:
         if self.apart == 0:
-            return f"{self.attack}: {self.together} updates advanced together"
+            advanced = f"{self.attack}: {self.together} updates advanced together"
+            if self.memory is not None and self.memory.chunks > 1:
+                advanced += f", {self.memory.chunks} chunks one after another"
+            return advanced + (f" ({self.memory.words})" if self.memory is not None else "")
         updates = f"{self.apart} update{'s' if self.apart != 1 else ''}"
         return f"{self.attack}: {updates} one after another ({self.why_apart})"
 
@@ -117,16 +122,39 @@ def run_attacks_together(
             if len(updates) > 1
             else "one update to run"
         )
-        notes.append(
-            Together(attack.label, len(updates), 0)
-            if why is None
-            else Together(attack.label, 0, len(updates), why)
-        )
         if why is None:
-            yield from phase.together(info, {u: calls[u] for u in updates})
+            plan = memory_plan(info, [calls[u] for u in updates])
+            notes.append(Together(attack.label, len(updates), 0, memory=plan))
+            for start in range(0, len(updates), plan.chunk):
+                chunk = updates[start : start + plan.chunk]
+                yield from phase.together(info, {u: calls[u] for u in chunk})
         else:
+            notes.append(Together(attack.label, 0, len(updates), why))
             for u in updates:
                 yield from phase.alone(u, calls[u])
+
+
+def memory_plan(info, calls: Sequence[AttackCall]) -> MemoryPlan:
+    """How many of these updates advance together at a time (``engine.memory_plan``): one
+    step of the attack for one update and for two (copies of the first), measured at its
+    peak on the updates' device, against the memory free now."""
+    first = calls[0]
+    device = first.observation.tensors[0].device
+    probe = replace(first.control, max_steps=1, max_seconds=None, emit_every=1)
+
+    def one_step(updates: int) -> None:
+        for _ in run_attack_updates(
+            info,
+            [first.observation] * updates,
+            [first.knowledge] * updates,
+            first.attack.config,
+            probe,
+            [first.seed] * updates,
+            first.attack.preset,
+        ):
+            pass
+
+    return plan_updates(len(calls), 1, measure_rows(one_step, device), device)
 
 
 class _Phase:
