@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -263,17 +264,39 @@ def test_updates_that_do_not_fit_advance_in_chunks_and_the_run_says_so(
     """The memory plan measures a step of one update and of two; where the updates together
     would not fit in its share of the free memory they advance in chunks, each update ending
     where it would in one batch, and the run says how it was split."""
-    from auditlib.engine import memory_plan
+    from auditlib.engine import memory_plan, together
 
-    together = _sample(tmp_path, "together")
+    roomy = _sample(tmp_path, "together")
     said = capsys.readouterr().out
     assert "2 updates advanced together (memory: 2 updates together need about" in said
-    monkeypatch.setattr(memory_plan, "free_bytes", lambda device: 1)  # nothing free
+    assert "prepared" not in said  # one group: nothing to say
+    nothing_free = functools.partial(memory_plan.plan_updates, free=1)
+    monkeypatch.setattr(together, "plan_updates", nothing_free)
     chunked = _sample(tmp_path, "chunked")
     said = capsys.readouterr().out
     assert "2 updates advanced together, 2 chunks one after another" in said
     assert "2 chunks of up to 1" in said
-    ours, theirs = (json.loads((d / "result.json").read_text()) for d in (together, chunked))
+    ours, theirs = (json.loads((d / "result.json").read_text()) for d in (roomy, chunked))
+    for a, b in zip(ours["sample"]["updates"], theirs["sample"]["updates"], strict=True):
+        assert a["names"] == b["names"]
+        assert a["psnr_mean"] == pytest.approx(b["psnr_mean"], abs=0.05)
+
+
+def test_updates_that_do_not_fit_prepared_at_once_are_prepared_judged_a_group_at_a_time(
+    tmp_path, capsys, monkeypatch
+):
+    """A prepared update holds its own model, release and attacker's copies until judged:
+    where the first one's measured peak says they do not all fit, the updates are prepared,
+    attacked and judged a group at a time, each ending as in one group, and the run says so."""
+    from auditlib.engine import memory_plan, together
+
+    roomy = _sample(tmp_path, "together")
+    capsys.readouterr()
+    monkeypatch.setattr(together, "plan_groups", functools.partial(memory_plan.plan_groups, free=1))
+    grouped = _sample(tmp_path, "grouped")
+    said = capsys.readouterr().out
+    assert "memory: 2 updates prepared 1 at a time, 2 group(s)" in said
+    ours, theirs = (json.loads((d / "result.json").read_text()) for d in (roomy, grouped))
     for a, b in zip(ours["sample"]["updates"], theirs["sample"]["updates"], strict=True):
         assert a["names"] == b["names"]
         assert a["psnr_mean"] == pytest.approx(b["psnr_mean"], abs=0.05)

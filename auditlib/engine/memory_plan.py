@@ -30,6 +30,10 @@ from pathlib import Path
 import torch
 
 SHARE = 0.6  # of the memory free at the start: the rest is for the run's other needs
+# Of the memory free before any update is prepared: what the prepared updates may hold
+# together (each its own model, release and attacker's copies until it is judged), so that
+# the attack's steps still have room.
+PREPARED_SHARE = 0.3
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -162,3 +166,39 @@ def plan_updates(
     fit = int(budget // (cost.per_row * rows_per_update)) if budget > 0 else 0
     chunk = min(updates, max(1, fit))
     return MemoryPlan(updates, chunk, rows_per_update, cost, free, str(device))
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """How many of a sample's updates are prepared, attacked and judged at a time."""
+
+    updates: int
+    size: int
+    per_update: int | None  # bytes one prepared update held at its peak; None: unmeasured
+    free: int | None
+    device: str
+
+    @property
+    def groups(self) -> int:
+        return math.ceil(self.updates / self.size)
+
+    @property
+    def words(self) -> str:
+        held = "unmeasured" if self.per_update is None else f"about {_gb(self.per_update)}"
+        free = "unknown" if self.free is None else _gb(self.free)
+        return (
+            f"memory: {self.updates} updates prepared {self.size} at a time, {self.groups} "
+            f"group(s) (one prepared update holds {held}; {free} free on {self.device})"
+        )
+
+
+def plan_groups(
+    updates: int, per_update: int | None, device: torch.device, free: int | None = None
+) -> GroupPlan:
+    """As many prepared updates at a time as fit in ``PREPARED_SHARE`` of the free memory
+    (all of them where nothing could be measured)."""
+    free = free_bytes(device) if free is None else free
+    if not per_update or free is None:
+        return GroupPlan(updates, updates, per_update, free, str(device))
+    size = min(updates, max(1, int(PREPARED_SHARE * free // per_update)))
+    return GroupPlan(updates, size, per_update, free, str(device))
