@@ -207,9 +207,9 @@ def _choose_password(username: str, authenticator: stauth.Authenticate) -> None:
     their own, which ends the one-time password (and deletes its file)."""
     st.title("Choose your password")
     st.caption(
-        f"You signed in as {username} with the password generated when the dashboard was set "
-        f"up. Choose your own before anything else: at least {MIN_PASSWORD} characters, no "
-        "space at either end, not the generated one."
+        f"The password of {username} was generated when the dashboard was set up. Choose "
+        f"your own before anything else: at least {MIN_PASSWORD} characters, no space at "
+        "either end, not the generated one."
     )
     with st.form("choose_password"):
         new = st.text_input("New password", type="password")

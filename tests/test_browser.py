@@ -899,7 +899,7 @@ def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothi
             page.get_by_label("New password", exact=True).fill("erin-chose-this")
             page.get_by_label("New password, again").fill("erin-chose-this")
             page.get_by_role("button", name="Set my password").click()
-            page.get_by_text("Signed in as erin").wait_for()
+            page.locator('[data-testid="stSidebar"]').get_by_text("Signed in as erin").wait_for()
             page.get_by_role("heading", name="Setup").first.wait_for()
             _only_the_icon(media)
         except BaseException:

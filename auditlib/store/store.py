@@ -219,23 +219,17 @@ class Store:
         """Assets newest first, WITHOUT their bytes (AssetInfo; ``get_asset`` loads them);
         with ``owner``, only the uploads that user holds a claim to, as they named them,
         newest claim first."""
-        kinds = (
-            [] if kind is None else [Asset.kind == check_choice(kind, ASSET_KINDS, "asset kind")]
-        )
+        checked = None if kind is None else check_choice(kind, ASSET_KINDS, "asset kind")
+        kinds = [] if checked is None else [Asset.kind == checked]
         with self._session() as s:
             if owner is None:
                 query = select(Asset).options(defer(Asset.data)).where(*kinds)
                 query = query.order_by(Asset.created_at.desc(), Asset.sha256)
                 return [asset_info(row) for row in s.scalars(query)]
-            claimed = (
-                select(Asset, AssetOwner)
-                .options(defer(Asset.data))
-                .join(AssetOwner)
-                .where(AssetOwner.owner == owner, *kinds)
-                .order_by(
-                    func.coalesce(AssetOwner.claimed_at, Asset.created_at).desc(), Asset.sha256
-                )
-            )
+            newest = func.coalesce(AssetOwner.claimed_at, Asset.created_at).desc()
+            claimed = select(Asset, AssetOwner).options(defer(Asset.data)).join(AssetOwner)
+            claimed = claimed.where(AssetOwner.owner == owner, *kinds)
+            claimed = claimed.order_by(newest, Asset.sha256)
             return [asset_info(row, claim) for row, claim in s.execute(claimed)]
 
     # ---------------------------------------------------------------- runs: writes
