@@ -888,13 +888,15 @@ def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothi
             sign_in(page, "alice", "alice-second-password")
             page.get_by_text("Your uploads in the store (1)").wait_for()  # nothing was removed
             page.get_by_role("button", name="Sign out").click()
+            page.get_by_text("Sign in to see your runs").wait_for()
+            page.wait_for_timeout(1000)  # the form's rerun ends before it is filled
 
             # A generated password opens one form only, until the user has chosen their own.
             add_user("erin", "erin-generated", "auditor", must_change=True, path=own_users)
             page.get_by_label("User name").fill("erin")
             page.get_by_label("Password", exact=True).fill("erin-generated")
             page.get_by_role("button", name="Sign in").click()
-            page.get_by_role("heading", name="Choose your password").wait_for()
+            page.get_by_role("heading", name="Choose your password").wait_for(timeout=60_000)
             assert page.get_by_role("heading", name="Setup").count() == 0
             page.get_by_label("New password", exact=True).fill("erin-chose-this")
             page.get_by_label("New password, again").fill("erin-chose-this")
