@@ -164,16 +164,7 @@ def run_attacks(
         began = time.perf_counter()
         final = None
         try:
-            events = run_attack(
-                call.info,
-                call.observation,
-                call.knowledge,
-                attack.config,
-                call.control,
-                call.seed,
-                attack.preset,
-            )
-            for event in events:
+            for event in call.events():
                 if event.final is not None:
                     final = event.final
                 # One final for the whole run: iter_audit scores the attacks' finals itself.
@@ -209,6 +200,18 @@ class AttackCall:
     knowledge: AttackerKnowledge
     control: RunControl
     seed: int
+
+    def events(self):
+        """The attack's run on this update: ``run_attack``'s progress events."""
+        return run_attack(
+            self.info,
+            self.observation,
+            self.knowledge,
+            self.attack.config,
+            self.control,
+            self.seed,
+            self.attack.preset,
+        )
 
 
 def attack_call(

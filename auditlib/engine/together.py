@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from auditlib.attacks import ATTACKS, ProgressEvent
-from auditlib.attacks.restarts import run_attack, run_attack_updates, why_apart
+from auditlib.attacks.restarts import run_attack_updates, why_apart
 from auditlib.engine.attack_phase import (
     AttackCall,
     AttackRun,
@@ -203,16 +203,7 @@ class _Phase:
         began = time.perf_counter()
         final, skipped = None, None
         try:
-            attack = call.attack
-            for event in run_attack(
-                call.info,
-                call.observation,
-                call.knowledge,
-                attack.config,
-                call.control,
-                call.seed,
-                attack.preset,
-            ):
+            for event in call.events():
                 final = event.final if event.final is not None else final
                 yield u, self._renumbered(u, event, began)
         except AttackUnsupportedError as exc:
