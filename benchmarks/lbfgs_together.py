@@ -29,10 +29,12 @@ Usage: python -m benchmarks.lbfgs_together [--quick] [--repeats 5] [--photo 0] [
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -50,8 +52,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "lbfgs_together.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 
 
-def _victim_and_release(photo: int):
-    spec = lenet_spec("dlg", offset=photo)
+def _victim_and_release(photo: int, device: str = "cpu"):
+    spec = dataclasses.replace(lenet_spec("dlg", offset=photo), device=device)
     victim = prepare_victim(spec)
     release = release_update(
         victim.model,
@@ -136,19 +138,27 @@ def profile(victim, release, steps: int, raced: bool) -> dict:
     }
 
 
-def measure(photo: int, steps: int, repeats: int, raced: bool) -> dict:
-    victim, release = _victim_and_release(photo)
+def measure(photo: int, steps: int, repeats: int, raced: bool, device: str = "cpu") -> dict:
+    victim, release = _victim_and_release(photo, device)
     _run(victim, release, 2, True)  # warm-up: lazy imports, allocator
     _run(victim, release, 2, False)
     arms: dict[bool, list[dict]] = {False: [], True: []}
     for _ in range(repeats):
         for together in (False, True):
             arms[together].append(_run(victim, release, steps, together, raced))
-            print(json.dumps({"together": together, **arms[together][-1]}), flush=True)
+            # One JSON line per run: --from-log makes rows of a run cut off before the end.
+            case = {"photo": photo, "steps": steps, "raced": raced, "together": together}
+            print(json.dumps({**case, **arms[together][-1]}), flush=True)
+    return _row(photo, steps, raced, arms)
+
+
+def _row(photo: int, steps: int, raced: bool, arms: dict[bool, list[dict]]) -> dict:
+    """Both arms' runs as one row, per arm the median of its runs."""
 
     def median(together: bool, key: str) -> float:
         return statistics.median(r[key] for r in arms[together])
 
+    repeats = min(len(arms[False]), len(arms[True]))
     row = {"photo": photo, "steps": steps, "repeats": repeats, "raced": raced}
     for together, name in ((False, "apart"), (True, "together")):
         row[name] = {
@@ -162,7 +172,19 @@ def measure(photo: int, steps: int, repeats: int, raced: bool) -> dict:
     return row
 
 
-def table(rows: list[dict], profiled: list[dict]) -> str:
+def rows_from_log(path: str, photo: int, steps: int) -> list[dict]:
+    """The rows of an earlier run from the JSON lines it printed, for a run cut off before
+    it wrote its results (lines without their case are ``photo`` and ``steps``, raced)."""
+    cases: dict[tuple, dict[bool, list[dict]]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.startswith("{") and '"together"' in line:
+            run = json.loads(line)
+            case = (run.pop("photo", photo), run.pop("steps", steps), run.pop("raced", True))
+            cases.setdefault(case, {False: [], True: []})[run.pop("together")].append(run)
+    return [_row(*case, arms) for case, arms in cases.items() if arms[False] and arms[True]]
+
+
+def table(rows: list[dict], profiled: list[dict], measured_on: str | None = None) -> str:
     lines = [
         "| DLG audit settings, 8 starts | steps per start | arm | wall time (s) | start-steps | "
         "start-steps/s | evaluations/s | PSNR of the pick (dB) | speed-up (wall) |",
@@ -189,7 +211,7 @@ def table(rows: list[dict], profiled: list[dict]) -> str:
     medians = " and ".join(f"{r['repeats']}" for r in rows)
     return text + (
         f"\n\nMedian of {medians} interleaved repetitions; bundled photograph "
-        f"{rows[0]['photo']}. Measured on: {machine()}."
+        f"{rows[0]['photo']}. Measured on: {measured_on or machine()}."
     )
 
 
@@ -252,6 +274,14 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave the docs")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (its own table)")
+    parser.add_argument(
+        "--from-log",
+        metavar="LOG",
+        help="make the rows from the JSON lines an earlier run printed (cut off before it "
+        "wrote its results); --steps, --photo and --device as that run had them",
+    )
+    parser.add_argument("--measured-on", help="with --from-log: the machine the log came from")
     parser.add_argument(
         "--photographs",
         action="store_true",
@@ -275,19 +305,34 @@ def main() -> None:
         (30, 10, 2) if args.quick else (args.steps, args.unraced_steps, args.repeats)
     )
     cases = [(steps, True)] + ([(unraced, False)] if unraced > 0 else [])
-    rows = [measure(args.photo, n, repeats, raced) for n, raced in cases]
-    profiled = []
-    if args.profile:
-        victim, release = _victim_and_release(args.photo)
-        profiled = [profile(victim, release, n, raced) for n, raced in cases]
-    text = table(rows, profiled)
+    profiled, measured_on = [], args.measured_on
+    if args.from_log:
+        rows = rows_from_log(args.from_log, args.photo, steps)
+    else:
+        print(json.dumps({"machine": machine()}), flush=True)
+        rows = [measure(args.photo, n, repeats, raced, args.device) for n, raced in cases]
+        if args.profile:
+            victim, release = _victim_and_release(args.photo, args.device)
+            profiled = [profile(victim, release, n, raced) for n, raced in cases]
+    text = table(rows, profiled, measured_on)
     print(text)
     if args.quick or args.no_doc:
         return
-    RESULTS.write_text(
-        json.dumps({"machine": machine(), "rows": rows, "profile": profiled}, indent=2) + "\n"
+    cuda = args.device != "cpu"
+    results = RESULTS.with_name("lbfgs_together-cuda.json") if cuda else RESULTS
+    results.write_text(
+        json.dumps(
+            {
+                "machine": measured_on or machine(),
+                "device": args.device,
+                "rows": rows,
+                "profile": profiled,
+            },
+            indent=2,
+        )
+        + "\n"
     )
-    replace_section(DOC, "lbfgs-together", text)
+    replace_section(DOC, "lbfgs-together-cuda" if cuda else "lbfgs-together", text)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -49,9 +51,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "updates_together.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 
 
-def _specs(attack: str, updates: int, steps: int):
+def _specs(attack: str, updates: int, steps: int, device: str = "cpu"):
     base = dataclasses.replace(
-        lenet_spec(attack), attack=ComponentSpec.of(attack, {}, "audit"), budget=Budget(steps)
+        lenet_spec(attack),
+        attack=ComponentSpec.of(attack, {}, "audit"),
+        budget=Budget(steps),
+        device=device,
     )
     return update_specs(base, updates)
 
@@ -89,33 +94,72 @@ def _run(specs, together: bool) -> dict:
     }
 
 
-def measure(attack: str, updates: int, steps: int, repeats: int) -> dict:
-    specs = _specs(attack, updates, steps)
-    warm = _specs(attack, 2, 2)  # lazy imports, allocator
+def measure(
+    attack: str, updates: int, steps: int, repeats: int, device: str = "cpu", apart: int = 0
+) -> dict:
+    """Both arms ``repeats`` times, interleaved; ``apart`` > 0 runs the one-after-another arm
+    on the first ``apart`` updates only (each update's run is independent of the others, so
+    its updates per second are the same: used where the whole arm would not fit a lent GPU's
+    time), and the ratio is of updates per second."""
+    specs = _specs(attack, updates, steps, device)
+    warm = _specs(attack, 2, 2, device)  # lazy imports, allocator
     _run(warm, True)
     _run(warm, False)
     arms: dict[bool, list[dict]] = {False: [], True: []}
     for _ in range(repeats):
         for together in (False, True):
-            arms[together].append(_run(specs, together))
-            row = {k: v for k, v in arms[together][-1].items() if k != "psnr"}
-            print(json.dumps({"attack": attack, "together": together, **row}), flush=True)
+            arms[together].append(
+                _run(specs[:apart] if apart and not together else specs, together)
+            )
+            # Each run as one JSON line: a run cut off (a lent GPU's time) keeps what it
+            # measured, and --from-log makes the rows from those lines.
+            print(
+                json.dumps({"attack": attack, "together": together, **arms[together][-1]}),
+                flush=True,
+            )
+    return _row(attack, updates, steps, arms)
+
+
+def _row(attack: str, updates: int, steps: int, arms: dict[bool, list[dict]]) -> dict:
+    """Both arms' runs as one row: per arm the median of its runs (the first run's share)."""
 
     def median(together: bool, key: str) -> float:
         return statistics.median(r[key] for r in arms[together])
 
+    repeats = min(len(arms[False]), len(arms[True]))
     row = {"attack": attack, "updates": updates, "steps": steps, "repeats": repeats}
+    row["apart_updates"] = arms[False][0]["images"] * updates // arms[True][0]["images"]
     for together, name in ((False, "apart"), (True, "together")):
         row[name] = {k: median(together, k) for k in ("seconds", "updates_per_s", "load")}
         first = arms[together][0]
-        row[name].update({k: first[k] for k in ("recovered", "images", "share", "psnr")})
+        row[name].update({k: first.get(k) for k in ("recovered", "images", "share", "psnr")})
         row[name]["runs"] = arms[together]
     row["notes"] = arms[True][0]["notes"]
-    row["throughput_ratio"] = row["apart"]["seconds"] / row["together"]["seconds"]
+    row["throughput_ratio"] = row["together"]["updates_per_s"] / row["apart"]["updates_per_s"]
     return row
 
 
-def profile(attack: str, updates: int, steps: int) -> dict:
+def rows_from_log(path: str, updates: int, steps: int) -> list[dict]:
+    """The rows of an earlier run from the JSON lines it printed (one per finished run),
+    for a run cut off before it wrote its results; an attack with an arm that never
+    finished has no row (said on stderr)."""
+    arms: dict[str, dict[bool, list[dict]]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.startswith("{") and '"attack"' in line:
+            run = json.loads(line)
+            arms.setdefault(run.pop("attack"), {False: [], True: []})[run.pop("together")].append(
+                run
+            )
+    rows = []
+    for attack, runs in arms.items():
+        if runs[False] and runs[True]:
+            rows.append(_row(attack, updates, steps, runs))
+        else:
+            print(f"{attack}: an arm never finished in {path}; no row", file=sys.stderr)
+    return rows
+
+
+def profile(attack: str, updates: int, steps: int, device: str = "cpu") -> dict:
     """Where one together run's time goes: the batched objective (every row's update in one
     ``vmap`` pass, each update's distance), the L-BFGS directions (DLG), the rest (the
     per-start scalar logic of torch's algorithm, events, race, victims, scores)."""
@@ -126,7 +170,7 @@ def profile(attack: str, updates: int, steps: int) -> dict:
         _timed(_Histories, "direction", bucket),
     ]
     try:
-        run = _run(_specs(attack, updates, steps), True)
+        run = _run(_specs(attack, updates, steps, device), True)
     finally:
         for u in undo:
             u()
@@ -142,13 +186,13 @@ def profile(attack: str, updates: int, steps: int) -> dict:
     }
 
 
-def scaling(sizes=(1, 8, 16, 32, 64, 128)) -> list[dict]:
+def scaling(sizes=(1, 8, 16, 32, 64, 128), device: str = "cpu") -> list[dict]:
     """The cost of one batched DLG objective evaluation (forward and backward, the images'
     and label logits' gradients) per row, at K rows: where batching stops paying."""
     from auditlib.attacks.objectives import UpdateMatcher
     from auditlib.engine.audit import prepare_run
 
-    run = prepare_run(lenet_spec("dlg"))
+    run = prepare_run(dataclasses.replace(lenet_spec("dlg"), device=device))
     release = run.release
     matcher = UpdateMatcher(release.observation, release.knowledge, "l2")
     generator = torch.Generator().manual_seed(0)
@@ -161,15 +205,21 @@ def scaling(sizes=(1, 8, 16, 32, 64, 128)) -> list[dict]:
             loss = matcher.together(images, labels).sum()
         torch.autograd.grad(loss, [images, logits])
 
+    def synchronize() -> None:
+        if device != "cpu":
+            torch.cuda.synchronize()
+
     rows = []
     for k in sizes:
-        images = torch.randn(k, 1, 3, 32, 32, generator=generator).requires_grad_(True)
-        logits = torch.randn(k, 1, 100, generator=generator).requires_grad_(True)
+        images = torch.randn(k, 1, 3, 32, 32, generator=generator).to(device).requires_grad_(True)
+        logits = torch.randn(k, 1, 100, generator=generator).to(device).requires_grad_(True)
         evaluate(matcher, images, logits)
         repeats = max(5, 256 // k)
+        synchronize()
         start = time.perf_counter()
         for _ in range(repeats):
             evaluate(matcher, images, logits)
+        synchronize()
         seconds = (time.perf_counter() - start) / repeats
         rows.append(
             {"rows": k, "ms_per_evaluation": 1e3 * seconds, "ms_per_row": 1e3 * seconds / k}
@@ -177,7 +227,12 @@ def scaling(sizes=(1, 8, 16, 32, 64, 128)) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], profiled: list[dict], scaled: list[dict] | None = None) -> str:
+def table(
+    rows: list[dict],
+    profiled: list[dict],
+    scaled: list[dict] | None = None,
+    measured_on: str | None = None,
+) -> str:
     lines = [
         "| attack (audit preset) | updates | steps per start | arm | wall time (s) | "
         "updates/s | recovered (share) | throughput ratio | load (1 min) |",
@@ -187,8 +242,9 @@ def table(rows: list[dict], profiled: list[dict], scaled: list[dict] | None = No
         for arm in ("apart", "together"):
             a = r[arm]
             ratio = f"{r['throughput_ratio']:.2f}x" if arm == "together" else "-"
+            updates = r.get("apart_updates", r["updates"]) if arm == "apart" else r["updates"]
             lines.append(
-                f"| {r['attack']} | {r['updates']} | {r['steps']} | {arm} | {a['seconds']:.1f} | "
+                f"| {r['attack']} | {updates} | {r['steps']} | {arm} | {a['seconds']:.1f} | "
                 f"{a['updates_per_s']:.3f} | {a['recovered']}/{a['images']} ({a['share']:.0%}) | "
                 f"{ratio} | {a['load']:.1f} |"
             )
@@ -208,7 +264,7 @@ def table(rows: list[dict], profiled: list[dict], scaled: list[dict] | None = No
     repeats = " and ".join(f"{r['repeats']}" for r in rows)
     return text + (
         f"\n\nMedian of {repeats} interleaved repetitions (the load column: the median 1-minute "
-        f"load average at the end of each run). Measured on: {machine()}."
+        f"load average at the end of each run). Measured on: {measured_on or machine()}."
     )
 
 
@@ -225,34 +281,68 @@ def main() -> None:
     )
     parser.add_argument("--no-doc", action="store_true", help="print only; leave the docs")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (its own table)")
+    parser.add_argument(
+        "--apart-updates",
+        type=int,
+        default=0,
+        help="run the one-after-another arm on the first N updates only (0: all); the "
+        "ratio is of updates per second",
+    )
+    parser.add_argument(
+        "--from-log",
+        metavar="LOG",
+        help="make the rows from the JSON lines an earlier run printed (cut off before it "
+        "wrote its results); --updates, --steps and --device as that run had them",
+    )
+    parser.add_argument("--measured-on", help="with --from-log: the machine the log came from")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     updates, steps, repeats = (4, 10, 1) if args.quick else (args.updates, args.steps, args.repeats)
-    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
-    rows = [measure(a, updates, steps, repeats) for a in attacks]
-    profiled = [profile(a, updates, steps) for a in attacks] if args.profile else []
-    scaled = scaling() if args.scaling else []
-    text = table(rows, profiled, scaled)
+    measured_on = None
+    if args.from_log:
+        rows, profiled, scaled = rows_from_log(args.from_log, updates, steps), [], []
+        attacks, measured_on = [r["attack"] for r in rows], args.measured_on
+    else:
+        print(json.dumps({"machine": machine()}), flush=True)
+        attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
+        rows = [
+            measure(a, updates, steps, repeats, args.device, args.apart_updates) for a in attacks
+        ]
+        profiled = (
+            [profile(a, updates, steps, args.device) for a in attacks] if args.profile else []
+        )
+        scaled = scaling(device=args.device) if args.scaling else []
+    text = table(rows, profiled, scaled, measured_on)
     print(text)
     if args.quick or args.no_doc:
         return
     # Rows of the attacks not rerun are kept (DLG and IG may be measured in separate runs,
     # with their own repetitions); the table is made from all of them.
-    kept = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": [], "profile": []}
+    cuda = args.device != "cpu"
+    results = RESULTS.with_name("updates_together-cuda.json") if cuda else RESULTS
+    kept = json.loads(results.read_text()) if results.exists() else {"rows": [], "profile": []}
     rows = [r for r in kept["rows"] if r["attack"] not in attacks] + rows
     profiled = [p for p in kept.get("profile", []) if p["attack"] not in attacks] + profiled
     order = {"dlg": 0, "ig": 1}
     rows.sort(key=lambda r: order.get(r["attack"], 2))
     profiled.sort(key=lambda p: order.get(p["attack"], 2))
     scaled = scaled or kept.get("scaling", [])
-    RESULTS.write_text(
+    results.write_text(
         json.dumps(
-            {"machine": machine(), "rows": rows, "profile": profiled, "scaling": scaled},
+            {
+                "machine": measured_on or machine(),
+                "device": args.device,
+                "rows": rows,
+                "profile": profiled,
+                "scaling": scaled,
+            },
             indent=2,
         )
         + "\n"
     )
-    replace_section(DOC, "updates-together", table(rows, profiled, scaled))
+    marker = "updates-together-cuda" if cuda else "updates-together"
+    replace_section(DOC, marker, table(rows, profiled, scaled, measured_on))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,17 @@ def flat_like(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return x.reshape(*x.shape[: x.dim() - t.dim()], -1)
 
 
-def _flat(c: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+class RowTargets(tuple):
+    """Target tensors with a leading row dimension: row r of the stacked candidate is
+    measured against row r, its own update's target (updates together,
+    ``attacks.updates``), in one call rather than one call per update."""
+
+
+def _flat(
+    c: torch.Tensor, t: torch.Tensor, rows: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if rows:
+        return c.reshape(c.shape[0], -1), t.reshape(t.shape[0], -1)
     return flat_like(c, t), t.reshape(-1)
 
 
@@ -42,18 +52,22 @@ def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.dot(a, b)
     if b.dim() == 1:
         return torch.mv(a, b)
-    return (a * b).sum(-1)
+    # Row by row: vecdot gives multiply-then-sum's values with a fused backward (4.0 against
+    # 6.5 ms forward and backward on 64 rows of LeNet's 76 800 weights, one CPU thread).
+    return torch.linalg.vecdot(a, b)
 
 
 # Each distance takes the candidate update as one tensor per parameter, or R candidates
-# stacked along a leading dimension (then one value per restart), and the target's tensors.
+# stacked along a leading dimension (then one value per restart), and the target's tensors
+# (or, as ``RowTargets``, one target per candidate row).
 
 
 def l2_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum of squared differences over all parameters (DLG, Zhu et al. 2019, Eq. 4)."""
     total = candidate[0].new_zeros(())
+    rows = isinstance(target, RowTargets)
     for c, t in zip(candidate, target, strict=True):
-        c, t = _flat(c, t)
+        c, t = _flat(c, t, rows)
         difference = c - t
         total = total + _inner(difference, difference)
     return total
@@ -62,8 +76,9 @@ def l2_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor
 def l1_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum of absolute differences: the negative log-likelihood under Laplace noise."""
     total = candidate[0].new_zeros(())
+    rows = isinstance(target, RowTargets)
     for c, t in zip(candidate, target, strict=True):
-        c, t = _flat(c, t)
+        c, t = _flat(c, t, rows)
         total = total + (c - t).abs().sum(-1)
     return total
 
@@ -81,8 +96,11 @@ def cosine_distance(
     dot = candidate[0].new_zeros(())
     c_norm = candidate[0].new_zeros(())
     t_norm = candidate[0].new_zeros(())
+    rows = isinstance(target, RowTargets)
+    if rows and masks is not None:
+        raise ValueError("masks take one target, not one per row")
     for index, (c, t) in enumerate(zip(candidate, target, strict=True)):
-        c, t = _flat(c, t)
+        c, t = _flat(c, t, rows)
         if masks is None:
             t_norm = t_norm + _inner(t, t)
         else:
@@ -102,8 +120,9 @@ def layer_l2_distance(
     GradInversion's per-layer gradient distance (Yin et al. 2021, Eq. 4).
     """
     total = candidate[0].new_zeros(())
+    rows = isinstance(target, RowTargets)
     for c, t in zip(candidate, target, strict=True):
-        c, t = _flat(c, t)
+        c, t = _flat(c, t, rows)
         total = total + torch.linalg.vector_norm(c - t, dim=-1)
     return total
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from auditlib.attacks.objectives import UpdateMatcher, why_not_together
+from auditlib.attacks.objectives import RowTargets, UpdateMatcher, why_not_together
 from auditlib.threat import AttackerKnowledge
 
 
@@ -28,12 +28,23 @@ class UpdatesMatcher:
         # What an attack fits besides its images: nothing where updates advance together
         # (``why_updates_apart`` refuses a defense that hides parameters).
         self.unknowns: tuple[torch.Tensor, ...] = ()
+        self.targets = _stacked_targets(self.matchers)
+        self._gathered: tuple[tuple[int, ...], RowTargets] | None = None
 
     def restart(self) -> None:
         """No unknown parameters to reset (see :attr:`unknowns`)."""
 
     def at(self, rows: Sequence[int]) -> _Rows:
         return _Rows(self, list(rows))
+
+    def row_targets(self, owners: Sequence[int]) -> RowTargets:
+        """Each row's own update's target, gathered once per set of rows (the rows change
+        only when a start is dropped or finishes)."""
+        key = tuple(owners)
+        if self._gathered is None or self._gathered[0] != key:
+            index = torch.tensor(key, device=self.targets[0].device)
+            self._gathered = key, RowTargets(t.index_select(0, index) for t in self.targets)
+        return self._gathered[1]
 
 
 class _Rows:
@@ -61,9 +72,14 @@ class _Rows:
         A matcher here has ``stacked_updates(images, labels)`` and ``measured(updates,
         images, extra)`` (``UpdateMatcher``, ``ModelLeakageObjective``)."""
         matchers = self.many.matchers
-        updates = matchers[self.owners[0]].stacked_updates(images, labels)
+        first = matchers[self.owners[0]]
+        updates = first.stacked_updates(images, labels)
         if len(set(self.owners)) == 1:
-            return matchers[self.owners[0]].measured(updates, images, extra)
+            return first.measured(updates, images, extra)
+        if self.many.targets is not None and extra is None:
+            # One distance call over every row, each against its own update's target: one
+            # call per update launched U times the kernels, most of a GPU step (issue 34).
+            return first.distance(updates, self.many.row_targets(self.owners))
         # Each update's rows made contiguous (a no-op where they are, as the loop's sorted
         # rows are) and split, not picked out one update at a time: a pick's backward writes
         # a gradient the size of all rows, so U picks would cost U times the whole batch.
@@ -90,6 +106,19 @@ class _Rows:
         back = torch.empty_like(index)
         back[index] = torch.arange(len(order), device=images.device)
         return values.index_select(0, back)  # the rows' own order
+
+
+def _stacked_targets(matchers: Sequence[UpdateMatcher]) -> tuple[torch.Tensor, ...] | None:
+    """Every update's target stacked per parameter, where one distance call can measure all
+    rows: plain matchers (no release likelihood, so no prior) sharing one distance. Else
+    None, and each update's rows are measured by its own matcher."""
+    plain = all(
+        type(m) is UpdateMatcher and m.view.noise is None and m.distance is matchers[0].distance
+        for m in matchers
+    )
+    if not plain or len(matchers) < 2:
+        return None
+    return tuple(torch.stack(ts) for ts in zip(*(m.target for m in matchers), strict=True))
 
 
 def same_model(knowledges: Sequence[AttackerKnowledge]) -> bool:
