@@ -4,7 +4,9 @@ each update's figures, the worst case).
 
 One update's verdict is an anecdote (which image happened to be picked decides it); the
 sample says how often a client's data comes back. The updates are a batch of ordinary runs
-(``?sample=...``), run in parallel where Ray has workers, like a comparison's.
+(``?sample=...``); they start as one task that advances them together where their attack has
+a batched form (``engine.together``), else side by side where Ray has workers, like a
+comparison's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import streamlit as st
 
 from auditlib.engine import batches
 from auditlib.engine.sample import MAX_UPDATES
+from auditlib.engine.together import why_sample_apart
 from auditlib.errors import AuditInputError
 from dashboard.batch_view import open_batch, start_batch
 from dashboard.entry import through_app
@@ -73,6 +76,8 @@ def main() -> None:
             members = batches.sample_members(base, updates, assets)
         except AuditInputError as exc:
             errors.append(str(exc))
+    if members:
+        st.caption(_how_they_run([m.spec for m in members]))
     blocked = show_problems(errors, missing)
     if st.button(
         f"Audit the sample ({len(members) or updates} updates)",
@@ -86,6 +91,16 @@ def main() -> None:
             st.error(error)
 
     open_batch("sample")
+
+
+def _how_they_run(specs) -> str:
+    why = why_sample_apart(specs)
+    if why is None:
+        return (
+            f"The {len(specs)} updates advance together as one batched computation on one "
+            "worker, each still its own run and verdict; cancelling one stops them all."
+        )
+    return f"The updates run as separate runs, side by side where Ray has workers ({why})."
 
 
 main()

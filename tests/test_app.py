@@ -1528,12 +1528,17 @@ def test_the_sample_page_audits_every_update_and_gives_the_share_with_its_interv
     at.number_input(key="sample.updates").set_value(2)
     at.number_input(key="iterations.dlg.audit").set_value(3).run()
     assert not _errors(at), _errors(at)
+    said = " ".join(c.value for c in at.caption)
+    assert "The 2 updates advance together as one batched computation on one worker" in said
     at.button(key="sample.start").click().run()
     assert not at.exception and not _errors(at), _errors(at)
     batch_id = at.query_params["sample"]
     states = _wait_batch(manager, store, batch_id)
     assert [s.member.label for s in states] == ["update 1 (image 1)", "update 2 (image 2)"]
     assert [s.run.spec["data"]["offset"] for s in states] == [0, 1]
+    # One task advanced both (engine.together): the attack's joint time, halved, each.
+    seconds = {store.get_run(s.run.id).result.timing.seconds for s in states}
+    assert len(seconds) == 1, seconds
 
     at.run()
     assert not at.exception and not _errors(at), _errors(at)

@@ -181,3 +181,53 @@ def test_runs_never_outnumber_the_cpus_ray_has(manager, store):
         running += change
         most = max(most, running)
     assert most <= cpus // ray_backend.cpus_per_run()
+
+
+# --- a sample's updates as one task (issue 34) -----------------------------------------------
+
+
+def test_a_samples_updates_run_together_as_one_task_each_its_own_run(manager, store):
+    """Two updates of a sample start as one Ray task; each is its own run in the store, with
+    its own events, images and result, the attack's time shared between them."""
+    from auditlib.engine.sample import update_specs
+
+    updates = update_specs(spec(6), 2)
+    run_ids = manager.start_together(updates, titles=["update 1", "update 2"])
+    assert len(run_ids) == 2 and len(set(run_ids)) == 2
+    assert all(manager.wait(r, 180) for r in run_ids)
+    records = [store.get_run(r) for r in run_ids]
+    assert [r.status for r in records] == ["completed", "completed"], [r.error for r in records]
+    assert [r.title for r in records] == ["update 1", "update 2"]
+    assert [r.spec_id for r in records] == [run_identity(u) for u in updates]
+    for run_id in run_ids:
+        assert [e.step for e in store.events(run_id)][-1] == 6
+        for kind in ("originals", "live", "reconstruction"):
+            assert store.image(run_id, kind).png.startswith(b"\x89PNG")
+    first, second = (r.result for r in records)
+    assert first.timing.seconds == second.timing.seconds  # one joint attack, halved
+    assert first.victim.data.names != second.victim.data.names  # each its own photograph
+
+
+def test_cancelling_one_update_of_a_sample_together_stops_them_all(manager, store):
+    from auditlib.engine.sample import update_specs
+
+    run_ids = manager.start_together(update_specs(spec(1_000_000, attack="ig"), 2))
+    deadline = time.monotonic() + 120
+    while store.latest_event(run_ids[1]) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manager.cancel(run_ids[1])
+    assert all(manager.wait(r, 30) for r in run_ids)
+    for run_id in run_ids:
+        record = store.get_run(run_id)
+        assert record.status == "cancelled" and record.cancel_requested
+        assert record.result.stop_reason == "cancelled"
+
+
+def test_runs_that_cannot_advance_together_are_refused_before_anything_is_recorded(manager, store):
+    from auditlib.engine.sample import update_specs
+
+    with pytest.raises(AuditInputError, match="cannot advance together: one update"):
+        manager.start_together([spec(6)])
+    with pytest.raises(AuditInputError, match="grnn has no batched form across updates"):
+        manager.start_together(update_specs(spec(6, attack="grnn"), 2))
+    assert store.list_runs() == []

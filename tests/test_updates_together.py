@@ -367,3 +367,39 @@ def test_the_sample_audit_plans_and_runs_its_updates_together_on_cuda(capsys):
     words = " ".join(n.words for n in notes)
     assert "3 updates advanced together" in words and "free on cuda" in words
     assert all(r.summary.metrics.psnr_mean > 0 for r in results)
+
+
+def test_updates_together_stream_each_updates_items_as_its_run_alone_would():
+    """``iter_together`` gives each update its start first, then its events (a live frame
+    after each with images), then its result, last; cancelling stops every update."""
+    from auditlib.engine.audit import AuditResult, AuditStart, LiveFrame
+    from auditlib.engine.sample import update_specs
+    from auditlib.engine.together import iter_together
+
+    specs = update_specs(lenet_spec("dlg", iterations=4), 2)
+    items: dict[int, list] = {0: [], 1: []}
+    notes = []
+    for u, item in iter_together(specs, lpips_nets=(), emit_every=2, image_every=2):
+        (notes if u is None else items[u]).append(item)
+    assert len(notes) == 1 and "2 updates advanced together" in notes[0].words
+    for u in (0, 1):
+        kinds = [type(i).__name__ for i in items[u]]
+        assert kinds[0] == "AuditStart" and kinds[-1] == "AuditResult", kinds
+        assert "ProgressEvent" in kinds and "LiveFrame" in kinds
+        assert isinstance(items[u][0], AuditStart) and isinstance(items[u][-1], AuditResult)
+        frames = [i for i in items[u] if isinstance(i, LiveFrame)]
+        assert all(f.images.shape == (1, 32, 32, 3) for f in frames)
+    assert items[0][0].names != items[1][0].names
+
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(1)
+        return len(asked) > 3
+
+    ends = [
+        item
+        for u, item in iter_together(specs, lpips_nets=(), is_cancelled=cancelled)
+        if isinstance(item, AuditResult)
+    ]
+    assert [r.summary.stop_reason for r in ends] == ["cancelled", "cancelled"]

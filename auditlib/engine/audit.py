@@ -127,12 +127,18 @@ class PreparedRun:
 def prepare_run(spec: RunSpec, **kwargs: Any) -> PreparedRun:
     """Everything of a run before its attacks: the plan, the victim, the release (the
     keywords are :func:`iter_audit`'s, less ``lpips_nets``)."""
+    return prepare_run_started(spec, **kwargs)[1]
+
+
+def prepare_run_started(spec: RunSpec, **kwargs: Any) -> tuple[AuditStart, PreparedRun]:
+    """:func:`prepare_run` with the :class:`AuditStart` a streamed run sends first."""
     preparing = _prepare(spec, **kwargs)
+    start = next(preparing)
     while True:
         try:
             next(preparing)
         except StopIteration as done:
-            return done.value
+            return start, done.value
 
 
 def _prepare(
@@ -208,7 +214,6 @@ def iter_audit(
         allow_trusted_archive=allow_trusted_archive,
         assets=assets,
     )
-    batch, victim, originals = prepared.batch, prepared.victim, prepared.originals
     started = time.perf_counter()
     first_event_s = None
     runs: list[AttackRun] = []
@@ -219,13 +224,9 @@ def iter_audit(
         if first_event_s is None:
             first_event_s = time.perf_counter() - started
         yield event
-        if event.images is not None and batch is not None:
-            current = to_unit_range(event.images, victim.normalization)
-            order = match(current, originals)
-            psnr_mean = float(
-                np.mean([psnr(current[j], originals[i]) for i, j in enumerate(order)])
-            )
-            yield LiveFrame(event.step, current[order], psnr_mean)
+        frame = live_frame(prepared, event)
+        if frame is not None:
+            yield frame
     seconds = time.perf_counter() - started
     result = yield from finish_run(
         prepared,
@@ -237,6 +238,18 @@ def iter_audit(
         assets=assets,
     )
     yield result
+
+
+def live_frame(prepared: PreparedRun, event: ProgressEvent) -> LiveFrame | None:
+    """The event's images matched to the originals with their PSNR so far (None where the
+    event carries no images or the run has no private images to compare with)."""
+    if event.images is None or prepared.batch is None:
+        return None
+    originals = prepared.originals
+    current = to_unit_range(event.images, prepared.victim.normalization)
+    order = match(current, originals)
+    psnr_mean = float(np.mean([psnr(current[j], originals[i]) for i, j in enumerate(order)]))
+    return LiveFrame(event.step, current[order], psnr_mean)
 
 
 def finish_run(

@@ -23,6 +23,7 @@ from auditlib.config import require
 from auditlib.defenses import DEFENSES, build_defense
 from auditlib.engine.controls import WITH_RESULT, needs_control
 from auditlib.engine.identity import run_identity, stored_runs
+from auditlib.engine.together import why_sample_apart
 from auditlib.errors import AuditInputError
 from auditlib.spec import ComponentSpec, RunSpec, run_spec_from_dict
 from auditlib.store import UNFINISHED, BatchRecord, RunRecord, Store
@@ -220,14 +221,25 @@ def launch(
     """Start the members that need a run (see :func:`needs_run`); returns the new run ids.
 
     ``manager`` is the dashboard's :class:`~auditlib.engine.runs.RunManager`; Ray queues the
-    runs and executes as many at once as it has CPUs for (``AUDIT_RAY_NUM_CPUS``).
+    runs and executes as many at once as it has CPUs for (``AUDIT_RAY_NUM_CPUS``). A
+    sample's updates start as one task, together (``RunManager.start_together``), where
+    they can advance together (``engine.together.why_sample_apart``).
     """
     started = []
     states = batch_state(manager.store, batch)
-    for state in states:
-        if needs_run(state):
-            title = f"{batch.title} · {state.member.label}" if batch.title else state.member.label
-            started.append(manager.start(state.member.spec, assets, title=title))
+    pending = [s for s in states if needs_run(s)]
+
+    def title_of(state: MemberState) -> str:
+        return f"{batch.title} · {state.member.label}" if batch.title else state.member.label
+
+    specs = [s.member.spec for s in pending]
+    if batch.kind == "sample" and len(pending) > 1 and why_sample_apart(specs) is None:
+        # A sample's updates advance as one batched computation on one worker
+        # (engine.together), each still its own run.
+        started += manager.start_together(specs, assets, [title_of(s) for s in pending])
+        pending = []
+    for state in pending:
+        started.append(manager.start(state.member.spec, assets, title=title_of(state)))
     # Every defended member is judged beside its undefended control; start the controls
     # that no member stands for (a comparison's "none" member usually does).
     controls: dict[str, RunSpec] = {}

@@ -186,44 +186,86 @@ def cancel_board():
     return CancelBoard.options(name=BOARD_NAME, get_if_exists=True).remote()
 
 
+class _CancelWatch:
+    """Whether the board says a run was cancelled, asked from a watcher thread, never from
+    the task's own thread: a task whose main thread blocks in ray.get lends its CPU back to
+    Ray, which then starts another queued run beside it (measured: a sweep on one worker ran
+    two runs at once while the attack asked the board between steps)."""
+
+    def __init__(self, board, run_id: str) -> None:
+        self.cancelled = threading.Event()
+        self.finished = threading.Event()
+        self._board, self._run_id = board, run_id
+        threading.Thread(target=self._watch, daemon=True, name=f"cancel-watch-{run_id[:8]}").start()
+
+    def _watch(self) -> None:
+        while not self.finished.wait(CANCEL_POLL_S):
+            try:
+                if ray.get(self._board.is_cancelled.remote(self._run_id)):
+                    self.cancelled.set()
+                    return
+            except Exception:  # the board is bookkeeping; a lost board cancels nothing
+                return
+
+
 def _audit_task(
     spec: RunSpec, assets: Mapping[str, bytes], run_id: str, board, settings: dict[str, Any]
 ):
     from auditlib.engine.stream import audit_messages
 
-    # The board is asked from a watcher thread, never from the task's own thread: a task
-    # whose main thread blocks in ray.get lends its CPU back to Ray, which then starts
-    # another queued run beside it (measured: a sweep on one worker ran two runs at once
-    # while the attack asked the board between steps).
-    cancelled = threading.Event()
-    finished = threading.Event()
-
-    def watch() -> None:
-        while not finished.wait(CANCEL_POLL_S):
-            try:
-                if ray.get(board.is_cancelled.remote(run_id)):
-                    cancelled.set()
-                    return
-            except Exception:  # the board is bookkeeping; a lost board cancels nothing
-                return
-
-    watcher = threading.Thread(target=watch, daemon=True, name=f"cancel-watch-{run_id[:8]}")
-    watcher.start()
+    watch = _CancelWatch(board, run_id)
     try:
-        yield from audit_messages(spec, assets, is_cancelled=cancelled.is_set, **settings)
+        yield from audit_messages(spec, assets, is_cancelled=watch.cancelled.is_set, **settings)
     finally:
-        finished.set()
+        watch.finished.set()
+
+
+def _together_task(
+    specs: list[RunSpec],
+    assets: Mapping[str, bytes],
+    group_id: str,
+    board,
+    settings: dict[str, Any],
+):
+    """A sample's updates as one task (``engine.stream.together_messages``): (update, wire
+    message) pairs. They advance as one computation, so cancelling the group (its id on the
+    board) stops every update."""
+    from auditlib.engine.stream import together_messages
+
+    watch = _CancelWatch(board, group_id)
+    try:
+        yield from together_messages(specs, assets, is_cancelled=watch.cancelled.is_set, **settings)
+    finally:
+        watch.finished.set()
 
 
 audit_task = ray.remote(num_returns="streaming", max_retries=0)(_audit_task)
+together_task = ray.remote(num_returns="streaming", max_retries=0)(_together_task)
+
+
+def _options(spec: RunSpec) -> dict[str, Any]:
+    # Ray gives a task's worker as many torch threads (OMP_NUM_THREADS) as CPUs it asked for.
+    options: dict[str, Any] = {"num_cpus": cpus_per_run()}
+    if spec.device.startswith("cuda"):
+        options["num_gpus"] = 1
+    return options
 
 
 def submit(
     spec: RunSpec, assets: Mapping[str, bytes], run_id: str, board, settings: dict[str, Any]
 ):
     """Start the task; returns its ObjectRefGenerator."""
-    # Ray gives a task's worker as many torch threads (OMP_NUM_THREADS) as CPUs it asked for.
-    options: dict[str, Any] = {"num_cpus": cpus_per_run()}
-    if spec.device.startswith("cuda"):
-        options["num_gpus"] = 1
-    return audit_task.options(**options).remote(spec, dict(assets), run_id, board, settings)
+    return audit_task.options(**_options(spec)).remote(spec, dict(assets), run_id, board, settings)
+
+
+def submit_together(
+    specs: list[RunSpec],
+    assets: Mapping[str, bytes],
+    group_id: str,
+    board,
+    settings: dict[str, Any],
+):
+    """Start a sample's updates as one task (one run's resources: its batched computation
+    is one worker's); returns its ObjectRefGenerator of (update, wire message)."""
+    task = together_task.options(**_options(specs[0]))
+    return task.remote(list(specs), dict(assets), group_id, board, settings)

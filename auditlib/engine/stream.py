@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from auditlib.engine.messages import (
     UtilityMessage,
     to_wire,
 )
+from auditlib.engine.together import iter_together
 from auditlib.errors import AuditInputError, RunCancelledError
 from auditlib.grids import comparison_grid, image_row
 from auditlib.metrics import LPIPS_NETS
@@ -81,29 +82,73 @@ def _messages(spec, assets, is_cancelled, emit_every, image_every, lpips_nets) -
             image_every=image_every,
             lpips_nets=lpips_nets,
         ):
-            if isinstance(item, AuditStart):
-                yield StartMessage(item.names, item.labels, row_png(item.originals))
-            elif isinstance(item, ProgressEvent):
-                yield EventMessage(item.step, item.total_steps, item.elapsed_s, dict(item.losses))
-            elif isinstance(item, LiveFrame):
-                yield FrameMessage(item.step, row_png(item.images), item.psnr_mean)
-            elif isinstance(item, UtilityProgress):
-                yield UtilityMessage(
-                    item.round, item.rounds, item.accuracy, item.elapsed_s, item.budget_s
-                )
-            elif isinstance(item, AuditResult):
-                yield ResultMessage(
-                    STATUS_BY_STOP_REASON.get(item.summary.stop_reason, "completed"),
-                    item.summary,
-                    png_bytes(comparison_grid(item.originals, item.reconstruction)),
-                )
-    except AuditInputError as exc:
-        yield ErrorMessage(str(exc), input_error=True)
-    except RunCancelledError as exc:
-        yield ErrorMessage(str(exc), input_error=False, cancelled=True)
-    except Exception as exc:  # the consumer marks the run failed and keeps the error
-        yield ErrorMessage(
-            f"{type(exc).__name__}: {exc}",
-            input_error=False,
-            traceback=traceback.format_exc(limit=20),
-        )
+            yield message_of(item)
+    except Exception as exc:
+        yield error_message(exc)
+
+
+def message_of(
+    item: AuditStart | ProgressEvent | LiveFrame | UtilityProgress | AuditResult,
+) -> Message:
+    """One item of an audit (``iter_audit``'s) as the message the consumer stores."""
+    if isinstance(item, AuditStart):
+        return StartMessage(item.names, item.labels, row_png(item.originals))
+    if isinstance(item, ProgressEvent):
+        return EventMessage(item.step, item.total_steps, item.elapsed_s, dict(item.losses))
+    if isinstance(item, LiveFrame):
+        return FrameMessage(item.step, row_png(item.images), item.psnr_mean)
+    if isinstance(item, UtilityProgress):
+        return UtilityMessage(item.round, item.rounds, item.accuracy, item.elapsed_s, item.budget_s)
+    return ResultMessage(
+        STATUS_BY_STOP_REASON.get(item.summary.stop_reason, "completed"),
+        item.summary,
+        png_bytes(comparison_grid(item.originals, item.reconstruction)),
+    )
+
+
+def error_message(exc: Exception) -> ErrorMessage:
+    """Why a run ended without a result: the user's input, a cancellation, or a failure
+    (the consumer marks the run failed and keeps the error)."""
+    if isinstance(exc, AuditInputError):
+        return ErrorMessage(str(exc), input_error=True)
+    if isinstance(exc, RunCancelledError):
+        return ErrorMessage(str(exc), input_error=False, cancelled=True)
+    return ErrorMessage(
+        f"{type(exc).__name__}: {exc}",
+        input_error=False,
+        traceback=traceback.format_exc(limit=20),
+    )
+
+
+def together_messages(
+    specs: Sequence[RunSpec],
+    assets: Mapping[str, bytes] | None = None,
+    *,
+    is_cancelled: Callable[[], bool] | None = None,
+    emit_every: int = 10,
+    image_every: int = 50,
+    lpips_nets: tuple[str, ...] = LPIPS_NETS,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A sample's updates run together (``engine.together.iter_together``) as one stream:
+    (update, wire message), each update's messages those of its run alone; where the shared
+    computation fails, an error for every update without a result yet."""
+    finished: set[int] = set()
+    try:
+        for u, item in iter_together(
+            specs,
+            assets=assets,
+            is_cancelled=is_cancelled,
+            emit_every=emit_every,
+            image_every=image_every,
+            lpips_nets=lpips_nets,
+        ):
+            if u is None:  # how the updates were grouped: the command line prints it
+                continue
+            if isinstance(item, AuditResult):
+                finished.add(u)
+            yield u, to_wire(message_of(item))
+    except Exception as exc:
+        error = to_wire(error_message(exc))
+        for u in range(len(specs)):
+            if u not in finished:
+                yield u, error

@@ -19,7 +19,7 @@ the updates that shared it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,10 +31,19 @@ from auditlib.engine.attack_phase import (
     AttackCall,
     AttackRun,
     attack_call,
+    plan_attacks,
     run_attacks,
     settled,
 )
-from auditlib.engine.audit import AuditResult, PreparedRun, finish_run, prepare_run
+from auditlib.engine.audit import (
+    AuditResult,
+    AuditStart,
+    LiveFrame,
+    PreparedRun,
+    finish_run,
+    live_frame,
+    prepare_run_started,
+)
 from auditlib.engine.memory_plan import (
     GroupPlan,
     MemoryPlan,
@@ -43,6 +52,7 @@ from auditlib.engine.memory_plan import (
     plan_groups,
     plan_updates,
 )
+from auditlib.engine.utility import UtilityProgress
 from auditlib.errors import AttackUnsupportedError
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
@@ -81,6 +91,22 @@ def why_specs_apart(specs: Sequence[RunSpec]) -> str | None:
     for spec in specs[1:]:  # update_specs changes only which images; anything else is refused
         if replace(spec, data=first.data) != first:
             return "the updates' specs differ beyond their images"
+    return None
+
+
+def why_sample_apart(specs: Sequence[RunSpec]) -> str | None:
+    """Why a sample's updates start as separate runs rather than as one task of updates
+    together (None: one task): their attack phases cannot be shared (:func:`why_specs_apart`),
+    or no attack they plan has a batched form across updates, so one task would only run
+    them one after another on one worker, where separate runs may run side by side."""
+    why = why_specs_apart(specs)
+    if why is not None:
+        return why
+    first = specs[0]
+    planned = plan_attacks(first.attack, first.budget.iterations, server=first.scenario.server)
+    if not any(ATTACKS[p.name].run_updates is not None for p in planned):
+        names = ", ".join(p.name for p in planned)
+        return f"{names} has no batched form across updates"
     return None
 
 
@@ -247,6 +273,78 @@ class _Phase:
             self._settle(u, calls[u], finals.get(u), skipped, share)
 
 
+Item = AuditStart | ProgressEvent | LiveFrame | UtilityProgress | AuditResult
+
+
+def iter_together(
+    specs: Sequence[RunSpec],
+    *,
+    assets: Mapping[str, bytes] | None = None,
+    is_cancelled: Callable[[], bool] | None = None,
+    lpips_nets: tuple[str, ...] = LPIPS_NETS,
+    emit_every: int = 10,
+    image_every: int = 50,
+) -> Iterator[tuple[int, Item] | tuple[None, Together | GroupPlan]]:
+    """The runs of ``specs`` (a sample's updates, ``engine.sample.update_specs``), their
+    attack phases shared (:func:`run_attacks_together`), each judged on its own, streamed:
+    (update, item) with update u's items as ``engine.audit.iter_audit`` yields them for its
+    run alone (its start, its events and live frames, its utility rounds, its result), and
+    (None, note) for how the updates were grouped and how each attack ran.
+
+    A prepared update holds its own model, release and attacker's copies until it is judged
+    (for 64 updates of a 224-pixel ResNet-18, gigabytes), so the updates are prepared,
+    attacked and judged a group at a time: as many as fit a share of the free memory, from
+    the first one's measured peak (``engine.memory_plan.plan_groups``). ``is_cancelled``
+    stops every update: they advance as one computation."""
+    device = torch.device(specs[0].device)
+    settings = {
+        "is_cancelled": is_cancelled,
+        "emit_every": emit_every,
+        "image_every": image_every,
+        "assets": assets,
+    }
+    held: list[tuple[AuditStart, PreparedRun]] = []
+
+    def prepare_first() -> None:
+        held.append(prepare_run_started(specs[0], **settings))
+
+    plan = plan_groups(len(specs), peak_bytes(prepare_first, device), device)
+    if plan.groups > 1:
+        yield None, plan
+    started = time.perf_counter()
+    for offset in range(0, len(specs), plan.size):
+        group = specs[offset : offset + plan.size]
+        prepared: list[PreparedRun] = []
+        for k, spec in enumerate(group):
+            start, run = held.pop() if held else prepare_run_started(spec, **settings)
+            yield offset + k, start
+            prepared.append(run)
+        outcomes: list[list[AttackRun]] = [[] for _ in group]
+        seconds = [0.0] * len(group)
+        first_event: list[float | None] = [None] * len(group)
+        notes: list[Together] = []
+        for u, event in run_attacks_together(prepared, outcomes, seconds, notes):
+            if first_event[u] is None:
+                first_event[u] = time.perf_counter() - started
+            yield offset + u, event
+            frame = live_frame(prepared[u], event)
+            if frame is not None:
+                yield offset + u, frame
+        for note in notes:
+            yield None, note
+        for u, run in enumerate(prepared):
+            finishing = finish_run(
+                run, outcomes[u], seconds[u], first_event[u], lpips_nets=lpips_nets, assets=assets
+            )
+            while True:  # the utility training's progress, where the spec asks for it
+                try:
+                    yield offset + u, next(finishing)
+                except StopIteration as done:
+                    yield offset + u, done.value
+                    break
+        del prepared  # this group's models and releases go before the next is prepared
+
+
 def audit_together(
     specs: Sequence[RunSpec],
     *,
@@ -255,47 +353,17 @@ def audit_together(
     emit_every: int = 10,
     image_every: int = 50,
 ) -> tuple[list[AuditResult], list[Together | GroupPlan]]:
-    """The runs of ``specs`` (a sample's updates, ``engine.sample.update_specs``), their
-    attack phases shared (:func:`run_attacks_together`), each judged on its own: the same
-    :class:`AuditResult` each would have alone, and how each attack ran.
-
-    A prepared update holds its own model, release and attacker's copies until it is judged
-    (for 64 updates of a 224-pixel ResNet-18, gigabytes), so the updates are prepared,
-    attacked and judged a group at a time: as many as fit a share of the free memory, from
-    the first one's measured peak (``engine.memory_plan.plan_groups``)."""
-    device = torch.device(specs[0].device)
-    held: list[PreparedRun] = []
-
-    def prepare_first() -> None:
-        held.append(prepare_run(specs[0], emit_every=emit_every, image_every=image_every))
-
-    plan = plan_groups(len(specs), peak_bytes(prepare_first, device), device)
+    """:func:`iter_together` run to its end: the same :class:`AuditResult` each update would
+    have alone, in the updates' order, and how each attack ran."""
     results: list[AuditResult] = []
-    notes: list[Together | GroupPlan] = [plan] if plan.groups > 1 else []
-    started = time.perf_counter()
-    for offset in range(0, len(specs), plan.size):
-        group = specs[offset : offset + plan.size]
-        prepared = [
-            held.pop() if held else prepare_run(s, emit_every=emit_every, image_every=image_every)
-            for s in group
-        ]
-        outcomes: list[list[AttackRun]] = [[] for _ in group]
-        seconds = [0.0] * len(group)
-        first_event: list[float | None] = [None] * len(group)
-        for u, event in run_attacks_together(prepared, outcomes, seconds, notes):
-            if first_event[u] is None:
-                first_event[u] = time.perf_counter() - started
-            if on_event is not None:
-                on_event(offset + u, event)
-        for u, run in enumerate(prepared):
-            finishing = finish_run(
-                run, outcomes[u], seconds[u], first_event[u], lpips_nets=lpips_nets
-            )
-            while True:  # the utility training's progress, where the spec asks for it
-                try:
-                    next(finishing)
-                except StopIteration as done:
-                    results.append(done.value)
-                    break
-        del prepared  # this group's models and releases go before the next is prepared
+    notes: list[Together | GroupPlan] = []
+    for u, item in iter_together(
+        specs, lpips_nets=lpips_nets, emit_every=emit_every, image_every=image_every
+    ):
+        if u is None:
+            notes.append(item)
+        elif isinstance(item, AuditResult):
+            results.append(item)
+        elif isinstance(item, ProgressEvent) and on_event is not None:
+            on_event(u, item)
     return results, notes

@@ -5,7 +5,7 @@ are theirs; they cancel and watch only runs they may see. ``store`` is their
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from auditlib.access import Principal
 from auditlib.engine.runs import RunManager
@@ -39,13 +39,28 @@ class UserRuns:
     ) -> str:
         """Start ``spec`` as this user's run. Every upload it names must be theirs (another
         user's is, to them, not stored), whatever bytes the caller hands in."""
+        self._own_uploads(spec)
+        return self.manager.start(spec, assets, title, owner=self.principal.username)
+
+    def start_together(
+        self,
+        specs: Sequence[RunSpec],
+        assets: Mapping[str, bytes] | None = None,
+        titles: Sequence[str] = (),
+    ) -> list[str]:
+        """Start a sample's updates as this user's runs, advancing together
+        (``RunManager.start_together``); every upload they name must be theirs."""
+        for spec in specs:
+            self._own_uploads(spec)
+        return self.manager.start_together(specs, assets, titles, owner=self.principal.username)
+
+    def _own_uploads(self, spec: RunSpec) -> None:
         for sha in sorted(assets_in_spec(spec.to_dict())):
             if self.store.get_asset_info(sha) is None:
                 raise AuditInputError(
                     f"the upload {sha[:12]}... is not among your uploads in the store; upload "
                     "it on the Setup page"
                 )
-        return self.manager.start(spec, assets, title, owner=self.principal.username)
 
     def cancel(self, run_id: str) -> None:
         self.store.get_run(run_id)  # refuses another user's run
