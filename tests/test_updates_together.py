@@ -54,6 +54,8 @@ CASES = [
     ("dlg", {"lbfgs_max_iter": 5}, 4),
     ("idlg", {"lbfgs_max_iter": 5}, 4),
     ("ig", {}, 12),
+    ("grnn", {}, 12),  # the label branch: each generator's own labels
+    ("grnn", {"labels": "inferred"}, 12),  # fixed labels, each update its own
 ]
 
 
@@ -168,10 +170,12 @@ def test_a_time_budget_cuts_every_update_at_the_same_step(releases):
 
 def test_what_cannot_advance_together_says_why(releases):
     knowledges = [r.knowledge for r in releases]
-    config, _ = build_attack_config("grnn", {}, "audit")
-    assert why_apart(get_attack("grnn"), config, knowledges) == (
-        "grnn has no batched form across updates"
+    config, _ = build_attack_config("fedleak", {}, "audit")
+    assert why_apart(get_attack("fedleak"), config, knowledges) == (
+        "fedleak has no batched form across updates"
     )
+    config, _ = build_attack_config("grnn", {"wasserstein": "sorted"}, "audit")
+    assert "sorted Wasserstein" in why_apart(get_attack("grnn"), config, knowledges)
     config, _ = build_attack_config("dlg", {"together": False}, "audit")
     assert "together=false" in why_apart(get_attack("dlg"), config, knowledges)
     config, _ = build_attack_config("dlg", {}, "audit")

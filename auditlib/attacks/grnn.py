@@ -52,6 +52,8 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
+from auditlib.attacks.updates import UpdatesMatcher
+from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.models.keylock import key_lock_modules
@@ -286,6 +288,13 @@ class GrnnLoss:
             wd = self.row_wasserstein(mse)
         return mse, wd
 
+    def over(self, matcher: UpdatesMatcher) -> GrnnLoss:
+        """This loss with several updates' rows to match (updates together): the same
+        weights and terms, each row against its own update's target."""
+        loss = copy.copy(self)
+        loss.matcher = matcher
+        return loss
+
     @staticmethod
     def row_wasserstein(mse: torch.Tensor) -> torch.Tensor:
         """The code's wasserstein_distance of one row: the L2 norm of the difference. The
@@ -343,20 +352,49 @@ def run_grnn(
     )
 
 
-def _why_apart(knowledge: AttackerKnowledge, config: GrnnConfig) -> str | None:
+def run_grnn_updates(observations, knowledges, config, control, seeds):
+    """GRNN on several updates together (``AttackInfo.run_updates``): update u's restarts
+    are rows u R .. u R + R - 1 of one stacked set of generators, each matching update u's
+    target (``attacks.updates.UpdatesMatcher``) with update u's own labels where they are
+    fixed (known or inferred; the label branch is each generator's own)."""
+    read = [resolve_labels(o, k, config) for o, k in zip(observations, knowledges, strict=True)]
+    fixed = [labels for labels, _ in read]
+    restarts = config.restarts
+    owners = [u for u in range(len(observations)) for _ in range(restarts)]
+    losses = [GrnnLoss(o, k, config) for o, k in zip(observations, knowledges, strict=True)]
+    loss = losses[0].over(UpdatesMatcher([each.matcher for each in losses], owners))
+    # Every update resolves its labels the same way (the same threat model): all or none fixed.
+    rows = None if fixed[0] is None else torch.stack([fixed[u] for u in owners])
+
+    def make(generators, clock):
+        return _Restarts(generators, knowledges[0], config, loss, rows, fixed_rows=True)
+
+    inferences = [inference for _, inference in read]
+    return run_updates(make, restarts, control, seeds, "gradient_distance", inferences)
+
+
+def _why_updates_apart(config: GrnnConfig) -> str | None:
     if config.wasserstein == "sorted":
         return "the sorted Wasserstein term is computed one restart at a time"
-    return why_not_together(knowledge)
+    return None
+
+
+def _why_apart(knowledge: AttackerKnowledge, config: GrnnConfig) -> str | None:
+    return _why_updates_apart(config) or why_not_together(knowledge)
 
 
 class _Restarts:
     """GRNN's restarts: each a generator of its own (fresh weights, a fixed latent) trained
     with RMSprop; several advance together as one stacked set of generator weights."""
 
-    def __init__(self, generators, knowledge, config, loss: GrnnLoss, fixed_labels) -> None:
+    def __init__(
+        self, generators, knowledge, config, loss: GrnnLoss, fixed_labels, fixed_rows=False
+    ) -> None:
         self.knowledge = knowledge
         self.config = config
         self.loss = loss
+        # Updates together: a row per start (its update's labels), else one set for all.
+        self.fixed_rows = fixed_rows and fixed_labels is not None
         nets, latents = [], []
         for generator in generators:  # per restart: its generator's weights, then its latent
             nets.append(build_generator(knowledge, config, generator))
@@ -387,39 +425,45 @@ class _Restarts:
         else:
             images01, soft = functional_call(self.net, (weights, buffers), (latent,))
         images01 = fit_to_input(images01, height, width, self.config.fit)
-        labels = soft if self.fixed is None else self.fixed
-        return images01, self.knowledge.normalization.normalize(images01), labels
+        return images01, self.knowledge.normalization.normalize(images01), soft
 
     def generate(self, positions):
         """Images in [0, 1], the same in model space and the labels fed to the client, one
-        slice per position."""
+        slice per position (fixed labels: one per row where each row has its own, else the
+        set all rows share)."""
         if self.weights is None:
-            images01, images, labels = self._one(None, None, self.latent[0])
-            soft = labels.unsqueeze(0) if self.fixed is None else labels
-            return images01.unsqueeze(0), images.unsqueeze(0), soft
+            images01, images, soft = self._one(None, None, self.latent[0])
+            return (
+                images01.unsqueeze(0),
+                images.unsqueeze(0),
+                self._labels(soft.unsqueeze(0), positions),
+            )
         index = torch.tensor(positions, device=self.latent.device)
         weights = {n: w[index] for n, w in self.weights.items()}
         buffers = {n: b[index] for n, b in self.buffers.items()}
-        label_dim = 0 if self.fixed is None else None
-        return torch.func.vmap(self._one, out_dims=(0, 0, label_dim))(
-            weights, buffers, self.latent[index]
-        )
+        images01, images, soft = torch.func.vmap(self._one)(weights, buffers, self.latent[index])
+        return images01, images, self._labels(soft, positions)
+
+    def _labels(self, soft: torch.Tensor, positions) -> torch.Tensor:
+        if self.fixed is None:
+            return soft
+        return self.fixed[positions] if self.fixed_rows else self.fixed
 
     def _row(self, labels: torch.Tensor, index: int) -> torch.Tensor:
         """One restart's labels: its soft labels, or the fixed ones all restarts share."""
-        return labels[index] if self.fixed is None else labels
+        return labels[index] if self.fixed is None or self.fixed_rows else labels
 
-    def _terms(self, images, labels):
-        if images.shape[0] == 1:
+    def _terms(self, images, labels, alive):
+        if images.shape[0] == 1 and not isinstance(self.loss.matcher, UpdatesMatcher):
             mse, wd = self.loss.gradient_terms(images[0], self._row(labels, 0))
             return mse.unsqueeze(0), wd.unsqueeze(0)
-        mse = self.loss.matcher.together(images, labels, l2_distance)
+        mse = self.loss.matcher.at(alive).together(images, labels, distance=l2_distance)
         return mse, self.loss.row_wasserstein(mse)  # wasserstein=sorted runs apart
 
     def step(self, alive):
         self.optimizer.zero_grad()
         images01, images, labels = self.generate(alive)
-        mse, wd = self._terms(images, labels)
+        mse, wd = self._terms(images, labels, alive)
         tv = torch.func.vmap(self.loss.smoothness)(images01)
         objective = mse + wd + self.loss.tv * tv
         finite = torch.isfinite(objective.detach())
@@ -460,7 +504,11 @@ class _Restarts:
                 _, images, labels = self.generate([position])
             images, labels = images[0], self._row(labels, 0)
         with torch.enable_grad():
-            mse, wd = self.loss.gradient_terms(images.detach(), labels.detach())
+            if isinstance(self.loss.matcher, UpdatesMatcher):  # its own update's target
+                mse = self.loss.matcher.at([position])(images.detach(), labels.detach())
+                wd = self.loss.row_wasserstein(mse)
+            else:
+                mse, wd = self.loss.gradient_terms(images.detach(), labels.detach())
         return snapshot(images), self._hard(labels), float((mse + wd).detach())
 
 
@@ -485,6 +533,8 @@ register(
         ),
         config_type=GrnnConfig,
         run=run_grnn,
+        run_updates=run_grnn_updates,
+        why_updates_apart=_why_updates_apart,
         presets={
             "paper": _GRNN_PAPER,
             # The thesis's words rather than the code: W1 between gradient values, absolute TV.

@@ -61,22 +61,32 @@ class _Rows:
         return self.many.matchers[owner](images, labels, *args)
 
     def together(
-        self, images: torch.Tensor, labels: torch.Tensor, extra: torch.Tensor | None = None
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        extra: torch.Tensor | None = None,
+        *,
+        distance=None,
     ) -> torch.Tensor:
         """One value per row: the rows' updates in one ``vmap`` pass through the shared model
         (the first update's matcher: ``why_updates_apart`` checked they share it), then each
         update's rows measured against that update's target (one distance call per update,
         on its rows stacked, as ``UpdateMatcher.together`` measures its restarts). ``extra``:
-        one value per row the measure also takes (DLM's gamma), or None.
+        one value per row the measure also takes (DLM's gamma), or None; ``distance``: one
+        in place of the matchers' own for the plain attacker (GRNN's summed squares), as
+        ``UpdateMatcher.together`` takes it.
 
         A matcher here has ``stacked_updates(images, labels)`` and ``measured(updates,
         images, extra)`` (``UpdateMatcher``, ``ModelLeakageObjective``)."""
         matchers = self.many.matchers
         first = matchers[self.owners[0]]
         updates = first.stacked_updates(images, labels)
+        if distance is not None and extra is not None:
+            raise ValueError("a distance and a per-row extra value are not taken together")
         if len(set(self.owners)) == 1:
-            return first.measured(updates, images, extra)
-        if self.many.targets is not None and extra is None:
+            return first.measured(updates, images, extra if distance is None else distance)
+        same = distance is None or distance is first.distance
+        if self.many.targets is not None and extra is None and same:
             # One distance call over every row, each against its own update's target: one
             # call per update launched U times the kernels, most of a GPU step (issue 34).
             return first.distance(updates, self.many.row_targets(self.owners))
@@ -95,7 +105,9 @@ class _Rows:
         extras = [None] * len(sizes) if extra is None else torch.split(extra, sizes)
         values = torch.cat(
             [
-                matchers[owner].measured(tuple(p[g] for p in pieces), part, extras[g])
+                matchers[owner].measured(
+                    tuple(p[g] for p in pieces), part, extras[g] if distance is None else distance
+                )
                 for g, (owner, part) in enumerate(
                     zip(dict.fromkeys(owners), torch.split(images, sizes), strict=True)
                 )
