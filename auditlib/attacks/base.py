@@ -131,6 +131,10 @@ class AttackInfo:
     run_updates: UpdatesRun | None = None
     # Why a config of it runs its updates one after another all the same (None: it doesn't).
     why_updates_apart: Callable[[Any], str | None] | None = None
+    # Why its updates together gain nothing on a CPU over running them one after another
+    # (measured; None: they gain). Where a scheduler can run separate runs side by side on
+    # several CPUs (the dashboard's sample), it then does.
+    no_cpu_gain: str | None = None
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge

@@ -97,16 +97,21 @@ def why_specs_apart(specs: Sequence[RunSpec]) -> str | None:
 def why_sample_apart(specs: Sequence[RunSpec]) -> str | None:
     """Why a sample's updates start as separate runs rather than as one task of updates
     together (None: one task): their attack phases cannot be shared (:func:`why_specs_apart`),
-    or no attack they plan has a batched form across updates, so one task would only run
-    them one after another on one worker, where separate runs may run side by side."""
+    or no attack they plan has a batched form across updates, or none that gains by it on a
+    CPU (``AttackInfo.no_cpu_gain``), so one task would only run them one after another on
+    one worker, where separate runs may run side by side."""
     why = why_specs_apart(specs)
     if why is not None:
         return why
     first = specs[0]
     planned = plan_attacks(first.attack, first.budget.iterations, server=first.scenario.server)
-    if not any(ATTACKS[p.name].run_updates is not None for p in planned):
+    infos = [ATTACKS[p.name] for p in planned]
+    if not any(info.run_updates is not None for info in infos):
         names = ", ".join(p.name for p in planned)
         return f"{names} has no batched form across updates"
+    batched = [info for info in infos if info.run_updates is not None]
+    if first.device == "cpu" and all(info.no_cpu_gain for info in batched):
+        return "; ".join(info.no_cpu_gain for info in batched)
     return None
 
 
