@@ -46,6 +46,18 @@ def lenet_spec(
     )
 
 
+def add_log_arguments(parser: argparse.ArgumentParser, same: str) -> None:
+    """``--from-log`` and ``--measured-on``: a benchmark's rows made from the JSON lines an
+    earlier run printed, where it was cut off (a lent GPU's time) before writing them."""
+    parser.add_argument(
+        "--from-log",
+        metavar="LOG",
+        help="make the rows from the JSON lines an earlier run printed (cut off before it "
+        f"wrote its results); {same} as that run had them",
+    )
+    parser.add_argument("--measured-on", help="with --from-log: the machine the log came from")
+
+
 def replace_section(path: Path, marker: str, body: str) -> None:
     """Replace the text between <!-- marker:start --> and <!-- marker:end --> in ``path``."""
     text = path.read_text()

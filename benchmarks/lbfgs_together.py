@@ -46,7 +46,7 @@ from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import score
-from benchmarks.common import ROOT, lenet_spec, machine, replace_section
+from benchmarks.common import ROOT, add_log_arguments, lenet_spec, machine, replace_section
 
 RESULTS = ROOT / "benchmarks" / "results" / "lbfgs_together.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
@@ -275,13 +275,7 @@ def main() -> None:
     parser.add_argument("--no-doc", action="store_true", help="print only; leave the docs")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (its own table)")
-    parser.add_argument(
-        "--from-log",
-        metavar="LOG",
-        help="make the rows from the JSON lines an earlier run printed (cut off before it "
-        "wrote its results); --steps, --photo and --device as that run had them",
-    )
-    parser.add_argument("--measured-on", help="with --from-log: the machine the log came from")
+    add_log_arguments(parser, "--steps, --photo and --device")
     parser.add_argument(
         "--photographs",
         action="store_true",

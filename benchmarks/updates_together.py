@@ -44,7 +44,7 @@ from auditlib.engine.sample import update_specs
 from auditlib.engine.together import audit_together
 from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
 from auditlib.spec import Budget, ComponentSpec
-from benchmarks.common import ROOT, lenet_spec, machine, replace_section
+from benchmarks.common import ROOT, add_log_arguments, lenet_spec, machine, replace_section
 from benchmarks.lbfgs_together import _timed
 
 RESULTS = ROOT / "benchmarks" / "results" / "updates_together.json"
@@ -289,13 +289,7 @@ def main() -> None:
         help="run the one-after-another arm on the first N updates only (0: all); the "
         "ratio is of updates per second",
     )
-    parser.add_argument(
-        "--from-log",
-        metavar="LOG",
-        help="make the rows from the JSON lines an earlier run printed (cut off before it "
-        "wrote its results); --updates, --steps and --device as that run had them",
-    )
-    parser.add_argument("--measured-on", help="with --from-log: the machine the log came from")
+    add_log_arguments(parser, "--updates, --steps and --device")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     updates, steps, repeats = (4, 10, 1) if args.quick else (args.updates, args.steps, args.repeats)
