@@ -228,8 +228,8 @@ def test_runs_that_cannot_advance_together_are_refused_before_anything_is_record
 
     with pytest.raises(AuditInputError, match="cannot advance together: one update"):
         manager.start_together([spec(6)])
-    with pytest.raises(AuditInputError, match="fedleak has no batched form across updates"):
-        manager.start_together(update_specs(spec(6, attack="fedleak"), 2))
+    with pytest.raises(AuditInputError, match="gi has no batched form across updates"):
+        manager.start_together(update_specs(spec(6, attack="gi"), 2))
     with pytest.raises(AuditInputError, match="grnn's generators batch nothing on a CPU"):
         manager.start_together(update_specs(spec(6, attack="grnn"), 2))
     assert store.list_runs() == []

@@ -50,17 +50,22 @@ def _alone(info, config, observation, knowledge, control):
 
 
 # Few steps, events every step (so the audit preset's race has its rungs): seconds each.
+# The last column: how close each update ends to its run alone. FedLeak's objective on a
+# row matches its own update's to 1e-5 (its masked L1 and cosine sum 76 800 terms in
+# another order; no mask element differs), and Adam's first, nearly signed, step makes that
+# 1.6e-4 in the pixels, 3e-3 after 12 steps (measured): a float-order bound, not equality.
 CASES = [
-    ("dlg", {"lbfgs_max_iter": 5}, 4),
-    ("idlg", {"lbfgs_max_iter": 5}, 4),
-    ("ig", {}, 12),
-    ("grnn", {}, 12),  # the label branch: each generator's own labels
-    ("grnn", {"labels": "inferred"}, 12),  # fixed labels, each update its own
+    ("dlg", {"lbfgs_max_iter": 5}, 4, 1e-4),
+    ("idlg", {"lbfgs_max_iter": 5}, 4, 1e-4),
+    ("ig", {}, 12, 1e-4),
+    ("grnn", {}, 12, 1e-4),  # the label branch: each generator's own labels
+    ("grnn", {"labels": "inferred"}, 12, 1e-4),  # fixed labels, each update its own
+    ("fedleak", {}, 12, 1e-2),  # each update's inferred labels and gradient estimate
 ]
 
 
-@pytest.mark.parametrize(("name", "params", "steps"), CASES)
-def test_each_update_together_ends_where_it_would_alone(releases, name, params, steps):
+@pytest.mark.parametrize(("name", "params", "steps", "close"), CASES)
+def test_each_update_together_ends_where_it_would_alone(releases, name, params, steps, close):
     control = RunControl(max_steps=steps, emit_every=1, image_every=1)
     info, config, finals = _together(name, params, releases, control)
     assert sorted(finals) == list(range(UPDATES))
@@ -71,9 +76,9 @@ def test_each_update_together_ends_where_it_would_alone(releases, name, params, 
         assert len(together.candidates) == len(alone.candidates) == config.restarts
         for a, b in zip(alone.candidates, together.candidates, strict=True):
             assert (a.restart, a.steps, a.stop_reason) == (b.restart, b.steps, b.stop_reason)
-            assert b.loss == pytest.approx(a.loss, rel=1e-4, abs=1e-6)
-            torch.testing.assert_close(b.images, a.images, rtol=1e-4, atol=1e-4)
-        assert together.selected.restart == alone.selected.restart
+            assert b.loss == pytest.approx(a.loss, rel=close, abs=1e-6)
+            torch.testing.assert_close(b.images, a.images, rtol=close, atol=close)
+    assert together.selected.restart == alone.selected.restart
     # Each update matched its own target: the updates' picks differ.
     picks = [finals[u].selected.images for u in range(UPDATES)]
     assert not torch.allclose(picks[0], picks[1])
@@ -170,9 +175,9 @@ def test_a_time_budget_cuts_every_update_at_the_same_step(releases):
 
 def test_what_cannot_advance_together_says_why(releases):
     knowledges = [r.knowledge for r in releases]
-    config, _ = build_attack_config("fedleak", {}, "audit")
-    assert why_apart(get_attack("fedleak"), config, knowledges) == (
-        "fedleak has no batched form across updates"
+    config, _ = build_attack_config("gi", {}, "audit")
+    assert why_apart(get_attack("gi"), config, knowledges) == (
+        "gi has no batched form across updates"
     )
     config, _ = build_attack_config("grnn", {"wasserstein": "sorted"}, "audit")
     assert "sorted Wasserstein" in why_apart(get_attack("grnn"), config, knowledges)
@@ -340,7 +345,7 @@ def test_the_updates_objective_on_cuda_is_the_cpus():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
-@pytest.mark.parametrize(("name", "params"), [(n, p) for n, p, _ in CASES])
+@pytest.mark.parametrize(("name", "params"), [(n, p) for n, p, *_ in CASES])
 def test_updates_together_run_on_cuda_and_end_where_each_ends_alone_there(name, params):
     """On a GPU the updates' rows advance on the device and come back to the CPU, each
     update ending where its own run there ends. One step only: float order differs between

@@ -53,12 +53,14 @@ from auditlib.attacks.fedleak_terms import (
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
+    RowTargets,
     ThroughDefense,
     matched_parameters,
     restart_buffers,
     total_variation,
     why_not_together,
 )
+from auditlib.attacks.updates_loop import run_updates
 from auditlib.client.update import client_update, read_as_gradient
 from auditlib.config import check_ranges, param, require
 from auditlib.errors import AttackUnsupportedError
@@ -275,13 +277,20 @@ class Objective:
     def masks(self, candidate: Tensors) -> Tensors:
         return top_ratio_masks(candidate, self.config.match_ratio, self.config.mask_scope)
 
-    def _update(self, x01: torch.Tensor, buffers=None) -> tuple[Tensors, Tensors]:
-        """The candidate's update at one restart's ``x01`` and its prior terms (alpha TV,
-        beta activations), in the order J adds them."""
+    def at(self, positions) -> Objective:
+        """The objective of these restarts (``_UpdatesObjective`` gives each its own
+        update's): this one, whose target every restart matches."""
+        return self
+
+    def _update(self, x01: torch.Tensor, buffers=None, labels=None) -> tuple[Tensors, Tensors]:
+        """The candidate's update at one restart's ``x01`` (with ``labels``, else the
+        objective's) and its prior terms (alpha TV, beta activations), in the order J adds
+        them."""
         config = self.config
+        labels = self.labels if labels is None else labels
         with capture_outputs(self.modules) as outputs:
             candidate = self.gradients(
-                self.normalize(x01), self.labels, differentiable=True, buffers=buffers
+                self.normalize(x01), labels, differentiable=True, buffers=buffers
             )
         priors = []
         if config.tv > 0:
@@ -292,13 +301,14 @@ class Objective:
         return candidate, tuple(priors)
 
     def _terms(
-        self, candidate: Tensors, priors: Tensors, masks: Tensors | None, stacked=False
+        self, candidate: Tensors, priors: Tensors, masks: Tensors | None, stacked=False, target=None
     ) -> tuple[torch.Tensor, torch.Tensor, Tensors]:
         """(J, D, masks) of one update, or of R ``stacked`` ones (each its own masks); fresh
-        masks unless given."""
+        masks unless given; ``target``: one per row (updates together), else the update's."""
         if masks is None:
             masks = torch.func.vmap(self.masks)(candidate) if stacked else self.masks(candidate)
-        distance = masked_distance(candidate, self.gradients.target, masks, self.config.distance)
+        target = self.gradients.target if target is None else target
+        distance = masked_distance(candidate, target, masks, self.config.distance)
         objective = distance
         for prior in priors:
             objective = objective + prior
@@ -393,14 +403,82 @@ def run_fedleak(
     )
 
 
+def run_fedleak_updates(observations, knowledges, config, control, seeds):
+    """FedLeak on several updates together (``AttackInfo.run_updates``): update u's
+    restarts are rows u R .. u R + R - 1 of one stacked Adam run, each matching update u's
+    gradient estimate with update u's labels, masks of its own (``_UpdatesObjective``)."""
+    objectives, inferences = [], []
+    for observation, knowledge in zip(observations, knowledges, strict=True):
+        labels, inference = _resolve_labels(observation, knowledge, config)
+        gradients = GradientModel(observation, knowledge, config.unroll)
+        objectives.append(Objective(gradients, knowledge, labels.to(knowledge.device), config))
+        inferences.append({**inference, "labels": labels.tolist()})
+    restarts = config.restarts
+    owners = [u for u in range(len(observations)) for _ in range(restarts)]
+    objective = _UpdatesObjective(objectives, owners)
+    labels = torch.stack([objectives[u].labels.cpu() for u in owners])
+
+    def make(generators, clock):
+        first = knowledges[0]
+        return _Restarts(
+            generators, first, config, objective, labels, control.max_steps, label_rows=True
+        )
+
+    return run_updates(make, restarts, control, seeds, "gradient_distance", inferences)
+
+
+class _UpdatesObjective:
+    """Several updates' FedLeak objectives as one: row k (a start) is update ``owners[k]``'s,
+    with its labels and its gradient estimate as the target, in one batched pass through
+    the shared model (``attacks.updates.why_updates_apart`` checked that they share it)."""
+
+    def __init__(self, objectives: list[Objective], owners: list[int]) -> None:
+        self.objectives = objectives
+        self.owners = owners
+        self.labels = torch.stack([objectives[u].labels for u in owners])
+        per_parameter = zip(*(o.gradients.target for o in objectives), strict=True)
+        self.targets = tuple(torch.stack(ts) for ts in per_parameter)
+
+    def at(self, positions) -> _UpdateRows:
+        return _UpdateRows(self, list(positions))
+
+
+class _UpdateRows:
+    """Some rows of an :class:`_UpdatesObjective`, in that order."""
+
+    def __init__(self, many: _UpdatesObjective, positions: list[int]) -> None:
+        self.many = many
+        self.positions = positions
+
+    def evaluate_together(self, x01: torch.Tensor, masks: Tensors | None = None):
+        """``Objective.evaluate_together`` with each row's own labels and target."""
+        many, first = self.many, self.many.objectives[0]
+        index = torch.tensor(self.positions, device=x01.device)
+        owners = torch.tensor([many.owners[p] for p in self.positions], device=x01.device)
+        x01 = x01.detach().requires_grad_(True)
+        buffers = restart_buffers(first.gradients.knowledge.model, x01.shape[0])
+        labels = many.labels.index_select(0, index)
+        candidate, priors = torch.func.vmap(first._update)(x01, buffers, labels)
+        target = RowTargets(t.index_select(0, owners) for t in many.targets)
+        objective, distance, masks = first._terms(candidate, priors, masks, True, target)
+        return first._direction(objective, x01), objective.detach(), distance.detach(), masks
+
+    def score(self, x01: torch.Tensor) -> float:
+        (position,) = self.positions
+        return self.many.objectives[self.many.owners[position]].score(x01)
+
+
 class _Restarts:
     """FedLeak's restarts: Adam on pixels in [0, 1], one x01 per restart, stacked when
     they advance together (each its own masks, look-ahead and direction)."""
 
-    def __init__(self, generators, knowledge, config, objective, labels, iterations) -> None:
+    def __init__(
+        self, generators, knowledge, config, objective, labels, iterations, label_rows=False
+    ) -> None:
         self.config = config
         self.objective = objective
         self.labels = labels
+        self.label_rows = label_rows  # updates together: a row of labels per start
         self.normalize = knowledge.normalization.normalize
         shape = (knowledge.batch_size, *knowledge.input_shape)
         starts = [torch.rand(shape, generator=g).to(knowledge.device) for g in generators]
@@ -443,6 +521,7 @@ class _Restarts:
     def _step_together(self, alive):
         """One FedLeak iteration (Algorithm 1, lines 5-10) of every alive restart at once."""
         config, objective, x01 = self.config, self.objective, self.x01
+        objective = objective.at(alive)  # each row its own update's, where updates go together
         current, value, distance, masks = objective.evaluate_together(x01[alive])
         finite = torch.isfinite(value) & torch.isfinite(current).flatten(1).all(1)
         for index in torch.nonzero(~finite).flatten().tolist():
@@ -471,15 +550,18 @@ class _Restarts:
             x01.clamp_(0, 1)
         return value, distance, finite
 
+    def _labels(self, position: int) -> torch.Tensor:
+        return self.labels[position] if self.label_rows else self.labels
+
     def frame(self, position):
-        return snapshot(self.normalize(self._pixels(position))), self.labels
+        return snapshot(self.normalize(self._pixels(position))), self._labels(position)
 
     def candidate(self, position):
         pixels = self._pixels(position)
-        score = self.objective.score(pixels)
+        score = self.objective.at([position]).score(pixels)
         if self.config.median_filter:
             pixels = median_filter(pixels, self.config.median_filter)
-        return snapshot(self.normalize(pixels)), self.labels.clone(), score
+        return snapshot(self.normalize(pixels)), self._labels(position).clone(), score
 
 
 PAPER = {
@@ -506,6 +588,7 @@ register(
         ),
         config_type=FedLeakConfig,
         run=run_fedleak,
+        run_updates=run_fedleak_updates,
         presets={
             # Sec. 5 and Algorithm 1: Adam 1e-4 on pixels for 10,000 iterations.
             "paper": PAPER,

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from auditlib.attacks.objectives import cosine_distance, flat_like
+from auditlib.attacks.objectives import RowTargets, cosine_distance, flat_like
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -82,19 +82,26 @@ def masked_distance(
     is ~10^4 times the cosine term, which it then drowns);
     ``per_layer``: per parameter tensor, mean L1 over the tensor plus 1 - cos, summed over
     tensors (the released code's ``combine_loss``). ``candidate`` and ``masks`` may be R
-    restarts' stacked along a leading dimension (then one value per restart).
+    restarts' stacked along a leading dimension (then one value per restart), and
+    ``target`` then one per row (``RowTargets``: updates together).
     """
+    rows = isinstance(target, RowTargets)  # one target per row (updates together)
+
+    def flat(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], -1) if rows else flat_like(x, t)
+
     if mode == "per_layer":
         total = candidate[0].new_zeros(())
         for c, t, m in zip(candidate, target, masks, strict=True):
-            l1 = flat_like(((c - t) * m).abs(), t).mean(-1)
-            total = total + l1 + cosine_distance([c], [t], [m])
+            l1 = flat(((c - t) * m).abs(), t).mean(-1)
+            one = RowTargets([t]) if rows else [t]
+            total = total + l1 + cosine_distance([c], one, [m])
         return total
     l1 = candidate[0].new_zeros(())
     for c, t, m in zip(candidate, target, masks, strict=True):
-        l1 = l1 + flat_like(((c - t) * m).abs(), t).sum(-1)
+        l1 = l1 + flat(((c - t) * m).abs(), t).sum(-1)
     if mode == "mean":
-        chosen = sum(flat_like(m, t).sum(-1) for m, t in zip(masks, target, strict=True))
+        chosen = sum(flat(m, t).sum(-1) for m, t in zip(masks, target, strict=True))
         l1 = l1 / chosen.clamp(min=1)
     return l1 + cosine_distance(candidate, target, masks)
 

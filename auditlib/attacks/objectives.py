@@ -97,8 +97,6 @@ def cosine_distance(
     c_norm = candidate[0].new_zeros(())
     t_norm = candidate[0].new_zeros(())
     rows = isinstance(target, RowTargets)
-    if rows and masks is not None:
-        raise ValueError("masks take one target, not one per row")
     for index, (c, t) in enumerate(zip(candidate, target, strict=True)):
         c, t = _flat(c, t, rows)
         if masks is None:
