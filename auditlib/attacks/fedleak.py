@@ -42,6 +42,7 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.fedleak_terms import (
+    UpdatesObjective,
     activation_modules,
     activation_penalty,
     ascent_offset,
@@ -53,7 +54,6 @@ from auditlib.attacks.fedleak_terms import (
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
-    RowTargets,
     ThroughDefense,
     matched_parameters,
     restart_buffers,
@@ -278,8 +278,8 @@ class Objective:
         return top_ratio_masks(candidate, self.config.match_ratio, self.config.mask_scope)
 
     def at(self, positions) -> Objective:
-        """The objective of these restarts (``_UpdatesObjective`` gives each its own
-        update's): this one, whose target every restart matches."""
+        """The objective of these restarts (``fedleak_terms.UpdatesObjective`` gives each its
+        own update's): this one, whose target every restart matches."""
         return self
 
     def _update(self, x01: torch.Tensor, buffers=None, labels=None) -> tuple[Tensors, Tensors]:
@@ -406,7 +406,8 @@ def run_fedleak(
 def run_fedleak_updates(observations, knowledges, config, control, seeds):
     """FedLeak on several updates together (``AttackInfo.run_updates``): update u's
     restarts are rows u R .. u R + R - 1 of one stacked Adam run, each matching update u's
-    gradient estimate with update u's labels, masks of its own (``_UpdatesObjective``)."""
+    gradient estimate with update u's labels, masks of its own
+    (``fedleak_terms.UpdatesObjective``)."""
     objectives, inferences = [], []
     for observation, knowledge in zip(observations, knowledges, strict=True):
         labels, inference = _resolve_labels(observation, knowledge, config)
@@ -415,7 +416,7 @@ def run_fedleak_updates(observations, knowledges, config, control, seeds):
         inferences.append({**inference, "labels": labels.tolist()})
     restarts = config.restarts
     owners = [u for u in range(len(observations)) for _ in range(restarts)]
-    objective = _UpdatesObjective(objectives, owners)
+    objective = UpdatesObjective(objectives, owners)
     labels = torch.stack([objectives[u].labels.cpu() for u in owners])
 
     def make(generators, clock):
@@ -425,47 +426,6 @@ def run_fedleak_updates(observations, knowledges, config, control, seeds):
         )
 
     return run_updates(make, restarts, control, seeds, "gradient_distance", inferences)
-
-
-class _UpdatesObjective:
-    """Several updates' FedLeak objectives as one: row k (a start) is update ``owners[k]``'s,
-    with its labels and its gradient estimate as the target, in one batched pass through
-    the shared model (``attacks.updates.why_updates_apart`` checked that they share it)."""
-
-    def __init__(self, objectives: list[Objective], owners: list[int]) -> None:
-        self.objectives = objectives
-        self.owners = owners
-        self.labels = torch.stack([objectives[u].labels for u in owners])
-        per_parameter = zip(*(o.gradients.target for o in objectives), strict=True)
-        self.targets = tuple(torch.stack(ts) for ts in per_parameter)
-
-    def at(self, positions) -> _UpdateRows:
-        return _UpdateRows(self, list(positions))
-
-
-class _UpdateRows:
-    """Some rows of an :class:`_UpdatesObjective`, in that order."""
-
-    def __init__(self, many: _UpdatesObjective, positions: list[int]) -> None:
-        self.many = many
-        self.positions = positions
-
-    def evaluate_together(self, x01: torch.Tensor, masks: Tensors | None = None):
-        """``Objective.evaluate_together`` with each row's own labels and target."""
-        many, first = self.many, self.many.objectives[0]
-        index = torch.tensor(self.positions, device=x01.device)
-        owners = torch.tensor([many.owners[p] for p in self.positions], device=x01.device)
-        x01 = x01.detach().requires_grad_(True)
-        buffers = restart_buffers(first.gradients.knowledge.model, x01.shape[0])
-        labels = many.labels.index_select(0, index)
-        candidate, priors = torch.func.vmap(first._update)(x01, buffers, labels)
-        target = RowTargets(t.index_select(0, owners) for t in many.targets)
-        objective, distance, masks = first._terms(candidate, priors, masks, True, target)
-        return first._direction(objective, x01), objective.detach(), distance.detach(), masks
-
-    def score(self, x01: torch.Tensor) -> float:
-        (position,) = self.positions
-        return self.many.objectives[self.many.owners[position]].score(x01)
 
 
 class _Restarts:

@@ -4,20 +4,21 @@ Partial gradient matching (Sec. 4.2: the top-R masks and the masked L1 + cosine 
 gradient regularisation (Sec. 4.3: the look-ahead blend and the ascent probe) and the
 activation-sparsity prior (Sec. 4.4: which modules it reads, and their outputs' mean
 magnitude). ``fedleak.py`` assembles them into the objective and runs the attack; they live
-here so each term reads against its section of the paper on its own.
+here so each term reads against its section of the paper on its own. Last, several
+updates' objectives as one (updates together: each row its own update's labels and target).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
-from typing import Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from auditlib.attacks.objectives import RowTargets, cosine_distance, flat_like
+from auditlib.attacks.objectives import RowTargets, cosine_distance, flat_like, restart_buffers
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -160,3 +161,48 @@ def activation_penalty(
         if isinstance(out, torch.Tensor):
             total = total + out.abs().mean()
     return total / passes
+
+
+# --- Updates together -----------------------------------------------------------------------
+
+
+class UpdatesObjective:
+    """Several updates' FedLeak objectives (``fedleak.Objective``) as one: row k (a start) is
+    update ``owners[k]``'s, with its labels and its gradient estimate as the target, in one
+    batched pass through the shared model (``attacks.updates.why_updates_apart`` checked
+    that they share it)."""
+
+    def __init__(self, objectives: Sequence[Any], owners: list[int]) -> None:
+        self.objectives = objectives
+        self.owners = owners
+        self.labels = torch.stack([objectives[u].labels for u in owners])
+        per_parameter = zip(*(o.gradients.target for o in objectives), strict=True)
+        self.targets = tuple(torch.stack(ts) for ts in per_parameter)
+
+    def at(self, positions) -> UpdateRows:
+        return UpdateRows(self, list(positions))
+
+
+class UpdateRows:
+    """Some rows of an :class:`UpdatesObjective`, in that order."""
+
+    def __init__(self, many: UpdatesObjective, positions: list[int]) -> None:
+        self.many = many
+        self.positions = positions
+
+    def evaluate_together(self, x01: torch.Tensor, masks: Tensors | None = None):
+        """``Objective.evaluate_together`` with each row's own labels and target."""
+        many, first = self.many, self.many.objectives[0]
+        index = torch.tensor(self.positions, device=x01.device)
+        owners = torch.tensor([many.owners[p] for p in self.positions], device=x01.device)
+        x01 = x01.detach().requires_grad_(True)
+        buffers = restart_buffers(first.gradients.knowledge.model, x01.shape[0])
+        labels = many.labels.index_select(0, index)
+        candidate, priors = torch.func.vmap(first._update)(x01, buffers, labels)
+        target = RowTargets(t.index_select(0, owners) for t in many.targets)
+        objective, distance, masks = first._terms(candidate, priors, masks, True, target)
+        return first._direction(objective, x01), objective.detach(), distance.detach(), masks
+
+    def score(self, x01: torch.Tensor) -> float:
+        (position,) = self.positions
+        return self.many.objectives[self.many.owners[position]].score(x01)
