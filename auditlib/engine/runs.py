@@ -86,19 +86,9 @@ class RunManager:
 
         Parameter errors surface here as AuditInputError, before anything is recorded.
         """
-        plan_attacks(
-            spec.attack, spec.budget.iterations, server=spec.scenario.server
-        )  # one attack, or every applicable one
-        build_defense(spec.defense.name, spec.defense.params_dict())
-        check_model_trains(spec)  # a BatchNorm model that cannot train on one image
-        ray_backend.ensure_ray(self.ray_address)
-        ray_backend.require_device(spec, self.ray_address)
-        expire(self.store)
+        self._admit(spec)
         run_id = self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
-        with self._lock:
-            if self._board is None:
-                self._board = ray_backend.cancel_board()
-            board = self._board
+        board = self._cancel_board()
         generator = ray_backend.submit(spec, assets or {}, run_id, board, self.settings)
         thread = threading.Thread(
             target=self._consume,
@@ -111,6 +101,25 @@ class RunManager:
             self._threads[run_id] = thread
         thread.start()
         return run_id
+
+    def _admit(self, spec: RunSpec) -> None:
+        """What a start checks before anything is recorded (parameter errors as
+        AuditInputError), then Ray ready for it and the store's expired runs gone."""
+        plan_attacks(
+            spec.attack, spec.budget.iterations, server=spec.scenario.server
+        )  # one attack, or every applicable one
+        build_defense(spec.defense.name, spec.defense.params_dict())
+        check_model_trains(spec)  # a BatchNorm model that cannot train on one image
+        ray_backend.ensure_ray(self.ray_address)
+        ray_backend.require_device(spec, self.ray_address)
+        expire(self.store)
+
+    def _cancel_board(self):
+        """The cancel board actor, made on first use; this manager's handle keeps it alive."""
+        with self._lock:
+            if self._board is None:
+                self._board = ray_backend.cancel_board()
+            return self._board
 
     def _consume(self, run_id: str, generator, board) -> None:
         self._drain({0: _Recorder(self.store, run_id)}, generator, board, run_id, paired=False)
@@ -170,23 +179,14 @@ class RunManager:
         why = why_sample_apart(specs)
         if why is not None:
             raise AuditInputError(f"these runs cannot advance together: {why}")
-        first = specs[0]  # they differ only in their images
-        plan_attacks(first.attack, first.budget.iterations, server=first.scenario.server)
-        build_defense(first.defense.name, first.defense.params_dict())
-        check_model_trains(first)
-        ray_backend.ensure_ray(self.ray_address)
-        ray_backend.require_device(first, self.ray_address)
-        expire(self.store)
+        self._admit(specs[0])  # they differ only in their images
         titles = list(titles) or [""] * len(specs)
         run_ids = [
             self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
             for spec, title in zip(specs, titles, strict=True)
         ]
         group = f"together-{run_ids[0]}"
-        with self._lock:
-            if self._board is None:
-                self._board = ray_backend.cancel_board()
-            board = self._board
+        board = self._cancel_board()
         generator = ray_backend.submit_together(
             list(specs), assets or {}, group, board, self.settings
         )
