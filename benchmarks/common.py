@@ -46,6 +46,21 @@ def lenet_spec(
     )
 
 
+def on_device(path: Path, marker: str, device: str) -> tuple[Path, str]:
+    """A benchmark's results file and doc section for ``device``: the CPU's, or a
+    ``-cuda`` one of each beside them."""
+    if device == "cpu":
+        return path, marker
+    return path.with_name(f"{path.stem}-cuda.json"), f"{marker}-cuda"
+
+
+def write_results(path: Path, device: str, measured_on: str | None, **parts) -> None:
+    """The results JSON: the machine (this one's, or where a log came from), the device
+    and the benchmark's own parts."""
+    results = {"machine": measured_on or machine(), "device": device, **parts}
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
 def add_log_arguments(parser: argparse.ArgumentParser, same: str) -> None:
     """``--from-log`` and ``--measured-on``: a benchmark's rows made from the JSON lines an
     earlier run printed, where it was cut off (a lent GPU's time) before writing them."""

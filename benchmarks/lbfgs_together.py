@@ -46,7 +46,15 @@ from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.fl.scenario import release_update
 from auditlib.metrics import score
-from benchmarks.common import ROOT, add_log_arguments, lenet_spec, machine, replace_section
+from benchmarks.common import (
+    ROOT,
+    add_log_arguments,
+    lenet_spec,
+    machine,
+    on_device,
+    replace_section,
+    write_results,
+)
 
 RESULTS = ROOT / "benchmarks" / "results" / "lbfgs_together.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
@@ -312,21 +320,9 @@ def main() -> None:
     print(text)
     if args.quick or args.no_doc:
         return
-    cuda = args.device != "cpu"
-    results = RESULTS.with_name("lbfgs_together-cuda.json") if cuda else RESULTS
-    results.write_text(
-        json.dumps(
-            {
-                "machine": measured_on or machine(),
-                "device": args.device,
-                "rows": rows,
-                "profile": profiled,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    replace_section(DOC, "lbfgs-together-cuda" if cuda else "lbfgs-together", text)
+    results, marker = on_device(RESULTS, "lbfgs-together", args.device)
+    write_results(results, args.device, measured_on, rows=rows, profile=profiled)
+    replace_section(DOC, marker, text)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,15 @@ from auditlib.engine.sample import update_specs
 from auditlib.engine.together import audit_together
 from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
 from auditlib.spec import Budget, ComponentSpec
-from benchmarks.common import ROOT, add_log_arguments, lenet_spec, machine, replace_section
+from benchmarks.common import (
+    ROOT,
+    add_log_arguments,
+    lenet_spec,
+    machine,
+    on_device,
+    replace_section,
+    write_results,
+)
 from benchmarks.lbfgs_together import _timed
 
 RESULTS = ROOT / "benchmarks" / "results" / "updates_together.json"
@@ -313,8 +321,7 @@ def main() -> None:
         return
     # Rows of the attacks not rerun are kept (DLG and IG may be measured in separate runs,
     # with their own repetitions); the table is made from all of them.
-    cuda = args.device != "cpu"
-    results = RESULTS.with_name("updates_together-cuda.json") if cuda else RESULTS
+    results, marker = on_device(RESULTS, "updates-together", args.device)
     kept = json.loads(results.read_text()) if results.exists() else {"rows": [], "profile": []}
     rows = [r for r in kept["rows"] if r["attack"] not in attacks] + rows
     profiled = [p for p in kept.get("profile", []) if p["attack"] not in attacks] + profiled
@@ -322,20 +329,7 @@ def main() -> None:
     rows.sort(key=lambda r: order.get(r["attack"], 2))
     profiled.sort(key=lambda p: order.get(p["attack"], 2))
     scaled = scaled or kept.get("scaling", [])
-    results.write_text(
-        json.dumps(
-            {
-                "machine": measured_on or machine(),
-                "device": args.device,
-                "rows": rows,
-                "profile": profiled,
-                "scaling": scaled,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    marker = "updates-together-cuda" if cuda else "updates-together"
+    write_results(results, args.device, measured_on, rows=rows, profile=profiled, scaling=scaled)
     replace_section(DOC, marker, table(rows, profiled, scaled, measured_on))
 
 
