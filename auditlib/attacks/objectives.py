@@ -8,6 +8,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from auditlib.attacks.low_rank import (
+    FactoredLayers,
+    LowRankRows,
+    dense,
+    factored_layers,
+    fedsgd_factored,
+)
 from auditlib.client.update import client_update, difference_per_gradient, read_as_gradient
 from auditlib.likelihoods import Likelihood, image_prior_nats
 from auditlib.threat import AttackerKnowledge, KnownDefense, Observation
@@ -59,14 +66,24 @@ def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # Each distance takes the candidate update as one tensor per parameter, or R candidates
 # stacked along a leading dimension (then one value per restart), and the target's tensors
-# (or, as ``RowTargets``, one target per candidate row).
+# (or, as ``RowTargets``, one target per candidate row). Where stacked, a Linear weight's
+# entry may be its factors (``low_rank.LowRankRows``): l2, cosine and layer-l2 measure it
+# without forming it; any other measure forms it first (``dense``).
+
+
+def _zero(candidate: Sequence[torch.Tensor | LowRankRows]) -> torch.Tensor:
+    first = candidate[0]
+    return (first.left if isinstance(first, LowRankRows) else first).new_zeros(())
 
 
 def l2_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum of squared differences over all parameters (DLG, Zhu et al. 2019, Eq. 4)."""
-    total = candidate[0].new_zeros(())
+    total = _zero(candidate)
     rows = isinstance(target, RowTargets)
     for c, t in zip(candidate, target, strict=True):
+        if isinstance(c, LowRankRows):
+            total = total + c.squared_distance(t, rows).to(total.dtype)
+            continue
         c, t = _flat(c, t, rows)
         difference = c - t
         total = total + _inner(difference, difference)
@@ -75,6 +92,7 @@ def l2_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor
 
 def l1_distance(candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum of absolute differences: the negative log-likelihood under Laplace noise."""
+    candidate = dense(candidate)
     total = candidate[0].new_zeros(())
     rows = isinstance(target, RowTargets)
     for c, t in zip(candidate, target, strict=True):
@@ -93,11 +111,16 @@ def cosine_distance(
     With 0/1 ``masks`` (shaped like the candidate: one per restart where it is stacked), the
     cosine of the masked candidate and the masked target (FedLeak's partial matching),
     computed as (c m).t and m.t^2, equal for 0/1 masks, so the target stays one vector."""
-    dot = candidate[0].new_zeros(())
-    c_norm = candidate[0].new_zeros(())
-    t_norm = candidate[0].new_zeros(())
+    dot, c_norm, t_norm = _zero(candidate), _zero(candidate), _zero(candidate)
     rows = isinstance(target, RowTargets)
+    if masks is not None:
+        candidate = dense(candidate)
     for index, (c, t) in enumerate(zip(candidate, target, strict=True)):
+        if isinstance(c, LowRankRows):
+            dot = dot + c.inner(t, rows).to(dot.dtype)
+            c_norm = c_norm + c.squared_norm().to(dot.dtype)
+            t_norm = t_norm + c.target_norm(t).to(dot.dtype)
+            continue
         c, t = _flat(c, t, rows)
         if masks is None:
             t_norm = t_norm + _inner(t, t)
@@ -117,13 +140,20 @@ def layer_l2_distance(
 
     GradInversion's per-layer gradient distance (Yin et al. 2021, Eq. 4).
     """
-    total = candidate[0].new_zeros(())
+    total = _zero(candidate)
     rows = isinstance(target, RowTargets)
     for c, t in zip(candidate, target, strict=True):
+        if isinstance(c, LowRankRows):
+            # Clamped above 0: sqrt's gradient at an exact match would be infinite.
+            total = total + c.squared_distance(t, rows).clamp_min(1e-30).sqrt().to(total.dtype)
+            continue
         c, t = _flat(c, t, rows)
         total = total + torch.linalg.vector_norm(c - t, dim=-1)
     return total
 
+
+# The distances that measure a factored Linear weight without forming it.
+_FACTORED_DISTANCES = (l2_distance, cosine_distance, layer_l2_distance)
 
 DISTANCES = {
     "l2": l2_distance,
@@ -267,6 +297,7 @@ class UpdateMatcher:
         # The attack's distance, or, through a noisy defense, the release's likelihood; with
         # it the image prior weighed in the same nats (zero for the plain attacker).
         self.distance = self.view.measure(distance)
+        self._layers: FactoredLayers | None = None  # found at the first stacked call
         self.pixel_std = sum(knowledge.normalization.std) / len(knowledge.normalization.std)
 
     def simulate(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -308,10 +339,16 @@ class UpdateMatcher:
 
     def stacked_updates(
         self, images: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> tuple[torch.Tensor | LowRankRows, ...]:
         """The R candidates' updates (``images`` R x B x C x H x W), stacked along a leading
-        dimension, by one ``torch.func.vmap`` pass (:meth:`together`'s first half)."""
+        dimension, by one ``torch.func.vmap`` pass (:meth:`together`'s first half). Where the
+        plain attacker matches a FedSGD gradient, a Linear weight's entry is its factors
+        (``low_rank.LowRankRows``: the distances need never form it)."""
         buffers = restart_buffers(self.view.model, images.shape[0])
+        label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
+        layers = self._factored_layers(images)
+        if layers is not None:
+            return self._stacked_factored(layers, images, labels, label_dim, buffers)
         protocol = self.knowledge.protocol
 
         def update_of(x: torch.Tensor, y: torch.Tensor, own: dict) -> tuple[torch.Tensor, ...]:
@@ -321,8 +358,35 @@ class UpdateMatcher:
             gradient = read_as_gradient(simulated, self.parameters, protocol, x.shape[0])
             return self.view.candidate(gradient)
 
-        label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
         return torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(images, labels, buffers)
+
+    def _factored_layers(self, images: torch.Tensor) -> FactoredLayers | None:
+        """The Linear layers to keep factored (found once), or None: only FedSGD's gradient
+        is a sum of outer products, and only the plain attacker's distances (no defense's
+        transform, mask or likelihood) measure factors."""
+        if self.knowledge.protocol.algorithm != "fedsgd" or self.view.known is not None:
+            return None
+        if self.distance not in _FACTORED_DISTANCES:
+            return None
+        if self._layers is None:
+            self._layers = factored_layers(self.view.model, self.parameters, images[0])
+        return self._layers if self._layers.modules else None
+
+    def _stacked_factored(self, layers, images, labels, label_dim, buffers):
+        train = self.knowledge.protocol.batchnorm_mode == "train"
+        model, parameters = self.view.model, self.parameters
+
+        def update_of(x: torch.Tensor, y: torch.Tensor, own: dict):
+            return fedsgd_factored(model, parameters, layers, x, y, own, train)
+
+        free, left, right = torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(
+            images, labels, buffers
+        )
+        factors = {
+            n: LowRankRows(a, b) for n, a, b in zip(layers.modules, left, right, strict=True)
+        }
+        rest = iter(free)
+        return tuple(factors[n] if n in factors else next(rest) for n in parameters)
 
     def measured(
         self, updates: Sequence[torch.Tensor], images: torch.Tensor, distance=None
@@ -330,6 +394,8 @@ class UpdateMatcher:
         """Each of R stacked updates' distance to this matcher's target, plus the prior
         (:meth:`together`'s second half)."""
         measure = self.distance if distance is None or self.view.noise else distance
+        if measure not in _FACTORED_DISTANCES:
+            updates = dense(updates)
         # The distance outside the vmap, on the R stacked updates: its inner products are
         # then matrix-vector products, not vmap's batched torch.dot (see _inner).
         return measure(updates, self.target) + self.prior(images)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from auditlib.attacks.low_rank import dense
 from auditlib.attacks.objectives import RowTargets, UpdateMatcher, why_not_together
 from auditlib.threat import AttackerKnowledge
 
@@ -93,6 +94,7 @@ class _Rows:
         # Each update's rows made contiguous (a no-op where they are, as the loop's sorted
         # rows are) and split, not picked out one update at a time: a pick's backward writes
         # a gradient the size of all rows, so U picks would cost U times the whole batch.
+        updates = dense(updates)  # factored entries formed: this path picks rows apart
         order = sorted(range(len(self.rows)), key=lambda i: self.owners[i])
         if order != list(range(len(order))):
             index = torch.tensor(order, device=images.device)
