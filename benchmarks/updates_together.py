@@ -147,13 +147,19 @@ def _row(attack: str, updates: int, steps: int, arms: dict[bool, list[dict]]) ->
     return row
 
 
+def profiles_from_log(path: str) -> list[dict]:
+    """The profiles an earlier run printed (``profile``'s JSON lines)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["profile"] for line in lines if line.startswith('{"profile"')]
+
+
 def rows_from_log(path: str, updates: int, steps: int) -> list[dict]:
     """The rows of an earlier run from the JSON lines it printed (one per finished run),
     for a run cut off before it wrote its results; an attack with an arm that never
     finished has no row (said on stderr)."""
     arms: dict[str, dict[bool, list[dict]]] = {}
     for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.startswith("{") and '"attack"' in line:
+        if line.startswith('{"attack"'):
             run = json.loads(line)
             arms.setdefault(run.pop("attack"), {False: [], True: []})[run.pop("together")].append(
                 run
@@ -185,13 +191,15 @@ def profile(attack: str, updates: int, steps: int, device: str = "cpu") -> dict:
     total = run["seconds"]
     # DLG's objective runs inside _evaluate (with its backward); IG's backward is outside.
     objective = bucket.get("_evaluate", 0.0) or bucket.get("together", 0.0)
-    return {
+    found = {
         "attack": attack,
         "seconds": total,
         "objective_share": objective / total,
         "direction_share": bucket.get("direction", 0.0) / total,
         "rest_share": 1 - (objective + bucket.get("direction", 0.0)) / total,
     }
+    print(json.dumps({"profile": found}), flush=True)  # for --from-log
+    return found
 
 
 def scaling(sizes=(1, 8, 16, 32, 64, 128), device: str = "cpu") -> list[dict]:
@@ -303,7 +311,11 @@ def main() -> None:
     updates, steps, repeats = (4, 10, 1) if args.quick else (args.updates, args.steps, args.repeats)
     measured_on = None
     if args.from_log:
-        rows, profiled, scaled = rows_from_log(args.from_log, updates, steps), [], []
+        rows, scaled = [], []
+        profiled = []
+        for log in args.from_log.split(","):  # one run's log, or several runs' (by attack)
+            rows += rows_from_log(log, updates, steps)
+            profiled += profiles_from_log(log)
         attacks, measured_on = [r["attack"] for r in rows], args.measured_on
     else:
         print(json.dumps({"machine": machine()}), flush=True)

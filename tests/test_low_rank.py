@@ -164,3 +164,19 @@ def test_only_a_plain_linear_met_once_and_of_low_rank_is_factored():
     # tokens: rank 16 (2 x 8 tokens), 16^2 x 16 > 64.
     assert list(layers.modules) == ["head.weight"]
     assert layers.outputs["head.weight"] == (2, 10)
+
+
+def test_a_targets_float64_copy_is_made_once_and_goes_with_it():
+    from auditlib.attacks import low_rank
+
+    (factored, _), shared, _ = _case(1, seed=9)
+    target = shared[0].clone()
+    first = factored.inner(target, rows=False)
+    copy = low_rank._FLOAT64[id(target)][2]
+    assert torch.equal(factored.inner(target, rows=False), first)
+    assert low_rank._FLOAT64[id(target)][2] is copy  # not cast again
+    target.mul_(2)  # changed in place: a new copy, the new values
+    torch.testing.assert_close(factored.inner(target, rows=False), 2 * first)
+    key = id(target)
+    del target
+    assert key not in low_rank._FLOAT64
