@@ -412,3 +412,19 @@ def test_updates_together_stream_each_updates_items_as_its_run_alone_would():
         if isinstance(item, AuditResult)
     ]
     assert [r.summary.stop_reason for r in ends] == ["cancelled", "cancelled"]
+
+
+def test_on_a_cpu_an_attack_slower_together_runs_its_updates_one_after_another():
+    """GRNN's rows are generators with weights of their own: on a CPU together is slower
+    (``AttackInfo.no_cpu_gain``), so a sample audit runs its updates apart and says why."""
+    from auditlib.engine.sample import update_specs
+    from auditlib.engine.together import audit_together
+
+    assert get_attack("grnn").no_cpu_gain
+    results, notes = audit_together(
+        update_specs(lenet_spec("grnn", iterations=2), 2), lpips_nets=()
+    )
+    assert len(results) == 2
+    (note,) = notes
+    assert note.together == 0 and note.apart == 2
+    assert "grnn's generators batch nothing on a CPU" in note.words

@@ -537,7 +537,8 @@ register(
         why_updates_apart=_why_updates_apart,
         # Each row's generator has its own weights, so its convolutions batch nothing:
         # 16 updates took 118.0 s together against 117.8 s apart (docs/PERFORMANCE.md).
-        no_cpu_gain="grnn's generators batch nothing on a CPU (1.00x measured)",
+        # Measured over 16 updates (docs/PERFORMANCE.md, "Updates together").
+        no_cpu_gain="grnn's generators batch nothing on a CPU (0.88x together measured)",
         presets={
             "paper": _GRNN_PAPER,
             # The thesis's words rather than the code: W1 between gradient values, absolute TV.

@@ -162,6 +162,8 @@ def run_attacks_together(
             if len(updates) > 1
             else "one update to run"
         )
+        if why is None and info.no_cpu_gain and calls[updates[0]].knowledge.device.type == "cpu":
+            why = info.no_cpu_gain  # together would be slower here: measured
         if why is None:
             plan = memory_plan(info, [calls[u] for u in updates])
             notes.append(Together(attack.label, len(updates), 0, memory=plan))
