@@ -164,6 +164,13 @@ def test_only_a_plain_linear_met_once_and_of_low_rank_is_factored():
     # tokens: rank 16 (2 x 8 tokens), 16^2 x 16 > 64.
     assert list(layers.modules) == ["head.weight"]
     assert layers.outputs["head.weight"] == (2, 10)
+    # A hook of the model's own that changes the head's output: the probe there would read
+    # the gradient at the changed output, so the head stays formed.
+    handle = model.head.register_forward_hook(lambda module, args, output: 2 * output)
+    try:
+        assert not factored_layers(model, parameters, torch.zeros(2, 64)).modules
+    finally:
+        handle.remove()
 
 
 def test_a_targets_float64_copy_is_made_once_and_goes_with_it():

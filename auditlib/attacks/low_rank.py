@@ -114,19 +114,23 @@ def factored_layers(
     example: torch.Tensor,
 ) -> FactoredLayers:
     """Which of ``model``'s Linear weights to keep factored for a candidate batch shaped like
-    ``example``: a plain ``nn.Linear`` whose weight is matched, not shared with another
-    module, seen once in a forward pass, and whose rank k (examples x tokens) makes the
-    factors cheaper than the matrix (k^2 (in + out) < in x out). One forward pass on
+    ``example``: a plain ``nn.Linear`` with no forward hook of its own, whose weight is
+    matched, not shared with another module, seen once in a forward pass, and whose rank k
+    (examples x tokens) makes the factors cheaper than the matrix (k^2 (in + out) < in x out). One forward pass on
     ``example`` (buffers copied, so nothing the server sent changes) finds what runs."""
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1
+    # A forward hook of the model's own may change the layer's output, and the probe would
+    # then read the gradient at the changed output, not at W a + b: such layers stay formed.
+    hooked = bool(nn.modules.module._global_forward_hooks)
     candidates = {
         f"{name}.weight" if name else "weight": module
         for name, module in model.named_modules()
         if type(module).forward is nn.Linear.forward
         and (f"{name}.weight" if name else "weight") in parameters
         and counts[id(module.weight)] == 1
+        and not (hooked or module._forward_hooks)
     }
     seen: dict[str, list[tuple[int, ...]]] = {n: [] for n in candidates}
 
