@@ -535,9 +535,8 @@ register(
         run=run_grnn,
         run_updates=run_grnn_updates,
         why_updates_apart=_why_updates_apart,
-        # Each row's generator has its own weights, so its convolutions batch nothing:
-        # 16 updates took 118.0 s together against 117.8 s apart (docs/PERFORMANCE.md).
-        # Measured over 16 updates (docs/PERFORMANCE.md, "Updates together").
+        # Each row's generator has its own weights, so its convolutions batch nothing: 16
+        # updates took 116.0 s together against 102.0 s apart (docs/PERFORMANCE.md).
         no_cpu_gain="grnn's generators batch nothing on a CPU (0.88x together measured)",
         presets={
             "paper": _GRNN_PAPER,

@@ -41,9 +41,6 @@ class LowRankRows:
         """The R matrices formed (R x out x in), for a measure without a factored form."""
         return torch.bmm(self.left.transpose(1, 2), self.right)
 
-    def rows(self, index: torch.Tensor) -> LowRankRows:
-        return LowRankRows(self.left.index_select(0, index), self.right.index_select(0, index))
-
     def squared_norm(self) -> torch.Tensor:
         """||c_r||^2 per row, float64."""
         left, right = self.left.double(), self.right.double()
@@ -116,8 +113,9 @@ def factored_layers(
     """Which of ``model``'s Linear weights to keep factored for a candidate batch shaped like
     ``example``: a plain ``nn.Linear`` with no forward hook of its own, whose weight is
     matched, not shared with another module, seen once in a forward pass, and whose rank k
-    (examples x tokens) makes the factors cheaper than the matrix (k^2 (in + out) < in x out). One forward pass on
-    ``example`` (buffers copied, so nothing the server sent changes) finds what runs."""
+    (examples x tokens) makes the factors cheaper than the matrix: k^2 (in + out) < in x out.
+    One forward pass on ``example`` (buffers copied, so nothing the server sent changes)
+    finds what runs."""
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1

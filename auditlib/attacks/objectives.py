@@ -372,7 +372,14 @@ class UpdateMatcher:
             self._layers = factored_layers(self.view.model, self.parameters, images[0])
         return self._layers if self._layers.modules else None
 
-    def _stacked_factored(self, layers, images, labels, label_dim, buffers):
+    def _stacked_factored(
+        self,
+        layers: FactoredLayers,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        label_dim: int | None,
+        buffers: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor | LowRankRows, ...]:
         train = self.knowledge.protocol.batchnorm_mode == "train"
         model, parameters = self.view.model, self.parameters
 
