@@ -21,7 +21,8 @@ Writes benchmarks/results/updates_together.json and the table in docs/PERFORMANC
 
 Usage: python -m benchmarks.updates_together [--quick] [--repeats 5] [--updates 16]
        [--attacks dlg,ig] [--threads 1] [--profile]
-(a run of some attacks keeps the other attacks' rows in the results and the table)
+(a run of some attacks keeps the other attacks' rows in the results and the table;
+--from-log LOG1,LOG2 makes them from runs printed with --no-doc)
 """
 
 from __future__ import annotations
@@ -147,30 +148,28 @@ def _row(attack: str, updates: int, steps: int, arms: dict[bool, list[dict]]) ->
     return row
 
 
-def profiles_from_log(path: str) -> list[dict]:
-    """The profiles an earlier run printed (``profile``'s JSON lines)."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [json.loads(line)["profile"] for line in lines if line.startswith('{"profile"')]
-
-
-def rows_from_log(path: str, updates: int, steps: int) -> list[dict]:
-    """The rows of an earlier run from the JSON lines it printed (one per finished run),
-    for a run cut off before it wrote its results; an attack with an arm that never
-    finished has no row (said on stderr)."""
+def from_log(path: str, updates: int, steps: int) -> tuple[list[dict], list[dict]]:
+    """The rows and profiles of an earlier run from the JSON lines it printed (one per
+    finished run, one per profile), for a run cut off before it wrote its results, or runs
+    measured separately; an attack with an arm that never finished has no row (said on
+    stderr)."""
     arms: dict[str, dict[bool, list[dict]]] = {}
+    profiles = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.startswith('{"attack"'):
             run = json.loads(line)
             arms.setdefault(run.pop("attack"), {False: [], True: []})[run.pop("together")].append(
                 run
             )
+        elif line.startswith('{"profile"'):
+            profiles.append(json.loads(line)["profile"])
     rows = []
     for attack, runs in arms.items():
         if runs[False] and runs[True]:
             rows.append(_row(attack, updates, steps, runs))
         else:
             print(f"{attack}: an arm never finished in {path}; no row", file=sys.stderr)
-    return rows
+    return rows, profiles
 
 
 def profile(attack: str, updates: int, steps: int, device: str = "cpu") -> dict:
@@ -311,11 +310,10 @@ def main() -> None:
     updates, steps, repeats = (4, 10, 1) if args.quick else (args.updates, args.steps, args.repeats)
     measured_on = None
     if args.from_log:
-        rows, scaled = [], []
-        profiled = []
+        rows, profiled, scaled = [], [], []
         for log in args.from_log.split(","):  # one run's log, or several runs' (by attack)
-            rows += rows_from_log(log, updates, steps)
-            profiled += profiles_from_log(log)
+            found = from_log(log, updates, steps)
+            rows, profiled = rows + found[0], profiled + found[1]
         attacks, measured_on = [r["attack"] for r in rows], args.measured_on
     else:
         print(json.dumps({"machine": machine()}), flush=True)

@@ -18,6 +18,7 @@ distances up to float order (tests/test_low_rank.py).
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -148,9 +149,7 @@ def factored_layers(
         if len(seen[name]) != 1:
             continue
         shape = seen[name][0]
-        rank = 1
-        for size in shape[:-1]:
-            rank *= size
+        rank = math.prod(shape[:-1])
         if rank * rank * (module.in_features + module.out_features) < (
             module.in_features * module.out_features
         ):
