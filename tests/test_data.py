@@ -431,6 +431,26 @@ def test_model_batch_centre_crops_to_the_target_aspect() -> None:
     assert float(batch.min()) > 0.99
 
 
+def test_a_resized_image_is_reused_by_content_and_the_cache_stays_in_its_bytes() -> None:
+    from auditlib.data.model_input import _resize, _ResizedCache
+
+    cache = _ResizedCache(max_bytes=2 * 8 * 8 * 3)  # room for two 8 x 8 RGB results
+    first, second, third = (noise(40, 30, 3, seed=s) for s in (0, 1, 2))
+    out = cache.resized(first, 8, 8)
+    assert np.array_equal(out, _resize(first, 8, 8)) and not out.flags.writeable
+    assert cache.resized(first.copy(), 8, 8) is out  # the same pixels, another array: a hit
+    changed = first.copy()
+    changed[0, 0, 0] ^= 1  # one bit of one pixel differs: not the same image
+    assert cache.resized(changed, 8, 8) is not out
+    assert cache.resized(first, 4, 4).shape == (4, 4, 3)  # another size is another entry
+    cache.resized(second, 8, 8)
+    cache.resized(third, 8, 8)
+    assert cache._bytes <= cache.max_bytes and len(cache._entries) == 2
+    assert np.array_equal(cache.resized(first, 8, 8), out)  # evicted, recomputed the same
+    native = noise(8, 8, 3)
+    assert cache.resized(native, 8, 8) is native  # nothing to resize, nothing kept
+
+
 def test_normalisation_round_trip() -> None:
     norm = Normalization(mean=(0.4914, 0.4822, 0.4465), std=(0.247, 0.243, 0.261))
     images = [noise(24, 24, 3), noise(50, 20, 1, seed=2)]

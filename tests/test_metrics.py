@@ -314,6 +314,28 @@ def test_evaluate_when_the_attackers_pick_is_also_the_best():
     assert result.oracle_best.psnr_mean == result.attacker_selected.psnr_mean
 
 
+def test_ranking_psnr_is_the_scores_psnr_and_rdlv_is_computed_from_the_pair():
+    from auditlib.metrics.evaluate import matched_psnr_mean
+    from auditlib.metrics.risk import rdlv
+
+    generator = torch.Generator().manual_seed(0)
+    truth = PrivateBatch(
+        torch.rand(3, 3, 16, 16, generator=generator), torch.tensor([0, 1, 2]), ("a", "b", "c")
+    )
+    noisy = truth.images + 0.1 * torch.randn(3, 3, 16, 16, generator=generator)
+    candidate = noisy[[2, 0, 1]]  # permuted: matching finds each image's own
+    prior = np.full((16, 16, 3), 0.4) + 0.2 * np.random.default_rng(0).random((16, 16, 3))
+    none = Normalization.parse("none", 3)
+    scores = score(candidate, None, truth, none, lpips_nets=(), prior=prior)
+    originals = to_unit_range(truth.images, none)
+    assert matched_psnr_mean(candidate, originals, none) == scores.psnr_mean
+    recon = to_unit_range(candidate, none)
+    assert [p.reconstruction_index for p in scores.per_image] == [1, 2, 0]
+    for i, entry in enumerate(scores.per_image):
+        expected = rdlv(recon[entry.reconstruction_index], originals[i], prior)
+        assert entry.rdlv == pytest.approx(expected, abs=1e-12)
+
+
 def test_the_attacker_never_picks_a_diverged_candidate():
     truth = batch_of([0.2, 0.6])
     diverged = Candidate(candidate_images([0.2, 0.6]), None, math.nan, 0, 5, "diverged")

@@ -26,10 +26,16 @@ import torch
 
 from auditlib.data.normalization import Normalization
 from auditlib.metrics import image as image_metrics
-from auditlib.metrics.baseline import baseline_record, best_guess_per_image, score_guesses
+from auditlib.metrics.baseline import (
+    MEAN_IMAGE,
+    GuessScore,
+    baseline_record,
+    best_guess_per_image,
+    score_guesses,
+)
 from auditlib.metrics.lpips_metric import availability, lpips_distances
 from auditlib.metrics.matching import label_accuracy, match
-from auditlib.metrics.risk import rdlv, risk_summary
+from auditlib.metrics.risk import rdlv_of, risk_summary
 from auditlib.metrics.scores import Evaluation, Scores
 from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.threat import PrivateBatch
@@ -64,14 +70,15 @@ def score(
     prior: np.ndarray | None = None,
     prior_unavailable_reason: str = "no prior image (the data's mean) was given",
     matched_already: bool = False,
+    guess_scores: tuple[GuessScore, ...] | None = None,
 ) -> Scores:
     """``matched_already``: the candidate's image i is already paired with original i (the
     per-image union of several attacks' matched picks), so the identity matching is used
-    and each image keeps the scores it had in its attack's own pick."""
+    and each image keeps the scores it had in its attack's own pick. ``guess_scores``: the
+    guesses already scored against these originals with this prior (``score_guesses``;
+    they do not depend on the candidate), else scored here."""
     originals = to_unit_range(truth.images, normalization)
-    recon = to_unit_range(candidate_images, normalization)
-    order = np.arange(len(originals)) if matched_already else match(recon, originals)
-    matched = recon[order]
+    order, matched = _matched(candidate_images, originals, normalization, matched_already)
 
     per_image: list[dict[str, Any]] = []
     for i, name in enumerate(truth.names):
@@ -122,10 +129,14 @@ def score(
             result[f"{key}_mean"] = None
             result[f"{key}_unavailable_reason"] = reason
 
+    if guess_scores is None:
+        guess_scores = score_guesses(originals, prior)
     rdlv_reason = ssim_reason or (prior_unavailable_reason if prior is None else None)
     if rdlv_reason is None:
+        # The prior's SSIM to each original is the mean-image guess's, already scored.
+        prior_ssim = next(g.ssim for g in guess_scores if g.name == MEAN_IMAGE)
         for i, p in enumerate(per_image):
-            p["rdlv"] = rdlv(matched[i], originals[i], prior)
+            p["rdlv"] = rdlv_of(p["ssim"], prior_ssim[i])
         values = [p["rdlv"] for p in per_image if p["rdlv"] is not None]
         if values:
             for stat, v in _summary(values).items():
@@ -136,7 +147,6 @@ def score(
         result["rdlv_mean"] = None
         result["rdlv_unavailable_reason"] = f"RDLV: {rdlv_reason}"
 
-    guess_scores = score_guesses(originals, prior)
     result["baseline"] = baseline_record(guess_scores)
     result["risk"] = risk_summary(per_image, best_guess_per_image(guess_scores))
 
@@ -154,6 +164,35 @@ def score(
     return Scores.from_json(result)
 
 
+def _matched(
+    candidate_images: torch.Tensor,
+    originals: np.ndarray,
+    normalization: Normalization,
+    matched_already: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The matching (reconstruction index per original) and the reconstructions in the
+    originals' order, in [0, 1]."""
+    recon = to_unit_range(candidate_images, normalization)
+    order = np.arange(len(originals)) if matched_already else match(recon, originals)
+    return order, recon[order]
+
+
+def matched_psnr_mean(
+    candidate_images: torch.Tensor,
+    originals: np.ndarray,
+    normalization: Normalization,
+    matched_already: bool = False,
+) -> float:
+    """The batch's mean PSNR after matching, as :func:`score` reports it (``psnr_mean``):
+    what ranking candidates needs, without SSIM, LPIPS or the guesses."""
+    _, matched = _matched(candidate_images, originals, normalization, matched_already)
+    values = [
+        image_metrics.psnr_from_mse(image_metrics.mse(m, o))
+        for m, o in zip(matched, originals, strict=True)
+    ]
+    return _summary(values)["mean"]
+
+
 def evaluate(
     reconstruction: Reconstruction,
     truth: PrivateBatch,
@@ -169,7 +208,12 @@ def evaluate(
     ``prior`` (the data's mean image, H x W x C in [0, 1]) adds RDLV to both.
     ``matched_already``: score with the identity matching (see :func:`score`).
     """
-    prior_args: dict[str, Any] = {"prior": prior, "matched_already": matched_already}
+    originals = to_unit_range(truth.images, normalization)
+    prior_args: dict[str, Any] = {
+        "prior": prior,
+        "matched_already": matched_already,
+        "guess_scores": score_guesses(originals, prior),  # the same for every candidate
+    }
     if prior_unavailable_reason is not None:
         prior_args["prior_unavailable_reason"] = prior_unavailable_reason
 
@@ -184,24 +228,16 @@ def evaluate(
     selected = reconstruction.selected
     selected_scores = scored(selected)
     psnr_by_restart = {selected.restart: selected_scores.psnr_mean}
-    oracle, oracle_scores = selected, selected_scores
+    oracle, oracle_psnr = selected, selected_scores.psnr_mean
     for candidate in reconstruction.candidates:
         if candidate is selected:
             continue
-        # Ranking needs PSNR only; the full scores (LPIPS included) go to the winner alone.
-        quick = score(
-            candidate.images,
-            candidate.labels,
-            truth,
-            normalization,
-            lpips_nets=(),
-            matched_already=matched_already,
-        )
-        psnr_by_restart[candidate.restart] = quick.psnr_mean
-        if quick.psnr_mean > oracle_scores.psnr_mean:
-            oracle, oracle_scores = candidate, quick
-    if oracle is not selected:
-        oracle_scores = scored(oracle)
+        # Ranking needs PSNR only; the full scores go to the winner alone.
+        psnr = matched_psnr_mean(candidate.images, originals, normalization, matched_already)
+        psnr_by_restart[candidate.restart] = psnr
+        if psnr > oracle_psnr:
+            oracle, oracle_psnr = candidate, psnr
+    oracle_scores = selected_scores if oracle is selected else scored(oracle)
     return Evaluation(
         attacker_selected=selected_scores,
         oracle_best=oracle_scores,

@@ -116,10 +116,16 @@ def success_rate(
 def rdlv(reconstruction: np.ndarray, original: np.ndarray, prior: np.ndarray) -> float | None:
     """Relative data leakage value of one pair (H x W x C in [0, 1]); None when the prior
     is as dissimilar as it can be (SSIM <= 0), where the ratio means nothing."""
-    baseline = image_metrics.ssim(prior, original)
-    if baseline <= 0:
+    return rdlv_of(
+        image_metrics.ssim(reconstruction, original), image_metrics.ssim(prior, original)
+    )
+
+
+def rdlv_of(ssim: float, prior_ssim: float) -> float | None:
+    """RDLV from the reconstruction's and the prior's SSIM to the original."""
+    if prior_ssim <= 0:
         return None
-    return (image_metrics.ssim(reconstruction, original) - baseline) / baseline
+    return (ssim - prior_ssim) / prior_ssim
 
 
 def beyond(psnr: float, ssim: float | None, guess_psnr: float, guess_ssim: float | None) -> bool:
