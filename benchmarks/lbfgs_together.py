@@ -180,16 +180,27 @@ def _row(photo: int, steps: int, raced: bool, arms: dict[bool, list[dict]]) -> d
     return row
 
 
-def rows_from_log(path: str, photo: int, steps: int) -> list[dict]:
-    """The rows of an earlier run from the JSON lines it printed, for a run cut off before
-    it wrote its results (lines without their case are ``photo`` and ``steps``, raced)."""
+def from_log(path: str, photo: int, steps: int) -> tuple[list[dict], list[dict]]:
+    """The rows and profiles of an earlier run from the JSON lines it printed (a run cut off
+    before it wrote its results, or one printed with --no-doc; lines without their case
+    are ``photo`` and ``steps``, raced)."""
     cases: dict[tuple, dict[bool, list[dict]]] = {}
+    profiled = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.startswith("{") and '"together"' in line:
-            run = json.loads(line)
-            case = (run.pop("photo", photo), run.pop("steps", steps), run.pop("raced", True))
-            cases.setdefault(case, {False: [], True: []})[run.pop("together")].append(run)
-    return [_row(*case, arms) for case, arms in cases.items() if arms[False] and arms[True]]
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if "profile" in record:
+            profiled.append(record["profile"])
+        elif "together" in record:
+            case = (
+                record.pop("photo", photo),
+                record.pop("steps", steps),
+                record.pop("raced", True),
+            )
+            cases.setdefault(case, {False: [], True: []})[record.pop("together")].append(record)
+    rows = [_row(*case, arms) for case, arms in cases.items() if arms[False] and arms[True]]
+    return rows, profiled
 
 
 def table(rows: list[dict], profiled: list[dict], measured_on: str | None = None) -> str:
@@ -309,13 +320,15 @@ def main() -> None:
     cases = [(steps, True)] + ([(unraced, False)] if unraced > 0 else [])
     profiled, measured_on = [], args.measured_on
     if args.from_log:
-        rows = rows_from_log(args.from_log, args.photo, steps)
+        rows, profiled = from_log(args.from_log, args.photo, steps)
     else:
         print(json.dumps({"machine": machine()}), flush=True)
         rows = [measure(args.photo, n, repeats, raced, args.device) for n, raced in cases]
         if args.profile:
             victim, release = _victim_and_release(args.photo, args.device)
             profiled = [profile(victim, release, n, raced) for n, raced in cases]
+            for p in profiled:
+                print(json.dumps({"profile": p}), flush=True)
     text = table(rows, profiled, measured_on)
     print(text)
     if args.quick or args.no_doc:

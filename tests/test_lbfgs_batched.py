@@ -16,7 +16,7 @@ import torch
 from auditlib.attacks import RunControl, build_attack_config, get_attack
 from auditlib.attacks.base import Clock
 from auditlib.attacks.lbfgs import LbfgsTogether
-from auditlib.attacks.lbfgs_batched import BatchedLbfgs
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs, _Histories
 from auditlib.attacks.loop import PLAN, StepInterrupted
 from auditlib.attacks.objectives import UpdateMatcher, random_images, random_label_logits
 from auditlib.client.protocol import ClientProtocol
@@ -86,6 +86,54 @@ def batched_iterates(a, b, x0, steps, rows=None, **options):
         losses.append(optimizer.step(objective, rows))
         points.append(x.detach().clone())
     return torch.stack(points), losses, optimizer
+
+
+def two_loop(pairs: list[tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor, h: float):
+    """torch.optim.LBFGS's direction from its history (oldest first), as torch writes it."""
+    q, al = grad.neg(), [None] * len(pairs)
+    for i in range(len(pairs) - 1, -1, -1):
+        s, y = pairs[i]
+        al[i] = s.dot(q) / y.dot(s)
+        q = q - al[i] * y
+    r = q * h
+    for i, (s, y) in enumerate(pairs):
+        r = r + s * (al[i] - y.dot(r) / y.dot(s))
+    return r
+
+
+def test_each_rows_direction_is_torchs_two_loop_over_its_own_history():
+    """Four rows whose histories differ: one wraps its ring twice (size 3), one holds fewer
+    pairs than the longest, one refuses a pair (y.s <= 1e-10, as torch skips it), one starts
+    again after a reset over the stale products of its earlier pairs; asked all together
+    and as a subset, each row's direction is the two-loop recursion over its own pairs."""
+    generator = torch.Generator().manual_seed(3)
+    size, n = 3, N
+    histories = _Histories(4, size, n, torch.zeros(1, dtype=torch.float64))
+    kept: list[list] = [[] for _ in range(4)]
+    h = [1.0] * 4
+
+    def add(rows, bad=()):
+        grad = torch.randn(len(rows), n, generator=generator, dtype=torch.float64)
+        s = torch.randn(len(rows), n, generator=generator, dtype=torch.float64)
+        y = s + 0.3 * torch.randn(len(rows), n, generator=generator, dtype=torch.float64)
+        for i in bad:
+            y[i] = -s[i]  # y.s < 0: not a curvature pair
+        got = histories.direction(rows, grad, y, s)
+        for i, row in enumerate(rows):
+            if i not in bad:
+                kept[row] = (kept[row] + [(s[i], y[i])])[-size:]
+                h[row] = float(y[i].dot(s[i]) / y[i].dot(y[i]))
+            expected = two_loop(kept[row], grad[i], h[row])
+            torch.testing.assert_close(got[i], expected, rtol=1e-10, atol=1e-12)
+
+    for step in range(7):
+        add([0, 1, 2, 3] if step != 1 else [0, 2, 3])  # row 1 sits out a step: fewer pairs
+    histories.reset(3)
+    kept[3], h[3] = [], 1.0
+    add([0, 1, 2, 3], bad=(2,))
+    add([1, 3])  # a subset, row 3 with one pair over its stale ones
+    add([0, 1, 2, 3], bad=(0,))
+    assert histories.count == [3, 3, 3, 3] and histories.head != [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("line_search", LINE_SEARCHES)

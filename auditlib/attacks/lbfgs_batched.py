@@ -76,15 +76,17 @@ class _StartState:
 class _Histories:
     """K curvature histories. Each start's (s, y) pairs sit in a ring of ``size`` slots,
     interleaved in one [K, 2 x capacity, N] tensor (row 2a is s_a, row 2a + 1 is y_a; the
-    capacity grows to ``size``), with rho, the initial inverse Hessian's scale, and the
-    inner products s_a . y_b and y_a . y_b of every start's slots ([K, size, size] each,
-    updated as pairs come in), which :meth:`direction` needs."""
+    capacity grows to ``size``), with the initial inverse Hessian's scale and the inner
+    products s_i . y_j and y_i . y_j of every start's pairs, oldest first ([K, size, size]
+    each, updated as pairs come in; the diagonal s_i . y_i is 1 / rho_i, the value torch's
+    rho is taken from), which :meth:`direction` needs."""
 
     def __init__(self, starts: int, size: int, numel: int, like: torch.Tensor) -> None:
         self.size = size
         self.pairs = like.new_zeros(starts, 2 * min(size, 8), numel)
-        self.ro = like.new_zeros(starts, size)
-        self.sy = like.new_zeros(starts, size, size)
+        # Ages past a start's count hold no pair: a diagonal of 1 keeps the solves over them
+        # finite (their coefficients are set to 0; see :meth:`direction`).
+        self.sy = torch.eye(size, dtype=like.dtype, device=like.device).repeat(starts, 1, 1)
         self.yy = like.new_zeros(starts, size, size)
         self.h_diag = like.new_ones(starts)
         self.count = [0] * starts
@@ -106,24 +108,30 @@ class _Histories:
         self.pairs = torch.cat([self.pairs, pad], 1)
 
     def _append(self, rows: list[int], y: torch.Tensor, s: torch.Tensor, ys: torch.Tensor):
-        """Store each row's new pair (torch's append, and pop(0) when full); its slots."""
+        """Store each row's new pair (torch's append, and pop(0) when full: the products of
+        a full row move up one age, the oldest's dropped)."""
         if not rows:
-            return []
-        slots = []
+            return
+        slots, full = [], []
         for row in rows:
             if self.count[row] == self.size:  # full: overwrite the oldest (torch's pop(0))
                 slots.append(self.head[row])
                 self.head[row] = (self.head[row] + 1) % self.size
+                full.append(row)
             else:
                 slots.append(self.count[row])
                 self.count[row] += 1
+        for matrix in (self.sy, self.yy) if full else ():
+            if len(full) == matrix.shape[0]:  # every start (the usual case): no indexing
+                matrix[:, :-1, :-1] = matrix[:, 1:, 1:].clone()
+            else:
+                index = torch.tensor(full, device=y.device)
+                matrix[index, :-1, :-1] = matrix[index, 1:, 1:]  # indexing read a copy first
         self._grow(max(slots) + 1)
         index = torch.tensor(rows, device=y.device), torch.tensor(slots, device=y.device)
         self.pairs[index[0], 2 * index[1]] = s
         self.pairs[index[0], 2 * index[1] + 1] = y
-        self.ro[index] = 1.0 / ys
         self.h_diag[index[0]] = ys / torch.linalg.vecdot(y, y)
-        return slots
 
     def _products(self, rows: list[int], vectors: torch.Tensor) -> torch.Tensor:
         """Every stored s and y of each row against its ``vectors`` ([n, c, N]): one pass
@@ -134,15 +142,6 @@ class _Histories:
             return torch.bmm(vectors, self.pairs.transpose(1, 2)).transpose(1, 2)
         return torch.stack([(vectors[i] @ self.pairs[r].T).T for i, r in enumerate(rows)])
 
-    def _in_order(self, matrix: torch.Tensor, rows: list[int], order: torch.Tensor):
-        """The rows' [size, size] products with slots in the order ``order`` ([n, m])."""
-        n, m = order.shape
-        if rows == list(range(matrix.shape[0])) and not any(self.head[r] for r in rows):
-            return matrix[:, :m, :m]  # no pair overwritten yet: slots are in age order
-        chosen = matrix[rows]
-        chosen = chosen.gather(1, order.unsqueeze(2).expand(n, m, matrix.shape[2]))
-        return chosen.gather(2, order.unsqueeze(1).expand(n, m, m))
-
     def direction(self, rows: list[int], grad: torch.Tensor, y: torch.Tensor, s: torch.Tensor):
         """Each row's L-BFGS direction after adding its (y, s) pair where y.s > 1e-10.
 
@@ -150,61 +149,74 @@ class _Histories:
         its recurrences solved as written but each inner product against the running
         vector expanded over the pairs: s_i . q_(i+1) = -s_i . g - sum_(j>i) al_j s_i . y_j
         in the first loop, y_i . r_i = y_i . r_0 + sum_(j<i) (al_j - be_j) y_i . s_j in the
-        second, with y_i . r_0 from y . g and the y . y products. So a direction costs two
+        second, with y_i . r_0 from y . g and the y . y products. Each loop, multiplied
+        through by s_i . y_i = 1 / rho_i, is a triangular solve with the s . y products
+        themselves (upper with al, lower transposed with al - be). So a direction costs two
         passes over the history (the products below, then one combination), two
-        unit-triangular solves over the pairs and no loop over them, where the two-loop
-        makes 4 x history dependent vector operations and four passes. Equal in exact
-        arithmetic; in floats the sums are ordered otherwise (tests/test_lbfgs_batched.py:
-        torch's iterates to 1e-10 in float64)."""
+        triangular solves over the pairs and no loop over them, where the two-loop makes
+        4 x history dependent vector operations and four passes. Equal in exact
+        arithmetic; in floats the sums are ordered otherwise and rho_i's products become
+        divisions (tests/test_lbfgs_batched.py: torch's iterates to 1e-10 in float64)."""
         device = grad.device
         ys = torch.linalg.vecdot(y, s)
         keep = (ys > 1e-10).tolist()
         chosen = [i for i, k in enumerate(keep) if k]
-        slots = self._append([rows[i] for i in chosen], y[chosen], s[chosen], ys[chosen])
+        self._append([rows[i] for i in chosen], y[chosen], s[chosen], ys[chosen])
         # One pass: the history against g, and against the new pairs (for the products).
         new_s, new_y = torch.zeros_like(s), torch.zeros_like(y)
         new_s[chosen], new_y[chosen] = s[chosen], y[chosen]
         products = self._products(rows, torch.stack([grad, new_s, new_y], 1))
-        for i, slot in zip(chosen, slots, strict=True):
-            row, width = rows[i], self.capacity
-            self.sy[row, slot, :width] = products[i, 1::2, 1]  # s_new . y_b
-            self.sy[row, :width, slot] = products[i, 0::2, 2]  # s_a . y_new
-            self.yy[row, slot, :width] = self.yy[row, :width, slot] = products[i, 1::2, 2]
         row_index = torch.tensor(rows, device=device)
         h_diag = self.h_diag[row_index].unsqueeze(1)
         longest = max(self.count[r] for r in rows)
         if longest == 0:
             return grad.neg() * h_diag
-        # order[r, i]: the slot of row r's i-th oldest pair; a row with fewer pairs than the
-        # longest has rho 0 at the rest, so they drop out of both loops (al = 0, no step).
+        # order[r, i]: the slot of row r's i-th oldest pair. A row with fewer pairs than the
+        # longest holds stale products past its count (finite: earlier pairs', or the
+        # initial identity's); the first solve's right side is 0 there, so its al are 0 and
+        # reach no held pair, and the second solve's coefficients there are set to 0.
         age = torch.arange(longest, device=device)
         heads = torch.tensor([self.head[r] for r in rows], device=device)
         counts = torch.tensor([self.count[r] for r in rows], device=device)
         order = (heads.unsqueeze(1) + age) % self.size
-        ro = self.ro[row_index.unsqueeze(1), order] * (age < counts.unsqueeze(1))
-        sy, yy = self._in_order(self.sy, rows, order), self._in_order(self.yy, rows, order)
-        s_g = products[:, 0::2, 0].gather(1, order)
-        y_g = products[:, 1::2, 0].gather(1, order)
-        eye = torch.eye(longest, dtype=grad.dtype, device=device)
-        # First loop (newest to oldest): al_i = rho_i s_i . q_(i+1), q_i = q_(i+1) - al_i y_i.
-        upper = eye + ro.unsqueeze(2) * sy.triu(1)
-        al = torch.linalg.solve_triangular(upper, (-ro * s_g).unsqueeze(2), upper=True)
+        held = age < counts.unsqueeze(1)
+        by_age = products.view(len(rows), self.capacity, 2, 3).gather(
+            1, order.view(len(rows), longest, 1, 1).expand(-1, -1, 2, 3)
+        )  # [n, longest, (s, y), (g, new s, new y)]
+        if chosen:  # the new pairs' products, at their age (the newest: count - 1)
+            which = torch.tensor(chosen, device=device)
+            owner, newest = row_index[which], counts[which] - 1
+            fresh = by_age[which]
+            self.sy[owner, newest, :longest] = fresh[:, :, 1, 1]  # s_new . y_b
+            self.sy[owner, :longest, newest] = fresh[:, :, 0, 2]  # s_a . y_new
+            self.yy[owner, newest, :longest] = fresh[:, :, 1, 2]
+            self.yy[owner, :longest, newest] = fresh[:, :, 1, 2]
+            self.sy[owner, newest, newest] = ys[which]  # torch's 1 / rho, as computed there
+        if rows == list(range(self.sy.shape[0])):
+            sy, yy = self.sy[:, :longest, :longest], self.yy[:, :longest, :longest]
+        else:
+            sy = self.sy[row_index, :longest, :longest]
+            yy = self.yy[row_index, :longest, :longest]
+        s_g = torch.where(held, by_age[:, :, 0, 0], 0.0)
+        y_g = by_age[:, :, 1, 0]
+        # First loop (newest to oldest): al_i = rho_i s_i . q_(i+1), q_i = q_(i+1) - al_i y_i,
+        # i.e. (s_i . y_i) al_i + sum_(j>i) (s_i . y_j) al_j = -s_i . g.
+        al = torch.linalg.solve_triangular(sy, -s_g.unsqueeze(2), upper=True)
         # r_0 = h q_0 with q_0 = -g - sum_j al_j y_j; y_i . r_0 without forming q_0.
         y_r = h_diag * (-y_g - torch.bmm(yy, al).squeeze(2))
         al = al.squeeze(2)
-        # Second loop (oldest to newest): be_i = rho_i y_i . r_i, r_(i+1) = r_i + (al_i - be_i) s_i.
-        lower = eye + ro.unsqueeze(2) * sy.transpose(1, 2).tril(-1)
+        # Second loop (oldest to newest): be_i = rho_i y_i . r_i, r_(i+1) = r_i + c_i s_i with
+        # c_i = al_i - be_i: (s_i . y_i) c_i + sum_(j<i) (s_j . y_i) c_j = (s_i . y_i) al_i - y_i . r_0.
+        diagonal = sy.diagonal(dim1=1, dim2=2)
         coefficient = torch.linalg.solve_triangular(
-            lower, (al - ro * y_r).unsqueeze(2), upper=False
+            sy.mT, (diagonal * al - y_r).unsqueeze(2), upper=False
         ).squeeze(2)
+        coefficient = torch.where(held, coefficient, 0.0)
         # r = h q_0 + sum_i c_i s_i = -h g + sum_i (c_i s_i - h al_i y_i): the second pass.
-        weights = grad.new_zeros(len(rows), 2 * self.capacity)
-        weights[:, 0::2] = weights.new_zeros(len(rows), self.capacity).scatter(
-            1, order, coefficient
-        )
-        weights[:, 1::2] = weights.new_zeros(len(rows), self.capacity).scatter(
-            1, order, -h_diag * al
-        )
+        weights = grad.new_zeros(len(rows), self.capacity, 2)
+        weights[:, :, 0].scatter_(1, order, coefficient)
+        weights[:, :, 1].scatter_(1, order, -h_diag * al)
+        weights = weights.view(len(rows), 2 * self.capacity)
         if rows == list(range(self.pairs.shape[0])):
             combined = torch.bmm(weights.unsqueeze(1), self.pairs).squeeze(1)
         else:
