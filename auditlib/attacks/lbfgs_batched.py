@@ -121,12 +121,11 @@ class _Histories:
             else:
                 slots.append(self.count[row])
                 self.count[row] += 1
-        for matrix in (self.sy, self.yy) if full else ():
-            if len(full) == matrix.shape[0]:  # every start (the usual case): no indexing
-                matrix[:, :-1, :-1] = matrix[:, 1:, 1:].clone()
-            else:
-                index = torch.tensor(full, device=y.device)
-                matrix[index, :-1, :-1] = matrix[index, 1:, 1:]  # indexing read a copy first
+        if full:  # every start (the usual case) by a slice, not an index
+            everyone = len(full) == self.sy.shape[0]
+            moved = slice(None) if everyone else torch.tensor(full, device=y.device)
+            for matrix in (self.sy, self.yy):
+                matrix[moved, :-1, :-1] = matrix[moved, 1:, 1:].clone()  # they overlap
         self._grow(max(slots) + 1)
         index = torch.tensor(rows, device=y.device), torch.tensor(slots, device=y.device)
         self.pairs[index[0], 2 * index[1]] = s

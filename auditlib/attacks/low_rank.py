@@ -91,9 +91,9 @@ def _float64(target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     t64 = target.detach().double()
     squared = (t64 * t64).reshape(t64.shape[0], -1).sum(1) if t64.dim() == 3 else (t64 * t64).sum()
     _FLOAT64[key] = (weakref.ref(target), target._version, t64, squared)
-    # Gone with its target (a matcher's life), not held by an idle worker; popping a newer
-    # entry under a reused id only costs that one a miss.
-    weakref.finalize(target, _FLOAT64.pop, key, None)
+    if found is None or found[0]() is not target:  # once per target, not per version
+        # Gone with its target (a matcher's life), not held by an idle worker.
+        weakref.finalize(target, _FLOAT64.pop, key, None)
     return t64, squared
 
 
