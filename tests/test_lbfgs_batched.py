@@ -73,10 +73,14 @@ def torch_iterates(a, b, x0, steps, **options):
     return torch.stack(points), losses, optimizer.state[x]["func_evals"]
 
 
-def batched_iterates(a, b, x0, steps, rows=None, **options):
+def batched_iterates(a, b, x0, steps, rows=None, optimizer=None, **options):
+    """``steps`` steps of BatchedLbfgs over the problems (of ``rows``); ``optimizer``: go on
+    with that one's variables and histories."""
     starts = x0.shape[0]
-    x = x0.clone().requires_grad_(True)
-    optimizer = BatchedLbfgs([x], starts, **options)
+    if optimizer is None:
+        x = x0.clone().requires_grad_(True)
+        optimizer = BatchedLbfgs([x], starts, **options)
+    (x,) = optimizer.variables
 
     def objective(asked):
         return torch.stack([quartic(a[r], b[r], x[r]) for r in asked])
@@ -171,6 +175,24 @@ def test_float32_start_matches_torch_to_float_rounding():
         # A rounding difference (torch.dot against a row-wise product) grows with the steps.
         torch.testing.assert_close(points[0, k], expected[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(points[:, k], expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+@pytest.mark.parametrize("line_search", LINE_SEARCHES)
+def test_starts_together_on_cuda_follow_torch_on_the_cpu(line_search):
+    """On a GPU (where each round's scalars come back in one transfer and the indices go
+    out without waiting) every start still takes torch's steps and evaluations, with one
+    start dropped halfway (its rows picked by an index, not all rows)."""
+    a, b, x0 = problems(4)
+    options = {"lr": 0.8, "max_iter": 7, "history_size": 3, "line_search_fn": line_search}
+    cuda = [t.cuda() for t in (a, b, x0)]
+    early, _, optimizer = batched_iterates(*cuda, 2, **options)
+    later, _, _ = batched_iterates(*cuda, 4, rows=[0, 2, 3], optimizer=optimizer)
+    for k in range(4):
+        expected, _, evaluations = torch_iterates(a[k], b[k], x0[k], 6 if k != 1 else 2, **options)
+        ours = torch.cat([early[:, k], later[:, k]]) if k != 1 else early[:, k]
+        torch.testing.assert_close(ours.cpu(), expected, rtol=0, atol=1e-9)
+        assert optimizer.evaluations[k] == evaluations
 
 
 def test_a_converged_start_stops_while_the_others_go_on():

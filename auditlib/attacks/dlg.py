@@ -22,6 +22,7 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether
+from auditlib.attacks.lbfgs_batched import take_rows
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     UpdateMatcher,
@@ -144,8 +145,8 @@ class _Starts:
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
         if self.logits is not None:
-            return torch.softmax(self.logits[rows], dim=-1)
-        return self.fixed[rows] if self.fixed_rows else self.fixed
+            return torch.softmax(take_rows(self.logits, rows), dim=-1)
+        return take_rows(self.fixed, rows) if self.fixed_rows else self.fixed
 
     def _one(self, labels: torch.Tensor) -> torch.Tensor:
         """One row's labels out of ``_labels([row])``."""
@@ -156,7 +157,7 @@ class _Starts:
         matcher = self.matcher.at(rows)
         if len(rows) == 1:  # one start: plain autograd, the fastest way alone
             return matcher(self.images[rows[0]], self._one(labels)).unsqueeze(0)
-        return matcher.together(self.images[rows], labels)
+        return matcher.together(take_rows(self.images, rows), labels)
 
     def _hard_labels(self, row: int) -> torch.Tensor:
         if self.logits is not None:

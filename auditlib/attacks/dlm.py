@@ -42,6 +42,7 @@ from auditlib.attacks.base import (
 from auditlib.attacks.dlm_objective import ModelLeakageObjective
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether
+from auditlib.attacks.lbfgs_batched import take_rows
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     backward_to,
@@ -367,12 +368,12 @@ class _Starts:
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
         if self.logits is not None:
-            return torch.softmax(self.logits[rows], dim=-1)
-        return self.fixed[rows] if self.fixed_rows else self.fixed
+            return torch.softmax(take_rows(self.logits, rows), dim=-1)
+        return take_rows(self.fixed, rows) if self.fixed_rows else self.fixed
 
     def _terms(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = self.images[rows], self._labels(rows)
-        gamma = None if self.gamma is None else self.gamma[rows]
+        images, labels = take_rows(self.images, rows), self._labels(rows)
+        gamma = None if self.gamma is None else take_rows(self.gamma, rows)
         objective = self.objective.at(rows)
         if len(rows) == 1:  # one start: plain autograd, the fastest way alone
             single = labels[0] if self.logits is not None or self.fixed_rows else labels

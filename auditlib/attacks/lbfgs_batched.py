@@ -18,10 +18,11 @@ How it is batched:
   point, or a search direction. A driver runs the K generators in lockstep, evaluates every
   requested point in one batched call, and computes every requested direction in one
   batched two-loop recursion over the K histories ([K, 2 x history, N] tensors; see
-  :meth:`_Histories.direction` for how the recursion is evaluated). The scalar tests
-  (Armijo, curvature, tolerances) and the few vector operations torch makes per iteration
-  stay per start, as torch's are: microseconds against milliseconds of objective (measured:
-  4 % of a run of 8 DLG starts, ``benchmarks/lbfgs_together.py``).
+  :meth:`_Histories.direction` for how the recursion is evaluated), with each new pair
+  (y, s) formed for all rows at once. The scalar tests (Armijo, curvature, tolerances) stay
+  per start, as torch's are, on numbers each reply carries (max |g|, g . d, max |d|), read
+  for every row in one transfer: on a GPU a test of a tensor per start would wait on the
+  device K times a round.
 - Per-start stopping: a start that meets a stopping test ends its step and waits while the
   others go on (the next evaluations skip it); a start whose loss or variables leave the
   finite numbers is put back at its last full step, marked diverged and skipped from then
@@ -47,17 +48,57 @@ Objective = Callable[[list[int]], torch.Tensor]
 @dataclass
 class _Evaluate:
     point: torch.Tensor  # flat [N]: where this start needs its loss and gradient
+    along: torch.Tensor | None = None  # a direction d: the reply carries grad . d too
 
 
 @dataclass
 class _Direction:
+    """The pair (y, s) = (grad - previous grad, t d), formed for all rows at once."""
+
     grad: torch.Tensor  # flat [N] gradient at the current point
-    y: torch.Tensor  # gradient change since the previous iteration
-    s: torch.Tensor  # step taken since the previous iteration
+    previous: torch.Tensor  # the gradient at the previous iteration
+    d: torch.Tensor  # the previous iteration's direction ...
+    t: float  # ... and step
+
+
+@dataclass(frozen=True)
+class _Evaluated:
+    """An evaluation's reply, its scalars read for all rows at once (one transfer from the
+    device a round, where a test per start would wait on the device once per start)."""
+
+    loss: float
+    grad: torch.Tensor  # never written in place, so kept without torch's clones
+    grad_max: float  # max |grad|, torch's tolerance_grad test
+    inverse_abs_sum: float  # 1 / sum |grad| in the variables' dtype, torch's first step
+    along: float | None  # grad . d where the request named d (the line search's gtd)
+
+
+@dataclass(frozen=True)
+class _Directed:
+    d: torch.Tensor
+    gtd: float  # grad . d
+    d_max: float  # max |d|
 
 
 _Request = _Evaluate | _Direction
 _Coroutine = Generator[_Request, object, float]
+
+
+def _on(device: torch.device, values: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A small tensor of ``values`` (an index by default) on ``device``: on CUDA copied from
+    pinned memory without waiting (a copy from pageable memory waits for every kernel
+    queued before it)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
+def take_rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``tensor[rows]``: the tensor itself where the rows are all of its rows in order (the
+    usual case: no copy), else picked with an index that does not wait on the device."""
+    if rows == list(range(tensor.shape[0])):
+        return tensor
+    return tensor.index_select(0, _on(tensor.device, rows))
 
 
 @dataclass
@@ -67,7 +108,7 @@ class _StartState:
     n_iter: int = 0
     func_evals: int = 0
     d: torch.Tensor | None = None
-    t: torch.Tensor | float | None = None
+    t: float | None = None
     prev_flat_grad: torch.Tensor | None = None
     prev_loss: float | None = None
     diverged: bool = False
@@ -123,11 +164,11 @@ class _Histories:
                 self.count[row] += 1
         if full:  # every start (the usual case) by a slice, not an index
             everyone = len(full) == self.sy.shape[0]
-            moved = slice(None) if everyone else torch.tensor(full, device=y.device)
+            moved = slice(None) if everyone else _on(y.device, full)
             for matrix in (self.sy, self.yy):
                 matrix[moved, :-1, :-1] = matrix[moved, 1:, 1:].clone()  # they overlap
         self._grow(max(slots) + 1)
-        index = torch.tensor(rows, device=y.device), torch.tensor(slots, device=y.device)
+        index = _on(y.device, rows), _on(y.device, slots)
         self.pairs[index[0], 2 * index[1]] = s
         self.pairs[index[0], 2 * index[1] + 1] = y
         self.h_diag[index[0]] = ys / torch.linalg.vecdot(y, y)
@@ -160,12 +201,16 @@ class _Histories:
         ys = torch.linalg.vecdot(y, s)
         keep = (ys > 1e-10).tolist()
         chosen = [i for i, k in enumerate(keep) if k]
-        self._append([rows[i] for i in chosen], y[chosen], s[chosen], ys[chosen])
+        which = _on(device, chosen)
+        self._append([rows[i] for i in chosen], y[which], s[which], ys[which])
         # One pass: the history against g, and against the new pairs (for the products).
-        new_s, new_y = torch.zeros_like(s), torch.zeros_like(y)
-        new_s[chosen], new_y[chosen] = s[chosen], y[chosen]
+        if len(chosen) == len(rows):
+            new_s, new_y = s, y
+        else:
+            new_s, new_y = torch.zeros_like(s), torch.zeros_like(y)
+            new_s[which], new_y[which] = s[which], y[which]
         products = self._products(rows, torch.stack([grad, new_s, new_y], 1))
-        row_index = torch.tensor(rows, device=device)
+        row_index = _on(device, rows)
         h_diag = self.h_diag[row_index].unsqueeze(1)
         longest = max(self.count[r] for r in rows)
         if longest == 0:
@@ -175,15 +220,14 @@ class _Histories:
         # initial identity's); the first solve's right side is 0 there, so its al are 0 and
         # reach no held pair, and the second solve's coefficients there are set to 0.
         age = torch.arange(longest, device=device)
-        heads = torch.tensor([self.head[r] for r in rows], device=device)
-        counts = torch.tensor([self.count[r] for r in rows], device=device)
+        heads = _on(device, [self.head[r] for r in rows])
+        counts = _on(device, [self.count[r] for r in rows])
         order = (heads.unsqueeze(1) + age) % self.size
         held = age < counts.unsqueeze(1)
         by_age = products.view(len(rows), self.capacity, 2, 3).gather(
             1, order.view(len(rows), longest, 1, 1).expand(-1, -1, 2, 3)
         )  # [n, longest, (s, y), (g, new s, new y)]
         if chosen:  # the new pairs' products, at their age (the newest: count - 1)
-            which = torch.tensor(chosen, device=device)
             owner, newest = row_index[which], counts[which] - 1
             fresh = by_age[which]
             self.sy[owner, newest, :longest] = fresh[:, :, 1, 1]  # s_new . y_b
@@ -271,10 +315,12 @@ class BatchedLbfgs:
 
     def _flat_rows(self, rows: list[int]) -> torch.Tensor:
         with torch.no_grad():
-            return torch.cat([self._rows_of(v.detach())[rows] for v in self.variables], 1)
+            return torch.cat(
+                [take_rows(self._rows_of(v.detach()), rows) for v in self.variables], 1
+            )
 
     def _write_rows(self, rows: list[int], flat: torch.Tensor) -> None:
-        index = torch.tensor(rows, device=flat.device)
+        index = _on(flat.device, rows)
         offset = 0
         with torch.no_grad():
             for v, size in zip(self.variables, self._sizes, strict=True):
@@ -290,26 +336,56 @@ class BatchedLbfgs:
         left by an interruption, nor a diverged state)."""
         rows = list(rows)
         if rows:
-            self._write_rows(rows, self.completed[rows])
+            self._write_rows(rows, take_rows(self.completed, rows))
 
     # --- the lockstep driver -------------------------------------------------------------
 
-    def _evaluate(self, objective: Objective, rows: list[int], points: list[torch.Tensor]):
-        self._write_rows(rows, torch.stack(points))
+    def _evaluate(
+        self, objective: Objective, rows: list[int], wanted: list[_Evaluate]
+    ) -> list[_Evaluated]:
+        self._write_rows(rows, torch.stack([w.point for w in wanted]))
         with torch.enable_grad():
             losses = objective(rows)
             grads = torch.autograd.grad(losses.sum(), self.variables, allow_unused=True)
         flat = torch.cat(
             [
-                self._rows_of(g)[rows] if g is not None else v.new_zeros(len(rows), size)
+                take_rows(self._rows_of(g), rows) if g is not None else v.new_zeros(len(rows), size)
                 for g, v, size in zip(grads, self.variables, self._sizes, strict=True)
             ],
             1,
         )
         for row in rows:
             self.evaluations[row] += 1
+        absolute = flat.abs()
+        columns = [losses.detach(), absolute.amax(1), 1.0 / absolute.sum(1)]
+        if any(w.along is not None for w in wanted):
+            none = flat.new_zeros(flat.shape[1])
+            along = torch.stack([none if w.along is None else w.along for w in wanted])
+            columns.append(torch.linalg.vecdot(flat, along))
         # Python floats, as torch's float(closure()): its tests compare in double precision.
-        return losses.detach().double().tolist(), flat
+        scalars = torch.stack([c.double() for c in columns], 1).tolist()
+        return [
+            _Evaluated(
+                loss=row[0],
+                grad=flat[i],
+                grad_max=row[1],
+                inverse_abs_sum=row[2],
+                along=row[3] if wanted[i].along is not None else None,
+            )
+            for i, row in enumerate(scalars)
+        ]
+
+    def _directions(self, rows: list[int], wanted: list[_Direction]) -> list[_Directed]:
+        grad = torch.stack([w.grad for w in wanted])
+        y = grad - torch.stack([w.previous for w in wanted])
+        steps = _on(grad.device, [w.t for w in wanted], grad.dtype)
+        s = torch.stack([w.d for w in wanted]) * steps.unsqueeze(1)
+        d = self._histories.direction(rows, grad, y, s)
+        scalars = torch.stack([torch.linalg.vecdot(grad, d), d.abs().amax(1)], 1)
+        return [
+            _Directed(d=d[i], gtd=gtd, d_max=d_max)
+            for i, (gtd, d_max) in enumerate(scalars.double().tolist())
+        ]
 
     @torch.no_grad()
     def step(self, objective: Objective, rows: Sequence[int] | None = None) -> list[float]:
@@ -340,22 +416,14 @@ class BatchedLbfgs:
         while running:
             asking = [r for r in sorted(request) if isinstance(request[r], _Direction)]
             if asking:
-                wanted = [request[r] for r in asking]
-                directions = self._histories.direction(
-                    asking,
-                    torch.stack([w.grad for w in wanted]),
-                    torch.stack([w.y for w in wanted]),
-                    torch.stack([w.s for w in wanted]),
-                )
-                for i, row in enumerate(asking):
-                    advance(row, directions[i])
+                directed = self._directions(asking, [request[r] for r in asking])
+                for row, reply in zip(asking, directed, strict=True):
+                    advance(row, reply)
                 continue
             evaluating = sorted(request)
-            losses, grads = self._evaluate(
-                objective, evaluating, [request[r].point for r in evaluating]
-            )
-            for i, row in enumerate(evaluating):
-                advance(row, (losses[i], grads[i]))
+            evaluated = self._evaluate(objective, evaluating, [request[r] for r in evaluating])
+            for row, reply in zip(evaluating, evaluated, strict=True):
+                advance(row, reply)
         if active:
             final = torch.stack([points[r] for r in active])
             self._write_rows(active, final)
@@ -372,16 +440,20 @@ class BatchedLbfgs:
         return [result.get(r, math.nan) for r in rows]
 
     # --- one start's step: torch.optim.LBFGS.step, line for line -------------------------
+    # Where torch reads a tensor's value (max |g|, g . d, max |d|) the reply carries it, read
+    # for every row in one transfer; max |t d| is read as t max |d| (t > 0). torch's clones
+    # of the gradient are left out: no gradient here is written in place.
 
     def _one_step(self, row: int, x: torch.Tensor) -> _Coroutine:
         state = self.states[row]
         lr, max_iter, max_eval = self.lr, self.max_iter, self.max_eval
         tolerance_grad, tolerance_change = self.tolerance_grad, self.tolerance_change
-        loss, flat_grad = yield _Evaluate(x)
+        point = yield _Evaluate(x)
+        loss, flat_grad = point.loss, point.grad
         orig_loss = loss
         current_evals = 1
         state.func_evals += 1
-        if flat_grad.abs().max() <= tolerance_grad:
+        if point.grad_max <= tolerance_grad:
             return orig_loss
         d, t = state.d, state.t
         prev_flat_grad, prev_loss = state.prev_flat_grad, state.prev_loss
@@ -392,27 +464,30 @@ class BatchedLbfgs:
             if state.n_iter == 1:
                 d = flat_grad.neg()
                 self._histories.reset(row)
+                gtd, d_max = float(flat_grad.dot(d)), point.grad_max  # once a start
             else:
-                d = yield _Direction(flat_grad, flat_grad.sub(prev_flat_grad), d.mul(t))
-            prev_flat_grad = flat_grad.clone()
+                directed = yield _Direction(flat_grad, prev_flat_grad, d, t)
+                d, gtd, d_max = directed.d, directed.gtd, directed.d_max
+            prev_flat_grad = flat_grad
             prev_loss = loss
             # The first step ever is scaled down by the gradient's size, as torch does.
-            t = min(1.0, 1.0 / flat_grad.abs().sum()) * lr if state.n_iter == 1 else lr
-            gtd = flat_grad.dot(d)
+            t = min(1.0, point.inverse_abs_sum) * lr if state.n_iter == 1 else lr
             if gtd > -tolerance_change:
                 break
             ls_func_evals = 0
             if self.line_search is not None:
-                loss, flat_grad, t, ls_func_evals = yield from _strong_wolfe(
-                    x, t, d, loss, flat_grad, gtd, max_ls=max_eval - current_evals
+                point, t, ls_func_evals = yield from _strong_wolfe(
+                    x, t, d, d_max, point, gtd, max_ls=max_eval - current_evals
                 )
+                loss, flat_grad = point.loss, point.grad
                 x.add_(d, alpha=t)
-                opt_cond = flat_grad.abs().max() <= tolerance_grad
+                opt_cond = point.grad_max <= tolerance_grad
             else:
                 x.add_(d, alpha=t)
                 if n_iter != max_iter:
-                    loss, flat_grad = yield _Evaluate(x)
-                    opt_cond = flat_grad.abs().max() <= tolerance_grad
+                    point = yield _Evaluate(x)
+                    loss, flat_grad = point.loss, point.grad
+                    opt_cond = point.grad_max <= tolerance_grad
                     ls_func_evals = 1
             current_evals += ls_func_evals
             state.func_evals += ls_func_evals
@@ -422,7 +497,7 @@ class BatchedLbfgs:
                 break
             if opt_cond:
                 break
-            if d.mul(t).abs().max() <= tolerance_change:
+            if d_max * t <= tolerance_change:
                 break
             if abs(loss - prev_loss) < tolerance_change:
                 break
@@ -431,21 +506,31 @@ class BatchedLbfgs:
         return orig_loss
 
 
-def _strong_wolfe(x, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, max_ls=25):
+def _interpolate(x1, f1, g1, x2, f2, g2, bounds=None) -> float:
+    """torch's ``_cubic_interpolate`` on our float slopes (it takes a square root of a
+    tensor): computed in float64 on the CPU, never waiting on a device."""
+    g1, g2 = torch.tensor(g1, dtype=torch.float64), torch.tensor(g2, dtype=torch.float64)
+    return float(_cubic_interpolate(x1, f1, g1, x2, f2, g2, bounds=bounds))
+
+
+def _strong_wolfe(x, t, d, d_norm, at, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, max_ls=25):
     """torch's ``_strong_wolfe``, line for line, asking for its evaluations instead of
-    calling an objective (each trial point is x + t d; x itself does not move)."""
-    d_norm = d.abs().max()
-    g = g.clone()
-    f_new, g_new = yield _Evaluate(x.add(d, alpha=t))
+    calling an objective (each trial point is x + t d; x itself does not move). ``at`` is
+    the evaluation at x and ``d_norm`` max |d|; torch's gradients g are here the
+    evaluations that carry them (their losses are the f beside them), and the chosen one is
+    returned with t and the count of evaluations."""
+    f, g = at.loss, at
+    g_new = yield _Evaluate(x.add(d, alpha=t), along=d)
+    f_new = g_new.loss
     ls_func_evals = 1
-    gtd_new = g_new.dot(d)
+    gtd_new = g_new.along
     t_prev, f_prev, g_prev, gtd_prev = 0, f, g, gtd
     done = False
     ls_iter = 0
     while ls_iter < max_ls:
         if f_new > (f + c1 * t * gtd) or (ls_iter > 1 and f_new >= f_prev):
             bracket, bracket_f = [t_prev, t], [f_prev, f_new]
-            bracket_g, bracket_gtd = [g_prev, g_new.clone()], [gtd_prev, gtd_new]
+            bracket_g, bracket_gtd = [g_prev, g_new], [gtd_prev, gtd_new]
             break
         if abs(gtd_new) <= -c2 * gtd:
             bracket, bracket_f, bracket_g = [t], [f_new], [g_new]
@@ -453,18 +538,17 @@ def _strong_wolfe(x, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, ma
             break
         if gtd_new >= 0:
             bracket, bracket_f = [t_prev, t], [f_prev, f_new]
-            bracket_g, bracket_gtd = [g_prev, g_new.clone()], [gtd_prev, gtd_new]
+            bracket_g, bracket_gtd = [g_prev, g_new], [gtd_prev, gtd_new]
             break
         min_step = t + 0.01 * (t - t_prev)
         max_step = t * 10
         tmp = t
-        t = _cubic_interpolate(
-            t_prev, f_prev, gtd_prev, t, f_new, gtd_new, bounds=(min_step, max_step)
-        )
-        t_prev, f_prev, g_prev, gtd_prev = tmp, f_new, g_new.clone(), gtd_new
-        f_new, g_new = yield _Evaluate(x.add(d, alpha=t))
+        t = _interpolate(t_prev, f_prev, gtd_prev, t, f_new, gtd_new, bounds=(min_step, max_step))
+        t_prev, f_prev, g_prev, gtd_prev = tmp, f_new, g_new, gtd_new
+        g_new = yield _Evaluate(x.add(d, alpha=t), along=d)
+        f_new = g_new.loss
         ls_func_evals += 1
-        gtd_new = g_new.dot(d)
+        gtd_new = g_new.along
         ls_iter += 1
     if ls_iter == max_ls:
         bracket, bracket_f, bracket_g = [0, t], [f, f_new], [g, g_new]
@@ -473,7 +557,7 @@ def _strong_wolfe(x, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, ma
     while not done and ls_iter < max_ls:
         if abs(bracket[1] - bracket[0]) * d_norm < tolerance_change:
             break
-        t = _cubic_interpolate(
+        t = _interpolate(
             bracket[0], bracket_f[0], bracket_gtd[0], bracket[1], bracket_f[1], bracket_gtd[1]
         )
         eps = 0.1 * (max(bracket) - min(bracket))
@@ -488,13 +572,14 @@ def _strong_wolfe(x, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, ma
                 insuf_progress = True
         else:
             insuf_progress = False
-        f_new, g_new = yield _Evaluate(x.add(d, alpha=t))
+        g_new = yield _Evaluate(x.add(d, alpha=t), along=d)
+        f_new = g_new.loss
         ls_func_evals += 1
-        gtd_new = g_new.dot(d)
+        gtd_new = g_new.along
         ls_iter += 1
         if f_new > (f + c1 * t * gtd) or f_new >= bracket_f[low_pos]:
             bracket[high_pos], bracket_f[high_pos] = t, f_new
-            bracket_g[high_pos], bracket_gtd[high_pos] = g_new.clone(), gtd_new
+            bracket_g[high_pos], bracket_gtd[high_pos] = g_new, gtd_new
             low_pos, high_pos = (0, 1) if bracket_f[0] <= bracket_f[1] else (1, 0)
         else:
             if abs(gtd_new) <= -c2 * gtd:
@@ -504,6 +589,6 @@ def _strong_wolfe(x, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, ma
                 bracket_g[high_pos] = bracket_g[low_pos]
                 bracket_gtd[high_pos] = bracket_gtd[low_pos]
             bracket[low_pos], bracket_f[low_pos] = t, f_new
-            bracket_g[low_pos], bracket_gtd[low_pos] = g_new.clone(), gtd_new
+            bracket_g[low_pos], bracket_gtd[low_pos] = g_new, gtd_new
     t = bracket[low_pos]
-    return bracket_f[low_pos], bracket_g[low_pos], t, ls_func_evals
+    return bracket_g[low_pos], t, ls_func_evals
