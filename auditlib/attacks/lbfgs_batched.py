@@ -441,7 +441,7 @@ class BatchedLbfgs:
 
     # --- one start's step: torch.optim.LBFGS.step, line for line -------------------------
     # Where torch reads a tensor's value (max |g|, g . d, max |d|) the reply carries it, read
-    # for every row in one transfer; max |t d| is read as t max |d| (t > 0). torch's clones
+    # for every row in one transfer; max |t d| is read as t max |d| (t >= 0). torch's clones
     # of the gradient are left out: no gradient here is written in place.
 
     def _one_step(self, row: int, x: torch.Tensor) -> _Coroutine:
