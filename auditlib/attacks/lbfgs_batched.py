@@ -69,7 +69,6 @@ class _Evaluated:
     loss: float
     grad: torch.Tensor  # never written in place, so kept without torch's clones
     grad_max: float  # max |grad|, torch's tolerance_grad test
-    inverse_abs_sum: float  # 1 / sum |grad| in the variables' dtype, torch's first step
     along: float | None  # grad . d where the request named d (the line search's gtd)
 
 
@@ -235,11 +234,8 @@ class _Histories:
             self.yy[owner, newest, :longest] = fresh[:, :, 1, 2]
             self.yy[owner, :longest, newest] = fresh[:, :, 1, 2]
             self.sy[owner, newest, newest] = ys[which]  # torch's 1 / rho, as computed there
-        if rows == list(range(self.sy.shape[0])):
-            sy, yy = self.sy[:, :longest, :longest], self.yy[:, :longest, :longest]
-        else:
-            sy = self.sy[row_index, :longest, :longest]
-            yy = self.yy[row_index, :longest, :longest]
+        sy = take_rows(self.sy, rows)[:, :longest, :longest]
+        yy = take_rows(self.yy, rows)[:, :longest, :longest]
         s_g = torch.where(held, by_age[:, :, 0, 0], 0.0)
         y_g = by_age[:, :, 1, 0]
         # First loop (newest to oldest): al_i = rho_i s_i . q_(i+1), q_i = q_(i+1) - al_i y_i,
@@ -356,8 +352,7 @@ class BatchedLbfgs:
         )
         for row in rows:
             self.evaluations[row] += 1
-        absolute = flat.abs()
-        columns = [losses.detach(), absolute.amax(1), 1.0 / absolute.sum(1)]
+        columns = [losses.detach(), flat.abs().amax(1)]
         if any(w.along is not None for w in wanted):
             none = flat.new_zeros(flat.shape[1])
             along = torch.stack([none if w.along is None else w.along for w in wanted])
@@ -369,8 +364,7 @@ class BatchedLbfgs:
                 loss=row[0],
                 grad=flat[i],
                 grad_max=row[1],
-                inverse_abs_sum=row[2],
-                along=row[3] if wanted[i].along is not None else None,
+                along=row[2] if wanted[i].along is not None else None,
             )
             for i, row in enumerate(scalars)
         ]
@@ -464,14 +458,16 @@ class BatchedLbfgs:
             if state.n_iter == 1:
                 d = flat_grad.neg()
                 self._histories.reset(row)
-                gtd, d_max = float(flat_grad.dot(d)), point.grad_max  # once a start
+                # Once a start: torch's first g . d and its first step's 1 / sum |g|.
+                first = torch.stack([flat_grad.dot(d), 1.0 / flat_grad.abs().sum()])
+                (gtd, inverse_abs_sum), d_max = first.tolist(), point.grad_max
             else:
                 directed = yield _Direction(flat_grad, prev_flat_grad, d, t)
                 d, gtd, d_max = directed.d, directed.gtd, directed.d_max
             prev_flat_grad = flat_grad
             prev_loss = loss
             # The first step ever is scaled down by the gradient's size, as torch does.
-            t = min(1.0, point.inverse_abs_sum) * lr if state.n_iter == 1 else lr
+            t = min(1.0, inverse_abs_sum) * lr if state.n_iter == 1 else lr
             if gtd > -tolerance_change:
                 break
             ls_func_evals = 0
