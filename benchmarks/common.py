@@ -73,6 +73,21 @@ def add_log_arguments(parser: argparse.ArgumentParser, same: str) -> None:
     parser.add_argument("--measured-on", help="with --from-log: the machine the log came from")
 
 
+def read_log(path: str | Path) -> tuple[list[dict], list[dict]]:
+    """The JSON lines a benchmark printed: its runs (a line with ``together``, one per
+    finished run of an arm) and its profiles (a line ``{"profile": ...}``), in order."""
+    runs, profiles = [], []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if "profile" in record:
+            profiles.append(record["profile"])
+        elif "together" in record:
+            runs.append(record)
+    return runs, profiles
+
+
 def replace_section(path: Path, marker: str, body: str) -> None:
     """Replace the text between <!-- marker:start --> and <!-- marker:end --> in ``path``."""
     text = path.read_text()

@@ -34,7 +34,6 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -52,6 +51,7 @@ from benchmarks.common import (
     lenet_spec,
     machine,
     on_device,
+    read_log,
     replace_section,
     write_results,
 )
@@ -185,20 +185,10 @@ def from_log(path: str, photo: int, steps: int) -> tuple[list[dict], list[dict]]
     before it wrote its results, or one printed with --no-doc; lines without their case
     are ``photo`` and ``steps``, raced)."""
     cases: dict[tuple, dict[bool, list[dict]]] = {}
-    profiled = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.startswith("{"):
-            continue
-        record = json.loads(line)
-        if "profile" in record:
-            profiled.append(record["profile"])
-        elif "together" in record:
-            case = (
-                record.pop("photo", photo),
-                record.pop("steps", steps),
-                record.pop("raced", True),
-            )
-            cases.setdefault(case, {False: [], True: []})[record.pop("together")].append(record)
+    runs, profiled = read_log(path)
+    for run in runs:
+        case = (run.pop("photo", photo), run.pop("steps", steps), run.pop("raced", True))
+        cases.setdefault(case, {False: [], True: []})[run.pop("together")].append(run)
     rows = [_row(*case, arms) for case, arms in cases.items() if arms[False] and arms[True]]
     return rows, profiled
 

@@ -34,7 +34,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -51,6 +50,7 @@ from benchmarks.common import (
     lenet_spec,
     machine,
     on_device,
+    read_log,
     replace_section,
     write_results,
 )
@@ -154,15 +154,9 @@ def from_log(path: str, updates: int, steps: int) -> tuple[list[dict], list[dict
     measured separately; an attack with an arm that never finished has no row (said on
     stderr)."""
     arms: dict[str, dict[bool, list[dict]]] = {}
-    profiles = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.startswith('{"attack"'):
-            run = json.loads(line)
-            arms.setdefault(run.pop("attack"), {False: [], True: []})[run.pop("together")].append(
-                run
-            )
-        elif line.startswith('{"profile"'):
-            profiles.append(json.loads(line)["profile"])
+    runs, profiles = read_log(path)
+    for run in runs:
+        arms.setdefault(run.pop("attack"), {False: [], True: []})[run.pop("together")].append(run)
     rows = []
     for attack, runs in arms.items():
         if runs[False] and runs[True]:
