@@ -292,16 +292,21 @@ def test_every_distance_of_stacked_updates_is_each_restarts_own(name):
         assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
 
 
-def test_batchnorm_on_batch_statistics_keeps_restarts_apart():
-    """torch.func's gradient through train-mode BatchNorm departs from autograd's (measured
-    in docs/ALGORITHMS.md), so such models run restarts one after another."""
+def test_restarts_on_batchnorm_models_advance_together_and_end_where_they_end_apart():
+    """BatchNorm on batch statistics batches exactly (tests/test_exact_batchnorm.py), so IG's
+    restarts on ResNet-20 in train mode run together and end where they end apart."""
     spec = dataclasses.replace(
         lenet_spec("ig", batch=2), model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16)))
     )
     _, _, train = release_for(spec)
-    assert "BatchNorm" in why_not_together(train.knowledge)
-    _, _, frozen = release_for(spec, protocol=ClientProtocol(batchnorm_mode="eval"))
-    assert why_not_together(frozen.knowledge) is None
+    assert why_not_together(train.knowledge) is None
+    finals = [
+        run_named("ig", train, 3, params={"restarts": 2, "together": together})[1]
+        for together in (False, True)
+    ]
+    for apart, together in zip(finals[0].candidates, finals[1].candidates, strict=True):
+        assert together.loss == pytest.approx(apart.loss, rel=1e-4)
+        torch.testing.assert_close(together.images, apart.images, rtol=0, atol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")

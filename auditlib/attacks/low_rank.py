@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from auditlib.client.exact_batchnorm import exact_batchnorm
 from auditlib.client.update import classification_loss, set_training_mode
 
 
@@ -197,9 +198,10 @@ def fedsgd_factored(
     zeros = {n: images.new_zeros(layers.outputs[n]) for n in names}
     handles = [layers.modules[n].register_forward_hook(hook(n)) for n in names]
     try:
-        (grads, at_output), seen = torch.func.grad(loss_of, argnums=(0, 1), has_aux=True)(
-            free, zeros, dict(buffers)
-        )
+        with exact_batchnorm(model):  # torch.func's own is not exact in a double backward
+            (grads, at_output), seen = torch.func.grad(loss_of, argnums=(0, 1), has_aux=True)(
+                free, zeros, dict(buffers)
+            )
     finally:
         for handle in handles:
             handle.remove()

@@ -434,13 +434,8 @@ def why_not_together(knowledge: AttackerKnowledge) -> str | None:
         return f"{known.name}'s unknown model parameters are fitted one restart at a time"
     if known is not None and known.noise is not None and not known.noise.stacked:
         return f"{known.name}'s release likelihood is taken one restart at a time"
-    batchnorm = any(
-        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in knowledge.model.modules()
-    )
-    if batchnorm and knowledge.protocol.batchnorm_mode == "train":
-        # Measured (docs/ALGORITHMS.md): torch.func's pixel gradient through BatchNorm on
-        # batch statistics departs from autograd's, which finite differences confirm.
-        return "torch.func's gradient through BatchNorm in train mode is not exact"
+    # BatchNorm on batch statistics batches exactly: under torch.func it normalises by
+    # composite operations (client.exact_batchnorm).
     return None
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from auditlib.client.exact_batchnorm import exact_batchnorm
 from auditlib.client.protocol import ADAM_BETAS, ADAM_EPS, ClientProtocol
 from auditlib.errors import AttackUnsupportedError
 
@@ -128,7 +129,9 @@ def client_update(
             return classification_loss(logits, y)
 
         if functional:  # the buffers are an input: BatchNorm in train mode updates them
-            found = torch.func.grad(loss_of)(dict(current), buffers)
+            # torch.func's second derivative through fused batch_norm is not exact.
+            with exact_batchnorm(model):
+                found = torch.func.grad(loss_of)(dict(current), buffers)
             return tuple(found[n] for n in names)
         return torch.autograd.grad(
             loss_of(current, buffers), list(current.values()), create_graph=differentiable
