@@ -295,3 +295,118 @@ def test_bad_parameters_are_refused_and_the_attack_is_registered():
     assert (config.lr, config.tv, config.l2, config.bn) == (0.1, 1e-4, 1e-6, 0.1)
     assert settings["label_reduce"] == "min" and settings["distance"] == "layer-l2"
     assert build_attack_config("gi", preset="breaching")[0].distance == "l2"
+
+
+# --- Starts and updates together ---------------------------------------------------------
+
+
+def _gi_audit(release, steps, params=None, seed=0, control=None):
+    """The audit preset's run (raced starts) of one update, ``control`` or ``steps`` steps."""
+    from auditlib.attacks.restarts import run_attack
+
+    config, _ = build_attack_config("gi", params, "audit")
+    control = control or RunControl(steps, emit_every=1, image_every=1)
+    events = list(
+        run_attack(
+            get_attack("gi"), release.observation, release.knowledge, config, control, seed, "audit"
+        )
+    )
+    return events[-1].final
+
+
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        ClientProtocol(),
+        # the BN prior's statistics of the first local step: the first 2 examples
+        ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.1, local_batch_size=2),
+    ],
+    ids=["fedsgd", "fedavg"],
+)
+def test_raced_starts_together_end_where_they_end_one_after_another(protocol):
+    release = release_of(tiny_bn_model(), BATCH, protocol=protocol)
+    together = _gi_audit(release, 12)
+    apart = _gi_audit(release, 12, params={"together": False})
+    assert len(together.candidates) == len(apart.candidates) == 4
+    for a, b in zip(apart.candidates, together.candidates, strict=True):
+        assert (a.restart, a.steps, a.stop_reason) == (b.restart, b.steps, b.stop_reason)
+        assert b.loss == pytest.approx(a.loss, rel=1e-4)
+        torch.testing.assert_close(b.images, a.images, rtol=1e-4, atol=1e-4)
+    assert together.selected.restart == apart.selected.restart
+    assert together.label_inference == apart.label_inference
+
+
+def test_the_stacked_batchnorm_prior_is_each_rows_own_with_its_gradient():
+    from auditlib.attacks.gradinversion import BatchNormPrior as Prior
+    from auditlib.attacks.objectives import UpdateMatcher
+
+    protocol = ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.1, local_batch_size=2)
+    release = release_of(tiny_bn_model(), BATCH, protocol=protocol)
+    model = release.knowledge.model
+    matcher = UpdateMatcher(release.observation, release.knowledge, "layer-l2")
+    prior = Prior(model)
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.rand(3, *BATCH.images.shape, generator=generator).requires_grad_(True)
+    values = prior.stacked(matcher, rows)
+    (stacked_grad,) = torch.autograd.grad(values.sum(), rows)
+    prior.attach()
+    try:
+        for r in range(3):
+            alone = rows[r].detach().requires_grad_(True)
+            prior.reset()
+            matcher(alone, BATCH.labels)  # the hooks read the simulation's first step
+            value = prior.loss(alone)
+            (grad,) = torch.autograd.grad(value, alone)
+            assert float(values[r].detach()) == pytest.approx(float(value.detach()), rel=1e-5)
+            torch.testing.assert_close(stacked_grad[r], grad, rtol=1e-4, atol=1e-6)
+    finally:
+        prior.detach()
+
+
+def test_unraced_noisy_starts_stay_apart_and_updates_say_why():
+    from auditlib.attacks.restarts import why_apart
+
+    knowledges = [release_of(tiny_bn_model(), BATCH).knowledge for _ in range(2)]
+    info = get_attack("gi")
+    audit, _ = build_attack_config("gi", {}, "audit")
+    assert why_apart(info, audit, knowledges, "audit") is None
+    # Unraced, the starts draw their noise in turn from one stream: not the same numbers.
+    unraced, _ = build_attack_config("gi", {"restarts": 2})
+    assert "in turn from one stream" in why_apart(info, unraced, knowledges)
+    quiet, _ = build_attack_config("gi", {"restarts": 2, "noise": 0.0})
+    assert why_apart(info, quiet, knowledges) is None
+    apart, _ = build_attack_config("gi", {"together": False}, "audit")
+    assert "together=false" in why_apart(info, apart, knowledges, "audit")
+
+
+def test_updates_together_end_where_each_would_alone():
+    from auditlib.attacks.restarts import run_attack_updates
+
+    releases = [
+        release_of(tiny_bn_model(), photographs(labels))
+        for labels in ([3, 7, 1, 5], [0, 2, 4, 6], [8, 9, 1, 3])
+    ]
+    info = get_attack("gi")
+    config, _ = build_attack_config("gi", None, "audit")
+    control = RunControl(8, emit_every=1, image_every=1)
+    finals = {}
+    for u, event in run_attack_updates(
+        info,
+        [r.observation for r in releases],
+        [r.knowledge for r in releases],
+        config,
+        control,
+        [5, 6, 7],
+        "audit",
+    ):
+        if event.final is not None:
+            finals[u] = event.final
+    for u, release in enumerate(releases):
+        alone = _gi_audit(release, 8, seed=5 + u)
+        together = finals[u]
+        for a, b in zip(alone.candidates, together.candidates, strict=True):
+            assert (a.restart, a.steps, a.stop_reason) == (b.restart, b.steps, b.stop_reason)
+            assert b.loss == pytest.approx(a.loss, rel=1e-4)
+            torch.testing.assert_close(b.images, a.images, rtol=1e-4, atol=1e-4)
+        assert torch.equal(together.selected.labels, alone.selected.labels)
+        assert together.label_inference == alone.label_inference

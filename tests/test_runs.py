@@ -3,6 +3,7 @@ also with a PostgreSQL store)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -228,8 +229,11 @@ def test_runs_that_cannot_advance_together_are_refused_before_anything_is_record
 
     with pytest.raises(AuditInputError, match="cannot advance together: one update"):
         manager.start_together([spec(6)])
-    with pytest.raises(AuditInputError, match="gi has no batched form across updates"):
-        manager.start_together(update_specs(spec(6, attack="gi"), 2))
+    malicious = dataclasses.replace(
+        spec(6, attack="rtf"), scenario=ScenarioSpec(server="malicious")
+    )  # the malicious server's attacks: no batched form across updates yet
+    with pytest.raises(AuditInputError, match="rtf has no batched form across updates"):
+        manager.start_together(update_specs(malicious, 2))
     with pytest.raises(AuditInputError, match="grnn's generators batch nothing on a CPU"):
         manager.start_together(update_specs(spec(6, attack="grnn"), 2))
     assert store.list_runs() == []

@@ -175,9 +175,9 @@ def test_a_time_budget_cuts_every_update_at_the_same_step(releases):
 
 def test_what_cannot_advance_together_says_why(releases):
     knowledges = [r.knowledge for r in releases]
-    config, _ = build_attack_config("gi", {}, "audit")
-    assert why_apart(get_attack("gi"), config, knowledges) == (
-        "gi has no batched form across updates"
+    config, _ = build_attack_config("rtf", {}, "audit")
+    assert why_apart(get_attack("rtf"), config, knowledges) == (
+        "rtf has no batched form across updates"
     )
     config, _ = build_attack_config("grnn", {"wasserstein": "sorted"}, "audit")
     assert "sorted Wasserstein" in why_apart(get_attack("grnn"), config, knowledges)

@@ -129,8 +129,9 @@ class AttackInfo:
     # ``(observations, knowledges, config, control, seeds)`` -> (update, event) pairs, each
     # update ending with its own final event. None: its updates run one after another.
     run_updates: UpdatesRun | None = None
-    # Why a config of it runs its updates one after another all the same (None: it doesn't).
-    why_updates_apart: Callable[[Any], str | None] | None = None
+    # Why a config of it runs its updates one after another all the same (None: it doesn't),
+    # given the config and whether its starts are raced (each then draws from its own seed).
+    why_updates_apart: Callable[[Any, bool], str | None] | None = None
     # Why its updates together gain nothing on a CPU over running them one after another
     # (measured; None: they gain). Where a scheduler can run separate runs side by side on
     # several CPUs (the dashboard's sample), it then does.

@@ -418,7 +418,7 @@ class _Starts:
         return snapshot(self.images[position]), self._hard_labels(position), score
 
 
-def why_updates_apart(config) -> str | None:
+def why_updates_apart(config, raced: bool = False) -> str | None:
     """Why DLM's updates run one after another (``AttackInfo.why_updates_apart``): its
     Adam runs its starts apart, so its updates too."""
     return None if config.optimizer == "lbfgs" else "DLM with Adam runs its starts apart"

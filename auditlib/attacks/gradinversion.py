@@ -19,6 +19,10 @@ restored first from the last layer's update (each class row's most negative entr
 gradient noise (breaching's ``seethroughgradients`` recipe), a box constraint to the pixel
 range, and restarts from which the attacker keeps the lowest final objective. The paper's group-consistency term
 (several seeds registered to their mean) is not implemented; see docs/ALGORITHMS.md.
+
+Raced starts (each its own seed), and several updates' starts, advance together as rows of
+one batched computation (:class:`_Rows`): the updates by one ``vmap`` pass, the BatchNorm
+statistics by another over the first local step's examples.
 """
 
 from __future__ import annotations
@@ -40,13 +44,18 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.labels import infer_batch_labels
-from auditlib.attacks.loop import run_restarts
+from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     UpdateMatcher,
     backward_to,
     random_images,
+    restart_buffers,
     total_variation,
+    why_not_together,
 )
+from auditlib.attacks.updates import UpdatesMatcher
+from auditlib.attacks.updates_loop import run_updates
+from auditlib.client.update import set_training_mode
 from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, Observation
@@ -112,6 +121,12 @@ class GradInversionConfig:
         "class score from the last layer's weight rows: the most negative entry (paper) or "
         "the row's sum (iDLG)",
     )
+    # Raced starts advance together, one batched computation; False: one after another.
+    together: bool = param(
+        True,
+        "advance raced starts (each its own seed) together as one batched computation (false: "
+        "one after another; the same objective)",
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -121,8 +136,9 @@ class GradInversionConfig:
 
 
 def image_norm(images: torch.Tensor) -> torch.Tensor:
-    """The L2 image prior: each image's L2 norm, averaged over the batch."""
-    return torch.linalg.vector_norm(images.flatten(1), dim=1).mean()
+    """The L2 image prior: each image's L2 norm, averaged over the batch (B x C x H x W), or
+    one value per restart over R x B x C x H x W."""
+    return torch.linalg.vector_norm(images.flatten(-3), dim=-1).mean(-1)
 
 
 def _channel_statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,12 +195,49 @@ class BatchNormPrior:
 
     def loss(self, images: torch.Tensor) -> torch.Tensor:
         """Sum over the layers seen since ``reset`` of the two L2 norms (paper Eq. 6)."""
-        total = images.new_zeros(())
-        for index, (mean, var) in self.captured.items():
+        return self._against_running(self.captured, images.new_zeros(()))
+
+    def _against_running(self, captured: dict, total: torch.Tensor) -> torch.Tensor:
+        # One value, or one per row where the statistics are R x C.
+        for index, (mean, var) in captured.items():
             running_mean, running_var = self.targets[index]
-            total = total + torch.linalg.vector_norm(mean - running_mean)
-            total = total + torch.linalg.vector_norm(var - running_var)
+            total = total + torch.linalg.vector_norm(mean - running_mean, dim=-1)
+            total = total + torch.linalg.vector_norm(var - running_var, dim=-1)
         return total
+
+    def stacked(self, matcher: UpdateMatcher, images: torch.Tensor) -> torch.Tensor:
+        """R_BN of R candidate batches at once (``images`` R x B x C x H x W), one value per
+        row. The statistics the hooks record in the client's simulation (each layer's first
+        call: the first local step's examples, the server's weights, the client's BatchNorm
+        mode), here from one ``vmap`` pass of that forward alone: the statistics cannot
+        leave the simulation's ``torch.func.grad`` through a hook."""
+        knowledge, model = matcher.knowledge, matcher.view.model
+        window = knowledge.protocol.minibatch_windows(images.shape[1])[0]
+        set_training_mode(model, knowledge.protocol.batchnorm_mode == "train")
+
+        def statistics(x: torch.Tensor, own: dict) -> dict:
+            seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+            def record(index: int):
+                def hook(module, inputs, output) -> None:
+                    if index not in seen:
+                        seen[index] = _channel_statistics(inputs[0])
+
+                return hook
+
+            handles = [
+                layer.register_forward_hook(record(i)) for i, layer in enumerate(self.layers)
+            ]
+            try:
+                torch.func.functional_call(model, ({**matcher.parameters, **own},), (x[window],))
+            finally:
+                for handle in handles:
+                    handle.remove()
+            return seen
+
+        buffers = restart_buffers(model, images.shape[0])
+        seen = torch.func.vmap(statistics)(images, buffers)
+        return self._against_running(seen, images.new_zeros(images.shape[0]))
 
 
 class Objective:
@@ -192,22 +245,42 @@ class Objective:
 
     def __init__(
         self,
-        observation: Observation,
-        knowledge: AttackerKnowledge,
+        matcher: UpdateMatcher | UpdatesMatcher,
         config: GradInversionConfig,
         prior: BatchNormPrior | None,
     ) -> None:
-        self.matcher = UpdateMatcher(observation, knowledge, config.distance)
+        self.matcher = matcher
         self.config = config
         self.prior = prior
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        config = self.config
         if self.prior is not None:
             self.prior.reset()
         distance = self.matcher(images, labels)
+        bn = None if self.prior is None else self.prior.loss(images)
+        return self._total(distance, images, bn)
+
+    def rows(
+        self, images: torch.Tensor, labels: torch.Tensor, rows: list[int]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The objective of R stacked restarts (``images`` R x B x C x H x W; ``labels`` B, or
+        R x B: each row its update's), one value per row: :meth:`__call__` of each alone, up
+        to float order. ``rows``: their positions (an ``UpdatesMatcher``'s owners)."""
+        matcher = self.matcher.at(rows)
+        distance = matcher.together(images, labels)
+        bn = None if self.prior is None else self.prior.stacked(self.first, images)
+        return self._total(distance, images, bn)
+
+    @property
+    def first(self) -> UpdateMatcher:
+        """A matcher of the (shared) model: the updates' first where several advance."""
+        matcher = self.matcher
+        return matcher.matchers[0] if isinstance(matcher, UpdatesMatcher) else matcher
+
+    def _total(self, distance, images, bn) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        config = self.config
         parts = {"update_distance": distance}
         total = config.gradient_weight * distance
         if config.tv > 0:
@@ -216,9 +289,9 @@ class Objective:
         if config.l2 > 0:
             parts["l2"] = image_norm(images)
             total = total + config.l2 * parts["l2"]
-        if self.prior is not None:
-            parts["bn"] = self.prior.loss(images)
-            total = total + config.bn * parts["bn"]
+        if bn is not None:
+            parts["bn"] = bn
+            total = total + config.bn * bn
         return total, parts
 
 
@@ -274,18 +347,64 @@ def run_gradinversion(
     seed: int,
 ) -> Iterator[ProgressEvent]:
     labels, record = resolve_labels(observation, knowledge, config)
-    prior = BatchNormPrior(knowledge.model) if config.bn > 0 else None
-    if prior is not None and len(prior) == 0:
-        prior = None
-        record["batchnorm_prior"] = "off: the model has no BatchNorm layer with running statistics"
-    elif prior is None:
-        record["batchnorm_prior"] = "off: bn weight is 0"
-    else:
-        record["batchnorm_prior"] = f"{len(prior)} BatchNorm layers matched to running statistics"
-    objective = Objective(observation, knowledge, config, prior)
+    prior, record["batchnorm_prior"] = _prior_and_record(knowledge, config)
+    objective = Objective(UpdateMatcher(observation, knowledge, config.distance), config, prior)
+    together = (
+        config.restarts > 1
+        and _why_updates_apart(config, control.race is not None) is None
+        and why_not_together(knowledge) is None
+    )
+    if together:
+
+        def make(generators, clock):
+            return _Rows(generators, objective, knowledge, config, labels, control.max_steps)
+
+        return run_restarts(make, config.restarts, True, control, seed, "objective", record)
     if prior is None:
         return _run(objective, knowledge, config, control, seed, labels, record)
     return _with_hooks(prior, _run(objective, knowledge, config, control, seed, labels, record))
+
+
+def _prior_and_record(knowledge: AttackerKnowledge, config: GradInversionConfig):
+    prior = BatchNormPrior(knowledge.model) if config.bn > 0 else None
+    if prior is not None and len(prior) == 0:
+        return None, "off: the model has no BatchNorm layer with running statistics"
+    if prior is None:
+        return None, "off: bn weight is 0"
+    return prior, f"{len(prior)} BatchNorm layers matched to running statistics"
+
+
+def _why_updates_apart(config: GradInversionConfig, raced: bool) -> str | None:
+    """Why GradInversion's starts (and so its updates) run one after another: unraced starts
+    draw their Langevin noise in turn from one stream, the papers' way, so together they
+    would draw other numbers than apart."""
+    if not config.together:
+        return "gi was asked to run its starts apart (together=false)"
+    if not raced and config.restarts > 1 and config.noise > 0:
+        return "gi's unraced starts draw their noise in turn from one stream"
+    return None
+
+
+def run_gi_updates(observations, knowledges, config, control, seeds):
+    """GradInversion on several updates together (``AttackInfo.run_updates``): update u's
+    starts are rows u R .. u R + R - 1 of one batched Adam run, each matching update u's
+    target with update u's own labels, the BatchNorm prior against the shared model's
+    running statistics (``attacks.updates_loop``)."""
+    read = [resolve_labels(o, k, config) for o, k in zip(observations, knowledges, strict=True)]
+    prior, note = _prior_and_record(knowledges[0], config)
+    restarts = config.restarts
+    owners = [u for u in range(len(observations)) for _ in range(restarts)]
+    matchers = [
+        UpdateMatcher(o, k, config.distance) for o, k in zip(observations, knowledges, strict=True)
+    ]
+    objective = Objective(UpdatesMatcher(matchers, owners), config, prior)
+    labels = torch.stack([read[u][0] for u in owners])  # K x B: each row its update's
+
+    def make(generators, clock):
+        return _Rows(generators, objective, knowledges[0], config, labels, control.max_steps)
+
+    inferences = [record | {"batchnorm_prior": note} for _, record in read]
+    return run_updates(make, restarts, control, seeds, "objective", inferences)
 
 
 def _with_hooks(prior: BatchNormPrior, events: Iterator[ProgressEvent]) -> Iterator[ProgressEvent]:
@@ -301,8 +420,8 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, record):
     def make(generators, clock):
         return _Restart(generators, objective, knowledge, config, fixed_labels, control.max_steps)
 
-    # Apart: the BatchNorm prior reads the model's activations through hooks, one restart
-    # at a time (and torch.func's gradient through train-mode BatchNorm is not exact).
+    # One after another: the BatchNorm prior reads the model's activations through hooks
+    # in each restart's own simulation (``_Rows``: the stacked form).
     return run_restarts(make, config.restarts, False, control, seed, "objective", record)
 
 
@@ -352,6 +471,63 @@ class _Restart:
         return snapshot(self.images), self.hard_labels, score
 
 
+class _Rows:
+    """GradInversion's restarts stacked, one row each: one update's raced starts, or several
+    updates' (an ``UpdatesMatcher``, labels K x B). Adam, the schedule, the box and each row's
+    noise (from its own start's generator, as it draws alone) are per row, so each row is
+    :class:`_Restart` alone, up to float order."""
+
+    def __init__(self, generators, objective, knowledge, config, fixed_labels, iterations):
+        self.generators = list(generators)
+        self.objective = objective
+        self.config = config
+        self.labels = fixed_labels.to(knowledge.device)
+        self.per_row = self.labels.dim() == 2
+        self.images = stacked([random_images(knowledge, g) for g in self.generators])
+        self.optimizer = torch.optim.Adam([self.images], lr=config.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(config.schedule, config.warmup, iterations)
+        )
+        self.low, self.high = knowledge.normalization.pixel_bounds(
+            torch.zeros((), device=knowledge.device)
+        )
+
+    def _labels(self, rows: list[int]) -> torch.Tensor:
+        return self.labels[rows] if self.per_row else self.labels
+
+    def step(self, alive):
+        self.optimizer.zero_grad()
+        loss, parts = self.objective.rows(self.images[alive], self._labels(alive), alive)
+        backward_to(loss.sum(), self.optimizer)
+        if self.config.noise > 0:
+            lr_now = self.optimizer.param_groups[0]["lr"]
+            shape = self.images.shape[1:]
+            noise = torch.stack([torch.randn(shape, generator=self.generators[p]) for p in alive])
+            index = torch.tensor(alive, device=self.images.device)
+            self.images.grad.index_add_(
+                0, index, noise.to(self.images.device), alpha=self.config.noise * lr_now
+            )
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.config.boxed:
+            with torch.no_grad():
+                self.images.copy_(torch.maximum(torch.minimum(self.images, self.high), self.low))
+        return {"objective": loss.detach()} | {k: v.detach() for k, v in parts.items()}
+
+    def _hard_labels(self, position: int) -> torch.Tensor:
+        return (self.labels[position] if self.per_row else self.labels).cpu()
+
+    def frame(self, position):
+        return snapshot(self.images[position]), self._hard_labels(position)
+
+    def candidate(self, position):
+        # Scored as a restart alone is: the whole objective at its final images.
+        images = self.images[position].detach()
+        with torch.enable_grad():
+            loss, _ = self.objective.rows(images[None], self._labels([position]), [position])
+        return snapshot(images), self._hard_labels(position), float(loss.detach()[0])
+
+
 def _needs_batchnorm(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
     if not any(isinstance(m, BATCHNORM_TYPES) for m in knowledge.model.modules()):
         return "GradInversion's prior is the BatchNorm statistics; the model has no BatchNorm"
@@ -381,6 +557,8 @@ register(
         ),
         config_type=GradInversionConfig,
         run=run_gradinversion,
+        run_updates=run_gi_updates,
+        why_updates_apart=_why_updates_apart,
         presets={
             # The paper's Adam lr 0.1 and its per-layer L2 matching (Eq. 4), with breaching's
             # seethroughgradients values where the paper's are not known to us: warm-up 50,

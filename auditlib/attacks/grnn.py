@@ -373,7 +373,7 @@ def run_grnn_updates(observations, knowledges, config, control, seeds):
     return run_updates(make, restarts, control, seeds, "gradient_distance", inferences)
 
 
-def _why_updates_apart(config: GrnnConfig) -> str | None:
+def _why_updates_apart(config: GrnnConfig, raced: bool = False) -> str | None:
     if config.wasserstein == "sorted":
         return "the sorted Wasserstein term is computed one restart at a time"
     return None

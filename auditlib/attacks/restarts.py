@@ -55,14 +55,20 @@ def run_attack(
     return info.run(observation, knowledge, config, control, seed)
 
 
-def why_apart(info: AttackInfo, config: Any, knowledges: Sequence[AttackerKnowledge]) -> str | None:
+def why_apart(
+    info: AttackInfo,
+    config: Any,
+    knowledges: Sequence[AttackerKnowledge],
+    preset: str | None = None,
+) -> str | None:
     """Why these updates run this attack one after another rather than together (None: they
-    can advance together, ``run_attack_updates``)."""
+    can advance together, ``run_attack_updates``, with ``preset``'s restart schedule)."""
     if info.run_updates is None:
         return f"{info.name} has no batched form across updates"
     if not getattr(config, "together", True):
         return f"{info.name} was asked to run its starts apart (together=false)"
-    own = None if info.why_updates_apart is None else info.why_updates_apart(config)
+    raced = race_of(config, preset) is not None
+    own = None if info.why_updates_apart is None else info.why_updates_apart(config, raced)
     if own is not None:
         return own
     return why_updates_apart(knowledges)

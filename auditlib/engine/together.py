@@ -158,7 +158,7 @@ def run_attacks_together(
         info = ATTACKS[attack.name]
         updates = sorted(calls)
         why = (
-            why_apart(info, attack.config, [calls[u].knowledge for u in updates])
+            why_apart(info, attack.config, [calls[u].knowledge for u in updates], attack.preset)
             if len(updates) > 1
             else "one update to run"
         )
