@@ -5,8 +5,7 @@ bundled photographs (``benchmarks.photo_crops``) are written to a folder and aud
 auditor's sample is, one image per update (``engine.sample.update_specs``, then
 ``engine.together.audit_together``): ResNet-18 with torchvision's stem, 1000 classes, ImageNet
 normalisation, FedSGD, Inverting Gradients' audit preset (its starts, each update its own),
-BatchNorm in train mode (the default: updates then run one after another, torch.func's
-gradient through it not being exact) and in eval mode (updates together, chunked),
+BatchNorm in train mode (the default) and in eval mode (updates together, chunked, in both),
 ``--iterations`` steps (1 by default: the memory of a step is the question, not the
 reconstruction). The memory plan (``engine.memory_plan``) measures a step of one update
 and of two on this machine and chunks the 64 updates to fit a share of the free memory; the

@@ -323,3 +323,23 @@ def test_restarts_run_on_cuda_and_end_where_they_end_on_the_cpu(attack):
     for cpu, cuda in zip(finals["cpu"].candidates, finals["cuda"].candidates, strict=True):
         assert cuda.images.device.type == "cpu"  # candidates come back to the CPU
         assert cuda.loss == pytest.approx(cpu.loss, rel=1e-2, abs=1e-6)  # 3 steps: float order
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+@pytest.mark.parametrize(("attack", "params"), [("ig", {}), ("gi", {"noise": 0.0})])
+def test_restarts_on_batchnorm_run_on_cuda_and_end_where_they_end_on_the_cpu(attack, params):
+    # Train-mode BatchNorm on the batched path normalises by composite operations
+    # (client.exact_batchnorm): the same on CUDA. GI's unraced starts batch without noise.
+    finals = {}
+    for device in ("cpu", "cuda"):
+        spec = dataclasses.replace(
+            lenet_spec(attack, batch=2),
+            model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
+            device=device,
+        )
+        _, _, release = release_for(spec)
+        finals[device] = run_named(attack, release, 3, params={"restarts": 2, **params})[1]
+    for cpu, cuda in zip(finals["cpu"].candidates, finals["cuda"].candidates, strict=True):
+        assert cuda.images.device.type == "cpu"
+        assert cuda.loss == pytest.approx(cpu.loss, rel=1e-2, abs=1e-6)
+        torch.testing.assert_close(cuda.images, cpu.images, rtol=0, atol=1e-2)
