@@ -3,7 +3,9 @@
 DLG's setting (LeNet, sigmoid, U(-0.5, 0.5) init, 100 classes, bundled 32x32 photographs,
 batch 1, FedSGD): 16 updates (one photograph each, ``engine.sample.update_specs``), each at
 its attack's audit preset (DLG: 8 L-BFGS starts raced, 300 steps; IG: 4 signed-Adam starts
-raced, 300 steps), no time budget. Two arms, interleaved in each repetition:
+raced, 300 steps; GradInversion, ``--attacks gi``, on ResNet-20 since its prior needs
+BatchNorm: 4 Adam starts raced, 300 steps), no time budget. Two arms, interleaved in each
+repetition:
 
 - apart: ``engine.audit.run_audit`` on each update in turn (the sample audit's path before;
   each update's own starts already advance together);
