@@ -96,3 +96,17 @@ def test_the_batched_pixel_gradient_through_train_mode_batchnorm_is_autograds(pr
         behind = matcher((x - h * direction).requires_grad_(), labels).detach()
     finite = float((ahead - behind) / (2 * h))
     assert float((stacked[0] * direction).sum()) == pytest.approx(finite, rel=1e-6)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_an_exported_program_on_batch_statistics_keeps_its_restarts_apart(training):
+    """An exported program's BatchNorm is a call in its graph, which exact_batchnorm cannot
+    replace: on batch statistics its restarts run one after another; in eval mode, batched."""
+    _, knowledge = _resnet_release(ClientProtocol())
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train(training)
+    exported = torch.export.export(model, (torch.randn(2, 3, 8, 8),)).module()
+    reason = why_not_together(dataclasses.replace(knowledge, model=exported))
+    if training:
+        assert "exported program normalises by batch statistics" in reason
+    else:
+        assert reason is None

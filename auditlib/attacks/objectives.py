@@ -434,9 +434,27 @@ def why_not_together(knowledge: AttackerKnowledge) -> str | None:
         return f"{known.name}'s unknown model parameters are fitted one restart at a time"
     if known is not None and known.noise is not None and not known.noise.stacked:
         return f"{known.name}'s release likelihood is taken one restart at a time"
-    # BatchNorm on batch statistics batches exactly: under torch.func it normalises by
-    # composite operations (client.exact_batchnorm).
+    # BatchNorm layers on batch statistics batch exactly: under torch.func they normalise by
+    # composite operations (client.exact_batchnorm). An exported program's are graph calls.
+    if fused_batch_statistics(knowledge.model):
+        return (
+            "the exported program normalises by batch statistics in torch's fused batch_norm, "
+            "whose second derivative torch.func does not take exactly"
+        )
     return None
+
+
+def fused_batch_statistics(model: nn.Module) -> bool:
+    """Whether a ``torch.export`` program (its graph fixed at export, in the mode it was
+    exported in) calls a fused batch_norm on batch statistics (a training flag set)."""
+    for module in model.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            calls = node.op == "call_function" and "batch_norm" in str(node.target)
+            if calls and any(arg is True for arg in (*node.args, *node.kwargs.values())):
+                return True
+    return False
 
 
 def random_images(knowledge: AttackerKnowledge, generator: torch.Generator) -> torch.Tensor:
