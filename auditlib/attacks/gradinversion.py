@@ -147,6 +147,13 @@ def _channel_statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return features.mean(dims), features.var(dims, unbiased=False)
 
 
+def _record_first_call(seen: dict, index: int, features: torch.Tensor) -> None:
+    """Layer ``index``'s statistics at its first call since ``seen`` was emptied (FedAvg:
+    the first local step's), kept in ``seen``."""
+    if index not in seen:
+        seen[index] = _channel_statistics(features)
+
+
 class BatchNormPrior:
     """R_BN: the candidate batch's statistics at each BatchNorm input against the running ones.
 
@@ -174,8 +181,7 @@ class BatchNormPrior:
 
     def _hook(self, index: int):
         def record(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: object) -> None:
-            if index not in self.captured:
-                self.captured[index] = _channel_statistics(inputs[0])
+            _record_first_call(self.captured, index, inputs[0])
 
         return record
 
@@ -220,8 +226,7 @@ class BatchNormPrior:
 
             def record(index: int):
                 def hook(module, inputs, output) -> None:
-                    if index not in seen:
-                        seen[index] = _channel_statistics(inputs[0])
+                    _record_first_call(seen, index, inputs[0])
 
                 return hook
 
