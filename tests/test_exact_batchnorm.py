@@ -50,9 +50,11 @@ def test_modules_inside_normalise_by_composite_operations_and_are_restored():
     assert int(model[1].num_batches_tracked) == 2
 
 
-def _resnet_release(protocol):
+def _resnet_release(protocol, device="cpu"):
     spec = dataclasses.replace(
-        lenet_spec("ig", batch=2), model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16)))
+        lenet_spec("ig", batch=2),
+        model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
+        device=device,
     )
     _, _, release = release_for(spec, protocol=protocol)
     release.knowledge.model.double()
@@ -96,6 +98,27 @@ def test_the_batched_pixel_gradient_through_train_mode_batchnorm_is_autograds(pr
         behind = matcher((x - h * direction).requires_grad_(), labels).detach()
     finite = float((ahead - behind) / (2 * h))
     assert float((stacked[0] * direction).sum()) == pytest.approx(finite, rel=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+@pytest.mark.parametrize(
+    "protocol",
+    [ClientProtocol(), ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.1)],
+    ids=["fedsgd", "fedavg"],
+)
+def test_the_batched_pixel_gradient_through_train_mode_batchnorm_on_cuda_is_autograds(protocol):
+    """The same in float64 on CUDA, where torch's fused batch_norm is cuDNN's or its own
+    kernel: the composite forward serves the stacked path there too."""
+    observation, knowledge = _resnet_release(protocol, "cuda")
+    matcher = UpdateMatcher(observation, knowledge, "l2")
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 16, 16, generator=generator, dtype=torch.float64).cuda()
+    labels = torch.tensor([1, 2]).cuda()
+    alone = x.clone().requires_grad_()
+    (gradient,) = torch.autograd.grad(matcher(alone, labels), alone)
+    rows = torch.stack([x, x.flip(0)]).requires_grad_()
+    (stacked,) = torch.autograd.grad(matcher.together(rows, labels)[0], rows)
+    torch.testing.assert_close(stacked[0], gradient, rtol=1e-9, atol=1e-12 * gradient.abs().max())
 
 
 @pytest.mark.parametrize("training", [True, False])

@@ -364,6 +364,35 @@ def test_updates_together_run_on_cuda_and_end_where_each_ends_alone_there(name, 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+def test_gradinversion_updates_together_on_cuda_end_where_each_ends_alone_there():
+    """GradInversion's rows on a train-mode BatchNorm model (ResNet-20): its stacked prior and
+    the composite BatchNorm on the device, each update as its own run there after 3 steps."""
+    from auditlib.models import ModelSpec
+    from auditlib.spec import ModelRef
+
+    torch.manual_seed(0)
+    releases = [
+        release_for(
+            dataclasses.replace(
+                lenet_spec("gi", offset=u, batch=2),
+                model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
+                device="cuda",
+            )
+        )[2]
+        for u in range(2)
+    ]
+    control = RunControl(max_steps=3, emit_every=1, image_every=1)
+    info, config, finals = _together("gi", {}, releases, control)
+    for u, release in enumerate(releases):
+        alone = _alone(info, config, release.observation, release.knowledge, control)
+        for a, b in zip(alone.candidates, finals[u].candidates, strict=True):
+            assert b.images.device.type == "cpu"
+            assert (a.restart, a.steps) == (b.restart, b.steps)
+            assert b.loss == pytest.approx(a.loss, rel=1e-2, abs=1e-6)
+            torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 def test_the_sample_audit_plans_and_runs_its_updates_together_on_cuda(capsys):
     """The memory plan reads CUDA's allocator peak, and the sample's updates run together on
     the device through the engine."""
