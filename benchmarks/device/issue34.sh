@@ -1,15 +1,25 @@
-# Issue 34 on a lent GPU (about 9 minutes there): the CUDA tests of the together paths, then
-# the CUDA rows of docs/PERFORMANCE.md. Here first: python -m benchmarks.device.pack, and
-# wheels of what that machine lacks in .whl/ (sqlalchemy, phe, opacus, bcrypt; see the device
-# tool's README). Then the device tool: command "bash benchmarks/device/issue34.sh",
-# carry [".gpu", ".whl"], timeout_s 560. What each step measured is in $OUT even where a
-# later one is cut off; --from-log makes the rows of a cut-off run.
+# Issue 34 on a lent GPU: the CUDA tests of the together paths, then the CUDA rows of
+# docs/PERFORMANCE.md. Here first: python -m benchmarks.device.pack, and wheels of what that
+# machine lacks in .whl/ (sqlalchemy, greenlet, phe, opacus, bcrypt; see the device tool's
+# README). Then the device tool: command "bash benchmarks/device/issue34.sh [STEP...]", carry
+# [".gpu", ".whl"]. STEPs (default "tests ig gi", about 8.5 minutes on an H200; timeout_s 560):
+# tests (30 s), ig (5 repetitions, both arms whole: about 4 minutes), gi (ResNet-20; the
+# one-after-another arm on 1 update: 2 minutes), dlg (the one-after-another arm on 1 update:
+# 2 minutes). Each run of an arm prints a JSON line, kept in $OUT even where a step is cut
+# off; --from-log makes the rows from those lines (benchmarks/results/updates_together-cuda-runs.jsonl).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi -L
-save() { cp benchmarks/results/updates_together-cuda.json benchmarks/results/lbfgs_together-cuda.json docs/PERFORMANCE.md "$OUT"/ 2>/dev/null; }
 R=benchmarks/device/run.py
-timeout 90 python3 $R pytest -q -p no:cacheprovider tests/test_lbfgs_batched.py tests/test_updates_together.py tests/test_loop.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log"
-timeout 200 python3 $R benchmarks.updates_together --device cuda --attacks dlg --repeats 1 --apart-updates 2 2>&1 | tee "$OUT/dlg.log" | tail -12; save
-timeout 100 python3 $R benchmarks.updates_together --device cuda --attacks ig --repeats 2 2>&1 | tee "$OUT/ig.log" | tail -12; save
-timeout 120 python3 $R benchmarks.lbfgs_together --device cuda --threads 1 --repeats 1 2>&1 | tee "$OUT/lbfgs.log" | tail -12; save
+bench() { python3 $R benchmarks.updates_together --device cuda --no-doc "$@"; }
+for step in "${@:-tests ig gi}"; do
+  for s in $step; do
+    case $s in
+      tests) timeout 110 python3 $R pytest -q -p no:cacheprovider -rs tests/test_lbfgs_batched.py tests/test_updates_together.py tests/test_loop.py tests/test_exact_batchnorm.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+      ig) timeout 260 bench --attacks ig --repeats 5 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
+      gi) timeout 150 bench --attacks gi --repeats 1 --apart-updates 1 2>&1 | tee "$OUT/gi.log" | tail -12 ;;
+      dlg) timeout 150 bench --attacks dlg --repeats 1 --apart-updates 1 2>&1 | tee "$OUT/dlg.log" | tail -12 ;;
+      *) echo "unknown step $s" ;;
+    esac
+  done
+done
