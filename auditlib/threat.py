@@ -64,6 +64,9 @@ class KnownDefense:
     summary: str  # plain words: what the attacker knows and what it does with it
     mask: Tensors | None = None  # per observed tensor: 1.0 where compared, 0.0 where not
     transform: Callable[[Tensors], Tensors] | None = None  # differentiable
+    # The transform multiplies the whole update by one positive number (norm clipping): a
+    # scale-invariant distance (cosine) then matches through it as it matches without it.
+    rescales: bool = False
     noise: Likelihood | None = None
     # Model parameters the attacker cannot know and fits jointly with its images (FedKL's
     # lock): called on the attacker's own copy of the model, returns the tensors to fit.

@@ -69,7 +69,8 @@ def test_a_twin_that_runs_has_an_objective_of_its_own(attack, defense):
     if info.why_not_adaptive(known) is not None:
         return  # skipped, with its reason (test_adaptive)
     if info.twin_adds_nothing(known, config):
-        assert known.needs() & info.adapts <= {"distance"}
+        needs = known.needs() & info.adapts
+        assert needs <= {"distance"} or (needs == {"transform"} and known.rescales)
         return
     if known.needs() & info.adapts == {"postprocess"}:
         return  # the plain result, undone (test below)
@@ -100,6 +101,28 @@ def test_dlm_under_gaussian_noise_is_skipped_as_the_plain_attack_renamed():
     assert ATTACKS["grnn"].twin_adds_nothing(known, build_attack_config("grnn")[0])
     # The attacks that weigh an image prior have a Bayes-optimal twin under either noise.
     assert not ATTACKS["dlg"].twin_adds_nothing(known, build_attack_config("dlg")[0])
+
+
+def test_under_norm_clipping_a_cosine_attack_is_skipped_as_the_plain_attack_renamed():
+    """Norm clipping multiplies the whole update by one positive number, and the cosine of
+    two updates is that of any positive multiples of them: IG's twin would be its plain
+    objective (equal to float rounding, measured below), where DLG's squared L2 distance and
+    value clipping (each entry clamped) change it."""
+    release = release_for(lenet_spec(), defense="clip", defense_params={"bound": 4.0})[2]
+    known = release.known_defense
+    assert known.rescales
+    ig, _ = build_attack_config("ig", {"restarts": 1})
+    assert ATTACKS["ig"].twin_adds_nothing(known, ig)
+    plain = first_objective("ig", release, None)
+    assert first_objective("ig", release, known) == pytest.approx(plain, rel=1e-5)
+    assert not ATTACKS["dlg"].twin_adds_nothing(known, build_attack_config("dlg")[0])
+    l2, _ = build_attack_config("ig", {"distance": "l2"})
+    assert not ATTACKS["ig"].twin_adds_nothing(known, l2)
+    value = release_for(
+        lenet_spec(), defense="clip", defense_params={"bound": 0.01, "mode": "value"}
+    )[2]
+    assert not value.known_defense.rescales
+    assert not ATTACKS["ig"].twin_adds_nothing(value.known_defense, ig)
 
 
 def test_the_engine_skips_a_twin_that_adds_nothing_and_reuses_the_plain_run_for_shadow():

@@ -154,14 +154,18 @@ class AttackInfo:
 
     def twin_adds_nothing(self, known: KnownDefense | None, config: Any) -> bool:
         """Whether knowing ``known`` leaves this attack's objective its plain one: nothing
-        to match through, or a noise whose likelihood is the attack's own distance while
-        the attack weighs no image prior (then its twin would be the plain attack renamed)."""
+        to match through, a rescaling of the whole update under the cosine distance (norm
+        clipping: the cosine of two updates is that of any positive multiples of them), or a
+        noise whose likelihood is the attack's own distance while the attack weighs no image
+        prior (then its twin would be the plain attack renamed)."""
         if known is None:
             return True
         needs = known.needs() & self.adapts
         if not needs:
             return True
         own = getattr(config, "distance", "l2")
+        if needs == {"transform"} and known.rescales and own == "cosine":
+            return True
         return needs == {"distance"} and not self.weighs_prior and known.distance == own
 
 

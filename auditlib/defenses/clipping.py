@@ -53,6 +53,7 @@ class GradientClipping:
             f"knows the update was clipped ({how} to {c.bound:g}): clips its candidate's "
             "update the same way before comparing",
             transform=lambda update: self.apply(update, None),
+            rescales=c.mode == "norm",
         )
 
     def privacy_report(self) -> dict[str, Any]:
