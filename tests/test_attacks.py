@@ -41,6 +41,16 @@ def lenet_spec(
     )
 
 
+def resnet20_spec(attack, batch=2, offset=0, device="cpu"):
+    """ResNet-20 (train-mode BatchNorm, the client's default) at 16 px with 10 classes: the
+    small BatchNorm model of the restarts' and updates' together tests."""
+    return dataclasses.replace(
+        lenet_spec(attack, offset=offset, batch=batch),
+        model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
+        device=device,
+    )
+
+
 def release_for(spec, protocol=None, label=None, defense="none", defense_params=None):
     victim = prepare_victim(spec)
     batch = victim.batch

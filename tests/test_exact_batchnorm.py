@@ -9,14 +9,12 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from test_attacks import lenet_spec, release_for
+from test_attacks import release_for, resnet20_spec
 from torch import nn
 
 from auditlib.attacks.objectives import UpdateMatcher, why_not_together
 from auditlib.client.exact_batchnorm import batch_norm_composite, exact_batchnorm
 from auditlib.client.protocol import ClientProtocol
-from auditlib.models import ModelSpec
-from auditlib.spec import ModelRef
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -51,11 +49,7 @@ def test_modules_inside_normalise_by_composite_operations_and_are_restored():
 
 
 def _resnet_release(protocol, device="cpu"):
-    spec = dataclasses.replace(
-        lenet_spec("ig", batch=2),
-        model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
-        device=device,
-    )
+    spec = resnet20_spec("ig", device=device)
     _, _, release = release_for(spec, protocol=protocol)
     release.knowledge.model.double()
     observation = dataclasses.replace(

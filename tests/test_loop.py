@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from test_attacks import lenet_spec, release_for
+from test_attacks import lenet_spec, release_for, resnet20_spec
 from test_attacks import run_attack as run_named
 
 from auditlib.attacks import build_attack_config, get_attack
@@ -18,8 +18,7 @@ from auditlib.attacks.objectives import DISTANCES, UpdateMatcher, why_not_togeth
 from auditlib.attacks.restarts import run_attack
 from auditlib.client.protocol import ClientProtocol
 from auditlib.engine.attack_phase import plan_attacks
-from auditlib.models import ModelSpec
-from auditlib.spec import ComponentSpec, ModelRef
+from auditlib.spec import ComponentSpec
 
 
 class Descent:
@@ -295,9 +294,7 @@ def test_every_distance_of_stacked_updates_is_each_restarts_own(name):
 def test_restarts_on_batchnorm_models_advance_together_and_end_where_they_end_apart():
     """BatchNorm on batch statistics batches exactly (tests/test_exact_batchnorm.py), so IG's
     restarts on ResNet-20 in train mode run together and end where they end apart."""
-    spec = dataclasses.replace(
-        lenet_spec("ig", batch=2), model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16)))
-    )
+    spec = resnet20_spec("ig")
     _, _, train = release_for(spec)
     assert why_not_together(train.knowledge) is None
     finals = [
@@ -332,11 +329,7 @@ def test_restarts_on_batchnorm_run_on_cuda_and_end_where_they_end_on_the_cpu(att
     # (client.exact_batchnorm): the same on CUDA. GI's unraced starts batch without noise.
     finals = {}
     for device in ("cpu", "cuda"):
-        spec = dataclasses.replace(
-            lenet_spec(attack, batch=2),
-            model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
-            device=device,
-        )
+        spec = resnet20_spec(attack, device=device)
         _, _, release = release_for(spec)
         finals[device] = run_named(attack, release, 3, params={"restarts": 2, **params})[1]
     for cpu, cuda in zip(finals["cpu"].candidates, finals["cuda"].candidates, strict=True):

@@ -18,7 +18,7 @@ from auditlib.attacks.objectives import UpdateMatcher
 from auditlib.attacks.race import PLAN
 from auditlib.attacks.restarts import run_attack, run_attack_updates, why_apart
 from auditlib.attacks.updates import UpdatesMatcher, why_updates_apart
-from tests.test_attacks import lenet_spec, release_for
+from tests.test_attacks import lenet_spec, release_for, resnet20_spec
 
 UPDATES = 3
 SEED = 7
@@ -377,20 +377,8 @@ def _each_ends_as_alone_on_the_device(name, params, releases, steps, images_atol
 def test_gradinversion_updates_together_on_cuda_end_where_each_ends_alone_there():
     """GradInversion's rows on a train-mode BatchNorm model (ResNet-20): its stacked prior and
     the composite BatchNorm on the device, each update as its own run there after 3 steps."""
-    from auditlib.models import ModelSpec
-    from auditlib.spec import ModelRef
-
     torch.manual_seed(0)
-    releases = [
-        release_for(
-            dataclasses.replace(
-                lenet_spec("gi", offset=u, batch=2),
-                model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
-                device="cuda",
-            )
-        )[2]
-        for u in range(2)
-    ]
+    releases = [release_for(resnet20_spec("gi", offset=u, device="cuda"))[2] for u in range(2)]
     _each_ends_as_alone_on_the_device("gi", {}, releases, steps=3, images_atol=1e-2)
 
 
