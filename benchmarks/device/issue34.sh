@@ -12,14 +12,12 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi -L
 R=benchmarks/device/run.py
 bench() { python3 $R benchmarks.updates_together --device cuda --no-doc "$@"; }
-for step in "${@:-tests ig gi}"; do
-  for s in $step; do
-    case $s in
-      tests) timeout 110 python3 $R pytest -q -p no:cacheprovider -rs tests/test_lbfgs_batched.py tests/test_updates_together.py tests/test_loop.py tests/test_exact_batchnorm.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
-      ig) timeout 260 bench --attacks ig --repeats 5 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
-      gi) timeout 150 bench --attacks gi --repeats 1 --apart-updates 1 2>&1 | tee "$OUT/gi.log" | tail -12 ;;
-      dlg) timeout 150 bench --attacks dlg --repeats 1 --apart-updates 1 2>&1 | tee "$OUT/dlg.log" | tail -12 ;;
-      *) echo "unknown step $s" ;;
-    esac
-  done
+for s in ${*:-tests ig gi}; do
+  case $s in
+    tests) timeout 110 python3 $R pytest -q -p no:cacheprovider -rs tests/test_lbfgs_batched.py tests/test_updates_together.py tests/test_loop.py tests/test_exact_batchnorm.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    ig) timeout 260 bench --attacks ig --repeats 5 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
+    gi) timeout 150 bench --attacks gi --repeats 1 --apart-updates 1 2>&1 | tee "$OUT/gi.log" | tail -12 ;;
+    dlg) timeout 150 bench --attacks dlg --repeats 1 --apart-updates 1 2>&1 | tee "$OUT/dlg.log" | tail -12 ;;
+    *) echo "unknown step $s" ;;
+  esac
 done
