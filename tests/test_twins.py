@@ -10,6 +10,7 @@ plain attack's result and is not rerun.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import pytest
@@ -40,6 +41,14 @@ DEFENSES = {
 }
 
 
+@functools.cache
+def defended_release(defense: str):
+    """The release under ``defense`` at its table setting, built once for the module: the
+    cases of every attack read it and none changes it (a Shadow release alone takes
+    seconds)."""
+    return release_for(lenet_spec(), defense=defense, defense_params=DEFENSES[defense])[2]
+
+
 def first_objective(name: str, release, known) -> float:
     """The attack's objective on its first candidate (one step from the run's seed)."""
     knowledge = release.knowledge
@@ -62,7 +71,7 @@ def _has_restarts(name: str) -> bool:
     "attack, defense", list(itertools.product(sorted(ATTACKS), sorted(DEFENSES)))
 )
 def test_a_twin_that_runs_has_an_objective_of_its_own(attack, defense):
-    _, _, release = release_for(lenet_spec(), defense=defense, defense_params=DEFENSES[defense])
+    release = defended_release(defense)
     known, info = release.known_defense, ATTACKS[attack]
     assert known is not None
     config, _ = build_attack_config(attack)
@@ -95,7 +104,7 @@ def test_dlm_under_gaussian_noise_is_skipped_as_the_plain_attack_renamed():
     config, _ = build_attack_config("dlm")
     assert ATTACKS["dlm"].twin_adds_nothing(known, config)
     # Laplace noise changes its distance: that twin runs.
-    laplace = release_for(lenet_spec(), defense="dp-laplace", defense_params={"scale": 0.01})[2]
+    laplace = defended_release("dp-laplace")
     assert not ATTACKS["dlm"].twin_adds_nothing(laplace.known_defense, config)
     # Nor does GRNN, whose generator is its prior.
     assert ATTACKS["grnn"].twin_adds_nothing(known, build_attack_config("grnn")[0])
@@ -108,7 +117,7 @@ def test_under_norm_clipping_a_cosine_attack_is_skipped_as_the_plain_attack_rena
     two updates is that of any positive multiples of them: IG's twin would be its plain
     objective (equal to float rounding, measured below), where DLG's squared L2 distance and
     value clipping (each entry clamped) change it."""
-    release = release_for(lenet_spec(), defense="clip", defense_params={"bound": 4.0})[2]
+    release = defended_release("clip")  # norm mode, bound 4
     known = release.known_defense
     assert known.rescales
     ig, _ = build_attack_config("ig", {"restarts": 1})
@@ -139,7 +148,7 @@ def test_the_engine_skips_a_twin_that_adds_nothing_and_reuses_the_plain_run_for_
     assert runs[0].final is not None and runs[1].final is None
     assert runs[1].skipped == TWIN_SAME_AS_PLAIN
 
-    _, _, shadow = release_for(lenet_spec(), defense="shadow", defense_params={})
+    shadow = defended_release("shadow")
     planned = plan_attacks(ComponentSpec.of("dlg"), 2)
     planned = [planned[0], dataclasses.replace(planned[0], adaptive=True)]
     runs = []
