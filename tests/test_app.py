@@ -594,10 +594,10 @@ def test_lab_defended_run_whose_control_did_not_leak_is_inconclusive(dashboard_s
 def test_lab_defended_run_whose_control_leaked_is_a_finding_about_the_defense(dashboard_store):
     store, manager = dashboard_store
     at = _app()
-    at.number_input(key="num_classes").set_value(100).run()  # DLG's LeNet: leaks in 100 steps
+    at.number_input(key="num_classes").set_value(100).run()  # DLG's LeNet: leaks in 60 steps
     at.switch_page(LAB.path).run()
     at.selectbox(key="preset.dlg").set_value("paper").run()
-    at.number_input(key="iterations.dlg.paper").set_value(100)
+    at.number_input(key="iterations.dlg.paper").set_value(60)
     at.selectbox(key="defense").set_value("dp-gaussian").run()
     at.number_input(key="defense.dp-gaussian.sigma").set_value(1.0).run()
     # The verdict is the point here, not the speed: a budget no loaded machine runs out of.

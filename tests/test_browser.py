@@ -42,7 +42,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-ITERATIONS = 40
+ITERATIONS = 15  # long enough to see the progress advance twice, on 2 cores
 STEP = re.compile(r"step ([\d,]+) of ([\d,]+)")
 
 pytestmark = pytest.mark.timeout(180)
@@ -407,8 +407,8 @@ def _set_number(scope, label: str, value: int, page) -> None:
 
 # Seven runs (a comparison of four, a sweep of three) and a PDF on 2 cores: near the module's
 # 180 s once sign-in came first (a full suite timed out at the sweep), so a limit of its own.
-# On an AMD EPYC of 2 cores (AVX2) the four runs of 20 steps took 3 minutes: 10 steps, and
-# each wait 300 s.
+# On an AMD EPYC of 2 cores (AVX2) the four runs of 20 steps took 3 minutes, of 10 steps 2:
+# the pages are the point here, not the attack, so 2 steps, and each wait 300 s.
 @pytest.mark.timeout(720)
 def test_compare_and_tradeoff_pages_in_a_browser(server):
     """A comparison of four defenses and a three-point DP sweep, as an auditor runs them;
@@ -430,7 +430,7 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
             page.get_by_role("heading", name="Compare defenses").first.wait_for()
             sidebar = page.locator('[data-testid="stSidebar"]')
             sidebar.get_by_text("Iterations", exact=True).wait_for()
-            _set_number(sidebar, "Iterations", 10, page)
+            _set_number(sidebar, "Iterations", 2, page)
             _set_number(sidebar, "Rounds", 1, page)
             _set_number(sidebar, "Clients", 2, page)
             _set_number(sidebar, "Training examples", 300, page)
@@ -504,14 +504,14 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
             page.goto(server)
             sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").first.wait_for()
-            _set_number(page, "Classes", 100, page)  # DLG's LeNet: leaks within 100 steps
+            _set_number(page, "Classes", 100, page)  # DLG's LeNet: leaks within 60 steps
 
             page.get_by_role("link", name="Attack lab").first.click()
             page.get_by_role("heading", name="Attack lab").first.wait_for()
             sidebar = page.locator('[data-testid="stSidebar"]')
             sidebar.get_by_text("Iterations", exact=True).wait_for()
             _choose(sidebar, "Settings", "paper settings (reproduction)", page)
-            _set_number(sidebar, "Iterations", 100, page)
+            _set_number(sidebar, "Iterations", 60, page)  # 22 dB on the CLI here, 18 at 50
             _choose(sidebar, "Defense", "dp-gaussian", page)
             sigma = sidebar.get_by_label("sigma", exact=True)
             sigma.fill("1")

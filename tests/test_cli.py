@@ -290,12 +290,13 @@ def test_a_defended_run_whose_control_did_not_leak_is_inconclusive(image_dir, tm
 def test_a_defended_run_whose_control_leaked_is_a_finding_about_the_defense(tmp_path, capsys):
     out = tmp_path / "out"
     args = ["--model", "lenet", "--num-classes", "100", "--samples", "photographs"]
-    args += ["--attack", "dlg", "--preset", "paper", "--iterations", "100"]
+    # 60 steps: the control at 22 dB here (18 at 50, over 30 at 100), the best guess 11 dB.
+    args += ["--attack", "dlg", "--preset", "paper", "--iterations", "60"]
     args += ["--defense", "dp-gaussian", "--defense-param", "sigma=1", "--lpips-nets", "none"]
     # The paper preset runs the plain attack alone: held against it only is not "Low".
     code, stdout, _ = audit([*args, "--out", str(out)], capsys)
     verdict = _verdict(out)
-    assert code == 0 and verdict["control"]["leaked"] and verdict["control"]["psnr_mean"] > 30
+    assert code == 0 and verdict["control"]["leaked"] and verdict["control"]["psnr_mean"] > 16
     assert verdict["outcome"] == "inconclusive" and verdict["scope"]["twins"] == "off"
     assert "the defense held against the plain attack only" in verdict["headline"]
     # With the attacker that knows the defense beside it, the defense held.
