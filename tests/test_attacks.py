@@ -2,7 +2,8 @@
 
 The first test is the foundation figure: DLG on the bundled astronaut photograph at 32x32
 (LeNet, sigmoid, U(-0.5, 0.5) init, batch 1, 100 classes) reaches >= 30 dB within 300
-L-BFGS steps. benchmarks/reproduce_foundation.py runs the same over every photograph.
+L-BFGS steps; the test asks it of the first 100 (35.0 dB here, 46.6 at 150), a third of the
+time. benchmarks/reproduce_foundation.py runs the 300 over every photograph.
 """
 
 from __future__ import annotations
@@ -79,10 +80,10 @@ def run_attack(name, release, steps, seed=0, **control):
     return events, events[-1].final
 
 
-def test_dlg_reaches_30_db_on_a_photograph_within_300_lbfgs_steps():
-    result = run_audit(lenet_spec("dlg", 300), lpips_nets=())
+def test_dlg_reaches_30_db_on_a_photograph_within_100_lbfgs_steps():
+    result = run_audit(lenet_spec("dlg", 100), lpips_nets=())
     metrics = result.summary.metrics
-    assert result.summary.timing.iterations == 300
+    assert result.summary.timing.iterations == 100
     assert metrics.psnr_mean >= 30.0
     assert metrics.ssim_mean > 0.95
     assert metrics.label_accuracy == 1.0  # DLG's jointly optimised soft label
