@@ -172,7 +172,7 @@ def test_runs_never_outnumber_the_cpus_ray_has(manager, store):
     import ray
 
     cpus = int(ray.cluster_resources()["CPU"])
-    run_ids = [manager.start(spec(40 + i)) for i in range(cpus + 2)]
+    run_ids = [manager.start(spec(15 + i)) for i in range(cpus + 2)]  # each still seconds long
     for run_id in run_ids:
         assert manager.wait(run_id, 300)
     timings = [store.get_run(r).result.timing for r in run_ids]
