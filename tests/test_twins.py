@@ -41,12 +41,26 @@ DEFENSES = {
 }
 
 
+# What each shared release observed when it was built, to check that no case changed it.
+_AS_BUILT: dict[str, tuple[torch.Tensor, ...]] = {}
+
+
 @functools.cache
 def defended_release(defense: str):
     """The release under ``defense`` at its table setting, built once for the module: the
-    cases of every attack read it and none changes it (a Shadow release alone takes
-    seconds)."""
-    return release_for(lenet_spec(), defense=defense, defense_params=DEFENSES[defense])[2]
+    cases of every attack read it (a Shadow release alone takes seconds); the module's end
+    checks that none changed it."""
+    release = release_for(lenet_spec(), defense=defense, defense_params=DEFENSES[defense])[2]
+    _AS_BUILT[defense] = tuple(t.detach().clone() for t in release.observation.tensors)
+    return release
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _shared_releases_unchanged():
+    yield
+    for defense, built in _AS_BUILT.items():
+        now = defended_release(defense).observation.tensors
+        assert all(torch.equal(a, b) for a, b in zip(now, built, strict=True)), defense
 
 
 def first_objective(name: str, release, known) -> float:
