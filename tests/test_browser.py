@@ -1,7 +1,8 @@
 """The dashboard in a real browser: upload images, start a DLG run, watch it converge.
 
-Starts ``streamlit run app.py`` on a free local port (its own data folder and its own Ray),
-drives headless Chromium with Playwright, and measures the time from clicking Start to the
+Starts ``streamlit run app.py`` on a free local port (its own data folder and its own Ray;
+one server shared by the tests that need nothing of it but their own runs, one per test
+for the others), drives headless Chromium with Playwright, and measures the time from clicking Start to the
 first live reconstruction on the page (printed and written to
 ``tests/artifacts/browser_timing.json``). Screenshots go to ``tests/artifacts/``.
 
@@ -121,7 +122,7 @@ class Server:
     """``streamlit run app.py`` on a free local port with its own data folder and its own Ray;
     ``restart`` stops it and starts it again on the same port and data (a server restart)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, log: str = "browser_server.log") -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -131,7 +132,7 @@ class Server:
         }
         self.env.update(AUDIT_DATA_DIR=str(data_dir), RAY_USAGE_STATS_ENABLED="0")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.log = (ARTIFACTS / "browser_server.log").open("wb")
+        self.log = (ARTIFACTS / log).open("wb")
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -165,28 +166,41 @@ class Server:
         self.start()
 
 
-@pytest.fixture
-def server(tmp_path):
-    """The dashboard on a free port; yields its URL; always stopped at the end."""
-    running = Server(tmp_path / "data")
-    try:
-        running.start()
-        yield running.url
-    finally:
-        running.stop()
-        running.log.close()
-
-
-@pytest.fixture
-def restartable_server(tmp_path):
-    """The dashboard as a :class:`Server` the test can restart; always stopped at the end."""
-    running = Server(tmp_path / "data")
+@contextlib.contextmanager
+def _serving(running: Server):
+    """``running`` started; always stopped, and its log closed, at the end."""
     try:
         running.start()
         yield running
     finally:
         running.stop()
         running.log.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """The dashboard on a free port; yields its URL."""
+    with _serving(Server(tmp_path / "data")) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory, users_path):
+    """One dashboard for the tests that sign in as alice in a fresh browser and need nothing
+    of the store but their own runs (each starts its own and opens it by its link): its Ray
+    starts and warms a worker once (some 19 s on 2 cores) instead of once per test. Tests that
+    count the runs, change users or restart the server keep a :func:`server` of their own."""
+    running = Server(tmp_path_factory.mktemp("shared") / "data", log="browser_shared.log")
+    running.env["AUDIT_USERS_FILE"] = str(users_path)  # the session's users, never changed
+    with _serving(running):
+        yield running.url
+
+
+@pytest.fixture
+def restartable_server(tmp_path):
+    """The dashboard as a :class:`Server` the test can restart."""
+    with _serving(Server(tmp_path / "data")) as running:
+        yield running
 
 
 def sign_in(page, user: str, password: str | None = None) -> None:
@@ -410,7 +424,7 @@ def _set_number(scope, label: str, value: int, page) -> None:
 # On an AMD EPYC of 2 cores (AVX2) the four runs of 20 steps took 3 minutes, of 10 steps 2:
 # the pages are the point here, not the attack, so 2 steps, and each wait 300 s.
 @pytest.mark.timeout(720)
-def test_compare_and_tradeoff_pages_in_a_browser(server):
+def test_compare_and_tradeoff_pages_in_a_browser(shared_server):
     """A comparison of four defenses and a three-point DP sweep, as an auditor runs them;
     screenshots of both pages, and the PDF report downloaded from the comparison."""
     if not Path(CHROMIUM).exists():
@@ -422,7 +436,7 @@ def test_compare_and_tradeoff_pages_in_a_browser(server):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2200})
             page.set_default_timeout(30_000)
-            page.goto(server)
+            page.goto(shared_server)
             sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").first.wait_for()
 
@@ -487,7 +501,7 @@ def _choose(scope, label: str, option: str, page) -> None:
     page.wait_for_timeout(700)  # the rerun that takes the new value
 
 
-def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
+def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(shared_server):
     """A defended run in the Attack lab: its control starts with it, and the verdict reads
     beside it (DP noise sigma=1 against DLG on LeNet with 100 classes: the control leaks, the
     defense holds), with the scope, the baseline guesses and the threat-model card;
@@ -501,7 +515,7 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(server):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
-            page.goto(server)
+            page.goto(shared_server)
             sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").first.wait_for()
             _set_number(page, "Classes", 100, page)  # DLG's LeNet: leaks within 60 steps
@@ -611,7 +625,7 @@ VERDICT_HEADLINE = re.compile(r"^(Very High|High|Medium|Low|Inconclusive)\b.*:")
 
 
 @pytest.mark.timeout(150)
-def test_a_torchvision_model_with_its_weights_in_a_browser(server, tmp_path):
+def test_a_torchvision_model_with_its_weights_in_a_browser(shared_server, tmp_path):
     """The auditor picks torchvision's MobileNet v3 small in the Setup page, uploads its
     weights (random ones, saved as safetensors here), takes two 64-pixel photographs and runs
     a few DLG steps: the run is titled by the model and reads a verdict."""
@@ -630,7 +644,7 @@ def test_a_torchvision_model_with_its_weights_in_a_browser(server, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
-            page.goto(server)
+            page.goto(shared_server)
             sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").first.wait_for()
 
@@ -679,7 +693,7 @@ def test_a_torchvision_model_with_its_weights_in_a_browser(server, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_an_observed_update_uploaded_and_audited_in_a_browser(server, tmp_path):
+def test_an_observed_update_uploaded_and_audited_in_a_browser(shared_server, tmp_path):
     """The auditor uploads the bundle a client's round left (written by plain PyTorch code,
     as docs/OBSERVED.md describes), without the client's images, runs IG for a few steps,
     reads "Unavailable" and downloads the run's PDF."""
@@ -701,7 +715,7 @@ def test_an_observed_update_uploaded_and_audited_in_a_browser(server, tmp_path):
             page.set_default_timeout(30_000)
             hosts: set[str] = set()  # every host the page asks for anything
             page.on("request", lambda request: hosts.add(urlparse(request.url).hostname or ""))
-            page.goto(server)
+            page.goto(shared_server)
             sign_in(page, "alice")
             page.get_by_role("heading", name="Setup").first.wait_for()
             # Started as a plain `streamlit run app.py` (the config file's settings): no
