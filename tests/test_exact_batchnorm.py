@@ -58,61 +58,55 @@ def _resnet_release(protocol, device="cpu"):
     return observation, release.knowledge
 
 
-@pytest.mark.parametrize(
-    "protocol",
-    [
-        ClientProtocol(),  # FedSGD: the classifier's gradient factored (low_rank)
-        ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.1),  # client_update
-    ],
-    ids=["fedsgd", "fedavg"],
-)
-@pytest.mark.parametrize("distance", ["cosine", "l2", "layer-l2"])
-def test_the_batched_pixel_gradient_through_train_mode_batchnorm_is_autograds(protocol, distance):
-    """float64, ResNet-20 on batch statistics: restarts stacked through torch.func get
-    autograd's value and pixel gradient (before, 3e-4 apart), and finite differences agree."""
-    observation, knowledge = _resnet_release(protocol)
+def _alone_and_stacked(protocol, distance, device="cpu"):
+    """float64, ResNet-20 on batch statistics: one candidate batch's value and pixel gradient
+    by plain autograd, and the same batch as the first of two restarts stacked through
+    torch.func (the second its images reordered)."""
+    observation, knowledge = _resnet_release(protocol, device)
     assert why_not_together(knowledge) is None
     matcher = UpdateMatcher(observation, knowledge, distance)
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 3, 16, 16, generator=generator, dtype=torch.float64)
-    labels = torch.tensor([1, 2])
+    x = torch.randn(2, 3, 16, 16, generator=generator, dtype=torch.float64).to(device)
+    labels = torch.tensor([1, 2], device=device)
     alone = x.clone().requires_grad_()
     value = matcher(alone, labels)
     (gradient,) = torch.autograd.grad(value, alone)
-    rows = torch.stack([x, x.flip(0)]).requires_grad_()  # two restarts, the second reordered
+    rows = torch.stack([x, x.flip(0)]).requires_grad_()
     values = matcher.together(rows, labels)
     (stacked,) = torch.autograd.grad(values[0], rows)
     torch.testing.assert_close(values[0], value, rtol=1e-12, atol=0)
     torch.testing.assert_close(stacked[0], gradient, rtol=1e-9, atol=1e-12 * gradient.abs().max())
     assert float(stacked[1].abs().max()) == 0  # each restart's value is its own rows'
-    direction = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+    return matcher, x, labels, stacked[0]
+
+
+PROTOCOLS = [
+    ClientProtocol(),  # FedSGD: the classifier's gradient factored (low_rank)
+    ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.1),  # client_update
+]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=["fedsgd", "fedavg"])
+@pytest.mark.parametrize("distance", ["cosine", "l2", "layer-l2"])
+def test_the_batched_pixel_gradient_through_train_mode_batchnorm_is_autograds(protocol, distance):
+    """float64, ResNet-20 on batch statistics: restarts stacked through torch.func get
+    autograd's value and pixel gradient (before, 3e-4 apart), and finite differences agree."""
+    matcher, x, labels, stacked = _alone_and_stacked(protocol, distance)
+    direction = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
     h = 1e-6
     with torch.enable_grad():
         ahead = matcher((x + h * direction).requires_grad_(), labels).detach()
         behind = matcher((x - h * direction).requires_grad_(), labels).detach()
     finite = float((ahead - behind) / (2 * h))
-    assert float((stacked[0] * direction).sum()) == pytest.approx(finite, rel=1e-6)
+    assert float((stacked * direction).sum()) == pytest.approx(finite, rel=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
-@pytest.mark.parametrize(
-    "protocol",
-    [ClientProtocol(), ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.1)],
-    ids=["fedsgd", "fedavg"],
-)
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=["fedsgd", "fedavg"])
 def test_the_batched_pixel_gradient_through_train_mode_batchnorm_on_cuda_is_autograds(protocol):
     """The same in float64 on CUDA, where torch's fused batch_norm is cuDNN's or its own
     kernel: the composite forward serves the stacked path there too."""
-    observation, knowledge = _resnet_release(protocol, "cuda")
-    matcher = UpdateMatcher(observation, knowledge, "l2")
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 3, 16, 16, generator=generator, dtype=torch.float64).cuda()
-    labels = torch.tensor([1, 2]).cuda()
-    alone = x.clone().requires_grad_()
-    (gradient,) = torch.autograd.grad(matcher(alone, labels), alone)
-    rows = torch.stack([x, x.flip(0)]).requires_grad_()
-    (stacked,) = torch.autograd.grad(matcher.together(rows, labels)[0], rows)
-    torch.testing.assert_close(stacked[0], gradient, rtol=1e-9, atol=1e-12 * gradient.abs().max())
+    _alone_and_stacked(protocol, "l2", "cuda")
 
 
 @pytest.mark.parametrize("training", [True, False])

@@ -430,17 +430,16 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, record):
     return run_restarts(make, config.restarts, False, control, seed, "objective", record)
 
 
-class _Restart:
-    """One GradInversion restart: Adam on the images with warm-up, decay and noise."""
+class _Descent:
+    """GradInversion's descent on ``images`` (one restart's, or K starts' stacked as rows):
+    Adam with the warm-up and decay schedule, Langevin noise on the gradient scaled by the
+    current lr, and the box on the pixels. One definition for :class:`_Restart` and
+    :class:`_Rows`, so a row steps as a restart alone does."""
 
-    def __init__(self, generators, objective, knowledge, config, fixed_labels, iterations):
-        (self.generator,) = generators
-        self.objective = objective
+    def __init__(self, images, knowledge, config, iterations):
+        self.images = images
         self.config = config
-        self.labels = fixed_labels.to(knowledge.device)
-        self.hard_labels = fixed_labels.cpu()
-        self.images = random_images(knowledge, self.generator).requires_grad_(True)
-        self.optimizer = torch.optim.Adam([self.images], lr=config.lr)
+        self.optimizer = torch.optim.Adam([images], lr=config.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(config.schedule, config.warmup, iterations)
         )
@@ -448,21 +447,37 @@ class _Restart:
             torch.zeros((), device=knowledge.device)
         )
 
-    def step(self, alive):
-        images = self.images
+    def step(self, loss: torch.Tensor, add_noise) -> None:
+        """One step down ``loss``; ``add_noise(grad, scale)`` adds the exploration noise."""
         self.optimizer.zero_grad()
-        loss, parts = self.objective(images, self.labels)
         backward_to(loss, self.optimizer)
         if self.config.noise > 0:
-            # Langevin-style exploration: noise on the gradient, scaled by the current lr.
-            lr_now = self.optimizer.param_groups[0]["lr"]
-            noise = torch.randn(images.shape, generator=self.generator).to(images.device)
-            images.grad.add_(noise, alpha=self.config.noise * lr_now)
+            add_noise(self.images.grad, self.config.noise * self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         self.scheduler.step()
         if self.config.boxed:
             with torch.no_grad():
-                images.copy_(torch.maximum(torch.minimum(images, self.high), self.low))
+                self.images.copy_(torch.maximum(torch.minimum(self.images, self.high), self.low))
+
+
+class _Restart:
+    """One GradInversion restart: Adam on the images with warm-up, decay and noise."""
+
+    def __init__(self, generators, objective, knowledge, config, fixed_labels, iterations):
+        (self.generator,) = generators
+        self.objective = objective
+        self.labels = fixed_labels.to(knowledge.device)
+        self.hard_labels = fixed_labels.cpu()
+        self.images = random_images(knowledge, self.generator).requires_grad_(True)
+        self.descent = _Descent(self.images, knowledge, config, iterations)
+
+    def _add_noise(self, grad: torch.Tensor, scale: float) -> None:
+        noise = torch.randn(grad.shape, generator=self.generator).to(grad.device)
+        grad.add_(noise, alpha=scale)
+
+    def step(self, alive):
+        loss, parts = self.objective(self.images, self.labels)
+        self.descent.step(loss, self._add_noise)
         losses = {"objective": loss.detach()} | {k: v.detach() for k, v in parts.items()}
         return {k: v.reshape(1) for k, v in losses.items()}
 
@@ -485,38 +500,25 @@ class _Rows:
     def __init__(self, generators, objective, knowledge, config, fixed_labels, iterations):
         self.generators = list(generators)
         self.objective = objective
-        self.config = config
         self.labels = fixed_labels.to(knowledge.device)
         self.per_row = self.labels.dim() == 2
         self.images = stacked([random_images(knowledge, g) for g in self.generators])
-        self.optimizer = torch.optim.Adam([self.images], lr=config.lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(config.schedule, config.warmup, iterations)
-        )
-        self.low, self.high = knowledge.normalization.pixel_bounds(
-            torch.zeros((), device=knowledge.device)
-        )
+        self.descent = _Descent(self.images, knowledge, config, iterations)
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
         return self.labels[rows] if self.per_row else self.labels
 
     def step(self, alive):
-        self.optimizer.zero_grad()
         loss, parts = self.objective.rows(self.images[alive], self._labels(alive), alive)
-        backward_to(loss.sum(), self.optimizer)
-        if self.config.noise > 0:
-            lr_now = self.optimizer.param_groups[0]["lr"]
-            shape = self.images.shape[1:]
+
+        def add_noise(grad: torch.Tensor, scale: float) -> None:
+            # Each alive row its own start's draw, as that start alone draws it.
+            shape = grad.shape[1:]
             noise = torch.stack([torch.randn(shape, generator=self.generators[p]) for p in alive])
-            index = torch.tensor(alive, device=self.images.device)
-            self.images.grad.index_add_(
-                0, index, noise.to(self.images.device), alpha=self.config.noise * lr_now
-            )
-        self.optimizer.step()
-        self.scheduler.step()
-        if self.config.boxed:
-            with torch.no_grad():
-                self.images.copy_(torch.maximum(torch.minimum(self.images, self.high), self.low))
+            index = torch.tensor(alive, device=grad.device)
+            grad.index_add_(0, index, noise.to(grad.device), alpha=scale)
+
+        self.descent.step(loss.sum(), add_noise)
         return {"objective": loss.detach()} | {k: v.detach() for k, v in parts.items()}
 
     def _hard_labels(self, position: int) -> torch.Tensor:
