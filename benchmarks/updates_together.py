@@ -68,10 +68,15 @@ DOC = ROOT / "docs" / "PERFORMANCE.md"
 MODELS = {"gi": ModelSpec("resnet20", 100, (3, 32, 32))}
 
 
-def _specs(attack: str, updates: int, steps: int, device: str = "cpu"):
+# The one-after-another arm as the audit ran when issue 34 was filed: each update's starts
+# one after another too, on torch's own L-BFGS (DLG's ``together=false``).
+STARTS_APART = ", starts apart"
+
+
+def _specs(attack: str, updates: int, steps: int, device: str = "cpu", starts_apart=False):
     base = dataclasses.replace(
         lenet_spec(attack),
-        attack=ComponentSpec.of(attack, {}, "audit"),
+        attack=ComponentSpec.of(attack, {"together": False} if starts_apart else {}, "audit"),
         budget=Budget(steps),
         device=device,
     )
@@ -81,7 +86,7 @@ def _specs(attack: str, updates: int, steps: int, device: str = "cpu"):
 
 
 def _label(attack: str) -> str:
-    model = MODELS.get(attack)
+    model = MODELS.get(attack.removesuffix(STARTS_APART))
     return attack if model is None else f"{attack} ({model.architecture})"
 
 
@@ -119,29 +124,37 @@ def _run(specs, together: bool) -> dict:
 
 
 def measure(
-    attack: str, updates: int, steps: int, repeats: int, device: str = "cpu", apart: int = 0
+    attack: str,
+    updates: int,
+    steps: int,
+    repeats: int,
+    device: str = "cpu",
+    apart: int = 0,
+    starts_apart: bool = False,
 ) -> dict:
     """Both arms ``repeats`` times, interleaved; ``apart`` > 0 runs the one-after-another arm
     on the first ``apart`` updates only (each update's run is independent of the others, so
     its updates per second are the same: used where the whole arm would not fit a lent GPU's
-    time), and the ratio is of updates per second."""
+    time), and the ratio is of updates per second. ``starts_apart``: the one-after-another
+    arm also runs each update's starts one after another (``STARTS_APART``; the row is
+    labelled so)."""
     specs = _specs(attack, updates, steps, device)
+    one_by_one = _specs(attack, updates, steps, device, starts_apart)[: apart or updates]
+    label = attack + (STARTS_APART if starts_apart else "")
     warm = _specs(attack, 2, 2, device)  # lazy imports, allocator
     _run(warm, True)
-    _run(warm, False)
+    _run(_specs(attack, 2, 2, device, starts_apart), False)
     arms: dict[bool, list[dict]] = {False: [], True: []}
     for _ in range(repeats):
         for together in (False, True):
-            arms[together].append(
-                _run(specs[:apart] if apart and not together else specs, together)
-            )
+            arms[together].append(_run(specs if together else one_by_one, together))
             # Each run as one JSON line: a run cut off (a lent GPU's time) keeps what it
             # measured, and --from-log makes the rows from those lines.
             print(
-                json.dumps({"attack": attack, "together": together, **arms[together][-1]}),
+                json.dumps({"attack": label, "together": together, **arms[together][-1]}),
                 flush=True,
             )
-    return _row(attack, updates, steps, arms)
+    return _row(label, updates, steps, arms)
 
 
 def _row(attack: str, updates: int, steps: int, arms: dict[bool, list[dict]]) -> dict:
@@ -336,6 +349,12 @@ def main() -> None:
         help="run the one-after-another arm on the first N updates only (0: all); the "
         "ratio is of updates per second",
     )
+    parser.add_argument(
+        "--starts-apart",
+        action="store_true",
+        help="the one-after-another arm runs each update's starts one after another too "
+        "(DLG's together=false: the audit as issue 34 found it)",
+    )
     add_log_arguments(parser, "--updates, --steps and --device")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -351,7 +370,8 @@ def main() -> None:
         print(json.dumps({"machine": machine()}), flush=True)
         attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
         rows = [
-            measure(a, updates, steps, repeats, args.device, args.apart_updates) for a in attacks
+            measure(a, updates, steps, repeats, args.device, args.apart_updates, args.starts_apart)
+            for a in attacks
         ]
         profiled = (
             [profile(a, updates, steps, args.device) for a in attacks] if args.profile else []
@@ -365,7 +385,8 @@ def main() -> None:
     # with their own repetitions); the table is made from all of them.
     results, marker = on_device(RESULTS, "updates-together", args.device)
     kept = json.loads(results.read_text()) if results.exists() else {"rows": [], "profile": []}
-    rows = [r for r in kept["rows"] if r["attack"] not in attacks] + rows
+    measured = {r["attack"] for r in rows}
+    rows = [r for r in kept["rows"] if r["attack"] not in measured] + rows
     profiled = [p for p in kept.get("profile", []) if p["attack"] not in attacks] + profiled
     order = {"dlg": 0, "ig": 1}
     rows.sort(key=lambda r: order.get(r["attack"], 2))
