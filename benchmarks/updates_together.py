@@ -16,6 +16,8 @@ Both arms do the whole run per update (victim, release, attack, scores, verdict;
 off). Reported per arm, the median of the repetitions: wall time, updates per second, and
 the share of images recovered beyond the best guess (``metrics.sample.SampleVerdict``, the
 sample audit's figure); the throughput ratio is apart's wall time over together's.
+``--starts-apart`` runs the apart arm as the audit ran when issue 34 was filed: each
+update's starts one after another too (DLG's ``together=false``, torch's own L-BFGS).
 ``--profile`` splits one together run's time into the attack's steps (within them the
 batched objective and, for DLG, the L-BFGS directions) and the rest.
 
