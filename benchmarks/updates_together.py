@@ -141,10 +141,11 @@ def measure(
     arm also runs each update's starts one after another (``STARTS_APART``; the row is
     labelled so)."""
     specs = _specs(attack, updates, steps, device)
-    one_by_one = _specs(attack, updates, steps, device, starts_apart)[: apart or updates]
+    one_by_one = _specs(attack, updates, steps, device, True) if starts_apart else specs
+    one_by_one = one_by_one[: apart or updates]
     label = attack + (STARTS_APART if starts_apart else "")
-    warm = _specs(attack, 2, 2, device)  # lazy imports, allocator
-    _run(warm, True)
+    # Lazy imports, allocator: each arm once, on 2 updates of 2 steps.
+    _run(_specs(attack, 2, 2, device), True)
     _run(_specs(attack, 2, 2, device, starts_apart), False)
     arms: dict[bool, list[dict]] = {False: [], True: []}
     for _ in range(repeats):

@@ -2,8 +2,8 @@
 
 Starts ``streamlit run app.py`` on a free local port (its own data folder and its own Ray;
 one server shared by the tests that need nothing of it but their own runs, one per test
-for the others), drives headless Chromium with Playwright, and measures the time from clicking Start to the
-first live reconstruction on the page (printed and written to
+for the others), drives headless Chromium with Playwright, and measures the time from
+clicking Start to the first live reconstruction on the page (printed and written to
 ``tests/artifacts/browser_timing.json``). Screenshots go to ``tests/artifacts/``.
 
 Why one file over 400 lines: it is the specification of one package or page set, read
