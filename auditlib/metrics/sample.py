@@ -10,6 +10,14 @@ the share's interval is Clopper-Pearson's exact binomial interval, which never c
 than the count supports (at 0 of n the upper end is still above zero). Images in updates
 whose verdict is inconclusive count as not recovered, and the sample verdict says how many
 updates were inconclusive, so a low share is not read as safety.
+
+The images of one update are attacked together, in one optimisation against one gradient,
+and tend to come back together or not at all, so m updates of B images are not m·B
+independent draws: the interval counts the updates, each by the share of its images
+recovered (``SampleVerdict.interval``). That is exact where an update's images come back all
+or none and wider than needed where they come back independently; with one image an update
+it is the images' own interval. The images' interval, as if they were independent, is kept
+beside it (``interval_if_independent``).
 """
 
 from __future__ import annotations
@@ -34,8 +42,11 @@ OUTCOME_COUNTED = {
 }
 
 
-def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The exact (Clopper-Pearson) two-sided interval of a binomial proportion k / n."""
+def clopper_pearson(k: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) two-sided interval of a binomial proportion k / n.
+
+    A fractional k (updates counted by the share of their images recovered) takes the same
+    beta quantiles."""
     if n <= 0 or not 0 <= k <= n:
         raise ValueError(f"expected 0 <= k <= n and n > 0, got k={k}, n={n}")
     tail = (1.0 - confidence) / 2.0
@@ -109,7 +120,22 @@ class SampleVerdict:
         return self.images_recovered / self.images if self.images else 0.0
 
     @property
+    def largest_update(self) -> int:
+        return max((len(u.names) for u in self.updates), default=0)
+
+    @property
     def interval(self) -> tuple[float, float]:
+        """Clopper-Pearson's interval over the updates, each counting the share of its images
+        recovered (the module's docstring says why not over the images)."""
+        updates = len(self.updates)
+        counted = self.images_recovered * updates / self.images if self.images else 0.0
+        return clopper_pearson(counted, updates, self.confidence)
+
+    @property
+    def interval_if_independent(self) -> tuple[float, float]:
+        """Clopper-Pearson's interval over the images, as if each were an independent draw:
+        the same as ``interval`` with one image an update, too narrow where an update's images
+        come back together."""
         return clopper_pearson(self.images_recovered, self.images, self.confidence)
 
     @property
@@ -144,6 +170,14 @@ class SampleVerdict:
                 f" Worst case: {worst.worst_image} (update {worst.index + 1}) at "
                 f"{worst.worst_psnr:.2f} dB."
             )
+        if self.largest_update > 1:
+            low, high = self.interval_if_independent
+            words += (
+                f" The interval counts the {len(self.updates)} updates, each by the share of "
+                "its images recovered: the images of one update are attacked together and may "
+                f"come back together, so they are not {self.images} independent draws (taken "
+                f"as independent, {low:.0%} to {high:.0%})."
+            )
         inconclusive = self.count("inconclusive")
         if inconclusive:
             words += (
@@ -163,6 +197,8 @@ class SampleVerdict:
             "share": self.share,
             "confidence": self.confidence,
             "interval": [low, high],
+            "interval_counts": "updates",
+            "interval_if_independent": list(self.interval_if_independent),
             "worst": None if worst is None else worst.index,
             "headline": self.headline,
             "sentence": self.sentence,

@@ -25,7 +25,9 @@ def sample_block(b: Builder) -> list[Flowable]:
             "Each update is one client's batch of the set, audited and judged on its own "
             "(beside its own control under a defense); an image counts as recovered where "
             "its update's attack rebuilt it beyond the best guess. The interval is "
-            "Clopper-Pearson's exact binomial interval on that count.",
+            "Clopper-Pearson's exact binomial interval over the updates, each counted by the "
+            "share of its images recovered (with one image an update, over the images): the "
+            "images of one update are attacked together and may come back together.",
             "small",
         )
     )
