@@ -198,10 +198,14 @@ def _sample(entries) -> None:
         worst = sample.worst
         if worst is not None:
             col3.metric(
-                "Worst case",
+                "Worst case" if worst.worst_recovered else "Best reconstruction",
                 f"{PSNR.text(worst.worst_psnr)} {PSNR.unit}",
-                help=f"{worst.worst_image}, update {worst.index + 1}: the sample's "
-                "best-reconstructed image.",
+                help=f"{worst.worst_image}, update {worst.index + 1}: "
+                + (
+                    "the best-reconstructed image recovered beyond its best guess."
+                    if worst.worst_recovered
+                    else "the best reconstruction; no image came back beyond its best guess."
+                ),
             )
         if len(sample.updates) < len(entries):
             st.caption(

@@ -4,6 +4,7 @@ of images recovered with its Clopper-Pearson interval, each update's figures, th
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from auditlib.engine.sample import update_specs
 from auditlib.errors import AuditInputError
 from auditlib.metrics.sample import SampleVerdict, UpdateOutcome, clopper_pearson
+from auditlib.metrics.scores import ImageScore
 from tests.test_attacks import lenet_spec
 from tests.test_report import needs_poppler
 
@@ -29,7 +31,9 @@ def test_the_interval_is_clopper_pearsons_exact_binomial_interval():
 
 
 def _update(index, names, outcome, recovered, worst):
-    return UpdateOutcome(index, names, outcome, outcome, recovered, worst - 1, worst, names[0])
+    return UpdateOutcome(
+        index, names, outcome, outcome, recovered, worst - 1, worst, names[0], None, recovered > 0
+    )
 
 
 def test_the_sample_verdict_counts_what_the_updates_found_and_names_the_worst_case():
@@ -50,6 +54,33 @@ def test_the_sample_verdict_counts_what_the_updates_found_and_names_the_worst_ca
     assert "not 6 independent draws (taken as independent, 12% to 88%)" in sample.sentence
     again = SampleVerdict.from_json(json.loads(json.dumps(sample.to_json())))
     assert again == sample
+
+
+def _verdict(outcome: str) -> SimpleNamespace:
+    """What ``UpdateOutcome.of`` reads of an update's verdict (its outcome and headline)."""
+    return SimpleNamespace(outcome=outcome, headline=outcome, finding=None)
+
+
+def _score(name: str, psnr: float, beyond_guess: bool) -> ImageScore:
+    return ImageScore(name, 0, 10 ** (-psnr / 10), psnr, 0, beyond_guess=beyond_guess)
+
+
+def test_the_worst_case_is_an_image_recovered_not_one_a_guess_matches_as_well():
+    # A flat photograph a flat guess matches at 31 dB outscores, in PSNR alone, one the
+    # attack rebuilt at 24 dB beyond its guess: the worst case is the one rebuilt.
+    flat = UpdateOutcome.of(0, _verdict("inconclusive"), [_score("flat", 31.0, False)])
+    rebuilt = UpdateOutcome.of(1, _verdict("leaks"), [_score("rebuilt", 24.0, True)])
+    sample = SampleVerdict((flat, rebuilt))
+    assert sample.worst is rebuilt and "Worst case: rebuilt (update 2), recovered at" in (
+        sample.sentence
+    )
+    # Where nothing came back, the best reconstruction is named as that, not as a case.
+    nothing = SampleVerdict((flat,))
+    assert nothing.worst is flat
+    assert "Best reconstruction: flat (update 1) at 31.00 dB, not beyond its best guess" in (
+        nothing.sentence
+    )
+    assert "Worst case" not in nothing.sentence
 
 
 def _draws(rng, updates: int, batch: int, share: float, together: bool) -> SampleVerdict:

@@ -65,9 +65,10 @@ class UpdateOutcome:
     headline: str
     images_recovered: int  # beyond the best guess, by the verdict's rule
     psnr_mean: float | None
-    worst_psnr: float | None  # its best-reconstructed image (the attacker's pick)
-    worst_image: str | None
+    worst_psnr: float | None  # its worst case: the best-reconstructed image it recovered,
+    worst_image: str | None  # or its best reconstruction where it recovered none
     seconds: float | None = None
+    worst_recovered: bool | None = None  # whether that image is beyond its best guess
 
     @classmethod
     def of(
@@ -78,7 +79,9 @@ class UpdateOutcome:
         seconds: float | None = None,
     ) -> UpdateOutcome:
         recovered = sum(1 for p in per_image if p.beyond_guess)
-        best = max(per_image, key=lambda p: p.psnr, default=None)
+        # A recovered image before any that is not: PSNR alone would name a flat photograph
+        # a flat guess matches as the worst case, over one the attack did rebuild.
+        best = max(per_image, key=lambda p: (bool(p.beyond_guess), p.psnr), default=None)
         finding = verdict.finding
         return cls(
             index=index,
@@ -90,6 +93,7 @@ class UpdateOutcome:
             worst_psnr=None if best is None else best.psnr,
             worst_image=None if best is None else best.name,
             seconds=seconds,
+            worst_recovered=None if best is None else bool(best.beyond_guess),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -140,9 +144,10 @@ class SampleVerdict:
 
     @property
     def worst(self) -> UpdateOutcome | None:
-        """The update with the best-reconstructed image: the sample's worst case."""
+        """The sample's worst case: the update with the best-reconstructed image recovered
+        beyond its best guess, or, where no image was, with the best reconstruction."""
         scored = [u for u in self.updates if u.worst_psnr is not None]
-        return max(scored, key=lambda u: u.worst_psnr, default=None)
+        return max(scored, key=lambda u: (bool(u.worst_recovered), u.worst_psnr), default=None)
 
     def count(self, outcome: str) -> int:
         return sum(1 for u in self.updates if u.outcome == outcome)
@@ -165,10 +170,15 @@ class SampleVerdict:
                 parts.append(f"{n} {words}")
         worst = self.worst
         words = f"Per update: {', '.join(parts)}." if parts else ""
-        if worst is not None:
+        if worst is not None and worst.worst_recovered:
             words += (
-                f" Worst case: {worst.worst_image} (update {worst.index + 1}) at "
+                f" Worst case: {worst.worst_image} (update {worst.index + 1}), recovered at "
                 f"{worst.worst_psnr:.2f} dB."
+            )
+        elif worst is not None:
+            words += (
+                f" Best reconstruction: {worst.worst_image} (update {worst.index + 1}) at "
+                f"{worst.worst_psnr:.2f} dB, not beyond its best guess."
             )
         if self.largest_update > 1:
             low, high = self.interval_if_independent
