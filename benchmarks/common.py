@@ -88,6 +88,20 @@ def read_log(path: str | Path) -> tuple[list[dict], list[dict]]:
     return runs, profiles
 
 
+UNRECORDED = "a machine the log does not name (give --measured-on)"
+
+
+def logged_machine(paths: str) -> str | None:
+    """The machine the logs' runs were measured on (their ``{"machine": ...}`` lines; several
+    logs' distinct ones joined), so rows made from a log never name the machine reading it."""
+    found: dict[str, None] = {}
+    for path in paths.split(","):
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if line.startswith('{"machine"'):
+                found[json.loads(line)["machine"]] = None
+    return " / ".join(found) or None
+
+
 def replace_section(path: Path, marker: str, body: str) -> None:
     """Replace the text between <!-- marker:start --> and <!-- marker:end --> in ``path``."""
     text = path.read_text()

@@ -47,8 +47,10 @@ from auditlib.fl.scenario import release_update
 from auditlib.metrics import score
 from benchmarks.common import (
     ROOT,
+    UNRECORDED,
     add_log_arguments,
     lenet_spec,
+    logged_machine,
     machine,
     on_device,
     read_log,
@@ -311,6 +313,7 @@ def main() -> None:
     profiled, measured_on = [], args.measured_on
     if args.from_log:
         rows, profiled = from_log(args.from_log, args.photo, steps)
+        measured_on = measured_on or logged_machine(args.from_log) or UNRECORDED
     else:
         print(json.dumps({"machine": machine()}), flush=True)
         rows = [measure(args.photo, n, repeats, raced, args.device) for n, raced in cases]

@@ -51,8 +51,10 @@ from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, ModelRef
 from benchmarks.common import (
     ROOT,
+    UNRECORDED,
     add_log_arguments,
     lenet_spec,
+    logged_machine,
     machine,
     on_device,
     read_log,
@@ -368,7 +370,8 @@ def main() -> None:
         for log in args.from_log.split(","):  # one run's log, or several runs' (by attack)
             found = from_log(log, updates, steps)
             rows, profiled = rows + found[0], profiled + found[1]
-        attacks, measured_on = [r["attack"] for r in rows], args.measured_on
+        attacks = [r["attack"] for r in rows]
+        measured_on = args.measured_on or logged_machine(args.from_log) or UNRECORDED
     else:
         print(json.dumps({"machine": machine()}), flush=True)
         attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
