@@ -181,6 +181,15 @@ def _grids(entries) -> None:
             st.progress(min(progress, 1.0), text=status)
 
 
+# The sample's worst case, by whether its image came back beyond its best guess (None: not
+# known, a result scored before the guesses).
+WORST_HELP = {
+    True: "the best-reconstructed image recovered beyond its best guess.",
+    False: "the best reconstruction; no image came back beyond its best guess.",
+    None: "the sample's best-reconstructed image.",
+}
+
+
 def _sample(entries) -> None:
     """The verdict over the sample's updates that have a verdict so far."""
     sample = sample_verdict(entries)
@@ -198,14 +207,10 @@ def _sample(entries) -> None:
         worst = sample.worst
         if worst is not None:
             col3.metric(
-                "Worst case" if worst.worst_recovered else "Best reconstruction",
+                "Best reconstruction" if worst.worst_recovered is False else "Worst case",
                 f"{PSNR.text(worst.worst_psnr)} {PSNR.unit}",
                 help=f"{worst.worst_image}, update {worst.index + 1}: "
-                + (
-                    "the best-reconstructed image recovered beyond its best guess."
-                    if worst.worst_recovered
-                    else "the best reconstruction; no image came back beyond its best guess."
-                ),
+                + WORST_HELP[worst.worst_recovered],
             )
         if len(sample.updates) < len(entries):
             st.caption(

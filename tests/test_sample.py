@@ -61,7 +61,7 @@ def _verdict(outcome: str) -> SimpleNamespace:
     return SimpleNamespace(outcome=outcome, headline=outcome, finding=None)
 
 
-def _score(name: str, psnr: float, beyond_guess: bool) -> ImageScore:
+def _score(name: str, psnr: float, beyond_guess: bool | None) -> ImageScore:
     return ImageScore(name, 0, 10 ** (-psnr / 10), psnr, 0, beyond_guess=beyond_guess)
 
 
@@ -81,6 +81,10 @@ def test_the_worst_case_is_an_image_recovered_not_one_a_guess_matches_as_well():
         nothing.sentence
     )
     assert "Worst case" not in nothing.sentence
+    # A result scored before the guesses existed says neither.
+    unknown = UpdateOutcome.of(0, _verdict("leaks"), [_score("old", 28.0, None)])
+    assert unknown.worst_recovered is None
+    assert "Worst case: old (update 1) at 28.00 dB." in SampleVerdict((unknown,)).sentence
 
 
 def _draws(rng, updates: int, batch: int, share: float, together: bool) -> SampleVerdict:

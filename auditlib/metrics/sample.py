@@ -68,7 +68,8 @@ class UpdateOutcome:
     worst_psnr: float | None  # its worst case: the best-reconstructed image it recovered,
     worst_image: str | None  # or its best reconstruction where it recovered none
     seconds: float | None = None
-    worst_recovered: bool | None = None  # whether that image is beyond its best guess
+    worst_recovered: bool | None = None  # whether that image is beyond its best guess (None:
+    # not known, a result scored before the guesses or a record from before this field)
 
     @classmethod
     def of(
@@ -93,7 +94,7 @@ class UpdateOutcome:
             worst_psnr=None if best is None else best.psnr,
             worst_image=None if best is None else best.name,
             seconds=seconds,
-            worst_recovered=None if best is None else bool(best.beyond_guess),
+            worst_recovered=None if best is None else best.beyond_guess,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -170,16 +171,14 @@ class SampleVerdict:
                 parts.append(f"{n} {words}")
         worst = self.worst
         words = f"Per update: {', '.join(parts)}." if parts else ""
-        if worst is not None and worst.worst_recovered:
-            words += (
-                f" Worst case: {worst.worst_image} (update {worst.index + 1}), recovered at "
-                f"{worst.worst_psnr:.2f} dB."
-            )
-        elif worst is not None:
-            words += (
-                f" Best reconstruction: {worst.worst_image} (update {worst.index + 1}) at "
-                f"{worst.worst_psnr:.2f} dB, not beyond its best guess."
-            )
+        if worst is not None:
+            where = f"{worst.worst_image} (update {worst.index + 1})"
+            words += {
+                True: f" Worst case: {where}, recovered at {worst.worst_psnr:.2f} dB.",
+                False: f" Best reconstruction: {where} at {worst.worst_psnr:.2f} dB, not beyond "
+                "its best guess.",
+                None: f" Worst case: {where} at {worst.worst_psnr:.2f} dB.",  # not known
+            }[worst.worst_recovered]
         if self.largest_update > 1:
             low, high = self.interval_if_independent
             words += (
