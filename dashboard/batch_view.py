@@ -207,7 +207,7 @@ def _sample(entries) -> None:
         worst = sample.worst
         if worst is not None:
             col3.metric(
-                "Best reconstruction" if worst.worst_recovered is False else "Worst case",
+                worst.worst_label,
                 f"{PSNR.text(worst.worst_psnr)} {PSNR.unit}",
                 help=f"{worst.worst_image}, update {worst.index + 1}: "
                 + WORST_HELP[worst.worst_recovered],

@@ -97,6 +97,12 @@ class UpdateOutcome:
             worst_recovered=None if best is None else best.beyond_guess,
         )
 
+    @property
+    def worst_label(self) -> str:
+        """What its worst image is called: the best reconstruction where it did not come back,
+        a worst case where it did or where that is not known."""
+        return "Best reconstruction" if self.worst_recovered is False else "Worst case"
+
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "names": list(self.names)}
 
@@ -172,12 +178,11 @@ class SampleVerdict:
         worst = self.worst
         words = f"Per update: {', '.join(parts)}." if parts else ""
         if worst is not None:
-            where = f"{worst.worst_image} (update {worst.index + 1})"
+            where = f" {worst.worst_label}: {worst.worst_image} (update {worst.index + 1})"
             words += {
-                True: f" Worst case: {where}, recovered at {worst.worst_psnr:.2f} dB.",
-                False: f" Best reconstruction: {where} at {worst.worst_psnr:.2f} dB, not beyond "
-                "its best guess.",
-                None: f" Worst case: {where} at {worst.worst_psnr:.2f} dB.",  # not known
+                True: f"{where}, recovered at {worst.worst_psnr:.2f} dB.",
+                False: f"{where} at {worst.worst_psnr:.2f} dB, not beyond its best guess.",
+                None: f"{where} at {worst.worst_psnr:.2f} dB.",  # not known
             }[worst.worst_recovered]
         if self.largest_update > 1:
             low, high = self.interval_if_independent
