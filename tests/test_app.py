@@ -926,6 +926,10 @@ def test_compare_runs_defenses_side_by_side_and_resumes_nothing_twice(dashboard_
     assert any("2 of 2 runs have results" in c.value for c in at.caption)
     assert len(at.get("image")) == 2  # one grid per defense
     assert at.get("plotly_chart")
+    # A redraw with the runs unchanged (a live view's every second) reuses the figure.
+    drawn = at.session_state["_chart.comparison"][1]
+    at.run()
+    assert at.session_state["_chart.comparison"][1] is drawn and at.get("plotly_chart")
     assert not any(b.key == "comparison.resume" for b in at.button)  # nothing missing
     at.button(key="comparison.report").click().run()
     assert not at.exception and not _errors(at), _errors(at)
