@@ -8,8 +8,9 @@ variable; one signed-in session (headless Chromium) waits for Ray and its warm w
 then starts the Compare page's default comparison (four defenses) at the browser test's
 small settings and stays on it, so its view refreshes once a second until all four runs
 have results. Taken: the seconds from the click to "4 of 4 runs have results", the CPU
-seconds the server process (not Ray's workers) spent meanwhile, and the runs' own seconds
-as they recorded them (attack and utility training). Bounded: every wait has a deadline.
+seconds the server process (not Ray's workers) spent meanwhile and its resident memory at
+the end (what the collection would save), and the runs' own seconds as they recorded them
+(attack and utility training). Bounded: every wait has a deadline.
 The figures go to ``benchmarks/results/watch_cost.json`` and docs/PERFORMANCE.md (between
 the ``watch-cost`` markers).
 """
@@ -54,6 +55,14 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 def _runs_seconds(data: Path) -> float:
     """The comparison's runs' own seconds: each attack's and utility training's."""
     total = 0.0
@@ -94,6 +103,7 @@ def _one(setting: str, iterations: int, users: Path, playwright) -> dict:
             page.get_by_text("4 of 4 runs have results").wait_for(timeout=600_000)
             wall = time.monotonic() - clicked
             cpu = _cpu_seconds(server.process.pid) - cpu
+            rss = _rss_mb(server.process.pid)
         finally:
             browser.close()
     finally:
@@ -102,6 +112,7 @@ def _one(setting: str, iterations: int, users: Path, playwright) -> dict:
     return {
         "wall_s": round(wall, 1),
         "server_cpu_s": round(cpu, 1),
+        "server_rss_mb": round(rss),
         "runs_s": round(_runs_seconds(data / "data"), 1),
     }
 
@@ -148,15 +159,16 @@ def _table(r: dict) -> str:
         f"clients), watched in one headless Chromium session; median of {r['repeats']} "
         f"interleaved repetitions. Machine: {r['machine']}.",
         "",
-        "| after each script run | click to 4 of 4 results | server CPU meanwhile | the runs' own seconds (sum) | each repetition (wall, server CPU) |",
-        "|---|---|---|---|---|",
+        "| after each script run | click to 4 of 4 results | server CPU meanwhile | server memory at the end | the runs' own seconds (sum) | each repetition (wall, server CPU) |",
+        "|---|---|---|---|---|---|",
     ]
     for name, runs in r["rows"].items():
         m = r["median"][name]
         each = "; ".join(f"{x['wall_s']} s, {x['server_cpu_s']} s" for x in runs)
         gc = "every object collected" if name != "ours" else "no collection (ours)"
         lines.append(
-            f"| {gc} | {m['wall_s']} s | {m['server_cpu_s']} s | {m['runs_s']} s | {each} |"
+            f"| {gc} | {m['wall_s']} s | {m['server_cpu_s']} s | {m['server_rss_mb']:.0f} MiB "
+            f"| {m['runs_s']} s | {each} |"
         )
     return "\n".join(lines)
 
