@@ -88,6 +88,17 @@ def read_log(path: str | Path) -> tuple[list[dict], list[dict]]:
     return runs, profiles
 
 
+def status_kib(pid: int | str, field: str) -> int | None:
+    """A memory field of ``/proc/<pid>/status`` in KiB (``VmRSS``, ``VmHWM``; ``pid`` "self"
+    for this process); None where /proc does not say it."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    return None if found is None else int(found.group(1))
+
+
 UNRECORDED = "a machine the log does not name (give --measured-on)"
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from auditlib.engine.memory_plan import free_bytes
 from auditlib.engine.sample import update_specs
 from auditlib.engine.together import audit_together
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
-from benchmarks.common import machine, replace_section
+from benchmarks.common import machine, replace_section, status_kib
 from benchmarks.malicious_server import IMAGENET, model_of, write_folder
 from benchmarks.photo_crops import photo_crops
 
@@ -41,8 +40,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "sample_memory.json"
 
 
 def _peak_resident_gb() -> float:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(r"VmHWM:\s+(\d+) kB", text).group(1)) * 1024 / 1e9
+    peak = status_kib("self", "VmHWM")
+    if peak is None:
+        raise RuntimeError("/proc gives no VmHWM for this process")
+    return peak * 1024 / 1e9
 
 
 def measure(updates: int, size: int, attack: str, iterations: int, batchnorm: str) -> dict:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' c
 
 from auditlib.access.throttle import FREE_FAILURES  # noqa: E402
 from auditlib.access.users import add_user, remove_user, set_password  # noqa: E402
-from benchmarks.common import machine, replace_section  # noqa: E402
+from benchmarks.common import machine, replace_section, status_kib  # noqa: E402
 from tests.test_browser import (  # noqa: E402
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -243,13 +243,10 @@ def decompression_bomb(probe: Probe, server: Server) -> tuple[bool, str]:
 
 def _peak_rss_mb(server: Server) -> float | None:
     """The peak resident memory of the server process (VmHWM), where /proc says it."""
-    try:
-        for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except (OSError, AttributeError):
+    if server.process is None:
         return None
-    return None
+    peak = status_kib(server.process.pid, "VmHWM")
+    return None if peak is None else round(peak / 1024, 1)
 
 
 def removed_users_click(probe: Probe) -> tuple[bool, str]:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' c
 
 from auditlib.access.users import add_user  # noqa: E402
 from auditlib.store import Store  # noqa: E402
-from benchmarks.common import machine, replace_section  # noqa: E402
+from benchmarks.common import machine, replace_section, status_kib  # noqa: E402
 from tests.test_browser import (  # noqa: E402
     ARTIFACTS,
     CHROMIUM,
@@ -55,22 +55,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MiB, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
 def _runs_seconds(data: Path) -> float:
     """The comparison's runs' own seconds: each attack's and utility training's."""
     total = 0.0
     with Store(f"sqlite:///{data / 'audit.db'}") as store:
         for run in store.list_runs(limit=100):
-            summary = run.summary or {}
-            total += (summary.get("timing") or {}).get("seconds") or 0.0
-            total += (summary.get("utility") or {}).get("seconds") or 0.0
+            utility = None if run.result is None else run.result.measured_utility
+            total += (run.seconds or 0.0) + (0.0 if utility is None else utility.seconds)
     return total
 
 
@@ -103,7 +94,9 @@ def _one(setting: str, iterations: int, users: Path, playwright) -> dict:
             page.get_by_text("4 of 4 runs have results").wait_for(timeout=600_000)
             wall = time.monotonic() - clicked
             cpu = _cpu_seconds(server.process.pid) - cpu
-            rss = _rss_mb(server.process.pid)
+            rss = status_kib(server.process.pid, "VmRSS")
+            if rss is None:
+                raise RuntimeError(f"/proc gives no VmRSS for the server ({server.process.pid})")
         finally:
             browser.close()
     finally:
@@ -112,7 +105,7 @@ def _one(setting: str, iterations: int, users: Path, playwright) -> dict:
     return {
         "wall_s": round(wall, 1),
         "server_cpu_s": round(cpu, 1),
-        "server_rss_mb": round(rss),
+        "server_rss_mb": round(rss / 1024),
         "runs_s": round(_runs_seconds(data / "data"), 1),
     }
 
