@@ -170,11 +170,17 @@ def test_attack_lowers_its_objective_and_beats_the_random_start(name, preset, ga
 
 def test_dlm_as_printed_in_the_paper_collapses_to_gamma_zero_at_32_pixels():
     # Eq. 3 has a trivial minimum: gamma = 0 and a dummy batch whose gradient vanishes. With
-    # the paper's optimiser every 32x32 run we tried ends there; the "stable" preset does not.
+    # the paper's optimiser the 32x32 runs go there; the "stable" preset does not. Within 10
+    # steps a start's path depends on the CPU's kernels (seed 0 reached gamma ratio 1e-5 with
+    # AVX-512's, 0.18 with ATen's scalar ones, still falling), so the claim is over 4 starts:
+    # at least 3 collapsed, and none recovered anything.
     victim, observation, knowledge = release_for(shape=(3, 32, 32))
-    events, final = run_attack("dlm", observation, knowledge, 10, preset="paper")
-    assert abs(final.label_inference["gamma_ratio_by_restart"][0]) < 0.01
-    assert psnr_of(final.selected.images, victim) < psnr_of(events[0].images, victim) + 3.0
+    collapsed = 0
+    for seed in range(4):
+        events, final = run_attack("dlm", observation, knowledge, 10, preset="paper", seed=seed)
+        collapsed += abs(final.label_inference["gamma_ratio_by_restart"][0]) < 0.01
+        assert psnr_of(final.selected.images, victim) < psnr_of(events[0].images, victim) + 3.0
+    assert collapsed >= 3
 
 
 def test_dlm_plus_reads_a_fedsgd_gradient_as_a_one_step_update():

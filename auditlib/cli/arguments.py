@@ -113,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--updates-apart",
         action="store_true",
         help="with --updates: attack the updates one after another instead of together as "
-        "one batched computation (each update's result is the same up to float rounding)",
+        "one batched computation (each update's objective is its own and its first step "
+        "the one it takes alone, to float rounding; the batched kernels round differently, "
+        "which the optimiser grows, so the result is the same in distribution, the share "
+        "recovered, not bit for bit)",
     )
     data.add_argument(
         "--normalization",
