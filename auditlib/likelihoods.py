@@ -1,13 +1,17 @@
 """What an adaptive attacker knows of a defense's randomness: the release's likelihood.
 
 A defense that adds noise or rounds at random releases y ~ p(y | u), u the update the client
-computed. The Bayes-optimal attacker (Balunovic et al., "Bayesian framework for gradient
-leakage", ICLR 2022) minimises the negative log posterior of the data x behind u(x):
+computed. The adaptive attacker under such a defense takes the attack of Balunovic et
+al.'s Bayesian framework ("Bayesian framework for gradient leakage", ICLR 2022): it
+minimises the negative log posterior of the data x behind u(x),
 
     -log p(y | u(x)) - log p(x)
 
 both in nats, so the image prior's weight is set by the noise's known scale: the more
-noise, the more the prior decides. Each likelihood here gives the first term for a
+noise, the more the prior decides. Its result is a posterior mode (MAP) under a fixed
+total-variation image prior (:func:`image_prior_nats`), found by a local optimiser from
+random starts: Bayes-optimal only were that prior the images' true distribution and the
+mode the loss's minimiser, which neither is; it is called the posterior-mode attacker. Each likelihood here gives the first term for a
 candidate update (``nll``); :func:`image_prior_nats` gives the second.
 
 Updates are one tensor per parameter in the client's own units (what the defense acted on:
@@ -28,7 +32,7 @@ import torch
 Tensors = tuple[torch.Tensor, ...]
 
 # The image prior: neighbouring pixels differ by a Laplace-distributed amount (the total
-# variation prior of Balunovic et al.'s Bayes attacks), of scale b = E|x_i - x_j|, here in
+# variation prior of Balunovic et al.'s Bayesian attacks), of scale b = E|x_i - x_j|, here in
 # [0, 1] pixel units. Measured on the 17 bundled photographs: median 0.036 at 32 px, 0.035
 # at 64 px, 0.024 at 224 px; 0.04 stands for natural photographs at an audit's sizes. A
 # fixed public figure, never fitted on the audited batch.
@@ -190,18 +194,29 @@ def _buckets(t: torch.Tensor, bucket: int) -> tuple[torch.Tensor, int]:
 
 def _step_of(rows: torch.Tensor, levels: int) -> torch.Tensor:
     """Each bucket's step n / s, read off its released values: every entry is a whole
-    number of steps, at most ``levels``. The largest step that divides them all is taken:
-    the smallest magnitude over j = 1, 2, ... (j its level). A bucket of zeros gets the
-    tensor's smallest step (its norm was 0: no entry can move)."""
+    number k_i of steps, at most ``levels`` (s). The release carries no norm, so the steps
+    that make every entry whole (the smallest magnitude over j = 1, 2, ..., s) are the
+    candidates; where the levels share a factor several are (one dominant entry released as
+    n: k = 3 at step n/3, or k = 1 at step n). QSGD's levels are unbiased roundings of
+    a_i = s |u_i| / n, whose norm is s exactly, so the candidate whose levels' norm is
+    nearest s is taken (ties: the largest step). A larger step leaves levels whose norm
+    falls short of s only if the entries released as 0 carried the rest of the norm, each
+    below one step, and all rounded down: at least s^2 - ||a_nonzero||^2 of expected
+    up-roundings missed. A bucket of zeros gets the tensor's smallest step (its norm was
+    0: no entry can move)."""
     magnitude = rows.abs()
     smallest = torch.where(magnitude > 0, magnitude, torch.inf).min(dim=1, keepdim=True).values
     step = torch.full_like(smallest, torch.nan)
+    miss = torch.full_like(smallest, torch.inf)  # | ||k|| - s | of the step taken so far
     for j in range(1, levels + 1):
         trial = smallest / j
         ratio = magnitude / trial
         whole = ((ratio - ratio.round()).abs() <= 1e-3 * ratio.clamp_min(1)).all(dim=1)
-        fits = whole & (ratio.max(dim=1).values <= levels + 1e-3)
-        step = torch.where(torch.isnan(step) & fits.unsqueeze(1), trial, step)
+        fits = (whole & (ratio.max(dim=1).values <= levels + 1e-3)).unsqueeze(1)
+        off = (torch.linalg.vector_norm(ratio.round(), dim=1, keepdim=True) - levels).abs()
+        better = fits & (off < miss - 1e-6)
+        step = torch.where(better, trial, step)
+        miss = torch.where(better, off, miss)
     known = torch.isfinite(step)
     fallback = step[known].min() if bool(known.any()) else torch.ones(())
     return torch.where(known, step, fallback)

@@ -57,7 +57,8 @@ class KnownDefense:
     candidate's update through ``transform`` (the defense's deterministic part, on the update
     the client would send: gradient or weight difference) and, where the defense draws at
     random, matches with the release's ``noise`` likelihood (``auditlib.likelihoods``) plus
-    the image prior it weighs (the Bayes-optimal attacker), instead of its own distance.
+    the image prior it weighs (the posterior mode under a fixed prior, Balunovic et al.'s
+    Bayesian attacker), instead of its own distance.
     """
 
     name: str
@@ -68,6 +69,12 @@ class KnownDefense:
     # scale-invariant distance (cosine) then matches through it as it matches without it.
     rescales: bool = False
     noise: Likelihood | None = None
+    # Where the defense adds independent noise of a known scale to every entry of the update
+    # the client computed (DP's): its standard deviation, and the L2 bound the whole update
+    # was scaled down to first (None: no L2 clip). What a malicious server that knows the
+    # defense sets its block's scale against (``attacks.imprint``, ``server.blocks``).
+    entry_noise_std: float | None = None
+    clip_norm: float | None = None
     # Model parameters the attacker cannot know and fits jointly with its images (FedKL's
     # lock): called on the attacker's own copy of the model, returns the tensors to fit.
     unknowns: Callable[[nn.Module], Tensors] | None = None

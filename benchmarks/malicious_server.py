@@ -62,10 +62,12 @@ RECOVERED_DB = 30.0
 CROPS = 85  # 17 photographs x 5 positions
 CLIENTS = 8
 CHUNK = DEFAULT_LIMITS.max_images  # the sample-set loader hands out this many at a time
-# (row name, defense, its parameters, clients summed by secure aggregation)
+# (row name, defense, its parameters, clients summed by secure aggregation); a DP row is
+# read by the plain server and by the server that knows the defense (``KNOWS``).
 DEFENSES = (
     ("none", "none", {}, 1),
     ("DP noise (Gaussian, sigma 0.1, clip 30)", "dp-gaussian", {}, 1),
+    ("DP noise (Gaussian, sigma 0.1, no clip)", "dp-gaussian", {"clip": None}, 1),
     ("clipping (L2 norm 4)", "clip", {}, 1),
     ("pruning (90 % per layer)", "prune", {}, 1),
     (f"secure aggregation ({CLIENTS} clients)", "none", {}, CLIENTS),
@@ -140,6 +142,11 @@ def engine_case(
     }
 
 
+# The defenses whose rows the server that knows the defense reads too (its twin).
+KNOWS = ("dp-gaussian",)
+TWIN = " (knows the defense)"
+
+
 def defense_case(
     attack: str,
     defense: str,
@@ -148,8 +155,11 @@ def defense_case(
     size: int,
     batch: int,
     device: str = "cpu",
+    knows: bool = False,
 ):
-    """The release of the model ``attack`` builds, under ``defense``, read back; scored."""
+    """The release of the model ``attack`` builds, under ``defense``, read back; scored.
+    ``knows``: the server knows the defense (the twin, as the engine runs it: its model
+    built for the known noise and clip, its read-back told the noise)."""
     pixels, names = batch_of(batch, size)
     images = NORMALIZATION.normalize(pixels).to(device)
     labels = torch.randint(0, 1000, (batch,), generator=torch.Generator().manual_seed(0))
@@ -160,12 +170,15 @@ def defense_case(
     config, _ = build_attack_config(attack, None, "audit")
     per_client = -(-batch // clients)
     context = BuildContext(model, (3, size, size), per_client, clients, NORMALIZATION, None, 0)
+    guard, _ = build_defense(defense, params)
+    known = guard.known_to_attacker(None, {}) if knows else None  # DP's needs no observation
+    if known is not None:
+        context = replace(context, noise_std=known.entry_noise_std, clip_norm=known.clip_norm)
     began = time.perf_counter()
     try:
         modification = info.builds(config, context)
     except Exception as exc:  # a refusal (too large a block): the table says so
         return {"refused": str(exc)}
-    guard, _ = build_defense(defense, params)
     arguments = {
         "normalization": NORMALIZATION,
         "num_classes": 1000,
@@ -184,7 +197,7 @@ def defense_case(
             guard,
             **arguments,
         )
-    knowledge = replace(release.knowledge, server=modification)
+    knowledge = replace(release.knowledge, server=modification, defense=known)
     final = None
     for event in info.run(release.observation, knowledge, config, RunControl(1), 0):
         final = event.final
@@ -226,10 +239,14 @@ def measure(quick: bool, device: str) -> dict:
             for name, defense, params, clients in DEFENSES:
                 attacks = ("rtf", "loki") if clients > 1 else ("rtf",)
                 for attack in attacks:
-                    row = {"defense": name, "attack": attack, "size": size, "batch": batch}
-                    row |= defense_case(attack, defense, params, clients, size, batch, device)
-                    print(row, flush=True)
-                    results["defenses"].append(row)
+                    for knows in (False, True) if defense in KNOWS else (False,):
+                        label = attack + (TWIN if knows else "")
+                        row = {"defense": name, "attack": label, "size": size, "batch": batch}
+                        row |= defense_case(
+                            attack, defense, params, clients, size, batch, device, knows
+                        )
+                        print(row, flush=True)
+                        results["defenses"].append(row)
     return results
 
 

@@ -123,8 +123,10 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
             st.table(
                 [
                     {
-                        "reconstruction": "the attacks, per image the best of their own picks "
-                        "(auditor's view)"
+                        "reconstruction": f"{finding.one_server}'s server, the best single "
+                        "server (its own pick)"
+                        if finding.one_server
+                        else "the attacks, per image the best of their own picks (auditor's view)"
                         if metrics.view
                         else "the attack (attacker's pick)",
                         PSNR.heading: PSNR.text(finding.psnr_mean),
@@ -171,9 +173,12 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
                 rows.append(row)
             st.table(rows)
             if metrics.view:
-                st.caption(f"Combined scores: {metrics.view}.")
+                what = "One server's model" if finding.one_server else "Combined scores"
+                st.caption(f"{what}: {metrics.view}.")
             if finding.labels_beyond_chance:
                 st.markdown(f"**Labels** {finding.label_words()}.")
+            if verdict.images_words:  # beside a "Labels" verdict: what is known of the images
+                st.markdown(f"**Images** {verdict.images_words}.")
             threat = scope.threat
             st.markdown(
                 f"**Threat model** SoK model {threat.sok_model}: {threat.sok_name} ({SOK_CITATION})"

@@ -7,6 +7,7 @@ from auditlib.metrics.verdict import (
     INDIVIDUAL_UPDATES,
     MANIPULATION,
     NOTICEABLE,
+    REFUSED,
     Finding,
     ThreatCard,
     Verdict,
@@ -39,7 +40,7 @@ def finding_words(finding: Finding | None) -> str:
     if finding.leaked:
         return f"leaked ({finding.level}, {finding.images_recovered} of {finding.batch_size})"
     if finding.labels_beyond_chance:
-        return f"leaked labels ({finding.labels_recovered} of {finding.batch_size})"
+        return f"leaked labels ({finding.labels_recovered} of {finding.batch_size}), no image"
     cut = f", {finding.stop_reason}" if finding.cut_short else ""
     return f"recovered nothing{cut}"
 
@@ -53,9 +54,11 @@ def verdict_cell(verdict: Verdict | None, *, control: bool = True) -> str:
     if verdict.outcome == "leaks":
         text = f"{verdict.level}: leaks"
     elif verdict.outcome == "labels_leak":
-        text = f"{verdict.level}: labels leak"
+        text = f"{verdict.level}: labels leak{images_beside_labels(verdict)}"
     elif verdict.outcome == "defense_held":
         text = "Low: defense held"
+    elif verdict.scope.refused:  # said in the table too: a refused model is no run's leak
+        text = f"Inconclusive: {REFUSED}"
     else:
         text = "Inconclusive"
         if verdict.finding.cut_short:
@@ -66,6 +69,14 @@ def verdict_cell(verdict: Verdict | None, *, control: bool = True) -> str:
         else:
             text += " · no control result yet"
     return text
+
+
+def images_beside_labels(verdict: Verdict) -> str:
+    """What a "Labels" verdict knows of the images, for a table cell: ', images held' or
+    ', images not shown safe'; '' for a verdict recorded before it said."""
+    if not verdict.images_words:
+        return ""
+    return f", images {verdict.images_words.split(':')[0].split(' (')[0]}"
 
 
 def server_lines(card: ThreatCard) -> list[tuple[str, str]]:

@@ -84,8 +84,10 @@ A run's verdict is a bound, never one run read alone:
   the best guess that uses no update (mid-grey, the data's mean image and mean colour,
   scored like a reconstruction).
 - **Labels leak** (Labels): no image came back, but the private labels the attacker did
-  not know did, beyond chance (k of B correct against a chance of 1/classes, one-sided
-  binomial test at 0.01). The class of a private record is a disclosure.
+  not know did, beyond chance (k of B correct against the same guesses on the labels
+  relabelled at random, the attacker's best guess without the update, at 0.01), or one
+  image's label read by iDLG's rule where it is exact by construction. The class of a
+  private record is a disclosure; beside it, the verdict says what is known of the images.
 - **Defense held against these attacks** (Low): under the defense every image stayed below
   the best guess by a stated margin (1 dB in PSNR; 0.05 in SSIM, or SSIM at most 0.05: no
   structure at all), the attacker that knows

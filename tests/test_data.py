@@ -393,13 +393,18 @@ def test_label_outside_the_model_classes() -> None:
     assert str(err.value) == "label 12 of cat.png is outside the model's 10 classes (0-9)"
 
 
-def test_assigned_labels_are_deterministic_and_distinct_when_possible() -> None:
+def test_assigned_labels_are_deterministic_independent_draws_kept_by_place() -> None:
     labels = assign_labels(8, 10, seed=3)
     assert labels == assign_labels(8, 10, seed=3)
-    assert len(set(labels)) == 8 and all(0 <= v < 10 for v in labels)
+    assert all(0 <= v < 10 for v in labels)
     assert assign_labels(8, 10, seed=4) != labels
+    # An image keeps its label whichever batch holds it (the window from its place).
+    assert assign_labels(3, 10, seed=3, first=5) == labels[5:8]
+    # Drawn with replacement, so repeats occur (not forced distinct, which would force any
+    # 8 distinct guesses of 10 classes to meet them in at least 6).
     many = assign_labels(30, 10, seed=0)
-    assert len(many) == 30 and all(0 <= v < 10 for v in many)
+    assert len(many) == 30 and all(0 <= v < 10 for v in many) and len(set(many)) < 30
+    assert any(len(set(assign_labels(8, 10, seed=s))) < 8 for s in range(5))
 
 
 # --- to_model_batch ----------------------------------------------------------------------

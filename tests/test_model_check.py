@@ -228,3 +228,57 @@ def test_one_sample_dominating_fires_on_trap_rows_over_photographs_only():
         assert all(sig.dominance(n, a) is None for n, a in found.items())
     # a sigmoid network has no ReLU after its linear layers: nothing to run
     assert sig.relu_activations(build_model(ModelSpec("mlp", 10, SHAPE)), batch) == {}
+
+
+# ------------------------------------------------------------ issue 50, item 9: refusal
+
+
+def _crops(folder: Path, count: int = 16, size: int = 64) -> None:
+    """``count`` crops of ``size`` px of scikit-image's astronaut, as a user uploads them:
+    dark sky, suit and face, so a flat grey of the right level beats mid-grey."""
+    from PIL import Image
+    from skimage import data
+
+    photo = Image.fromarray(data.astronaut())
+    step = photo.size[0] // 4
+    for k in range(count):
+        x, y = (k % 4) * step, (k // 4) * step
+        photo.crop((x, y, x + size, y + size)).save(folder / f"crop{k:02d}.png")
+
+
+def test_a_refused_model_reads_that_the_server_received_nothing_and_no_image_came_back(
+    tmp_path,
+):
+    from auditlib.engine.audit import run_audit
+    from auditlib.metrics.verdict import REFUSED, judge
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+    _crops(tmp_path)
+    spec = RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (3, 64, 64))),
+        data=DataSpec("folder", str(tmp_path), batch_size=16),
+        scenario=ScenarioSpec(server="malicious"),
+        attack=ComponentSpec.of("rtf", None, "audit"),
+        defense=ComponentSpec.of("model-check"),
+        budget=Budget(1),
+    )
+    result = run_audit(spec, lpips_nets=())
+    summary, verdict = result.summary, result.summary.verdict
+    assert verdict.scope.refused and "imprint" in verdict.scope.refused
+    assert verdict.outcome == "inconclusive" and not verdict.is_finding
+    assert verdict.headline == f"Inconclusive: {REFUSED}"
+    assert "so nothing was recovered" in verdict.sentence
+    # What rtf read from the zeros: flat images, each scored beside the image's best flat
+    # images. None clears them, so none counts as recovered (issue 50: 7 of 16 beat the
+    # mid-grey guess, the only one an upload had, and the run read "Medium").
+    assert result.reconstruction.std(axis=(1, 2)).max() < 1e-6  # one colour per image
+    per_image = summary.metrics.per_image
+    assert summary.metrics.risk.images_recovered == 0
+    assert all(p.flat_psnr is not None and p.psnr <= p.flat_psnr + 1e-9 for p in per_image)
+    assert all(p.flat_ssim is not None and p.ssim < p.flat_ssim + 0.1 for p in per_image)
+    # The server's public data (rtf's bins prior) gives guesses for uploaded images too.
+    names = {g.name for g in summary.metrics.guesses}
+    assert {"grey", "public data mean image (faces)", "public data mean colour (faces)"} <= names
+    # Judged beside a control that leaked, it still reads as refused, never a level.
+    again = judge(verdict.finding, verdict.scope, defended=True, control=verdict.finding)
+    assert again.headline == verdict.headline

@@ -726,7 +726,7 @@ def test_a_comparison_against_the_malicious_server_says_what_it_changed_and_reco
     assert "Attributed" not in section  # rtf does not attribute
     checked = subject.entries[1].verdict
     assert checked.scope.refused and "Client refused the model" in words
-    assert "the client refused the server's model, so the server received nothing" in words
+    assert "the client refused the server's model: the server received nothing" in words
     for entry in subject.entries:
         finding = entry.verdict.finding
         assert f"{finding.images_recovered} of 8 images recovered" in flat(section), entry.label

@@ -1,4 +1,5 @@
-"""Specification of the leakage verdict: FedLeak's PSNR bands, success-rate curves, RDLV."""
+"""Specification of the leakage verdict: FedLeak's PSNR bands, success-rate curves, RDLV, and
+the labels' test against the attacker's best guess without the update."""
 
 from __future__ import annotations
 
@@ -6,9 +7,18 @@ import numpy as np
 import pytest
 import torch
 
+from auditlib.data.labels import assign_labels
 from auditlib.data.normalization import Normalization
 from auditlib.metrics import score
-from auditlib.metrics.risk import leakage_level, rdlv, risk_summary, success_rate
+from auditlib.metrics.risk import (
+    LABEL_RELABELLINGS,
+    label_matches,
+    label_test,
+    leakage_level,
+    rdlv,
+    risk_summary,
+    success_rate,
+)
 from auditlib.threat import PrivateBatch
 
 
@@ -196,3 +206,100 @@ def test_a_matched_candidate_keeps_its_pairing_when_scored():
     assert [p.reconstruction_index for p in hungarian.per_image] == [1, 0]
     assert [p.reconstruction_index for p in identity.per_image] == [0, 1]
     assert identity.risk.images_recovered == 0 and hungarian.risk.images_recovered == 2
+
+
+# --- labels: against the attacker's best guess without the update ------------------------
+
+
+def _enumerated_p(guess: list[int], truth: list[int], classes: int) -> float:
+    """The relabelling p-value by enumerating every permutation of the classes."""
+    import itertools
+
+    observed = label_matches(guess, truth)
+    perms = list(itertools.permutations(range(classes)))
+    hits = sum(label_matches(guess, [perm[t] for t in truth]) >= observed for perm in perms)
+    return hits / len(perms)
+
+
+def test_distinct_guesses_of_distinct_labels_overlap_by_2b_minus_c_and_the_test_knows():
+    # Issue 50's false leak: 8 distinct of 10 meet 8 distinct of 10 in at least 6.
+    truth = [0, 1, 2, 3, 4, 5, 8, 9]
+    six = label_test([[[0, 1, 2, 3, 4, 5, 6, 7]]], [truth], 10)
+    assert (six.correct, six.p_value, six.method) == (6, 1.0, "exact")
+    assert not six.beyond_chance
+    # All 8 right: 1 of the C(10, 8) = 45 sets of 8 classes, not below 0.01.
+    eight = label_test([[truth]], [truth], 10)
+    assert eight.p_value == pytest.approx(1 / 45) and not eight.beyond_chance
+    # All 10 of 10 classes: every guess gets them all.
+    assert label_test([[list(range(10))]], [list(range(10))], 10).p_value == 1.0
+    # One label: 1/C, so 1 of 100 is p = 0.01, not below LABEL_ALPHA.
+    one = label_test([[[42]]], [[42]], 100)
+    assert one.p_value == pytest.approx(0.01) and not one.beyond_chance
+
+
+@pytest.mark.parametrize(
+    ("guess", "truth"),
+    [
+        ([0, 1, 2], [0, 1, 4]),  # both distinct
+        ([0, 0, 1, 2], [0, 3, 1, 2]),  # the labels distinct
+        ([0, 1, 2, 3], [0, 0, 1, 1]),  # the guesses distinct
+    ],
+)
+def test_the_exact_test_is_the_share_of_relabellings(guess, truth):
+    test = label_test([[guess]], [truth], 6)
+    assert test.method == "exact"
+    assert test.p_value == pytest.approx(_enumerated_p(guess, truth, 6))
+
+
+def test_with_repeats_on_both_sides_monte_carlo_estimates_the_share():
+    guess, truth = [0, 0, 1, 1, 2], [0, 0, 1, 1, 3]
+    test = label_test([[guess]], [truth], 6)
+    assert test.method == "monte carlo" and test.relabellings == LABEL_RELABELLINGS
+    exact = _enumerated_p(guess, truth, 6)
+    assert test.p_value == pytest.approx(exact, abs=4 * (exact / LABEL_RELABELLINGS) ** 0.5)
+    # A fixed seed: the same run judged twice reads the same.
+    assert label_test([[guess]], [truth], 6) == test
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8, 10])
+def test_the_test_is_calibrated_where_the_update_says_nothing(batch):
+    """Guesses made without the labels (a fixed rule's output, or random draws) against labels
+    assigned as a folder without labels gets them: p <= alpha at most alpha of the time."""
+    rng = np.random.default_rng(batch)
+    classes, trials = 10, 400
+    fixed = sorted(rng.choice(classes, size=min(batch, classes), replace=False).tolist())
+    ps = []
+    for seed in range(trials):
+        truth = list(assign_labels(batch, classes, seed))
+        guess = fixed if seed % 2 else rng.integers(0, classes, size=batch).tolist()
+        ps.append(label_test([[guess]], [truth], classes, relabellings=199).p_value)
+    ps = np.asarray(ps)
+    for alpha in (0.05, 0.1, 0.25, 0.5):
+        assert (ps <= alpha).mean() <= alpha + 3 * (alpha * (1 - alpha) / trials) ** 0.5
+
+
+def test_the_best_of_several_attacks_is_weighed_against_the_best_of_them():
+    truth = [0, 1, 2, 3]
+    guesses = [[[0, 1, 5, 6]], [[7, 8, 2, 3]]]  # each 2 of 4 right
+    alone = label_test([guesses[0]], [truth], 10)
+    both = label_test(guesses, [truth], 10)
+    assert both.correct == alone.correct == 2
+    assert both.p_value > alone.p_value  # two tries get 2 right more often than one
+
+
+def test_updates_pooled_share_one_relabelling():
+    """17 updates of one image each: 17 right is beyond chance when their labels were drawn
+    apart, but one fact when every update holds the same class (as p = 1/C)."""
+    truths = [[t] for t in assign_labels(17, 10, seed=0)]
+    pooled = label_test([truths], truths, 10)
+    assert pooled.correct == 17 and pooled.p_value == 1 / (1 + LABEL_RELABELLINGS)
+    same = [[3]] * 17
+    one_fact = label_test([same], same, 10)
+    assert one_fact.p_value == pytest.approx(0.1, abs=0.01) and not one_fact.beyond_chance
+
+
+def test_label_matches_is_label_accuracys_count():
+    from auditlib.metrics.matching import label_accuracy
+
+    guess, truth = [1, 1, 2, 5], [1, 2, 2, 3]
+    assert label_matches(guess, truth) == 2 == round(label_accuracy(guess, truth) * 4)

@@ -9,9 +9,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from auditlib.data.labels import assign_labels
 from auditlib.engine.sample import update_specs
 from auditlib.errors import AuditInputError
-from auditlib.metrics.sample import SampleVerdict, UpdateOutcome, clopper_pearson
+from auditlib.metrics.sample import (
+    SampleVerdict,
+    UpdateOutcome,
+    clopper_pearson,
+    updates_interval,
+)
 from auditlib.metrics.scores import ImageScore
 from tests.test_attacks import lenet_spec
 from tests.test_report import needs_poppler
@@ -227,3 +233,61 @@ def test_the_report_of_a_sample_gives_its_share_interval_and_one_row_per_update(
     assert "The sample" in text and "of 2 images recovered beyond the best guess" in text
     assert "95% interval" in text and "Clopper-Pearson" in text
     assert "astronaut" in text and "chelsea" in text
+
+
+def _labelled(index: int, truth: tuple[int, ...], guess: tuple[int, ...], classes: int = 10):
+    return UpdateOutcome(
+        index,
+        tuple(f"image{index}-{i}" for i in range(len(truth))),
+        "inconclusive",
+        "Inconclusive",
+        0,
+        9.0,
+        9.5,
+        f"image{index}-0",
+        None,
+        False,
+        true_labels=truth,
+        recovered_labels=guess,
+        classes=classes,
+    )
+
+
+def test_labels_are_pooled_over_the_updates_with_the_images_interval():
+    """iDLG on 17 updates of one image each: p = 1/C per update, not reportable alone; over
+    the sample, 17 of 17 with its interval (the images' definition) and one test."""
+    truths = [(t,) for t in assign_labels(17, 10, seed=0)]
+    sample = SampleVerdict(tuple(_labelled(u, t, t) for u, t in enumerate(truths)))
+    assert (sample.labels, sample.labels_recovered) == (17, 17)
+    # One label an update: the updates' interval is the labels' own, as for the images.
+    assert sample.label_interval == updates_interval(17, 17, 17) == clopper_pearson(17, 17)
+    assert sample.label_test.p_value < 0.01 and sample.labels_leak
+    assert "labels 17 of 17 recovered (100%; 95% interval 80% to 100%), leaked" in sample.headline
+    assert "Labels: 17 of 17 recovered" in sample.sentence
+    again = SampleVerdict.from_json(json.loads(json.dumps(sample.to_json())))
+    assert again == sample and again.to_json()["labels_leak"] is True
+
+
+def test_the_same_label_in_every_update_is_one_fact_not_seventeen():
+    same = SampleVerdict(tuple(_labelled(u, (3,), (3,)) for u in range(17)))
+    assert same.labels_recovered == 17 and not same.labels_leak
+    assert "not beyond chance" in same.headline
+
+
+def test_labels_of_several_images_an_update_count_the_updates():
+    sample = SampleVerdict(
+        (_labelled(0, (1, 2, 3, 4), (1, 2, 3, 4)), _labelled(1, (5, 6, 7, 8), (0, 0, 0, 0)))
+    )
+    assert (sample.labels, sample.labels_recovered) == (8, 4)
+    assert sample.label_interval == clopper_pearson(1.0, 2)  # 2 updates, half of each right
+
+
+def test_a_sample_recorded_before_labels_were_pooled_still_reads():
+    old = _update(0, ("a",), "leaks", 1, 30.0).to_json()
+    for key in ("true_labels", "recovered_labels", "classes", "label_exact"):
+        del old[key]
+    read = UpdateOutcome.from_json(old)
+    assert read.true_labels is None and read.labels_recovered is None
+    sample = SampleVerdict((read,))
+    assert sample.labelled == () and "labels" not in sample.headline
+    assert "labels" not in sample.to_json()

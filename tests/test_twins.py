@@ -97,6 +97,10 @@ def test_a_twin_that_runs_has_an_objective_of_its_own(attack, defense):
         return
     if known.needs() & info.adapts == {"postprocess"}:
         return  # the plain result, undone (test below)
+    if info.server_twin is not None:
+        # A malicious server's twin differs by the model it builds and its reading of the
+        # noise, not by an objective (tests/test_malicious_server.py).
+        return
     if "unknowns" in known.needs():
         # The twin fits the model parameters the defense hides, from the server's own
         # guess: at the first candidate it equals the plain objective by construction, and
@@ -122,7 +126,7 @@ def test_dlm_under_gaussian_noise_is_skipped_as_the_plain_attack_renamed():
     assert not ATTACKS["dlm"].twin_adds_nothing(laplace.known_defense, config)
     # Nor does GRNN, whose generator is its prior.
     assert ATTACKS["grnn"].twin_adds_nothing(known, build_attack_config("grnn")[0])
-    # The attacks that weigh an image prior have a Bayes-optimal twin under either noise.
+    # The attacks that weigh an image prior have a posterior-mode twin under either noise.
     assert not ATTACKS["dlg"].twin_adds_nothing(known, build_attack_config("dlg")[0])
 
 
@@ -197,3 +201,38 @@ def test_noise_of_scale_zero_leaves_nothing_to_weigh():
         known = release_for(lenet_spec(), defense=defense, defense_params=params)[2].known_defense
         assert known.noise is None and known.needs() == frozenset()
         assert ATTACKS["dlg"].twin_adds_nothing(known, build_attack_config("dlg")[0])
+
+
+def test_the_qsgd_twin_reads_a_buckets_step_when_its_levels_share_a_factor():
+    # Issue 50, item 6: one dominant entry, 3 levels. The release is (n, 0, ..., 0), n the
+    # bucket's norm: level 3 at step n/3, which the largest whole step (n, level 1) misread.
+    from auditlib.defenses.quantization import _qsgd
+    from auditlib.likelihoods import QsgdLikelihood, _buckets, _step_of
+
+    update = torch.full((16,), 0.005)
+    update[0] = 1.0
+    released = _qsgd(update, 3, 512, True, torch.Generator().manual_seed(0))
+    assert released[0] > 0 and bool((released[1:] == 0).all())
+    read = QsgdLikelihood.read((released,), 3, 512)
+    step = float(torch.linalg.vector_norm(update)) / 3
+    assert float(read.steps[0]) == pytest.approx(step, rel=1e-5)
+    assert read.released[0].abs().max().item() == 3
+    # Over many buckets of gradient-like entries (dense, sparse, one dominant), nearly every
+    # step is read as the client's n / s; the levels' norm decides where a factor is shared.
+    generator = torch.Generator().manual_seed(1)
+    misread = total = 0
+    for levels, size in ((3, 4), (3, 16), (7, 4), (127, 16)):
+        for kind in range(3):
+            v = torch.randn(4096, generator=generator)
+            if kind == 1:
+                v = v * (torch.rand(4096, generator=generator) < 0.05)
+            if kind == 2:
+                v = torch.randn(4096, generator=generator) * 1e-3
+                v[::size] = 1.0
+            rows = _buckets(_qsgd(v, levels, size, True, generator), size)[0]
+            truth = torch.linalg.vector_norm(_buckets(v, size)[0], dim=1, keepdim=True) / levels
+            sent = (rows != 0).any(dim=1)
+            wrong = ((_step_of(rows, levels) - truth).abs() > 1e-3 * truth).squeeze(1) & sent
+            misread += int(wrong.sum())
+            total += int(sent.sum())
+    assert total > 5_000 and misread / total < 0.01, (misread, total)

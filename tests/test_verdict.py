@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from auditlib.metrics.risk import labels_beyond_chance
+from auditlib.metrics.risk import LabelEvidence, label_test
 from auditlib.metrics.verdict import (
     CONTROL_LEAK_SHARE,
     VERDICT_VERSION,
@@ -207,48 +207,118 @@ def test_a_stored_verdict_from_before_reads_inconclusive_never_low():
     again = judge(read.finding, read.scope, defended=True, control=finding(3), control_note="c")
     assert again.outcome == "inconclusive"
     assert "recorded before the held margins" in again.headline
-    assert VERDICT_VERSION == 2
+    assert VERDICT_VERSION == 3
 
 
-def test_label_chance_is_a_one_sided_binomial_test():
-    assert not labels_beyond_chance(1, 1, 10)  # p = 0.1: one correct label of ten classes
-    assert labels_beyond_chance(1, 1, 1000)  # p = 0.001: ResNet-18's one ImageNet label
-    assert labels_beyond_chance(3, 4, 10)  # p = 0.0037
-    assert not labels_beyond_chance(2, 4, 10)  # p = 0.052
-    assert not labels_beyond_chance(0, 4, 1000)
+def _labels(found: Finding, truth: list[int], guess: list[int], classes: int) -> Finding:
+    """The finding with labels judged by the relabelling test (``metrics.risk.label_test``)."""
+    test = label_test([[guess]], [truth], classes)
+    evidence = LabelEvidence(test.correct, classes, test.beyond_chance, test.p_value, test.words())
+    return Finding.from_scores(
+        _risk_of(found), found.stop_reason, found.steps, 300, labels=evidence
+    )
 
 
-def _labels(found: Finding, k: int, classes: int) -> Finding:
-    return replace(
-        found,
-        labels_recovered=k,
-        label_chance=1 / classes,
-        labels_beyond_chance=labels_beyond_chance(k, found.batch_size, classes),
+def _risk_of(found: Finding):
+    from auditlib.metrics.scores import Risk
+
+    return Risk(
+        level=found.level,
+        meaning="",
+        basis="",
+        images_recovered=found.images_recovered,
+        batch_size=found.batch_size,
+        batch_beyond_guess=found.leaked,
+        psnr_mean=found.psnr_mean,
+        ssim_mean=found.ssim_mean,
+        guess_psnr_mean=found.guess_psnr_mean,
+        guess_ssim_mean=found.guess_ssim_mean,
+        images_per_level={},
+        psnr_success_rate=(),
+        images_held=found.images_held,
     )
 
 
 def test_labels_recovered_without_an_image_are_a_label_leak_not_nothing():
     # ResNet-18, 224 px, 1000 classes, one photograph: no image, the label came back.
-    alone = _labels(finding(0, batch=1), 1, 1000)
+    alone = _labels(finding(0, batch=1), [417], [417], 1000)
     verdict = judge(alone, SCOPE, defended=False)
     assert verdict.outcome == "labels_leak" and verdict.level == "Labels"
     assert verdict.is_finding
-    assert verdict.headline.startswith("Labels: dlg (audit preset) recovered the private labels")
-    assert "the private labels were recovered, 1 of 1 against a chance of 0.1%" in verdict.sentence
+    assert verdict.headline.startswith("Labels: dlg (audit preset) recovered the private label ")
+    assert "the private label was recovered, 1 of 1 (p = 0.001" in verdict.sentence
     assert "recovered nothing" not in verdict.headline + verdict.sentence
     # One correct label of ten classes is not beyond chance: nothing follows from it.
-    chance = judge(_labels(finding(0, batch=1), 1, 10), SCOPE, defended=False)
+    chance = judge(_labels(finding(0, batch=1), [3], [3], 10), SCOPE, defended=False)
     assert chance.outcome == "inconclusive"
 
 
+def test_a_labels_verdict_says_what_is_known_of_the_images():
+    """Beside the labels, what the verdict would have said of the images: on an undefended
+    update a failed image attack is not evidence of safety; under a defense that held them
+    (twin ran, control broke), that they held."""
+    alone = _labels(finding(0, batch=1), [417], [417], 1000)
+    verdict = judge(alone, SCOPE, defended=False)
+    assert verdict.headline.endswith(
+        "the images not shown safe (a failed attack on the undefended update is not evidence "
+        "of safety)"
+    )
+    assert "The images: nothing is shown of them: a failed attack" in verdict.sentence
+    assert verdict.images_words.startswith("not shown safe: a failed attack")
+    held = judge(
+        _labels(finding(0), [1, 4, 6, 8], [1, 4, 6, 8], 100),
+        SCOPE,
+        defended=True,
+        control=finding(4),
+        control_note="c",
+    )
+    assert held.outcome == "labels_leak" and held.headline.endswith(
+        "images held against these attacks"
+    )
+    assert "the defense held for the images at this budget, not for the labels" in held.sentence
+    read = Verdict.from_dict(json.loads(json.dumps(held.to_dict())))
+    assert read == held
+
+
 def test_labels_leak_beside_images_and_under_a_defense_that_held_the_images():
-    both = judge(_labels(finding(4), 4, 10), SCOPE, defended=False)
+    both = judge(_labels(finding(4), [0, 1, 2, 3], [0, 1, 2, 3], 100), SCOPE, defended=False)
     assert both.outcome == "leaks"
     assert "Besides, the private labels were recovered, 4 of 4" in both.sentence
     held_images = judge(
-        _labels(finding(0), 4, 10), SCOPE, defended=True, control=finding(4), control_note="c"
+        _labels(finding(0), [0, 1, 2, 3], [0, 1, 2, 3], 100),
+        SCOPE,
+        defended=True,
+        control=finding(4),
+        control_note="c",
     )
     assert held_images.outcome == "labels_leak" and held_images.level == "Labels"
+
+
+def test_distinct_guesses_of_distinct_labels_are_not_a_leak_at_8_of_10_classes():
+    """Issue 50's false leak: 8 distinct guesses of 10 classes meet 8 distinct labels in at
+    least 6, whatever the update says; 6 of 8 is what a guess without it gets."""
+    guess, truth = [0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 8, 9]
+    verdict = judge(_labels(finding(0, batch=8), truth, guess, 10), SCOPE, defended=False)
+    assert verdict.outcome == "inconclusive"
+    assert verdict.finding.labels_recovered == 6 and verdict.finding.label_p_value == 1.0
+
+
+def test_a_labels_verdict_recorded_before_version_3_still_reads():
+    """Version 2 stored labels judged by the binomial test, without the basis or p-value."""
+    v3 = judge(_labels(finding(0, batch=1), [417], [417], 1000), SCOPE, defended=False)
+    old = v3.to_dict()
+    for key in ("label_p_value", "label_basis"):
+        del old["finding"][key]
+    del old["images_words"]
+    old["version"] = 2
+    read = Verdict.from_dict(old)
+    assert read.version == 2 and read.images_words == ""
+    assert read.finding.label_basis == "" and read.finding.label_p_value is None
+    assert "(a binomial test against 1/C, as judged before" in read.finding.label_words()
+    # Re-judged (a defended run is, beside its control), it is no finding either way.
+    again = judge(read.finding, SCOPE, defended=True, control=finding(4), control_note="c")
+    assert again.outcome == "inconclusive"
+    assert again.headline == "Inconclusive: its labels were judged by a test since found unsound"
 
 
 def test_a_client_that_refused_the_model_stops_that_server_only():
@@ -258,12 +328,155 @@ def test_a_client_that_refused_the_model_stops_that_server_only():
         twins_words="no attacker that knows model-check is offered",
         refused="model check: layer server_block.bins: 128 of 128 rows share one direction",
     )
-    verdict = judge(finding(0), scope, defended=True, control=finding(4), control_note="c")
-    assert verdict.outcome == "inconclusive"
-    assert verdict.headline == (
-        "Inconclusive: the client refused the server's model, so the server received nothing"
-    )
-    assert "128 of 128 rows share one direction" in verdict.sentence
-    assert "stop this server only" in verdict.sentence
-    assert "raise the budget" not in verdict.sentence
+    # Issue 50, item 9: whatever the reconstructions of an update of zeros score (a flat
+    # grey beat the mid-grey guess on 7 of 16 dark crops), a refused model is no leak, and
+    # the verdict says the server received nothing, whatever the control did.
+    for found, control in ((finding(0), finding(4)), (finding(2, level="Medium"), None)):
+        verdict = judge(found, scope, defended=True, control=control, control_note="c")
+        assert verdict.outcome == "inconclusive" and not verdict.is_finding
+        assert verdict.headline == (
+            "Inconclusive: the client refused the server's model: the server received nothing"
+        )
+        assert "128 of 128 rows share one direction" in verdict.sentence
+        assert "so nothing was recovered" in verdict.sentence
+        assert "stop this server only" in verdict.sentence
+        assert "Medium" not in verdict.headline + verdict.sentence
+        assert "raise the budget" not in verdict.sentence
     assert Scope.from_dict(json.loads(json.dumps(verdict.to_dict()))["scope"]).refused
+    # The History table's cell says it too, never a level.
+    from dashboard.verdict_words import verdict_cell
+
+    assert verdict_cell(verdict, control=False) == (
+        "Inconclusive: the client refused the server's model: the server received nothing"
+    )
+
+
+# --------------------------------------- issue 50, items 3 and 6: "held" on every pick
+
+
+def _pick(psnr: float, ssim: float, guess: tuple[float, float]):
+    """One image's pick as ``metrics.risk`` flags it against ``guess`` (PSNR, SSIM)."""
+    from auditlib.metrics.risk import risk_summary
+    from auditlib.metrics.scores import ImageScore
+
+    image = {"psnr": psnr, "ssim": ssim}
+    risk_summary([image], [{"guess": "grey", "psnr": guess[0], "ssim": guess[1]}])
+    return ImageScore(
+        "astronaut",
+        0,
+        10 ** (-psnr / 10),
+        psnr,
+        0,
+        ssim=ssim,
+        guess_psnr=guess[0],
+        guess_ssim=guess[1],
+        beyond_guess=image["beyond_guess"],
+        nothing_shown=image["nothing_shown"],
+    )
+
+
+def _ran(name: str, candidates, *, adaptive: bool = False):
+    """An attack that ran, with its starts' candidates (images, loss): the lowest loss is
+    its own pick."""
+    import torch
+
+    from auditlib.attacks import Candidate, Reconstruction
+    from auditlib.engine.attack_phase import AttackRun, PlannedAttack
+
+    starts = tuple(
+        Candidate(torch.as_tensor(images, dtype=torch.float32), None, loss, k, 10, "completed")
+        for k, (images, loss) in enumerate(candidates)
+    )
+    final = Reconstruction(starts, "completed", 10 * len(starts))
+    return AttackRun(PlannedAttack(name, "audit", None, {}, 10, adaptive), final, None, 1.0)
+
+
+def test_a_twin_between_the_lines_is_not_hidden_behind_a_plain_pick_that_shows_nothing():
+    # The issue's stub case: the plain attack's pick 1.5 dB under the guess (and 0.1 under
+    # its SSIM) shows nothing; the twin's pick has more structure than the guess but its
+    # pixels are too far behind to count: between the lines. The old combination kept the
+    # higher PSNR, the plain pick, and the image read "held".
+    import numpy as np
+
+    from auditlib.engine.attack_phase import worst_case
+
+    guess = (12.0, 0.20)
+    plain, twin = _pick(10.5, 0.10, guess), _pick(9.0, 0.30, guess)
+    assert plain.nothing_shown and not plain.beyond_guess
+    assert not twin.nothing_shown and not twin.beyond_guess and plain.psnr > twin.psnr
+    image = np.zeros((1, 1, 2, 2))
+    runs = [_ran("dlg", [(image, 0.1)]), _ran("dlg", [(image + 1, 0.1)], adaptive=True)]
+    _, sources = worst_case(runs, [(plain,), (twin,)])
+    assert sources == ["dlg (audit preset, knows the defense)"]
+    kept = twin  # the combination's image scores as the pick it came from
+    found = replace(finding(0, batch=1), images_held=int(bool(kept.nothing_shown)))
+    verdict = judge(found, SCOPE, defended=True, control=finding(1, batch=1), control_note="c")
+    assert verdict.outcome == "inconclusive" and verdict.level == "Inconclusive"
+    assert "sits between the guess and the recovered line" in verdict.headline
+    # Every pick below the guess by the margins: held, the higher PSNR shown.
+    other = _pick(9.5, 0.05, guess)
+    _, sources = worst_case(runs, [(plain,), (other,)])
+    assert sources == ["dlg (audit preset)"]
+
+
+def _judged_beside_a_leaking_control(runs, originals):
+    """``engine.judging.scored`` on ``runs`` (a defended run's plain attack and its twin),
+    judged beside a control that broke the undefended update."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from auditlib.data.normalization import Normalization
+    from auditlib.engine.judging import scored
+    from auditlib.models import ModelSpec
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+    from auditlib.threat import PrivateBatch
+
+    batch = len(originals)
+    spec = RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (1, 32, 32))),
+        data=DataSpec("samples", "photographs", batch_size=batch),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("dlg", None, "audit"),
+        defense=ComponentSpec.of("dp-gaussian", {"sigma": 1.0}),
+        budget=Budget(10),
+    )
+    victim = SimpleNamespace(
+        prior=None, prior_unavailable_reason="no prior", normalization=Normalization.identity(1)
+    )
+    truth = PrivateBatch(
+        torch.as_tensor(originals, dtype=torch.float32),
+        torch.zeros(batch, dtype=torch.long),
+        tuple(f"image{i}" for i in range(batch)),
+    )
+    planned = [r.planned for r in runs]
+    scope = replace(SCOPE, attacks=tuple(r.label for r in runs))
+    judged = scored(spec, planned, runs, victim, truth, scope, "completed", ())
+    found = judged.verdict.finding
+    return judge(found, scope, defended=True, control=finding(batch, batch=batch))
+
+
+def test_held_holds_on_every_start_the_auditor_sees_not_only_the_attacker_s_pick():
+    # Issue 50, item 6: "Low" looked at the attacker's lowest-loss pick alone. A start the
+    # attacker ranked lower (here an exact copy of the images) is seen by the auditor (it is
+    # the oracle best), and the images then showed something: not "held".
+    import numpy as np
+
+    rng = np.random.default_rng(50)
+    originals = np.full((2, 1, 32, 32), 0.5)  # mostly flat: the grey guess's SSIM is 0.7
+    originals[0, 0, 8:14, 8:14], originals[1, 0, 18:24, 12:18] = 0.9, 0.1
+    noise = [rng.random(originals.shape) for _ in range(2)]  # nothing of the images
+
+    def runs(*plain_starts):
+        return [
+            _ran("dlg", plain_starts),
+            _ran("dlg", [(noise[1], 0.2)], adaptive=True),
+        ]
+
+    held = _judged_beside_a_leaking_control(runs((noise[0], 0.1)), originals)
+    assert held.outcome == "defense_held" and held.finding.images_held == 2
+    seen = _judged_beside_a_leaking_control(runs((noise[0], 0.1), (originals, 0.5)), originals)
+    assert seen.finding.images_recovered == 0  # the attacker's own pick recovered nothing
+    assert seen.finding.images_held == 0
+    assert seen.outcome == "inconclusive"
+    assert "sits between the guess and the recovered line" in seen.headline

@@ -115,7 +115,7 @@ class AttackInfo:
     not_applicable: Callable[[Observation, AttackerKnowledge], str | None] | None = None
     # What the attack's objective can take of a known defense (``KnownDefense.needs``).
     adapts: frozenset[str] = MATCHES_THROUGH
-    # Whether its twin under noise is the Bayes-optimal one, the noise's likelihood plus the
+    # Whether its twin under noise is the posterior-mode one, the noise's likelihood plus the
     # image prior it weighs (``objectives.UpdateMatcher``); False: the likelihood's shape
     # alone as its distance (an attack with no image prior: its maximum-likelihood twin).
     weighs_prior: bool = True
@@ -125,6 +125,11 @@ class AttackInfo:
     builds: Callable[[Any, Any], Any] | None = None
     # A closed-form read-back (one pass, no optimiser steps): its plan is one step.
     closed_form: bool = False
+    # A malicious server's own rule for a known defense (``attacks.imprint``), in place of
+    # ``adapts``: its twin builds another model for the defense rather than matching through
+    # it. ``known -> (why it has no twin, None where it has one; whether its twin would be
+    # the plain attack)``. None: ``adapts`` decides.
+    server_twin: Callable[[KnownDefense], tuple[str | None, bool]] | None = None
     # Several updates' starts as one batched computation (``attacks.updates_loop``):
     # ``(observations, knowledges, config, control, seeds)`` -> (update, event) pairs, each
     # update ending with its own final event. None: its updates run one after another.
@@ -144,6 +149,8 @@ class AttackInfo:
 
     def why_not_adaptive(self, known: KnownDefense | None) -> str | None:
         """Why this attack has no adaptive twin against ``known`` (None: it has one)."""
+        if self.server_twin is not None and known is not None:
+            return self.server_twin(known)[0]
         missing = sorted(set() if known is None else known.needs() - self.adapts)
         if not missing:
             return None
@@ -160,6 +167,8 @@ class AttackInfo:
         prior (then its twin would be the plain attack renamed)."""
         if known is None:
             return True
+        if self.server_twin is not None:
+            return self.server_twin(known)[1]
         needs = known.needs() & self.adapts
         if not needs:
             return True

@@ -26,15 +26,20 @@ from dataclasses import dataclass
 
 import torch
 
-from auditlib.attacks.base import AttackInfo, AuditPreset, Clock, ProgressEvent
+from auditlib.attacks.base import ADAPTIVE_PARTS, AttackInfo, AuditPreset, Clock, ProgressEvent
 from auditlib.errors import AttackUnsupportedError
 from auditlib.reconstruction import Candidate, Reconstruction
 from auditlib.server.modification import ServerModification
-from auditlib.threat import AttackerKnowledge, Observation
+from auditlib.threat import AttackerKnowledge, KnownDefense, Observation
 
 # A bin counts as holding images when its bias difference exceeds this share of the largest:
 # float32 sums of up to B images leave differences of empty bins near 1e-7 of it.
 EMPTY_BIN = 1e-5
+# Where the attacker knows the noise on each entry (the twin), a bin counts as holding images
+# when its step stands this many of its noise's standard deviations from zero: a bin of
+# noise alone passes with probability 6e-5, and below it the read-back's per-pixel error,
+# sqrt(2) s / step, is already above the ~0.25 a flat grey guess makes on an image.
+NOISE_STEPS = 4.0
 LOSS_NAME = "images_not_read_back"
 
 
@@ -115,11 +120,17 @@ def read_bins(
     thresholds: tuple[float, ...],
     by_bias: bool,
     noise_floor: float = 0.0,
+    entry_noise: float = 0.0,
 ) -> list[tuple[float, torch.Tensor]]:
-    """Rows ``first``.. hold ``thresholds`` (ascending): each non-empty bin's read-back (how
-    far its weights' difference stands above the rest, the flat pixels of the images in
-    it, weighted by their deltas). A bin is empty when its difference is within
-    ``noise_floor`` (float32's rounding of the weights the client added its update to).
+    """Rows ``first``.. hold ``thresholds`` (ascending): each non-empty bin's read-back (its
+    evidence: how far its step, the difference of its row's and the next row's biases (or
+    sums), stands above the empty bins', which is the sum of the deltas of the images in it;
+    the flat pixels of those images, weighted by their deltas, in [0, 1]). A bin is empty
+    when its difference is within ``noise_floor`` (float32's rounding of the weights the
+    client added its update to), or, where the attacker knows the noise's standard deviation
+    on each entry (``entry_noise``), within ``NOISE_STEPS`` of its step's. Under noise every
+    bin's step is non-zero: the evidence, not the bin's index, decides which the attacker
+    keeps (``candidate_of``).
 
     ``by_bias``: the weights' difference over the biases' (exact for one image); the bins
     holding images are those whose bias difference is not zero. Otherwise (FedAvg) the
@@ -132,27 +143,30 @@ def read_bins(
     if by_bias:
         marks = update.bias[first : first + count]
         marks_floor = 0.0
+        step_noise = entry_noise * 2**0.5  # the difference of two noised biases
     else:
         marks = update.row_sums()[first : first + count]
         marks_floor = noise_floor * size**0.5  # rounding errors add up like a random walk
+        step_noise = entry_noise * (2 * size) ** 0.5  # of two noised sums of ``size`` entries
     steps = marks - torch.cat([marks[1:], marks.new_zeros(1)])  # bin k: row k less row k + 1
     scale = float(steps.abs().max()) if steps.numel() else 0.0
     if scale == 0.0:
         return []
-    found = (steps.abs() > max(EMPTY_BIN * scale, marks_floor)).nonzero().flatten().tolist()
+    floor = max(EMPTY_BIN * scale, marks_floor, NOISE_STEPS * step_noise)
+    found = (steps.abs() > floor).nonzero().flatten().tolist()
     middles = bin_middles(thresholds)
     reads = []
     for k in found:
         row = update.row(first + k)
         dw = row - update.row(first + k + 1) if k + 1 < count else row
-        signal = float(dw.abs().max())
-        if signal <= noise_floor:
+        if float(dw.abs().max()) <= noise_floor:
             continue
-        strength = signal / max(noise_floor, EMPTY_BIN * signal)
+        # The bin's evidence: its step over what an empty bin's could be.
+        strength = abs(float(steps[k])) / max(EMPTY_BIN * scale, marks_floor, step_noise)
         if by_bias:
-            reads.append((strength, dw / float(steps[k])))
+            reads.append((strength, (dw / float(steps[k])).clamp(0, 1)))
         elif float(dw.mean()) != 0:
-            reads.append((strength, dw * (middles[k] / float(dw.mean()))))
+            reads.append((strength, (dw * (middles[k] / float(dw.mean()))).clamp(0, 1)))
     return reads
 
 
@@ -206,6 +220,33 @@ def single_event(
     )
 
 
+def binning_twin(name: str):
+    """The rule of a binning server's twin (``AttackInfo.server_twin``): it knows noise of a
+    known scale on every entry (it scales its block against it, ``server.blocks
+    .scale_against_noise``, and keeps the bins whose step stands above it) and a rescaling of
+    the whole update (a norm clip, which cancels in the read-back's ratio, so alone it leaves
+    the plain attack); no other part of a defense."""
+
+    def rule(known: KnownDefense) -> tuple[str | None, bool]:
+        parts = known.needs()
+        noise = "distance" in parts or "likelihood" in parts
+        takes = (
+            parts <= {"distance", "likelihood", "transform"}
+            and (not noise or known.entry_noise_std is not None)
+            and ("transform" not in parts or known.rescales)
+        )
+        if not takes:
+            return (
+                f"{name}'s server adapts only to noise of a known scale on every entry and "
+                f"to norm clipping, not to {known.name}'s "
+                f"{' or '.join(ADAPTIVE_PARTS[p] for p in sorted(parts))}",
+                False,
+            )
+        return None, not noise
+
+    return rule
+
+
 def server_attack(
     name: str,
     summary: str,
@@ -215,10 +256,12 @@ def server_attack(
     paper: dict,
     audit: dict,
     why: str,
+    twin=None,
 ) -> AttackInfo:
     """The registry entry of a malicious server's attack: a closed form (one pass, budget 1)
-    that applies only where the server built its own model, adapts to no defense and weighs
-    no image prior."""
+    that applies only where the server built its own model and weighs no image prior; its
+    twin, where it has one, follows ``twin`` (``AttackInfo.server_twin``; None: it adapts to
+    no defense)."""
 
     def needs_its_model(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
         if knowledge.server is None or knowledge.server.attack != name:
@@ -240,4 +283,5 @@ def server_attack(
         weighs_prior=False,
         builds=build,
         closed_form=True,
+        server_twin=twin,
     )

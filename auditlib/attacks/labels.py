@@ -11,6 +11,7 @@ as ``source="bias"``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -84,11 +85,92 @@ def idlg_label(
     negative = int((scores < 0).sum())
     return label, {
         "rule": f"iDLG ({source} gradient of the last layer)",
+        "source": source,
         "label": label,
         "negative_entries": negative,
         # More than one negative entry means the rule's premise (non-negative features) failed.
         "unambiguous": negative == 1,
     }
+
+
+# Defenses that leave the sign of every entry and row sum of the last layer's update as the
+# client computed it: none, and clipping of the whole update's norm (a positive scale).
+# Noise, quantisation, pruning, value clipping and the rest may not (``idlg_exact``).
+_SIGN_KEEPING = "the update is sent as computed"
+
+
+def idlg_exact(
+    record: Mapping[str, Any],
+    *,
+    classes: int,
+    steps: int,
+    optimizer: str,
+    weight_decay: float,
+    defense: str,
+    defense_params: Mapping[str, str],
+    honest_server: bool,
+    observed: bool,
+) -> tuple[bool, str]:
+    """Whether the iDLG rule's label (``idlg_label``'s ``record``) is exact by construction
+    here, and why (or why not), in words.
+
+    For one image under cross-entropy the last layer's bias gradient is p - y: negative for
+    the true class alone. Its weight gradient's row i is (p_i - y_i) h, whose sum has the
+    sign of p_i - y_i times that of sum(h): one negative row among C >= 3 can only be the
+    true class (were sum(h) negative, C - 1 rows would be). So the label is the truth, not a
+    guess, when the record shows exactly one negative entry and the update keeps those
+    signs: sent as computed or its norm clipped (a positive scale), a server that sent the
+    model it trained (not a malicious one), a simulated client (an observed update may have
+    been changed in ways not recorded), and local training that adds gradients of that sign
+    pattern: SGD without weight decay (the bias; momentum only adds them with positive
+    weights), or one step (the weight rule, whose row sums mix steps of different h).
+    Anything else, noise, quantisation or pruning, makes it a guess that the label test
+    weighs (``metrics.risk.label_test``)."""
+    source = record.get("source")
+    if source is None:  # recorded before the source was: read from the rule's words
+        source = "bias" if "bias" in str(record.get("rule", "")) else "weight"
+    negative = record.get("negative_entries")
+    why_not = None
+    if not record.get("unambiguous"):
+        why_not = (
+            f"{negative} entries of the last layer's {source} update are negative, not one: "
+            "the rule's premise failed"
+        )
+    elif defense not in ("none", "clip") or (
+        defense == "clip" and defense_params.get("mode", "norm") != "norm"
+    ):
+        why_not = f"the defense ({defense}) changes the last layer's update"
+    elif not honest_server:
+        why_not = "a malicious server's model"
+    elif observed:
+        why_not = "an observed update, which the client may have changed in ways not recorded"
+    elif optimizer != "sgd" or weight_decay:
+        why_not = "the client's local optimiser (Adam or weight decay) mixes the signs"
+    elif source == "weight" and steps != 1:
+        why_not = (
+            f"the client's {steps} local steps: the weight rule's row sums hold for one "
+            "gradient (the bias rule holds for any number of SGD steps)"
+        )
+    elif source == "weight" and classes < 3:
+        why_not = "with 2 classes one negative row does not say which"
+    if why_not is not None:
+        return False, f"iDLG's label rule is not exact here ({why_not})"
+    kept = _SIGN_KEEPING if defense == "none" else "clipping its norm only rescales the update"
+    if source == "bias":
+        because = (
+            "the last layer's bias gradient is p - y, negative for the true class alone, and "
+            f"exactly 1 of its {classes} entries is negative"
+        )
+    else:
+        because = (
+            "each row sum of the last layer's weight gradient is p_i - y_i times the sum of "
+            f"the layer's input, so the one negative row of {classes}, as here, is the true "
+            "class"
+        )
+    return True, (
+        f"class {record.get('label')}, read by iDLG's rule, exact for one image under "
+        f"cross-entropy: {because}; {kept}, so it is no guess and needs no test against chance"
+    )
 
 
 # --- Batch rules --------------------------------------------------------------------------

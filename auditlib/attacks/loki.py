@@ -59,7 +59,7 @@ class LokiConfig:
 
 
 def build(config: LokiConfig, context: BuildContext) -> ServerModification:
-    prior = public_prior(config.prior, context.audited_source)
+    prior = public_prior(config.prior, context.audited_source, context.audited_pixels)
     size = pixels(context.input_shape)
     per_client = config.bins_for(context.batch_size, size, context.clients)
     return build_loki(context, per_client, prior, config.prior)

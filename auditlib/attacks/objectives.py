@@ -246,7 +246,7 @@ class ThroughDefense:
     def measure(
         self, own: str
     ) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], torch.Tensor]:
-        """The Bayes-optimal attacker's data term: the release's negative log-likelihood in
+        """The posterior-mode attacker's data term: the release's negative log-likelihood in
         nats where the defense draws at random, else the attack's own distance."""
         noise = self.noise
         if noise is None:
@@ -282,7 +282,7 @@ class UpdateMatcher:
         weighs_prior: bool = True,
     ) -> None:
         self.knowledge = knowledge
-        # Whether the Bayes-optimal twin adds the image prior (an attack whose own
+        # Whether the posterior-mode twin adds the image prior (an attack whose own
         # parametrisation is its prior, GRNN's generator, takes the likelihood alone).
         self.weighs_prior = weighs_prior
         self.view = ThroughDefense(knowledge)
@@ -318,7 +318,7 @@ class UpdateMatcher:
         return self.distance(self.simulate(images, labels), self.target) + self.prior(images)
 
     def prior(self, images: torch.Tensor) -> torch.Tensor | float:
-        """The image prior the Bayes-optimal twin weighs (0 for the plain attacker); images
+        """The image prior the posterior-mode twin weighs (0 for the plain attacker); images
         B x C x H x W, or R x B x C x H x W for one value per restart."""
         if not self.weighs_prior:
             return 0.0

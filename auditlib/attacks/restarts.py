@@ -9,17 +9,23 @@ starts race instead (``attacks.loop``): every start runs a few steps, the worse 
 the attack's own objective is dropped at each rung, and the survivors run on to the full
 step budget. The attacker's pick stays the lowest objective over every candidate (dropped
 ones included), never the ground truth.
+
+Under a time budget, more steps per start than the preset plans never plan a weaker attack
+than the preset's (:func:`run_attack`): the run's steps per start are planned from what the
+clock allows, the preset's count first, then a longer plan with the time that leaves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from auditlib.attacks.base import AttackInfo, ProgressEvent, RunControl
 from auditlib.attacks.loop import PLAN, HalvingPlan, total_steps
 from auditlib.attacks.updates import why_updates_apart
+from auditlib.reconstruction import Reconstruction
 from auditlib.threat import AttackerKnowledge, Observation
 
 AUDIT_PRESET = "audit"
@@ -48,11 +54,144 @@ def run_attack(
     seed: int,
     preset: str | None,
 ) -> Iterator[ProgressEvent]:
-    """An attack with its preset's restart schedule."""
+    """An attack with its preset's restart schedule.
+
+    Under a time budget with more steps per start than the preset plans (``preset_steps``),
+    the steps are planned from the clock (:func:`staged`): a longer plan stretches the
+    attack's step-size schedule and the race's rungs over steps the clock may never reach
+    (Inverting Gradients' step-size drops at 3/8, 5/8, 7/8 of the steps, the race's rungs at
+    3 %, 10 %, 25 %), so fewer starts finish and none is refined: weaker than the preset's
+    plan on the same clock."""
     race = race_of(config, preset)
     if race is not None:
         control = dataclasses.replace(control, race=race)
-    return info.run(observation, knowledge, config, control, seed)
+    reference = preset_steps(info, preset)
+    if control.max_seconds is None or reference is None or control.max_steps <= reference:
+        return info.run(observation, knowledge, config, control, seed)
+    return staged(info, observation, knowledge, config, control, seed, reference)
+
+
+def preset_steps(info: AttackInfo, preset: str | None) -> int | None:
+    """The steps per start ``preset`` plans (the audit preset's, or the paper's for the
+    paper's preset); None: a closed form, or a preset without a count of its own."""
+    if info.closed_form:
+        return None
+    if preset == AUDIT_PRESET and info.audit is not None:
+        return info.audit.iterations
+    if preset is not None and preset.startswith("paper"):
+        return info.paper_iterations
+    return None
+
+
+def staged(
+    info: AttackInfo,
+    observation: Observation,
+    knowledge: AttackerKnowledge,
+    config: Any,
+    control: RunControl,
+    seed: int,
+    reference: int,
+) -> Iterator[ProgressEvent]:
+    """The attack planned from the clock, for more steps per start (``control.max_steps``)
+    than its preset's ``reference``: first the preset's plan (``reference`` steps per
+    start, its schedule and race), then, with the time it leaves, the same starts (same
+    seed) planned for the most steps per start up to ``control.max_steps`` whose race the
+    first plan's pace fits in that time. The attacker's pick is the lowest objective over
+    both plans' candidates, so it is never worse by its own objective than the preset's
+    plan on the same clock. The stop reason is "completed" only where every start had its
+    planned steps; "time budget" where the clock cut them short of ``control.max_steps``."""
+    began = time.perf_counter()
+    first_final: ProgressEvent | None = None
+    for event in info.run(observation, knowledge, config, _planned(control, reference), seed):
+        if event.final is None:
+            yield event
+        else:
+            first_final = event  # held: the run's final event comes last
+    assert first_final is not None and first_final.final is not None
+    first = first_final.final
+    elapsed = time.perf_counter() - began
+    left = control.max_seconds - elapsed  # type: ignore[operator]
+    horizon = _affordable(config, control, reference, elapsed / max(first.steps, 1), left)
+    if first.stop_reason in {"time budget", "cancelled"} or horizon is None:
+        yield _merged(first_final, first, None, began, control.max_steps > reference)
+        return
+    second_final: ProgressEvent | None = None
+    for event in info.run(observation, knowledge, config, _planned(control, horizon, left), seed):
+        if event.final is None:
+            yield dataclasses.replace(
+                event,
+                step=first.steps + event.step,
+                total_steps=first.steps + event.total_steps,
+                elapsed_s=elapsed + event.elapsed_s,
+            )
+        else:
+            second_final = event
+    assert second_final is not None and second_final.final is not None
+    short = horizon < control.max_steps
+    yield _merged(second_final, first, second_final.final, began, short)
+
+
+def _planned(control: RunControl, steps: int, seconds: float | None = None) -> RunControl:
+    return dataclasses.replace(
+        control, max_steps=steps, max_seconds=control.max_seconds if seconds is None else seconds
+    )
+
+
+def _affordable(
+    config: Any, control: RunControl, reference: int, pace: float, left: float
+) -> int | None:
+    """The most steps per start, above ``reference`` and up to ``control.max_steps``, whose
+    planned steps over all starts take at most ``left`` seconds at ``pace`` seconds a step
+    (the first plan's, its setup included); None where no count above ``reference`` fits."""
+    restarts = getattr(config, "restarts", 1)
+
+    def cost(steps: int) -> float:
+        return total_steps(restarts, control.race, steps, control.emit_every) * pace
+
+    if left <= 0 or cost(reference + 1) > left:
+        return None
+    low, high = reference + 1, control.max_steps  # cost(low) fits; find the last that does
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if cost(middle) <= left else (low, middle - 1)
+    return low
+
+
+def _merged(
+    event: ProgressEvent,
+    first: Reconstruction,
+    second: Reconstruction | None,
+    began: float,
+    short: bool,
+) -> ProgressEvent:
+    """The run's final event: both plans' candidates (the second's starts numbered after the
+    first's), the attacker's pick by its own objective among them; "time budget" where the
+    starts had fewer steps than asked (``short``)."""
+    candidates = first.candidates
+    steps = first.steps
+    stop = first.stop_reason
+    if second is not None:
+        offset = 1 + max(c.restart for c in first.candidates)
+        candidates += tuple(
+            dataclasses.replace(c, restart=c.restart + offset) for c in second.candidates
+        )
+        steps += second.steps
+        stop = second.stop_reason
+    if short and stop == "completed":
+        stop = "time budget"
+    final = Reconstruction(candidates, stop, steps, first.label_inference)
+    best = final.selected
+    return dataclasses.replace(
+        event,
+        step=steps,
+        total_steps=max(steps, event.total_steps),
+        elapsed_s=time.perf_counter() - began,
+        losses={name: best.loss for name in event.losses},
+        restart=best.restart,
+        images=best.images,
+        labels=best.labels,
+        final=final,
+    )
 
 
 def why_apart(

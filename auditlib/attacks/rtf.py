@@ -12,7 +12,9 @@ import torch
 
 from auditlib.attacks.base import Clock, RunControl, register
 from auditlib.attacks.imprint import (
+    NOISE_STEPS,
     ReadBack,
+    binning_twin,
     block_update,
     noise_floor,
     read_bins,
@@ -61,7 +63,7 @@ class RtfConfig:
 
 
 def build(config: RtfConfig, context: BuildContext) -> ServerModification:
-    prior = public_prior(config.prior, context.audited_source)
+    prior = public_prior(config.prior, context.audited_source, context.audited_pixels)
     size = math.prod(context.input_shape)
     bins = config.bins_for(context.batch_size * context.clients, size)
     return build_rtf(context, bins, prior, config.prior)
@@ -79,13 +81,24 @@ def run_rtf(
     server = knowledge.server
     by_bias = observation.kind == "gradient"
     floor = noise_floor(observation, knowledge)
-    bins = read_bins(update, 0, server.thresholds, by_bias, floor)
+    # The twin knows the noise on each entry: a bin holds images only above it.
+    known = knowledge.defense
+    entry_noise = known.entry_noise_std if known is not None else None
+    bins = read_bins(update, 0, server.thresholds, by_bias, floor, entry_noise or 0.0)
     read = ReadBack(
         pixels=stack_pixels([p for _, p in bins], (-1, *knowledge.input_shape), update.bias),
         clients=None,
         support=tuple(strength for strength, _ in bins),
     )
-    inference = {"rule": "Robbing the Fed: neighbouring rows' update differences"}
+    inference = {
+        "rule": "Robbing the Fed: neighbouring rows' update differences, the bins ranked by "
+        "their step (the sum of the deltas of the images in them)"
+        + (
+            f", those within {NOISE_STEPS:g} standard deviations of the known noise left out"
+            if entry_noise
+            else ""
+        )
+    }
     return single_event(read, knowledge, clock, inference)
 
 
@@ -108,5 +121,6 @@ register(
         audit={"bins": 0, "bins_per_image": 8, "prior": "faces"},
         why="a closed form, so the budget buys bins: 8 per image of the batch leave "
         "about 1 - e^(-1/8) = 12 % of images sharing a bin when the prior fits",
+        twin=binning_twin("rtf"),
     )
 )

@@ -6,7 +6,9 @@ together as one batched computation where they can (``engine.together``; the out
 which ran one after another and why), and written to
 ``OUT/update-NNN/`` (its result.json and reconstruction.png); ``OUT/result.json`` holds the
 sample's verdict: the share of images recovered beyond the best guess with its 95 %
-(Clopper-Pearson) interval, each update's figures, and the worst case.
+(Clopper-Pearson) interval, each update's figures, and the worst case; where the attacker did
+not know the labels, the labels recovered over every update with their interval of the same
+definition and their test against the labels relabelled at random (``metrics.sample``).
 """
 
 from __future__ import annotations
@@ -83,10 +85,12 @@ def audit_sample(
             index, summary.verdict, summary.metrics.per_image, summary.timing.seconds
         )
         outcomes.append(outcome)
+        labels = outcome.labels_recovered
         print(
             f"update {index + 1} of {len(specs)} ({', '.join(outcome.names)}): "
             f"{outcome.images_recovered} of {len(outcome.names)} recovered; "
-            f"verdict {outcome.headline}"
+            + ("" if labels is None else f"labels {labels} of {len(outcome.names)} right; ")
+            + f"verdict {outcome.headline}"
         )
     sample = SampleVerdict(tuple(outcomes))
     document = {

@@ -10,7 +10,7 @@ from auditlib.data.images import (
     write_image_folder,
 )
 from auditlib.data.labels import assign_labels, check_labels_fit, parse_labels_csv
-from auditlib.data.model_input import to_model_batch
+from auditlib.data.model_input import content_hashes, to_model_batch
 from auditlib.data.normalization import Normalization
 from auditlib.data.samples import (
     SAMPLE_SETS,
@@ -30,6 +30,7 @@ __all__ = [
     "SampleSetInfo",
     "assign_labels",
     "check_labels_fit",
+    "content_hashes",
     "decode_image",
     "images_zip",
     "load_image_folder",

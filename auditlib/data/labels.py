@@ -140,20 +140,25 @@ def check_labels_fit(
     )
 
 
-def assign_labels(count: int, num_classes: int, seed: int) -> tuple[int, ...]:
+def assign_labels(count: int, num_classes: int, seed: int, first: int = 0) -> tuple[int, ...]:
     """Deterministic labels for unlabelled images (the victim needs labels for its loss).
 
-    Labels are drawn uniformly from a seeded generator, which mirrors a typical private batch.
-    When the batch fits in the classes they are drawn without replacement, so every image has
-    its own class (as in the usual gradient-inversion benchmark batches).
+    Every image's class is drawn uniformly and independently (with replacement) from a
+    generator seeded by ``seed``, and kept by the image's place in its set: the images at
+    places ``first`` .. ``first + count - 1`` get the draws of those places, so an image has
+    one label whichever batch holds it and the batches of a sample are independent draws.
+    Not without replacement: B distinct labels would meet any B distinct classes a label
+    rule guesses (``attacks.labels.distinct_labels``) in at least 2B - C of them whatever
+    the update says, and the same label in every update of a sample would make their
+    agreement one fact, not N. Independent uniform draws are class-symmetric, which the
+    label test needs (``metrics.risk.label_test``); as in a client's batch drawn from a
+    class-balanced set, classes may repeat.
     """
     if count < 0:
         raise AuditInputError(f"cannot assign labels to {count} images; expected a count >= 0")
     if num_classes < 1:
         raise AuditInputError(f"the model has {num_classes} classes; expected at least 1")
-    rng = np.random.default_rng(seed)
-    if count <= num_classes:
-        drawn = rng.choice(num_classes, size=count, replace=False)
-    else:
-        drawn = rng.integers(0, num_classes, size=count)
-    return tuple(int(v) for v in drawn)
+    if first < 0:
+        raise AuditInputError(f"the first image's place is {first}; expected >= 0")
+    drawn = np.random.default_rng(seed).integers(0, num_classes, size=first + count)
+    return tuple(int(v) for v in drawn[first:])

@@ -120,3 +120,27 @@ def to_model_batch(
             pixels = (pixels @ LUMA)[..., None]
         batch[i] = pixels.transpose(2, 0, 1)
     return normalization.normalize(torch.from_numpy(batch))
+
+
+def content_hashes(
+    images: Sequence[np.ndarray], height: int, width: int, *, cached: bool = True
+) -> tuple[str, ...]:
+    """Each image's content as the model takes it: SHA-256 of its 8-bit pixels centre-cropped
+    and resized to ``height`` x ``width`` (:func:`to_model_batch`'s own crop and resize),
+    with their shape; an RGB image whose three channels are equal hashes as grey. So the same
+    photographs hash alike whatever carried them (a sample set, a folder, an upload, another
+    file name or lossless format, or files already cropped and resized the same way), while
+    any changed pixel (a lossy re-encoding, another resize) gives another hash. ``cached``:
+    keep the resized pixels for :func:`to_model_batch` (false for a set read only here)."""
+    hashes = []
+    for image in images:
+        arr = np.asarray(image)
+        arr = arr[..., None] if arr.ndim == 2 else arr
+        resized = _RESIZED.resized(arr, height, width) if cached else _resize(arr, height, width)
+        pixels = np.ascontiguousarray(resized)
+        if pixels.shape[2] == 3 and (pixels == pixels[..., :1]).all():
+            pixels = np.ascontiguousarray(pixels[..., :1])
+        digest = hashlib.sha256(str(pixels.shape).encode())
+        digest.update(memoryview(pixels).cast("B"))
+        hashes.append(digest.hexdigest())
+    return tuple(hashes)

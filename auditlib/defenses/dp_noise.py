@@ -35,6 +35,7 @@ rounds). Opacus has no Laplace accountant; this closed form is the textbook one.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -95,14 +96,17 @@ def _check_sampling(sample_rate: float, trusted_sampler: bool) -> None:
 
 
 def _known_noise(
-    name: str, noise: Likelihood, scale: float, clip: float | None, order: float
+    name: str, noise: Likelihood, scale: float, clip: float | None, order: float, std: float
 ) -> KnownDefense:
     """The adaptive attacker of a noise defense: the same clip on its candidate, and the
-    Bayes-optimal objective, the noise's negative log-likelihood plus the image prior
-    weighed in the same nats (``auditlib.likelihoods``); at scale 0 there is no noise to
-    weigh (the clip alone, or nothing)."""
+    posterior-mode objective, the noise's negative log-likelihood plus a fixed
+    total-variation image prior weighed in the same nats (``auditlib.likelihoods``); at scale 0 there is no noise to
+    weigh (the clip alone, or nothing). ``std``: the noise's standard deviation per entry.
+    A norm clip of either order multiplies the whole update by one positive number
+    (``rescales``)."""
     norm = "L2" if order == 2.0 else "L1"
     clipped = clip is not None
+    clip_norm = clip if order == 2.0 else None
     if scale == 0:
         return KnownDefense(
             name,
@@ -113,6 +117,8 @@ def _known_noise(
                 else ""
             ),
             transform=None if clip is None else lambda update: clip_update(update, clip, order),
+            rescales=clipped,
+            clip_norm=clip_norm,
         )
     return KnownDefense(
         name,
@@ -121,10 +127,15 @@ def _known_noise(
         + ": "
         + ("clips its candidate's update the same way and " if clipped else "")
         + "minimises the noise's negative log-likelihood plus the image prior weighed by the "
-        "known scale (the Bayes-optimal attacker); one release per audit, so independent "
+        "known scale (the posterior mode under a fixed total-variation image prior, "
+        "Balunovic et al.'s Bayesian attacker: not Bayes-optimal, as that prior is not the "
+        "images' true distribution); one release per audit, so independent "
         "draws from several rounds are not averaged",
         transform=None if clip is None else lambda update: clip_update(update, clip, order),
+        rescales=clipped,
         noise=noise,
+        entry_noise_std=std,
+        clip_norm=clip_norm,
     )
 
 
@@ -184,7 +195,9 @@ class GaussianNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        return _known_noise("dp-gaussian", GaussianLikelihood(c.sigma), c.sigma, c.clip, 2.0)
+        return _known_noise(
+            "dp-gaussian", GaussianLikelihood(c.sigma), c.sigma, c.clip, 2.0, c.sigma
+        )
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config
@@ -257,7 +270,9 @@ class LaplaceNoise:
 
     def known_to_attacker(self, observation, weights):
         c = self.config
-        return _known_noise("dp-laplace", LaplaceLikelihood(c.scale), c.scale, c.clip, 1.0)
+        # Laplace(0, b) has standard deviation b sqrt(2).
+        std = c.scale * math.sqrt(2)
+        return _known_noise("dp-laplace", LaplaceLikelihood(c.scale), c.scale, c.clip, 1.0, std)
 
     def privacy_report(self) -> dict[str, Any]:
         c = self.config

@@ -2,10 +2,13 @@
 
 "Every applicable attack" (attack name ``all``) runs each registered attack at its audit
 preset, one after another, sharing the run's time budget: each attack gets an equal share
-of what is left when it starts (so time an attack does not use passes on). An attack that
+of what is left when it starts among the attacks from it on that will run (so time an
+attack does not use passes on, and one that will be skipped takes none). An attack that
 does not apply to the scenario (its declared requirement, or the attack's own refusal when
 it starts) is listed with its reason. The scores then take, per image, the best of the
-attacks' own picks (:func:`worst_case`): the auditor's view, chosen with the private images.
+attacks' own picks (:func:`worst_case`): the auditor's view, chosen with the private images
+(under the malicious server, whose attacks each send a model of their own, the best single
+server's pick instead: ``engine.judging``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ BUDGET_SPENT = "the run's time budget was spent"
 AUDITOR_VIEW = (
     "per image, the best of the attacks' own picks (each chosen by its attack's own loss), "
     "chosen with the private images: the auditor's view, not an attacker's pick; an image "
-    "counts as recovered when any attack's own pick recovered it"
+    "counts as recovered when any attack's own pick recovered it, and as showing nothing "
+    "only when every attack's own pick showed nothing"
 )
 
 
@@ -156,8 +160,9 @@ def run_attacks(
     offset = 0
     finals: dict[str, Reconstruction] = {}  # each plain attack's result, for its twin
     spent = {False: 0.0, True: 0.0}  # seconds used by the plain attacks and by the twins
+    late: dict[bool, list[float]] = {False: [], True: []}  # seconds run past a share
     for index, attack in enumerate(planned):
-        call = attack_call(index, planned, release_for, control, seed, finals, spent)
+        call = attack_call(index, planned, release_for, control, seed, finals, spent, late)
         if isinstance(call, AttackRun):  # skipped, or a twin that is its plain attack undone
             outcomes.append(call)
             continue
@@ -186,7 +191,11 @@ def run_attacks(
             spent[attack.adaptive] += time.perf_counter() - began
         final = settled(call, final, finals)
         offset += final.steps if final is not None else 0
-        outcomes.append(AttackRun(attack, final, None, time.perf_counter() - began))
+        seconds = time.perf_counter() - began
+        share = call.control.max_seconds
+        if share is not None and final is not None and final.stop_reason == "time budget":
+            late[attack.adaptive].append(max(seconds - share, 0.0))
+        outcomes.append(AttackRun(attack, final, None, seconds))
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,32 +231,26 @@ def attack_call(
     seed: int,
     finals: dict[str, Reconstruction],
     spent: dict[bool, float],
+    late: dict[bool, list[float]] | None = None,
 ) -> AttackCall | AttackRun:
     """What :func:`run_attacks` runs for ``planned[index]``: the call, or the attack's
     outcome without a run (it does not apply, the budget was spent, or a twin that is its
     plain attack's result undone). ``finals``: the plain attacks' results so far; ``spent``:
-    the seconds the plain attacks and the twins have used."""
+    the seconds the plain attacks and the twins have used; ``late``: the seconds each
+    attack of either pool cut by its share ran past it."""
     attack = planned[index]
     try:
-        release = release_for(attack)
+        observation, knowledge, info, reason, reuses_plain = _readied(
+            attack, len(planned) > 1, release_for
+        )
     except AuditInputError as exc:  # the server could not build its model for this batch
         if len(planned) == 1:
             raise
         return AttackRun(attack, None, str(exc), 0.0)
-    observation = release.observation
-    knowledge = release.knowledge
-    if attack.adaptive:
-        knowledge = replace(knowledge, defense=release.known_defense)
-    info = ATTACKS[attack.name]
-    reason = info.why_not_applicable(observation, knowledge) if len(planned) > 1 else None
-    if reason is None and attack.adaptive:
-        reason = info.why_not_adaptive(knowledge.defense)
-        if reason is None and info.twin_adds_nothing(knowledge.defense, attack.config):
-            reason = TWIN_SAME_AS_PLAIN
     if reason is not None or control.is_cancelled():
         return AttackRun(attack, None, reason or "the run was cancelled first", 0.0)
     plain = finals.get(attack.name)
-    if attack.adaptive and knowledge.defense.needs() & info.adapts == {"postprocess"}:
+    if reuses_plain:
         # Knowing the defense changes only what is done with the images afterwards
         # (Shadow's): the twin is the plain attack's own result, undone, not a rerun.
         if plain is None:
@@ -259,18 +262,78 @@ def attack_call(
         # The plain attacks share the budget as they do in the undefended control run
         # (the same attack at the same budget, which the verdict compares with); the
         # adaptive twins share a budget of their own, so a twin never takes its plain
-        # attack's time. A defended run may take up to twice the budget.
+        # attack's time. A defended run may take up to twice the budget. What is left is
+        # divided among the attacks of the pool that will run (this one and those after
+        # it that apply): time an attack leaves unused passes to those after it, and an
+        # attack that will be skipped takes no share.
         pool = spent[attack.adaptive]
         left = control.max_seconds - pool
         if left <= 0:
             return AttackRun(attack, None, BUDGET_SPENT, 0.0)
-        still = sum(1 for p in planned[index:] if p.adaptive == attack.adaptive)
-        share = left / still
+        runs = runs_ahead(index, planned, release_for)
+        share = left / runs
+        overran = [] if late is None else late[attack.adaptive]
+        if runs == 1 and overran:
+            # The clock stops an attack between evaluations and its starts are scored
+            # after: it runs past its share. Past the last attack's the run would overrun
+            # its budget, so the last holds back what those before it ran past theirs on
+            # average (at most half of what is left).
+            share = left - min(sum(overran) / len(overran), left / 2)
     # One seed per attack name, so an attack and its adaptive twin start alike.
     single = len({p.name for p in planned}) == 1
     seed_of_attack = seed if single else derive_seed(seed, attack.name)
     sub = replace(control, max_seconds=share)
     return AttackCall(attack, info, observation, knowledge, sub, seed_of_attack)
+
+
+def _readied(
+    attack: PlannedAttack, several: bool, release_for: Callable[[PlannedAttack], Release]
+) -> tuple[Any, AttackerKnowledge, Any, str | None, bool]:
+    """What ``attack`` runs on (observation, knowledge, its ``AttackInfo``), why it will
+    not run (None: it will), and whether it is a twin that reuses its plain attack's result
+    (no run of its own). Cheap once the release is made (``release_for`` makes each once);
+    raises ``AuditInputError`` where the server could not build its model."""
+    release = release_for(attack)
+    observation = release.observation
+    knowledge = release.knowledge
+    if attack.adaptive:
+        knowledge = replace(knowledge, defense=release.known_defense)
+    info = ATTACKS[attack.name]
+    reason = info.why_not_applicable(observation, knowledge) if several else None
+    if reason is None and attack.adaptive:
+        reason = info.why_not_adaptive(knowledge.defense)
+        if reason is None and info.twin_adds_nothing(knowledge.defense, attack.config):
+            reason = TWIN_SAME_AS_PLAIN
+    reuses_plain = (
+        reason is None
+        and attack.adaptive
+        and knowledge.defense.needs() & info.adapts == {"postprocess"}
+    )
+    return observation, knowledge, info, reason, reuses_plain
+
+
+def runs_ahead(
+    index: int, planned: list[PlannedAttack], release_for: Callable[[PlannedAttack], Release]
+) -> int:
+    """How many attacks of ``planned[index]``'s pool (plain attacks, or twins) will run from
+    it on: it, and each later one that applies and runs on its own (a twin that reuses its
+    plain attack's result takes no time). A malicious server's attack is counted without
+    building its model ahead of its turn (a model never sent is never built); it is one
+    closed-form pass."""
+    attack = planned[index]
+    count = 1
+    for later in planned[index + 1 :]:
+        if later.adaptive != attack.adaptive:
+            continue
+        if ATTACKS[later.name].builds is not None:
+            count += 1
+            continue
+        try:
+            reason, reuses_plain = _readied(later, True, release_for)[3:]
+        except AuditInputError:
+            continue
+        count += reason is None and not reuses_plain
+    return count
 
 
 def settled(
@@ -307,17 +370,23 @@ def worst_case(
     order (to be scored with the identity matching: ``metrics.evaluate``'s
     ``matched_already``), with the attack each of its images came from.
 
-    ``per_image[k]`` is run k's matched per-image scores of its own pick. Per image, among
-    the attacks whose pick is recovered beyond the guess (``beyond_guess``), the one with
-    the highest PSNR; where none is, the highest PSNR. So an image any attack recovered,
-    in pixels or in structure, stays recovered, and the combination counts at least as many
-    images as the best single attack. The choice uses the private images: the auditor's
-    view (``AUDITOR_VIEW``), not an attacker's pick.
+    ``per_image[k]`` is run k's matched per-image scores of its own pick. Per image, the
+    most telling pick: among the attacks whose pick is recovered beyond the guess
+    (``beyond_guess``), the one with the highest PSNR; where none is, among those whose pick
+    sits between the guess and the recovered line (not ``nothing_shown``), the highest PSNR;
+    where every pick shows nothing, the highest PSNR. So an image any attack recovered, in
+    pixels or in structure, stays recovered (the combination counts at least as many images
+    as the best single attack), and an image is held only where every attack's pick, each
+    twin's included, is: a twin between the lines is never hidden behind a plain pick with a
+    higher PSNR that shows nothing. The choice uses the private images: the auditor's view
+    (``AUDITOR_VIEW``), not an attacker's pick.
     """
     images, labels, sources = [], [], []
     for i in range(len(per_image[0])):
-        recovered = [k for k in range(len(runs)) if per_image[k][i].beyond_guess]
-        k = max(recovered or range(len(runs)), key=lambda k: per_image[k][i].psnr)
+        runs_at = range(len(runs))
+        recovered = [k for k in runs_at if per_image[k][i].beyond_guess]
+        between = [k for k in runs_at if not per_image[k][i].nothing_shown]
+        k = max(recovered or between or runs_at, key=lambda k: per_image[k][i].psnr)
         selected = runs[k].final.selected
         j = per_image[k][i].reconstruction_index
         images.append(selected.images[j])

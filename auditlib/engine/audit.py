@@ -323,7 +323,7 @@ def finish_run(
         ),
         twins=twins,
         twins_words=twins_words,
-        refused=release.refused,
+        refused=_refused(rounds, ran),
     )
     if batch is None:
         judged = unscored_runs(ran, scope, stop_reason, victim.normalization)
@@ -412,6 +412,18 @@ def _first_release(rounds: Rounds, planned: list[AttackRun]):
                 raise
             refusals.append(f"{attack.name}: {exc}")
     raise AuditInputError("no attack's model could be built: " + "; ".join(refusals))
+
+
+def _refused(rounds: Rounds, ran: list[AttackRun]) -> str:
+    """Why the client refused the model of every attack that ran (its model check), in
+    words; "" where it trained on the model of any: then what that model's update gave is
+    what the verdict reads. Each attack's release was made before it ran (cached)."""
+    reasons = {r.planned.name: rounds.for_attack(r.planned).refused for r in ran}
+    if not reasons or not all(reasons.values()):
+        return ""
+    if len(set(reasons.values())) == 1:
+        return next(iter(reasons.values()))
+    return "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
 
 
 def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:

@@ -1,8 +1,10 @@
 """A run's attacks judged: their picks scored against the private batch (with several
-attacks, per image the best of their own picks: the auditor's view) and the verdict on
-them; or, with no private images to compare with (an observed update audited without the
-client's images), each attack's pick as it made it, its own losses, and the verdict that
-says the run could not be scored, never a figure in its place.
+attacks, per image the best of their own picks: the auditor's view; under the malicious
+server, whose attacks each send a model of their own, the best single server's pick) and
+the verdict on them, "held" asked of every attack's pick and every start; or, with no
+private images to compare with (an observed update audited without the client's images),
+each attack's pick as it made it, its own losses, and the verdict that says the run could
+not be scored, never a figure in its place.
 """
 
 from __future__ import annotations
@@ -12,16 +14,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from auditlib.attacks import Reconstruction
+from auditlib.attacks.labels import idlg_exact
 from auditlib.engine.attack_phase import AUDITOR_VIEW, AttackRun, PlannedAttack, worst_case
 from auditlib.engine.releases import client_of_image
 from auditlib.engine.victim import NO_PRIVATE_IMAGES, Victim
-from auditlib.metrics import evaluate, to_unit_range
-from auditlib.metrics.risk import labels_beyond_chance
+from auditlib.errors import AuditInputError
+from auditlib.metrics import evaluate, score, to_unit_range
+from auditlib.metrics.baseline import score_guesses
+from auditlib.metrics.risk import LabelEvidence, label_test
 from auditlib.metrics.scores import Evaluation, ImageScore, Scores
 from auditlib.metrics.verdict import Finding, Scope, Verdict, judge, unscored
 from auditlib.result import AttackRecord
+from auditlib.server.bins import PUBLIC_PRIORS, public_images
 from auditlib.spec import RunSpec
 from auditlib.threat import PrivateBatch
 
@@ -57,16 +64,34 @@ def scored(
     score_args = {
         "prior": victim.prior,
         "prior_unavailable_reason": victim.prior_unavailable_reason,
+        "public_means": public_means(spec, planned, tuple(batch.images.shape[1:])),
     }
     per_attack: list[Evaluation] = []
+    one_server = ""  # the best single server, under the malicious server with several attacks
     if len(planned) == 1:
         final = ran[0].final
         scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
         selected_scores = scores.attacker_selected
-    else:  # per image, the best of the attacks' own picks: the auditor's view
+    else:
         for run in ran:
             per_attack.append(evaluate(run.final, truth, victim.normalization, (), **score_args))
-        picks = [e.attacker_selected.per_image for e in per_attack]
+    picks = [e.attacker_selected.per_image for e in per_attack]
+    if len(ran) > 1 and spec.scenario.server == "malicious":
+        # One server, one model: a server sends one model a round, so the finding is the
+        # best single server's own pick, never a per-image union of several servers' models.
+        best = _best_server(per_attack)
+        one_server = ran[best].label
+        final = ran[best].final
+        scores = evaluate(final, truth, victim.normalization, lpips_nets, **score_args)
+        selected_scores = replace(
+            scores.attacker_selected,
+            per_image=tuple(
+                replace(image, attack=ran[best].label)
+                for image in scores.attacker_selected.per_image
+            ),
+            view=one_server_view(ran[best].label, picks),
+        )
+    elif len(planned) > 1:  # per image, the best of the attacks' own picks: the auditor's view
         combined, sources = worst_case(ran, picks)
         final = Reconstruction((combined,), stop_reason, sum(r.final.steps for r in ran))
         # Already paired with the originals: the identity matching keeps each image's scores
@@ -88,13 +113,20 @@ def scored(
     reconstruction = to_unit_range(selected.images, victim.normalization)[order]
 
     assert selected_scores.risk is not None  # scored now: the risk is always there
+    defended = spec.defense.name != "none"
+    held = _held_everywhere(
+        ran, picks or [selected_scores.per_image], truth, victim, defended, score_args
+    )
     finding = Finding.from_scores(
         selected_scores.risk,
         stop_reason,
         scope.steps,
         sum(p.planned_steps for p in planned),
-        labels=_labels_found(spec, [selected_scores, *(e.attacker_selected for e in per_attack)]),
+        labels=_labels_found(
+            spec, [selected_scores, *(e.attacker_selected for e in per_attack)], ran
+        ),
     )
+    finding = replace(finding, images_held=held, one_server=one_server)
     owners = client_of_image(batch, spec.scenario.clients)
     return Judged(
         metrics=selected_scores,
@@ -104,7 +136,7 @@ def scored(
             attack_record(r, s, _attributed(r, s or scores, owners))
             for r, s in zip(ran, per_attack or [None], strict=False)
         ),
-        verdict=judge(finding, scope, defended=spec.defense.name != "none"),
+        verdict=judge(finding, scope, defended=defended),
         label_inference=dict(final.label_inference or {}),
         reconstruction=reconstruction,
     )
@@ -141,6 +173,98 @@ def _attributed(run: AttackRun, scored: Evaluation | None, owners: tuple[int, ..
     )
 
 
+def public_means(
+    spec: RunSpec, planned: list[PlannedAttack], shape: tuple[int, int, int]
+) -> dict[str, np.ndarray]:
+    """The mean image (H x W x C in [0, 1]) of each public set the run's server holds (a
+    malicious server's bins prior or calibration set, ``prior`` or ``calibrate_on`` of its
+    attacks), a guess without the update for any images, uploaded ones included; a set
+    refused as the audited images' own is no public data and gives none."""
+    audited = spec.data.location if spec.data.source == "samples" else None
+    sources = dict.fromkeys(
+        value
+        for p in planned
+        for value in (getattr(p.config, "prior", None), getattr(p.config, "calibrate_on", None))
+        if isinstance(value, str) and value in PUBLIC_PRIORS
+    )
+    out = {}
+    for source in sources:
+        try:
+            images = public_images(source, shape, audited)
+        except AuditInputError:  # the audited set itself: the server does not hold it
+            continue
+        out[source] = images.mean(dim=0).permute(1, 2, 0).to(torch.float64).numpy()
+    return out
+
+
+# How the scores shown were chosen under the malicious server with several attacks
+# (``Scores.view``): one server's model, never several servers' per image.
+ONE_SERVER = "one server's model"
+
+
+def _best_server(evaluations: list[Evaluation]) -> int:
+    """The server (attack) whose own pick recovered the most images (tie: the higher mean
+    PSNR): what one server, which sends one model a round, achieves at best."""
+
+    def key(k: int) -> tuple[int, float]:
+        own = evaluations[k].attacker_selected
+        recovered = own.risk.images_recovered if own.risk is not None else 0
+        return recovered, own.psnr_mean
+
+    return max(range(len(evaluations)), key=key)
+
+
+def one_server_view(label: str, picks: list[tuple[ImageScore, ...]]) -> str:
+    """``Scores.view`` of the best single server's pick, with the per-image union of every
+    server's pick beside it, labelled as what it is: several servers' models."""
+    batch = len(picks[0])
+    union = sum(1 for i in range(batch) if any(p[i].beyond_guess for p in picks))
+    return (
+        f"{ONE_SERVER}: the own pick of {label}, the server of the {len(picks)} that "
+        "recovered the most images (tie: the higher mean PSNR); a server sends one model a "
+        f"round, so no image is taken from another server's model (per image over the "
+        f"{len(picks)} servers' models, {union} of {batch} would count: several servers' "
+        "models, which no single server achieves)"
+    )
+
+
+def _held_everywhere(
+    ran: list[AttackRun],
+    picks: list[tuple[ImageScore, ...]],
+    truth: PrivateBatch,
+    victim: Victim,
+    defended: bool,
+    score_args: dict[str, Any],
+) -> int:
+    """Images below the guess by the held margins (``nothing_shown``) on every attack's own
+    pick, each twin's included, and, where that is every image of a defended run (where
+    "held" can decide the verdict), on every start's candidate of every attack as well: the
+    auditor sees them all (the oracle best among them), and one start between the guess
+    and the recovered line is not "nothing shown". Scored without LPIPS; matched per
+    candidate as its attack's pick is."""
+    held = [all(bool(p[i].nothing_shown) for p in picks) for i in range(len(picks[0]))]
+    if not defended or not all(held):
+        return sum(held)
+    originals = to_unit_range(truth.images, victim.normalization)
+    guesses = score_guesses(originals, victim.prior, score_args["public_means"])
+    for run in ran:
+        chosen = run.final.selected
+        for candidate in run.final.candidates:
+            if candidate is chosen:
+                continue
+            other = score(
+                candidate.images,
+                None,
+                truth,
+                victim.normalization,
+                (),
+                prior=victim.prior,
+                guess_scores=guesses,
+            )
+            held = [h and bool(p.nothing_shown) for h, p in zip(held, other.per_image, strict=True)]
+    return sum(held)
+
+
 def _check_carried_over(
     combined: Scores, picks: list[tuple[ImageScore, ...]], labels: list[str]
 ) -> None:
@@ -148,25 +272,55 @@ def _check_carried_over(
     from: the count of images recovered can only be the union's."""
     for i, image in enumerate(combined.per_image):
         own = picks[labels.index(image.attack or "")][i]
-        if image.beyond_guess != own.beyond_guess or abs(image.psnr - own.psnr) > 1e-6:
+        if (
+            image.beyond_guess != own.beyond_guess
+            or image.nothing_shown != own.nothing_shown
+            or abs(image.psnr - own.psnr) > 1e-6
+        ):
             raise AssertionError(
                 f"the combined scores of {image.name} differ from {image.attack}'s own pick"
             )
 
 
-def _labels_found(spec: RunSpec, scored: list[Scores]) -> tuple[int, float, bool] | None:
-    """Labels the attacker did not know: the most any attack's own pick (or the combination)
-    got right, the chance of one (1/classes), and whether that is beyond chance
-    (``metrics.risk.labels_beyond_chance``); None where labels were known or none came back."""
+def _labels_found(
+    spec: RunSpec, scored: list[Scores], ran: list[AttackRun]
+) -> LabelEvidence | None:
+    """What the labels the attacker did not know show; None where labels were known or
+    none came back. A label read by iDLG's rule where it is exact by construction
+    (``attacks.labels.idlg_exact``) and right is a finding without a test; otherwise every
+    attack's own pick and the combination are tested together against the labels relabelled
+    at random (``metrics.risk.label_test``: the best of them against the best of them)."""
     if spec.scenario.labels_known:
         return None
-    accuracies = [s.label_accuracy for s in scored if s.label_accuracy is not None]
-    if not accuracies:
+    guesses = [s for s in scored if s.recovered_labels is not None]
+    if not guesses:
         return None
-    batch = len(scored[0].per_image)
-    correct = max(round(a * batch) for a in accuracies)
+    truth = [p.true_label for p in scored[0].per_image]
     classes = spec.model.spec.num_classes
-    return correct, 1.0 / classes, labels_beyond_chance(correct, batch, classes)
+    not_exact = ""
+    for run in ran:
+        record = run.final.label_inference if run.final is not None else None
+        if not record or "unambiguous" not in record:
+            continue
+        protocol = spec.scenario.protocol
+        exact, words = idlg_exact(
+            record,
+            classes=classes,
+            steps=protocol.steps_for(len(truth)),
+            optimizer=protocol.optimizer,
+            weight_decay=protocol.weight_decay,
+            defense=spec.defense.name,
+            defense_params=dict(spec.defense.params),
+            honest_server=spec.scenario.server == "honest",
+            observed=spec.scenario.observed is not None,
+        )
+        if exact and len(truth) == 1 and record.get("label") == truth[0]:
+            return LabelEvidence(1, classes, True, None, f"{run.label}: {words}")
+        not_exact = not_exact or f"; {words}"
+    test = label_test([[[int(v) for v in s.recovered_labels]] for s in guesses], [truth], classes)
+    return LabelEvidence(
+        test.correct, classes, test.beyond_chance, test.p_value, test.words() + not_exact
+    )
 
 
 def attack_record(

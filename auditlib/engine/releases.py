@@ -23,8 +23,9 @@ from auditlib.fl.scenario import Release, release_aggregate, release_update
 from auditlib.observed import ObservedBundle
 from auditlib.seeds import derive_seed
 from auditlib.server import BuildContext, ServerModification
+from auditlib.server.bins import AuditedPixels
 from auditlib.spec import RunSpec, check_clients
-from auditlib.threat import AttackerKnowledge, Observation, PrivateBatch
+from auditlib.threat import AttackerKnowledge, KnownDefense, Observation, PrivateBatch
 
 
 def client_batches(batch: PrivateBatch, clients: int) -> tuple[PrivateBatch, ...]:
@@ -60,16 +61,32 @@ class Rounds:
             return self._release("honest", None)
         refuse_without_its_server(info, self.spec.scenario.server)
         key = f"{attack.name}:{sorted(attack.settings.items())}"
+        name, known = attack.name, None
+        if attack.adaptive:
+            # The twin's server knows the defense and builds its model for it; where it has
+            # no twin, or its twin is the plain attack, the plain release serves (the attack
+            # phase then says why).
+            plain = self.for_attack(replace(attack, adaptive=False))
+            known = plain.known_defense
+            if (
+                known is None
+                or info.why_not_adaptive(known) is not None
+                or info.twin_adds_nothing(known, attack.config)
+            ):
+                return plain
+            key, name = f"{key}:knows the defense", f"{attack.name} (knows the defense)"
         if key not in self._made:
-            modification = info.builds(attack.config, self._context())
-            self.modifications[attack.name] = modification
+            modification = info.builds(attack.config, self._context(known))
+            self.modifications[name] = modification
             release = self._release(key, modification)
             self._made[key] = replace(
                 release, knowledge=replace(release.knowledge, server=modification)
             )
         return self._made[key]
 
-    def _context(self) -> BuildContext:
+    def _context(self, known: KnownDefense | None = None) -> BuildContext:
+        """What the server knows when it builds its model; ``known``: the client's defense,
+        for a server that knows it."""
         scenario = self.spec.scenario
         images = self.victim.batch.images
         clients = scenario.clients
@@ -81,10 +98,14 @@ class Rounds:
             clients=clients,
             normalization=self.victim.normalization,
             audited_source=data.location if data.source == "samples" else None,
+            audited_pixels=AuditedPixels(*images.shape[2:], self.victim.image_hashes),
             seed=derive_seed(self.spec.seed, "server"),
             local_lr=None
             if scenario.protocol.algorithm == "fedsgd"
             else scenario.protocol.local_lr,
+            noise_std=None if known is None else known.entry_noise_std,
+            clip_norm=None if known is None else known.clip_norm,
+            training=scenario.protocol.batchnorm_mode == "train",
         )
 
     def _release(self, key: str, modification: ServerModification | None) -> Release:

@@ -4,7 +4,8 @@
 spec's offset (update u holds images offset + u*B .. offset + (u+1)*B - 1); each update is
 then audited as one run is (its control first where it has a defense) and judged on its
 own, and ``metrics.sample.SampleVerdict`` counts what they found: the share of images
-recovered with its 95 % interval, per update its figures, and the worst case.
+recovered with its 95 % interval, per update its figures, the worst case, and the labels
+recovered over all the updates (k of N x B, the same interval, one test).
 """
 
 from __future__ import annotations

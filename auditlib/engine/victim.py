@@ -25,6 +25,7 @@ from auditlib.data import (
     Normalization,
     assign_labels,
     check_labels_fit,
+    content_hashes,
     load_image_folder,
     load_sample_set,
     load_zip,
@@ -60,6 +61,9 @@ class Victim:
     prior_unavailable_reason: str | None = None
     # The update a client sent, where the run audits one (``ScenarioSpec.observed``).
     observed: ObservedBundle | None = None
+    # The private images' content hashes at the model's input size (``content_hashes``): a
+    # public set holding any of them is refused as the server's prior.
+    image_hashes: frozenset[str] = frozenset()
 
 
 def _sha256_arrays(images: LabelledImages, labels: tuple[int, ...]) -> str:
@@ -106,7 +110,9 @@ def _load_images(
             f"unknown data source {data.source!r}; expected folder, samples or asset"
         )
     if picked.labels is None:
-        labels = assign_labels(len(picked.images), num_classes, derive_seed(spec.seed, "labels"))
+        labels = assign_labels(
+            len(picked.images), num_classes, derive_seed(spec.seed, "labels"), first=data.offset
+        )
         source = "assigned (no labels given; seeded draw)"
     else:
         labels = picked.labels
@@ -186,7 +192,7 @@ def prepare_victim(
     model_spec = spec.model.spec
     model = build_audited_model(spec, allow_trusted_archive=allow_trusted_archive, assets=assets)
     normalization = Normalization.parse(spec.data.normalization, model_spec.input_shape[0])
-    batch, records, prior, prior_reason = _private_batch(spec, normalization, assets)
+    batch, records, prior, prior_reason, hashes = _private_batch(spec, normalization, assets)
     if spec.scenario.pretrain_rounds > 0:
         training = FederatedTraining(rounds=spec.scenario.pretrain_rounds)
         pool, pool_labels = pretraining_pool(
@@ -208,16 +214,22 @@ def prepare_victim(
             "local": training.protocol.as_dict(),
             "loss_per_round": losses,
         }
-    return _on_device(model, batch, normalization, records, prior, prior_reason, device)
+    return _on_device(
+        model, batch, normalization, records, prior, prior_reason, device, image_hashes=hashes
+    )
 
 
 def _private_batch(
     spec: RunSpec, normalization: Normalization, assets: Mapping[str, bytes] | None
-) -> tuple[PrivateBatch, dict[str, Any], np.ndarray | None, str | None]:
-    """The private batch (on the CPU), the records of its data, and the data's prior."""
+) -> tuple[PrivateBatch, dict[str, Any], np.ndarray | None, str | None, frozenset[str]]:
+    """The private batch (on the CPU), the records of its data, the data's prior, and the
+    private images' content hashes."""
     model_spec = spec.model.spec
     images, labels, label_source, pool = _load_images(spec, model_spec.num_classes, assets)
     batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
+    height, width = model_spec.input_shape[1:]
+    hashes = frozenset(content_hashes(images.images, height, width))
+    pool, repeats = _without_audited(pool, hashes, height, width)
     prior, prior_reason = data_prior(pool, len(images.images), spec, normalization)
     records: dict[str, Any] = {
         "data": {
@@ -229,7 +241,8 @@ def _private_batch(
             "content_sha256": _sha256_arrays(images, labels),
             "normalization": normalization.as_dict(),
             "rdlv_prior": prior_reason
-            or f"mean of {len(pool)} images of the data source outside the audited batch",
+            or f"mean of {len(pool)} images of the data source outside the audited batch"
+            + (f" ({repeats} copies of audited images left out)" if repeats else ""),
         }
     }
     batch = PrivateBatch(
@@ -237,7 +250,21 @@ def _private_batch(
         labels=torch.tensor(labels, dtype=torch.long),
         names=tuple(images.names),
     )
-    return batch, records, prior, prior_reason
+    return batch, records, prior, prior_reason, hashes
+
+
+def _without_audited(
+    pool: tuple[np.ndarray, ...], audited: frozenset[str], height: int, width: int
+) -> tuple[tuple[np.ndarray, ...], int]:
+    """The prior's pool without any image whose content is an audited image's (a folder
+    that holds the same photograph twice, under two names): the prior never sees a private
+    image. Also how many were left out."""
+    kept = tuple(
+        image
+        for image, digest in zip(pool, content_hashes(pool, height, width), strict=True)
+        if digest not in audited
+    )
+    return kept, len(pool) - len(kept)
 
 
 def _on_device(
@@ -249,13 +276,15 @@ def _on_device(
     prior_reason: str | None,
     device: torch.device,
     observed: ObservedBundle | None = None,
+    *,
+    image_hashes: frozenset[str] = frozenset(),
 ) -> Victim:
     model = model.to(device)
     set_training_mode(model, False)
     if batch is not None:
         batch = PrivateBatch(batch.images.to(device), batch.labels.to(device), batch.names)
     records["model"] = {k: v for k, v in describe_model(model).items() if k != "parameters"}
-    return Victim(model, batch, normalization, records, prior, prior_reason, observed)
+    return Victim(model, batch, normalization, records, prior, prior_reason, observed, image_hashes)
 
 
 def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victim:
@@ -282,8 +311,9 @@ def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victi
     normalization = Normalization.parse(spec.data.normalization, channels)
     batch: PrivateBatch | None = None
     prior, prior_reason = None, NO_PRIVATE_IMAGES
+    hashes: frozenset[str] = frozenset()
     if spec.data.has_images:
-        batch, records, prior, prior_reason = _private_batch(spec, normalization, assets)
+        batch, records, prior, prior_reason, hashes = _private_batch(spec, normalization, assets)
         count, expected = int(batch.images.shape[0]), bundle.training.num_examples
         if count != expected:
             raise AuditInputError(
@@ -304,7 +334,17 @@ def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victi
         }
     records["observed"] = bundle.describe()
     device = resolve_device(spec.device)
-    return _on_device(model, batch, normalization, records, prior, prior_reason, device, bundle)
+    return _on_device(
+        model,
+        batch,
+        normalization,
+        records,
+        prior,
+        prior_reason,
+        device,
+        bundle,
+        image_hashes=hashes,
+    )
 
 
 def check_observed_spec(spec: RunSpec, bundle: ObservedBundle) -> None:

@@ -59,6 +59,7 @@ def release_update(
         model, server_model, private = change.client, change.server, change.private
     parameters = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
+    flagged = len(getattr(defense, "flagged", ()))  # refusals before this round's
     update, defended = defended_update(
         model,
         parameters,
@@ -104,7 +105,7 @@ def release_update(
         known_defense=known_defense(
             defense, observation, {n: p.detach() for n, p in server_model.named_parameters()}
         ),
-        refused=refusal(defense),
+        refused=refusal(defense, since=flagged),
     )
 
 
@@ -195,6 +196,7 @@ def release_aggregate(
             )
     total = sum(int(b.images.shape[0]) for b in batches)
     server_model = copy.deepcopy(model_for(0))
+    flagged = len(getattr(defense, "flagged", ()))  # refusals before this round's
     summed = undefended = None
     names: tuple[str, ...] = ()
     for k, batch in enumerate(batches):
@@ -250,15 +252,19 @@ def release_aggregate(
         defended_norm=_norm(defended_sum),
         privacy=defense.privacy_report(),
         known_defense=None,  # no adaptive attacker is offered under secure aggregation
-        refused=refusal(defense),
+        # Refused only where every client refused: else the server received the others' sum.
+        refused=refusal(defense, since=flagged)
+        if len(getattr(defense, "flagged", ())) - flagged == len(batches)
+        else "",
     )
 
 
-def refusal(defense: Defense) -> str:
+def refusal(defense: Defense, since: int = 0) -> str:
     """The last reason the client gave for refusing a model (``flagged`` of a defense that
-    ``refuses``), or "" where it refused none."""
+    ``refuses``) after its first ``since`` refusals, or "" where it refused none since: one
+    defense checks every attack's model in turn, and one model's refusal is not another's."""
     flagged = getattr(defense, "flagged", ())
-    return flagged[-1] if flagged else ""
+    return flagged[-1] if len(flagged) > since else ""
 
 
 def _accumulate(total, tensors, weight):

@@ -17,7 +17,7 @@ and the oracle best (highest mean PSNR, which needs the ground truth).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -71,12 +71,14 @@ def score(
     prior_unavailable_reason: str = "no prior image (the data's mean) was given",
     matched_already: bool = False,
     guess_scores: tuple[GuessScore, ...] | None = None,
+    public_means: Mapping[str, np.ndarray] | None = None,
 ) -> Scores:
     """``matched_already``: the candidate's image i is already paired with original i (the
     per-image union of several attacks' matched picks), so the identity matching is used
     and each image keeps the scores it had in its attack's own pick. ``guess_scores``: the
     guesses already scored against these originals with this prior (``score_guesses``;
-    they do not depend on the candidate), else scored here."""
+    they do not depend on the candidate), else scored here. ``public_means``: the mean image
+    of each public set the server holds, guesses too (``metrics.baseline.guesses``)."""
     originals = to_unit_range(truth.images, normalization)
     order, matched = _matched(candidate_images, originals, normalization, matched_already)
 
@@ -130,7 +132,7 @@ def score(
             result[f"{key}_unavailable_reason"] = reason
 
     if guess_scores is None:
-        guess_scores = score_guesses(originals, prior)
+        guess_scores = score_guesses(originals, prior, public_means)
     rdlv_reason = ssim_reason or (prior_unavailable_reason if prior is None else None)
     if rdlv_reason is None:
         # The prior's SSIM to each original is the mean-image guess's, already scored.
@@ -202,17 +204,20 @@ def evaluate(
     prior: np.ndarray | None = None,
     prior_unavailable_reason: str | None = None,
     matched_already: bool = False,
+    public_means: Mapping[str, np.ndarray] | None = None,
 ) -> Evaluation:
     """Scores of the attacker's selection and of the oracle-best candidate.
 
     ``prior`` (the data's mean image, H x W x C in [0, 1]) adds RDLV to both.
     ``matched_already``: score with the identity matching (see :func:`score`).
+    ``public_means``: the mean image of each public set the server holds (guesses too).
     """
     originals = to_unit_range(truth.images, normalization)
     prior_args: dict[str, Any] = {
         "prior": prior,
         "matched_already": matched_already,
-        "guess_scores": score_guesses(originals, prior),  # the same for every candidate
+        # The same for every candidate.
+        "guess_scores": score_guesses(originals, prior, public_means),
     }
     if prior_unavailable_reason is not None:
         prior_args["prior_unavailable_reason"] = prior_unavailable_reason

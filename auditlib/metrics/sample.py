@@ -18,16 +18,25 @@ recovered (``SampleVerdict.interval``). That is exact where an update's images c
 or none and wider than needed where they come back independently; with one image an update
 it is the images' own interval. The images' interval, as if they were independent, is kept
 beside it (``interval_if_independent``).
+
+Labels the attacker did not know are pooled the same way: k correct of the N x B labels
+(the multiset overlap label accuracy counts, per update), with the interval of the same
+definition (``updates_interval``), and tested together against the labels relabelled at
+random, one relabelling for the whole sample (``metrics.risk.label_test``), so one label an
+update, at p = 1/C alone, is reportable over N of them. An update whose label an exact rule
+read (``attacks.labels.idlg_exact``) is a finding by itself; the sample says how many.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from scipy.stats import beta
 
+from auditlib.metrics.risk import LabelTest, label_matches, label_test
 from auditlib.metrics.scores import ImageScore
 from auditlib.metrics.verdict import Verdict
 
@@ -55,6 +64,17 @@ def clopper_pearson(k: float, n: int, confidence: float = CONFIDENCE) -> tuple[f
     return low, high
 
 
+def updates_interval(
+    recovered: int, total: int, updates: int, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """Clopper-Pearson's interval of a share recovered over ``updates`` updates, each
+    counting the share of its items (images, labels) recovered: ``recovered`` of ``total``
+    read as ``recovered * updates / total`` of ``updates`` (the module's docstring says why
+    not over the items)."""
+    counted = recovered * updates / total if total else 0.0
+    return clopper_pearson(counted, updates, confidence)
+
+
 @dataclass(frozen=True)
 class UpdateOutcome:
     """One update of the sample: which images it held and what its verdict found."""
@@ -70,6 +90,13 @@ class UpdateOutcome:
     seconds: float | None = None
     worst_recovered: bool | None = None  # whether that image is beyond its best guess (None:
     # not known, a result scored before the guesses or a record from before this field)
+    # Labels the attacker did not know and recovered: the private ones and the recovered
+    # ones (the update's pick), among ``classes``; None where labels were known, none came
+    # back, or recorded before; ``label_exact``: read by a rule exact by construction.
+    true_labels: tuple[int, ...] | None = None
+    recovered_labels: tuple[int, ...] | None = None
+    classes: int | None = None
+    label_exact: bool = False
 
     @classmethod
     def of(
@@ -84,6 +111,12 @@ class UpdateOutcome:
         # a flat guess matches as the worst case, over one the attack did rebuild.
         best = max(per_image, key=lambda p: (bool(p.beyond_guess), p.psnr), default=None)
         finding = verdict.finding
+        # Labels the attacker did not know and recovered, each image's as its pick had it.
+        chance = (
+            None if finding is None or finding.labels_recovered is None else finding.label_chance
+        )
+        guessed = [p.recovered_label for p in per_image]
+        labelled = chance is not None and bool(per_image) and None not in guessed
         return cls(
             index=index,
             names=tuple(p.name for p in per_image),
@@ -95,7 +128,23 @@ class UpdateOutcome:
             worst_image=None if best is None else best.name,
             seconds=seconds,
             worst_recovered=None if best is None else best.beyond_guess,
+            true_labels=tuple(p.true_label for p in per_image) if labelled else None,
+            recovered_labels=tuple(int(v or 0) for v in guessed) if labelled else None,
+            classes=round(1.0 / chance) if labelled and chance else None,
+            # A label finding with no p-value, judged under version 3: an exact rule's.
+            label_exact=labelled
+            and finding is not None
+            and bool(finding.labels_beyond_chance)
+            and finding.label_p_value is None
+            and bool(finding.label_basis),
         )
+
+    @property
+    def labels_recovered(self) -> int | None:
+        """Correct labels, as label accuracy counts them; None without labels to count."""
+        if self.true_labels is None or self.recovered_labels is None:
+            return None
+        return label_matches(self.recovered_labels, self.true_labels)
 
     @property
     def worst_label(self) -> str:
@@ -104,11 +153,32 @@ class UpdateOutcome:
         return "Best reconstruction" if self.worst_recovered is False else "Worst case"
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "names": list(self.names)}
+        return {
+            **self.__dict__,
+            "names": list(self.names),
+            "true_labels": _listed(self.true_labels),
+            "recovered_labels": _listed(self.recovered_labels),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> UpdateOutcome:
-        return cls(**{**data, "names": tuple(data["names"])})
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(
+            **{
+                **known,
+                "names": tuple(data["names"]),
+                "true_labels": _tupled(data.get("true_labels")),
+                "recovered_labels": _tupled(data.get("recovered_labels")),
+            }
+        )
+
+
+def _listed(labels: tuple[int, ...] | None) -> list[int] | None:
+    return None if labels is None else list(labels)
+
+
+def _tupled(labels: Sequence[int] | None) -> tuple[int, ...] | None:
+    return None if labels is None else tuple(int(v) for v in labels)
 
 
 @dataclass(frozen=True)
@@ -138,9 +208,81 @@ class SampleVerdict:
     def interval(self) -> tuple[float, float]:
         """Clopper-Pearson's interval over the updates, each counting the share of its images
         recovered (the module's docstring says why not over the images)."""
-        updates = len(self.updates)
-        counted = self.images_recovered * updates / self.images if self.images else 0.0
-        return clopper_pearson(counted, updates, self.confidence)
+        return updates_interval(
+            self.images_recovered, self.images, len(self.updates), self.confidence
+        )
+
+    # --- labels ----------------------------------------------------------------------------
+
+    @property
+    def labelled(self) -> tuple[UpdateOutcome, ...]:
+        """The updates whose labels the attacker did not know and recovered."""
+        return tuple(u for u in self.updates if u.labels_recovered is not None)
+
+    @property
+    def labels(self) -> int:
+        return sum(len(u.true_labels or ()) for u in self.labelled)
+
+    @property
+    def labels_recovered(self) -> int:
+        return sum(u.labels_recovered or 0 for u in self.labelled)
+
+    @property
+    def label_interval(self) -> tuple[float, float]:
+        """The labels' share's interval, by the images' definition (``updates_interval``)."""
+        return updates_interval(
+            self.labels_recovered, self.labels, len(self.labelled), self.confidence
+        )
+
+    @cached_property  # a Monte Carlo test where not exact: computed once per verdict
+    def label_test(self) -> LabelTest | None:
+        """The pooled labels against the labels relabelled at random (one relabelling for
+        the whole sample); None without labels, or with updates of different classes."""
+        labelled = self.labelled
+        classes = {u.classes for u in labelled}
+        if not labelled or len(classes) != 1 or None in classes:
+            return None
+        return label_test(
+            [[u.recovered_labels or () for u in labelled]],
+            [u.true_labels or () for u in labelled],
+            int(classes.pop()),  # type: ignore[arg-type]
+        )
+
+    @property
+    def labels_exact(self) -> int:
+        """Updates whose label was read by a rule exact by construction, and right."""
+        return sum(1 for u in self.labelled if u.label_exact)
+
+    @property
+    def labels_leak(self) -> bool:
+        """Whether the sample's labels are a finding: pooled beyond chance, or read exactly."""
+        test = self.label_test
+        return self.labels_exact > 0 or (test is not None and test.beyond_chance)
+
+    @property
+    def label_words(self) -> str:
+        """'labels: k of n recovered (s%; 95% interval a to b over N updates), p = ...: ...';
+        '' where no update's labels were unknown to the attacker and recovered."""
+        labelled = self.labelled
+        if not labelled:
+            return ""
+        low, high = self.label_interval
+        share = self.labels_recovered / self.labels if self.labels else 0.0
+        words = (
+            f"labels: {self.labels_recovered} of {self.labels} recovered ({share:.0%}; "
+            f"{self.confidence:.0%} interval {low:.0%} to {high:.0%} over "
+            f"{len(labelled)} update{'s' if len(labelled) != 1 else ''})"
+        )
+        test = self.label_test
+        if test is not None:
+            words += f", {test.words()}"
+        if self.labels_exact:
+            words += (
+                f"; {self.labels_exact} of them read by a rule exact by construction, each a "
+                "finding without a test"
+            )
+        verdict = "the private labels leak" if self.labels_leak else "not beyond chance"
+        return f"{words}: {verdict}"
 
     @property
     def interval_if_independent(self) -> tuple[float, float]:
@@ -166,6 +308,18 @@ class SampleVerdict:
             f"{self.images_recovered} of {self.images} images recovered beyond the best guess "
             f"({self.share:.0%}; {self.confidence:.0%} interval {low:.0%} to {high:.0%}) "
             f"over {len(self.updates)} update{'s' if len(self.updates) != 1 else ''}"
+            + (f"; labels {self._label_short}" if self.labelled else "")
+        )
+
+    @property
+    def _label_short(self) -> str:
+        """'k of n recovered (s%; interval), beyond chance' for the headline."""
+        low, high = self.label_interval
+        share = self.labels_recovered / self.labels if self.labels else 0.0
+        leak = "leaked" if self.labels_leak else "not beyond chance"
+        return (
+            f"{self.labels_recovered} of {self.labels} recovered ({share:.0%}; "
+            f"{self.confidence:.0%} interval {low:.0%} to {high:.0%}), {leak}"
         )
 
     @property
@@ -192,6 +346,8 @@ class SampleVerdict:
                 f"come back together, so they are not {self.images} independent draws (taken "
                 f"as independent, {low:.0%} to {high:.0%})."
             )
+        if self.labelled:
+            words += f" {self.label_words[0].upper()}{self.label_words[1:]}."
         inconclusive = self.count("inconclusive")
         if inconclusive:
             words += (
@@ -214,8 +370,23 @@ class SampleVerdict:
             "interval_counts": "updates",
             "interval_if_independent": list(self.interval_if_independent),
             "worst": None if worst is None else worst.index,
+            **self._labels_json(),
             "headline": self.headline,
             "sentence": self.sentence,
+        }
+
+    def _labels_json(self) -> dict[str, Any]:
+        if not self.labelled:
+            return {}
+        test = self.label_test
+        return {
+            "labels": self.labels,
+            "labels_recovered": self.labels_recovered,
+            "label_interval": list(self.label_interval),
+            "label_p_value": None if test is None else test.p_value,
+            "label_test": None if test is None else test.words(),
+            "labels_exact": self.labels_exact,
+            "labels_leak": self.labels_leak,
         }
 
     @classmethod

@@ -60,6 +60,10 @@ class ImageScore:
     leakage_level: str | None = None
     attack: str | None = None  # with several attacks: the one whose image this is
     nothing_shown: bool | None = None  # below the guess by the held margins; None: before them
+    # The image's best flat images (``metrics.baseline.flat_bar``), a bar every recovered
+    # image clears; None: scored before the bar.
+    flat_psnr: float | None = None
+    flat_ssim: float | None = None
 
     def value(self, metric: str) -> float | None:
         """The per-image value of a catalogue metric ("lpips" is AlexNet's)."""

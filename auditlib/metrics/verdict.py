@@ -6,8 +6,10 @@ A verdict is a bound, never one run read alone:
   (``metrics.risk``). This holds whatever else happened: a run cut short by its budget
   that already recovered images has shown the leak.
 - **labels leak** (level "Labels"): no image came back, but the private labels the attacker
-  did not know did, beyond chance (``metrics.risk.labels_beyond_chance``). The class of a
-  private record is a disclosure.
+  did not know did, beyond the attacker's best guess without the update
+  (``metrics.risk.label_test``) or read by a rule exact by construction
+  (``attacks.labels.idlg_exact``). The class of a private record is a disclosure; the
+  verdict says beside it what is known of the images (``Verdict.images_words``).
 - **defense held** (level "Low"): under the defense every image stayed below the best guess
   by the held margins (``metrics.risk.nothing_shown``), the attacker that knows the defense
   ran (or was the plain attack already), and the same attack at the same budget broke the
@@ -17,7 +19,9 @@ A verdict is a bound, never one run read alone:
   short or every attack diverged, or it had no defense (a failed attack on an undefended
   update is no evidence of safety), or its control did not leak or is missing, or the
   reconstruction sits between the guess and the recovered line, or the defense held
-  against the plain attack only (no twin that knows the defense ran).
+  against the plain attack only (no twin that knows the defense ran). And, before any
+  figure, a client that refused the model of every attack that ran (``Scope.refused``):
+  the server received nothing, so nothing was recovered.
 - **unavailable**: the reconstructions could not be scored at all: an observed update
   audited without the client's images has nothing to compare them with (``unscored``).
   No finding is made up in its place: the verdict has none.
@@ -30,12 +34,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from auditlib.metrics.risk import HELD_RULE, LABEL_RULE, LEVEL_MEANING
+from auditlib.metrics.risk import HELD_RULE, LABEL_RULE, LEVEL_MEANING, LabelEvidence
 from auditlib.metrics.scores import Risk
 from auditlib.words import count_of
 
 # 2: held margins, the control's share, twins, diverged and budget-skipped runs, labels.
-VERDICT_VERSION = 2
+# 3: labels judged by the relabelling test or an exact rule (``Finding.label_basis``), not a
+# binomial test against 1/C; a "Labels" verdict says what is known of the images; held on
+# every attack's pick and start; one server's finding; a refused model said first.
+VERDICT_VERSION = 3
 Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive", "unavailable"]
 INCONCLUSIVE = "Inconclusive"
 UNAVAILABLE = "Unavailable"
@@ -78,15 +85,24 @@ class Finding:
     stop_reason: str  # "completed", "time budget", "cancelled", "diverged"
     steps: int
     planned_steps: int
-    # Images below the guess by the held margins (``metrics.risk.nothing_shown``); None:
-    # recorded before the margins (never "held").
+    # Images below the guess by the held margins (``metrics.risk.nothing_shown``) on every
+    # attack's own pick (each twin's included) and, where "held" decides, every start's
+    # candidate (``engine.judging``); None: recorded before the margins (never "held").
     images_held: int | None = None
     # Labels the attacker did not know: correct ones (k of batch_size), the chance of one
-    # (1/classes), and whether k is beyond chance; None where labels were known to the
+    # (1/classes), and whether k is a finding; None where labels were known to the
     # attacker, none were recovered, or recorded before labels were findings.
     labels_recovered: int | None = None
     label_chance: float | None = None
     labels_beyond_chance: bool | None = None
+    # How the labels were judged (``metrics.risk.LabelEvidence``): the relabelling test's
+    # p-value (None where an exact rule needs none) and, in words, the test or the rule;
+    # "": recorded before version 3, when k was tested against Binomial(B, 1/C).
+    label_p_value: float | None = None
+    label_basis: str = ""
+    # Under the malicious server with several attacks: the attack (one server, one model)
+    # whose own pick this finding is, the best single server; "": the run's attacks together.
+    one_server: str = ""
 
     @property
     def cut_short(self) -> bool:
@@ -105,13 +121,19 @@ class Finding:
         return self.leaked and self.images_recovered >= CONTROL_LEAK_SHARE * self.batch_size
 
     def label_words(self) -> str:
-        """'the private labels were recovered, k of B against a chance of p%', or ''."""
+        """'the private labels were recovered, k of B (how they were judged)', or ''."""
         if not self.labels_beyond_chance or self.label_chance is None:
             return ""
-        return (
-            f"the private labels were recovered, {self.labels_recovered} of {self.batch_size} "
-            f"against a chance of {100 * self.label_chance:.3g}%"
-        )
+        what = "label was" if self.batch_size == 1 else "labels were"
+        found = f"the private {what} recovered, {self.labels_recovered} of {self.batch_size}"
+        if not self.label_basis:  # recorded before version 3
+            return (
+                f"{found} against a chance of {100 * self.label_chance:.3g}% (a binomial test "
+                "against 1/C, as judged before the relabelling test)"
+            )
+        if self.label_p_value is None:  # an exact rule's: no chance to weigh it against
+            return f"{found} ({self.label_basis})"
+        return f"{found} ({self.label_basis}; a chance of {100 * self.label_chance:.3g}% each)"
 
     def figures(self) -> str:
         """'k of B images beyond the guess; mean PSNR x dB (best guess y dB)'."""
@@ -133,11 +155,10 @@ class Finding:
         steps: int,
         planned: int,
         *,
-        labels: tuple[int, float, bool] | None = None,
+        labels: LabelEvidence | None = None,
     ) -> Finding:
-        """``labels``: (correct labels, chance of one, beyond chance), where the attacker did
-        not know them and recovered some."""
-        k, chance, beyond = labels if labels is not None else (None, None, None)
+        """``labels``: what the labels show, where the attacker did not know them and
+        recovered some."""
         return cls(
             leaked=risk.images_recovered > 0,
             level=risk.level,
@@ -151,9 +172,11 @@ class Finding:
             steps=steps,
             planned_steps=planned,
             images_held=risk.images_held,
-            labels_recovered=k,
-            label_chance=chance,
-            labels_beyond_chance=beyond,
+            labels_recovered=None if labels is None else labels.correct,
+            label_chance=None if labels is None else 1.0 / labels.classes,
+            labels_beyond_chance=None if labels is None else labels.beyond_chance,
+            label_p_value=None if labels is None else labels.p_value,
+            label_basis="" if labels is None else labels.basis,
         )
 
 
@@ -307,6 +330,9 @@ class Verdict:
     control_note: str
     scope: Scope
     version: int = VERDICT_VERSION
+    # Beside a "Labels" verdict: what is known of the images (held, or why their failure
+    # shows nothing), in words; "" for other outcomes and verdicts recorded before it.
+    images_words: str = ""
 
     @property
     def is_finding(self) -> bool:
@@ -329,6 +355,7 @@ class Verdict:
             control_note=data["control_note"],
             scope=Scope.from_dict(data["scope"]),
             version=int(data.get("version", VERDICT_VERSION)),
+            images_words=data.get("images_words", ""),
         )
 
 
@@ -373,13 +400,6 @@ def _why_inconclusive(
             "defense"
         )
         return reason.split(" (")[0], reason, "raise the budget or use another attack"
-    if scope.refused:
-        headline = "the client refused the server's model, so the server received nothing"
-        reason = (
-            f"{headline} ({scope.refused}); a server that knows the check and builds a model "
-            "it passes is not offered here, so the defense is shown to stop this server only"
-        )
-        return headline, reason, "weigh the check's cost: a refused round is a client's lost update"
     if finding.images_held is None:
         reason = (
             "the run was recorded before the held margins and the attacker that knows the "
@@ -390,7 +410,8 @@ def _why_inconclusive(
         headline = "the reconstruction sits between the guess and the recovered line"
         reason = (
             f"{headline}: not recovered, yet not clearly below the best guess "
-            f"({finding.images_held} of {finding.batch_size} below it by the margins; "
+            f"({finding.images_held} of {finding.batch_size} below it by the margins on every "
+            "attack's own pick and every start the auditor sees; "
             f"{HELD_RULE}), so the defense is not shown to hold"
         )
         return headline, reason, "raise the budget or use a stronger attack"
@@ -425,9 +446,18 @@ def judge(
         else ""
     )
     versus = f" Without the defense: {control.figures()}." if defended and control else ""
+    if scope.refused:  # before any figure: what came of an update of zeros is no one's image
+        return _refused(finding, scope, control, control_note, attacks, versus)
     if finding.leaked:
         level = finding.level or "Medium"
         also = f" Besides, {labels}." if labels else ""
+        if finding.one_server:  # a server sends one model a round: the best one's finding
+            also += (
+                f" It is the best single server of {attacks} (each sends a model of its own, "
+                "one a round): images taken per image from several servers' models are no "
+                "server's finding."
+            )
+            attacks = f"{finding.one_server}'s server"
         if defended:
             headline = f"{level}: the defense did not stop {attacks}"
             sentence = (
@@ -439,19 +469,56 @@ def judge(
             sentence = f"{attacks}: {finding.figures()}; {LEVEL_MEANING[level]}.{also}{cut}"
         return Verdict("leaks", level, headline, sentence, finding, control, control_note, scope)
 
+    if labels and not finding.label_basis:
+        # Version 2's binomial test against 1/C, which B distinct guesses of B distinct
+        # labels pass by construction: re-judged, neither a label leak nor evidence of safety.
+        headline = "Inconclusive: its labels were judged by a test since found unsound"
+        sentence = (
+            f"{attacks} recovered no image beyond the best guess ({finding.figures()}); "
+            f"{labels}, a test that distinct label rules pass whatever the update says, so "
+            "whether the labels leaked is not known; run it again for a verdict under the "
+            f"present rules ({LABEL_RULE}).{versus}{cut}"
+        )
+        return Verdict(
+            "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
+        )
     if labels:
         where = f"Under {scope.defense}, " if defended else ""
+        what = "label" if finding.batch_size == 1 else "labels"
+        # Beside the labels, what is known of the images: what the verdict would say of
+        # them without the labels (held, or why nothing follows from their failure).
+        why = _why_inconclusive(finding, scope, defended, control, control_note)
+        if why is None:
+            assert control is not None
+            short = "held against these attacks"
+            images = (
+                "every image stayed below its guess by the held margins, the attacker that "
+                f"knows the defense ran ({scope.twins_words}), and the same attack broke the "
+                f"undefended update ({control.figures()}): the defense held for the images at "
+                "this budget, not for the labels"
+            )
+        else:
+            short = f"not shown safe ({why[0]})"
+            images = f"nothing is shown of them: {why[1]}; {why[2]}"
         headline = (
-            f"{LABELS_LEVEL}: {attacks} recovered the private labels "
-            f"({finding.labels_recovered} of {finding.batch_size})"
+            f"{LABELS_LEVEL}: {attacks} recovered the private {what} "
+            f"({finding.labels_recovered} of {finding.batch_size}); the images {short}"
         )
         sentence = (
             f"{where}{attacks} recovered no image beyond the best guess ({finding.figures()}), "
-            f"but {labels} ({LABEL_RULE}): the class of a private record is a disclosure."
-            f"{versus}{cut}"
+            f"but {labels}: the class of a private record is a disclosure. "
+            f"The images: {images}.{versus}{cut}"
         )
         return Verdict(
-            "labels_leak", LABELS_LEVEL, headline, sentence, finding, control, control_note, scope
+            "labels_leak",
+            LABELS_LEVEL,
+            headline,
+            sentence,
+            finding,
+            control,
+            control_note,
+            scope,
+            images_words=f"not shown safe: {why[1]}" if why else f"{short}: {images}",
         )
 
     nothing = f"{attacks} recovered nothing beyond the best guess ({finding.figures()})"
@@ -461,7 +528,8 @@ def judge(
         headline = f"Low: the defense stopped {attacks} at this budget"
         sentence = (
             f"Under {scope.defense}, {nothing}; every image stayed below its guess by the "
-            f"held margins, and the attacker that knows the defense ran "
+            f"held margins on every attack's own pick and every start, and the attacker that "
+            f"knows the defense ran "
             f"({scope.twins_words}), while the same attack at the same budget broke the "
             f"undefended update ({control.figures()}; level {control.level}). "
             "The defense stopped these attacks at this budget; a stronger attack may still "
@@ -473,6 +541,36 @@ def judge(
     short, reason, advice = why
     headline = f"Inconclusive: {short}"
     sentence = f"{nothing}. Inconclusive: {reason}; {advice}."
+    return Verdict(
+        "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
+    )
+
+
+REFUSED = "the client refused the server's model: the server received nothing"
+
+
+def _refused(
+    finding: Finding,
+    scope: Scope,
+    control: Finding | None,
+    control_note: str,
+    attacks: str,
+    versus: str,
+) -> Verdict:
+    """The verdict of a run whose client refused the model of every attack that ran (its
+    model check, ``Scope.refused``): it sent zeros, so nothing was recovered whatever the
+    reconstructions score, and no level is given. Not "Low": no server that knows the check
+    and builds a model it passes is offered, so the check is shown to stop this server only."""
+    headline = f"{INCONCLUSIVE}: {REFUSED}"
+    sentence = (
+        f"Under {scope.defense}, {REFUSED} ({scope.refused}): the client did not train on it "
+        f"and sent an update of zeros, so nothing was recovered: the reconstructions of "
+        f"{attacks} are read from zeros, not from the client's images. A server that knows "
+        "the check and "
+        "builds a model it passes is not offered here, so the defense is shown to stop this "
+        f"server only.{versus} Weigh the check's cost: a refused round is a client's lost "
+        "update."
+    )
     return Verdict(
         "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
     )

@@ -99,8 +99,18 @@ def scope_pairs(entry: ReportEntry, verdict: Verdict) -> list[tuple[str, str]]:
         ("Attack stopped", stop_words(finding)),
         ("Share recovered", recovered),
         *([("Labels", labels[0].upper() + labels[1:])] if labels else []),
+        *([("Images", verdict.images_words)] if verdict.images_words else []),
         ("Attacker that knows the defense", f"{scope.twins}: {scope.twins_words}"),
-        *([("Combined scores", entry.scores.view)] if entry.scores and entry.scores.view else []),
+        *(
+            [
+                (
+                    "One server's model" if verdict.finding.one_server else "Combined scores",
+                    entry.scores.view,
+                )
+            ]
+            if entry.scores and entry.scores.view
+            else []
+        ),
         ("Control", control),
     ]
 

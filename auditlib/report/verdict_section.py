@@ -67,6 +67,7 @@ def batch_summary(b: Builder, entries: Sequence[ReportEntry]) -> list[Flowable]:
                 b.p(
                     "No run with a finding rebuilt an image, but the private labels leaked: "
                     f"{esc(verdict.finding.label_words())}."
+                    + (f" The images: {esc(verdict.images_words)}." if verdict.images_words else "")
                 )
             )
     elif with_result and all(e.verdict is None for e in with_result):
@@ -158,7 +159,9 @@ def baseline_table(b: Builder, entry: ReportEntry, verdict: Verdict) -> Flowable
     rows = [
         (
             (
-                "<b>The attacks, per image the best of their own picks (auditor's view)</b>"
+                f"<b>{esc(finding.one_server)}'s server, the best single server (its own pick)</b>"
+                if finding.one_server
+                else "<b>The attacks, per image the best of their own picks (auditor's view)</b>"
                 if entry.scores is not None and entry.scores.view
                 else "<b>The attack</b>"
             )

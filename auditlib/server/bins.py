@@ -17,11 +17,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from auditlib.data.decode import DEFAULT_LIMITS
+from auditlib.data.model_input import content_hashes
 from auditlib.data.samples import SAMPLE_SETS, load_sample_set
 from auditlib.errors import AuditInputError
 
 # The public sets a server may fit its prior on, with how many images it reads of each.
 PUBLIC_PRIORS = {"faces": 200, "fashion-mnist": 1000, "digits": 1000, "photographs": 17}
+
+
+@dataclass(frozen=True)
+class AuditedPixels:
+    """The audited images' content at the audit's input size (``data.content_hashes``), so
+    a public set holding any of them is refused as the server's prior whatever the audited
+    images came in (a sample set by name, or the same photographs as a folder or upload)."""
+
+    height: int
+    width: int
+    hashes: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -53,37 +65,72 @@ class MeasurePrior:
         return (first, *inner)
 
 
-def public_prior(source: str, audited: str | None = None) -> MeasurePrior:
+def public_prior(
+    source: str, audited: str | None = None, pixels: AuditedPixels | None = None
+) -> MeasurePrior:
     """The Normal fitted on the per-image brightness of public sample set ``source``.
 
     ``audited`` names the sample set the audited images come from (None: the auditor's own
-    folder or upload); a prior fitted on the very images under attack is refused.
+    folder or upload); ``pixels`` holds their content hashes. A prior fitted on the very
+    images under attack is refused: the audited set by name, and any set whose images the
+    prior reads meet the audited images' hashes.
     """
     if source not in PUBLIC_PRIORS:
         raise AuditInputError(
             f"unknown public data {source!r} for the bins' prior; expected one of "
             f"{', '.join(PUBLIC_PRIORS)}"
         )
+    others = ", ".join(s for s in PUBLIC_PRIORS if s != source)
     if audited is not None and audited == source:
         raise AuditInputError(
             f"the bins' prior must come from public data the server holds, not from the "
             f"client's images: the audited images are sample set {source!r}; choose another "
-            f"public set ({', '.join(s for s in PUBLIC_PRIORS if s != source)})"
+            f"public set ({others})"
         )
+    if pixels is not None:
+        shared = len(pixels.hashes & _public_hashes(source, pixels.height, pixels.width))
+        if shared:
+            raise AuditInputError(
+                f"the bins' prior must come from public data the server holds, not from the "
+                f"client's images: {shared} of the audited images are images of sample set "
+                f"{source!r} (the same pixels at {pixels.height} x {pixels.width}, whatever "
+                f"files they came in), so a prior fitted on that set would have seen them; "
+                f"expected a public set that holds none of the audited images: choose "
+                f"another ({others})"
+            )
     mean, std = _brightness(source)
     return MeasurePrior(mean, std, f"{PUBLIC_PRIORS[source]} images of {SAMPLE_SETS[source].name}")
+
+
+@functools.cache
+def _public_hashes(source: str, height: int, width: int) -> frozenset[str]:
+    """The content hashes of the images the prior reads of ``source`` (its first
+    ``PUBLIC_PRIORS[source]`` images, as ``_brightness`` reads them) at ``height`` x
+    ``width``."""
+    hashes: set[str] = set()
+    for offset in range(0, PUBLIC_PRIORS[source], CHUNK):
+        count = min(CHUNK, PUBLIC_PRIORS[source] - offset)
+        images = load_sample_set(source, count, seed=0, offset=offset).images
+        hashes.update(content_hashes(images, height, width, cached=False))
+    return frozenset(hashes)
 
 
 CHUNK = DEFAULT_LIMITS.max_images
 
 
-def public_images(source: str, shape: tuple[int, int, int], audited: str | None = None):
+def public_images(
+    source: str,
+    shape: tuple[int, int, int],
+    audited: str | None = None,
+    audited_pixels: AuditedPixels | None = None,
+):
     """The public set's images as pixels in [0, 1] at ``shape`` (C x H x W): resized
-    bilinearly, a grey set repeated over the channels. Refused where it is the audited set."""
+    bilinearly, a grey set repeated over the channels. Refused where it is the audited set
+    or holds any audited image (``public_prior``'s refusals)."""
     import torch
     import torch.nn.functional as F
 
-    public_prior(source, audited)  # the same refusals as the prior's
+    public_prior(source, audited, audited_pixels)  # the same refusals as the prior's
     channels, height, width = shape
     out = []
     for offset in range(0, PUBLIC_PRIORS[source], CHUNK):

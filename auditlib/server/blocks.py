@@ -11,7 +11,9 @@ then exactly the image that lies between them, where one does alone (Fowl et al.
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -116,6 +118,93 @@ def calibrate_spread(
     factor = STEP_PER_PIXEL / (math.prod(block.input_shape) * lr * typical)
     block.spread.weight.mul_(factor)
     return factor
+
+
+# A server that knows the client's noise (the twin, ``scale_against_noise``) aims at this
+# per-pixel error of a read-back, sqrt(2) s / (c delta) (the noise on the difference of two
+# rows over the image's bias step), on the weaker images it expects (the lower decile of
+# delta over public images): 1e-3 is 60 dB, so an image whose delta is a hundred times
+# smaller still reads back near 20 dB.
+NOISE_PIXEL_ERROR = 1e-3
+WEAK_QUANTILE = 0.1
+# The largest scale: the rows' weights (1 / (c d)) and activations stay far inside float32's
+# normal range (smallest 1.2e-38) and the rows' update (c delta u) far below its largest
+# (3.4e38) at any input size built here.
+MAX_NOISE_SCALE = 1e20
+# Under a known clip the block's update is made at least this many times the rest of the
+# model's (over 99 % of the clipped norm): beyond that no scale gives the block more of it.
+CLIP_DOMINANCE = 10.0
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """How a server that knows the noise scaled its block (``scale_against_noise``)."""
+
+    factor: float  # c: the rows divided by it, ``spread`` multiplied by it
+    weak_delta: float  # the lower decile of delta over public images, before scaling
+    # The per-pixel error it expects of such an image's read-back once the clip, if any,
+    # has scaled the update down (inf: no public image had a gradient at the rows).
+    pixel_error: float
+
+
+@torch.no_grad()
+def scale_against_noise(
+    block: ServerBlock,
+    model: nn.Module,
+    public: torch.Tensor,
+    batch: int,
+    noise_std: float,
+    clip_norm: float | None,
+    generator: torch.Generator,
+    training: bool = True,
+) -> NoiseScale:
+    """Scale ``block`` so that its rows' update stands above noise of standard deviation
+    ``noise_std`` on every entry: the rows (weights and biases) divided by c, ``spread``
+    multiplied by c. The model after the block sees the same input (the activations shrink
+    by c, ``spread`` grows by it), while each image's gradient at the rows, delta, and so
+    the rows' update grow by c; the read-back, a ratio, is unchanged. Under a known L2 clip
+    the scale is raised until the block carries the clipped norm; the clip then caps its
+    signal, which the returned ``pixel_error`` says.
+
+    ``public``: public images in model space, through a copy of the model in the mode the
+    client trains it in (``training``: a BatchNorm's batch statistics shrink delta by
+    orders of magnitude against its running ones), the first ``batch`` of them (the client's
+    mean over its batch); labels drawn from ``generator`` (the server does not know the
+    client's)."""
+    probe = copy.deepcopy(model)  # a BatchNorm's running statistics stay the sent model's
+    probe.train(training)
+    images = public[:batch]
+    rest = [p for p in probe.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        hidden = torch.relu(block.bins(block.front(images).flatten(1)))
+        logits = probe(block.spread(hidden).view(images.shape[0], *block.input_shape))
+        labels = torch.randint(logits.shape[1], (images.shape[0],), generator=generator)
+        loss = torch.nn.functional.cross_entropy(logits, labels.to(logits.device), reduction="sum")
+        grads = torch.autograd.grad(
+            loss / batch, [hidden, block.bins.weight, block.bins.bias, *rest], allow_unused=True
+        )
+    delta = grads[0].abs().amax(dim=1)  # identical columns: one delta per image
+    delta = delta[delta > 0]
+    if delta.numel() == 0:
+        return NoiseScale(1.0, 0.0, math.inf)
+    weak = float(torch.quantile(delta.double(), WEAK_QUANTILE))
+    factor = math.sqrt(2) * noise_std / (NOISE_PIXEL_ERROR * weak)
+    rows = _norm(grads[1:3])
+    others = _norm(grads[3:])
+    if clip_norm is not None and rows > 0:
+        factor = max(factor, CLIP_DOMINANCE * others / rows)
+    factor = min(max(factor, 1.0), MAX_NOISE_SCALE)
+    block.bins.weight.div_(factor)
+    block.bins.bias.div_(factor)
+    block.spread.weight.mul_(factor)
+    kept = 1.0
+    if clip_norm is not None:
+        kept = min(1.0, clip_norm / max(math.hypot(factor * rows, others), 1e-30))
+    return NoiseScale(factor, weak, math.sqrt(2) * noise_std / (factor * kept * weak))
+
+
+def _norm(tensors) -> float:
+    return math.sqrt(sum(float(t.double().square().sum()) for t in tensors if t is not None))
 
 
 class ImprintBlock(ServerBlock):

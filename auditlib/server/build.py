@@ -4,6 +4,7 @@ have sent, with what it changed in words (``ServerModification``)."""
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
@@ -15,6 +16,7 @@ from auditlib.server.blocks import (
     TrapBlock,
     calibrate_spread,
     device_of,
+    scale_against_noise,
 )
 from auditlib.server.modification import (
     BuildContext,
@@ -47,6 +49,7 @@ def build_rtf(
     block = ImprintBlock(context.input_shape, context.normalization, thresholds)
     model = copy.deepcopy(context.model)
     _calibrate(block, model, context, prior_source)
+    against = _against_noise(block, model, context, prior_source)
     return ServerModification(
         attack="rtf",
         model=MaliciousModel(block, model),
@@ -57,9 +60,59 @@ def build_rtf(
         prior=prior,
         what_changed=(
             f"an imprint block in front of the model: {bins} rows measuring brightness, "
-            f"thresholds at quantiles of a Normal fitted on {prior.source}"
+            f"thresholds at quantiles of a Normal fitted on {prior.source}{against}"
         ),
         noticeable=NOTICEABLE_IMPRINT,
+    )
+
+
+def _against_noise(block, model, context: BuildContext, source: str) -> str:
+    """Where the server knows the client's noise (the twin): under FedSGD, its block scaled
+    against it (``scale_against_noise``); in words, what it did and expects ("" where it
+    knows none)."""
+    if context.noise_std is None or context.noise_std == 0:
+        return ""
+    if context.local_lr is not None:
+        # Under FedAvg the scale is already the largest that keeps the thresholds in place
+        # over the local steps (``calibrate_spread``): a larger one moves them.
+        return (
+            f"; it knows the client adds noise of standard deviation {context.noise_std:g}, "
+            "but under FedAvg it keeps the scale that holds its thresholds in place over the "
+            "local steps"
+        )
+    device = device_of(model)
+    public = public_images(
+        source, context.input_shape, context.audited_source, context.audited_pixels
+    )
+    public = context.normalization.normalize(public).to(device)
+    generator = torch.Generator().manual_seed(context.seed)
+    expected = context.batch_size * context.clients
+    scaled = scale_against_noise(
+        block.to(device),
+        model,
+        public,
+        expected,
+        context.noise_std,
+        context.clip_norm,
+        generator,
+        context.training,
+    )
+    clip = (
+        f" after the client clips its update to L2 norm {context.clip_norm:g}"
+        if context.clip_norm is not None
+        else ""
+    )
+    expects = (
+        "no public image had a gradient at its rows, so it expects nothing"
+        if math.isinf(scaled.pixel_error)
+        else f"it expects a per-pixel error of about {scaled.pixel_error:.2g} "
+        f"({-20 * math.log10(scaled.pixel_error):.0f} dB) on the weaker images{clip}"
+    )
+    return (
+        f"; knowing the client adds noise of standard deviation {context.noise_std:g}"
+        f"{' and clips' if context.clip_norm is not None else ''}, it scaled the block's "
+        f"rows down and its spread up by {scaled.factor:.3g} (the model after it sees the "
+        f"same input; each image's update at the rows grows by that factor): {expects}"
     )
 
 
@@ -84,7 +137,9 @@ def build_cah(
     generator = torch.Generator().manual_seed(context.seed)
     block = TrapBlock(context.input_shape, context.normalization, rows, sigma, scale, generator)
     if calibrate_on is not None:
-        public = public_images(calibrate_on, context.input_shape, context.audited_source)
+        public = public_images(
+            calibrate_on, context.input_shape, context.audited_source, context.audited_pixels
+        )
         with torch.no_grad():
             fired = public.flatten(1) @ block.bins.weight.T  # images x rows
             share = max(1.0 - 1.0 / max(expected, 2), 0.5)
@@ -158,6 +213,8 @@ def _calibrate(block, model, context: BuildContext, source: str) -> None:
     if context.local_lr is None:
         return
     device = device_of(model)
-    public = public_images(source, context.input_shape, context.audited_source)
+    public = public_images(
+        source, context.input_shape, context.audited_source, context.audited_pixels
+    )
     public = context.normalization.normalize(public[:CALIBRATION_IMAGES]).to(device)
     calibrate_spread(block.to(device), model, public, context.local_lr)

@@ -15,7 +15,7 @@ from torch import nn
 
 from auditlib.data.normalization import Normalization
 from auditlib.errors import AuditInputError
-from auditlib.server.bins import MeasurePrior
+from auditlib.server.bins import AuditedPixels, MeasurePrior
 from auditlib.server.blocks import LokiBlock, MaliciousModel
 
 # The largest inserted block built here (parameters of ``bins`` and ``spread`` together):
@@ -38,6 +38,17 @@ class BuildContext:
     audited_source: str | None  # the sample set the audited images come from, if one
     seed: int
     local_lr: float | None = None  # FedAvg's learning rate, which the server set; None: FedSGD
+    # What the server knows of the client's defense, where it knows it (the twin): the
+    # noise's standard deviation on each entry of the update, and the L2 bound the whole
+    # update is clipped to first (``KnownDefense.entry_noise_std``, ``clip_norm``).
+    noise_std: float | None = None
+    clip_norm: float | None = None
+    # The audited images' content hashes: a public set holding any of them is refused as the
+    # server's prior (``bins.public_prior``). None: nothing to compare with.
+    audited_pixels: AuditedPixels | None = None
+    # Whether the client trains the model in training mode (the protocol's BatchNorm mode:
+    # batch statistics), as the server that sets the protocol knows.
+    training: bool = True
 
 
 @dataclass(frozen=True, eq=False)
