@@ -263,7 +263,9 @@ def test_a_labels_verdict_says_what_is_known_of_the_images():
         "the images not shown safe (a failed attack on the undefended update is not evidence "
         "of safety)"
     )
-    assert "The images: nothing is shown of them: a failed attack" in verdict.sentence
+    assert "The images: none was recovered, and that is no evidence they are safe: a failed" in (
+        verdict.sentence
+    )
     assert verdict.images_words.startswith("not shown safe: a failed attack")
     held = judge(
         _labels(finding(0), [1, 4, 6, 8], [1, 4, 6, 8], 100),

@@ -499,7 +499,9 @@ def judge(
             )
         else:
             short = f"not shown safe ({why[0]})"
-            images = f"nothing is shown of them: {why[1]}; {why[2]}"
+            images = (
+                f"none was recovered, and that is no evidence they are safe: {why[1]}; {why[2]}"
+            )
         headline = (
             f"{LABELS_LEVEL}: {attacks} recovered the private {what} "
             f"({finding.labels_recovered} of {finding.batch_size}); the images {short}"
