@@ -54,8 +54,8 @@ def _alone(info, config, observation, knowledge, control):
 # shape, on some CPUs other instructions: AVX-512 against AVX2, MKL's and oneDNN's choice by
 # shape) round differently from the single update's. DLG's fixed L-BFGS step on a sigmoid
 # LeNet is chaotic: one rounding becomes another path within a few steps (on an Intel Xeon
-# with AVX-512, DLG's loss after 4 steps was 272.5 together against 132.8 alone; here, with
-# ATen held to its scalar kernels, the pixels 4 steps on differ by far more than 1e-4). So
+# with AVX-512, DLG's loss after 4 steps was 272.5 together against 132.8 alone; on an
+# AVX-512 EPYC with ATen held to its scalar kernels the 4-step pixels differed beyond 1e-4). So
 # the claim tested is the first step, where rounding has not grown: each update is where it
 # would be alone, to float rounding grown by one step. What follows the first step is the
 # same in distribution, the share recovered over updates (docs/ALGORITHMS.md, "Updates
