@@ -61,10 +61,14 @@ def scored(
 ) -> Judged:
     """The attacks' picks scored against the private batch, and the verdict on them."""
     truth = PrivateBatch(batch.images.cpu(), batch.labels.cpu(), batch.names)
+    means = public_means(spec, planned, tuple(batch.images.shape[1:]))
+    # The guesses (and each image's flat bar) do not depend on any attack: scored once for
+    # every evaluation of the run.
+    guesses = score_guesses(to_unit_range(truth.images, victim.normalization), victim.prior, means)
     score_args = {
         "prior": victim.prior,
         "prior_unavailable_reason": victim.prior_unavailable_reason,
-        "public_means": public_means(spec, planned, tuple(batch.images.shape[1:])),
+        "guess_scores": guesses,
     }
     per_attack: list[Evaluation] = []
     one_server = ""  # the best single server, under the malicious server with several attacks
@@ -245,8 +249,6 @@ def _held_everywhere(
     held = [all(bool(p[i].nothing_shown) for p in picks) for i in range(len(picks[0]))]
     if not defended or not all(held):
         return sum(held)
-    originals = to_unit_range(truth.images, victim.normalization)
-    guesses = score_guesses(originals, victim.prior, score_args["public_means"])
     for run in ran:
         chosen = run.final.selected
         for candidate in run.final.candidates:
@@ -259,7 +261,7 @@ def _held_everywhere(
                 victim.normalization,
                 (),
                 prior=victim.prior,
-                guess_scores=guesses,
+                guess_scores=score_args["guess_scores"],
             )
             held = [h and bool(p.nothing_shown) for h, p in zip(held, other.per_image, strict=True)]
     return sum(held)

@@ -205,19 +205,23 @@ def evaluate(
     prior_unavailable_reason: str | None = None,
     matched_already: bool = False,
     public_means: Mapping[str, np.ndarray] | None = None,
+    guess_scores: tuple[GuessScore, ...] | None = None,
 ) -> Evaluation:
     """Scores of the attacker's selection and of the oracle-best candidate.
 
     ``prior`` (the data's mean image, H x W x C in [0, 1]) adds RDLV to both.
     ``matched_already``: score with the identity matching (see :func:`score`).
     ``public_means``: the mean image of each public set the server holds (guesses too).
+    ``guess_scores``: the guesses already scored against these originals with this prior and
+    these public means (``score_guesses``), as a run scoring several attacks' picks has them.
     """
     originals = to_unit_range(truth.images, normalization)
+    if guess_scores is None:
+        guess_scores = score_guesses(originals, prior, public_means)
     prior_args: dict[str, Any] = {
         "prior": prior,
         "matched_already": matched_already,
-        # The same for every candidate.
-        "guess_scores": score_guesses(originals, prior, public_means),
+        "guess_scores": guess_scores,  # the same for every candidate
     }
     if prior_unavailable_reason is not None:
         prior_args["prior_unavailable_reason"] = prior_unavailable_reason
