@@ -41,6 +41,7 @@ RUN python -c "import torchvision as tv; tv.models.alexnet(weights='IMAGENET1K_V
 # The code stays owned by root (read-only for the app); the app user writes only to its data
 # volume (/data: the users file, the database; 0700), its home and /tmp.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin auditor \
+    && chmod 0700 /home/auditor \
     && mkdir -p /data && chown auditor:auditor /data && chmod 0700 /data
 COPY . .
 USER auditor

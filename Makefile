@@ -26,11 +26,12 @@ $(STAMP): requirements.txt
 system-deps:
 	@bash scripts/install_system_deps.sh
 
-# The first start creates the users file with an admin and prints its password once; the
-# rest of the server's settings are .streamlit/config.toml's (scripts/serve.sh does the same).
+# The first start creates the users file with an admin and writes its one-time password to a
+# 0600 file beside it (never printed); the rest of the server's settings are
+# .streamlit/config.toml's, every file it writes its user's alone (scripts/serve.sh does the same).
 run: setup
 	$(BIN)/python -m auditlib users init
-	$(EMBEDDED_RAY_LOCAL) $(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS)
+	umask 077 && $(EMBEDDED_RAY_LOCAL) $(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS)
 
 test: setup
 	$(BIN)/python -m pytest

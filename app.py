@@ -19,6 +19,19 @@ import sys
 if not os.environ.get("AUDIT_RAY_ADDRESS") and "ray" not in sys.modules:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from dashboard.entry import run_app  # after the variable: it imports Ray
+if __name__ == "__main__":  # each session's script run (and AppTest's)
+    from dashboard.entry import run_app  # after the variable: it imports Ray
 
-run_app()
+    run_app()
+else:
+    # `streamlit run app.py` imports this module and serves `app`: this script behind the
+    # gate (dashboard/gate.py), which answers uploads only for signed-in sessions, bounds the
+    # bytes they hold, and closes the routes that tell outsiders about the server.
+    import streamlit as st
+    from starlette.middleware import Middleware
+
+    from dashboard.failures import show_failure
+    from dashboard.gate import Gate
+
+    # A failure a page did not catch is one line on the page, never a traceback.
+    app = st.App(__file__, middleware=[Middleware(Gate)], on_script_error=show_failure)

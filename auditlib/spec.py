@@ -162,6 +162,11 @@ class ComponentSpec:
         return dict(self.params)
 
 
+# The longest time budget any run may ask for (a day), wherever it runs; a shared
+# dashboard sets a lower one per run (``engine.fair_share``, AUDIT_MAX_RUN_SECONDS).
+MAX_TIME_BUDGET_S = 86_400
+
+
 @dataclass(frozen=True)
 class Budget:
     iterations: int
@@ -172,10 +177,12 @@ class Budget:
             1 <= self.iterations <= 1_000_000,
             f"iterations must be in [1, 1000000], got {self.iterations}",
         )
-        require(
-            self.max_seconds is None or self.max_seconds > 0,
-            f"time budget must be > 0 s, got {self.max_seconds}",
-        )
+        if self.max_seconds is not None:
+            require(
+                0 < self.max_seconds <= MAX_TIME_BUDGET_S,
+                f"time budget must be > 0 s and at most {MAX_TIME_BUDGET_S:,} s (a day), got "
+                f"{self.max_seconds:g} s",
+            )
 
 
 UTILITY_DATASETS = ("fashion-mnist", "digits")

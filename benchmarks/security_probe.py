@@ -1,20 +1,26 @@
-"""Replay issue 33's attacks against a running dashboard on 127.0.0.1 and print what held.
+"""Replay issues 33's and 51's attacks against a running dashboard on 127.0.0.1 and print
+what held.
 
 ``python -m benchmarks.security_probe`` starts its own dashboard (``streamlit run app.py``
 on a free port, with a data folder and a users file of its own, as ``make walk`` does) and
 drives it with Chromium, as an attacker with a browser, curl and an account on the same
 machine would: sign-in and sign-out, a copied session, a changed password, password
 guessing, Markdown in links, private images by URL, another user's upload by its hash, a
-decompression bomb, a removed user's click, the files' modes, hosts the page reaches.
-Each probe is bounded (Playwright waits at most 30 s, guesses at most ``FREE_FAILURES + 1``)
-and the whole run stops starting probes after ``--max-seconds`` (default 300). Prints one
-line per probe, ``held`` or ``FAILED`` with what was seen, writes them to
-``benchmarks/results/security_probe.json`` and exits 1 when any failed.
+decompression bomb, a removed user's click, the files' modes, hosts the page reaches; and
+issue 51's: uploads without a sign-in, the metrics route, zips that lie about their size
+(images and bundles), 300,000 empty tensors, a tiny bundle naming a huge model, hostile
+training.json values, a labels.csv the CSV reader cannot read, broken link parameters on
+every page, one auditor's seven Starts beside another's one, Ray's files.
+Each probe is bounded (Playwright waits at most 30 to 60 s, guesses at most
+``FREE_FAILURES + 1``) and the whole run stops starting probes after ``--max-seconds``
+(default 900). Prints one line per probe, ``held`` or ``FAILED`` with what was seen, writes
+them to ``benchmarks/results/security_probe.json`` and exits 1 when any failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -36,11 +42,15 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' c
 from auditlib.access.throttle import FREE_FAILURES  # noqa: E402
 from auditlib.access.users import add_user, remove_user, set_password  # noqa: E402
 from benchmarks.common import machine, replace_section, status_kib  # noqa: E402
+from tests.hostile import TRAINING, empty_tensors, lying_zip, png  # noqa: E402
 from tests.test_browser import (  # noqa: E402
     CHROMIUM,
     CHROMIUM_ARGS,
     EXAMPLES,
     Server,
+    _set_number,
+    raw_upload,
+    session_ids,
     sign_in,
     upload_images,
 )
@@ -282,6 +292,283 @@ def hosts_reached(probe: Probe) -> tuple[bool, str]:
     return not others, f"hosts the pages asked: {sorted(probe.hosts)}"
 
 
+# --- issue 51 -----------------------------------------------------------------------------
+
+TRACE_MARKS = ("Traceback", 'File "', "site-packages", str(ROOT))
+
+
+def _no_trace(page) -> list[str]:
+    """What of a traceback or a server path the page's main area shows (none expected)."""
+    text = page.locator("section.stMain").inner_text()
+    return [mark for mark in TRACE_MARKS if mark in text]
+
+
+def unsigned_uploads(probe: Probe, server: Server) -> tuple[bool, str]:
+    """A visitor reads their session id from the websocket and the XSRF cookie from their
+    own browser, and PUTs six 50 MB files to Streamlit's upload route."""
+    page = probe.page()
+    sessions = session_ids(page)
+    page.goto(probe.url)
+    page.get_by_text(FORM).wait_for()
+    xsrf = next(c["value"] for c in page.context.cookies() if c["name"] == "_streamlit_xsrf")
+    before = _peak_rss_mb(server)
+    answers = [raw_upload(probe.url, sessions[-1], xsrf, 50 * 10**6) for _ in range(6)]
+    after = _peak_rss_mb(server)
+    grown = None if before is None or after is None else round(after - before, 1)
+    statuses = [status for status, _ in answers]
+    sent_mb = round(sum(sent for _, sent in answers) / 1e6, 1)
+    held = all(status == 403 for status in statuses) and (grown is None or grown < 100)
+    return held, (
+        f"6 x 50 MB PUT with the visitor's session {sessions[-1][:8]}... and XSRF cookie: "
+        f"answers {statuses}, {sent_mb} MB of the 300 MB sent before the answer; the server's "
+        f"peak {after} MB, {grown} MB above its peak before"
+    )
+
+
+def metrics_closed(probe: Probe) -> tuple[bool, str]:
+    answers = {}
+    for route in ("/_stcore/metrics", "/_stcore/agent/openapi.json"):
+        try:
+            with urllib.request.urlopen(f"{probe.url}{route}", timeout=10) as response:
+                answers[route] = response.status
+        except urllib.error.HTTPError as exc:
+            answers[route] = exc.code
+    return all(code == 404 for code in answers.values()), f"without a sign-in: {answers}"
+
+
+def _signed_in_setup(probe: Probe):
+    page = probe.page()
+    page.goto(probe.url)
+    sign_in(page, "mallory", PASSWORDS["mallory"])
+    page.get_by_role("heading", name="Setup").first.wait_for()
+    return page
+
+
+def _refused_upload(probe: Probe, server: Server, upload, words: str) -> tuple[bool, str]:
+    """Upload through the Setup page as mallory; held when the page says ``words`` without
+    a trace and the server's peak memory grew by under 100 MB."""
+    page = _signed_in_setup(probe)
+    before = _peak_rss_mb(server)
+    started = time.monotonic()
+    upload(page)
+    page.get_by_text(words).first.wait_for(timeout=60_000)
+    seconds = time.monotonic() - started
+    after = _peak_rss_mb(server)
+    grown = None if before is None or after is None else round(after - before, 1)
+    trace = _no_trace(page)
+    held = not trace and (grown is None or grown < 100)
+    return held, (
+        f"refused in {seconds:.1f} s with '{words}...'; the server's peak {after} MB, {grown} MB "
+        f"above its peak before; traces shown: {trace}"
+    )
+
+
+def _files(*named: tuple[str, bytes]) -> list[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="hostile-"))
+    for name, data in named:
+        (folder / name).write_bytes(data)
+    return [folder / name for name, _ in named]
+
+
+def _upload_bundle(page, files: list[Path]) -> None:
+    page.get_by_text("Audit an update a client actually sent").click()
+    uploader = page.locator('[data-testid="stFileUploader"]').filter(
+        has_text="The bundle's files, or one zip of its folder"
+    )
+    uploader.locator('input[type="file"]').set_input_files([str(f) for f in files])
+
+
+def _upload_weights(page, files: list[Path]) -> None:
+    uploader = page.locator('[data-testid="stFileUploader"]').filter(
+        has_text="Your trained weights (optional)"
+    )
+    uploader.locator('input[type="file"]').set_input_files([str(f) for f in files])
+
+
+GIB = 2**30
+
+
+def lying_image_zip(probe: Probe, server: Server) -> tuple[bool, str]:
+    """A 1 MB zip whose directory says 1 MB and which inflates to 1 GiB, as images."""
+    zipped = lying_zip({}, "a.png", inflated=GIB, declared=10**6)
+    files = _files(("images.zip", zipped))
+    held, seen = _refused_upload(
+        probe, server, lambda page: upload_images(page, files), "does not inflate to the"
+    )
+    return held, f"{len(zipped) / 1e6:.2f} MB zip inflating to 1 GiB: {seen}"
+
+
+def lying_bundle_zip(probe: Probe, server: Server) -> tuple[bool, str]:
+    """The same through the observed-bundle path: a zip claiming to hold global.safetensors."""
+    zipped = lying_zip(
+        {"training.json": json.dumps(TRAINING).encode()},
+        "global.safetensors",
+        inflated=GIB,
+        declared=10**6,
+    )
+    files = _files(("bundle.zip", zipped))
+    held, seen = _refused_upload(
+        probe, server, lambda page: _upload_bundle(page, files), "does not inflate to the"
+    )
+    return held, f"{len(zipped) / 1e6:.2f} MB bundle zip inflating to 1 GiB: {seen}"
+
+
+def many_tensors(probe: Probe, server: Server) -> tuple[bool, str]:
+    """A safetensors file of 300,000 empty tensors, as the model's weights."""
+    data = empty_tensors(300_000)
+    files = _files(("weights.safetensors", data))
+    held, seen = _refused_upload(
+        probe, server, lambda page: _upload_weights(page, files), "safetensors header of"
+    )
+    return held, f"{len(data) / 1e6:.1f} MB of 300,000 empty tensors: {seen}"
+
+
+def tiny_bundle_huge_model(probe: Probe, server: Server) -> tuple[bool, str]:
+    """A bundle of a few bytes whose training.json names an mlp of 100,000 classes at 512 px."""
+    import safetensors.torch
+    import torch
+
+    tiny = safetensors.torch.save({"fc.0.bias": torch.zeros(2)})
+    training = TRAINING | {"model": "mlp", "num_classes": 100_000, "input_size": 512}
+    files = _files(
+        ("global.safetensors", tiny),
+        ("client.safetensors", tiny),
+        ("training.json", json.dumps(training).encode()),
+    )
+    return _refused_upload(
+        probe, server, lambda page: _upload_bundle(page, files), "does not fit mlp"
+    )
+
+
+def hostile_training(probe: Probe, server: Server) -> tuple[bool, str]:
+    """training.json with a learning rate of 1e308 and markup in its source."""
+    import safetensors.torch
+
+    from auditlib.models import ModelSpec, build_model
+
+    state = safetensors.torch.save(build_model(ModelSpec(name="lenet")).state_dict())
+    seen = []
+    held = True
+    for field, value in (("lr", 1e308), ("local_batch_size", 10**9), ("source", "<b>x</b>")):
+        files = _files(
+            ("global.safetensors", state),
+            ("client.safetensors", state),
+            ("training.json", json.dumps(TRAINING | {field: value}).encode()),
+        )
+        ok, words = _refused_upload(
+            probe, server, lambda page, f=files: _upload_bundle(page, f), f"training.json: {field}"
+        )
+        held &= ok
+        seen.append(f"{field}={value!r}: {'refused' if ok else words}")
+    return held, "; ".join(seen)
+
+
+def hostile_labels_csv(probe: Probe, server: Server) -> tuple[bool, str]:
+    """A labels.csv with a 200 KB field beside one image."""
+    files = _files(
+        ("a.png", png()), ("labels.csv", b"filename,label\na.png," + b"x" * 200_000 + b"\n")
+    )
+    return _refused_upload(
+        probe, server, lambda page: upload_images(page, files), "cannot be read as CSV"
+    )
+
+
+BROKEN_LINKS = (
+    "run=not-a-run",
+    "images=zzzz&weights=zzzz",
+    "observed=zzzz",
+    "comparison=zzzz",
+    "sweep=zzzz",
+    "arch=../../etc/passwd",
+    "source=upload&images=" + "0" * 64,
+)
+
+
+def broken_inputs_on_every_page(probe: Probe) -> tuple[bool, str]:
+    """Every page opened with broken link parameters: a refusal in words, no trace."""
+    from dashboard.navigation import PAGES
+
+    page = probe.page()
+    traced: dict[str, list[str]] = {}
+    for ref in PAGES:
+        for link in BROKEN_LINKS:
+            page.goto(f"{probe.url}/{Path(ref.path).stem}?{link}")
+            sign_in(page, "mallory", PASSWORDS["mallory"])
+            page.wait_for_timeout(800)
+            if trace := _no_trace(page):
+                traced[f"{ref.title} ?{link}"] = trace
+    return not traced, (
+        f"{len(PAGES)} pages x {len(BROKEN_LINKS)} broken links; pages with a trace or a "
+        f"server path: {traced or 'none'}"
+    )
+
+
+def fair_share(probe: Probe) -> tuple[bool, str]:
+    """mallory clicks Start seven times (long runs); victor then starts one: his waits only
+    until one of her running runs ends, not behind her queue."""
+    limits = "AUDIT_USER_MAX_RUNNING=2"
+    page = probe.page()
+    page.goto(f"{probe.url}/lab")
+    sign_in(page, "mallory", PASSWORDS["mallory"])
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    sidebar.get_by_text("Iterations", exact=True).wait_for()
+    _set_number(sidebar, "Iterations", 100_000, page)
+    runs: list[str] = []
+    refusal = ""
+    for _ in range(7):
+        page.get_by_role("button", name="Start the attack").click()
+        page.wait_for_timeout(2500)
+        if page.get_by_text("Not started:").count():
+            refusal = page.get_by_text("Not started:").first.inner_text()
+            break
+        runs.append(page.url.split("run=")[1].split("&")[0])
+    other = probe.page()
+    other.goto(f"{probe.url}/lab")
+    sign_in(other, "victor", PASSWORDS["victor"])
+    other.locator('[data-testid="stSidebar"]').get_by_text("Iterations", exact=True).wait_for()
+    other.get_by_role("button", name="Start the attack").click()
+    other.get_by_text("waiting for a free worker").first.wait_for()
+    waiting = other.get_by_text("waiting for a free worker").first.inner_text()
+    page.goto(f"{probe.url}/lab?run={runs[0]}")
+    sign_in(page, "mallory", PASSWORDS["mallory"])
+    cancelled = time.monotonic()
+    page.get_by_role("button", name="Cancel run").click()
+    other.get_by_text("waiting for a free worker").first.wait_for(state="detached", timeout=60_000)
+    moved = time.monotonic() - cancelled
+    # Her queued runs still wait behind her own limit.
+    page.goto(f"{probe.url}/lab?run={runs[-1]}")
+    sign_in(page, "mallory", PASSWORDS["mallory"])
+    page.get_by_text("waiting: you have 2 runs running").first.wait_for()
+    for run_id in runs[1:]:  # end hers, so the probes after this one have the workers
+        page.goto(f"{probe.url}/lab?run={run_id}")
+        sign_in(page, "mallory", PASSWORDS["mallory"])
+        with contextlib.suppress(Exception):
+            page.get_by_role("button", name="Cancel run").click(timeout=5_000)
+    held = len(runs) == 6 and "AUDIT_USER_MAX_QUEUED=4" in refusal
+    return held, (
+        f"mallory's {len(runs)} Starts admitted ({limits}, 4 queued), the 7th: '{refusal}'; "
+        f"victor's run read '{waiting}' and started {moved:.1f} s after one of hers was "
+        "cancelled, ahead of her 4 queued"
+    )
+
+
+def ray_files(probe: Probe) -> tuple[bool, str]:
+    import stat as stat_module
+
+    from auditlib.engine.ray_files import TOKEN, private_temp_dir
+
+    folder = Path(private_temp_dir())
+    sessions = sorted(folder.glob("session_2*"))
+    modes = {str(folder): oct(stat_module.S_IMODE(folder.stat().st_mode))}
+    token = TOKEN.expanduser()
+    if token.exists():
+        modes[str(token)] = oct(stat_module.S_IMODE(token.stat().st_mode))
+    held = modes[str(folder)] == "0o700" and all(
+        mode == "0o600" for path, mode in modes.items() if path != str(folder)
+    )
+    return held, f"{modes}; the server's Ray sessions under it: {len(sessions)}"
+
+
 def _table(findings: list[Finding]) -> str:
     lines = ["| issue item | attack | held | what the probe saw | s |", "|---|---|---|---|---|"]
     for f in findings:
@@ -295,7 +582,7 @@ def _table(findings: list[Finding]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument("--max-seconds", type=float, default=900.0)
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -305,6 +592,7 @@ def main() -> int:
         add_user(name, password, "auditor", path=users)
     os.environ["AUDIT_USERS_FILE"] = str(users)
     os.environ["AUDIT_SIGN_IN_WAIT_S"] = str(WAIT_S)
+    os.environ["AUDIT_RAY_NUM_CPUS"] = "2"  # two workers, as on this 2-core machine
     server = Server(data_root / "data")
     server.start()
     findings: list[Finding] = []
@@ -325,6 +613,49 @@ def main() -> int:
         ("6 removed user", "click after being removed", removed_users_click),
         ("3 file modes", "read the data as another local user", file_modes),
         ("11 hosts", "the page calls home", hosts_reached),
+        (
+            "51.1 unsigned upload",
+            "PUT 6 x 50 MB to the upload route without signing in",
+            lambda p: unsigned_uploads(p, server),
+        ),
+        ("51.5 metrics", "read /_stcore/metrics without signing in", metrics_closed),
+        (
+            "51.2 lying zip",
+            "images: a 1 MB zip that inflates to 1 GiB",
+            lambda p: lying_image_zip(p, server),
+        ),
+        (
+            "51.2 lying bundle",
+            "observed bundle: a zip whose global.safetensors inflates to 1 GiB",
+            lambda p: lying_bundle_zip(p, server),
+        ),
+        (
+            "51.6 many tensors",
+            "weights: 300,000 empty tensors",
+            lambda p: many_tensors(p, server),
+        ),
+        (
+            "51.6 huge model",
+            "a tiny bundle naming an mlp of 100,000 classes at 512 px",
+            lambda p: tiny_bundle_huge_model(p, server),
+        ),
+        (
+            "51.7 training.json",
+            "lr 1e308, batch 1e9, markup in source",
+            lambda p: hostile_training(p, server),
+        ),
+        (
+            "51.3 labels.csv",
+            "a 200 KB field in labels.csv",
+            lambda p: hostile_labels_csv(p, server),
+        ),
+        (
+            "51.3 broken links",
+            "every page with broken link parameters",
+            broken_inputs_on_every_page,
+        ),
+        ("51.4 fair share", "one auditor starts 7 long runs, another starts one", fair_share),
+        ("51.8 Ray files", "read Ray's session files as another local user", ray_files),
     ]
     try:
         with sync_playwright() as playwright:

@@ -41,6 +41,7 @@ from auditlib.access import Principal
 from auditlib.access.throttle import FIRST_WAIT_S, FREE_FAILURES, SignInThrottle
 from auditlib.access.users import MIN_PASSWORD, Users, principal_of, read_users, set_password
 from auditlib.errors import AuditInputError
+from dashboard.gate import SIGNED_IN, forget_uploads
 
 P = ParamSpec("P")
 PRINCIPAL_KEY = "_principal"
@@ -184,15 +185,20 @@ def sign_in() -> Principal | None:
     if why and principal is None:
         st.info(why)
     if principal is None:
+        _session_signed_out()
         st.session_state.pop(PRINCIPAL_KEY, None)
         if status:  # signed in, but no longer in the users file
             authenticator.logout(location="unrendered")
             st.error("This account no longer exists; sign in again.")
         return None
     if users.users[principal.username].must_change:  # a generated password: none of the pages
+        _session_signed_out()  # no uploads until the password is chosen
         _choose_password(principal.username, authenticator)
         return None
     st.session_state[PRINCIPAL_KEY] = principal
+    ctx = get_script_run_ctx()
+    if ctx is not None:  # the gate answers this session's uploads (dashboard/gate.py)
+        SIGNED_IN.signed_in(ctx.session_id, principal.username, st.session_state[PASSWORD_KEY])
     with st.sidebar:
         st.caption(f"Signed in as **{principal.username}** ({principal.role})")
         if st.button("Sign out", key="sign_out"):
@@ -239,7 +245,15 @@ def _sign_out(authenticator: stauth.Authenticate | None = None) -> None:
         authenticator.logout(location="unrendered")
     for name in list(st.session_state):
         del st.session_state[name]
+    _session_signed_out()
     _forget_media()
+
+
+def _session_signed_out() -> None:
+    """The gate takes no more uploads from this session, and what it uploaded is dropped."""
+    ctx = get_script_run_ctx()
+    if ctx is not None and SIGNED_IN.signed_out(ctx.session_id):
+        forget_uploads(ctx.session_id)
 
 
 def _forget_media() -> None:

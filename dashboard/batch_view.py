@@ -44,6 +44,7 @@ from dashboard.batch_table import (  # display_rows: also tests/test_report.py's
     undefended_accuracy,
 )
 from dashboard.downloads import private_download
+from dashboard.failures import failure_line
 from dashboard.image_display import inline, png_width
 from dashboard.resources import get_manager, get_store
 from dashboard.run_choices import run_assets
@@ -79,14 +80,13 @@ def start_batch(
         batch_id = batches.record_batch(store, kind, title, members)
         batch = store.get_batch(batch_id)
         assert batch is not None
-        batches.launch(get_manager(), batch, assets)
+        manager = get_manager()
+        with manager.one_start():  # a batch is admitted whole or refused whole
+            batches.launch(manager, batch, assets)
     except AuditInputError as exc:
         return f"Not started: {exc}"
     except Exception as exc:  # Ray or the store failed: say so, keep the page alive
-        return (
-            f"The runs could not be started: {type(exc).__name__}: {exc}. This is a problem of "
-            "the dashboard or its Ray instance, not of your input."
-        )
+        return failure_line(exc, "The runs could not be started")
     _set_url_state(kind, batch_id)
     return None
 
@@ -107,14 +107,13 @@ def _resume(kind: str, batch_id: str) -> None:
         assets: dict[str, bytes] = {}
         for member in batches.members_of(batch):
             assets.update(run_assets(member.spec))
-        batches.launch(get_manager(), batch, assets)
+        manager = get_manager()
+        with manager.one_start():
+            batches.launch(manager, batch, assets)
     except AuditInputError as exc:
         st.session_state[f"{kind}.error"] = f"Not restarted: {exc}"
     except Exception as exc:  # Ray or the store failed: say so, keep the page alive
-        st.session_state[f"{kind}.error"] = (
-            f"The runs could not be restarted: {type(exc).__name__}: {exc}. This is a problem "
-            "of the dashboard or its Ray instance, not of your input."
-        )
+        st.session_state[f"{kind}.error"] = failure_line(exc, "The runs could not be restarted")
 
 
 def members_words(states: Sequence[batches.MemberState]) -> str:
@@ -336,7 +335,7 @@ def _report(kind: str, batch_id: str) -> None:
         subject = batch_subject(get_store(), batch_id)
         st.session_state[f"{kind}.pdf"] = (batch_id, report_bytes(subject))
     except Exception as exc:  # the report must never take the page down
-        st.session_state[f"{kind}.error"] = f"The report could not be built: {exc}"
+        st.session_state[f"{kind}.error"] = failure_line(exc, "The report could not be built")
 
 
 @signed_in_only

@@ -114,10 +114,16 @@ def progress_text(record: RunRecord, last: EventRecord) -> str:
     return text
 
 
+def waiting_text(record: RunRecord) -> str:
+    """Why a queued run has not started, in one line (``RunManager.waiting_reason``)."""
+    reason = get_manager().waiting_reason(record.id)
+    return STATUS_TEXT["queued"] if reason is None else reason.words
+
+
 def _progress(record: RunRecord, events: list[EventRecord]) -> None:
     if not events:
         text = (
-            "waiting for a worker"
+            waiting_text(record)
             if record.status == "queued"
             else "preparing the victim's update and starting the attack"
         )

@@ -23,6 +23,7 @@ from auditlib.store import CANCELLED, COMPLETED, FAILED, RunRecord
 from auditlib.words import count_of
 from dashboard.auth import signed_in_only
 from dashboard.downloads import private_download
+from dashboard.failures import failure_line
 from dashboard.image_display import inline, png_width
 from dashboard.resources import get_store
 from dashboard.result_words import (
@@ -392,7 +393,7 @@ def _build_report(run_id: str) -> None:
             report_bytes(run_subject(get_store(), run_id)),
         )
     except Exception as exc:  # the report must never take the page down
-        st.session_state["run_report_error"] = f"The report could not be built: {exc}"
+        st.session_state["run_report_error"] = failure_line(exc, "The report could not be built")
 
 
 def results(record: RunRecord) -> None:

@@ -18,6 +18,7 @@ from auditlib.errors import AuditInputError
 from auditlib.store import RunRecord
 from dashboard.auth import signed_in_fragment
 from dashboard.entry import through_app
+from dashboard.failures import failure_line
 from dashboard.forms import run_inputs
 from dashboard.navigation import HISTORY, SETUP
 from dashboard.resources import get_manager, get_store
@@ -54,16 +55,16 @@ def _start(setup: Setup, lab: LabChoices) -> None:
         return
     try:
         spec, assets, title = build_run(setup, lab)
-        # A defended run is judged beside the same attack without the defense (its control).
-        run_id, control_id = start_with_control(get_manager(), spec, assets, title)
+        manager = get_manager()
+        # A defended run is judged beside the same attack without the defense (its control);
+        # one Start: both are admitted, or neither (the per-user queue limit).
+        with manager.one_start():
+            run_id, control_id = start_with_control(manager, spec, assets, title)
     except AuditInputError as exc:
         st.session_state["start_error"] = f"Not started: {exc}"
         return
     except Exception as exc:  # Ray or the store failed: say so, keep the page alive
-        st.session_state["start_error"] = (
-            f"The run could not be started: {type(exc).__name__}: {exc}. This is a problem of "
-            "the dashboard or its Ray instance, not of your input."
-        )
+        st.session_state["start_error"] = failure_line(exc, "The run could not be started")
         return
     open_run(run_id)
     st.session_state["control_started"] = control_id

@@ -7,6 +7,9 @@
 # ADDRESS and PORT as in the Makefile; serving beyond this machine needs TLS in front.
 set -eu
 cd "$(dirname "$0")/.."
+# Every file the service writes is its user's alone (the data folder, Ray's session files
+# and logs under its own 0700 temp folder, reports).
+umask 077
 PYTHON="${PYTHON:-python}"
 "$PYTHON" -m auditlib users init
 if [ -z "${AUDIT_RAY_ADDRESS:-}" ]; then

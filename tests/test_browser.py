@@ -926,3 +926,118 @@ def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothi
             raise
         finally:
             browser.close()
+
+
+def session_ids(page) -> list[str]:
+    """The Streamlit session ids the page's websocket is given (each NewSession message),
+    as a visitor reads them from their own browser."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    found: list[str] = []
+
+    def frame(payload) -> None:
+        if isinstance(payload, bytes):
+            with contextlib.suppress(Exception):
+                message = ForwardMsg.FromString(payload)
+                if message.WhichOneof("type") == "new_session":
+                    found.append(message.new_session.initialize.session_id)
+
+    page.on("websocket", lambda ws: ws.on("framereceived", frame))
+    return found
+
+
+def raw_upload(url: str, session: str, xsrf: str, size: int, timeout: float = 30.0):
+    """PUT a ``size``-byte file to Streamlit's upload route for ``session`` as curl would,
+    sending the body in 1 MiB pieces while watching for an answer, so an answer before the
+    body is read ends the sending. Returns (the HTTP status or None, bytes of body sent)."""
+    import select
+
+    boundary = "probeboundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="x.bin"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    length = len(head) + size + len(tail)
+    parts = urlsplit(url)
+    request = (
+        f"PUT /_stcore/upload_file/{session}/probe HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {length}\r\nX-Xsrftoken: {xsrf}\r\n"
+        f"Cookie: _streamlit_xsrf={xsrf}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    deadline = time.monotonic() + timeout
+    sent = 0
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+        sock.sendall(request + head)
+        chunk = b"\0" * (1 << 20)
+        with contextlib.suppress(OSError):  # the server may close before the body is sent
+            while sent < size and time.monotonic() < deadline:
+                if select.select([sock], [], [], 0)[0]:
+                    break  # answered before the body was read
+                piece = chunk[: min(len(chunk), size - sent)]
+                sock.sendall(piece)
+                sent += len(piece)
+            if sent >= size:
+                sock.sendall(tail)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while b"\r\n" not in answer and time.monotonic() < deadline:
+                data = sock.recv(4096)
+                if not data:
+                    break
+                answer += data
+    match = re.match(rb"HTTP/1\.[01] (\d{3})", answer)
+    return (int(match.group(1)) if match else None), sent
+
+
+@pytest.mark.timeout(240)
+def test_a_visitor_uploads_nothing_and_a_failing_store_shows_one_line_in_a_browser(
+    server, tmp_path
+):
+    """Issue 51, items 1, 3 and 5 against the real server: a visitor who never signs in,
+    holding their session's id and XSRF cookie, has an upload refused before its body is
+    read, and /_stcore/metrics answers 404; a signed-in session's upload is taken. Then the
+    store is broken under the running server: every page says in one line what failed, and
+    none shows a traceback or a path of the server's."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from dashboard.navigation import PAGES
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1400})
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        sessions = session_ids(page)
+        try:
+            page.goto(server)
+            page.get_by_text("Sign in to see your runs").wait_for()
+            xsrf = next(c["value"] for c in context.cookies() if c["name"] == "_streamlit_xsrf")
+            assert sessions, "the page's websocket named no session"
+            status, sent = raw_upload(server, sessions[-1], xsrf, 64 << 20)
+            assert status == 403 and sent < 64 << 20, (status, sent)
+            with pytest.raises(urllib.error.HTTPError) as closed:
+                urllib.request.urlopen(f"{server}/_stcore/metrics", timeout=10)
+            assert closed.value.code == 404
+
+            sign_in(page, "alice")  # the same session, now signed in
+            assert raw_upload(server, sessions[-1], xsrf, 1000)[0] == 204
+
+            (tmp_path / "data" / "audit.db").write_bytes(
+                b"\0" * 4096
+            )  # the store breaks under the server
+            for ref in PAGES:
+                page.goto(f"{server}/{Path(ref.path).stem}")
+                sign_in(page, "alice")
+                page.wait_for_timeout(1500)
+                text = page.locator("section.stMain").inner_text()
+                assert "Traceback" not in text and 'File "' not in text, (ref.title, text)
+                assert str(ROOT) not in text and "site-packages" not in text, (ref.title, text)
+            page.goto(f"{server}/history")
+            sign_in(page, "alice")
+            page.get_by_text("This page could not be shown: the store (the database)").wait_for()
+            page.screenshot(path=str(ARTIFACTS / "browser_store_failed.png"))
+        finally:
+            browser.close()

@@ -204,6 +204,18 @@ def test_bad_input_gets_one_clear_line_and_breaks_nothing(tmp_path, capsys):
     assert not (tmp_path / "pwned").exists()  # the pickle was never unpickled
 
 
+def test_a_time_budget_over_a_day_is_refused_with_the_librarys_line(image_dir, tmp_path, capsys):
+    """Issue 51: the CLI has no larger budget than the library (Budget: at most 86,400 s)."""
+    out = tmp_path / "out"
+    args = ["--model", "lenet", "--images", str(image_dir), "--out", str(out)]
+    code, _, stderr = audit([*args, "--time-budget", "86401"], capsys)
+    assert code == 2
+    assert stderr.strip().splitlines() == [
+        "error: time budget must be > 0 s and at most 86,400 s (a day), got 86401 s"
+    ]
+    assert not out.exists()  # refused before anything ran
+
+
 def test_usage_errors_are_one_line_too(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["audit", "--model", "lenet"])

@@ -53,3 +53,11 @@ def test_the_embedded_ray_binds_to_this_machine_only():
     # is joined as it is.
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in make_run_command()
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in make_run_command("AUDIT_RAY_ADDRESS=h:1")
+
+
+def test_every_file_the_server_writes_is_its_users_alone():
+    # Issue 51, item 8: Ray's session folders are 0777 and its logs world-readable unless
+    # the process's umask says otherwise; the Docker image's service user's home is 0700.
+    assert make_run_command().lstrip().startswith("umask 077 &&")
+    assert "\numask 077\n" in (ROOT / "scripts" / "serve.sh").read_text()
+    assert "chmod 0700 /home/auditor" in (ROOT / "Dockerfile").read_text()

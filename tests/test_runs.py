@@ -10,6 +10,7 @@ import pytest
 from postgres_server import BACKENDS
 
 from auditlib.engine import ray_backend
+from auditlib.engine.fair_share import MOST_RUNS, FairShareLimits
 from auditlib.engine.identity import run_identity
 from auditlib.engine.runs import RunManager
 from auditlib.errors import AuditInputError
@@ -45,9 +46,14 @@ def store(request, tmp_path):
         yield store
 
 
+# These tests start their runs without an owner (one shared owner): only the workers limit
+# them, not a user's share (tests/test_fair_share.py).
+UNLIMITED = FairShareLimits(max_running=MOST_RUNS, max_queued=MOST_RUNS)
+
+
 @pytest.fixture
 def manager(ray_instance, store):
-    manager = RunManager(store, emit_every=2, image_every=4, lpips_nets=())
+    manager = RunManager(store, emit_every=2, image_every=4, lpips_nets=(), limits=UNLIMITED)
     yield manager
     for run_id in manager.active_runs():
         manager.cancel(run_id)

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     from auditlib.data.samples import SAMPLE_SETS
     from auditlib.defenses import DEFENSES
     from auditlib.models import ARCHITECTURES
-    from auditlib.spec import SERVERS, UTILITY_DATASETS
+    from auditlib.spec import MAX_TIME_BUDGET_S, SERVERS, UTILITY_DATASETS
 
     parser = _Parser(
         prog="python -m auditlib", description="Gradient-leakage audits for federated learning."
@@ -228,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--time-budget",
         type=float,
-        help="seconds before the attack stops (under a defense its adaptive twin gets as many "
-        "again)",
+        help=f"seconds before the attack stops, at most {MAX_TIME_BUDGET_S} (under a defense "
+        "its adaptive twin gets as many again)",
     )
     run.add_argument(
         "--no-control",

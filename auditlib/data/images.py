@@ -12,7 +12,6 @@ import dataclasses
 import io
 import re
 import zipfile
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from auditlib.data.archives import read_member
 from auditlib.data.decode import (
     DEFAULT_LIMITS,
     FORMATS_TEXT,
@@ -127,8 +127,9 @@ def _assemble(
                 f"in {where}: {member.name} is {size_text(member.size)}; image files up to "
                 f"{size_text(limits.max_file_bytes)} are accepted"
             )
+        data = member.read()  # a read refusal names its file and where it is already
         try:
-            total += header_pixels(member.read(), member.name, limits)
+            total += header_pixels(data, member.name, limits)
         except AuditInputError as exc:
             raise AuditInputError(f"in {where}: {exc}") from exc
         if total > limits.max_total_pixels:
@@ -138,8 +139,9 @@ def _assemble(
             )
     images = []
     for member in chosen:  # read again: one file's bytes in memory at a time
+        data = member.read()
         try:
-            images.append(decode_image(member.read(), member.name, limits))
+            images.append(decode_image(data, member.name, limits))
         except AuditInputError as exc:
             raise AuditInputError(f"in {where}: {exc}") from exc
     names = tuple(m.name for m in chosen)
@@ -222,6 +224,11 @@ def load_image_folder(
     if labels_csv is not None:
         csv_path = Path(labels_csv)
         try:
+            if csv_path.stat().st_size > limits.max_file_bytes:  # refused before it is read
+                raise AuditInputError(
+                    f"labels file {csv_path} is {size_text(csv_path.stat().st_size)}; expected "
+                    "a small CSV with one 'filename,label' row per image"
+                )
             labels_text = _read_text(csv_path.read_bytes(), f"labels file {csv_path}")
         except OSError as exc:
             raise AuditInputError(
@@ -319,26 +326,8 @@ def load_zip(data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> LabelledImage
             )
 
         def reader(info: zipfile.ZipInfo) -> Callable[[], bytes]:
-            def read() -> bytes:
-                if info.flag_bits & 0x1:
-                    raise AuditInputError(
-                        f"{info.filename} in the zip upload is encrypted; expected an "
-                        "unencrypted zip"
-                    )
-                try:
-                    # zipfile stops at the declared (already checked) size and verifies the CRC.
-                    return archive.read(info)
-                except (zipfile.BadZipFile, OSError, zlib.error, EOFError) as exc:
-                    raise AuditInputError(
-                        f"{info.filename} in the zip upload is corrupt; expected an intact zip"
-                    ) from exc
-                except NotImplementedError as exc:
-                    raise AuditInputError(
-                        f"{info.filename} in the zip upload uses an unsupported compression "
-                        "method; expected stored or deflated entries"
-                    ) from exc
-
-            return read
+            # In bounded pieces, never past the declared size (checked above) or the limit.
+            return lambda: read_member(archive, info, where, limits.max_file_bytes)
 
         members = [_Member(parts, info.file_size, reader(info)) for parts, info in entries]
         return _assemble(members, None, where, "zip upload", limits)

@@ -13,6 +13,11 @@ from auditlib.errors import AuditInputError
 
 _FILE_COLUMNS = ("filename", "file", "name")
 _SHOWN = 3  # offenders named per problem; the rest are counted
+# A row is a file name (a path, at most 4,096 characters) and a label: a labels file holds
+# at most that per image, and a header and 100 spare rows (blank lines, a longer list).
+MAX_ROW_CHARS = 4_096
+_SPARE_ROWS = 100
+_EXPECTED_ROWS = "a header 'filename,label' and one row per image"
 
 
 def _few(items: Sequence[str]) -> str:
@@ -38,14 +43,24 @@ def parse_labels_csv(
     become ids 0..K-1 and are returned as the class names (otherwise ``None``). Every image in
     ``names`` needs exactly one row. All problems found are reported together in one message.
     """
+    most = (len(names) + 1 + _SPARE_ROWS) * MAX_ROW_CHARS
+    if len(text) > most:  # bounds what the CSV reader is given, before it reads a row
+        raise AuditInputError(
+            f"{source} holds {len(text):,} characters; expected {_EXPECTED_ROWS} (at most "
+            f"{most:,} characters for {len(names)} images)"
+        )
     reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
-    # (line number, cells) of the non-blank rows; line numbers count blank lines too.
-    numbered = [(reader.line_num, row) for row in reader if any(c.strip() for c in row)]
+    try:
+        # (line number, cells) of the non-blank rows; line numbers count blank lines too.
+        numbered = [(reader.line_num, row) for row in reader if any(c.strip() for c in row)]
+    except csv.Error as exc:  # a field over csv's limit, an unterminated quote, a NUL
+        raise AuditInputError(
+            f"{source} cannot be read as CSV at line {reader.line_num} ({exc}); expected "
+            f"{_EXPECTED_ROWS}"
+        ) from None
     rows = [row for _, row in numbered]
     if not rows:
-        raise AuditInputError(
-            f"{source} is empty; expected a header 'filename,label' and one row per image"
-        )
+        raise AuditInputError(f"{source} is empty; expected {_EXPECTED_ROWS}")
     header = [cell.strip().lower() for cell in rows[0]]
     file_col = next((header.index(c) for c in _FILE_COLUMNS if c in header), None)
     if file_col is None or "label" not in header:

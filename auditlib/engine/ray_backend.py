@@ -23,6 +23,7 @@ from typing import Any
 
 import ray
 
+from auditlib.engine.ray_files import private_temp_dir, private_token
 from auditlib.errors import AuditInputError
 from auditlib.spec import RunSpec
 
@@ -91,6 +92,7 @@ def _keep_ray(address: str | None) -> None:
     try:
         address = address or ray_address()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        private_token()
         if address:
             ray.init(address=address, log_to_driver=False, runtime_env=cluster_runtime_env())
         else:
@@ -100,6 +102,7 @@ def _keep_ray(address: str | None) -> None:
                 num_cpus=local_cpus(),
                 include_dashboard=False,
                 log_to_driver=False,
+                _temp_dir=private_temp_dir(),  # the service user's own, 0700
                 runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}},
             )
     except BaseException as exc:  # handed to the callers of ensure_ray

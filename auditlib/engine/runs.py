@@ -3,6 +3,12 @@
 For each run one consumer thread on the dashboard's side drains the task's message stream
 and writes it to the store, so remote workers need no database access and the page reads
 progress from the store by polling. Several runs may execute at once.
+
+Runs share the workers fairly (``engine.fair_share``): a Start records its run "queued" and
+puts it in the manager's own queue; a run is submitted to Ray only when a slot is free (the
+cluster's CPUs over ``ray_backend.cpus_per_run``), taking the users in turn, each with at
+most ``AUDIT_USER_MAX_RUNNING`` running. A queued run cancelled before it is submitted ends
+"cancelled" without reaching Ray.
 """
 
 from __future__ import annotations
@@ -10,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -19,6 +26,7 @@ from ray.exceptions import RayError, TaskCancelledError
 from auditlib.defenses import build_defense
 from auditlib.engine import ray_backend
 from auditlib.engine.attack_phase import plan_attacks
+from auditlib.engine.fair_share import SHARED_OWNER, FairQueue, FairShareLimits, WaitReason
 from auditlib.engine.identity import run_identity
 from auditlib.engine.messages import (
     ErrorMessage,
@@ -40,6 +48,30 @@ from auditlib.store.retention import expire
 HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
 
 
+@dataclass(eq=False)  # one task is one object: held in sets and dicts by identity
+class _Task:
+    """What one Ray task runs: one run, or a sample's updates together (``paired``: the
+    stream yields (update, message) pairs). ``submit`` hands it to Ray with the cancel
+    board and returns the message stream; ``done`` is set once every run of it ended."""
+
+    key: str  # its name on the cancel board: the run id, or "together-<first run id>"
+    owner: str
+    recorders: dict[int, _Recorder]
+    submit: Callable[[Any], Any]
+    paired: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        return tuple(r.run_id for r in self.recorders.values())
+
+
+def ray_slots() -> int:
+    """Runs the Ray cluster executes at once: its CPUs over each run's, at least 1."""
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    return max(1, cpus // ray_backend.cpus_per_run())
+
+
 class RunManager:
     def __init__(
         self,
@@ -49,7 +81,12 @@ class RunManager:
         emit_every: int = 10,
         image_every: int = 50,
         lpips_nets: tuple[str, ...] = LPIPS_NETS,
+        limits: FairShareLimits | None = None,
+        slots: int | None = None,
     ) -> None:
+        """``limits``: None reads the service's settings from the environment
+        (``FairShareLimits.from_environment``); ``slots``: runs submitted to Ray at once,
+        None: what the cluster has CPUs for (read once Ray is up)."""
         self.store = store
         self.ray_address = ray_address
         self.settings = {
@@ -57,11 +94,13 @@ class RunManager:
             "image_every": image_every,
             "lpips_nets": lpips_nets,
         }
+        self.limits = limits or FairShareLimits.from_environment()
         self._lock = threading.Lock()
-        self._refs: dict[str, Any] = {}
-        self._threads: dict[str, threading.Thread] = {}
-        # A run of updates together: its cancel-board key and every run of the group.
-        self._groups: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._queue: FairQueue[_Task] = FairQueue(self.limits, slots)
+        self._tasks: dict[str, _Task] = {}  # every admitted run not yet ended, by run id
+        self._cancel_asked: set[str] = set()  # tasks cancelled while being submitted
+        self._click = threading.local()  # the owner of the Start this thread is in
+        self._refs: dict[str, Any] = {}  # the message stream of each submitted run
         self._board = None  # the cancel board actor; this handle keeps it alive
         # Runs left queued/running by an earlier dashboard process have lost their consumer
         # (and, with the embedded Ray, their worker): they must not stay "running" forever.
@@ -81,30 +120,29 @@ class RunManager:
         *,
         owner: str | None = None,
     ) -> str:
-        """Validate ``spec``, record the run as ``owner``'s and start it; returns the run id.
+        """Validate ``spec``, record the run as ``owner``'s and queue it; returns the run id.
         The dashboard starts runs through ``engine.user_runs.UserRuns``, which names the owner.
 
-        Parameter errors surface here as AuditInputError, before anything is recorded.
+        Parameter errors and a full queue (``AUDIT_USER_MAX_QUEUED``) surface here as
+        AuditInputError, before anything is recorded.
         """
         self._admit(spec)
-        run_id = self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
-        board = self._cancel_board()
-        generator = ray_backend.submit(spec, assets or {}, run_id, board, self.settings)
-        thread = threading.Thread(
-            target=self._consume,
-            args=(run_id, generator, board),
-            daemon=True,
-            name=f"audit-{run_id[:8]}",
-        )
-        with self._lock:
-            self._refs[run_id] = generator
-            self._threads[run_id] = thread
-        thread.start()
-        return run_id
+
+        def task_of(run_ids: list[str]) -> _Task:
+            (run_id,) = run_ids
+            return _Task(
+                run_id,
+                owner or SHARED_OWNER,
+                {0: _Recorder(self.store, run_id)},
+                lambda board: ray_backend.submit(spec, assets or {}, run_id, board, self.settings),
+            )
+
+        return self._admitted(owner, [spec], [title], task_of)[0]
 
     def _admit(self, spec: RunSpec) -> None:
         """What a start checks before anything is recorded (parameter errors as
         AuditInputError), then Ray ready for it and the store's expired runs gone."""
+        self.limits.check_budget(spec)  # AUDIT_MAX_RUN_SECONDS
         plan_attacks(
             spec.attack, spec.budget.iterations, server=spec.scenario.server
         )  # one attack, or every applicable one
@@ -113,6 +151,86 @@ class RunManager:
         ray_backend.ensure_ray(self.ray_address)
         ray_backend.require_device(spec, self.ray_address)
         expire(self.store)
+
+    def _admitted(
+        self,
+        owner: str | None,
+        specs: Sequence[RunSpec],
+        titles: Sequence[str],
+        task_of: Callable[[list[str]], _Task],
+    ) -> list[str]:
+        """Record the runs of one task and queue it, unless the owner's queue is full (the
+        check and the queueing under one lock, so two tabs cannot both pass it); then
+        submit what the free slots allow."""
+        key = owner or SHARED_OWNER
+        with self._lock:
+            if self._queue.slots is None:
+                self._queue.slots = ray_slots()  # Ray is up: _admit waited for it
+            if getattr(self._click, "checked", None) != key:  # once per Start (one_start)
+                self._queue.check_room(key)
+                if getattr(self._click, "owner", None) == key:
+                    self._click.checked = key
+            run_ids = [
+                self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
+                for spec, title in zip(specs, titles, strict=True)
+            ]
+            task = task_of(run_ids)
+            for run_id in run_ids:
+                self._tasks[run_id] = task
+            self._queue.add(key, task.key, run_ids, task)
+        self._dispatch()
+        return run_ids
+
+    @contextlib.contextmanager
+    def one_start(self, owner: str | None = None) -> Iterator[None]:
+        """The runs started inside (on this thread, as ``owner``) are one Start: the queued
+        limit is checked at the first of them only, so a run with its control, or a batch's
+        runs, is admitted whole or refused before anything is recorded."""
+        if getattr(self._click, "owner", None) is not None:  # nested: the outer Start
+            yield
+            return
+        self._click.owner, self._click.checked = owner or SHARED_OWNER, None
+        try:
+            yield
+        finally:
+            self._click.owner = self._click.checked = None
+
+    def _dispatch(self) -> None:
+        """Submit queued tasks while a slot is free; the fair queue says which."""
+        while True:
+            with self._lock:
+                chosen = self._queue.take()
+            if not chosen:
+                return
+            for task in chosen:
+                self._submit(task)
+
+    def _submit(self, task: _Task) -> None:
+        try:
+            board = self._cancel_board()
+            generator = task.submit(board)
+        except Exception as exc:  # Ray refused the task: its runs end here, not queued for ever
+            for recorder in task.recorders.values():
+                with contextlib.suppress(Exception):
+                    recorder.end(
+                        "failed", f"could not be handed to Ray: {type(exc).__name__}: {exc}"
+                    )
+            self._ended(task.key, task.run_ids)
+            return
+        thread = threading.Thread(
+            target=self._drain,
+            args=(task.recorders, generator, board, task.key),
+            kwargs={"paired": task.paired},
+            daemon=True,
+            name=f"audit-{task.key[:17]}",
+        )
+        with self._lock:
+            for run_id in task.run_ids:
+                self._refs[run_id] = generator
+            cancelled = task.key in self._cancel_asked
+        thread.start()
+        if cancelled:  # cancelled between the queue's choice and now
+            self._stop(task.key, task.run_ids[0])
 
     def _cancel_board(self):
         """The cancel board actor, made on first use; this manager's handle keeps it alive."""
@@ -128,7 +246,7 @@ class RunManager:
         self, recorders: dict[int, _Recorder], generator, board, key: str, *, paired: bool
     ) -> None:
         """Write a task's message stream to its runs (one, or a group's by update) until it
-        ends; whatever ends it, every run is left finished."""
+        ends; whatever ends it, every run is left finished and the next queued run goes."""
         try:
             for ref in generator:
                 value = ray.get(ref)
@@ -151,18 +269,28 @@ class RunManager:
                 with contextlib.suppress(Exception):
                     recorder.end("failed", f"{type(exc).__name__}: {exc}")
         finally:
-            for recorder in recorders.values():
-                if not recorder.finished:
-                    record = self.store.get_run(recorder.run_id)
-                    if record is not None and record.finished_at is None:
-                        recorder.end("failed", "the worker ended without a result")
-            with self._lock:
+            try:
                 for recorder in recorders.values():
-                    self._refs.pop(recorder.run_id, None)
-                    self._threads.pop(recorder.run_id, None)
-                    self._groups.pop(recorder.run_id, None)
-            with contextlib.suppress(Exception):  # the board is only bookkeeping
-                board.forget.remote(key)
+                    if not recorder.finished:
+                        record = self.store.get_run(recorder.run_id)
+                        if record is not None and record.finished_at is None:
+                            recorder.end("failed", "the worker ended without a result")
+                with contextlib.suppress(Exception):  # the board is only bookkeeping
+                    board.forget.remote(key)
+            finally:  # the slot is free whatever the store did
+                self._ended(key, tuple(r.run_id for r in recorders.values()))
+
+    def _ended(self, key: str, run_ids: tuple[str, ...]) -> None:
+        """Task ``key`` is over: forget it, free its slot, wake its waiters, start the next."""
+        with self._lock:
+            self._queue.finished(key)
+            self._cancel_asked.discard(key)
+            tasks = {self._tasks.pop(run_id, None) for run_id in run_ids}
+            for run_id in run_ids:
+                self._refs.pop(run_id, None)
+        for task in tasks - {None}:
+            task.done.set()
+        self._dispatch()
 
     def start_together(
         self,
@@ -175,47 +303,54 @@ class RunManager:
         """Start a sample's updates (``engine.sample.update_specs``, which
         ``engine.together.why_sample_apart`` lets advance together) as one task: one run
         record per update, as ``start`` would make, each written from its own messages of
-        the one stream. Cancelling any of them cancels all: they are one computation."""
+        the one stream. Cancelling any of them cancels all: they are one computation. They
+        take one slot and count as one running run of their owner (and as their number of
+        runs while queued)."""
         why = why_sample_apart(specs)
         if why is not None:
             raise AuditInputError(f"these runs cannot advance together: {why}")
         self._admit(specs[0])  # they differ only in their images
         titles = list(titles) or [""] * len(specs)
-        run_ids = [
-            self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
-            for spec, title in zip(specs, titles, strict=True)
-        ]
-        group = f"together-{run_ids[0]}"
-        board = self._cancel_board()
-        generator = ray_backend.submit_together(
-            list(specs), assets or {}, group, board, self.settings
-        )
-        recorders = {u: _Recorder(self.store, run_id) for u, run_id in enumerate(run_ids)}
-        thread = threading.Thread(
-            target=self._drain,
-            args=(recorders, generator, board, group),
-            kwargs={"paired": True},
-            daemon=True,
-            name=f"audit-{group[:17]}",
-        )
-        with self._lock:
-            for run_id in run_ids:
-                self._refs[run_id] = generator
-                self._threads[run_id] = thread
-                self._groups[run_id] = (group, tuple(run_ids))
-        thread.start()
-        return run_ids
+
+        def task_of(run_ids: list[str]) -> _Task:
+            group = f"together-{run_ids[0]}"
+            return _Task(
+                group,
+                owner or SHARED_OWNER,
+                {u: _Recorder(self.store, run_id) for u, run_id in enumerate(run_ids)},
+                lambda board: ray_backend.submit_together(
+                    list(specs), assets or {}, group, board, self.settings
+                ),
+                paired=True,
+            )
+
+        return self._admitted(owner, specs, titles, task_of)
 
     def cancel(self, run_id: str) -> None:
         """Ask the run to stop: at once through the cancel board, by force if it lingers.
-        A run of updates together stops with all of them (one computation)."""
+        A run of updates together stops with all of them (one computation). A run still in
+        the queue ends cancelled at once; Ray never sees it."""
         with self._lock:
+            task = self._tasks.get(run_id)
+            withdrawn = None if task is None else self._queue.withdraw(task.key)
             generator = self._refs.get(run_id)
-            key, members = self._groups.get(run_id, (run_id, (run_id,)))
+            if task is not None and withdrawn is None and generator is None:
+                self._cancel_asked.add(task.key)  # being submitted: _submit stops it
+            members = task.run_ids if task is not None else (run_id,)
         for member in members:
             self.store.request_cancel(member)
+        if withdrawn is not None:
+            for recorder in withdrawn.recorders.values():
+                recorder.end("cancelled", "cancelled while it waited in the queue; it never ran")
+            self._ended(withdrawn.key, withdrawn.run_ids)
+            return
         if generator is None:
             return
+        key = task.key if task is not None else run_id
+        self._stop(key, run_id)
+
+    def _stop(self, key: str, run_id: str) -> None:
+        """Cancel task ``key`` through the board; ray.cancel if it lingers."""
         self._board.cancel.remote(key)
 
         def hard_cancel() -> None:
@@ -228,22 +363,32 @@ class RunManager:
         timer.daemon = True
         timer.start()
 
-    def is_active(self, run_id: str) -> bool:
+    def waiting_reason(self, run_id: str) -> WaitReason | None:
+        """Why run ``run_id`` has not started (its owner's limit, no free worker, or its
+        worker starting); None for a run this manager is not holding back."""
         with self._lock:
-            return run_id in self._threads
+            task = self._tasks.get(run_id)
+            reason = None if task is None else self._queue.reason(task.key)
+        if reason is not None and reason.kind == "starting":
+            record = self.store.get_run(run_id)  # the worker says when it has started
+            if record is None or record.status != "queued":
+                return None
+        return reason
+
+    def is_active(self, run_id: str) -> bool:
+        """Queued or running in this manager."""
+        with self._lock:
+            return run_id in self._tasks
 
     def active_runs(self) -> list[str]:
         with self._lock:
-            return list(self._threads)
+            return list(self._tasks)
 
     def wait(self, run_id: str, timeout: float | None = None) -> bool:
-        """Block until the run's consumer has finished; True if it has."""
+        """Block until the run has ended (queued ones too); True if it has."""
         with self._lock:
-            thread = self._threads.get(run_id)
-        if thread is None:
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
+            task = self._tasks.get(run_id)
+        return True if task is None else task.done.wait(timeout)
 
     def wait_all(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

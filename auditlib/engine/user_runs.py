@@ -5,9 +5,11 @@ are theirs; they cancel and watch only runs they may see. ``store`` is their
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 from auditlib.access import Principal
+from auditlib.engine.fair_share import WaitReason
 from auditlib.engine.runs import RunManager
 from auditlib.errors import AuditInputError
 from auditlib.spec import RunSpec
@@ -53,6 +55,16 @@ class UserRuns:
         for spec in specs:
             self._own_uploads(spec)
         return self.manager.start_together(specs, assets, titles, owner=self.principal.username)
+
+    def one_start(self) -> contextlib.AbstractContextManager[None]:
+        """The runs started inside are one Start of this user's (``RunManager.one_start``):
+        a run with its control, or a batch's runs, is admitted whole or not at all."""
+        return self.manager.one_start(self.principal.username)
+
+    def waiting_reason(self, run_id: str) -> WaitReason | None:
+        """Why this user's queued run has not started (``RunManager.waiting_reason``)."""
+        self.store.get_run(run_id)  # refuses another user's run
+        return self.manager.waiting_reason(run_id)
 
     def _own_uploads(self, spec: RunSpec) -> None:
         for sha in sorted(assets_in_spec(spec.to_dict())):

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from auditlib.errors import AuditInputError
+from auditlib.models.safetensors_header import declared_state
 from auditlib.models.shapes import reason
 from auditlib.words import MB, size_text
 
@@ -300,6 +301,25 @@ def _image_size_hint(
     )
 
 
+def _check_fit(
+    model: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    label: str,
+) -> None:
+    """Refuse a state (loaded, or the meta tensors a header declares) whose names or shapes
+    do not fit ``model``, in one line with what would make it fit."""
+    problems = _fit_problems(state, expected)
+    if problems:
+        raise AuditInputError(
+            f"weights in {label} do not fit {_model_label(model)}: {problems}; expected a "
+            "state_dict saved from the same architecture, class count and input shape"
+            + _stem_hint(model, state, expected)
+            + _classes_hint(model, state, expected)
+            + _image_size_hint(model, state, expected)
+        )
+
+
 def load_weights(
     model: nn.Module,
     source: str | Path | bytes,
@@ -312,21 +332,16 @@ def load_weights(
     ``source`` is a path or the uploaded bytes; ``filename`` names it in messages. The format
     is detected from the content, not the extension. Pickled Python objects are refused,
     never loaded. Keys and shapes are compared before anything is copied, so a refused file
-    leaves the model unchanged.
+    leaves the model unchanged; a safetensors file's are compared from its header, before any
+    of its tensors is loaded.
     """
     data, label = _read_source(source, filename, max_bytes, "weights")
+    expected = model.state_dict()
+    if _is_safetensors(data):  # its header first: what it declares must fit before it loads
+        _check_fit(model, _as_state_dict(declared_state(data, label), label), expected, label)
     state = _as_state_dict(_read_weights(data, label), label)
     _check_values(state, label)
-    expected = model.state_dict()
-    problems = _fit_problems(state, expected)
-    if problems:
-        raise AuditInputError(
-            f"weights in {label} do not fit {_model_label(model)}: {problems}; expected a "
-            "state_dict saved from the same architecture, class count and input shape"
-            + _stem_hint(model, state, expected)
-            + _classes_hint(model, state, expected)
-            + _image_size_hint(model, state, expected)
-        )
+    _check_fit(model, state, expected, label)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -29,6 +29,8 @@ from auditlib.client.protocol import ClientProtocol
 from auditlib.errors import AuditInputError
 from auditlib.models import ModelSpec, build_model
 from auditlib.models.loading import DEFAULT_MAX_BYTES
+from auditlib.models.meta_build import meta_model
+from auditlib.models.safetensors_header import declared_state
 from auditlib.observed.record import FILE as TRAINING_FILE
 from auditlib.observed.record import TrainingRecord
 from auditlib.words import MB, size_text
@@ -147,21 +149,22 @@ class ObservedBundle:
         }
 
 
+def _declared_state(data: bytes, label: str) -> State:
+    """The state a safetensors file declares, as meta tensors read from its header alone
+    (no tensor is loaded); anything else is refused, never unpickled."""
+    state = declared_state(data, label)
+    if not state:
+        raise AuditInputError(f"{label} holds no tensors; expected a state_dict")
+    return _unprefixed(state)
+
+
 def _read_state(data: bytes, label: str) -> State:
-    """A safetensors file's tensors; anything else is refused, never unpickled."""
-    header = int.from_bytes(data[:8], "little") if len(data) >= 10 else 0
-    if not (2 <= header <= len(data) - 8 and data[8:9] == b"{"):
-        raise AuditInputError(
-            f"{label} is not a safetensors file; expected a state_dict saved with "
-            "safetensors.torch.save_file (pickled files are never loaded)"
-        )
+    """A safetensors file's tensors (its header already checked by :func:`_declared_state`)."""
     try:
         state = safetensors.torch.load(data)
     except Exception as exc:  # safetensors raises its own error type for damaged files
         why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise AuditInputError(f"{label} cannot be read as safetensors ({why})") from None
-    if not state:
-        raise AuditInputError(f"{label} holds no tensors; expected a state_dict")
     return _unprefixed(state)
 
 
@@ -242,20 +245,15 @@ def _as_model_dtype(state: State, expected: Mapping[str, torch.Tensor]) -> State
     }
 
 
-def _checked(
-    location: str,
-    training: TrainingRecord,
-    global_state: State,
-    update: State,
-    shared: Shared,
-    content_sha256: str,
-) -> ObservedBundle:
-    """The bundle, once every tensor is finite and every state fits the named model."""
-    update_file = CLIENT_FILE if shared == "weights" else DELTA_FILE
-    _check_finite(global_state, GLOBAL_FILE)
-    _check_finite(update, update_file)
+def _check_fit(
+    training: TrainingRecord, global_state: State, update: State, shared: Shared
+) -> dict[str, torch.Tensor]:
+    """Refuse states whose names or shapes do not fit the model training.json names, and
+    return its state_dict. Shapes alone are compared, so the states may be the meta tensors
+    their files' headers declare, and the model is built on the meta device: nothing is
+    allocated for a model no file fits."""
     model_spec = training.model_spec()
-    model = build_model(model_spec)
+    model = meta_model(model_spec)
     expected = model.state_dict()
     problems = _differences(global_state, expected)
     if problems:
@@ -265,7 +263,6 @@ def _checked(
             f"classes, input {shape}) that {TRAINING_FILE} names: {problems}; expected the "
             "state_dict of that model"
         )
-    global_state = _as_model_dtype(global_state, expected)
     if shared == "weights":
         problems = _differences(update, global_state)
         if problems:
@@ -282,6 +279,23 @@ def _checked(
                 f"{DELTA_FILE} is not a difference of the model in {GLOBAL_FILE}: {problems}; "
                 "expected client - global for every parameter"
             )
+    return expected
+
+
+def _checked(
+    location: str,
+    training: TrainingRecord,
+    global_state: State,
+    update: State,
+    shared: Shared,
+    content_sha256: str,
+) -> ObservedBundle:
+    """The bundle, once every tensor is finite and every state fits the named model."""
+    update_file = CLIENT_FILE if shared == "weights" else DELTA_FILE
+    _check_finite(global_state, GLOBAL_FILE)
+    _check_finite(update, update_file)
+    expected = _check_fit(training, global_state, update, shared)
+    global_state = _as_model_dtype(global_state, expected)
     update = _as_model_dtype(update, global_state)
     return ObservedBundle(
         location=location,
@@ -312,8 +326,9 @@ def _update_name(names: Collection[str], where: str) -> tuple[str, Shared]:
 def _training(data: bytes) -> TrainingRecord:
     try:
         parsed = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AuditInputError(f"{TRAINING_FILE} is not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # also a 4,301-digit number, deep nesting
+        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise AuditInputError(f"{TRAINING_FILE} is not valid JSON ({why})") from None
     return TrainingRecord.from_json(parsed)
 
 
@@ -357,6 +372,14 @@ def bundle_from_files(
     for name in sorted(raw):
         digest.update(f"{name}:{len(raw[name])}:".encode())
         digest.update(raw[name])
+    # The headers first: what the files declare must fit the model before a tensor is
+    # loaded or the model is built (their bytes bound what a fitting model can hold).
+    _check_fit(
+        training,
+        _declared_state(raw[GLOBAL_FILE], GLOBAL_FILE),
+        _declared_state(raw[update_name], update_name),
+        shared,
+    )
     return _checked(
         location,
         training,

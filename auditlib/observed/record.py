@@ -2,6 +2,10 @@
 
 Every field is documented in docs/OBSERVED.md. A record that exists is valid: the missing
 fields are named together in one line, a wrong type or value in one line naming the field.
+Numbers must lie in ranges a real client's training falls in; ``source`` and ``client_id``
+must be short plain text without markup, and ``extra`` small, printable JSON: the record
+reaches the result, the threat card and the report, which a hostile file could otherwise
+fill or mark up.
 """
 
 from __future__ import annotations
@@ -53,6 +57,28 @@ OPTIMIZERS = ("sgd", "adam")
 BN_MODES = ("train", "eval")
 LOSSES = ("cross_entropy",)
 
+# The ranges a real client's training falls in; beyond them a value is a typo or a hostile
+# file. (local_epochs and local_steps are bounded by the simulated client: client.protocol.)
+MAX_LOCAL_BATCH_SIZE = 65_536  # 2**16: beyond the largest batches one client trains on
+MAX_NUM_EXAMPLES = 10**8  # more examples than any one client of a federation holds
+# No trainer's rate is below 1e-12 (FedSGD reads the gradient back as -change / lr, which
+# such a rate blows up) or above 10 (the simulated FedAvg client takes at most 10).
+MIN_LR, MAX_LR = 1e-12, 10.0
+MAX_WEIGHT_DECAY = 1.0  # a decay of 1 removes the whole weight at every step of lr 1
+MAX_ROUND = 10**7  # a round a minute for 19 years
+# Text: a name or a short note, shown in the threat card and the report.
+MAX_TEXT_CHARS = 200
+# Strings in extra: a recorder's notes (Flower's quote the values it could not read). They
+# reach only result.json and the report's escaped table, never Markdown, so markup stays
+# allowed there: the recorders' notes hold shapes ("[10, 768]") and "<12 bytes>".
+MAX_EXTRA_TEXT_CHARS = 1_000
+MAX_EXTRA_ITEMS = 1_000  # keys and values of extra, all levels together
+MAX_EXTRA_DEPTH = 8  # objects and lists inside extra (Flower's recorder nests 3 deep)
+# Characters that make Markdown or HTML out of text: emphasis, headings, tables, code, links,
+# images, tags, escapes. "(", ")" and "_" stay allowed: without "[" no link can form, and
+# the recorders write them ("flower server (auditlib.flower.RecordingStrategy)", node_id).
+MARKUP = "<>[]`*#|\\"
+
 
 def _type_name(value: Any) -> str:
     names = {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}
@@ -62,7 +88,9 @@ def _type_name(value: Any) -> str:
 def _refuse(name: str, value: Any, expected: str, *, typed: bool = True) -> AuditInputError:
     """``typed``: the value has the wrong type (named), else a wrong value of the right one."""
     kind = f" ({_type_name(value)})" if typed else ""
-    return AuditInputError(f"{FILE}: {name} must be {expected}, got {value!r}{kind}")
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:60] + "..."  # a hostile value may be long
+    return AuditInputError(f"{FILE}: {name} must be {expected}, got {shown}{kind}")
 
 
 def _number(data: Mapping[str, Any], name: str) -> float:
@@ -74,15 +102,79 @@ def _number(data: Mapping[str, Any], name: str) -> float:
     return float(value)
 
 
-def _whole(data: Mapping[str, Any], name: str, low: int = 1) -> int:
+def _whole(data: Mapping[str, Any], name: str, low: int = 1, high: int | None = None) -> int:
     value = data[name]
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _refuse(name, value, "a whole number")
+    if high is not None and not low <= value <= high:
+        raise _refuse(name, value, f"a whole number from {low:,} to {high:,}", typed=False)
     if value < low:
         raise _refuse(name, value, f"a whole number >= {low}", typed=False)
     return value
+
+
+def _in_range(data: Mapping[str, Any], name: str, low: float, high: float, text: str) -> float:
+    """A finite number of ``data[name]`` in [low, high] (``text`` says the range)."""
+    value = _number(data, name)
+    if not low <= value <= high:
+        raise _refuse(name, data[name], text, typed=False)
+    return value
+
+
+def _plain_text(name: str, value: str, limit: int, *, markup: bool = False) -> str:
+    """``value``, refused unless it is at most ``limit`` printable characters, without
+    markup (:data:`MARKUP`) unless ``markup``."""
+    shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if len(value) > limit:
+        raise AuditInputError(
+            f"{FILE}: {name} is {len(value):,} characters long ({shown}); expected at most "
+            f"{limit:,} characters of plain text"
+        )
+    banned = "" if markup else MARKUP
+    bad = next((c for c in value if c in banned or not c.isprintable()), None)
+    if bad is not None:
+        without = (
+            "control characters" if markup else f"markup ({' '.join(MARKUP)}) or control characters"
+        )
+        raise AuditInputError(
+            f"{FILE}: {name} holds {bad!r} in {shown}; expected plain text without {without}"
+        )
+    return value
+
+
+def _check_extra(extra: Mapping[str, Any]) -> None:
+    """Refuse an ``extra`` that is not small, plain JSON: finite numbers, printable text
+    (keys also without markup), at most :data:`MAX_EXTRA_DEPTH` levels and
+    :data:`MAX_EXTRA_ITEMS` items."""
+    pending: list[tuple[str, Any, int]] = [("extra", extra, 0)]
+    count = 0
+    while pending:
+        path, value, depth = pending.pop()
+        count += 1
+        if count > MAX_EXTRA_ITEMS:
+            raise AuditInputError(
+                f"{FILE}: extra holds more than {MAX_EXTRA_ITEMS:,} keys and values; expected "
+                "a few notes (it is kept in the result and the report)"
+            )
+        if isinstance(value, Mapping | list | tuple) and depth > MAX_EXTRA_DEPTH:
+            raise AuditInputError(
+                f"{FILE}: {path} nests objects or lists more than {MAX_EXTRA_DEPTH} levels "
+                "deep; expected a few notes"
+            )
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                _plain_text(f"a key of {path}", str(key), MAX_TEXT_CHARS)
+                pending.append((f"{path}.{key}", item, depth + 1))
+        elif isinstance(value, list | tuple):
+            pending += [(f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value)]
+        elif isinstance(value, str):
+            _plain_text(path, value, MAX_EXTRA_TEXT_CHARS, markup=True)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise _refuse(path, value, "a finite number", typed=False)
+        elif value is not None and not isinstance(value, bool | int | float):
+            raise _refuse(path, value, "text, a number, true, false, null, a list or an object")
 
 
 def _choice(data: Mapping[str, Any], name: str, allowed: tuple[str, ...]) -> str:
@@ -98,7 +190,7 @@ def _text(data: Mapping[str, Any], name: str) -> str | None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise _refuse(name, value, "a string")
-    return str(value)
+    return _plain_text(name, str(value), MAX_TEXT_CHARS)
 
 
 def _flag(data: Mapping[str, Any], name: str) -> bool:
@@ -198,6 +290,10 @@ class TrainingRecord:
         lr = _number(data, "lr")
         if lr <= 0:
             raise _refuse("lr", data["lr"], "a learning rate > 0", typed=False)
+        if not MIN_LR <= lr <= MAX_LR:
+            raise _refuse(
+                "lr", data["lr"], f"a learning rate from {MIN_LR:g} to {MAX_LR:g}", typed=False
+            )
         momentum = _number(data, "momentum")
         if not 0 <= momentum < 1:
             raise _refuse("momentum", data["momentum"], "a number in [0, 1)", typed=False)
@@ -205,13 +301,14 @@ class TrainingRecord:
             raise _refuse(
                 "momentum", data["momentum"], "0 with adam (its beta1 is the momentum)", typed=False
             )
-        weight_decay = _number(data, "weight_decay")
-        if weight_decay < 0:
-            raise _refuse("weight_decay", data["weight_decay"], "a number >= 0", typed=False)
+        weight_decay = _in_range(
+            data, "weight_decay", 0, MAX_WEIGHT_DECAY, f"a number from 0 to {MAX_WEIGHT_DECAY:g}"
+        )
         _check_unsupported(data)
         extra = data.get("extra", {})
         if not isinstance(extra, Mapping):
             raise _refuse("extra", extra, "a JSON object")
+        _check_extra(extra)
         record = cls(
             model=model.strip(),
             num_classes=_whole(data, "num_classes", 2),
@@ -220,8 +317,8 @@ class TrainingRecord:
             lr=lr,
             momentum=momentum,
             weight_decay=weight_decay,
-            local_batch_size=_whole(data, "local_batch_size"),
-            num_examples=_whole(data, "num_examples"),
+            local_batch_size=_whole(data, "local_batch_size", 1, MAX_LOCAL_BATCH_SIZE),
+            num_examples=_whole(data, "num_examples", 1, MAX_NUM_EXAMPLES),
             bn_mode=_choice(data, "bn_mode", BN_MODES),  # type: ignore[arg-type]
             local_epochs=_whole(data, "local_epochs") if "local_epochs" in data else None,
             local_steps=_whole(data, "local_steps") if "local_steps" in data else None,
@@ -230,7 +327,7 @@ class TrainingRecord:
             mean=_per_channel(data, "mean", shape[0]),
             std=_per_channel(data, "std", shape[0]),
             shuffled=_flag(data, "shuffled"),
-            round=_whole(data, "round", 0) if data.get("round") is not None else None,
+            round=_whole(data, "round", 0, MAX_ROUND) if data.get("round") is not None else None,
             client_id=_text(data, "client_id"),
             source=_text(data, "source"),
             extra=dict(extra),

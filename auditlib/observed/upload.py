@@ -6,17 +6,18 @@ folder, checks it as :func:`~auditlib.observed.bundle.load_bundle` checks a fold
 stores it as one archive (:func:`bundle_archive`): a zip of exactly the bundle's files,
 written the same way every time, so the same bundle is the same stored asset. A run reads
 it back with :func:`bundle_from_archive`. Nothing is unpickled; every size is checked
-before anything is read.
+before anything is read, and a zip's members are inflated in bounded pieces
+(``data.archives.read_member``).
 """
 
 from __future__ import annotations
 
 import io
 import zipfile
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
+from auditlib.data.archives import read_member
 from auditlib.errors import AuditInputError
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.observed.bundle import (
@@ -89,7 +90,8 @@ def bundle_from_archive(
 def _zip_members(data: bytes, name: str, max_bytes: int) -> dict[str, bytes]:
     """The bundle's files in a zip: at its top level or in one folder; other entries
     (folders, hidden files, a macOS resource fork) are skipped, names of no bundle file
-    refused. Each entry's declared size is checked before it is read."""
+    refused. Each entry's declared size is checked before it is read, and its stream is
+    inflated no further than that size."""
     if len(data) > max_archive_bytes(max_bytes):
         raise AuditInputError(
             f"{name} is {size_text(len(data))}; a bundle's zip is at most "
@@ -132,12 +134,6 @@ def _zip_members(data: bytes, name: str, max_bytes: int) -> dict[str, bytes]:
                     f"{base} in {name} unpacks to {size_text(info.file_size)}, over the "
                     f"{size_text(limit)} limit"
                 )
-            if info.flag_bits & 0x1:
-                raise AuditInputError(f"{base} in {name} is encrypted; expected a plain zip")
-            try:
-                contents[base] = archive.read(info)  # stops at the checked size, checks CRC
-            except (zipfile.BadZipFile, OSError, zlib.error, EOFError, NotImplementedError):
-                raise AuditInputError(
-                    f"{base} in {name} cannot be read; expected an intact, stored or deflated zip"
-                ) from None
+            # In bounded pieces: never more than the declared size or the limit in memory.
+            contents[base] = read_member(archive, info, name, limit)
     return contents
