@@ -49,6 +49,7 @@ from tests.test_browser import (  # noqa: E402
     EXAMPLES,
     Server,
     _set_number,
+    page_path,
     raw_upload,
     session_ids,
     sign_in,
@@ -299,7 +300,7 @@ TRACE_MARKS = ("Traceback", 'File "', "site-packages", str(ROOT))
 
 def _no_trace(page) -> list[str]:
     """What of a traceback or a server path the page's main area shows (none expected)."""
-    text = page.locator("section.stMain").inner_text()
+    text = page.locator("[data-testid=\"stMain\"]").inner_text()
     return [mark for mark in TRACE_MARKS if mark in text]
 
 
@@ -492,7 +493,7 @@ def broken_inputs_on_every_page(probe: Probe) -> tuple[bool, str]:
     traced: dict[str, list[str]] = {}
     for ref in PAGES:
         for link in BROKEN_LINKS:
-            page.goto(f"{probe.url}/{Path(ref.path).stem}?{link}")
+            page.goto(f"{probe.url}/{page_path(ref)}?{link}")
             sign_in(page, "mallory", PASSWORDS["mallory"])
             page.wait_for_timeout(800)
             if trace := _no_trace(page):

@@ -14,17 +14,25 @@ import errno
 import logging
 import secrets
 
-import streamlit as st
-
 _LOG = logging.getLogger("dashboard.failures")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, innermost last."""
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
 
 
 def what_failed(exc: BaseException) -> str:
     """The failure in a user's words, without its message (which may hold paths, SQL or a
-    database URL)."""
-    module = type(exc).__module__
-    if module.startswith("sqlalchemy") or module.startswith(("psycopg", "sqlite3")):
-        return "the store (the database) did not answer"
+    database URL); a store error wrapped in another (the store's own refusal to open a
+    database) is still the store's."""
+    for link in _chain(exc):
+        if type(link).__module__.startswith(("sqlalchemy", "psycopg", "sqlite3")):
+            return "the store (the database) did not answer"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return "the server's disk is full"
     if isinstance(exc, MemoryError):
@@ -34,11 +42,12 @@ def what_failed(exc: BaseException) -> str:
     return f"an internal error ({type(exc).__name__})"
 
 
-def failure_line(exc: BaseException, what: str) -> str:
+def failure_line(exc: BaseException, what: str, *, log_trace: bool = True) -> str:
     """``what`` (e.g. "The run could not be started") failed because of ``exc``, in one
-    line for the page; the trace goes to the server's log under the line's reference."""
+    line for the page; the server's log gets the line's reference (and the trace, unless
+    Streamlit logged it already)."""
     reference = secrets.token_hex(4)
-    _LOG.error("%s: failure %s", what, reference, exc_info=exc)
+    _LOG.error("%s: failure %s", what, reference, exc_info=exc if log_trace else None)
     return (
         f"{what}: {what_failed(exc)}. Nothing you stored was lost; try again in a moment. "
         f"(The server's log has the details under reference {reference}.)"
@@ -46,7 +55,11 @@ def failure_line(exc: BaseException, what: str) -> str:
 
 
 def show_failure(exc: Exception) -> bool:
-    """Say ``exc`` on the page in one line (logged with its trace); True tells Streamlit
-    not to draw its own exception box."""
-    st.error(failure_line(exc, "This page could not be shown"))
+    """Say ``exc`` in one line at the top level of the page (the script may have failed
+    inside a column or the sidebar); True tells Streamlit not to draw its own exception
+    box. Streamlit has logged the trace just before."""
+    from streamlit.delta_generator_singletons import get_dg_singleton_instance
+
+    line = failure_line(exc, "This page could not be shown", log_trace=False)
+    get_dg_singleton_instance().main_dg.error(line)
     return True

@@ -23,6 +23,7 @@ from auditlib.words import count_of
 from dashboard.auth import signed_in_only
 from dashboard.config_form import changed_params, config_defaults, config_inputs
 from dashboard.navigation import SETUP
+from dashboard.resources import shared_manager
 from dashboard.run_choices import LabChoices, batch_size, check_clients_fit, check_components
 from dashboard.setup_state import Setup, current_setup, setup_problems
 from dashboard.spec_words import (
@@ -345,15 +346,17 @@ def budget_inputs(lab: LabChoices, *, batch: bool = False) -> None:
             "stops when this time is up and is scored as it stands. Under a defense the "
             "attacker that knows it gets the same budget again, so the run may take twice."
         )
+    # The most this service allows one run (AUDIT_MAX_RUN_SECONDS), so the field says it.
+    limit = int(shared_manager().limits.max_run_seconds)
     lab.time_budget = float(
         st.number_input(
             "Time budget per run (seconds)",
             1,
-            86_400,
+            limit,
             step=10,
             persist_state="session",
-            key=persist(key, default),
-            help=help_text,
+            key=persist(key, min(default, limit)),
+            help=f"{help_text} This service allows at most {limit:,} s per run.",
         )
     )
     lab.device = st.selectbox(
