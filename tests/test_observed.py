@@ -11,24 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostile import TRAINING as A_CLIENTS_TRAINING
 from safetensors.torch import save_file
 
 from auditlib.errors import AuditInputError
 from auditlib.models import ModelSpec, build_model
 from auditlib.observed import load_bundle, write_bundle
 
-TRAINING = {
-    "model": "lenet",
-    "num_classes": 10,
-    "input_size": 32,
-    "optimizer": "sgd",
-    "lr": 0.05,
-    "momentum": 0.9,
-    "weight_decay": 5e-4,
-    "local_epochs": 2,
-    "local_batch_size": 2,
-    "num_examples": 4,
-    "bn_mode": "train",
+# The client's training.json with what a recorder stamps beside it.
+TRAINING = A_CLIENTS_TRAINING | {
     "shuffled": False,
     "round": 3,
     "client_id": "7",

@@ -8,14 +8,11 @@ pixels is 227 million parameters, 0.9 GB, for a bundle of a few bytes to name.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from auditlib.models.registry import ModelSpec
+from auditlib.models.registry import ModelSpec, checked_spec, construct
 
 # How layers allocate their weights. Only these go to the meta device: a builder that
 # computes with tensors (torchvision's RegNet reads its widths back with .tolist()) keeps
@@ -49,13 +46,7 @@ def meta_model(spec: ModelSpec) -> nn.Module:
     buffers, made from computed values, stay on the CPU): its state_dict and parameters say
     what the built model's will hold, in milliseconds and without their memory. Refused as
     ``build_model`` refuses (the same factory and checks)."""
-    spec = dataclasses.replace(spec).resolved()  # as build_model: the checks, the defaults
-    info = spec.info
-    kwargs: dict[str, Any] = {}
-    if info.source == "built-in":
-        kwargs["activation"] = spec.activation
-    if info.accepts_stem:
-        kwargs["stem"] = spec.stem
+    spec = checked_spec(spec)  # as build_model: the checks, the defaults
     with _WeightsOnMeta():
-        model = info.factory(spec.num_classes, spec.input_shape, **kwargs)
+        model = construct(spec)
     return model.to(dtype=torch.float32)  # build_model's dtype

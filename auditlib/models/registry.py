@@ -327,24 +327,35 @@ def _uniform_init(model: nn.Module, generator: torch.Generator) -> None:
             param.uniform_(-0.5, 0.5, generator=generator)
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
-    """Build the model a spec describes: CPU, float32, eval mode, deterministic for its seed.
-
-    The global torch RNG is left as it was. The resolved spec is kept on ``model.spec``.
-    """
+def checked_spec(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with its fields checked again and its defaults resolved, as a build needs it."""
     if not isinstance(spec, ModelSpec):
         raise AuditInputError(f"build_model needs a ModelSpec, got {type(spec).__name__}")
-    spec = dataclasses.replace(spec).resolved()  # replace() re-runs the field checks
+    return dataclasses.replace(spec).resolved()  # replace() re-runs the field checks
+
+
+def construct(spec: ModelSpec) -> nn.Module:
+    """The architecture's factory called for a checked ``spec``, with the arguments it takes
+    (the built-ins' activation, a stem where the architecture has one); no init, no RNG."""
     info = spec.info
     kwargs: dict[str, Any] = {}
     if info.source == "built-in":
         kwargs["activation"] = spec.activation
     if info.accepts_stem:
         kwargs["stem"] = spec.stem
+    return info.factory(spec.num_classes, spec.input_shape, **kwargs)
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """Build the model a spec describes: CPU, float32, eval mode, deterministic for its seed.
+
+    The global torch RNG is left as it was. The resolved spec is kept on ``model.spec``.
+    """
+    spec = checked_spec(spec)
     # fork_rng(devices=[]) restores only the CPU generator, which is all a CPU build draws from.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = info.factory(spec.num_classes, spec.input_shape, **kwargs)
+        model = construct(spec)
         if spec.init == "uniform":
             _uniform_init(model, torch.Generator().manual_seed(spec.seed))
     model = model.to(device="cpu", dtype=torch.float32).eval()
