@@ -50,13 +50,24 @@ def test_the_token_file_is_made_readable_by_its_user_only(tmp_path, monkeypatch)
     assert (mode(token), mode(token.parent)) == (0o600, 0o700)
 
 
-def test_the_embedded_ray_keeps_its_session_under_the_private_folder(ray_session):
+def test_the_embedded_ray_is_started_in_the_private_folder(tmp_path, monkeypatch):
+    """What ``ray_backend`` asks ``ray.init`` for when it starts the embedded Ray (read from
+    the call, without starting one: the test session's Ray may have been started by
+    another fixture, in Ray's default folder)."""
     import ray
 
     from auditlib.engine import ray_backend
 
-    assert ray.get(ray_backend.warm_up.remote())  # a worker runs under it
-    node = ray._private.worker.global_worker.node
-    root = os.path.dirname(node.get_session_dir_path())
-    assert root == ray_files.private_temp_dir()
-    assert mode(root) == 0o700
+    folder = tmp_path / "ray"
+    monkeypatch.setenv("AUDIT_RAY_TEMP_DIR", str(folder))
+    monkeypatch.delenv("AUDIT_RAY_ADDRESS", raising=False)
+    asked: dict = {}
+
+    def init(**kwargs):
+        asked.update(kwargs)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_backend, "_errors", [])
+    ray_backend._keep_ray(None)  # returns at once: the call failed
+    assert asked["_temp_dir"] == str(folder) and mode(folder) == 0o700
