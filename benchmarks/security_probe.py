@@ -32,9 +32,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,8 +42,26 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' c
 
 from auditlib.access.throttle import FREE_FAILURES  # noqa: E402
 from auditlib.access.users import add_user, remove_user, set_password  # noqa: E402
-from benchmarks.common import machine, replace_section, status_kib  # noqa: E402
-from tests.hostile import TRAINING, empty_tensors, lying_zip, png  # noqa: E402
+from benchmarks.common import machine, replace_section  # noqa: E402
+from benchmarks.security_common import (  # noqa: E402
+    FORM,
+    PASSWORDS,
+    Finding,
+    Probe,
+    form_shown,
+    no_trace,
+    peak_rss_mb,
+)
+from benchmarks.security_uploads import (  # noqa: E402
+    hostile_labels_csv,
+    hostile_training,
+    lying_bundle_zip,
+    lying_image_zip,
+    many_tensors,
+    metrics_closed,
+    tiny_bundle_huge_model,
+    unsigned_uploads,
+)
 from tests.test_browser import (  # noqa: E402
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -51,60 +69,18 @@ from tests.test_browser import (  # noqa: E402
     Server,
     _set_number,
     page_path,
-    raw_upload,
-    session_ids,
     sign_in,
     upload_images,
 )
 
 RESULTS = ROOT / "benchmarks" / "results" / "security_probe.json"
-FORM = "Sign in to see your runs"
 WAIT_S = 5.0  # the server's first sign-in wait (AUDIT_SIGN_IN_WAIT_S), short for the probe
-PASSWORDS = {"mallory": "mallory-password", "victor": "victor-password"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    probe: str
-    attack: str
-    held: bool
-    seen: str
-    seconds: float
-
-
-class Probe:
-    """One dashboard, one browser, the users file: what every probe needs."""
-
-    def __init__(self, url: str, data: Path, users: Path, browser) -> None:
-        self.url, self.data, self.users, self.browser = url, data, users, browser
-        self.media: list[str] = []
-        self.hosts: set[str] = set()
-        self.victor_upload: str | None = None  # the image probe's upload, for the next one
-
-    def page(self):
-        context = self.browser.new_context(viewport={"width": 1400, "height": 1400})
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.on("request", self._seen)
-        return page
-
-    def _seen(self, request) -> None:
-        parts = urlsplit(request.url)
-        if parts.scheme in ("http", "https", "ws", "wss"):
-            self.hosts.add(parts.hostname or "")
-        if parts.path.startswith("/media/"):
-            self.media.append(request.url)
-
-
-def _form_shown(page) -> bool:
-    page.get_by_text(FORM).wait_for()
-    return page.get_by_text("Signed in as").count() == 0
 
 
 def sign_in_required(probe: Probe) -> tuple[bool, str]:
     page = probe.page()
     page.goto(f"{probe.url}/history")
-    held = _form_shown(page) and page.get_by_role("heading", name="History").count() == 0
+    held = form_shown(page) and page.get_by_role("heading", name="History").count() == 0
     return held, "a visitor opening /history gets the sign-in form, no page"
 
 
@@ -118,14 +94,14 @@ def no_session_to_copy(probe: Probe) -> tuple[bool, str]:
     thief = copied.new_page()
     thief.set_default_timeout(30_000)
     thief.goto(f"{probe.url}/history")
-    stolen = not _form_shown(thief)
+    stolen = not form_shown(thief)
     page.reload()
-    reloaded = _form_shown(page)
+    reloaded = form_shown(page)
     sign_in(page, "victor", PASSWORDS["victor"])
     page.get_by_role("button", name="Sign out").click()
     page.get_by_text(FORM).wait_for()
     page.reload()
-    after_sign_out = _form_shown(page)
+    after_sign_out = form_shown(page)
     return (not stolen and reloaded and after_sign_out), (
         f"cookies after sign-in {cookies}; a browser given them signed in: {stolen}; "
         f"a reload asks again: {reloaded}; a reload after sign-out asks again: {after_sign_out}"
@@ -140,7 +116,7 @@ def password_change_ends_session(probe: Probe) -> tuple[bool, str]:
     set_password("victor", PASSWORDS["victor"], path=probe.users)
     page.get_by_role("link", name="History").first.click()
     page.get_by_text("Your password was changed; sign in again.").wait_for()
-    return _form_shown(page), "the open session's next click after `users passwd`"
+    return form_shown(page), "the open session's next click after `users passwd`"
 
 
 def guessing_slowed(probe: Probe) -> tuple[bool, str]:
@@ -237,10 +213,10 @@ def decompression_bomb(probe: Probe, server: Server) -> tuple[bool, str]:
     page = probe.page()
     page.goto(probe.url)
     sign_in(page, "mallory", PASSWORDS["mallory"])
-    before = _peak_rss_mb(server)
+    before = peak_rss_mb(server)
     upload_images(page, sorted(folder.iterdir()))
     page.get_by_text("pixels together").wait_for(timeout=60_000)  # the headers' check
-    after = _peak_rss_mb(server)
+    after = peak_rss_mb(server)
     # One image decoded as RGB is 119 MB; all eight, 950 MB. The peak can only show growth
     # above the earlier peak, so the refusal's words (from the headers, before any decode)
     # are the evidence and the peak a bound.
@@ -251,14 +227,6 @@ def decompression_bomb(probe: Probe, server: Server) -> tuple[bool, str]:
         f"8 black 6300x6300 PNGs ({size:.1f} MB, 318 MP) refused from their headers; the "
         f"server's peak memory {after} MB, {grown} MB above its peak before the upload"
     )
-
-
-def _peak_rss_mb(server: Server) -> float | None:
-    """The peak resident memory of the server process (VmHWM), where /proc says it."""
-    if server.process is None:
-        return None
-    peak = status_kib(server.process.pid, "VmHWM")
-    return None if peak is None else round(peak / 1024, 1)
 
 
 def removed_users_click(probe: Probe) -> tuple[bool, str]:
@@ -294,187 +262,6 @@ def hosts_reached(probe: Probe) -> tuple[bool, str]:
     return not others, f"hosts the pages asked: {sorted(probe.hosts)}"
 
 
-# --- issue 51 -----------------------------------------------------------------------------
-
-TRACE_MARKS = ("Traceback", 'File "', "site-packages", str(ROOT))
-
-
-def _no_trace(page) -> list[str]:
-    """What of a traceback or a server path the page's main area shows (none expected)."""
-    text = page.locator('[data-testid="stMain"]').inner_text()
-    return [mark for mark in TRACE_MARKS if mark in text]
-
-
-def unsigned_uploads(probe: Probe, server: Server) -> tuple[bool, str]:
-    """A visitor reads their session id from the websocket and the XSRF cookie from their
-    own browser, and PUTs six 50 MB files to Streamlit's upload route."""
-    page = probe.page()
-    sessions = session_ids(page)
-    page.goto(probe.url)
-    page.get_by_text(FORM).wait_for()
-    xsrf = next(c["value"] for c in page.context.cookies() if c["name"] == "_streamlit_xsrf")
-    before = _peak_rss_mb(server)
-    answers = [raw_upload(probe.url, sessions[-1], xsrf, 50 * 10**6) for _ in range(6)]
-    after = _peak_rss_mb(server)
-    grown = None if before is None or after is None else round(after - before, 1)
-    statuses = [status for status, _ in answers]
-    sent_mb = round(sum(sent for _, sent in answers) / 1e6, 1)
-    held = all(status == 403 for status in statuses) and (grown is None or grown < 100)
-    return held, (
-        f"6 x 50 MB PUT with the visitor's session {sessions[-1][:8]}... and XSRF cookie: "
-        f"answers {statuses}, {sent_mb} MB of the 300 MB sent before the answer; the server's "
-        f"peak {after} MB, {grown} MB above its peak before"
-    )
-
-
-def metrics_closed(probe: Probe) -> tuple[bool, str]:
-    answers = {}
-    for route in ("/_stcore/metrics", "/_stcore/agent/openapi.json"):
-        try:
-            with urllib.request.urlopen(f"{probe.url}{route}", timeout=10) as response:
-                answers[route] = response.status
-        except urllib.error.HTTPError as exc:
-            answers[route] = exc.code
-    return all(code == 404 for code in answers.values()), f"without a sign-in: {answers}"
-
-
-def _signed_in_setup(probe: Probe):
-    page = probe.page()
-    page.goto(probe.url)
-    sign_in(page, "mallory", PASSWORDS["mallory"])
-    page.get_by_role("heading", name="Setup").first.wait_for()
-    return page
-
-
-def _refused_upload(probe: Probe, server: Server, upload, words: str) -> tuple[bool, str]:
-    """Upload through the Setup page as mallory; held when the page says ``words`` without
-    a trace and the server's peak memory grew by under 100 MB."""
-    page = _signed_in_setup(probe)
-    before = _peak_rss_mb(server)
-    started = time.monotonic()
-    upload(page)
-    page.get_by_text(words).first.wait_for(timeout=60_000)
-    seconds = time.monotonic() - started
-    after = _peak_rss_mb(server)
-    grown = None if before is None or after is None else round(after - before, 1)
-    trace = _no_trace(page)
-    held = not trace and (grown is None or grown < 100)
-    return held, (
-        f"refused in {seconds:.1f} s with '{words}...'; the server's peak {after} MB, {grown} MB "
-        f"above its peak before; traces shown: {trace}"
-    )
-
-
-def _files(*named: tuple[str, bytes]) -> list[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="hostile-"))
-    for name, data in named:
-        (folder / name).write_bytes(data)
-    return [folder / name for name, _ in named]
-
-
-def _upload_bundle(page, files: list[Path]) -> None:
-    page.get_by_text("Audit an update a client actually sent").click()
-    uploader = page.locator('[data-testid="stFileUploader"]').filter(
-        has_text="The bundle's files, or one zip of its folder"
-    )
-    uploader.locator('input[type="file"]').set_input_files([str(f) for f in files])
-
-
-def _upload_weights(page, files: list[Path]) -> None:
-    uploader = page.locator('[data-testid="stFileUploader"]').filter(
-        has_text="Your trained weights (optional)"
-    )
-    uploader.locator('input[type="file"]').set_input_files([str(f) for f in files])
-
-
-GIB = 2**30
-
-
-def lying_image_zip(probe: Probe, server: Server) -> tuple[bool, str]:
-    """A 1 MB zip whose directory says 1 MB and which inflates to 1 GiB, as images."""
-    zipped = lying_zip({}, "a.png", inflated=GIB, declared=10**6)
-    files = _files(("images.zip", zipped))
-    held, seen = _refused_upload(
-        probe, server, lambda page: upload_images(page, files), "does not inflate to the"
-    )
-    return held, f"{len(zipped) / 1e6:.2f} MB zip inflating to 1 GiB: {seen}"
-
-
-def lying_bundle_zip(probe: Probe, server: Server) -> tuple[bool, str]:
-    """The same through the observed-bundle path: a zip claiming to hold global.safetensors."""
-    zipped = lying_zip(
-        {"training.json": json.dumps(TRAINING).encode()},
-        "global.safetensors",
-        inflated=GIB,
-        declared=10**6,
-    )
-    files = _files(("bundle.zip", zipped))
-    held, seen = _refused_upload(
-        probe, server, lambda page: _upload_bundle(page, files), "does not inflate to the"
-    )
-    return held, f"{len(zipped) / 1e6:.2f} MB bundle zip inflating to 1 GiB: {seen}"
-
-
-def many_tensors(probe: Probe, server: Server) -> tuple[bool, str]:
-    """A safetensors file of 300,000 empty tensors, as the model's weights."""
-    data = empty_tensors(300_000)
-    files = _files(("weights.safetensors", data))
-    held, seen = _refused_upload(
-        probe, server, lambda page: _upload_weights(page, files), "safetensors header of"
-    )
-    return held, f"{len(data) / 1e6:.1f} MB of 300,000 empty tensors: {seen}"
-
-
-def tiny_bundle_huge_model(probe: Probe, server: Server) -> tuple[bool, str]:
-    """A bundle of a few bytes whose training.json names an mlp of 100,000 classes at 512 px."""
-    import safetensors.torch
-    import torch
-
-    tiny = safetensors.torch.save({"fc.0.bias": torch.zeros(2)})
-    training = TRAINING | {"model": "mlp", "num_classes": 100_000, "input_size": 512}
-    files = _files(
-        ("global.safetensors", tiny),
-        ("client.safetensors", tiny),
-        ("training.json", json.dumps(training).encode()),
-    )
-    return _refused_upload(
-        probe, server, lambda page: _upload_bundle(page, files), "does not fit mlp"
-    )
-
-
-def hostile_training(probe: Probe, server: Server) -> tuple[bool, str]:
-    """training.json with a learning rate of 1e308 and markup in its source."""
-    import safetensors.torch
-
-    from auditlib.models import ModelSpec, build_model
-
-    state = safetensors.torch.save(build_model(ModelSpec(architecture="lenet")).state_dict())
-    seen = []
-    held = True
-    for field, value in (("lr", 1e308), ("local_batch_size", 10**9), ("source", "<b>x</b>")):
-        files = _files(
-            ("global.safetensors", state),
-            ("client.safetensors", state),
-            ("training.json", json.dumps(TRAINING | {field: value}).encode()),
-        )
-        ok, words = _refused_upload(
-            probe, server, lambda page, f=files: _upload_bundle(page, f), f"training.json: {field}"
-        )
-        held &= ok
-        seen.append(f"{field}={value!r}: {'refused' if ok else words}")
-    return held, "; ".join(seen)
-
-
-def hostile_labels_csv(probe: Probe, server: Server) -> tuple[bool, str]:
-    """A labels.csv with a 200 KB field beside one image."""
-    files = _files(
-        ("a.png", png()), ("labels.csv", b"filename,label\na.png," + b"x" * 200_000 + b"\n")
-    )
-    return _refused_upload(
-        probe, server, lambda page: upload_images(page, files), "cannot be read as CSV"
-    )
-
-
 BROKEN_LINKS = (
     "run=not-a-run",
     "images=zzzz&weights=zzzz",
@@ -497,7 +284,7 @@ def broken_inputs_on_every_page(probe: Probe) -> tuple[bool, str]:
             page.goto(f"{probe.url}/{page_path(ref)}?{link}")
             sign_in(page, "mallory", PASSWORDS["mallory"])
             page.wait_for_timeout(800)
-            if trace := _no_trace(page):
+            if trace := no_trace(page):
                 traced[f"{ref.title} ?{link}"] = trace
     return not traced, (
         f"{len(PAGES)} pages x {len(BROKEN_LINKS)} broken links; pages with a trace or a "
