@@ -129,11 +129,7 @@ def _zip_members(data: bytes, name: str, max_bytes: int) -> dict[str, bytes]:
                     f"{_EXPECTED}"
                 )
             limit = MAX_TRAINING_BYTES if base == TRAINING_FILE else max_bytes
-            if info.file_size > limit:
-                raise AuditInputError(
-                    f"{base} in {name} unpacks to {size_text(info.file_size)}, over the "
-                    f"{size_text(limit)} limit"
-                )
-            # In bounded pieces: never more than the declared size or the limit in memory.
+            # Refused on its declared size before inflating, then read in bounded pieces:
+            # never more than the declared size or the limit in memory.
             contents[base] = read_member(archive, info, name, limit)
     return contents
