@@ -27,11 +27,26 @@ else:
     # `streamlit run app.py` imports this module and serves `app`: this script behind the
     # gate (dashboard/gate.py), which answers uploads only for signed-in sessions, bounds the
     # bytes they hold, and closes the routes that tell outsiders about the server.
+    from contextlib import asynccontextmanager
+
     import streamlit as st
     from starlette.middleware import Middleware
 
     from dashboard.failures import show_failure
     from dashboard.gate import Gate
+    from dashboard.resources import start_engine, stop_engine
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        """The run engine with the server: runs a stopped process left are failed at
+        start-up, not at the first page view; this process's runs end truthfully at its stop."""
+        start_engine()
+        try:
+            yield None
+        finally:
+            stop_engine()
 
     # A failure a page did not catch is one line on the page, never a traceback.
-    app = st.App(__file__, middleware=[Middleware(Gate)], on_script_error=show_failure)
+    app = st.App(
+        __file__, lifespan=lifespan, middleware=[Middleware(Gate)], on_script_error=show_failure
+    )

@@ -29,11 +29,29 @@ def shared_store() -> Store:
 def shared_manager() -> RunManager:
     """The run manager of this server process; its runs outlive every browser session.
 
-    Creating it marks runs that an earlier server left unfinished as failed
-    (``orphans_failed``). Ray starts in the background (``app.py`` asks for it on the first
-    page view) and ``RunManager.start`` waits for it.
+    Made when the server starts (``app.py``'s lifespan calls :func:`start_engine`): it
+    registers this process as an instance of the store and fails the runs of processes that
+    are gone (``orphans_failed``), then on every heartbeat. Ray starts in the background and
+    ``RunManager.start`` waits for it.
     """
     return RunManager(shared_store(), emit_every=EMIT_EVERY, image_every=IMAGE_EVERY)
+
+
+def start_engine() -> None:
+    """At the server's start, before any page view: the run manager (and with it the
+    reconciliation of runs a stopped process left) and Ray, in the background."""
+    shared_manager()
+
+
+def stop_engine() -> None:
+    """At the server's stop (SIGTERM, Ctrl-C): the runs of this process end failed with the
+    reason, their Ray tasks are cancelled, then Ray stops, before the interpreter's exit
+    would tear it down under running threads."""
+    import ray
+
+    shared_manager().shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 def get_store() -> UserStore:

@@ -128,11 +128,11 @@ def main() -> None:
     if "_deleted" in st.session_state:
         st.success(st.session_state.pop("_deleted"))
     manager = get_manager()
-    if manager.orphans_failed:
+    if orphans := manager.orphans_failed:
         st.warning(
-            f"{manager.orphans_failed} run(s) were still in progress when the dashboard last "
-            "stopped. Their workers are gone, so they are marked failed; start them again to "
-            "get a result."
+            f"{orphans:,} of your runs {'was' if orphans == 1 else 'were'} still in progress "
+            "when the dashboard process running them stopped. Their workers are gone, so they "
+            "are marked failed (each says why); start them again to get a result."
         )
     statuses = st.multiselect(
         "Status", sorted(STATUSES), key="history_status", placeholder="every status"

@@ -336,25 +336,40 @@ def test_persistence_across_reopen(url: str) -> None:
             assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_fail_unfinished(store: Store) -> None:
-    queued = store.create_run(SPEC, "a")
-    running = store.create_run(SPEC, "b")
-    store.mark_running(running)
-    done = store.create_run(SPEC, "c")
-    store.finish(done, "completed", SUMMARY)
-    cancelled = store.create_run(SPEC, "d")
-    store.finish(cancelled, "cancelled")
+def test_failing_the_runs_of_a_gone_instance_leaves_every_other_run_alone(store: Store) -> None:
+    """``Instances.fail_runs``: the unfinished runs of the instances named (None: runs
+    recorded with none) end failed with their reason, counted by owner; the live runs of
+    another instance and every finished run stay as they are."""
+    from auditlib.store.instances import Instances
 
-    assert store.fail_unfinished("the dashboard restarted") == 2
-    for run_id in (queued, running):
+    instances = Instances(store)
+    instances.register("gone", "host pid:[1]", 10, "100")
+    instances.register("live", "host pid:[1]", 11, "101")
+    queued = store.create_run(SPEC, "a", owner="alice", instance="gone")
+    running = store.create_run(SPEC, "b", owner="bob", instance="gone")
+    store.mark_running(running)
+    done = store.create_run(SPEC, "c", owner="alice", instance="gone")
+    store.finish(done, "completed", SUMMARY)
+    legacy = store.create_run(SPEC, "d", owner="alice")
+    other = store.create_run(SPEC, "e", owner="alice", instance="live")
+    store.mark_running(other)
+
+    failed = instances.fail_runs({"gone": "its process ended", None: "no instance"})
+    assert failed == {"alice": 2, "bob": 1}
+    for run_id, reason in (
+        (queued, "its process ended"),
+        (running, "its process ended"),
+        (legacy, "no instance"),
+    ):
         run = store.get_run(run_id)
         assert run is not None and run.status == "failed"
-        assert run.error == "the dashboard restarted" and run.finished_at is not None
+        assert run.error == reason and run.finished_at is not None
     finished = store.get_run(done)
     assert finished is not None and finished.status == "completed" and finished.error is None
-    still = store.get_run(cancelled)
-    assert still is not None and still.status == "cancelled"
-    assert store.fail_unfinished("again") == 0
+    assert store.get_run(other).status == "running" and store.get_run(other).instance == "live"
+    assert instances.fail_runs({"gone": "again"}) == {}
+    instances.stop(["gone"])
+    assert [i.id for i in instances.running()] == ["live"]
 
 
 def test_assets_content_addressed(store: Store) -> None:
@@ -469,6 +484,11 @@ UNDO: dict[int, list[str]] = {
         "ALTER TABLE asset_owners DROP COLUMN name",
         "ALTER TABLE asset_owners DROP COLUMN meta",
         "ALTER TABLE asset_owners DROP COLUMN claimed_at",
+    ],
+    6: [
+        "DROP TABLE instances",
+        "DROP INDEX ix_runs_instance",
+        "ALTER TABLE runs DROP COLUMN instance",
     ],
 }
 

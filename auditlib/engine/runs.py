@@ -14,6 +14,7 @@ most ``AUDIT_USER_MAX_RUNNING`` running. A queued run cancelled before it is sub
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,8 +27,10 @@ from ray.exceptions import RayError, TaskCancelledError
 from auditlib.defenses import build_defense
 from auditlib.engine import ray_backend
 from auditlib.engine.attack_phase import plan_attacks
+from auditlib.engine.endings import Ending, Endings, store_unavailable
 from auditlib.engine.fair_share import SHARED_OWNER, FairQueue, FairShareLimits, WaitReason
 from auditlib.engine.identity import run_identity
+from auditlib.engine.instance import InstanceKeeper
 from auditlib.engine.messages import (
     ErrorMessage,
     EventMessage,
@@ -42,10 +45,15 @@ from auditlib.engine.together import why_sample_apart
 from auditlib.errors import AuditInputError
 from auditlib.metrics import LPIPS_NETS
 from auditlib.spec import RunSpec
-from auditlib.store import Store
+from auditlib.store import CANCELLED, FAILED, RunFinishedError, Store, UnknownRunError
 from auditlib.store.retention import expire
 
 HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
+SHUTDOWN_REASON = (
+    "the dashboard was stopped while this run was in progress (its server shut down); "
+    "start it again to get a result"
+)
+_LOG = logging.getLogger("auditlib.runs")
 
 
 @dataclass(eq=False)  # one task is one object: held in sets and dicts by identity
@@ -102,15 +110,25 @@ class RunManager:
         self._click = threading.local()  # the owner of the Start this thread is in
         self._refs: dict[str, Any] = {}  # the message stream of each submitted run
         self._board = None  # the cancel board actor; this handle keeps it alive
-        # Runs left queued/running by an earlier dashboard process have lost their consumer
-        # (and, with the embedded Ray, their worker): they must not stay "running" forever.
-        self.orphans_failed = store.fail_unfinished(
-            "the dashboard stopped while this run was in progress; its worker is gone"
-        )
+        self._stopping = False  # shutdown has ended this process's runs: write nothing more
+        # Runs are this process's (its instance id on each); the runs of a process that is
+        # gone are failed now and on every heartbeat, and never another live one's.
+        self.endings = Endings(store)
+        self.keeper = InstanceKeeper(store, on_beat=self._on_beat)
+        self.keeper.start()
         self.expired = expire(store)  # AUDIT_RETENTION_DAYS: what has been kept long enough
         # Ray starts (about 4 s) and warms a worker in the background, so the first Start
         # does not wait for either; start() waits for it.
         ray_backend.start_ray(ray_address)
+
+    @property
+    def orphans_failed(self) -> int:
+        """Runs this process failed because the process running them was gone, everyone's."""
+        return sum(self.keeper.failed.values())
+
+    def orphans_failed_of(self, owner: str | None) -> int:
+        """Those of them that were ``owner``'s."""
+        return self.keeper.failed.get(owner, 0)
 
     def start(
         self,
@@ -133,7 +151,7 @@ class RunManager:
             return _Task(
                 run_id,
                 owner or SHARED_OWNER,
-                {0: _Recorder(self.store, run_id)},
+                {0: _Recorder(self.store, run_id, self.endings)},
                 lambda board: ray_backend.submit(spec, assets or {}, run_id, board, self.settings),
             )
 
@@ -171,7 +189,9 @@ class RunManager:
                 if getattr(self._click, "owner", None) == key:
                     self._click.checked = key
             run_ids = [
-                self.store.create_run(spec.to_dict(), run_identity(spec), title, owner=owner)
+                self.store.create_run(
+                    spec.to_dict(), run_identity(spec), title, owner=owner, instance=self.keeper.id
+                )
                 for spec, title in zip(specs, titles, strict=True)
             ]
             task = task_of(run_ids)
@@ -211,10 +231,7 @@ class RunManager:
             generator = task.submit(board)
         except Exception as exc:  # Ray refused the task: its runs end here, not queued for ever
             for recorder in task.recorders.values():
-                with contextlib.suppress(Exception):
-                    recorder.end(
-                        "failed", f"could not be handed to Ray: {type(exc).__name__}: {exc}"
-                    )
+                recorder.end(FAILED, f"could not be handed to Ray: {type(exc).__name__}: {exc}")
             self._ended(task.key, task.run_ids)
             return
         thread = threading.Thread(
@@ -240,19 +257,30 @@ class RunManager:
             return self._board
 
     def _consume(self, run_id: str, generator, board) -> None:
-        self._drain({0: _Recorder(self.store, run_id)}, generator, board, run_id, paired=False)
+        recorder = _Recorder(self.store, run_id, self.endings)
+        self._drain({0: recorder}, generator, board, run_id, paired=False)
 
     def _drain(
         self, recorders: dict[int, _Recorder], generator, board, key: str, *, paired: bool
     ) -> None:
         """Write a task's message stream to its runs (one, or a group's by update) until it
-        ends; whatever ends it, every run is left finished and the next queued run goes."""
+        ends; whatever ends it, every run is left with its true ending (kept through a store
+        outage by ``self.endings``), the task is cancelled if it still computes for no one,
+        and the next queued run goes."""
+        abandoned = True  # the stream did not end on its own: its task may still compute
         try:
             for ref in generator:
                 value = ray.get(ref)
                 u, wire = value if paired else (0, value)
                 recorders[u].record(from_wire(wire))
+                if all(r.finished for r in recorders.values()):
+                    break  # the task's last message, or every run deleted or ended elsewhere
+            else:
+                abandoned = False  # the stream ended: so did its task
+            if abandoned:  # left early: only a run deleted or ended elsewhere leaves work
+                abandoned = any(r.gone for r in recorders.values())
         except TaskCancelledError:
+            abandoned = False
             for recorder in recorders.values():
                 where = (
                     f"during its {recorder.stage}, after the attack had finished; the "
@@ -260,25 +288,36 @@ class RunManager:
                     if recorder.stage
                     else "before the attack could finish"
                 )
-                recorder.end("cancelled", f"stopped by ray.cancel {where}")
+                recorder.end(CANCELLED, f"stopped by ray.cancel {where}")
         except RayError as exc:  # worker crash, node loss, task error
+            abandoned = False
             for recorder in recorders.values():
-                recorder.end("failed", f"{type(exc).__name__}: {exc}")
-        except Exception as exc:  # the store failed; record what we can
+                recorder.end(FAILED, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug of ours: said, and the task stopped below
+            _LOG.exception("the consumer of task %s failed", key)
             for recorder in recorders.values():
-                with contextlib.suppress(Exception):
-                    recorder.end("failed", f"{type(exc).__name__}: {exc}")
+                recorder.end(FAILED, f"its progress could not be recorded ({type(exc).__name__})")
         finally:
             try:
+                if abandoned and not self._stopping:
+                    self._abandon(generator, key)
                 for recorder in recorders.values():
-                    if not recorder.finished:
-                        record = self.store.get_run(recorder.run_id)
-                        if record is not None and record.finished_at is None:
-                            recorder.end("failed", "the worker ended without a result")
+                    if not recorder.finished and not self._stopping:
+                        recorder.end(FAILED, "the worker ended without a result")
                 with contextlib.suppress(Exception):  # the board is only bookkeeping
                     board.forget.remote(key)
             finally:  # the slot is free whatever the store did
                 self._ended(key, tuple(r.run_id for r in recorders.values()))
+
+    @staticmethod
+    def _abandon(generator, key: str) -> None:
+        """No one drains the task any more: stop it, so it does not hold a worker for the
+        rest of its budget."""
+        try:
+            ray.cancel(generator, force=True)
+            _LOG.warning("task %s was cancelled: no one records its messages any more", key)
+        except Exception as exc:
+            _LOG.warning("task %s could not be cancelled (%s)", key, exc)
 
     def _ended(self, key: str, run_ids: tuple[str, ...]) -> None:
         """Task ``key`` is over: forget it, free its slot, wake its waiters, start the next."""
@@ -317,7 +356,10 @@ class RunManager:
             return _Task(
                 group,
                 owner or SHARED_OWNER,
-                {u: _Recorder(self.store, run_id) for u, run_id in enumerate(run_ids)},
+                {
+                    u: _Recorder(self.store, run_id, self.endings)
+                    for u, run_id in enumerate(run_ids)
+                },
                 lambda board: ray_backend.submit_together(
                     list(specs), assets or {}, group, board, self.settings
                 ),
@@ -329,7 +371,10 @@ class RunManager:
     def cancel(self, run_id: str) -> None:
         """Ask the run to stop: at once through the cancel board, by force if it lingers.
         A run of updates together stops with all of them (one computation). A run still in
-        the queue ends cancelled at once; Ray never sees it."""
+        the queue ends cancelled at once; Ray never sees it. A run another live process
+        runs is asked through the store (that process acts on its next beat); one no
+        process runs any more ends cancelled here. Works while the store is down (the
+        request is then not recorded, the run stops all the same)."""
         with self._lock:
             task = self._tasks.get(run_id)
             withdrawn = None if task is None else self._queue.withdraw(task.key)
@@ -337,20 +382,64 @@ class RunManager:
             if task is not None and withdrawn is None and generator is None:
                 self._cancel_asked.add(task.key)  # being submitted: _submit stops it
             members = task.run_ids if task is not None else (run_id,)
-        for member in members:
-            self.store.request_cancel(member)
+        for member in members:  # recorded first: the run's record says it was asked
+            try:
+                self.store.request_cancel(member)
+            except Exception as exc:
+                if not store_unavailable(exc):
+                    raise
+                _LOG.warning("the cancel of run %s is not recorded: the store is down", member)
         if withdrawn is not None:
             for recorder in withdrawn.recorders.values():
-                recorder.end("cancelled", "cancelled while it waited in the queue; it never ran")
+                recorder.end(CANCELLED, "cancelled while it waited in the queue; it never ran")
             self._ended(withdrawn.key, withdrawn.run_ids)
+        elif generator is not None:
+            self._stop(task.key if task is not None else run_id, run_id)
+        if task is None and not self.endings.holds(run_id):
+            self._cancel_unheld(run_id)
+
+    def _cancel_unheld(self, run_id: str) -> None:
+        """A run this process does not hold: end it cancelled when no live process runs it
+        (its consumer is gone); another live process's run is left to that process."""
+        record = self.store.get_run(run_id)
+        if record is None or record.finished:
             return
-        if generator is None:
-            return
-        key = task.key if task is not None else run_id
-        self._stop(key, run_id)
+        if record.instance != self.keeper.id and record.instance is not None:
+            owner = self.keeper.instances.get(record.instance)
+            if owner is not None and owner.stopped_at is None:
+                return  # that process cancels it on its next beat (``_on_beat``)
+        with contextlib.suppress(RunFinishedError, UnknownRunError):
+            self.store.finish(
+                run_id, CANCELLED, error="cancelled; no dashboard process was running it any more"
+            )
+
+    def _on_beat(self) -> None:
+        """On each heartbeat the store took: endings kept through an outage written, and the
+        Cancels asked on other processes for runs this one runs acted on."""
+        self.endings.retry()
+        for run_id in self.keeper.instances.cancel_requested(self.keeper.id):
+            with self._lock:
+                task = self._tasks.get(run_id)
+                asked = task is not None and task.key in self._cancel_asked
+            if not asked and not self.endings.holds(run_id):
+                self.cancel(run_id)
+
+    def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
+        """This process stops: every run it holds ends failed with ``reason`` (one write),
+        then its Ray tasks are cancelled, so nothing computes for a consumer that is gone
+        and no run is left "running" for the next start to find."""
+        self._stopping = True
+        self.keeper.stop(reason)
+        with self._lock:
+            generators = list(self._refs.values())
+        for generator in generators:
+            with contextlib.suppress(Exception):
+                ray.cancel(generator, force=True)
 
     def _stop(self, key: str, run_id: str) -> None:
         """Cancel task ``key`` through the board; ray.cancel if it lingers."""
+        with self._lock:
+            self._cancel_asked.add(key)
         self._board.cancel.remote(key)
 
         def hard_cancel() -> None:
@@ -375,6 +464,12 @@ class RunManager:
                 return None
         return reason
 
+    def owner_of(self, run_id: str) -> str | None:
+        """The owner of a run this process holds (None: not held, or started with none)."""
+        with self._lock:
+            task = self._tasks.get(run_id)
+        return None if task is None or task.owner == SHARED_OWNER else task.owner
+
     def is_active(self, run_id: str) -> bool:
         """Queued or running in this manager."""
         with self._lock:
@@ -397,19 +492,59 @@ class RunManager:
 
 
 class _Recorder:
-    """Writes one run's messages to the store as they come, and ends it once."""
+    """Writes one run's messages to the store as they come, and ends it once. Progress the
+    store cannot take (down, full) is dropped, and the run goes on; its ending is never
+    dropped (``Endings``). A run deleted or ended elsewhere is finished here: its messages
+    are for no one."""
 
-    def __init__(self, store: Store, run_id: str) -> None:
+    def __init__(self, store: Store, run_id: str, endings: Endings) -> None:
         self.store = store
         self.run_id = run_id
+        self.endings = endings
         self.finished = False
+        self.gone = False  # deleted, or ended by a Cancel or another process meanwhile
         self.stage: str | None = None  # what the worker last said it does after the attack
+        self._originals: bytes | None = None  # kept for the ending while not stored
+        self._dropped = 0  # progress writes the store did not take
 
     def record(self, message) -> None:
+        if self.finished:
+            return
+        if isinstance(message, ResultMessage):
+            iterations = message.summary.timing.iterations
+            self._end(
+                Ending(
+                    self.run_id,
+                    message.status,
+                    summary=message.summary,
+                    reconstruction=(iterations, message.png),
+                    originals=self._originals,
+                )
+            )
+        elif isinstance(message, ErrorMessage):
+            status = CANCELLED if message.cancelled else FAILED
+            self._end(Ending(self.run_id, status, error=message.message))
+        else:
+            try:
+                self._progress(message)
+            except (RunFinishedError, UnknownRunError):
+                self.finished = self.gone = True
+            except Exception as exc:
+                if not store_unavailable(exc):
+                    raise
+                self._dropped += 1
+                if self._dropped == 1:
+                    _LOG.warning(
+                        "run %s: the store does not take its progress (%s)", self.run_id, exc
+                    )
+
+    def _progress(self, message) -> None:
         store, run_id = self.store, self.run_id
         if isinstance(message, StartMessage):
+            self._originals = message.png  # until stored: the ending writes it otherwise
             store.mark_running(run_id)
             store.add_image(run_id, 0, "originals", message.png)
+            self._originals = None
         elif isinstance(message, EventMessage):
             store.add_event(run_id, message.step, message.total, message.elapsed, message.losses)
         elif isinstance(message, FrameMessage):
@@ -417,18 +552,12 @@ class _Recorder:
         elif isinstance(message, UtilityMessage):
             self.stage = message.stage()
             store.set_stage(run_id, self.stage)
-        elif isinstance(message, ResultMessage):
-            iterations = message.summary.timing.iterations
-            store.add_image(run_id, iterations, "reconstruction", message.png)
-            store.finish(run_id, message.status, summary=message.summary)
-            self.finished = True
-        elif isinstance(message, ErrorMessage):
-            status = "cancelled" if message.cancelled else "failed"
-            store.finish(run_id, status, error=message.message)
-            self.finished = True
+
+    def _end(self, ending: Ending) -> None:
+        self.finished = True
+        self.endings.write(ending)
 
     def end(self, status: str, error: str) -> None:
         """Finish the run with ``error`` unless it has finished."""
         if not self.finished:
-            self.store.finish(self.run_id, status, error=error)
-            self.finished = True
+            self._end(Ending(self.run_id, status, error=error, originals=self._originals))

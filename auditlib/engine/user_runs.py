@@ -33,8 +33,9 @@ class UserRuns:
 
     @property
     def orphans_failed(self) -> int:
-        """How many runs an earlier server left unfinished (a count, no one's contents)."""
-        return self.manager.orphans_failed
+        """How many of this user's runs this server failed because the dashboard process
+        running them had stopped (their own count; no one else's)."""
+        return self.manager.orphans_failed_of(self.principal.username)
 
     def start(
         self, spec: RunSpec, assets: Mapping[str, bytes] | None = None, title: str = ""
@@ -75,7 +76,11 @@ class UserRuns:
                 )
 
     def cancel(self, run_id: str) -> None:
-        self.store.get_run(run_id)  # refuses another user's run
+        """Cancel this user's run. A run this process holds is known to be theirs without
+        the store, so Cancel works while the store is down."""
+        held_by = self.manager.owner_of(run_id)
+        if held_by is None or not self.principal.may_see(held_by):
+            self.store.get_run(run_id)  # refuses another user's run
         self.manager.cancel(run_id)
 
     def is_active(self, run_id: str) -> bool:

@@ -115,6 +115,24 @@ class Run(Base):
     iterations: Mapped[int | None]
     seconds: Mapped[float | None]
     owner: Mapped[str | None] = mapped_column(String(64), index=True)  # None: before sign-in
+    # The dashboard process running it (``Instance.id``); None: recorded before instances
+    # were, or by the CLI, which runs in the foreground and owns nothing afterwards.
+    instance: Mapped[str | None] = mapped_column(String(32), index=True)
+
+
+class Instance(Base):
+    """A dashboard process that runs audits. Its runs are its alone: another process fails
+    them only once this one is gone (its pid ended, its heartbeat stopped, or it stopped)."""
+
+    __tablename__ = "instances"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))  # the host name and its pid namespace
+    pid: Mapped[int]
+    process_start: Mapped[str] = mapped_column(String(32))  # tells a reused pid apart
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
+    stopped_at: Mapped[datetime | None]
 
 
 class AssetOwner(Base):

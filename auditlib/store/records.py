@@ -92,6 +92,7 @@ class RunRecord:
     iterations: int | None
     seconds: float | None
     owner: str | None = None  # the user who started it; None: recorded before sign-in
+    instance: str | None = None  # the dashboard process running it (None: none recorded)
 
     @property
     def finished(self) -> bool:

@@ -41,6 +41,7 @@ def run_record(row: Run) -> RunRecord:
         iterations=row.iterations,
         seconds=row.seconds,
         owner=row.owner,
+        instance=row.instance,
     )
 
 

@@ -32,7 +32,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from auditlib.errors import AuditInputError
 from auditlib.store.convert import assets_in_spec, utcnow
 from auditlib.store.engine import WRITE_OPTION, SharedEngine, describe, enable_wal
-from auditlib.store.models import AssetOwner, Base, Batch, Run, RunAsset, SchemaInfo
+from auditlib.store.models import AssetOwner, Base, Batch, Instance, Run, RunAsset, SchemaInfo
 
 
 def _add_batches(connection: Connection) -> None:
@@ -97,13 +97,24 @@ def _add_claim_details(connection: Connection) -> None:
         )
 
 
-SCHEMA_VERSION: int = 6
+def _add_instances(connection: Connection) -> None:
+    """6 -> 7: which dashboard process runs each run (``runs.instance``, the ``instances``
+    table with its heartbeats), so one process never fails another's live runs. The runs
+    already there keep no instance: a later start-up fails those left unfinished, as
+    before."""
+    Instance.__table__.create(connection)
+    connection.execute(text("ALTER TABLE runs ADD COLUMN instance VARCHAR(32)"))
+    connection.execute(text("CREATE INDEX ix_runs_instance ON runs (instance)"))
+
+
+SCHEMA_VERSION: int = 7
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _add_batches,
     2: _add_run_stage,
     3: _add_run_assets,
     4: _add_owners,
     5: _add_claim_details,
+    6: _add_instances,
 }
 
 _VERSION_ROW = 1

@@ -31,7 +31,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy import CursorResult, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -52,7 +52,6 @@ from auditlib.store.records import (
     ASSET_KINDS,
     BATCH_KINDS,
     COMPLETED,
-    FAILED,
     FINISHED,
     IMAGE_KINDS,
     LIVE,
@@ -60,7 +59,6 @@ from auditlib.store.records import (
     RUNNING,
     STATUSES,
     TIMED_OUT,
-    UNFINISHED,
     AssetInfo,
     AssetRecord,
     BatchRecord,
@@ -116,6 +114,10 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         """Release the engine (the last Store on the URL disposes it); idempotent."""
@@ -235,10 +237,17 @@ class Store:
     # ---------------------------------------------------------------- runs: writes
 
     def create_run(
-        self, spec: Mapping[str, Any], spec_id: str, title: str = "", *, owner: str | None = None
+        self,
+        spec: Mapping[str, Any],
+        spec_id: str,
+        title: str = "",
+        *,
+        owner: str | None = None,
+        instance: str | None = None,
     ) -> str:
         """A new queued run of ``owner`` (None only outside the dashboard: the CLI's own
-        databases and tests); returns its id (uuid4 hex)."""
+        databases and tests), run by the dashboard process ``instance``
+        (``store.instances``); returns its id (uuid4 hex)."""
         run_id = uuid.uuid4().hex
         clean_spec = plain_json(spec)
         with self._session(write=True) as s:
@@ -255,6 +264,7 @@ class Store:
                     worker="",
                     created_at=utcnow(),
                     owner=owner,
+                    instance=instance,
                 )
             )
             s.flush()  # the run row first: run_assets refers to it
@@ -361,22 +371,6 @@ class Store:
                 raise UnknownRunError(f"no run {run_id!r}")
             if run.status not in FINISHED:
                 run.cancel_requested = True
-
-    def fail_unfinished(self, reason: str) -> int:
-        """Mark every queued or running run failed with ``reason``; returns how many.
-
-        Called when the dashboard starts: no run can be in progress then, and one left
-        "running" by a killed process must not stay running forever.
-        """
-        statement = (
-            update(Run)
-            .where(Run.status.in_(sorted(UNFINISHED)))
-            .values(status=FAILED, error=reason, finished_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
-        with self._session(write=True) as s:
-            result = cast(CursorResult[Any], s.execute(statement))
-            return int(result.rowcount or 0)
 
     def delete_run(self, run_id: str) -> list[AssetInfo]:
         """Delete the run with its events and images, and the uploads (weights, images) that
