@@ -18,6 +18,11 @@ import sys
 # (a process that already runs Ray, as AppTest's test session, is left as it is).
 if not os.environ.get("AUDIT_RAY_ADDRESS") and "ray" not in sys.modules:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray's C++ crash handler in this process would take SIGTERM itself: a stack dump, then an
+# abort before the server's lifespan could end its runs (Ray's workers keep theirs,
+# ray_backend.WORKER_ENV).
+if "ray" not in sys.modules:
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 if __name__ == "__main__":  # each session's script run (and AppTest's)
     from dashboard.entry import run_app  # after the variable: it imports Ray
@@ -34,13 +39,25 @@ else:
 
     from dashboard.failures import show_failure
     from dashboard.gate import Gate
-    from dashboard.resources import start_engine, stop_engine
 
     @asynccontextmanager
     async def lifespan(_app):
         """The run engine with the server: runs a stopped process left are failed at
-        start-up, not at the first page view; this process's runs end truthfully at its stop."""
-        start_engine()
+        start-up, not at the first page view; this process's runs end truthfully at its stop.
+        Imported here, once Streamlit's runtime has started, so its caches are the real ones.
+        Outside a page's script run Streamlit warns that there is no script to draw in:
+        true, expected, and only noise in the server's log, so not said."""
+        import logging
+
+        quiet = logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            from dashboard.resources import start_engine, stop_engine
+
+            start_engine()
+        finally:
+            quiet.setLevel(level)
         try:
             yield None
         finally:

@@ -16,5 +16,7 @@ if [ -z "${AUDIT_RAY_ADDRESS:-}" ]; then
     export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 fi
 export RAY_USAGE_STATS_ENABLED=0
-exec "$PYTHON" -m streamlit run app.py \
+# In a process group of its own, ended with it (scripts/in_own_group.sh: SIGTERM reaches
+# the server, and nothing it started outlives a kill -9).
+exec sh scripts/in_own_group.sh "$PYTHON" -m streamlit run app.py \
     --server.address "${ADDRESS:-127.0.0.1}" --server.port "${PORT:-8501}"

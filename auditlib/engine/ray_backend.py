@@ -58,6 +58,10 @@ def ray_address() -> str | None:
     return os.environ.get("AUDIT_RAY_ADDRESS") or None
 
 
+# Set on every worker: no usage statistics, and Ray's crash handler (a worker's stack on a
+# fault), which the dashboard's own process goes without (app.py: it would take SIGTERM).
+WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "0"}
+
 # Left behind when the package is shipped to a cluster: byte code (each worker compiles its
 # own, for its own Python).
 SHIP_EXCLUDES = ("__pycache__", "*.pyc")
@@ -75,7 +79,7 @@ def cluster_runtime_env() -> dict[str, Any]:
     return {
         "py_modules": [package_dir()],
         "excludes": list(SHIP_EXCLUDES),
-        "env_vars": {"RAY_USAGE_STATS_ENABLED": "0"},
+        "env_vars": dict(WORKER_ENV),
     }
 
 
@@ -103,7 +107,7 @@ def _keep_ray(address: str | None) -> None:
                 include_dashboard=False,
                 log_to_driver=False,
                 _temp_dir=private_temp_dir(),  # the service user's own, 0700
-                runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}},
+                runtime_env={"env_vars": {"PYTHONPATH": root, **WORKER_ENV}},
             )
     except BaseException as exc:  # handed to the callers of ensure_ray
         _errors.append(exc)
