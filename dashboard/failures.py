@@ -26,15 +26,22 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+def _from_the_store(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith(("sqlalchemy", "psycopg", "sqlite3"))
+
+
 def what_failed(exc: BaseException) -> str:
     """The failure in a user's words, without its message (which may hold paths, SQL or a
     database URL); a store error wrapped in another (the store's own refusal to open a
     database) is still the store's."""
-    for link in _chain(exc):
-        if type(link).__module__.startswith(("sqlalchemy", "psycopg", "sqlite3")):
-            return "the store (the database) did not answer"
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+    chain = _chain(exc)
+    # A full disk, whoever met it: the OS, or SQLite ("database or disk is full").
+    if any(isinstance(link, OSError) and link.errno == errno.ENOSPC for link in chain) or any(
+        "disk is full" in str(link) for link in chain if _from_the_store(link)
+    ):
         return "the server's disk is full"
+    if any(_from_the_store(link) for link in chain):
+        return "the store (the database) did not answer"
     if isinstance(exc, MemoryError):
         return "the server ran out of memory"
     if isinstance(exc, OSError):

@@ -177,6 +177,8 @@ def test_a_failure_is_said_without_its_message_or_paths():
     stored = sqlalchemy.exc.OperationalError("SELECT", {}, Exception("/srv/data/audit.db"))
     assert what_failed(stored) == "the store (the database) did not answer"
     assert what_failed(OSError(errno.ENOSPC, "No space", "/srv/x")) == "the server's disk is full"
+    full = sqlalchemy.exc.OperationalError("INSERT", {}, Exception("database or disk is full"))
+    assert what_failed(full) == "the server's disk is full"  # SQLite's words for it
     assert what_failed(KeyError("/srv/secret")) == "an internal error (KeyError)"
     line = failure_line(stored, "The run could not be started")
     assert line.startswith("The run could not be started: the store (the database) did not")
