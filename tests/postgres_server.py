@@ -151,6 +151,18 @@ class PostgresServer:
         )
         self.execute("SELECT 1")  # it accepts connections on the socket
 
+    def halt(self) -> None:
+        """Stop the server, its data kept: an outage, as a restart of the database is to its
+        clients (their connections dropped, every new one refused); :meth:`resume` ends it."""
+        self._run("pg_ctl", ["-D", str(self.data), "-m", "fast", "-w", "-t", "30", "stop"])
+
+    def resume(self) -> None:
+        """Start the halted server again on its data."""
+        self._run(
+            "pg_ctl",
+            ["-D", str(self.data), "-l", str(self.log), "-w", "-t", str(START_TIMEOUT_S), "start"],
+        )
+
     def stop(self) -> None:
         """Stop the server (immediate: nothing in it is kept) and delete its directory;
         idempotent. A server pg_ctl cannot stop is killed by the pid it wrote."""

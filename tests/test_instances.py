@@ -297,3 +297,37 @@ def test_shutdown_ends_its_runs_with_the_reason_and_stops_their_tasks(url):
     manager.wait_all(30)
     assert [store.get_run(r).error for r in run_ids] == [SHUTDOWN_REASON] * 2
     store.close()
+
+
+@pytest.mark.ray
+@pytest.mark.postgres
+def test_postgresql_stopped_mid_run_and_restarted(postgres_server, postgres_url):
+    """Issue 57: the database stopped 2 s into a run and back 10 s later; the run ends
+    with its true status within 30 s of the return (here: a beat or two), and Cancel works
+    throughout, the outage included."""
+    ray_backend.ensure_ray()
+    store = Store(postgres_url)
+    manager = RunManager(store, emit_every=5, image_every=20, lpips_nets=(), limits=UNLIMITED)
+    try:
+        finishing = manager.start(spec(40))
+        cancelled = manager.start(spec(5000))
+        wait_for(lambda: store.get_run(finishing).status == "running")
+        time.sleep(2)
+        postgres_server.halt()
+        try:
+            manager.cancel(cancelled)  # while the database is down
+            time.sleep(10)
+            assert manager.endings.holds(cancelled)  # ended: kept until the store is back
+        finally:
+            postgres_server.resume()
+        back = time.monotonic()
+        wait_for(lambda: store.get_run(finishing).finished, timeout=60)
+        wait_for(lambda: store.get_run(cancelled).finished, timeout=60)
+        assert time.monotonic() - back < 30
+        done = store.get_run(finishing)
+        assert done.status == "completed" and done.result is not None, done.error
+        assert store.image(finishing, "reconstruction") is not None
+        assert store.get_run(cancelled).status == "cancelled"
+    finally:
+        manager.shutdown()
+        store.close()
