@@ -284,7 +284,8 @@ def store_outage(bench: Bench) -> Row:
         history = bench.page(board, "history") if bench.pg is not None else None
         one_line = None
         if history is not None:
-            history.wait_for_timeout(3000)
+            with contextlib.suppress(Exception):  # at most 20 s for the page's one line
+                history.get_by_text("could not be shown").wait_for(timeout=20_000)
             body = history.locator("body").inner_text()
             one_line = "Traceback" not in body and "could not be shown" in body
             history.context.close()
@@ -373,9 +374,11 @@ def sigterm(bench: Bench) -> Row:
     it exits; nothing it started is left running."""
     board = bench.dashboard()
     run_ids = [bench.start_run(board, LONG) for _ in range(2)]
-    for run_id in run_ids:
-        bench.wait_status(run_id, lambda s: s in ("running", "queued"), 120)
-    time.sleep(2)
+    for run_id in run_ids:  # both computing: running, with progress stored
+        bench.wait_status(run_id, lambda s: s == "running", 120)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "0 events" in bench.kept(run_ids):
+        time.sleep(0.5)
     started = board.descendants()
     began = time.monotonic()
     board.terminate()
@@ -497,9 +500,12 @@ def main() -> int:
                 if pg is not None:
                     pg.stop()
         browser.close()
-    if not args.no_docs:
-        RESULTS.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
-        replace_section(DOC, "faults", _table(rows))
+    if not args.no_docs:  # rows of faults not rerun (--only, --backends) are kept
+        kept = [Row(**r) for r in json.loads(RESULTS.read_text())] if RESULTS.exists() else []
+        new = {(r.fault, r.backend): r for r in rows}
+        merged = [new.pop((r.fault, r.backend), r) for r in kept] + list(new.values())
+        RESULTS.write_text(json.dumps([asdict(r) for r in merged], indent=2) + "\n")
+        replace_section(DOC, "faults", _table(merged))
     held = sum(r.held for r in rows)
     print(f"\n{held} of {len(rows)} held")
     return 0 if held == len(rows) else 1
