@@ -36,7 +36,7 @@ from benchmarks.common import ROOT, replace_section
 
 sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' conftest
 from tests.postgres_server import PostgresServer
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, upload_images
 
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 DOC = ROOT / "docs" / "FAULTS.md"
@@ -436,12 +436,69 @@ def kill_and_restart(bench: Bench) -> Row:
     )
 
 
+def disk_full(bench: Bench) -> Row:
+    """The store's disk full 2 s into a run (SQLite's folder on a small tmpfs, filled):
+    the run goes on, an upload on Setup says the disk is full in one line, and once space
+    is freed the run ends with its result within a beat."""
+    if bench.backend != "sqlite":
+        raise Skipped("PostgreSQL's disk is its server's: not this service's to fill")
+    data = bench.root / "data"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(data)], check=True)
+    try:
+        board = bench.dashboard()
+        run_id = bench.start_run(board, SHORT)
+        bench.wait_status(run_id, lambda s: s == "running", 120)
+        time.sleep(2)
+        filler = data / "filler"
+        with filler.open("wb") as file, contextlib.suppress(OSError):
+            while True:
+                file.write(b"\0" * (1 << 20))
+                file.flush()
+        full = time.time()
+        page = bench.page(board, "")  # Setup, the default page
+        upload_images(page)
+        with contextlib.suppress(Exception):
+            page.get_by_text("disk is full").wait_for(timeout=30_000)
+        body = page.locator("body").inner_text()
+        page.context.close()
+        said = "the server's disk is full" in body and "Traceback" not in body
+        while time.time() < full + 60 and any(
+            "audit_task" in _cmdline(p) for p in board.descendants()
+        ):
+            time.sleep(0.25)  # the worker finishes while the disk is full
+        held_back = bench.status(run_id)[0] == "running"
+        filler.unlink()
+        took = bench.wait_status(run_id, FINISHED.__contains__, 60)
+        row = Row(
+            "the store's disk full mid-run, an upload during it",
+            bench.backend,
+            bench.described([run_id]),
+            bench.kept([run_id]),
+            bench.integrity(),
+            took,
+            said and held_back and bench.status(run_id)[0] == "completed" and took < 30,
+            f"the upload said the disk is full in one line: {said}; the run stayed "
+            f"'running' while the disk was full: {held_back}; seconds from the space freed "
+            f"to its true status: {took:.1f}",
+        )
+        bench.stop_all()
+        return row
+    finally:
+        bench.stop_all()
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
+class Skipped(Exception):
+    """A fault that does not apply to this store."""
+
+
 FAULTS: list[tuple[str, Callable[[Bench], Row]]] = [
     ("two-dashboards", two_dashboards),
     ("outage", store_outage),
     ("deleted", deleted_mid_run),
     ("sigterm", sigterm),
     ("kill", kill_and_restart),
+    ("disk-full", disk_full),
 ]
 
 
@@ -486,6 +543,9 @@ def main() -> int:
                     began = time.monotonic()
                     try:
                         row = fault(bench)
+                    except Skipped as why:
+                        print(f"skipped {backend:10} {name}: {why}", flush=True)
+                        continue
                     except Exception as exc:  # a fault that could not be replayed held nothing
                         row = Row(name, backend, "-", "-", "-", None, False, f"{exc!r}"[:300])
                     finally:
