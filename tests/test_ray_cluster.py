@@ -163,14 +163,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _node_env() -> dict[str, str]:
-    """This environment without the project on PYTHONPATH and without any Ray address."""
+def _editable_blind(folder: Path) -> Path:
+    """A folder that, first on a node's path, hides this checkout's editable install (the
+    ``make setup`` venv's ``pip install -e .``): a do-nothing module of the name of each of
+    its path finders, which its ``.pth`` file imports at start-up. The nodes then stand for
+    a machine with the pinned requirements and not this package."""
+    import site
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for packages in site.getsitepackages():
+        for finder in Path(packages).glob("__editable___auditlib*_finder.py"):
+            (folder / finder.name).write_text("def install():\n    pass\n")
+    return folder
+
+
+def _node_env(blind: Path | None = None) -> dict[str, str]:
+    """This environment without the project on PYTHONPATH (nor, with ``blind``, its
+    editable install) and without any Ray address."""
     env = {k: v for k, v in os.environ.items() if k not in {"RAY_ADDRESS", "AUDIT_RAY_ADDRESS"}}
     kept = [
         p
         for p in env.pop("PYTHONPATH", "").split(os.pathsep)
         if p and not Path(p).resolve().is_relative_to(ROOT)
     ]
+    if blind is not None:
+        kept.insert(0, str(blind))
     if kept:
         env["PYTHONPATH"] = os.pathsep.join(kept)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -269,7 +286,7 @@ def cluster():
     temp = Path(tempfile.mkdtemp(prefix="arc", dir="/tmp"))
     workdir = temp / "cwd"
     workdir.mkdir()
-    env = _node_env()
+    env = _node_env(_editable_blind(temp / "blind"))
     probe = subprocess.run(
         [sys.executable, "-c", "import auditlib"], cwd=workdir, env=env, capture_output=True
     )
