@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.requirements-installed
+EDITABLE := $(VENV)/.auditlib-installed
 PORT ?= 8501
 # Only this machine by default; ADDRESS=0.0.0.0 serves the network (sign-in is on; put TLS first).
 ADDRESS ?= 127.0.0.1
@@ -16,22 +17,30 @@ EMBEDDED_RAY_LOCAL := $(if $(AUDIT_RAY_ADDRESS),,RAY_ENABLE_WINDOWS_OR_OSX_CLUST
 
 .PHONY: setup system-deps run test test-fast lint format bench reproduce verdicts walk
 
-setup: $(STAMP) system-deps
+setup: $(STAMP) $(EDITABLE) system-deps
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
 	cp requirements.txt $(STAMP)
 
+# auditlib itself, editable, so `python -m auditlib` works from any folder with the venv
+# active (docs/FLOWER.md); built with the venv's setuptools (no download where it is there).
+$(EDITABLE): pyproject.toml $(STAMP)
+	$(BIN)/pip install --disable-pip-version-check -q "setuptools>=64"
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
+	touch $(EDITABLE)
+
 system-deps:
 	@bash scripts/install_system_deps.sh
 
 # The first start creates the users file with an admin and writes its one-time password to a
 # 0600 file beside it (never printed); the rest of the server's settings are
-# .streamlit/config.toml's, every file it writes its user's alone (scripts/serve.sh does the same).
+# .streamlit/config.toml's, every file it writes its user's alone (scripts/serve.sh does the same);
+# the server runs in a process group of its own, ended with it (scripts/in_own_group.sh).
 run: setup
 	$(BIN)/python -m auditlib users init
-	umask 077 && $(EMBEDDED_RAY_LOCAL) $(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS)
+	umask 077 && $(EMBEDDED_RAY_LOCAL) sh scripts/in_own_group.sh $(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS)
 
 test: setup
 	$(BIN)/python -m pytest
@@ -62,6 +71,6 @@ verdicts: setup
 	$(BIN)/python -m benchmarks.verdicts
 
 # The README walkthrough and the Compare / Trade-off defaults in a real browser, screenshots
-# and PDF pages in tests/artifacts/walk_* (about 30 min on 2 cores).
+# and PDF pages in tests/artifacts/walk_* (about 40 min on 2 cores).
 walk: setup
 	$(BIN)/python -m benchmarks.browser_walk

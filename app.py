@@ -52,10 +52,12 @@ else:
         quiet = logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context")
         level = quiet.level
         quiet.setLevel(logging.ERROR)
-        try:
-            from dashboard.resources import start_engine, stop_engine
+        from dashboard.run_engine import start_engine, stop_engine
 
+        try:
             start_engine()
+        except Exception:  # the store down at start: pages say so in one line, and retry
+            logging.getLogger("dashboard").exception("the run engine could not start yet")
         finally:
             quiet.setLevel(level)
         try:

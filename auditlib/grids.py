@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,6 +73,39 @@ def split_grid(
             ]
         )
     return cells
+
+
+def wrapped_grid(
+    png: bytes, rows: int, max_width: int, count: int | None = None, gap: int = 2
+) -> bytes:
+    """A grid PNG of ``rows`` rows of ``count`` images (:func:`image_grid`'s; ``count``
+    None: read from the PNG, its cells square) laid out again in blocks no wider than
+    ``max_width`` pixels where it can be: each block holds the same columns of every row (an
+    original stays above its reconstruction), the blocks one under another, as evenly filled
+    as they go. The PNG itself where it fits already; ValueError where it is no such grid."""
+    if count is None:
+        with Image.open(io.BytesIO(png)) as image:
+            width, height = image.size
+        cell = (height - (rows + 1) * gap) // rows
+        count = max(1, (width - gap) // (cell + gap))
+    cells = split_grid(png, rows, count, gap)
+    cell_h, cell_w = cells[0][0].shape[:2]
+    fits = max(1, (max_width - gap) // (cell_w + gap))
+    if fits >= count:
+        return png
+    blocks = math.ceil(count / fits)
+    per_block = math.ceil(count / blocks)  # 16 in blocks of at most 5: 4 of 4, not 5+5+5+1
+    block_h = rows * (cell_h + gap) + gap  # a block's rows and one gap more between blocks
+    canvas = np.full((blocks * block_h, per_block * (cell_w + gap) + gap, 3), 255, dtype=np.uint8)
+    for index in range(count):
+        block, column = divmod(index, per_block)
+        left = gap + column * (cell_w + gap)
+        for row in range(rows):
+            top = gap + block * block_h + row * (cell_h + gap)
+            canvas[top : top + cell_h, left : left + cell_w] = cells[row][index]
+    buffer = io.BytesIO()
+    Image.fromarray(canvas).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def comparison_grid(

@@ -314,6 +314,8 @@ class RunSpec:
         for name, default in LATER_FIELDS.items():
             if protocol[name] == default:
                 del protocol[name]
+        if payload["model"]["spec"].get("model_args") is None:  # and before own classes
+            payload["model"]["spec"].pop("model_args", None)
         if self.model.content_sha256:
             payload["model"]["weights"] = payload["model"]["trusted_archive"] = None
         if self.data.content_sha256:

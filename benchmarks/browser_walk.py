@@ -1,10 +1,13 @@
 """The README's walkthrough and the Compare / Trade-off defaults, walked in a real browser.
 
-``make walk`` (about 30 min on 2 cores). What a new user does, step by step, on a fresh
+``make walk`` (about 40 min on 2 cores). What a new user does, step by step, on a fresh
 dashboard with its own data folder: Setup (LeNet, 100 classes, one photograph), DLG at its
 audit defaults, the same under dp-gaussian sigma 0.1, History, the run's PDF; then Compare
 with its default defenses and Trade-off with its default grid, each to the end, and their
-PDFs. Every page is saved as a screenshot and every PDF page as a PNG in
+PDFs; then what issue 52 found: the malicious server with 16 photographs under secure
+aggregation of 4 (every image inside the main area, none under a chart), the Sample page,
+torchvision's resnet18 with the time estimate (measured again when the iterations change)
+beside the run it estimated. Every page is saved as a screenshot and every PDF page as a PNG in
 ``tests/artifacts/walk_*``; the figures (verdicts, PSNR, utility beside chance, times) go to
 ``tests/artifacts/walk_summary.json``. Checks what the README promises and fails loudly
 when it does not hold (DLG not Very High above 50 dB, the defended run not Inconclusive
@@ -13,6 +16,7 @@ for its reconstruction, a comparison that does not finish, a utility at chance):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,6 +162,9 @@ def _walk(page, url: str, data: Path) -> dict[str, object]:
     # 1. Sign in; Setup: LeNet, the bundled photographs, Classes 100.
     page.goto(url)
     sign_in(page, WALKER, WALKER_PASSWORD)
+    # The form goes with the run that signs in (issue 52: it stayed until the next click).
+    page.get_by_label("User name").wait_for(state="detached", timeout=1_000)
+    _shot(page, "0_signed_in")
     page.get_by_role("heading", name="Setup").first.wait_for()
     _set_number(page, "Classes", 100, page)
     _shot(page, "1_setup")
@@ -225,10 +232,131 @@ def _walk(page, url: str, data: Path) -> dict[str, object]:
         for row in out["compare_runs"]
         if row["accuracy"] is None or row["accuracy"] <= (row["chance_accuracy"] or 0)
     ]
+    # Issue 52: the malicious server with 16 images, secure aggregation, the Sample page, a
+    # torchvision model, the time estimate beside the run it estimated.
+    try:
+        out.update(walk_issue52(page, data))
+    except Exception as exc:  # what the walk found before stays in the summary
+        page.screenshot(path=str(ARTIFACTS / "walk_issue52_failure.png"), full_page=True)
+        problems.append(f"issue 52's walk failed: {type(exc).__name__}: {exc}")
+    layout = dict(out.get("malicious_16", {})).get("layout")
+    if layout and (not layout["all_inside_main"] or layout["any_under_a_chart"]):
+        problems.append(f"16 images: not every image inside the main area, clear: {layout}")
     out["utility_above_chance_everywhere"] = not any("chance" in p for p in problems)
     out["readme_holds"] = not problems
     if problems:
         out["problems"] = problems
+    return out
+
+
+def _images_inside_main(page) -> dict[str, object]:
+    """Whether every image of the page lies within the main area and under no chart."""
+    main = page.locator('[data-testid="stMain"]').bounding_box()
+    charts = [c.bounding_box() for c in page.locator('[data-testid="stPlotlyChart"]').all()]
+    boxes = [i.bounding_box() for i in page.locator('[data-testid="stImage"] img').all()]
+    right = main["x"] + main["width"]
+    inside = all(main["x"] <= b["x"] and b["x"] + b["width"] <= right for b in boxes)
+    covered = any(_overlap(b, c) for b in boxes for c in charts if c is not None)
+    return {"images": len(boxes), "all_inside_main": inside, "any_under_a_chart": covered}
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return min(a["x"] + a["width"], b["x"] + b["width"]) > max(a["x"], b["x"]) and min(
+        a["y"] + a["height"], b["y"] + b["height"]
+    ) > max(a["y"], b["y"])
+
+
+def _shot_of(page, locator, name: str) -> None:
+    """A screenshot with ``locator`` scrolled into the window (the page scrolls inside)."""
+    locator.scroll_into_view_if_needed()
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(ARTIFACTS / f"walk_{name}.png"))
+
+
+def _estimate(page, name: str) -> str:
+    page.get_by_role("button", name="Estimate the time on this machine").click()
+    box = page.locator('[data-testid="stAlert"]').filter(has_text="measured here on a few")
+    box.first.wait_for(timeout=120_000)
+    _shot_of(page, box.first, name)
+    return box.first.inner_text().strip().splitlines()[-1]
+
+
+def walk_issue52(page, data: Path) -> dict[str, object]:
+    """What issue 52 found, walked: the malicious server with 16 images under secure
+    aggregation of 4, the Sample page, a torchvision model with the estimate beside the run."""
+    out: dict[str, object] = {}
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    page.get_by_role("link", name="Setup").first.click()
+    page.get_by_role("heading", name="Setup").first.wait_for()
+    _set_number(page, "Images in the batch", 99, page)
+    page.get_by_text("Images in the batch: 99 is out of range").wait_for()
+    _shot(page, "7_setup_out_of_range")
+    _set_number(page, "Images in the batch", 16, page)
+    page.get_by_role("link", name="Attack lab").first.click()
+    page.get_by_role("heading", name="Attack lab").first.wait_for()
+    _choose(sidebar, "Defense", "none", page)
+    sidebar.get_by_text("Malicious server (changes the model it sends)").click()
+    page.wait_for_timeout(800)
+    sidebar.get_by_text("Secure aggregation", exact=True).click()
+    sidebar.get_by_label("Clients in the sum", exact=True).wait_for()
+    page.wait_for_timeout(800)
+    out["malicious_16"] = _lab_run(page, "8_malicious_16")
+    out["malicious_16"]["layout"] = _images_inside_main(page)
+    _shot_of(page, page.locator('[data-testid="stImage"]').first, "8b_malicious_16_images")
+    _shot_of(page, page.get_by_text("Whose images").first, "8c_malicious_16_threat")
+    with contextlib.suppress(Exception):  # the per-image table, where it is drawn
+        _shot_of(page, page.get_by_text("held by client").first, "8d_malicious_16_per_image")
+
+    # The Sample page: 4 updates of 2 photographs, DLG at a short budget.
+    page.get_by_role("link", name="Setup").first.click()
+    page.get_by_role("heading", name="Setup").first.wait_for()
+    _set_number(page, "Images in the batch", 2, page)
+    page.get_by_role("link", name="Sample").first.click()
+    page.get_by_role("heading", name="Audit the sample").first.wait_for()
+    sidebar.get_by_text("Honest-but-curious server (observes updates)").click()
+    page.wait_for_timeout(800)
+    sidebar.get_by_text("Secure aggregation", exact=True).click()
+    page.wait_for_timeout(800)
+    _set_number(sidebar, "Iterations", 20, page)
+    started = time.monotonic()
+    page.get_by_role("button", name=re.compile(r"Audit the sample \(\d+ updates\)")).click()
+    page.get_by_text(re.compile(r"(\d+) of \1 runs have results")).wait_for(timeout=RUN_TIMEOUT_MS)
+    out["sample_seconds"] = round(time.monotonic() - started, 1)
+    page.get_by_text("The sample", exact=True).first.wait_for()
+    _shot(page, "9_sample")
+    _shot_of(page, page.locator('[data-testid="stDataFrame"]').first, "9b_sample_table")
+
+    # A torchvision model: the estimate, refreshed when the iterations change, then the run.
+    page.get_by_role("link", name="Setup").first.click()
+    page.get_by_role("heading", name="Setup").first.wait_for()
+    page.get_by_label("Architecture", exact=True).click()
+    page.keyboard.type("resnet18")
+    page.get_by_role("option", name="resnet18 (torchvision)", exact=True).click()
+    page.wait_for_timeout(1500)
+    # 64 px: at 32 its last BatchNorm sees one value per channel for one image (refused).
+    _set_number(page, "Input size (pixels, height = width)", 64, page)
+    _set_number(page, "Images in the batch", 1, page)
+    _shot(page, "10_torchvision_setup")
+    page.get_by_role("link", name="Attack lab").first.click()
+    page.get_by_role("heading", name="Attack lab").first.wait_for()
+    _choose(sidebar, "Settings", "paper settings (reproduction)", page)
+    _set_number(sidebar, "Iterations", 40, page)
+    first = _estimate(page, "10b_torchvision_estimate")
+    _set_number(sidebar, "Iterations", 20, page)  # the box measures again for 20
+    box = page.locator('[data-testid="stAlert"]').filter(has_text="so the 20 planned steps")
+    box.first.wait_for(timeout=120_000)
+    out["torchvision"] = {
+        "estimate_for_40": first,
+        "estimate_for_20": box.first.inner_text().strip().splitlines()[-1],
+    }
+    _shot_of(page, box.first, "10c_torchvision_estimate_refreshed")
+    out["torchvision"].update(_lab_run(page, "10d_torchvision_run"))
+    with Store(f"sqlite:///{data / 'data' / 'audit.db'}") as store:
+        run = store.get_run(re.search(r"run=([0-9a-f]{32})", out["torchvision"]["url"]).group(1))
+        out["torchvision"]["attack_seconds"] = (run.summary or {}).get("timing", {}).get("seconds")
+        out["torchvision"]["planned_steps"] = (
+            (run.summary or {}).get("timing", {}).get("planned_iterations")
+        )
     return out
 
 

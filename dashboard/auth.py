@@ -140,9 +140,14 @@ def sign_in() -> Principal | None:
         st.stop()
     throttle, key, dummy = _guard()
     signed_in = bool(st.session_state.get("authentication_status"))
+    # The form in a slot of its own, emptied on the run that signs in: drawn on that run, it
+    # would otherwise stay above the page until the next click (issue 52).
+    form = st.empty()
+    slot = form.container()
     if not signed_in:
-        st.title("FL gradient-leakage audit")
-        st.caption("Sign in to see your runs, uploads, comparisons and sweeps.")
+        with slot:
+            st.title("FL gradient-leakage audit")
+            st.caption("Sign in to see your runs, uploads, comparisons and sweeps.")
         client = _client()
         wait = 0.0 if client is None else throttle.wait_s(client)
         if wait > 0:
@@ -162,10 +167,11 @@ def sign_in() -> Principal | None:
     # The library keeps this dictionary and rebuilt its names (lower-cased): watch which
     # name the try is for.
     asked = credentials["usernames"] = _AskedNames(credentials["usernames"])
-    try:
-        authenticator.login(location="main", fields=FORM_FIELDS)
-    except Exception as exc:  # the package's LoginError: say it, keep the form
-        st.error(str(exc))
+    with slot:
+        try:
+            authenticator.login(location="main", fields=FORM_FIELDS)
+        except Exception as exc:  # the package's LoginError: say it, keep the form
+            st.error(str(exc))
     status = st.session_state.get("authentication_status")
     if status is False:
         _failed(throttle, asked.asked, known=asked.asked in users.users, dummy=dummy)
@@ -175,6 +181,7 @@ def sign_in() -> Principal | None:
         current = users.password_hashes.get(principal.username)
         if not signed_in:  # signed in on this run
             throttle.succeeded(("user", principal.username))
+            form.empty()
         if PASSWORD_KEY not in st.session_state:  # remember with which password
             st.session_state[PASSWORD_KEY] = current
         elif st.session_state[PASSWORD_KEY] != current:

@@ -40,13 +40,16 @@ def chance_accuracy(rows: Sequence[RunRow]) -> float | None:
 
 
 def display_rows(
-    rows: Sequence[RunRow], verdicts: Sequence[Verdict | None] | None = None
+    rows: Sequence[RunRow],
+    verdicts: Sequence[Verdict | None] | None = None,
+    first: str = "defense",
 ) -> list[dict[str, str]]:
     """The rows as the tables show them: formatted, 'n/a' where there is no value.
 
     The leakage column is the verdict (with the control's result), never the run's band
     alone, marked not usable where the defended model learns nothing; the utility beside the
-    undefended accuracy and chance, where known.
+    undefended accuracy and chance, where known. ``first``: the heading of the rows' own
+    column (a comparison's and a sweep's defense, a sample's update).
     """
     out = []
     for i, r in enumerate(rows):
@@ -57,7 +60,7 @@ def display_rows(
                 leakage += f" · {NOT_USABLE}"
         else:
             leakage = "n/a"
-        row = {"defense": r.label, "status": r.status, "verdict": leakage}
+        row = {first: r.label, "status": r.status, "verdict": leakage}
         for key in ATTACK_METRICS:
             info = CATALOGUE[key]
             row[info.heading] = info.text(r.metric(key))

@@ -216,7 +216,10 @@ def _sample(entries) -> None:
         low, high = sample.interval
         col1, col2, col3 = st.columns(3)
         col1.metric("Images recovered", f"{sample.images_recovered} of {sample.images}")
-        col2.metric("Share (95 % interval)", f"{sample.share:.0%} ({low:.0%} to {high:.0%})")
+        # The interval under the figure, not in it: "100% (29% to 100%)" was cut to
+        # "100% (29% to 10..." in a third of the page (issue 52).
+        col2.metric("Share of the images recovered", f"{sample.share:.0%}")
+        col2.caption(f"95 % interval: {low:.0%} to {high:.0%}")
         worst = sample.worst
         if worst is not None:
             col3.metric(
@@ -297,9 +300,11 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
     verdicts = [run_verdict(e.run) if e.run is not None else None for e in subject.entries]
     undefended, chance = undefended_accuracy(rows), chance_accuracy(rows)
     st.dataframe(
-        display_rows(rows, verdicts),
+        display_rows(rows, verdicts, first="update" if kind == "sample" else "defense"),
         hide_index=True,
         column_config={
+            # "completed" was cut to "complete" at the default width (issue 52).
+            "status": st.column_config.TextColumn("status", width="medium"),
             "verdict": st.column_config.TextColumn(
                 "verdict",
                 width="large",
@@ -308,7 +313,7 @@ def _live(kind: str, batch_id: str, live: bool) -> None:
                 "where only the private labels leaked), or 'Low' for a defense that held, "
                 "its attacker that knows the defense included, against a control that "
                 "leaked; otherwise Inconclusive.",
-            )
+            ),
         },
     )
     for row in rows:

@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from auditlib.config import optional_inner
+from auditlib.config import field_info, optional_inner
 from dashboard.state import persist
 
 
@@ -67,6 +67,10 @@ def config_inputs(
     Values come back as the widgets give them; ``auditlib.config`` converts and checks them.
     """
     hints = typing.get_type_hints(config_type)
+    # Each field's own description as its help: a box named "batch check" says what it does.
+    described = {
+        i.name: i.description[:1].upper() + i.description[1:] for i in field_info(config_type)
+    }
     values: dict[str, Any] = {}
     for f in dataclasses.fields(config_type):
         if not f.init or f.name in exclude:
@@ -74,21 +78,23 @@ def config_inputs(
         name, annotation, default = f.name, hints[f.name], defaults.get(f.name)
         widget_key = f"{key}.{name}"
         label = name.replace("_", " ")
+        about = described.get(name) or None
         if typing.get_origin(annotation) is typing.Literal:
             options = list(typing.get_args(annotation))
             start = default if default in options else options[0]
             values[name] = st.selectbox(
-                label, options, persist_state="session", key=persist(widget_key, start)
+                label, options, help=about, persist_state="session", key=persist(widget_key, start)
             )
         elif annotation is bool:
             values[name] = st.checkbox(
-                label, persist_state="session", key=persist(widget_key, bool(default))
+                label, help=about, persist_state="session", key=persist(widget_key, bool(default))
             )
         elif annotation is int:
             values[name] = int(
                 st.number_input(
                     label,
                     step=1,
+                    help=about,
                     persist_state="session",
                     key=persist(widget_key, int(default or 0)),
                 )
@@ -97,6 +103,7 @@ def config_inputs(
             values[name] = st.number_input(
                 label,
                 format="%g",
+                help=about,
                 persist_state="session",
                 key=persist(widget_key, float(default or 0.0)),
             )
@@ -104,7 +111,8 @@ def config_inputs(
             optional = optional_inner(annotation) is not None
             values[name] = st.text_input(
                 f"{label} (optional)" if optional else label,
-                help="Leave empty for none." if optional else None,
+                help=" ".join(filter(None, [about, "Leave empty for none." if optional else None]))
+                or None,
                 persist_state="session",
                 key=persist(widget_key, "" if default is None else str(default)),
             )

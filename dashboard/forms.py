@@ -17,13 +17,15 @@ import streamlit as st
 from auditlib.attacks import ALL_ATTACKS, ALL_ATTACKS_LABEL, ATTACKS, default_iterations
 from auditlib.client.protocol import Algorithm, ClientProtocol, Shared
 from auditlib.defenses import DEFENSES
+from auditlib.engine.attack_phase import plan_attacks
 from auditlib.errors import AuditInputError
-from auditlib.spec import MAX_CLIENTS, SERVERS, UTILITY_DATASETS, UtilitySpec
+from auditlib.spec import MAX_CLIENTS, SERVERS, UTILITY_DATASETS, ComponentSpec, UtilitySpec
 from auditlib.words import count_of
 from dashboard.auth import signed_in_only
 from dashboard.config_form import changed_params, config_defaults, config_inputs
 from dashboard.navigation import SETUP
-from dashboard.resources import shared_manager
+from dashboard.plain import literal
+from dashboard.resources import EMIT_EVERY, shared_manager
 from dashboard.run_choices import LabChoices, batch_size, check_clients_fit, check_components
 from dashboard.setup_state import Setup, current_setup, setup_problems
 from dashboard.spec_words import (
@@ -127,6 +129,12 @@ def _observed_scenario(lab: LabChoices, setup: Setup) -> None:
         "audited as it was received: no model of the server's own, no secure aggregation). "
         f"Client protocol: the bundle's ({protocol_words(setup.bundle.protocol)})."
     )
+    assumed = setup.bundle.training.assumed_words
+    if assumed:  # said before the run, as on its threat card and in its PDF
+        st.warning(  # training.json's words (a recorder's notes): shown as typed
+            "Assumed, not reported by the client (the attack simulates these; the result is "
+            "the client's only if they hold): " + literal("; ".join(assumed))
+        )
     lab.server, lab.secure_aggregation = "honest", None
 
 
@@ -251,6 +259,7 @@ def attack_inputs(lab: LabChoices) -> None:
             lab.iterations = 1
         else:
             lab.iterations = _iterations_input(lab.attack, None)
+            _planned_caption(lab)
         return
     info = ATTACKS[lab.attack]
     st.caption(info.summary)
@@ -288,6 +297,26 @@ def attack_inputs(lab: LabChoices) -> None:
         st.caption(f"Shown: {preset_label(lab.preset)}. Only changed values are recorded.")
         values = config_inputs(info.config_type, f"attack.{lab.attack}.{lab.preset}", defaults)
     lab.attack_params = changed_params(values, defaults)
+    if not info.closed_form:
+        _planned_caption(lab)
+
+
+def _planned_caption(lab: LabChoices) -> None:
+    """The iterations are per start, the run counts every start's steps: that count under
+    the field too, so the sidebar, the estimate and the progress say one number (a race's
+    rungs sit on the dashboard's event grid, ``EMIT_EVERY``, as its runs place them)."""
+    try:
+        component = ComponentSpec.of(lab.attack, lab.attack_params, lab.preset)
+        planned = plan_attacks(component, lab.iterations, EMIT_EVERY, server=lab.server)
+    except AuditInputError:
+        return  # the lab's own check says why
+    steps = sum(p.planned_steps for p in planned)
+    if steps != lab.iterations:
+        st.caption(
+            f"{steps:,} planned steps in all (every start's steps, every attack's): the "
+            "count the estimate and the progress show (with a defense, its attacker that "
+            "knows it may add its own)."
+        )
 
 
 def _iterations_input(attack: str, preset: str | None) -> int:

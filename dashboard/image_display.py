@@ -12,11 +12,13 @@ websocket and no URL serves them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 
 from PIL import Image
 
 from auditlib.data import LabelledImages
+from auditlib.grids import wrapped_grid
 
 
 def inline(image: bytes | Image.Image) -> str:
@@ -34,6 +36,20 @@ def png_width(png: bytes) -> int:
     """The pixel width of a PNG: images are shown at their natural size, pixels sharp."""
     with Image.open(io.BytesIO(png)) as image:
         return image.width
+
+
+# The widest a grid of images is drawn in the main area: a 1280 px window with the sidebar
+# open leaves some 900 px; wider grids wrap into blocks (``auditlib.grids.wrapped_grid``).
+GRID_WIDTH = 880
+
+
+def show_grid(target, png: bytes, rows: int, caption: str | None = None) -> None:
+    """A grid PNG of ``rows`` rows of images in ``target`` (``st`` or a container), wrapped
+    into blocks that fit the main area (issue 52: 16 images in one 4,210 px row ran off the
+    page), at its natural size, scaled down only where one block is still wider."""
+    with contextlib.suppress(ValueError):  # not a grid of square cells: drawn as it is
+        png = wrapped_grid(png, rows, GRID_WIDTH)
+    target.image(inline(png), width=min(png_width(png), GRID_WIDTH), caption=caption)
 
 
 def image_captions(images: LabelledImages) -> list[str]:

@@ -14,6 +14,7 @@ from auditlib.metrics.scores import Scores
 from auditlib.metrics.verdict import Verdict
 from auditlib.result import AuditSummary, DefenseReport
 from auditlib.store import RunRecord
+from auditlib.words import count_of
 from dashboard.verdict_words import NO_VERDICT
 
 # What the progress line's seconds are, and the Timing section's first figure: the attacks'
@@ -99,7 +100,7 @@ def timing_text(record: RunRecord, result: AuditSummary) -> str:
     per_second = timing.iterations_per_second
     text = (
         f"{number(timing.seconds, '.1f')} s {ATTACK_TIME} (every attack and twin, from the "
-        f"first one's start) for {timing.iterations:,} steps"
+        f"first one's start) for {count_of(timing.iterations, 'step')}"
         + (f" ({per_second:.2f} per second)" if per_second else "")
         + f"; stop reason: {result.stop_reason}."
     )

@@ -13,7 +13,7 @@ import streamlit as st
 from auditlib.engine.controls import control_finding
 from auditlib.store import CANCELLED, COMPLETED, FAILED, TIMED_OUT, EventRecord, RunRecord
 from dashboard.auth import signed_in_only
-from dashboard.image_display import inline, png_width
+from dashboard.image_display import show_grid
 from dashboard.resources import get_manager, get_store
 from dashboard.result_words import ATTACK_TIME
 from dashboard.state import set_url_state
@@ -95,6 +95,21 @@ def loss_figure(events: list) -> go.Figure:
     return fig
 
 
+# Counts an attack reports beside its losses, in words (never the attack's internal key).
+COUNT_WORDS = {
+    "images_not_read_back": ("image not read back", "images not read back"),
+    "evaluations": ("evaluation", "evaluations"),
+}
+
+
+def _loss_words(key: str, value: float) -> str:
+    """'loss 0.0123', '4 images not read back', '1 evaluation'."""
+    if key in COUNT_WORDS and float(value).is_integer():
+        one, many = COUNT_WORDS[key]
+        return f"{int(value):,} {one if int(value) == 1 else many}"
+    return f"{key.replace('_', ' ')} {value:.4g}"
+
+
 def progress_text(record: RunRecord, last: EventRecord) -> str:
     """The progress line under the bar: the step, the seconds spent in the attacks, the
     latest losses. A finished run states the steps and seconds its timing recorded (the
@@ -103,7 +118,7 @@ def progress_text(record: RunRecord, last: EventRecord) -> str:
     steps, seconds = last.step, last.elapsed_s
     if record.finished and record.iterations is not None and record.seconds is not None:
         steps, seconds = record.iterations, record.seconds
-    losses = ", ".join(f"{k} {v:.4g}" for k, v in last.losses.items() if v is not None)
+    losses = ", ".join(_loss_words(k, v) for k, v in last.losses.items() if v is not None)
     text = f"step {steps:,} of {total:,} · {seconds:.1f} s {ATTACK_TIME}"
     if losses:
         text += f" · {losses}"
@@ -168,28 +183,25 @@ def live_view(run_id: str, live: bool) -> None:
             "The run goes on in the background: you can leave this page or close the "
             "browser, and reopen it from History."
         )
-    images_col, chart_col = st.columns([3, 2], gap="large")
-    with images_col:
-        originals = store.image(run_id, "originals")
-        current = store.image(run_id, "live")
-        if originals is not None:
-            st.image(
-                inline(originals.png),
-                width=png_width(originals.png),
-                caption="Private images (only the auditor sees them)",
-            )
-        if current is not None:
-            st.image(
-                inline(current.png),
-                width=png_width(current.png),
-                caption=f"The attacker's reconstruction at step {current.step:,}, each image "
-                "under the original it matches",
-            )
-        elif originals is None:
-            st.caption("The images appear once the worker has prepared the victim.")
-    with chart_col:
-        if seen:
-            st.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
+    # The images over the full width, wrapped into blocks that fit; the chart under them
+    # (beside them, a wide row of images ran under it: issue 52).
+    originals = store.image(run_id, "originals")
+    current = store.image(run_id, "live")
+    if originals is not None:
+        show_grid(st, originals.png, 1, "Private images (only the auditor sees them)")
+    if current is not None:
+        show_grid(
+            st,
+            current.png,
+            1,
+            f"The attacker's reconstruction at step {current.step:,}, each image in the place "
+            "of the original it matches",
+        )
+    elif originals is None:
+        st.caption("The images appear once the worker has prepared the victim.")
+    chart_col, _ = st.columns([3, 2])
+    if seen:
+        chart_col.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
 
 
 def control_view(run_id: str, live: bool) -> None:

@@ -15,8 +15,9 @@ import streamlit as st
 from auditlib.attacks import ALL_ATTACKS
 from auditlib.metrics.catalogue import CATALOGUE
 from auditlib.metrics.risk import RECOVERED_RULE
-from auditlib.metrics.verdict import Verdict
+from auditlib.metrics.verdict import ASSUMED_SETTINGS, Verdict
 from auditlib.report.subject import learns_nothing, run_row, run_subject
+from auditlib.report.unscored_words import LOSS_HEADING, NO_PICK, rows_caption
 from auditlib.result import AuditSummary
 from auditlib.result_json import summary_json
 from auditlib.store import CANCELLED, COMPLETED, FAILED, RunRecord
@@ -24,7 +25,8 @@ from auditlib.words import count_of
 from dashboard.auth import signed_in_only
 from dashboard.downloads import private_download
 from dashboard.failures import failure_line
-from dashboard.image_display import inline, png_width
+from dashboard.image_display import show_grid
+from dashboard.plain import literal
 from dashboard.resources import get_store
 from dashboard.result_words import (
     ATTACK_TIME,
@@ -40,9 +42,11 @@ from dashboard.stored_runs import result_problem, run_result, run_verdict, store
 from dashboard.verdict_words import (
     NO_VERDICT,
     OUTCOME_STYLE,
+    SERVER_LINES,
     SOK_CITATION,
     attributed_words,
     server_lines,
+    whose_images_words,
 )
 
 PSNR, SSIM, LPIPS = CATALOGUE["psnr"], CATALOGUE["ssim"], CATALOGUE["lpips"]
@@ -171,6 +175,10 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
                 }
                 if every:
                     row["attack"] = p.attack or "n/a"
+                if p.client is not None:  # secure aggregation: whose image it was
+                    row["held by client"] = str(p.client)
+                if attributed:
+                    row["attributed to client"] = number(p.attributed_client, "d")
                 rows.append(row)
             st.table(rows)
             if metrics.view:
@@ -184,12 +192,20 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
             st.markdown(
                 f"**Threat model** SoK model {threat.sok_model}: {threat.sok_name} ({SOK_CITATION})"
             )
-            for heading, words in server_lines(threat):
+            said = server_lines(threat)
+            for heading, words in said:
                 st.markdown(f"**{heading}** {words}")
+            whose = whose_images_words(threat, result)
+            if whose:
+                st.markdown(f"**Whose images** {whose}.")
+            # The server's lines said above are not the attacker's knowledge ("could have
+            # noticed" under "knows" read as a tick for the attacker: issue 52).
+            headings = {heading for heading, _ in said}
             st.table(
                 [
                     {"the attacker": k.item, "knows": "✔" if k.known else "✗", "how": k.detail}
                     for k in threat.knowledge
+                    if SERVER_LINES.get(k.item) not in headings
                 ]
             )
 
@@ -203,7 +219,7 @@ def _headline(record: RunRecord, result: AuditSummary) -> None:
     headline = (
         f"{attack} against {result.defense}: {PSNR.label} {PSNR.text(metrics.psnr_mean)} "
         f"{PSNR.unit} (mean over {count_of(len(metrics.per_image), 'image')}), "
-        f"{timing.iterations:,} steps in {number(timing.seconds, '.1f')} s {ATTACK_TIME}, stopped: "
+        f"{count_of(timing.iterations, 'step')} in {number(timing.seconds, '.1f')} s {ATTACK_TIME}, stopped: "
         f"{result.stop_reason}."
     )
     if record.status == COMPLETED:
@@ -212,13 +228,14 @@ def _headline(record: RunRecord, result: AuditSummary) -> None:
         st.warning(f"{headline} The attack did not run to the end; it is scored as it stood.")
 
 
-def _grid_and_losses(record: RunRecord, caption: str):
-    """The run's stored grid with ``caption`` beside its loss curve; the grid (None where
-    the run has none)."""
+def _grid_and_losses(record: RunRecord, caption: str, rows: int = 1):
+    """The run's stored grid of ``rows`` rows with ``caption``, its loss curve under it (never
+    beside: a wide grid ran under the chart, issue 52); the grid (None where the run has
+    none)."""
     grid = get_store().image(record.id, "reconstruction")
-    grid_col, chart_col = st.columns([3, 2], gap="large")
     if grid is not None:
-        grid_col.image(inline(grid.png), width=png_width(grid.png), caption=caption)
+        show_grid(st, grid.png, rows, caption)
+    chart_col, _ = st.columns([3, 2])
     seen = events(record.id)
     if seen:
         chart_col.plotly_chart(loss_figure(seen), config={"displayModeBar": False})
@@ -233,6 +250,7 @@ def _reconstruction(record: RunRecord, result: AuditSummary) -> bytes | None:
         "Top: the private images (only the auditor sees them). Bottom: the attacker's "
         "reconstruction (its lowest-loss restart, chosen without ground truth), each matched "
         "to its original.",
+        rows=2,
     )
     col1, col2, col3 = st.columns(3)
     col1.metric(
@@ -291,22 +309,23 @@ def _details(result: AuditSummary) -> None:
     _threat_and_victim(result, "Threat model and victim")
 
 
-def _unscored(record: RunRecord, result: AuditSummary) -> None:
+def _unscored(record: RunRecord, result: AuditSummary, verdict: Verdict | None) -> None:
     """An observed update audited without the client's images: each attack's
-    reconstruction and its own loss, never a score (there is nothing to compare with)."""
+    reconstruction and its own loss, never a score (there is nothing to compare with), and
+    the training settings its client did not report (the threat card's line)."""
     timing = result.timing
     st.caption(
         f"{result.attack} on the observed update: not scored ({result.unscored}); "
-        f"{timing.iterations:,} steps in {number(timing.seconds, '.1f')} s {ATTACK_TIME}, "
+        f"{count_of(timing.iterations, 'step')} in {number(timing.seconds, '.1f')} s {ATTACK_TIME}, "
         f"stopped: {result.stop_reason}."
     )
     st.subheader("Result")
     grid = _grid_and_losses(
         record,
-        "What the attacker reconstructed from the update (its lowest-loss restart, chosen "
-        "without ground truth). Without the client's images nobody can say how close it is: "
-        "look at it, or audit the bundle again with the client's images for scores and a "
-        "verdict.",
+        "What the attacker reconstructed from the update. "
+        + rows_caption([a.label or a.attack for a in result.attacks if not a.skipped])
+        + " Without the client's images nobody can say how close it is: look at it, or audit "
+        "the bundle again with the client's images for scores and a verdict.",
     )
     st.table(
         [
@@ -314,15 +333,20 @@ def _unscored(record: RunRecord, result: AuditSummary) -> None:
                 "attack": a.label or a.attack,
                 "result": f"skipped: {a.skipped}" if a.skipped else (a.stop_reason or "n/a"),
                 "steps": number(a.steps, ","),
-                "its own loss (lower fits the update better)": number(a.attack_loss, ".4g"),
+                LOSS_HEADING: number(a.attack_loss, ".4g"),
             }
             for a in result.attacks
         ]
     )
     st.caption(
         "The loss is the attack's own objective: how far its reconstruction's update is from "
-        "the observed one. It ranks an attack's restarts; it is not a distance to the images."
+        "the observed one. It ranks an attack's restarts; it is not a distance to the images. "
+        + NO_PICK
     )
+    card = () if verdict is None else verdict.scope.threat.knowledge
+    for assumed in (k.detail for k in card if k.item == ASSUMED_SETTINGS):
+        # The words are training.json's (a recorder's notes): shown as typed, never as Markdown.
+        st.warning(f"**Training settings the client did not report**: {literal(assumed)}")
     _threat_and_victim(result, "Threat model and the observed update")
     _downloads(record, result, None if grid is None else grid.png)
 
@@ -412,7 +436,7 @@ def results(record: RunRecord) -> None:
     st.subheader("Verdict")
     _verdict_box(verdict)
     if result.metrics is None:  # an observed update audited without the client's images
-        _unscored(record, result)
+        _unscored(record, result, verdict)
         return
     _usable(record, result)
     _headline(record, result)

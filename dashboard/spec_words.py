@@ -45,7 +45,7 @@ def preset_label(preset: str | None) -> str:
     if preset is None:
         return "library defaults"
     if preset == "audit":
-        return "audit: strongest settings (default)"
+        return "audit (strongest, default)"  # short: the sidebar cuts a longer one
     if preset == "paper":
         return "paper settings (reproduction)"
     if preset.startswith("paper-"):

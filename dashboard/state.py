@@ -20,7 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from auditlib.data import SAMPLE_SETS
+from auditlib.data import DEFAULT_LIMITS, SAMPLE_SETS
 from auditlib.errors import AuditInputError
 from auditlib.models import ARCHITECTURES
 from auditlib.models.architectures import ACTIVATIONS as MODEL_ACTIVATIONS
@@ -61,8 +61,10 @@ def is_url_id(key: str, value: str) -> bool:
 CLASSES_RANGE = (2, MAX_CLASSES)
 INPUT_SIZE_RANGE = (MIN_SIDE, MAX_SIDE)  # pixels, height = width
 SEED_RANGE = (0, 2**31 - 1)
-MAX_SAMPLE_COUNT = 8  # images drawn from a bundled sample set
-MAX_UPLOAD_BATCH = 64  # images of an upload in one batch
+# Images drawn from a bundled sample set, and of an upload in one batch: what the library
+# accepts (README's malicious-server runs take 16 photographs).
+MAX_SAMPLE_COUNT = DEFAULT_LIMITS.max_images
+MAX_UPLOAD_BATCH = DEFAULT_LIMITS.max_images
 ARCHITECTURE_DEFAULT = "architecture default"  # activation None: the architecture's own
 AUTOMATIC_STEM = "automatic"  # stem None: by input size (ResNets only)
 ACTIVATIONS = (ARCHITECTURE_DEFAULT, *MODEL_ACTIVATIONS)

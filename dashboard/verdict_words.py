@@ -84,10 +84,34 @@ def server_lines(card: ThreatCard) -> list[tuple[str, str]]:
     client could have noticed, and what secure aggregation hid from the server, as
     (heading, words); [] for an honest server that saw one client's update."""
     return [
-        (SERVER_LINES[k.item], k.detail)
+        (SERVER_LINES[k.item], k.detail.removeprefix(LEGACY_AGGREGATION))
         for k in card.knowledge
         if k.item in SERVER_LINES and k.detail and (k.known or k.item == INDIVIDUAL_UPDATES)
     ]
+
+
+# Results recorded before issue 52 begin their aggregation line with its heading's words.
+LEGACY_AGGREGATION = "secure aggregation: "
+
+
+def whose_images_words(card: ThreatCard, result: AuditSummary) -> str | None:
+    """Under secure aggregation, whether the server could tell whose image it was: yes
+    where an attack attributed the images it recovered to their clients (LOKI: each client
+    got a model of its own), no where it read them off the sum alone; None without secure
+    aggregation."""
+    if not any(k.item == INDIVIDUAL_UPDATES for k in card.knowledge):
+        return None
+    attributed = attributed_words(result)
+    if attributed:
+        return (
+            f"the server could tell whose image it was: {attributed} (each client trained a "
+            "model of its own, so each image came back through its client's part)"
+        )
+    return (
+        "the server could not tell whose image it was: it read the images off the sum of "
+        "the clients' updates, which does not say which client held which (no attack here "
+        "attributes images to clients)"
+    )
 
 
 def attributed_words(result: AuditSummary) -> str | None:

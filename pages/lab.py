@@ -13,15 +13,17 @@ import streamlit as st
 
 from auditlib.access import AccessDenied
 from auditlib.engine.controls import start_with_control
+from auditlib.engine.identity import run_identity
 from auditlib.engine.preflight import estimate_time
 from auditlib.errors import AuditInputError
 from auditlib.store import RunRecord
+from auditlib.words import count_of
 from dashboard.auth import signed_in_fragment
 from dashboard.entry import through_app
 from dashboard.failures import failure_line
 from dashboard.forms import run_inputs
 from dashboard.navigation import HISTORY, SETUP
-from dashboard.resources import get_manager, get_store
+from dashboard.resources import EMIT_EVERY, get_manager, get_store
 from dashboard.run_choices import (
     LabChoices,
     build_run,
@@ -70,19 +72,55 @@ def _start(setup: Setup, lab: LabChoices) -> None:
     st.session_state["control_started"] = control_id
 
 
-def _estimate(setup: Setup, lab: LabChoices) -> str:
-    """What the run Start would begin will take here (``engine.preflight.estimate_time``),
-    in words, with the settings it was measured for."""
+def _estimate(setup: Setup, lab: LabChoices) -> tuple[str | None, str]:
+    """What the run Start would begin will take here (``engine.preflight.estimate_time``:
+    a few of its attacks' real steps, measured), in words, with the settings it was
+    measured for; and the run's identity it holds for (None: no run to measure)."""
     try:
-        spec, _, _ = build_run(setup, lab)
-        estimate = estimate_time(spec)
+        spec, assets, _ = build_run(setup, lab)
+        key = run_identity(spec)
     except AuditInputError as exc:
-        return f"No estimate: {exc}"
+        return None, f"No estimate: {exc}"
+    try:
+        # The race's rungs on the page's event grid, as its runs place them: one count.
+        estimate = estimate_time(spec, assets, emit_every=EMIT_EVERY)
+    except AuditInputError as exc:  # refused as the run would be: said until an input changes
+        return key, f"No estimate: {exc}"
     settings = settings_text(spec)
     if estimate is None:
-        return f"No estimate for {settings.attack}: it runs in one pass, or its batch is unknown."
+        return key, f"No estimate for {settings.model}: it runs in a process of its own."
     words = estimate.words()
-    return f"{settings.attack} on {settings.model}: {words[0].upper()}{words[1:]}."
+    return key, f"{settings.attack} on {settings.model}: {words[0].upper()}{words[1:]}."
+
+
+def _run_key(setup: Setup, lab: LabChoices) -> str | None:
+    """The identity of the run Start would begin (None where it cannot be built)."""
+    try:
+        return run_identity(build_run(setup, lab)[0])
+    except AuditInputError:
+        return None
+
+
+def _estimate_box(setup: Setup, lab: LabChoices, blocked: bool) -> None:
+    """The estimate button, and once asked, the estimate for the run Start would begin now:
+    measured again whenever an input that changes the run changed since (a stale estimate
+    is never shown)."""
+    asked = st.button(
+        "Estimate the time on this machine",
+        key="estimate",
+        disabled=blocked,
+        help="Runs a few real steps of the run's attacks on this model, batch and device "
+        "(a few seconds) and scales them by the planned steps, before anything runs.",
+    )
+    shown = st.session_state.get("estimate_shown")  # (run identity, words)
+    if blocked or not (asked or shown):
+        st.session_state.pop("estimate_shown", None)
+        return
+    if asked or shown[0] != _run_key(setup, lab):
+        with st.spinner("Measuring a few steps of the run's attacks on this machine..."):
+            shown = _estimate(setup, lab)
+        st.session_state["estimate_shown"] = shown
+    st.info(shown[1], icon=":material/timer:")
 
 
 def _setup_differs(record: RunRecord, setup: Setup) -> bool:
@@ -116,10 +154,16 @@ def _run_view(run_id: str, setup: Setup) -> None:
     close_col.button("Close", key="close_run", on_click=close_run, help="Close this view.")
     settings = run_settings(record)
     st.markdown(f"**This run's model** {settings.model} · **Private images** {settings.batch}")
+    started = started_text(record)  # "queued ..." where it has not started
+    iterations = (
+        settings.iterations_text
+        if settings.iterations is None
+        else count_of(settings.iterations, "iteration")
+    )
     st.caption(
-        f"Run {run_id} · started {started_text(record)} · attack {settings.attack} · "
-        f"defense {settings.defense} · {settings.scenario} · {settings.iterations_text} "
-        "iterations"
+        f"Run {run_id} · {started if record.started_at is None else f'started {started}'} · "
+        f"attack {settings.attack} · defense {settings.defense} · {settings.scenario} · "
+        f"{iterations} per start"
     )
     if _setup_differs(record, setup):
         st.info(
@@ -175,17 +219,7 @@ def main() -> None:
     start_error = st.session_state.pop("start_error", None)  # shown once
     if start_error:
         st.error(start_error)
-    if st.button(
-        "Estimate the time on this machine",
-        key="estimate",
-        disabled=blocked,
-        help="Times one evaluation of the attack's loss on this model and batch (a second "
-        "for a small model, up to a minute for a large one) and scales it by the planned "
-        "steps, before anything runs.",
-    ):
-        st.session_state["estimate_text"] = _estimate(setup, lab)
-    if st.session_state.get("estimate_text"):
-        st.info(st.session_state["estimate_text"], icon=":material/timer:")
+    _estimate_box(setup, lab, blocked)
 
     run_id = st.session_state.get("run")
     if run_id:

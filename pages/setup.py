@@ -10,6 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from auditlib.data import SAMPLE_SETS
+from auditlib.data.samples import sample_set_size
 from auditlib.errors import AuditInputError
 from auditlib.grids import thumbnail
 from auditlib.models.registry import architecture_info
@@ -50,7 +51,10 @@ def _field(key: str) -> str:
 
 
 def _architecture_label(name: str) -> str:
-    return f"{name} (torchvision)" if is_torchvision(name) else f"{name} (built-in)"
+    """'resnet18 (built-in)', 'resnet18 (torchvision)': the source said once."""
+    if is_torchvision(name):
+        return f"{name.split(':', 1)[1]} (torchvision)"
+    return f"{name} (built-in)"
 
 
 def _update_section(errors: list[str]) -> None:
@@ -187,14 +191,22 @@ def _data_section(errors: list[str]) -> None:
         )
         info = SAMPLE_SETS[sample_set]
         st.caption(f"{info.description}. {info.license_note}.")
-        st.number_input(
+        largest = min(MAX_SAMPLE_COUNT, sample_set_size(sample_set))
+        # No bounds on the field itself: a value out of range is said here in words, never
+        # refused silently by the widget (issue 52: 16 typed, a red icon, 1 image kept).
+        count = st.number_input(
             "Images in the batch",
-            1,
-            MAX_SAMPLE_COUNT,
             step=1,
             persist_state="session",
             key=_field("count"),
+            help=f"1 to {largest}: the client's batch, drawn from the sample set.",
         )
+        if not 1 <= count <= largest:
+            st.error(
+                f"Images in the batch: {count} is out of range; the '{sample_set}' sample set "
+                f"gives a batch of 1 to {largest} images (the attacks take at most "
+                f"{MAX_SAMPLE_COUNT}). Nothing runs until it is in range."
+            )
     elif source == "upload":
         images_upload(errors)
     else:

@@ -19,6 +19,26 @@ from postgres_server import database_url, postgres_server, postgres_url  # noqa:
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 
 
+def write_png(path: Path, seed: int, size: int = 32) -> None:
+    """A PNG of random pixels, the same for the same seed."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
+
+
+@pytest.fixture
+def image_dir(tmp_path: Path) -> Path:
+    """A folder of two 32 px PNGs with their labels.csv (classes 3 and 7): the CLI's input."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(2):
+        write_png(folder / f"img{i}.png", i)
+    (folder / "labels.csv").write_text("filename,label\nimg0.png,3\nimg1.png,7\n")
+    return folder
+
+
 @pytest.fixture
 def stored_summary():
     """A real audit result, as result.json held it before verdicts (schema 1), typed: for

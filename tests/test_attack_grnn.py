@@ -183,7 +183,7 @@ def test_events_follow_the_contract():
     _, release = release_of(victim)
     events, final = run_grnn(release, 20, emit_every=5, image_every=10)
     assert events[0].step == 0 and events[0].images is not None
-    assert [e.step for e in events[1:-1]] == [5, 10, 15, 20]
+    assert [e.step for e in events[1:-1]] == [1, 5, 10, 15, 20]  # step 1 at once (issue 52)
     assert [e.step for e in events[1:-1] if e.images is not None] == [10, 20]
     assert set(events[1].losses) == {"objective", "gradient_distance", "wasserstein", "tv"}
     assert final.steps == 20 and final.stop_reason == "completed"

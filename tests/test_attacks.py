@@ -157,7 +157,7 @@ def test_events_follow_the_contract():
     events, final = run_attack("dlg", release, 20, emit_every=5, image_every=10)
     assert events[0].step == 0 and events[0].images is not None  # a first frame before any step
     steps = [e.step for e in events[1:-1]]
-    assert steps == [5, 10, 15, 20]
+    assert steps == [1, 5, 10, 15, 20]  # the first step at once, then every 5 (issue 52)
     with_images = [e.step for e in events[1:-1] if e.images is not None]
     assert with_images == [10, 20]
     assert final is not None and events[-1].final is final

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import write_png  # image_dir, the tests' two labelled PNGs, is conftest's too
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -20,21 +21,6 @@ from auditlib.cli import main
 from auditlib.models import ModelSpec, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_png(path: Path, seed: int, size: int = 32) -> None:
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
-
-
-@pytest.fixture
-def image_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "images"
-    folder.mkdir()
-    for i in range(2):
-        write_png(folder / f"img{i}.png", i)
-    (folder / "labels.csv").write_text("filename,label\nimg0.png,3\nimg1.png,7\n")
-    return folder
 
 
 def audit(args: list[str], capsys) -> tuple[int, str, str]:
@@ -235,7 +221,7 @@ def test_cuda_requested_without_cuda_is_refused(image_dir, tmp_path, capsys):
             "--device",
             "cuda",
             "--out",
-            str(tmp_path),
+            str(tmp_path / "out"),
         ],
         capsys,
     )

@@ -128,7 +128,7 @@ def federation(tmp_path_factory):
 
 
 def _bundles(folder: Path) -> dict[str, Path]:
-    return {p.name: p for p in sorted((folder / "round-0001").glob("client-*"))}
+    return {p.name: p for p in sorted((folder / "round-0001").iterdir())}
 
 
 def _partition_of(root: Path, name: str) -> int:
@@ -157,9 +157,11 @@ def test_the_strategy_and_the_client_mod_record_the_same_updates(federation):
         held = len(CLIENTS[_partition_of(root, name)])
         assert training["num_examples"] == held == training["local_batch_size"]
         assert (training["lr"], training["local_epochs"], training["round"]) == (LR, 1, 1)
-        assert training["model"] == "lenet" and training["client_id"] == name.removeprefix(
-            "client-"
-        )
+        # Named and stamped by the partition the client reported (the mod: its node config).
+        partition = _partition_of(root, name)
+        assert name == f"partition-{partition}" and training["model"] == "lenet"
+        assert training["client_id"].startswith(f"partition-id {partition}, node ")
+        assert training["extra"]["flower"]["partition_id"] == partition
         assert training["extra"]["from"]["lr"] == "client metrics 'lr'"
         assert training["extra"]["from"]["local_batch_size"] == "client metrics 'batch-size'"
         assert set(training["extra"]["assumed"]) == {"optimizer", "bn_mode", "shuffled"}
@@ -326,12 +328,13 @@ def test_under_secaggplus_the_client_mod_records_each_clients_own_update_and_the
     assert recorded == {"written": [], "aggregated_rounds": [1]}
     assert not (root / "server").exists()
     # The clients: each mod's bundle holds the very weights its client returned.
-    bundles = _bundles(root / "client")
-    assert sorted(bundles) == sorted(f"client-{node}" for node in returned)
+    bundles = _bundles(root / "client")  # the mod knows each node's partition-id
+    partitions = {node: metadata["partition"] for node, (_, metadata) in returned.items()}
+    assert sorted(bundles) == sorted(f"partition-{p}" for p in partitions.values())
     start = load_file(root / "start.st")
     for node, (weights, metadata) in returned.items():
-        bundle = bundles[f"client-{node}"]
-        load_bundle(bundle)
+        bundle = bundles[f"partition-{partitions[node]}"]
+        assert load_bundle(bundle).training.client_id.endswith(f"node {node}")
         sent, came = (
             load_file(bundle / "global.safetensors"),
             load_file(bundle / "client.safetensors"),

@@ -120,7 +120,10 @@ def test_the_mod_records_a_legacy_round_under_secagg_naming_the_arrays_after_the
 
     message = _legacy_train(start)
     assert mod(message, _context(), client_app) is replies[0]  # handed on unchanged
-    bundle = load_bundle(tmp_path / "round-0003" / "client-7")
+    # Named by the node's partition-id (its node config), the node id kept in client_id.
+    bundle = load_bundle(tmp_path / "round-0003" / "partition-0")
+    assert bundle.training.client_id == "partition-id 0, node 7"
+    assert bundle.training.extra["flower"]["partition_id"] == 0
     assert bundle.training.num_examples == 5 and bundle.training.lr == 0.1
     assert bundle.training.round == 3 and bundle.training.local_batch_size == 5
     assert set(bundle.global_state) == set(start)
@@ -168,7 +171,7 @@ def test_a_round_without_a_learning_rate_is_kept_unchecked_and_refused_until_com
     mod = record_updates(tmp_path, LENET)
     assert mod(message, _context(), lambda m, c: reply) is reply
     # No server round, no group id: this node's first train round.
-    folder = tmp_path / "round-0001" / "client-7"
+    folder = tmp_path / "round-0001" / "partition-0"
     training = json.loads((folder / "training.json").read_text())
     assert training["extra"]["missing"] == ["lr"] and "unchecked" in training["extra"]
     with pytest.raises(AuditInputError, match="lr"):

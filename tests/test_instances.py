@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.exc import OperationalError
+from test_runs import spec  # a LeNet DLG run on one photograph, of that many iterations
 
 from auditlib.engine import ray_backend
 from auditlib.engine.fair_share import MOST_RUNS, FairShareLimits
@@ -27,25 +28,12 @@ from auditlib.engine.instance import (
     process_start,
 )
 from auditlib.engine.runs import SHUTDOWN_REASON, RunManager
-from auditlib.models import ModelSpec
-from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 from auditlib.store import Store
 from auditlib.store.convert import utcnow
 from auditlib.store.instances import InstanceRecord, Instances
 
 ROOT = Path(__file__).resolve().parents[1]
 UNLIMITED = FairShareLimits(max_running=MOST_RUNS, max_queued=MOST_RUNS)
-
-
-def spec(iterations: int = 40) -> RunSpec:
-    return RunSpec(
-        model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),
-        data=DataSpec("samples", "photographs", batch_size=1),
-        scenario=ScenarioSpec(),
-        attack=ComponentSpec.of("dlg"),
-        defense=ComponentSpec.of("none"),
-        budget=Budget(iterations),
-    )
 
 
 @pytest.fixture(autouse=True)

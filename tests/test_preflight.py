@@ -1,17 +1,24 @@
 """What a run will take on this machine, said before it starts (``engine.preflight``'s
-``estimate_time``): one evaluation of the attack's gradient-matching loss measured on the
-run's model and batch, scaled by the planned steps; the budget that would let it finish."""
+``estimate_time``): a few real steps of the run's own attacks measured on its model, batch
+and device, scaled by the planned steps (the count its progress shows); the budget that
+would let it finish."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from pathlib import Path
 
+from auditlib.attacks import ProgressEvent
 from auditlib.cli import main
-from auditlib.engine.attack_phase import plan_attacks
+from auditlib.engine.audit import AuditResult, iter_audit
+from auditlib.engine.pace import AttackPace
 from auditlib.engine.preflight import TimeEstimate, duration_words, estimate_time
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "assets" / "example-images"
 
 
 def spec(
@@ -27,46 +34,104 @@ def spec(
     )
 
 
-def test_the_words_say_the_least_time_and_the_budget_that_would_let_it_finish():
-    """Issue 35: a ResNet-18 at 224 px stopped at step 3 of 475 after its 120 s budget,
-    with no word beforehand that it needed hours."""
-    slow = TimeEstimate(evaluation_s=12.0, planned_steps=300, budget_s=120.0)
-    assert slow.at_least_s == 3600.0 and not slow.fits
+def test_the_words_say_the_measured_pace_the_time_and_the_budget_that_would_let_it_finish():
+    """Issue 35: a ResNet-18 at 224 px stopped at step 3 of 475 after its 120 s budget, with
+    no word beforehand; issue 52: the words are a measured pace, not a lower bound."""
+    slow = TimeEstimate((AttackPace("dlg", False, 300, 12.0),), budget_s=120.0, measuring_s=30.0)
+    assert slow.unbounded_s == 3600.0 and slow.expected_s == 120.0 and not slow.fits
+    assert slow.steps_in_budget == 10 and slow.planned_steps == 300
     assert slow.words() == (
-        "one evaluation of the attack's gradient-matching loss takes 12 s on this machine, so "
-        "the 300 planned steps take at least 60 min; the time budget of 120 s stops the "
-        "attack after at most about 10 of them: a budget of at least 3,600 s would let it "
-        "finish"
+        "measured here on a few real steps: dlg 12 s a step, so the 300 planned steps take "
+        "about 60 min; the time budget of 120 s stops the attack after about 10 of them: a "
+        "budget of at least 3,600 s would let it finish"
     )
-    quick = TimeEstimate(evaluation_s=0.05, planned_steps=300, budget_s=120.0)
-    assert quick.fits and quick.words().endswith("take at least 15 s")
-    assert [duration_words(s) for s in (45, 1000, 4 * 3600)] == ["45 s", "17 min", "4.0 h"]
+    quick = TimeEstimate((AttackPace("dlg", False, 300, 0.05),), budget_s=120.0, measuring_s=1.0)
+    assert quick.fits and quick.words().endswith("so the 300 planned steps take about 15 s")
+    one = TimeEstimate((AttackPace("rtf", False, 1, 0.3),), budget_s=None, measuring_s=1.0)
+    assert one.words() == (
+        "measured here on a few real steps: rtf 0.3 s (one pass), so the 1 planned step takes "
+        "about 0.3 s"
+    )
+    assert [duration_words(s) for s in (0.42, 45, 1000, 4 * 3600)] == [
+        "0.4 s",
+        "45 s",
+        "17 min",
+        "4.0 h",
+    ]
 
 
-def test_the_estimate_is_measured_on_the_runs_model_and_counts_its_planned_steps():
-    started = time.perf_counter()
-    small = estimate_time(spec(seconds=60.0))
-    spent = time.perf_counter() - started
-    # One evaluation, timed within the call (which also built the model and warmed up).
-    assert small is not None and 0 < small.evaluation_s < spent and small.budget_s == 60.0
-    planned = plan_attacks(ComponentSpec.of("dlg"), 300)
-    assert small.planned_steps == sum(p.planned_steps for p in planned)
-    assert small.at_least_s == small.evaluation_s * small.planned_steps
-    # Under a defense each attack runs beside its twin that knows the defense: twice.
-    noised = dataclasses.replace(spec(), defense=ComponentSpec.of("prune"))
-    assert estimate_time(noised).planned_steps == 2 * small.planned_steps
-    # Nothing to estimate for a closed form (one pass).
+def test_the_twins_have_a_budget_of_their_own():
+    """The plain attacks and the attacker that knows the defense each stop at the budget
+    (``attack_phase.attack_call``): a defended run may take twice it."""
+    paces = (AttackPace("dlg", False, 300, 0.1), AttackPace("dlg (knows)", True, 300, 0.1))
+    estimate = TimeEstimate(paces, budget_s=20.0, measuring_s=1.0)
+    assert estimate.planned_steps == 600 and estimate.unbounded_s == 60.0
+    assert estimate.expected_s == 40.0 and estimate.steps_in_budget == 400
+    assert estimate.needed_budget_s == 30.0 and not estimate.fits
+
+
+def test_the_estimate_times_the_attacks_own_steps_not_one_loss_evaluation():
+    """Issue 52: LeNet DLG was said to take "at least 2 s" and took 44.7 s: an L-BFGS step
+    evaluates the loss up to ``lbfgs_max_iter`` times. The pace is measured on the attack's
+    own steps, so twenty evaluations a step cost several times one."""
+    full = estimate_time(spec())
+    one = estimate_time(
+        dataclasses.replace(spec(), attack=ComponentSpec.of("dlg", {"lbfgs_max_iter": 1}))
+    )
+    assert full is not None and one is not None
+    (full_pace,), (one_pace,) = full.paces, one.paces
+    assert full_pace.label == "dlg" and full_pace.planned_steps == 300
+    assert full_pace.step_s > 4 * one_pace.step_s, (full_pace.step_s, one_pace.step_s)
+
+
+def test_one_planned_step_count_the_estimate_the_progress_and_the_result_share():
+    """Issue 52: one run read 300 iterations, 480 planned and "step 40 of 475". The
+    estimate's count is the progress's "of N" and the result's planned steps, twins
+    included where they run and left out where they do not."""
+    for run_spec in (
+        dataclasses.replace(spec(), budget=Budget(6)),
+        dataclasses.replace(
+            spec(),
+            attack=ComponentSpec.of("ig"),
+            defense=ComponentSpec.of("prune"),
+            budget=Budget(6),
+        ),
+    ):
+        estimate = estimate_time(run_spec)
+        totals, result = set(), None
+        for item in iter_audit(run_spec, lpips_nets=()):
+            if isinstance(item, ProgressEvent):
+                totals.add(item.total_steps)
+            elif isinstance(item, AuditResult):
+                result = item
+        assert estimate is not None and result is not None
+        assert totals == {estimate.planned_steps}
+        assert result.summary.timing.planned_iterations == estimate.planned_steps
+
+
+def test_a_closed_form_and_a_folder_of_unknown_size_are_estimated_too():
+    """A malicious server's one pass is measured like any step; a folder's images are
+    counted where the run counts them (the CLI's common case: no --batch-size)."""
     malicious = dataclasses.replace(
-        spec(),
+        spec(batch=4),
         attack=ComponentSpec.of("rtf"),
         scenario=dataclasses.replace(ScenarioSpec(), server="malicious"),
     )
-    assert estimate_time(malicious) is None
+    estimate = estimate_time(malicious)
+    assert estimate is not None and estimate.planned_steps == 1
+    assert estimate.paces[0].step_s > 0
+    folder = dataclasses.replace(spec(), data=DataSpec("folder", str(EXAMPLES)))
+    started = time.perf_counter()
+    estimate = estimate_time(folder)
+    assert estimate is not None and estimate.planned_steps == 300
+    assert time.perf_counter() - started < 30  # cheap: a few steps, not the run
 
 
-def test_the_cli_prints_the_estimate_before_the_run(tmp_path, capsys):
-    args = ["audit", "--model", "lenet", "--samples", "photographs", "--attack", "dlg"]
+def test_the_cli_prints_the_estimate_for_a_folder_without_a_batch_size(tmp_path, capsys):
+    args = ["audit", "--model", "lenet", "--images", str(EXAMPLES), "--attack", "dlg"]
     assert main([*args, "--iterations", "2", "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
-    assert "estimate: one evaluation of the attack's gradient-matching loss takes" in err
-    assert "planned steps take at least" in err
+    # The count the run itself plans (the audit preset races its starts: 2 steps each).
+    planned = json.loads((tmp_path / "out" / "result.json").read_text())["timing"]
+    assert "estimate: measured here on a few real steps: dlg (audit preset) " in err
+    assert f"so the {planned['planned_iterations']} planned steps take about" in err

@@ -250,9 +250,8 @@ def test_loki_under_secure_aggregation_attributes_the_images_to_their_clients(tm
     entry = ran(tmp_path, malicious_spec("loki", clients=4), "loki")
     found = facts_server.malicious_server([entry])
     (change,) = found.changes
-    assert change.aggregation == (
-        "secure aggregation: only the example-weighted sum of 4 clients' updates"
-    )
+    # Under its heading "Secure aggregation", never "Secure aggregation secure aggregation"
+    assert change.aggregation == "only the example-weighted sum of 4 clients' updates"
     (run,) = found.runs
     attributed = entry.result.attacks[0].images_attributed
     assert attributed is not None and found.attributes and not found.checks

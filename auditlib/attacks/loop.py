@@ -169,7 +169,13 @@ def run_restarts(
                 return
             group.step += 1
             first = next(iter(losses))
-            emit = group.step % control.emit_every == 0 or group.step == control.max_steps
+            # The first step is told at once: a slow attack's page shows it moving long
+            # before its tenth step (issue 52: "step 0" for 15 s on a ResNet-18).
+            emit = (
+                group.step == 1
+                or group.step % control.emit_every == 0
+                or group.step == control.max_steps
+            )
             with_images = group.step % control.image_every == 0 or group.step == control.max_steps
             live = []
             for index, position in enumerate(alive):

@@ -75,7 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--trusted-model", help="TorchScript / torch.export archive (runs code on load)"
     )
     model.add_argument(
-        "--i-trust-this-file", action="store_true", help="required with --trusted-model"
+        "--model-args",
+        metavar="JSON",
+        help="with --model path/to/file.py:ClassName (a model class of your own code): its "
+        "constructor arguments as a JSON object, e.g. '{\"num_classes\": 10}'",
+    )
+    model.add_argument(
+        "--i-trust-this-file",
+        action="store_true",
+        help="required with --trusted-model and with a model class of your own code "
+        "(--model or training.json's model path/to/file.py:ClassName): its code runs, in a "
+        "process of its own",
     )
     for action in model._group_actions:  # --observed names the model: checked in cli/audit.py
         if action.dest == "model":
@@ -243,7 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--lpips-nets", default="alex,vgg", help="comma-separated LPIPS backbones, or 'none'"
     )
     run.add_argument(
-        "--out", required=True, help="output folder for result.json and reconstruction.png"
+        "--out",
+        required=True,
+        help="output folder for result.json and reconstruction.png, replaced whole (a "
+        "folder holding other files is refused)",
     )
     _utility_arguments(commands, ARCHITECTURES, DEFENSES)
     _report_arguments(commands)
@@ -329,8 +342,9 @@ def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str |
         "--model",
         required=True,
         metavar="ARCHITECTURE",
-        help=f"a built-in architecture ({', '.join(architectures)}) or torchvision:NAME, any "
-        "torchvision classification model (colour input, the builder's own init); "
+        help=f"a built-in architecture ({', '.join(architectures)}), torchvision:NAME, any "
+        "torchvision classification model (colour input, the builder's own init), or "
+        "path/to/file.py:ClassName, a model class of your own code; "
         "`python -m auditlib models` lists them",
     )
     model.add_argument(
@@ -373,11 +387,13 @@ def model_spec_of(args: argparse.Namespace):
     from dataclasses import replace
 
     from auditlib.models import ModelSpec
+    from auditlib.models.own_code import is_own_class
     from auditlib.models.registry import trainable_init
     from auditlib.models.zoo import is_torchvision
 
     init = args.init
-    if init is None and not is_torchvision(args.model):
+    own = is_own_class(args.model)
+    if init is None and not is_torchvision(args.model) and not own:  # an own class: its init
         init = args.builtin_init
     spec = ModelSpec(
         architecture=args.model,
@@ -387,8 +403,9 @@ def model_spec_of(args: argparse.Namespace):
         activation=args.activation,
         stem=args.stem,
         seed=args.model_seed,
+        model_args=getattr(args, "model_args", None),
     )
-    if init is None:  # the utility command: start where SGD trains the activation
+    if init is None and not own:  # the utility command: start where SGD trains the activation
         spec = replace(spec, init=trainable_init(spec))
     return spec
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditlib.cli.arguments import KNOWS_DEFENSE, model_spec_of, sha256_file
-from auditlib.cli.observed import observed_bundle
+from auditlib.cli.observed import assumption_lines, observed_bundle
 from auditlib.engine.preflight import check_model_trains, estimate_time
 from auditlib.errors import AuditInputError
+from auditlib.output_folder import check_output_folder
 
 if TYPE_CHECKING:
     from auditlib.metrics.verdict import Verdict
@@ -34,6 +35,9 @@ def spec_from_args(args: argparse.Namespace):
     )
 
     bundle = observed_bundle(args)  # None without --observed; refuses a clashing option
+    if bundle is not None:
+        for line in assumption_lines(bundle):  # what the audit takes on trust, said first
+            print(line)
     if bundle is None and not args.model:
         raise AuditInputError("give --model (or --observed DIR, whose training.json names it)")
     if bundle is None and not (args.images or args.samples):
@@ -48,12 +52,14 @@ def spec_from_args(args: argparse.Namespace):
     if args.trusted_model and args.weights:
         raise AuditInputError("give either --weights or --trusted-model, not both")
     model_spec = bundle.model_spec if bundle is not None else model_spec_of(args)
+    own_file = own_class_file(model_spec, args.i_trust_this_file)
     weights_file = args.weights or args.trusted_model
+    hashed = weights_file or own_file  # an own class's results change with its file
     model = ModelRef(
         spec=model_spec,
         weights=args.weights,
         trusted_archive=args.trusted_model,
-        content_sha256=sha256_file(weights_file) if weights_file else None,
+        content_sha256=sha256_file(hashed) if hashed else None,
     )
     if bundle is not None:  # the client's images, where given, are all it trained on
         args.batch_size = bundle.training.num_examples
@@ -123,7 +129,41 @@ def spec_from_args(args: argparse.Namespace):
     )
 
 
+def own_class_file(model_spec, trusted: bool) -> str | None:
+    """The file of a model class of the user's own code (None for any other model); refused
+    without the trust flag, since building it runs that file."""
+    from auditlib.models import own_code
+
+    if model_spec.info.source != own_code.SOURCE:
+        return None
+    file, _ = own_code.parts(model_spec.architecture)
+    if not trusted:
+        raise AuditInputError(
+            f"the model {model_spec.architecture} "
+            + own_code.REFUSAL.format(file=file).replace(
+                " (the dashboard builds it only where an admin allows trusted code)", ""
+            )
+        )
+    return file
+
+
+def runs_own_code(spec) -> bool:
+    """Whether the run's model runs the user's code (a trusted archive, an own class): it
+    then runs in a process of its own."""
+    from auditlib.models import own_code
+
+    return bool(spec.model.trusted_archive) or spec.model.spec.info.source == own_code.SOURCE
+
+
 def write_outputs(result, out: Path) -> None:
+    """The run's result folder, replaced whole (``auditlib.output_folder``): the earlier
+    complete result or this one, whenever the command is stopped."""
+    from auditlib.output_folder import publish
+
+    publish(out, lambda folder: write_result_files(result, folder))
+
+
+def write_result_files(result, out: Path) -> None:
     """result.json and reconstruction.png: the originals over the matched reconstructions,
     or without private images each attack's reconstructions, one row per attack."""
     from auditlib.grids import image_grid, save_comparison_png
@@ -170,15 +210,17 @@ def audit_command(args: argparse.Namespace) -> int:
             f"unknown LPIPS backbone {', '.join(unknown)}; expected {', '.join(LPIPS_NETS)} or none"
         )
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise AuditInputError(f"--out {out} exists and is not a folder")
+    check_output_folder(out)  # before any time is spent: the result replaces it whole
     progress = _Progress()
-    runner = run_isolated if spec.model.trusted_archive else run_audit
+    runs_code = runs_own_code(spec)
+    runner = run_isolated if runs_code else run_audit
     # Refuse bad attack or defense parameters before the control spends any time.
     plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
     build_defense(spec.defense.name, spec.defense.params_dict())
     check_model_trains(spec)
-    estimate = estimate_time(spec)  # measured before any time is spent on the attack
+    # A few real steps of the run's attacks, measured before the run (a folder's images
+    # are read for it: its batch is counted there).
+    estimate = None if runs_code else estimate_time(spec)
     if estimate is not None:  # said once the first run has its data (a bad input: one line)
         progress.first_note = f"estimate: {estimate.words()}"
     if args.updates is not None:
@@ -300,10 +342,14 @@ def _print_run(spec, result, out: Path) -> None:
         losses = ", ".join(
             f"{a.label} {a.attack_loss:.4g}" for a in summary.attacks if a.attack_loss is not None
         )
+        from auditlib.report.unscored_words import NO_PICK, rows_caption
+
+        shown = [a.label for a in summary.attacks if not a.skipped]
         print(
             f"{spec.attack.name} on the observed update: not scored ({summary.unscored}); "
-            f"attacker's loss {losses or 'not recorded'}, {steps}; wrote {out / 'result.json'} "
-            f"and {out / 'reconstruction.png'}"
+            f"each attack's own loss {losses or 'not recorded'}, {steps}; wrote "
+            f"{out / 'result.json'} and {out / 'reconstruction.png'}\n"
+            f"reconstruction.png: {rows_caption(shown)}\n{NO_PICK}"
         )
     else:
         print(

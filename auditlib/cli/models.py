@@ -1,5 +1,6 @@
 """``python -m auditlib models``: the architectures ``--model`` takes: the built-ins, with
-what each is, and every torchvision classification model (``torchvision:NAME``), by family."""
+what each is, every torchvision classification model (``torchvision:NAME``), by family, and
+how to name a model class of your own code."""
 
 from __future__ import annotations
 
@@ -62,6 +63,15 @@ def models_text() -> str:
             f"{' and '.join(conv_head)} end in a 1x1 convolution, not a linear layer: the "
             "attacks that read the labels from the last linear layer's gradient cannot run "
             "against them.",
+            0,
+        )
+    )
+    lines.append(
+        _wrapped(
+            "a model class of your own code (--model path/to/file.py:ClassName, its "
+            "constructor's arguments as --model-args JSON; in a bundle's training.json: model "
+            "and model_args): importing the file runs it, so it is built only with "
+            "--i-trust-this-file, in a process of its own (docs/FLOWER.md)",
             0,
         )
     )

@@ -21,6 +21,7 @@ NOT_WITH_OBSERVED = {
     "weights": "the weights are the bundle's global.safetensors",
     "trusted_model": "the weights are the bundle's global.safetensors",
     "init": "the weights are the bundle's global.safetensors",
+    "model_args": "training.json's model_args are the model's constructor arguments",
     "model_seed": "the weights are the bundle's global.safetensors",
     "pretrain_rounds": "the global weights are the bundle's",
     "secure_aggregation": "the bundle holds one client's update",
@@ -110,6 +111,25 @@ def observed_bundle(args: argparse.Namespace) -> ObservedBundle | None:
                 f"training.json: {value}); leave it out: the bundle states what the client ran"
             )
     return bundle
+
+
+def assumption_lines(bundle: ObservedBundle) -> list[str]:
+    """What the audit of ``bundle`` takes on trust, for the command line: each field the
+    client did not report, with what was assumed and why, and the image check's outcome."""
+    record = bundle.training
+    lines = [
+        f"observed update: {bundle.location} (round {record.round if record.round is not None else 'unknown'}, "
+        f"client {record.client_id or 'unknown'}, {record.num_examples} examples)"
+    ]
+    if record.assumed:
+        lines.append(
+            f"assumed, not reported by the client ({len(record.assumed)} of training.json's "
+            "fields; the audit simulates these):"
+        )
+        lines += [f"  {name} = {what}" for name, what in record.assumed]
+    if record.protocol_assumed and record.one_gradient:
+        lines.append("  the update is read as the batch's gradient only if these assumptions hold")
+    return lines
 
 
 # Scenario options a bundle may leave unset (a FedSGD-read bundle has no local steps).

@@ -50,10 +50,11 @@ def audit_sample(
 ) -> int:
     """``run_one(spec)``: one update's judged result; ``run_together(specs)``: every
     update's, their attacks advancing together, and how each attack ran, in words."""
-    from auditlib.cli.audit import write_outputs
+    from auditlib.cli.audit import write_result_files
     from auditlib.engine.sample import update_specs
     from auditlib.engine.together import why_specs_apart
     from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
+    from auditlib.output_folder import publish
     from auditlib.result_json import summary_json
 
     specs = update_specs(spec, args.updates)
@@ -78,9 +79,7 @@ def audit_sample(
         summary = result.summary
         if summary.metrics is None or summary.verdict is None:  # pragma: no cover - images given
             raise AuditInputError("a sample audit scores every update; this one has no scores")
-        folder = out / f"update-{index + 1:03d}"
-        write_outputs(result, folder)
-        folders.append(folder.name)
+        folders.append((f"update-{index + 1:03d}", result))
         outcome = UpdateOutcome.of(
             index, summary.verdict, summary.metrics.per_image, summary.timing.seconds
         )
@@ -100,10 +99,16 @@ def audit_sample(
         "updates": len(specs),
         "batch_size": specs[0].data.batch_size,
         "seconds": time.perf_counter() - began,
-        "folders": folders,
+        "folders": [name for name, _ in folders],
         "sample": sample.to_json(),
     }
-    (out / "result.json").write_text(summary_json(document))
+
+    def write(folder: Path) -> None:  # every update's folder, then the sample's result.json
+        for name, result in folders:
+            write_result_files(result, folder / name)
+        (folder / "result.json").write_text(summary_json(document))
+
+    publish(out, write)  # the earlier complete result or this one, whenever stopped
     print(f"sample verdict: {sample.headline}\n  {sample.sentence}")
     print(f"wrote {out / 'result.json'} and {len(folders)} update folders")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from auditlib.cli.arguments import model_spec_of
 from auditlib.errors import AuditInputError
+from auditlib.output_folder import replace_file
 from auditlib.words import size_text
 
 
@@ -81,7 +82,8 @@ def utility_command(args: argparse.Namespace) -> int:
     if save_to is not None:
         _save_weights(model, spec, save_to, args.defense)
     if args.out:
-        Path(args.out).write_text(
+        replace_file(  # whole: a stop leaves the earlier file or this one
+            Path(args.out),
             json.dumps(
                 {
                     "model": spec.as_dict(),
@@ -95,8 +97,8 @@ def utility_command(args: argparse.Namespace) -> int:
                 },
                 indent=2,
                 default=str,
-            )
-            + "\n"
+            ).encode()
+            + b"\n",
         )
     return 0
 

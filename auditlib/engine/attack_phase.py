@@ -156,7 +156,9 @@ def run_attacks(
     one :class:`AttackRun` per planned attack.
     """
     started = time.perf_counter()
-    total = sum(p.planned_steps for p in planned)
+    # The steps of the attacks that will run: the count the estimate and the page show.
+    running = steps_that_run(planned, release_for)
+    total = sum(p.planned_steps for p, runs in zip(planned, running, strict=True) if runs)
     offset = 0
     finals: dict[str, Reconstruction] = {}  # each plain attack's result, for its twin
     spent = {False: 0.0, True: 0.0}  # seconds used by the plain attacks and by the twins
@@ -310,6 +312,29 @@ def _readied(
         and knowledge.defense.needs() & info.adapts == {"postprocess"}
     )
     return observation, knowledge, info, reason, reuses_plain
+
+
+def steps_that_run(
+    planned: list[PlannedAttack], release_for: Callable[[PlannedAttack], Release]
+) -> list[bool]:
+    """Per planned attack, whether it will run on its own (and so its planned steps count
+    toward the run's): not where it does not apply, nor a twin that is its plain attack's
+    result undone or whose objective is the plain attack's. A malicious server's attack
+    counts without building its model ahead of its turn; a plain attack whose release
+    cannot be made counts where it is the only one (the run then says why it failed)."""
+    several = len(planned) > 1
+    running = []
+    for attack in planned:
+        if ATTACKS[attack.name].builds is not None:
+            running.append(True)
+            continue
+        try:
+            reason, reuses_plain = _readied(attack, several, release_for)[3:]
+        except AuditInputError:
+            running.append(not several)
+            continue
+        running.append(reason is None and not reuses_plain)
+    return running
 
 
 def runs_ahead(

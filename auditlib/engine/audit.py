@@ -28,6 +28,7 @@ from auditlib.engine.attack_phase import (
     adaptive_wanted,
     plan_attacks,
     run_attacks,
+    steps_that_run,
     with_adaptive,
 )
 from auditlib.engine.identity import run_identity
@@ -292,7 +293,8 @@ def finish_run(
         )
 
     steps = sum(r.final.steps for r in ran)
-    planned_steps = sum(p.planned_steps for p in planned)
+    running = steps_that_run(planned, rounds.for_attack)
+    planned_steps = sum(p.planned_steps for p, runs in zip(planned, running, strict=True) if runs)
     twins, twins_words = _twins(spec, release, adaptive, runs)
     protocol = spec.scenario.protocol
     batch_size = release.knowledge.batch_size
@@ -320,6 +322,7 @@ def finish_run(
             batch_order=SHUFFLED_ORDER
             if protocol.shuffle and protocol.algorithm == "fedavg"
             else None,
+            assumed=_assumed(victim),
         ),
         twins=twins,
         twins_words=twins_words,
@@ -537,3 +540,10 @@ def run_audit(
             on_event(item)
     assert result is not None
     return result
+
+
+def _assumed(victim) -> str | None:
+    """The threat card's words for an observed update's settings its client did not report
+    (None where there are none)."""
+    words = () if victim.observed is None else victim.observed.training.assumed_words
+    return "assumed: " + "; ".join(words) if words else None

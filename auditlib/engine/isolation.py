@@ -1,4 +1,5 @@
-"""Running an audit whose model is a trusted archive in a separate process.
+"""Running an audit whose model runs the user's code (a trusted archive, a model class of
+the user's own code) in a separate process.
 
 TorchScript and torch.export archives can execute code when loaded, so they are loaded only
 in a freshly spawned child process, never in the caller's. The child reports back through a
@@ -30,7 +31,11 @@ def _child(spec: RunSpec, conn, kwargs: dict[str, Any]) -> None:
     from auditlib.attacks import ProgressEvent
     from auditlib.engine.audit import AuditResult, iter_audit
     from auditlib.errors import AuditInputError
+    from auditlib.models import own_code
 
+    # This process exists to run the user's code: the parent starts it only after the
+    # trust flag (a trusted archive, a model class of the user's own code).
+    own_code.allow_own_code()
     try:
         for item in iter_audit(spec, allow_trusted_archive=True, **kwargs):
             if isinstance(item, AuditResult):

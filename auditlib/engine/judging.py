@@ -132,6 +132,10 @@ def scored(
     )
     finding = replace(finding, images_held=held, one_server=one_server)
     owners = client_of_image(batch, spec.scenario.clients)
+    if spec.scenario.clients > 1:  # whose image each was, and whom the attacker named
+        selected_scores = replace(
+            selected_scores, per_image=_with_clients(selected_scores.per_image, owners, selected)
+        )
     return Judged(
         metrics=selected_scores,
         oracle_best=scores.oracle_best,
@@ -162,6 +166,24 @@ def unscored_runs(ran: list[AttackRun], scope: Scope, stop_reason: str, normaliz
         by_attack=by_attack,
         unscored=NO_PRIVATE_IMAGES,
     )
+
+
+def _with_clients(per_image, owners: tuple[int, ...], selected) -> tuple:
+    """Each image's score with the client that held it and, where the attack attributes
+    (its pick names a client per image; -1: not read back), the client it named; 1-based,
+    as the page and the report count clients."""
+    named = selected.clients
+    out = []
+    for i, image in enumerate(per_image):
+        attributed = None if named is None else named[image.reconstruction_index]
+        out.append(
+            replace(
+                image,
+                client=owners[i] + 1,
+                attributed_client=None if attributed is None or attributed < 0 else attributed + 1,
+            )
+        )
+    return tuple(out)
 
 
 def _attributed(run: AttackRun, scored: Evaluation | None, owners: tuple[int, ...]) -> int | None:

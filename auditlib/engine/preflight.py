@@ -1,12 +1,17 @@
 """Checks a run passes before anything is recorded or started, wherever it comes from (the
 CLI, the dashboard's worker): what would otherwise fail in the middle of the run in
-torch's words; and what the run will take on this machine (``estimate_time``)."""
+torch's words; and what the run will take on this machine (``estimate_time``: a few of
+its attacks' real steps, measured)."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the measuring imports torch and the attacks: only when it runs
+    from auditlib.engine.pace import AttackPace
 
 
 def smallest_forward_batch(spec) -> int | None:
@@ -41,44 +46,92 @@ def check_model_trains(spec) -> None:
 
 @dataclass(frozen=True)
 class TimeEstimate:
-    """What a run's attacks will take on this machine, from one measured evaluation of the
-    gradient-matching loss on the run's model and batch (``estimate_time``)."""
+    """What a run's attacks will take on this machine: each attack that will run, with its
+    pace measured on a few of its real steps (``engine.pace``), and the run's budget."""
 
-    evaluation_s: float  # one evaluation: forward, gradient with its graph, distance, backward
-    planned_steps: int  # every planned attack's steps, its twin's included
+    paces: tuple[AttackPace, ...]
     budget_s: float | None  # the run's time budget (None: none)
+    measuring_s: float  # what the measurement took, victim and release included
 
     @property
-    def at_least_s(self) -> float:
-        """The planned steps at one evaluation each: a lower bound (an L-BFGS step evaluates
-        the loss once or more, an Adam step once)."""
-        return self.evaluation_s * self.planned_steps
+    def planned_steps(self) -> int:
+        """The steps of the attacks that will run: the "of N" of the run's progress."""
+        return sum(p.planned_steps for p in self.paces)
+
+    def _pool_s(self, adaptive: bool) -> float:
+        return sum(p.seconds for p in self.paces if p.adaptive == adaptive)
+
+    @property
+    def unbounded_s(self) -> float:
+        """Every planned step at its measured pace."""
+        return sum(p.seconds for p in self.paces)
+
+    @property
+    def expected_s(self) -> float:
+        """What the attacks will take: the plain attacks and the twins each stop at the
+        budget (each pool has a budget of its own: ``attack_phase.attack_call``)."""
+        pools = [self._pool_s(False), self._pool_s(True)]
+        if self.budget_s is None:
+            return sum(pools)
+        return sum(min(pool, self.budget_s) for pool in pools)
+
+    @property
+    def needed_budget_s(self) -> float:
+        """The budget that lets every planned step run."""
+        return max(self._pool_s(False), self._pool_s(True))
 
     @property
     def fits(self) -> bool:
-        return self.budget_s is None or self.at_least_s <= self.budget_s
+        return self.budget_s is None or self.needed_budget_s <= self.budget_s
+
+    @property
+    def steps_in_budget(self) -> int:
+        """About how many steps run before the budget stops them: each pool's attacks in
+        turn, each with an equal share of what is left (what one leaves passes on)."""
+        if self.budget_s is None:
+            return self.planned_steps
+        done = 0
+        for adaptive in (False, True):
+            pool = [p for p in self.paces if p.adaptive == adaptive]
+            left = self.budget_s
+            for k, pace in enumerate(pool):
+                used = min(pace.seconds, left / (len(pool) - k))
+                done += pace.planned_steps if used >= pace.seconds else int(used / pace.step_s)
+                left -= used
+        return done
 
     def words(self) -> str:
-        """'one evaluation ... takes 2.1 s here, so the 475 planned steps take at least 17
-        min; the time budget of 120 s stops the attack after about 57 of them: a budget of
-        at least 998 s would let it finish'."""
-        text = (
-            f"one evaluation of the attack's gradient-matching loss takes "
-            f"{self.evaluation_s:.2g} s on this machine, so the {self.planned_steps:,} planned "
-            f"steps take at least {duration_words(self.at_least_s)}"
+        """'measured here on a few real steps: dlg 0.094 s a step, so the 480 planned steps
+        take about 45 s; the time budget of 30 s stops the attack after about 319 of them:
+        a budget of at least 46 s would let it finish'."""
+        paces = ", ".join(
+            f"{p.label} {p.step_s:.2g} s " + ("(one pass)" if p.planned_steps == 1 else "a step")
+            for p in self.paces
         )
-        if self.budget_s is not None and not self.fits:
-            done = int(self.budget_s / self.evaluation_s)
+        text = (
+            f"measured here on a few real steps: {paces}, so the "
+            f"{count_words(self.planned_steps, 'planned step')} "
+            f"take{'s' if self.planned_steps == 1 else ''} about "
+            f"{duration_words(self.unbounded_s)}"
+        )
+        if not self.fits:
             text += (
-                f"; the time budget of {self.budget_s:g} s stops the attack after at most about "
-                f"{done:,} of them: a budget of at least {math.ceil(self.at_least_s):,} s would "
-                "let it finish"
+                f"; the time budget of {self.budget_s:g} s stops the attack after about "
+                f"{self.steps_in_budget:,} of them: a budget of at least "
+                f"{math.ceil(self.needed_budget_s):,} s would let it finish"
             )
         return text
 
 
+def count_words(count: int, noun: str) -> str:
+    """'1 planned step', '480 planned steps'."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def duration_words(seconds: float) -> str:
-    """'45 s', '17 min', '3.2 h'."""
+    """'0.4 s', '45 s', '17 min', '3.2 h'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 2 * 3600:
@@ -86,70 +139,22 @@ def duration_words(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimate_time(spec) -> TimeEstimate | None:
-    """Time one evaluation of the gradient-matching loss (the cost every optimising attack
-    pays per step at least) on the run's model, input size and batch, on its device, and
-    scale it by the planned steps (the twins' included where the attacker knows the
-    defense). None where it says nothing: closed-form attacks (one pass), a malicious
-    server's, a trusted archive (run in its own process), a batch of unknown size."""
-    from auditlib.engine.attack_phase import adaptive_wanted, plan_attacks
+def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | None:
+    """A few real steps of each attack the run will run, measured on its model, batch,
+    release and device exactly as the run makes them (``engine.pace``), before it starts;
+    ``emit_every``: the run's event interval, which places a race's rungs and so its
+    planned steps (the dashboard's 5: 475 for DLG's audit preset; the CLI's 10: 480).
+    None for a trusted archive (its model runs in a process of its own). Raises
+    ``AuditInputError`` where the run itself would be refused (its images, its model)."""
+    from auditlib.engine.audit import prepare_run
+    from auditlib.engine.pace import measure_paces
 
-    batch = spec.data.batch_size
-    if spec.model.trusted_archive is not None or batch is None:
+    if spec.model.trusted_archive is not None:
         return None
-    if spec.scenario.server != "honest":
+    started = time.perf_counter()
+    check_model_trains(spec)  # refused in words, as the run is, not in torch's mid-step
+    prepared = prepare_run(spec, assets=assets, emit_every=emit_every)
+    paces = measure_paces(prepared)
+    if not paces:
         return None
-    planned = plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
-    steps = sum(p.planned_steps for p in planned if p.planned_steps > 1)
-    if not steps:
-        return None
-    if spec.defense.name != "none" and adaptive_wanted(
-        spec.scenario.attacker_knows_defense, spec.attack
-    ):
-        steps *= 2  # each attack beside its twin that knows the defense
-    return TimeEstimate(_evaluation_seconds(spec, batch), steps, spec.budget.max_seconds)
-
-
-# A cheap evaluation is timed a few times (the fastest counts: the machine's other work
-# only ever adds time); one that takes a second or more, once.
-MEASURED_EVALUATIONS = 5
-MEASURING_S = 1.0
-
-
-def _evaluation_seconds(spec, batch: int) -> float:
-    """Seconds of one evaluation of the distance between a dummy batch's gradient and the
-    client's (the objective of DLG and its successors), after one untimed warm-up."""
-    import torch
-    import torch.nn.functional as F
-
-    from auditlib.engine.device import resolve_device
-    from auditlib.models import build_model
-
-    device = resolve_device(spec.device)
-    model_spec = spec.model.spec
-    model = build_model(model_spec).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    generator = torch.Generator().manual_seed(0)
-    images = torch.rand((batch, *model_spec.input_shape), generator=generator).to(device)
-    labels = torch.randint(model_spec.num_classes, (batch,), generator=generator).to(device)
-    target = [
-        g.detach() for g in torch.autograd.grad(F.cross_entropy(model(images), labels), params)
-    ]
-    dummy = torch.rand(images.shape, generator=generator).to(device).requires_grad_(True)
-
-    def evaluate() -> None:
-        grads = torch.autograd.grad(
-            F.cross_entropy(model(dummy), labels), params, create_graph=True
-        )
-        distance = sum(((g - t) ** 2).sum() for g, t in zip(grads, target, strict=True))
-        distance.backward()  # type: ignore[union-attr]
-
-    evaluate()  # the first call pays for allocations that later ones do not
-    times: list[float] = []
-    while len(times) < MEASURED_EVALUATIONS and sum(times) < MEASURING_S:
-        started = time.perf_counter()
-        evaluate()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - started)
-    return min(times)  # the least disturbed by whatever else the machine runs
+    return TimeEstimate(paces, spec.budget.max_seconds, time.perf_counter() - started)

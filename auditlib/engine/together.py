@@ -34,6 +34,7 @@ from auditlib.engine.attack_phase import (
     plan_attacks,
     run_attacks,
     settled,
+    steps_that_run,
 )
 from auditlib.engine.audit import (
     AuditResult,
@@ -55,6 +56,7 @@ from auditlib.engine.memory_plan import (
 from auditlib.engine.utility import UtilityProgress
 from auditlib.errors import AttackUnsupportedError
 from auditlib.metrics import LPIPS_NETS
+from auditlib.models import own_code
 from auditlib.spec import RunSpec
 
 
@@ -87,6 +89,8 @@ def why_specs_apart(specs: Sequence[RunSpec]) -> str | None:
         return "one update"
     if any(s.model.trusted_archive for s in specs):
         return "a trusted model archive runs in a process of its own, one update at a time"
+    if any(s.model.spec.info.source == own_code.SOURCE for s in specs):
+        return "a model class of your own code runs in a process of its own, one update at a time"
     first = specs[0]
     for spec in specs[1:]:  # update_specs changes only which images; anything else is refused
         if replace(spec, data=first.data) != first:
@@ -206,7 +210,11 @@ class _Phase:
     def __init__(self, prepared, outcomes, seconds) -> None:
         self.planned = prepared[0].planned
         self.several = len(self.planned) > 1
-        self.total = sum(p.planned_steps for p in self.planned)
+        # The steps of the attacks that will run, as run_attacks counts them (issue 52).
+        running = steps_that_run(self.planned, prepared[0].rounds.for_attack)
+        self.total = sum(
+            p.planned_steps for p, runs in zip(self.planned, running, strict=True) if runs
+        )
         self.finals: list[dict] = [{} for _ in prepared]
         self.spent = [{False: 0.0, True: 0.0} for _ in prepared]
         self.offsets = [0] * len(prepared)

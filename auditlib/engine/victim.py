@@ -10,8 +10,11 @@ reconstructions are scored against; without them there is none (``Victim.batch``
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +41,7 @@ from auditlib.fl.training import FederatedTraining, federated_averaging, pretrai
 from auditlib.metrics import to_unit_range
 from auditlib.models import build_model, describe_model, load_trusted_archive, load_weights
 from auditlib.observed import ObservedBundle, bundle_from_archive, load_bundle
+from auditlib.observed.replay import TOLERANCE, ImageCheck, check_images, why_not_replayable
 from auditlib.seeds import derive_seed
 from auditlib.spec import MAX_BATCH, RunSpec
 from auditlib.threat import PrivateBatch
@@ -91,8 +95,12 @@ def _load_images(
     if data.source in ("folder", "asset"):
         if data.source == "folder":
             loaded = load_image_folder(data.location, labels_csv=data.labels_csv)
-        else:  # an uploaded zip, stored by content hash, passed to the worker as bytes
-            loaded = load_zip(_asset(assets, data.location, "images"))
+        else:  # an upload, stored by content hash as a zip, passed to the worker as bytes
+            # Images uploaded one by one are stored as a zip too: the source is "an upload",
+            # never "zip upload" (issue 52: the PDF said so of images uploaded one by one).
+            loaded = dataclasses.replace(
+                load_zip(_asset(assets, data.location, "images")), source="upload"
+            )
         end = len(loaded.images) if data.batch_size is None else data.offset + data.batch_size
         if end > len(loaded.images) or data.offset >= len(loaded.images):
             raise AuditInputError(
@@ -220,13 +228,34 @@ def prepare_victim(
 
 
 def _private_batch(
-    spec: RunSpec, normalization: Normalization, assets: Mapping[str, bytes] | None
+    spec: RunSpec,
+    normalization: Normalization,
+    assets: Mapping[str, bytes] | None,
+    choose: Callable[[torch.Tensor, torch.Tensor, bool], tuple[int, ...]] | None = None,
 ) -> tuple[PrivateBatch, dict[str, Any], np.ndarray | None, str | None, frozenset[str]]:
     """The private batch (on the CPU), the records of its data, the data's prior, and the
-    private images' content hashes."""
+    private images' content hashes.
+
+    ``choose`` (an observed update's image check): given the loaded images as the model
+    takes them, their labels and whether the labels were given, the positions of the
+    client's images among them; the others join the prior's pool."""
     model_spec = spec.model.spec
     images, labels, label_source, pool = _load_images(spec, model_spec.num_classes, assets)
     batch_images = to_model_batch(list(images.images), model_spec.input_shape, normalization)
+    if choose is not None:
+        picked = choose(
+            batch_images, torch.tensor(labels, dtype=torch.long), label_source == "given"
+        )
+        if len(picked) != len(images.images):
+            pool += tuple(a for i, a in enumerate(images.images) if i not in picked)
+            images = dataclasses.replace(
+                images,
+                images=tuple(images.images[i] for i in picked),
+                names=tuple(images.names[i] for i in picked),
+                labels=None if images.labels is None else tuple(images.labels[i] for i in picked),
+            )
+            labels = tuple(labels[i] for i in picked)
+            batch_images = batch_images[list(picked)]
     height, width = model_spec.input_shape[1:]
     hashes = frozenset(content_hashes(images.images, height, width))
     pool, repeats = _without_audited(pool, hashes, height, width)
@@ -312,15 +341,18 @@ def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victi
     batch: PrivateBatch | None = None
     prior, prior_reason = None, NO_PRIVATE_IMAGES
     hashes: frozenset[str] = frozenset()
+    check: list[ImageCheck] = []
     if spec.data.has_images:
-        batch, records, prior, prior_reason, hashes = _private_batch(spec, normalization, assets)
-        count, expected = int(batch.images.shape[0]), bundle.training.num_examples
-        if count != expected:
-            raise AuditInputError(
-                f"the client trained on {expected} examples (training.json's num_examples), "
-                f"and {count} private images were given; expected the client's {expected} "
-                "images (set the batch size or the folder to them)"
-            )
+        # Every image of a folder or upload: the client's are found among them by replaying
+        # its training where the update allows it (observed.replay). A sample set gives
+        # the batch asked for.
+        whole = spec
+        if spec.data.source in ("folder", "asset"):
+            whole = dataclasses.replace(spec, data=dataclasses.replace(spec.data, batch_size=None))
+        choose = functools.partial(_client_images, bundle, model, check)
+        batch, records, prior, prior_reason, hashes = _private_batch(
+            whole, normalization, assets, choose
+        )
     else:
         records = {
             "data": {
@@ -333,6 +365,8 @@ def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victi
             }
         }
     records["observed"] = bundle.describe()
+    if check:  # how the client's images were checked against its update
+        records["observed"]["image_check"] = check[0].to_json()
     device = resolve_device(spec.device)
     return _on_device(
         model,
@@ -344,6 +378,60 @@ def _observed_victim(spec: RunSpec, assets: Mapping[str, bytes] | None) -> Victi
         device,
         bundle,
         image_hashes=hashes,
+    )
+
+
+def _client_images(
+    bundle: ObservedBundle,
+    model: nn.Module,
+    found: list[ImageCheck],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    labels_given: bool,
+) -> tuple[int, ...]:
+    """The positions of the client's images among ``images``, checked by replaying its
+    training where the update allows it (``observed.replay``); refused where they are too
+    few, or where no set of them produces the update. The check goes to ``found``."""
+    count, expected = int(images.shape[0]), bundle.training.num_examples
+    if count < expected:
+        raise AuditInputError(
+            f"the client trained on {expected} examples (training.json's num_examples), and "
+            f"{count} private images were given; expected the client's {expected} images"
+        )
+    skipped = why_not_replayable(bundle, labels_given)
+    if skipped is not None:
+        if count != expected:
+            raise AuditInputError(
+                f"{count} images were given for a client that trained on {expected}, and the "
+                f"update cannot tell which are its own ({skipped}); give the client's "
+                f"{expected} images"
+            )
+        found.append(ImageCheck(None, skipped=skipped))
+        return tuple(range(count))
+    check = check_images(bundle, model, images, labels)
+    found.append(check)
+    if check.matches:
+        assert check.replay is not None
+        return check.replay.picked
+    assumed = sorted(name for name, _ in bundle.training.assumed)
+    closest = check.replay
+    worst = max(closest.distances, key=lambda d: d[1]) if closest else ("", math.inf)
+    sets = (
+        "these images do not produce"
+        if count == expected
+        else f"none of the {check.tried:,} sets of {expected} of the {count} images tried produces"
+    )
+    raise AuditInputError(
+        f"{sets} this update: replaying the client's training on them (training.json's "
+        f"protocol) gives an update {worst[1]:.3g} away from the observed one at {worst[0]} "
+        f"(relative distance; a match is within {TOLERANCE:g}); they are not the images this "
+        "client trained on (another client's, other labels, another order)"
+        + (
+            f", or training.json's training is not the client's: {', '.join(assumed)} "
+            f"{'was' if len(assumed) == 1 else 'were'} assumed, not reported"
+            if assumed
+            else ", or training.json's training is not the client's"
+        )
     )
 
 

@@ -112,8 +112,10 @@ def read_returned(
 
 def model_state_names(given: Mapping[str, Any]) -> list[tuple[str, tuple[int, ...]]] | None:
     """The audited model's state_dict (names and shapes) for naming positional arrays, from
-    the recorder's ``training`` (model, num_classes, input_size, channels); None without a
-    model or where it cannot be built."""
+    the recorder's ``training`` (model, num_classes, input_size, channels, model_args); None
+    without a model or where it cannot be built."""
+    from auditlib.models.own_code import canonical_args
+
     values = {canonical(k): v for k, v in given.items()}
     if not values.get("model"):
         return None
@@ -123,17 +125,27 @@ def model_state_names(given: Mapping[str, Any]) -> list[tuple[str, tuple[int, ..
         if isinstance(size, (list, tuple))
         else (int(values.get("channels") or 3), int(size), int(size))
     )
-    return _state_names(str(values["model"]), int(values.get("num_classes") or 10), shape)
+    try:
+        args = canonical_args(values.get("model_args"))
+    except AuditInputError as exc:
+        log.warning("auditlib.flower: cannot build %s to name the arrays: %s", values["model"], exc)
+        return None
+    return _state_names(str(values["model"]), int(values.get("num_classes") or 10), shape, args)
 
 
 @functools.lru_cache(maxsize=8)
 def _state_names(
-    model: str, num_classes: int, shape: tuple[int, ...]
+    model: str, num_classes: int, shape: tuple[int, ...], args: str | None
 ) -> list[tuple[str, tuple[int, ...]]] | None:
     from auditlib.models import ModelSpec, build_model
+    from auditlib.models.own_code import own_code_allowed
 
     try:
-        state = build_model(ModelSpec(model, num_classes, shape)).state_dict()  # type: ignore[arg-type]
+        # The recorder runs in the federation the user wrote: a model class of their own
+        # code named in its training mapping is built here as their client builds it.
+        with own_code_allowed():
+            spec = ModelSpec(model, num_classes, shape, model_args=args)  # type: ignore[arg-type]
+            state = build_model(spec).state_dict()
     except Exception as exc:  # any model the product cannot build: the arrays keep their keys
         log.warning("auditlib.flower: cannot build %s to name the arrays: %s", model, exc)
         return None
@@ -158,9 +170,24 @@ def to_state(
     )
 
 
-def bundle_folder(out_dir: str | os.PathLike, round: int | None, client_id: str) -> Path:
+def bundle_folder(
+    out_dir: str | os.PathLike, round: int | None, client_id: str, partition: str | None = None
+) -> Path:
+    """``round-NNNN/partition-<id>`` where the client's partition-id is known (it names the
+    client's data from run to run), else ``round-NNNN/client-<node id>`` (which changes)."""
     part = "round-unknown" if round is None else f"round-{round:04d}"
-    return Path(out_dir) / part / f"client-{client_id}"
+    name = f"client-{client_id}" if partition is None else f"partition-{partition}"
+    return Path(out_dir) / part / name
+
+
+def partition_of(metrics: Mapping[str, Any], node_config: Mapping[str, Any]) -> str | None:
+    """The client's partition-id: its node config's (the client mod sees it), else what the
+    client reported in its metrics (the server's recorders see only those); None unknown."""
+    for values in (node_config, metrics):
+        for key, value in values.items():
+            if canonical(key) == "partition_id" and str(value).isdigit():
+                return str(value)
+    return None
 
 
 def write_round(
@@ -187,18 +214,22 @@ def write_round(
             returned.arrays is not None and len(returned.arrays) > 0,
         )
         return None
+    from auditlib.models.own_code import own_code_allowed
+
     names = model_state_names(given)
     global_state, global_naming = to_state(sent.arrays, names)
     client_state, client_naming = to_state(returned.arrays, names)
+    partition = partition_of(returned.metrics, (extra or {}).get("node_config") or {})
     training = training_record(
         reported=returned.metrics,
         config=sent.config,
         given=given,
         num_examples=returned.num_examples,
         round=round,
-        client_id=client_id,
+        client_id=client_id if partition is None else f"partition-id {partition}, node {client_id}",
         source=source,
         flower={
+            "partition_id": None if partition is None else int(partition),
             "layout": returned.layout,
             "array_names": global_naming
             if global_naming == client_naming
@@ -206,11 +237,12 @@ def write_round(
             **(dict(extra) if extra else {}),
         },
     )
-    folder = bundle_folder(out_dir, round, client_id)
+    folder = bundle_folder(out_dir, round, client_id, partition)
     missing = training["extra"]["missing"]
     if not missing:
         try:
-            write_bundle(folder, global_state, client_state, training, overwrite=True)
+            with own_code_allowed():  # as above: checked against the user's own class
+                write_bundle(folder, global_state, client_state, training, overwrite=True)
             return folder
         except AuditInputError as exc:  # e.g. the arrays do not fit the model named
             why = str(exc)

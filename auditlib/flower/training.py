@@ -43,6 +43,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "local_steps": ("local_steps", "steps"),
     "local_batch_size": ("local_batch_size", "batch_size"),
     "num_examples": ("num_examples",),
+    "model_args": ("model_args",),
     "bn_mode": ("bn_mode",),
     "shuffled": ("shuffled", "shuffle"),
     "mean": ("mean",),
@@ -51,12 +52,16 @@ KEYS: dict[str, tuple[str, ...]] = {
 
 # What is assumed where nothing says, and why: the plain FedAvg client of the papers.
 ASSUMED: dict[str, tuple[Any, str]] = {
-    "optimizer": ("sgd", "plain SGD, Flower's quickstart optimiser"),
-    "momentum": (0.0, "no momentum (plain SGD)"),
+    "optimizer": ("sgd", "SGD, the optimiser of the FedAvg papers and Flower's quickstart"),
+    "momentum": (0.0, "no momentum, the FedAvg papers' SGD (Flower's quickstart uses 0.9)"),
     "weight_decay": (0.0, "no weight decay"),
     "local_epochs": (1, "one pass over the client's examples"),
     "bn_mode": ("train", "the model in training mode, as torch trains it"),
-    "shuffled": (False, "the examples in their order (any order is the same with one batch)"),
+    "shuffled": (
+        False,
+        "the examples in their order, a DataLoader's default (Flower's quickstart shuffles "
+        "its trainloader; any order is the same with one batch)",
+    ),
 }
 # Fields that nothing can stand in for: written as null and listed under "missing".
 REQUIRED = ("model", "num_classes", "input_size", "lr", "num_examples")
@@ -117,6 +122,12 @@ def _coerce(field: str, value: Any) -> Any:
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes")
         return bool(value)
+    if field == "model_args":
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"model_args must be an object of constructor arguments, got {value!r}"
+            )
+        return {str(k): _plain(v) for k, v in value.items()}
     if field in ("mean", "std"):
         items = value if isinstance(value, list) else [value]
         return [float(v) for v in items]

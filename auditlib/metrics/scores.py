@@ -64,6 +64,10 @@ class ImageScore:
     # image clears; None: scored before the bar.
     flat_psnr: float | None = None
     flat_ssim: float | None = None
+    # Under secure aggregation: the client that held the image (1-based), and the client an
+    # attack that attributes (LOKI) named for its reconstruction; None otherwise.
+    client: int | None = None
+    attributed_client: int | None = None
 
     def value(self, metric: str) -> float | None:
         """The per-image value of a catalogue metric ("lpips" is AlexNet's)."""

@@ -223,6 +223,7 @@ MANIPULATION = "active manipulation of the model or clients"
 NOTICEABLE = "whether the client could have noticed"
 INDIVIDUAL_UPDATES = "individual updates"
 BATCH_ORDER = "the order of the client's mini-batches"
+ASSUMED_SETTINGS = "training settings the client did not report"
 
 
 def threat_card(
@@ -236,6 +237,7 @@ def threat_card(
     clients: int = 1,
     update: str = "what the server receives from the client",
     batch_order: str | None = None,
+    assumed: str | None = None,  # an observed update's settings its client did not report
 ) -> ThreatCard:
     """The card of an honest-but-curious server of this tool: it sends the model, so it
     knows architecture and weights, and it asks for the local training (C); labels the
@@ -245,11 +247,12 @@ def threat_card(
     ``update``: the shared update's line (an observed update says so); ``batch_order``:
     where the client shuffled its mini-batches, why the attacker did not know their order."""
     informed = labels_known or batchnorm_statistics
+    training = protocol + ("; the client's only if the assumptions below hold" if assumed else "")
     model = "E" if informed else "C"
     knowledge = (
         Knowledge("the shared update", True, update),
         Knowledge("model architecture and weights", True, "the server sent them"),
-        Knowledge("local training settings", True, protocol),
+        Knowledge("local training settings", True, training),
         Knowledge("batch size", True, str(batch_size)),
         Knowledge(
             "labels",
@@ -266,12 +269,14 @@ def threat_card(
     )
     if batch_order is not None:
         knowledge += (Knowledge(BATCH_ORDER, False, batch_order),)
+    if assumed:
+        knowledge += (Knowledge(ASSUMED_SETTINGS, False, assumed),)
     if clients > 1:
         knowledge += (
             Knowledge(
                 INDIVIDUAL_UPDATES,
                 False,
-                f"secure aggregation: only the example-weighted sum of {clients} clients' updates",
+                f"only the example-weighted sum of {clients} clients' updates",
             ),
         )
     if modification is None:

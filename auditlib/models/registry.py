@@ -14,7 +14,7 @@ from torch import nn
 
 from auditlib.errors import AuditInputError
 from auditlib.models import architectures as arch
-from auditlib.models import zoo
+from auditlib.models import own_code, zoo
 
 INITS = ("default", "uniform")
 MAX_CLASSES = 100_000
@@ -29,8 +29,9 @@ class ArchitectureInfo:
     """One architecture: what it is, where it comes from, and how to build it.
 
     ``source`` is "built-in" (``ARCHITECTURES``; the factory takes ``activation`` and, where
-    ``accepts_stem``, ``stem``) or "torchvision" (``torchvision:NAME``, see ``zoo``: the
-    builder's own activations, no stem choice, PyTorch's default init only).
+    ``accepts_stem``, ``stem``), "torchvision" (``torchvision:NAME``, see ``zoo``: the
+    builder's own activations, no stem choice, PyTorch's default init only) or "own code"
+    (``path/to/file.py:ClassName``, see ``own_code``: built only where running it is allowed).
     """
 
     name: str
@@ -130,20 +131,50 @@ def _torchvision_info(name: str) -> ArchitectureInfo:
     )
 
 
+@functools.cache
+def _own_info(name: str) -> ArchitectureInfo:
+    file, cls = own_code.parts(name)
+    # has_batchnorm: unknown until the class is built, which only its own process does; what
+    # needs it there reads the built model's modules.
+    return ArchitectureInfo(
+        name,
+        f"{cls}, a model class of your own code ({file})",
+        None,
+        False,
+        functools.partial(_own_factory, name),
+        source=own_code.SOURCE,
+    )
+
+
+def _own_factory(name: str, *_: Any, **__: Any) -> nn.Module:
+    # ``construct`` builds an own class with its constructor arguments (``model_args``); the
+    # factory stands for it where only the info is read.
+    raise AuditInputError(f"{name} is built from its ModelSpec (with its model_args)")
+
+
 def architecture_info(architecture: str) -> ArchitectureInfo:
-    """The built-in architecture or the ``torchvision:NAME`` model of that (checked) name."""
+    """The built-in architecture, the ``torchvision:NAME`` model or the class of the user's
+    own code (``path/to/file.py:ClassName``) of that (checked) name."""
     if architecture in ARCHITECTURES:
         return ARCHITECTURES[architecture]
+    if own_code.is_own_class(architecture):
+        return _own_info(architecture.strip())
     return _torchvision_info(zoo.checked_name(architecture))
 
 
 def _architecture(value: object) -> str:
-    """A built-in name or ``torchvision:NAME``, normalised; else a refusal that names the
-    close matches among both and says how to list them all."""
+    """A built-in name, ``torchvision:NAME`` or ``path/to/file.py:ClassName``, normalised;
+    else a refusal that names the close matches among the first two and says how to list
+    them all."""
     builtin = ", ".join(ARCHITECTURES)
-    expected = f"one of {builtin}, or {zoo.PREFIX}NAME for a torchvision classification model"
+    expected = (
+        f"one of {builtin}, {zoo.PREFIX}NAME for a torchvision classification model, or "
+        "path/to/file.py:ClassName for a model class of your own code"
+    )
     if not isinstance(value, str):
         raise AuditInputError(f"architecture must be a name, got {value!r}; expected {expected}")
+    if own_code.is_own_class(value):
+        return value.strip()
     if zoo.is_torchvision(value):
         return zoo.checked_name(value)
     name = value.strip().lower()
@@ -193,6 +224,8 @@ class ModelSpec:
     activation: str | None = None
     stem: str | None = None
     seed: int = 0
+    # A class of the user's own code: its constructor's arguments, canonical JSON (None: none).
+    model_args: str | None = None
 
     def __post_init__(self) -> None:
         # Normalised values are written back, which a frozen dataclass only allows this way.
@@ -235,6 +268,18 @@ class ModelSpec:
             activation = _as_name(activation, "activation", arch.ACTIVATIONS)
         if info.source == "torchvision":
             _check_torchvision(architecture, shape, init, activation)
+        model_args = own_code.canonical_args(self.model_args)
+        if info.source == own_code.SOURCE:
+            if activation is not None:
+                raise AuditInputError(
+                    f"activation {activation!r} was given for {architecture}, a class of your "
+                    "own code, which keeps its own activations; expected no activation"
+                )
+        elif model_args is not None:
+            raise AuditInputError(
+                f"constructor arguments were given for {architecture}; expected them only for a "
+                "model class of your own code (path/to/file.py:ClassName)"
+            )
         stem = self.stem
         if stem is not None:
             if not info.accepts_stem:
@@ -254,6 +299,7 @@ class ModelSpec:
             "activation": activation,
             "stem": stem,
             "seed": seed,
+            "model_args": model_args,
         }
 
     @property
@@ -338,6 +384,8 @@ def construct(spec: ModelSpec) -> nn.Module:
     """The architecture's factory called for a checked ``spec``, with the arguments it takes
     (the built-ins' activation, a stem where the architecture has one); no init, no RNG."""
     info = spec.info
+    if info.source == own_code.SOURCE:  # refused unless running its code is allowed here
+        return own_code.construct_own(spec.architecture, spec.model_args)
     kwargs: dict[str, Any] = {}
     if info.source == "built-in":
         kwargs["activation"] = spec.activation

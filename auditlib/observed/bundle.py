@@ -27,7 +27,7 @@ from torch import nn
 
 from auditlib.client.protocol import ClientProtocol
 from auditlib.errors import AuditInputError
-from auditlib.models import ModelSpec, build_model
+from auditlib.models import ModelSpec, build_model, own_code
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.models.meta_build import meta_model
 from auditlib.models.safetensors_header import declared_state
@@ -127,11 +127,18 @@ class ObservedBundle:
             f"observed, not simulated (bundle {self.content_sha256[:12]})",
             f"the number of examples the client trained on ({record.num_examples})",
         ]
-        if record.one_gradient:
+        if record.one_gradient and not record.protocol_assumed:
             notes.append(
                 f"one SGD step at lr {record.lr:g} on every example: read back exactly as the "
                 "batch's gradient (FedSGD)"
             )
+        elif record.one_gradient:
+            notes.append(
+                f"one SGD step at lr {record.lr:g} on every example, as assumed (the client did "
+                f"not report {', '.join(record.protocol_assumed)}): read as the batch's "
+                "gradient (FedSGD), exact only if the assumption holds"
+            )
+        notes += [f"assumed, not reported by the client: {words}" for words in record.assumed_words]
         if record.shuffled:
             notes.append(
                 "not the order of the client's mini-batches (it shuffled them): the attacker "
@@ -251,8 +258,14 @@ def _check_fit(
     """Refuse states whose names or shapes do not fit the model training.json names, and
     return its state_dict. Shapes alone are compared, so the states may be the meta tensors
     their files' headers declare, and the model is built on the meta device: nothing is
-    allocated for a model no file fits."""
+    allocated for a model no file fits.
+
+    A class of the client's own code is built only where its code may run (``own_code``):
+    elsewhere the update is checked against the global state alone, and the model's fit
+    where it is built (the audit's own process reads the bundle again)."""
     model_spec = training.model_spec()
+    if model_spec.info.source == own_code.SOURCE and not own_code.allowed():
+        return _check_update_only(global_state, update, shared)
     model = meta_model(model_spec)
     expected = model.state_dict()
     problems = _differences(global_state, expected)
@@ -280,6 +293,65 @@ def _check_fit(
                 "expected client - global for every parameter"
             )
     return expected
+
+
+def _check_update_only(global_state: State, update: State, shared: Shared) -> State:
+    """:func:`_check_fit` without the model: the update fits the global state; the global
+    state's floating tensors stand for the model's (float32)."""
+    floating = {k: v for k, v in global_state.items() if v.is_floating_point()}
+    expected = global_state if shared == "weights" else floating
+    problems = _differences(update, expected, required=frozenset(floating))
+    if problems:
+        name = CLIENT_FILE if shared == "weights" else DELTA_FILE
+        raise AuditInputError(
+            f"{name} does not fit the model in {GLOBAL_FILE}: {problems}; expected the "
+            "client's state (or its change) for that global model"
+        )
+    return {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in global_state.items()}
+
+
+def fitting_architectures(training: TrainingRecord, declared: State) -> list[str]:
+    """The built-in architectures (and the torchvision models named like training.json's
+    model) whose state_dict, at the record's classes and input size, the declared global
+    state is: the only ones worth naming as close matches."""
+    from auditlib.models import ARCHITECTURES, zoo
+
+    named = [
+        zoo.PREFIX + n for n in zoo.close_matches(training.model.lower(), zoo.torchvision_names())
+    ]
+    fitting = []
+    for name in [*ARCHITECTURES, *named]:
+        try:
+            spec = ModelSpec(name, training.num_classes, training.input_shape)
+            expected = meta_model(spec).state_dict()
+        except (AuditInputError, RuntimeError, ValueError):  # not at this size or class count
+            continue
+        if not _differences(declared, expected):
+            fitting.append(name)
+    return fitting
+
+
+def _model_named(training: TrainingRecord, declared: State) -> None:
+    """Refuse a model training.json names that this tool cannot build, naming the
+    architectures whose tensors fit global.safetensors (none, for a class of the client's
+    own code) and how to name an own class."""
+    try:
+        training.model_spec()
+    except AuditInputError as exc:
+        if own_code.is_own_class(training.model) or "is not known" not in str(exc):
+            raise
+        fitting = fitting_architectures(training, declared)
+        fit = (
+            f"the architectures whose tensors fit {GLOBAL_FILE}: {', '.join(fitting)}"
+            if fitting
+            else f"no architecture of this tool fits {GLOBAL_FILE}'s {len(declared)} tensors"
+        )
+        raise AuditInputError(
+            f"{TRAINING_FILE}: model {training.model!r} is not an architecture this tool builds "
+            f"({fit}); a model class of the client's own code is named path/to/file.py:"
+            f"ClassName, with its constructor arguments as model_args, and audited with "
+            "--i-trust-this-file (docs/FLOWER.md)"
+        ) from None
 
 
 def _checked(
@@ -329,7 +401,7 @@ def _training(data: bytes) -> TrainingRecord:
     except (ValueError, RecursionError) as exc:  # also a 4,301-digit number, deep nesting
         why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise AuditInputError(f"{TRAINING_FILE} is not valid JSON ({why})") from None
-    return TrainingRecord.from_json(parsed)
+    return TrainingRecord.from_json(parsed, check_model=False)  # checked by _model_named
 
 
 def _limit(name: str, max_bytes: int) -> tuple[int, str]:
@@ -368,6 +440,8 @@ def bundle_from_files(
     for name, data in raw.items():
         _check_size(name, len(data), max_bytes)
     training = _training(raw[TRAINING_FILE])
+    declared_global = _declared_state(raw[GLOBAL_FILE], GLOBAL_FILE)
+    _model_named(training, declared_global)
     digest = hashlib.sha256()
     for name in sorted(raw):
         digest.update(f"{name}:{len(raw[name])}:".encode())
@@ -376,7 +450,7 @@ def bundle_from_files(
     # loaded or the model is built (their bytes bound what a fitting model can hold).
     _check_fit(
         training,
-        _declared_state(raw[GLOBAL_FILE], GLOBAL_FILE),
+        declared_global,
         _declared_state(raw[update_name], update_name),
         shared,
     )

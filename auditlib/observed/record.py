@@ -10,6 +10,7 @@ fill or mark up.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from auditlib.client.protocol import ADAM_BETAS, ADAM_EPS, ClientProtocol
 from auditlib.errors import AuditInputError
 from auditlib.models import ModelSpec
+from auditlib.models.own_code import canonical_args
 
 FILE = "training.json"
 FORMAT = 1  # the bundle format this code writes and reads ("format" in training.json)
@@ -36,6 +38,7 @@ REQUIRED = (
 OPTIONAL = (
     "local_epochs",
     "local_steps",
+    "model_args",
     "channels",
     "activation",
     "stem",
@@ -235,7 +238,8 @@ class TrainingRecord:
     """How the client trained in the round its update comes from (training.json).
 
     ``local_epochs`` or ``local_steps``: exactly one is set. The model is a name as
-    ``--model`` takes it; its weights are the bundle's global.safetensors.
+    ``--model`` takes it (``path/to/file.py:ClassName`` for a class of the client's own code,
+    built with ``model_args``); its weights are the bundle's global.safetensors.
     """
 
     model: str
@@ -259,10 +263,14 @@ class TrainingRecord:
     client_id: str | None = None
     source: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    model_args: str | None = None  # canonical JSON of the own class's constructor arguments
 
     @classmethod
-    def from_json(cls, data: Any) -> TrainingRecord:
-        """The record of training.json's object; refused in one line where it is not one."""
+    def from_json(cls, data: Any, *, check_model: bool = True) -> TrainingRecord:
+        """The record of training.json's object; refused in one line where it is not one.
+
+        ``check_model=False``: the model's name is checked by the caller (a bundle, which
+        names the architectures its tensors fit where the name is not known)."""
         if not isinstance(data, Mapping):
             raise AuditInputError(f"{FILE} must hold a JSON object, got {_type_name(data)}")
         missing = [name for name in REQUIRED if name not in data]
@@ -331,6 +339,7 @@ class TrainingRecord:
             client_id=_text(data, "client_id"),
             source=_text(data, "source"),
             extra=dict(extra),
+            model_args=_model_args(data.get("model_args")),
         )
         if (record.mean is None) != (record.std is None):
             raise AuditInputError(
@@ -339,7 +348,8 @@ class TrainingRecord:
         if record.std is not None and not all(s > 0 for s in record.std):
             raise _refuse("std", data["std"], "numbers > 0", typed=False)
         # The checks of the model and the protocol, each as one line naming the file.
-        record.model_spec()
+        if check_model:
+            record.model_spec()
         record.protocol("weights")
         return record
 
@@ -370,6 +380,7 @@ class TrainingRecord:
             "client_id": self.client_id,
             "source": self.source,
             "extra": dict(self.extra) or None,
+            "model_args": None if self.model_args is None else json.loads(self.model_args),
         }
         return data | {k: v for k, v in optional.items() if v is not None}
 
@@ -382,9 +393,31 @@ class TrainingRecord:
                 input_shape=self.input_shape,
                 activation=self.activation,
                 stem=self.stem,
+                model_args=self.model_args,
             )
         except AuditInputError as exc:
             raise AuditInputError(f"{FILE}: {exc}") from None
+
+    @property
+    def assumed(self) -> tuple[tuple[str, str], ...]:
+        """The fields the client did not report and its recorder assumed, each with what was
+        assumed and why (``extra.assumed``, as the Flower recorders write it)."""
+        found = self.extra.get("assumed") if isinstance(self.extra, Mapping) else None
+        if not isinstance(found, Mapping):
+            return ()
+        return tuple((str(k), str(v)) for k, v in found.items())
+
+    @property
+    def assumed_words(self) -> tuple[str, ...]:
+        """Each assumption as "momentum 0.0: no momentum, ...": the threat card's, the
+        page's and the PDF's words for it."""
+        return tuple(f"{name} {what}" for name, what in self.assumed)
+
+    @property
+    def protocol_assumed(self) -> tuple[str, ...]:
+        """The assumed fields that decide how the update is read (the optimiser, its steps,
+        batches, decay): where any is, the reading holds only if the assumption does."""
+        return tuple(name for name, _ in self.assumed if name in _PROTOCOL_FIELDS)
 
     @property
     def total_steps(self) -> int:
@@ -409,8 +442,13 @@ class TrainingRecord:
         """The client protocol the attacker simulates: FedSGD where the update is
         :attr:`one_gradient`, else FedAvg with the client's optimiser, steps and batches."""
         try:
-            if self.one_gradient:
-                return ClientProtocol(algorithm="fedsgd", batchnorm_mode=self.bn_mode)
+            if self.one_gradient:  # the lr and what was sent, as recorded (FedSGD ignores them)
+                return ClientProtocol(
+                    algorithm="fedsgd",
+                    local_lr=self.lr,
+                    shared=shared,
+                    batchnorm_mode=self.bn_mode,
+                )
             return ClientProtocol(
                 algorithm="fedavg",
                 local_steps=self.local_steps or 1,
@@ -433,6 +471,20 @@ class TrainingRecord:
         if self.mean is None or self.std is None:
             return "none"
         return f"{','.join(f'{v:g}' for v in self.mean)}/{','.join(f'{v:g}' for v in self.std)}"
+
+
+# training.json's fields that decide the update's reading (one_gradient, the protocol).
+_PROTOCOL_FIELDS = frozenset(
+    {"optimizer", "local_epochs", "local_steps", "local_batch_size", "momentum", "weight_decay"}
+)
+
+
+def _model_args(value: Any) -> str | None:
+    """model_args (the own class's constructor arguments) as canonical JSON, or None."""
+    try:
+        return canonical_args(value)
+    except AuditInputError as exc:
+        raise AuditInputError(f"{FILE}: model_args: {exc}") from None
 
 
 def _check_unsupported(data: Mapping[str, Any]) -> None:

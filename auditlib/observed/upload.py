@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 
 from auditlib.data.archives import read_member
 from auditlib.errors import AuditInputError
+from auditlib.models import own_code
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.observed.bundle import (
     BUNDLE_FILES,
@@ -67,6 +68,14 @@ def bundle_from_upload(
             contents[base] = data
         location = "the uploaded files"
     bundle = bundle_from_files(contents, location, max_bytes=max_bytes)
+    if bundle.model_spec.info.source == own_code.SOURCE:
+        raise AuditInputError(
+            f"{TRAINING_FILE} names {bundle.training.model}, a model class of the client's own "
+            "code: building it runs that code, and this server runs no uploaded code (no admin "
+            "setting allows trusted code in the dashboard yet); audit the bundle from the "
+            "command line, where the file is: python -m auditlib audit --observed DIR "
+            "--i-trust-this-file (docs/FLOWER.md)"
+        )
     used = {name: data for name, data in contents.items() if name in BUNDLE_FILES}
     return bundle, bundle_archive(used)
 

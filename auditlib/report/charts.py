@@ -49,7 +49,8 @@ def tradeoff_figure(rows: Sequence[RunRow], privacy: str = "psnr") -> go.Figure:
 
     Each point is labelled with its knob value, and epsilon where the defense has one; a
     label leans into the plot (right of the points on the left half, left of those on the
-    right) and is never clipped at the plot's edge. Chance level and the undefended accuracy
+    right), above or below it or on the other side where that covers no other label or
+    point, and is never clipped at the plot's edge. Chance level and the undefended accuracy
     are drawn as lines, the leakage bands (PSNR) as dotted lines named in the legend.
     """
     if privacy not in PRIVACY_METRICS:
@@ -62,13 +63,27 @@ def tradeoff_figure(rows: Sequence[RunRow], privacy: str = "psnr") -> go.Figure:
         if finite_number(r.metric(privacy)) is not None
         and finite_number(r.utility_accuracy) is not None
     ]
-    xs = [float(r.metric(privacy)) for r in plotted]  # type: ignore[arg-type]
-    middle = (min(xs) + max(xs)) / 2 if xs else 0.0
-    for name in dict.fromkeys(r.series for r in plotted):
-        points = sorted(
+    series = {
+        name: sorted(
             (r for r in plotted if r.series == name),
             key=lambda r: (r.value is None, r.value or 0.0),
         )
+        for name in dict.fromkeys(r.series for r in plotted)
+    }
+    ordered = [r for points in series.values() for r in points]
+    positions = dict(
+        zip(
+            map(id, ordered),
+            label_positions(
+                [
+                    (float(r.metric(privacy)), float(r.utility_accuracy), point_label(r))
+                    for r in ordered
+                ]  # type: ignore[arg-type]
+            ),
+            strict=True,
+        )
+    )
+    for name, points in series.items():
         figure.add_trace(
             go.Scatter(
                 x=[r.metric(privacy) for r in points],
@@ -76,10 +91,7 @@ def tradeoff_figure(rows: Sequence[RunRow], privacy: str = "psnr") -> go.Figure:
                 mode="lines+markers+text" if len(points) > 1 else "markers+text",
                 name=name,
                 text=[point_label(r) for r in points],
-                textposition=[
-                    "top right" if float(r.metric(privacy)) <= middle else "top left"  # type: ignore[arg-type]
-                    for r in points
-                ],
+                textposition=[positions[id(r)] for r in points],
                 cliponaxis=False,
                 hovertemplate="%{text}<br>%{x:.3g}, accuracy %{y:.3f}<extra>" + name + "</extra>",
             )
@@ -96,6 +108,56 @@ def tradeoff_figure(rows: Sequence[RunRow], privacy: str = "psnr") -> go.Figure:
         margin={"l": 60, "r": 40, "t": 40, "b": 50},
     )
     return figure
+
+
+# A label's size in the plot's units (its width and height as shares of each axis): a
+# character of the chart's 12 px font on a plot some 600 x 350 px wide, with a margin.
+CHAR_W, LABEL_H, MARKER = 0.0125, 0.07, 0.015
+
+
+def label_positions(points: Sequence[tuple[float, float, str]]) -> list[str]:
+    """Where each point's label goes ("top right", "bottom left", ...): leaning into the
+    plot (right of the points on the left half, left of those on the right), above the
+    point where that covers no other label or point, else below, else on the other side;
+    the first place that covers nothing, or the one that covers least (issue 52: dp-gaussian's
+    "(ε=1.98e5)" was drawn over the prune point beside it). ``points``: (x, y, label), y an
+    accuracy in [0, 1]."""
+    if not points:
+        return []
+    xs = [x for x, _, _ in points]
+    span = (max(xs) - min(xs)) or 1.0
+    scaled = [((x - min(xs)) / span, y / 1.05) for x, y, _ in points]
+    markers = [(x - MARKER, y - MARKER, x + MARKER, y + MARKER) for x, y in scaled]
+    placed: list[Box] = []
+    out = []
+    for k, ((x, y), (_, _, text)) in enumerate(zip(scaled, points, strict=True)):
+        width = CHAR_W * len(text)
+        sides = ("right", "left") if x <= 0.5 else ("left", "right")
+        options = [(v, h) for h in sides for v in ("top", "bottom")]
+        others = placed + [m for j, m in enumerate(markers) if j != k]
+        boxes = [_label_box(x, y, width, v, h) for v, h in options]
+        best = min(range(len(options)), key=lambda i: _covered(boxes[i], others))
+        placed.append(boxes[best])
+        out.append(" ".join(options[best]))
+    return out
+
+
+Box = tuple[float, float, float, float]  # left, bottom, right, top
+
+
+def _label_box(x: float, y: float, width: float, vertical: str, side: str) -> Box:
+    left = x if side == "right" else x - width
+    low = y if vertical == "top" else y - LABEL_H
+    return (left, low, left + width, low + LABEL_H)
+
+
+def _covered(box: Box, others: Sequence[Box]) -> float:
+    """The area of ``box`` that ``others`` cover (overlaps counted each time)."""
+    return sum(
+        max(0.0, min(box[2], o[2]) - max(box[0], o[0]))
+        * max(0.0, min(box[3], o[3]) - max(box[1], o[1]))
+        for o in others
+    )
 
 
 def point_label(row: RunRow) -> str:

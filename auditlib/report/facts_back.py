@@ -33,6 +33,7 @@ from auditlib.report.text import (
 )
 from auditlib.result import AuditSummary, UtilityUnavailable
 from auditlib.store.convert import finite_number
+from auditlib.words import count_of
 
 REPORT_PACKAGES = ("reportlab", "plotly", "kaleido", "numpy", "torch", "pillow", "sqlalchemy")
 DIRECTION_WORDS = {
@@ -151,7 +152,7 @@ def run_limits(entry: ReportEntry) -> list[str]:
     if result.stop_reason and result.stop_reason != "completed":
         items.append(
             f"{label}: the attack stopped early ({result.stop_reason}) after "
-            f"{result.timing.iterations} steps."
+            f"{count_of(result.timing.iterations, 'step')}."
         )
     if isinstance(result.utility, UtilityUnavailable):
         items.append(f"{label}: no utility: {result.utility.unavailable_reason}.")

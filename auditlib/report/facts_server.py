@@ -145,7 +145,9 @@ def change_lines(card: ThreatCard) -> tuple[str, str, str | None] | None:
     if changed is None or not changed.known or noticeable is None:
         return None
     hidden = lines.get(INDIVIDUAL)
-    return changed.detail, noticeable.detail, None if hidden is None else hidden.detail
+    # Cards recorded before issue 52 began the line with its heading's words.
+    aggregation = None if hidden is None else hidden.detail.removeprefix("secure aggregation: ")
+    return changed.detail, noticeable.detail, aggregation
 
 
 def attributed_words(entry: ReportEntry) -> str | None:

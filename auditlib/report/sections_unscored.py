@@ -19,8 +19,7 @@ from auditlib.report import facts, sections_back, sections_front
 from auditlib.report.layout import BODY_WIDTH, Builder, esc
 from auditlib.report.sections_results import whole_image
 from auditlib.report.text import NOT_AVAILABLE, when
-
-LOSS_HEADING = "its own loss (lower fits the update better)"
+from auditlib.report.unscored_words import LOSS_HEADING, NO_PICK, rows_caption
 
 
 def is_unscored(b: Builder) -> bool:
@@ -80,7 +79,9 @@ def story(b: Builder) -> list[Flowable]:
     out.append(b.p("4 What the attacks reconstructed", "h1"))
     if entry.grid_png is not None:
         out.append(whole_image(entry.grid_png))
-        out.append(b.p("One row per attack: its lowest-loss restart, chosen without the images."))
+        out.append(
+            b.p(esc(rows_caption([a.label or a.attack for a in result.attacks if not a.skipped])))
+        )
     else:
         out.append(b.p("No reconstruction image was stored for this run."))
     rows = [
@@ -98,7 +99,7 @@ def story(b: Builder) -> list[Flowable]:
         b.p(
             "The loss is the attack's own objective: how far the update of its "
             "reconstruction is from the observed update. It ranks an attack's restarts; it is "
-            "not a distance to the private images."
+            "not a distance to the private images. " + esc(NO_PICK)
         )
     )
     out += sections_back.appendix(b)

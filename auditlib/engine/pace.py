@@ -1,0 +1,148 @@
+"""What a run's attacks take per step on this machine, measured before the run starts
+(``engine.preflight.estimate_time``): a few real steps of each planned attack that will run
+(its own step: L-BFGS with its line search, Adam, ...; its restarts, its race), on the
+run's model, batch, release and device, after the victim and the server's release are made
+exactly as the run makes them (``engine.audit.prepare_run``).
+
+A formula over one loss evaluation was off by 20x either way (issue 52): an L-BFGS step
+evaluates the loss up to 20 times, a batched restart costs what its rows cost, a closed form
+costs what reading the block back costs. Only running the step says what it takes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, replace
+
+from auditlib.engine.attack_phase import AttackCall, attack_call, steps_that_run
+from auditlib.errors import AttackUnsupportedError
+
+# Steps timed per attack after its first (which pays for allocations later ones do not);
+# an attack whose steps are slow is timed on fewer, never on more than PROBE_S seconds
+# past its first step. The median step counts: on a shared machine a burst of others' work
+# can make one step 30 times its usual time (measured: 1.8 s against 0.06 s for LeNet DLG).
+PROBE_STEPS = 6
+PROBE_S = 2.0
+# A first step is let run this long before it is cut and timed by its evaluations instead:
+# a batched L-BFGS step evaluates fewer starts as they settle, so 20 times its first
+# evaluations overstates it (3x on LeNet DLG's 8 starts).
+FIRST_STEP_S = 6.0
+
+
+@dataclass(frozen=True)
+class AttackPace:
+    """One planned attack's measured pace: seconds per step (the run's steps: every
+    restart's step counts), or per pass for a closed form (one step)."""
+
+    label: str
+    adaptive: bool  # a twin: its time comes from the twins' own budget (``attack_call``)
+    planned_steps: int
+    step_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.planned_steps * self.step_s
+
+
+def measure_paces(prepared) -> tuple[AttackPace, ...]:
+    """Each planned attack of ``prepared`` (an ``engine.audit.PreparedRun``) that will run,
+    with its pace; attacks that will not run (do not apply, a twin that is its plain
+    attack's result undone) are left out, as the run's step count leaves them out
+    (``attack_phase.steps_that_run``)."""
+    planned = prepared.planned
+    release_for = prepared.rounds.for_attack
+    running = steps_that_run(planned, release_for)
+    probe = replace(prepared.control, max_seconds=None, emit_every=1, image_every=10**9)
+    paces = []
+    for index, attack in enumerate(planned):
+        if not running[index]:
+            continue
+        call = attack_call(
+            index, planned, release_for, probe, prepared.attack_seed, {}, {False: 0.0, True: 0.0}
+        )
+        if not isinstance(call, AttackCall):
+            continue
+        try:
+            step_s = _step_seconds(call)
+        except AttackUnsupportedError:  # found only once it runs (iDLG's rule on a batch):
+            continue  # the run skips it too, and says why
+        paces.append(AttackPace(attack.label, attack.adaptive, attack.planned_steps, step_s))
+    return tuple(paces)
+
+
+class _Watch:
+    """The probe's ``is_cancelled``: notes each time the attack asks (before each step, and
+    before every loss evaluation inside an L-BFGS step), and stops it once the first step
+    outlasts FIRST_STEP_S after its restarts were made, with a few evaluations timed."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+        self.armed: float | None = None  # when the restarts were ready
+        self.first = 0  # the first call after that
+        self.stopped = False
+
+    def arm(self, at: float) -> None:
+        if self.armed is None:
+            self.armed, self.first = at, len(self.calls)
+
+    def __call__(self) -> bool:
+        now = time.perf_counter()
+        self.calls.append(now)
+        timed = len(self.calls) - self.first
+        if self.armed is not None and now - self.armed > FIRST_STEP_S and timed >= 5:
+            self.stopped = True
+        return self.stopped
+
+    def evaluation_s(self) -> float | None:
+        """The median time between the attack's asks after its first step began, less the
+        first two intervals: the loop's ask before the step to the step's first, and the
+        first evaluation (which pays for allocations later ones do not)."""
+        timed = self.calls[self.first :]
+        gaps = sorted(b - a for a, b in itertools.pairwise(timed[2:]))
+        return gaps[len(gaps) // 2] if gaps else None
+
+
+def _step_seconds(call: AttackCall) -> float:
+    """Seconds per step of ``call``'s attack: the median of the steps timed after its first
+    (or its first, from when its restarts were ready, where that is all that fits). Events come right after each step (every step here:
+    ``emit_every`` 1), their ``step`` counting every restart's steps. A closed form runs its
+    one pass whole. A step too slow to finish within PROBE_S (an L-BFGS step of 20 loss
+    evaluations on a large model) is stopped after a few evaluations: its time is theirs
+    times the evaluations a step makes (``lbfgs_max_iter``), over the restarts it advances."""
+    watch = _Watch()
+    events = replace(call, control=replace(call.control, is_cancelled=watch)).events()
+    began = time.perf_counter()
+    ready, together = began, 0  # when the restarts were made; how many advance together
+    marks: list[tuple[int, float]] = []  # (steps done, when), one per distinct step count
+    try:
+        for event in events:
+            now = time.perf_counter()
+            if event.final is not None:
+                if not watch.stopped and (not marks or marks[-1][0] < event.step):
+                    marks.append((event.step, now))
+                break
+            if event.step == 0:  # a restart made, its first frame: no step yet
+                together += not marks
+                ready = now
+                watch.arm(now)
+                continue
+            if not marks or marks[-1][0] != event.step:
+                marks.append((event.step, now))
+            # Enough steps timed, or the time spent; a first step slower than PROBE_S is
+            # timed alone (its allocations included) rather than waiting for a second.
+            slow_first = len(marks) == 1 and now - ready > PROBE_S
+            if len(marks) > PROBE_STEPS or now - marks[0][1] > PROBE_S or slow_first:
+                break
+    finally:
+        events.close()  # the attack stops here; nothing of it is kept
+    if len(marks) >= 2:
+        paces = sorted((b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(marks))
+        return paces[(len(paces) - 1) // 2]  # the lower median: bursts only ever add time
+    if marks:  # one step (a closed form's pass, or one slow step)
+        return (marks[0][1] - ready) / marks[0][0]
+    evaluation = watch.evaluation_s()
+    if evaluation is None:  # stopped before any evaluation was timed: all it took
+        return time.perf_counter() - ready
+    per_step = getattr(call.attack.config, "lbfgs_max_iter", 1)
+    return evaluation * per_step / max(together, 1)
