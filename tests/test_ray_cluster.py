@@ -477,6 +477,7 @@ def test_cancel_on_the_cluster_ends_the_run_cancelled(manager, store):
     assert manager.wait(run_id, 60)
     record = store.get_run(run_id)
     assert record.status == "cancelled", record.error
+    assert record.result is not None, record.error  # stopped cooperatively, with its result
     assert record.cancel_requested and record.result.stop_reason == "cancelled"
 
 
