@@ -36,7 +36,7 @@ from benchmarks.common import ROOT, replace_section
 
 sys.path.insert(0, str(ROOT / "tests"))  # tests.test_browser reads the tests' conftest
 from tests.postgres_server import PostgresServer
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, upload_images
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, sign_in, upload_images
 
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 DOC = ROOT / "docs" / "FAULTS.md"
@@ -156,10 +156,7 @@ class Bench:
         page = self.browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
         page.set_default_timeout(60_000)
         page.goto(f"{board.url}/{path}")
-        page.get_by_label("User name").fill(USERS[0])
-        page.get_by_label("Password", exact=True).fill(PASSWORD)
-        page.get_by_role("button", name="Sign in").click()
-        page.get_by_text(f"Signed in as {USERS[0]}").wait_for()
+        sign_in(page, USERS[0], PASSWORD)
         return page
 
     def start_run(self, board: Dashboard, iterations: int) -> str:
