@@ -16,7 +16,7 @@ from torch import nn
 from auditlib.data.normalization import Normalization
 from auditlib.errors import AuditInputError
 from auditlib.server.bins import AuditedPixels, MeasurePrior
-from auditlib.server.blocks import LokiBlock, MaliciousModel
+from auditlib.server.blocks import LokiBlock
 
 # The largest inserted block built here (parameters of ``bins`` and ``spread`` together):
 # 400 M float32 parameters are 1.6 GB, and the client's update and the server's copy as much
@@ -54,7 +54,10 @@ class BuildContext:
 @dataclass(frozen=True, eq=False)
 class ServerModification:
     attack: str
-    model: MaliciousModel  # client 0's model; ``model_for`` gives another client's
+    # Client 0's model; ``model_for`` gives another client's. A built block's model is a
+    # ``MaliciousModel``; a server that hides its block elsewhere (an evading or a disguised
+    # server) sends any module and names the layer it reads in ``bins_name``.
+    model: nn.Module
     clients: int
     capacity: int  # the most images per client its block can separate
     rows: int  # rows of the inserted ``bins`` layer (per client for LOKI)
@@ -62,10 +65,15 @@ class ServerModification:
     prior: MeasurePrior | None  # where the thresholds come from
     what_changed: str  # in words, for the threat card
     noticeable: str  # in words: whether and how a client could have noticed
+    # The prefix of the parameters the attack reads (``{bins_name}.weight``, ``.bias``).
+    bins_name: str = BINS
+    # Evading and disguised servers: what it does to pass the client's model check and what
+    # that costs the attack, in words ("" for a server that does not try to pass it).
+    evasion: str = ""
 
     def model_for(self, client: int) -> nn.Module:
         """The model client ``client`` receives (LOKI loads that client's kernels)."""
-        block = self.model.server_block
+        block = getattr(self.model, "server_block", None)
         if isinstance(block, LokiBlock):
             block.select(client)
         elif not 0 <= client < self.clients:
@@ -74,7 +82,7 @@ class ServerModification:
 
     @property
     def parameter_names(self) -> tuple[str, str]:
-        return f"{BINS}.weight", f"{BINS}.bias"
+        return f"{self.bins_name}.weight", f"{self.bins_name}.bias"
 
 
 def rows_within_budget(wanted: int, in_features: int, out_features: int) -> int:
