@@ -31,7 +31,8 @@ torch.set_num_threads(1)
 NOT_OFFERED = {
     "none": "nothing to know",
     "fedboosting": "its audit already is the adversary that knows the protocol",
-    "model-check": "a server that knows the check would build a model it passes: not built here",
+    # Its attacker is a server built to pass it (``with_evading``), not a twin told of it.
+    "model-check": "servers built to pass the check stand in for the built ones",
 }
 
 

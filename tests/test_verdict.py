@@ -207,7 +207,7 @@ def test_a_stored_verdict_from_before_reads_inconclusive_never_low():
     again = judge(read.finding, read.scope, defended=True, control=finding(3), control_note="c")
     assert again.outcome == "inconclusive"
     assert "recorded before the held margins" in again.headline
-    assert VERDICT_VERSION == 3
+    assert VERDICT_VERSION == 4
 
 
 def _labels(found: Finding, truth: list[int], guess: list[int], classes: int) -> Finding:
@@ -341,7 +341,7 @@ def test_a_client_that_refused_the_model_stops_that_server_only():
         )
         assert "128 of 128 rows share one direction" in verdict.sentence
         assert "so nothing was recovered" in verdict.sentence
-        assert "stop this server only" in verdict.sentence
+        assert "stop this server only" in verdict.sentence  # no evading server was tried
         assert "Medium" not in verdict.headline + verdict.sentence
         assert "raise the budget" not in verdict.sentence
     assert Scope.from_dict(json.loads(json.dumps(verdict.to_dict()))["scope"]).refused
@@ -351,6 +351,44 @@ def test_a_client_that_refused_the_model_stops_that_server_only():
     assert verdict_cell(verdict, control=False) == (
         "Inconclusive: the client refused the server's model: the server received nothing"
     )
+
+
+def test_a_refused_model_held_only_against_every_server_built_to_pass_the_check():
+    """Issue 54: "Low" (held) only where the servers built to pass the check were all tried
+    (twins "ran") and refused, and the same attack broke the undefended update; the servers
+    tried are said. Any one not tried, or a control that did not leak: no level."""
+    tried = (
+        "the model check was tried against 3 servers: rtf refused; rtf-evading refused; "
+        "seer-disguised refused"
+    )
+    held_scope = replace(
+        SCOPE,
+        twins="ran",
+        twins_words=tried,
+        refused="model check: layer server_block.bins: 128 of 128 rows share one direction",
+        evading=("rtf-evading", "seer-disguised"),
+    )
+    verdict = judge(finding(0), held_scope, defended=True, control=finding(4), control_note="c")
+    assert verdict.outcome == "defense_held" and verdict.level == "Low"
+    assert "2 built to pass it" in verdict.headline
+    assert tried in verdict.sentence and "these servers only" in verdict.sentence
+    assert Scope.from_dict(json.loads(json.dumps(verdict.to_dict()))["scope"]).evading == (
+        "rtf-evading",
+        "seer-disguised",
+    )
+    # One evading server not tried (its model could not be built): no level.
+    partly = replace(
+        held_scope,
+        twins="partly",
+        twins_words=tried.replace("seer-disguised refused", "seer-disguised not tried (too large)"),
+    )
+    verdict = judge(finding(0), partly, defended=True, control=finding(4), control_note="c")
+    assert verdict.outcome == "inconclusive"
+    assert "not every server built to pass the check was tried" in verdict.sentence
+    assert "seer-disguised not tried (too large)" in verdict.sentence
+    # The control did not break the undefended update: nothing shows the check was needed.
+    verdict = judge(finding(0), held_scope, defended=True, control=finding(0), control_note="c")
+    assert verdict.outcome == "inconclusive" and "did not break" in verdict.sentence
 
 
 # --------------------------------------- issue 50, items 3 and 6: "held" on every pick

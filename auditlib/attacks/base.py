@@ -141,6 +141,11 @@ class AttackInfo:
     # (measured; None: they gain). Where a scheduler can run separate runs side by side on
     # several CPUs (the dashboard's sample), it then does.
     no_cpu_gain: str | None = None
+    # An evading or disguised server (built to pass the client's model check): the built
+    # servers whose place it takes where the client checks the model it receives. Under a
+    # model check each of them is tried beside those servers (``evading_servers``), and the
+    # check is said to hold only where every one was refused or recovered nothing.
+    stands_in_for: frozenset[str] = frozenset()
 
     def why_not_applicable(
         self, observation: Observation, knowledge: AttackerKnowledge
@@ -195,6 +200,12 @@ def register(info: AttackInfo) -> None:
     if info.audit is not None:  # the audit preset is listed first: it is the default
         info = replace(info, presets={"audit": dict(info.audit.values), **info.presets})
     ATTACKS[info.name] = info
+
+
+def evading_servers(name: str) -> tuple[str, ...]:
+    """The registered servers built to pass the client's model check that stand in for the
+    server of attack ``name`` (``AttackInfo.stands_in_for``), in registry order."""
+    return tuple(n for n, info in ATTACKS.items() if name in info.stands_in_for)
 
 
 def get_attack(name: str) -> AttackInfo:

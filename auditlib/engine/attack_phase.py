@@ -30,6 +30,7 @@ from auditlib.attacks import (
     RunControl,
     build_attack_config,
 )
+from auditlib.attacks.base import evading_servers
 from auditlib.attacks.restarts import AUDIT_PRESET, planned_steps, restart_schedule, run_attack
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
@@ -62,11 +63,18 @@ class PlannedAttack:
     settings: dict[str, Any]
     planned_steps: int
     adaptive: bool = False  # the attacker knows the defense (``KnownDefense``)
+    # An evading server tried in the place of this built server's, where the client checks
+    # the model it receives (``with_evading``): it knows the check by construction and is
+    # one of the twins' pool (``adaptive`` is set), with its own name, build and read-back.
+    twin_of: str | None = None
 
     @property
     def label(self) -> str:
         words = [f"{self.preset} preset"] if self.preset else []
-        words += ["knows the defense"] if self.adaptive else []
+        if self.twin_of is not None:
+            words += [f"in {self.twin_of}'s place, built to pass the model check"]
+        elif self.adaptive:
+            words += ["knows the defense"]
         return self.name + (f" ({', '.join(words)})" if words else "")
 
 
@@ -135,6 +143,36 @@ def refuse_without_its_server(info, server: str) -> None:
 def with_adaptive(planned: list[PlannedAttack]) -> list[PlannedAttack]:
     """Each attack followed by its adaptive twin: same settings and seed, told the defense."""
     return [twin for p in planned for twin in (p, replace(p, adaptive=True))]
+
+
+def with_evading(planned: list[PlannedAttack], iterations: int, every: int) -> list[PlannedAttack]:
+    """The plan under a client's model check: each built server's attack followed by every
+    evading server that stands in for it (``AttackInfo.stands_in_for``) at its audit preset,
+    each once (a disguised server stands in for several) and none already planned as a plain
+    attack (``all`` plans them too: the plain run is then that server's own)."""
+    planned_names = {p.name for p in planned}
+    added: set[str] = set()
+    out = []
+    for attack in planned:
+        out.append(attack)
+        if attack.adaptive or ATTACKS[attack.name].builds is None:
+            continue
+        for name in evading_servers(attack.name):
+            if name in planned_names or name in added:
+                continue
+            added.add(name)
+            config, settings = build_attack_config(name, {}, AUDIT_PRESET)
+            settings["restart_schedule"] = "one pass (a closed form)"
+            steps = 1
+            if not ATTACKS[name].closed_form:
+                settings["restart_schedule"] = restart_schedule(config, AUDIT_PRESET)
+                steps = planned_steps(config, AUDIT_PRESET, iterations, every)
+            out.append(
+                PlannedAttack(
+                    name, AUDIT_PRESET, config, settings, steps, adaptive=True, twin_of=attack.name
+                )
+            )
+    return out
 
 
 def adaptive_wanted(knows: bool | None, attack: ComponentSpec) -> bool:
@@ -298,18 +336,17 @@ def _readied(
     release = release_for(attack)
     observation = release.observation
     knowledge = release.knowledge
-    if attack.adaptive:
+    twin = attack.adaptive and attack.twin_of is None  # an evading server is no such twin
+    if twin:
         knowledge = replace(knowledge, defense=release.known_defense)
     info = ATTACKS[attack.name]
     reason = info.why_not_applicable(observation, knowledge) if several else None
-    if reason is None and attack.adaptive:
+    if reason is None and twin:
         reason = info.why_not_adaptive(knowledge.defense)
         if reason is None and info.twin_adds_nothing(knowledge.defense, attack.config):
             reason = TWIN_SAME_AS_PLAIN
     reuses_plain = (
-        reason is None
-        and attack.adaptive
-        and knowledge.defense.needs() & info.adapts == {"postprocess"}
+        reason is None and twin and knowledge.defense.needs() & info.adapts == {"postprocess"}
     )
     return observation, knowledge, info, reason, reuses_plain
 

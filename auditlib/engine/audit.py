@@ -30,6 +30,7 @@ from auditlib.engine.attack_phase import (
     run_attacks,
     steps_that_run,
     with_adaptive,
+    with_evading,
 )
 from auditlib.engine.identity import run_identity
 from auditlib.engine.judging import attack_record, scored, unscored_runs
@@ -177,6 +178,10 @@ def _prepare(
     adaptive = adaptive_wanted(spec.scenario.attacker_knows_defense, spec.attack)
     if adaptive and release.known_defense is not None:
         planned = with_adaptive(planned)
+    elif adaptive and checks_models(defense) and spec.scenario.server == "malicious":
+        # The server that knows a model check builds a model that passes it: each evading
+        # server stands beside the built one it replaces, in the twins' pool.
+        planned = with_evading(planned, spec.budget.iterations, emit_every)
     return PreparedRun(
         spec,
         planned,
@@ -295,7 +300,7 @@ def finish_run(
     steps = sum(r.final.steps for r in ran)
     running = steps_that_run(planned, rounds.for_attack)
     planned_steps = sum(p.planned_steps for p, runs in zip(planned, running, strict=True) if runs)
-    twins, twins_words = _twins(spec, release, adaptive, runs)
+    twins, twins_words = _twins(spec, release, adaptive, runs, rounds)
     protocol = spec.scenario.protocol
     batch_size = release.knowledge.batch_size
     scope = Scope(
@@ -327,6 +332,7 @@ def finish_run(
         twins=twins,
         twins_words=twins_words,
         refused=_refused(rounds, ran),
+        evading=tuple(r.planned.name for r in runs if r.planned.twin_of is not None),
     )
     if batch is None:
         judged = unscored_runs(ran, scope, stop_reason, victim.normalization)
@@ -441,7 +447,37 @@ def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:
     return "diverged" if all(r == "diverged" for r in reasons) else "completed"
 
 
-def _twins(spec: RunSpec, release, adaptive: bool, runs: list[AttackRun]) -> tuple[Twins, str]:
+def _evading_twins(
+    rounds: Rounds, runs: list[AttackRun], evading: list[AttackRun]
+) -> tuple[Twins, str]:
+    """Under a model check: which servers it was tried against, built and evading, and what
+    became of each (refused, passed, or why it was not tried). "ran" only where every
+    evading server planned ran; the verdict reads the rest from the scores and
+    ``Scope.refused``."""
+
+    def fate(run: AttackRun) -> str:
+        if run.final is None:
+            return f"{run.planned.name} not tried ({run.skipped or 'it did not run'})"
+        refused = rounds.for_attack(run.planned).refused
+        return f"{run.planned.name} {'refused' if refused else 'passed the check'}"
+
+    built = [r for r in runs if not r.planned.adaptive]
+    tried = "; ".join(fate(r) for r in [*built, *evading])
+    words = f"the model check was tried against {len(built) + len(evading)} servers: {tried}"
+    ran = [r for r in evading if r.final is not None]
+    if len(ran) == len(evading):
+        return "ran", words
+    return ("partly" if ran else "none"), words
+
+
+def checks_models(defense: object) -> bool:
+    """Whether ``defense`` is a client's check of the model it receives (it may refuse it)."""
+    return callable(getattr(defense, "refuses", None))
+
+
+def _twins(
+    spec: RunSpec, release, adaptive: bool, runs: list[AttackRun], rounds: Rounds
+) -> tuple[Twins, str]:
     """Whether the attacker that knows the defense ran, in a word and in words: "ran" when
     every attack that ran had its twin run, or its twin was skipped because its objective is
     the plain attack's (``TWIN_SAME_AS_PLAIN``)."""
@@ -454,6 +490,9 @@ def _twins(spec: RunSpec, release, adaptive: bool, runs: list[AttackRun]) -> tup
             else "the attacker that knows the defense was switched off"
         )
         return "off", f"no twin ran: {why}"
+    evading = [r for r in runs if r.planned.twin_of is not None]
+    if evading:
+        return _evading_twins(rounds, runs, evading)
     if release.known_defense is None:
         return "not offered", f"no attacker that knows {spec.defense.name} is offered"
     twins = {r.planned.name: r for r in runs if r.planned.adaptive}
@@ -496,6 +535,13 @@ def _defense_knowledge(
     if not adaptive:
         return False, "not used: the plain attack only (the paper preset, or switched off)"
     known = release.known_defense
+    evading = [r.planned for r in runs if r.planned.twin_of is not None]
+    if known is None and evading:
+        names = ", ".join(f"{p.name} (in {p.twin_of}'s place)" for p in evading)
+        return True, (
+            f"the server knows the client checks the model it receives: the servers built to "
+            f"pass the check were tried, {names}"
+        )
     if known is None:
         return False, f"no adaptive attacker is offered for {spec.defense.name}"
     twins = [r for r in runs if r.planned.adaptive]

@@ -60,6 +60,8 @@ class Rounds:
         if info.builds is None:
             return self._release("honest", None)
         refuse_without_its_server(info, self.spec.scenario.server)
+        if attack.twin_of is not None:  # an evading server: its own model, as its plain run's
+            return self.for_attack(replace(attack, adaptive=False, twin_of=None))
         key = f"{attack.name}:{sorted(attack.settings.items())}"
         name, known = attack.name, None
         if attack.adaptive:

@@ -42,7 +42,9 @@ from auditlib.words import count_of
 # 3: labels judged by the relabelling test or an exact rule (``Finding.label_basis``), not a
 # binomial test against 1/C; a "Labels" verdict says what is known of the images; held on
 # every attack's pick and start; one server's finding; a refused model said first.
-VERDICT_VERSION = 3
+# 4: a model check that refused every model "held" only against every server built to pass
+# it (``Scope.evading``), the servers tried said.
+VERDICT_VERSION = 4
 Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive", "unavailable"]
 INCONCLUSIVE = "Inconclusive"
 UNAVAILABLE = "Unavailable"
@@ -309,11 +311,15 @@ class Scope:
     # Why the client refused to train on the model it received (a model check that flagged
     # a malicious server's model), in words; empty: it trained on it.
     refused: str = ""
+    # The servers built to pass the client's model check that were tried in the place of
+    # the built ones (``engine.attack_phase.with_evading``); empty: none was.
+    evading: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scope:
         values = {k: v for k, v in data.items() if k != "threat"}
         values["attacks"] = tuple(values["attacks"])
+        values["evading"] = tuple(values.get("evading", ()))
         return cls(threat=ThreatCard.from_dict(data["threat"]), **values)
 
     def budget_words(self) -> str:
@@ -566,18 +572,46 @@ def _refused(
 ) -> Verdict:
     """The verdict of a run whose client refused the model of every attack that ran (its
     model check, ``Scope.refused``): it sent zeros, so nothing was recovered whatever the
-    reconstructions score, and no level is given. Not "Low": no server that knows the check
-    and builds a model it passes is offered, so the check is shown to stop this server only."""
-    headline = f"{INCONCLUSIVE}: {REFUSED}"
-    sentence = (
+    reconstructions score. "Low" (the check held) only where every server built to pass the
+    check that the product has was among them (``Scope.evading``, the twins all ran) and the
+    same servers' plain attack broke the undefended update; otherwise no level is given and
+    the sentence says which servers the check was shown to stop."""
+    sent = (
         f"Under {scope.defense}, {REFUSED} ({scope.refused}): the client did not train on it "
         f"and sent an update of zeros, so nothing was recovered: the reconstructions of "
-        f"{attacks} are read from zeros, not from the client's images. A server that knows "
-        "the check and "
-        "builds a model it passes is not offered here, so the defense is shown to stop this "
-        f"server only.{versus} Weigh the check's cost: a refused round is a client's lost "
-        "update."
+        f"{attacks} are read from zeros, not from the client's images."
     )
+    cost = " Weigh the check's cost: a refused round is a client's lost update."
+    tried = scope.twins_words
+    if scope.evading and scope.twins == "ran" and control is not None and control.broke_update:
+        headline = (
+            f"Low: the model check refused every server tried, {len(scope.evading)} built "
+            "to pass it among them"
+        )
+        sentence = (
+            f"{sent} It held against the servers built to pass it ({tried}), while the same "
+            f"attack broke the undefended update ({control.figures()}; level {control.level})."
+            " It is shown to stop these servers only: a server this product does not build may "
+            f"still pass it.{cost}"
+        )
+        return Verdict(
+            "defense_held", "Low", headline, sentence, finding, control, control_note, scope
+        )
+    if not scope.evading:
+        why = (
+            "no server built to pass the check was tried here, so the check is shown to stop "
+            "this server only"
+        )
+    elif scope.twins != "ran":
+        why = f"not every server built to pass the check was tried ({tried})"
+    else:
+        why = (
+            f"the servers built to pass it were refused too ({tried}), but the same attack did "
+            f"not break the undefended update ({control_note or 'no control'}), so nothing "
+            "shows the check was needed"
+        )
+    headline = f"{INCONCLUSIVE}: {REFUSED}"
+    sentence = f"{sent} Inconclusive: {why}.{versus}{cost}"
     return Verdict(
         "inconclusive", INCONCLUSIVE, headline, sentence, finding, control, control_note, scope
     )
