@@ -117,6 +117,11 @@ def _scope(result: AuditSummary, verdict: Verdict) -> None:
                 f"**Budget** {scope.budget_words()}  \n"
                 f"**Defense** {scope.defense}"
                 + (f"  \n**The client refused the model** {scope.refused}" if scope.refused else "")
+                + (
+                    f"  \n**Servers the check was tried against** {scope.twins_words}"
+                    if scope.evading
+                    else ""
+                )
             )
             _attacks_table(result)
             if len(result.attacks) > 1:
