@@ -13,7 +13,10 @@ product's own path and against the defenses.
    cap is 64): the update each defense releases, read back by ``rtf`` (and by ``loki`` under
    secure aggregation); images recovered at >= 30 dB out of B and their mean PSNR, at
    B = 16, 64, 256 and 32 and 224 px. Beyond the 85 crops, a batch takes Fashion-MNIST test
-   images, enlarged (``batch_of``).
+   images, enlarged (``batch_of``). Under the model check each built server (rtf, cah; loki
+   under secure aggregation) is read beside the evading server that stands in for it
+   (``rtf-evading``, ``cah-evading``, ``loki-evading``), each row saying whether the check
+   refused or passed its model.
 
 Writes benchmarks/results/malicious_server.json (``--cuda``: malicious_server-cuda.json, the
 same cases on the GPU) and the tables in docs/PERFORMANCE.md ("The malicious server").
@@ -72,7 +75,11 @@ DEFENSES = (
     ("pruning (90 % per layer)", "prune", {}, 1),
     (f"secure aggregation ({CLIENTS} clients)", "none", {}, CLIENTS),
     ("model check", "model-check", {}, 1),
+    (f"model check, secure aggregation ({CLIENTS} clients)", "model-check", {}, CLIENTS),
 )
+# Under the model check each built server is read beside the evading server that stands in
+# for it (``attacks.evading``: built to pass the check as it stands).
+CHECKED = {1: ("rtf", "rtf-evading", "cah", "cah-evading"), CLIENTS: ("loki", "loki-evading")}
 
 
 def model_of(size: int) -> ModelSpec:
@@ -216,12 +223,15 @@ def defense_case(
             for i, j in enumerate(order)
             if scores[i] >= RECOVERED_DB and candidate.clients[j] == owners[i]
         )
+    checked = str(release.privacy.get("model_check", ""))
     return {
         "recovered": len(recovered),
         "recovered_psnr_mean": statistics.fmean(recovered) if recovered else None,
         "attributed": attributed,
         "seconds": seconds,
         "privacy": {k: str(v) for k, v in release.privacy.items()},
+        # The model check's word on the model: "refused" or "passed" (None: no check).
+        "check": None if not checked else "refused" if checked.startswith("flagged") else "passed",
     }
 
 
@@ -238,6 +248,8 @@ def measure(quick: bool, device: str) -> dict:
         for batch in batches:
             for name, defense, params, clients in DEFENSES:
                 attacks = ("rtf", "loki") if clients > 1 else ("rtf",)
+                if defense == "model-check":
+                    attacks = CHECKED[clients]
                 for attack in attacks:
                     for knows in (False, True) if defense in KNOWS else (False,):
                         label = attack + (TWIN if knows else "")
@@ -280,8 +292,9 @@ def render(results: dict) -> str:
             "" if row["recovered_psnr_mean"] is None else f" ({row['recovered_psnr_mean']:.1f} dB)"
         )
         attributed = "-" if row["attributed"] is None else str(row["attributed"])
+        attack = row["attack"] + (f" ({row['check']} by the check)" if row.get("check") else "")
         lines.append(
-            f"| {row['defense']} | {row['attack']} | {row['size']} | {row['batch']} | "
+            f"| {row['defense']} | {attack} | {row['size']} | {row['batch']} | "
             f"{row['recovered']} of {row['batch']}{mean} | {attributed} | {row['seconds']:.1f} |"
         )
     return "\n".join(lines)

@@ -29,6 +29,7 @@ _MODULES = (
     "rtf",
     "cah",
     "loki",
+    "evading",
 )
 for _module in _MODULES:
     import_module(f"auditlib.attacks.{_module}")

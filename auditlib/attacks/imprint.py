@@ -84,12 +84,13 @@ def block_update(observation: Observation, knowledge: AttackerKnowledge) -> Bloc
             f"the update has no {weight_name!r}: the client did not train the model the "
             "server sent (or a defense removed that layer's update)"
         )
-    weight = observation.tensors[names.index(weight_name)]
+    # A layer with 4-D weights (an evading server's whole-input Conv2d) is its rows flat.
+    weight = observation.tensors[names.index(weight_name)].flatten(1)
     bias = observation.tensors[names.index(bias_name)].double()
     sent = None
     if observation.kind == "weights":
         parameters = dict(knowledge.model.named_parameters())
-        sent = parameters[weight_name].detach()
+        sent = parameters[weight_name].detach().flatten(1)
         bias = bias - parameters[bias_name].detach().double()
     return BlockUpdate(weight, bias, sent)
 
@@ -121,6 +122,7 @@ def read_bins(
     by_bias: bool,
     noise_floor: float = 0.0,
     entry_noise: float = 0.0,
+    pixels: bool = True,
 ) -> list[tuple[float, torch.Tensor]]:
     """Rows ``first``.. hold ``thresholds`` (ascending): each non-empty bin's read-back (its
     evidence: how far its step, the difference of its row's and the next row's biases (or
@@ -137,7 +139,10 @@ def read_bins(
     biases' update is below float32's resolution of the biases the client adds it to: the
     bins are found from the rows' sums, and each weights' difference is scaled to the
     brightness at the middle of its bin (off by at most half a bin's width over the
-    brightness). Only the rows of bins that hold images are read."""
+    brightness). Only the rows of bins that hold images are read.
+
+    ``pixels``: the rows read pixels, so each read-back is clipped to [0, 1]; False (rows
+    reading a convolution's output, which the attack inverts) leaves it as read."""
     count = len(thresholds)
     size = update.weight.shape[1]
     if by_bias:
@@ -164,9 +169,12 @@ def read_bins(
         # The bin's evidence: its step over what an empty bin's could be.
         strength = abs(float(steps[k])) / max(EMPTY_BIN * scale, marks_floor, step_noise)
         if by_bias:
-            reads.append((strength, (dw / float(steps[k])).clamp(0, 1)))
+            read = dw / float(steps[k])
         elif float(dw.mean()) != 0:
-            reads.append((strength, (dw * (middles[k] / float(dw.mean()))).clamp(0, 1)))
+            read = dw * (middles[k] / float(dw.mean()))
+        else:
+            continue
+        reads.append((strength, read.clamp(0, 1) if pixels else read))
     return reads
 
 
@@ -257,11 +265,13 @@ def server_attack(
     audit: dict,
     why: str,
     twin=None,
+    stands_in_for: frozenset[str] = frozenset(),
 ) -> AttackInfo:
     """The registry entry of a malicious server's attack: a closed form (one pass, budget 1)
     that applies only where the server built its own model and weighs no image prior; its
     twin, where it has one, follows ``twin`` (``AttackInfo.server_twin``; None: it adapts to
-    no defense)."""
+    no defense); an evading server names the built servers it stands in for under a model
+    check (``AttackInfo.stands_in_for``)."""
 
     def needs_its_model(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
         if knowledge.server is None or knowledge.server.attack != name:
@@ -284,4 +294,5 @@ def server_attack(
         builds=build,
         closed_form=True,
         server_twin=twin,
+        stands_in_for=stands_in_for,
     )

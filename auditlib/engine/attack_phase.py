@@ -99,7 +99,8 @@ def plan_attacks(
 
     Every applicable attack is, under the honest-but-curious server, each attack that
     observes; under the malicious one, each attack that builds the model it sends (the
-    honest server's attacks are that threat model's audit)."""
+    honest server's attacks are that threat model's audit) but those built to pass a model
+    check, which stand in for the others where the client checks (``with_evading``)."""
     if attack.name == ALL_ATTACKS:
         if attack.params:
             raise AuditInputError(
@@ -107,10 +108,12 @@ def plan_attacks(
                 "attack parameters"
             )
         malicious = server == "malicious"
+        # The servers built to pass a model check are left to it (``with_evading``): without
+        # one, each is a weaker copy of the server it stands in for.
         chosen = [
             (name, AUDIT_PRESET, {})
             for name, info in ATTACKS.items()
-            if (info.builds is not None) == malicious
+            if (info.builds is not None) == malicious and not info.stands_in_for
         ]
     else:
         info = ATTACKS.get(attack.name)
@@ -149,7 +152,7 @@ def with_evading(planned: list[PlannedAttack], iterations: int, every: int) -> l
     """The plan under a client's model check: each built server's attack followed by every
     evading server that stands in for it (``AttackInfo.stands_in_for``) at its audit preset,
     each once (a disguised server stands in for several) and none already planned as a plain
-    attack (``all`` plans them too: the plain run is then that server's own)."""
+    attack (an evading server audited by name is its own plain run)."""
     planned_names = {p.name for p in planned}
     added: set[str] = set()
     out = []
