@@ -23,7 +23,17 @@ class ModelRef:
     weights: str | None = None  # safetensors / weights-only state_dict file
     trusted_archive: str | None = None  # TorchScript / torch.export, user marked it trusted
     weights_asset: str | None = None  # sha256 of uploaded weights handed to the worker as bytes
-    content_sha256: str | None = None  # of the weights or archive file, for the identity
+    content_sha256: str | None = None  # of the weights, archive or own class's file: identity
+    # sha256 of the uploaded file of a model class of the user's own code (the dashboard,
+    # where an admin allows trusted code), handed to the worker as bytes
+    code_asset: str | None = None
+
+    def __post_init__(self) -> None:
+        require(
+            self.code_asset is None or self.spec.info.source == "own code",
+            "an uploaded model file is only for a model class of your own code "
+            "(path/to/file.py:ClassName)",
+        )
 
 
 MAX_BATCH = 64  # images one audit reconstructs at most
@@ -316,6 +326,8 @@ class RunSpec:
                 del protocol[name]
         if payload["model"]["spec"].get("model_args") is None:  # and before own classes
             payload["model"]["spec"].pop("model_args", None)
+        if payload["model"]["code_asset"] is None:  # and before uploaded class files
+            del payload["model"]["code_asset"]
         if self.model.content_sha256:
             payload["model"]["weights"] = payload["model"]["trusted_archive"] = None
         if self.data.content_sha256:

@@ -27,7 +27,7 @@ from auditlib.spec import (
 from auditlib.store.convert import assets_in_spec
 from auditlib.words import count_of
 from dashboard.resources import get_store
-from dashboard.setup_state import Setup, batch_of
+from dashboard.setup_state import Setup, batch_of, own_class_model
 from dashboard.spec_words import attack_label, threat_words
 
 
@@ -87,6 +87,8 @@ def build_run(setup: Setup, lab: LabChoices) -> tuple[RunSpec, dict[str, bytes],
     model = ModelRef(
         spec=setup.model_spec(), weights_asset=setup.weights, content_sha256=setup.weights
     )
+    if setup.own_class:  # built from its uploaded file, whose sha256 is in the identity
+        model = own_class_model(model, setup, assets)
     if setup.source == "samples":
         data = DataSpec(source="samples", location=setup.sample_set, batch_size=setup.count)
         images_text = f"{count_of(setup.count, 'image')} from '{setup.sample_set}'"

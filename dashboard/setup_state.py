@@ -8,16 +8,20 @@ No torch math here: the images, the model and the weights are decoded and checke
 from __future__ import annotations
 
 import dataclasses
+from pathlib import PurePosixPath
 from typing import Any
 
 import streamlit as st
 
+from auditlib.access.users import trusted_code_setting
 from auditlib.client.protocol import ClientProtocol, Shared
 from auditlib.data import LabelledImages, check_labels_fit, load_sample_set, load_zip
 from auditlib.errors import AuditInputError
-from auditlib.models import ModelSpec, build_model, load_weights
+from auditlib.models import ModelSpec, build_model, load_weights, own_code
 from auditlib.models.registry import architecture_info
 from auditlib.observed import TrainingRecord
+from auditlib.observed.upload import own_class_refusal
+from auditlib.spec import ModelRef
 from auditlib.store import AssetRecord
 from auditlib.words import count_of
 from dashboard.resources import get_store
@@ -33,6 +37,9 @@ from dashboard.state import (
 # What a torchvision model takes whatever the Setup page's hidden fields hold: colour input,
 # the builder's own initialisation and activations, no stem choice.
 TORCHVISION_FIXED = {"channels": 3, "init": "default", "activation": None, "stem": None}
+# The box a user ticks to say they trust the uploaded file of their own model class; kept in
+# the session only, so it is ticked again after a refresh.
+TRUST_KEY = "trust_own_code"
 
 
 @dataclasses.dataclass
@@ -58,6 +65,13 @@ class Setup:
     # That bundle as stored (its training.json, what the client sent, its files' sha256);
     # None when none is in use or it is not in the store (setup_problems says so).
     bundle: ObservedUpload | None = None
+    code: str | None = None  # sha256 of the uploaded file of an own model class
+    code_trusted: bool = False  # the user ticked that they trust that file
+
+    @property
+    def own_class(self) -> bool:
+        """Whether the observed update's model is a class of the client's own code."""
+        return self.bundle is not None and own_code.is_own_class(self.bundle.training.model)
 
     def model_spec(self) -> ModelSpec:
         if self.bundle is not None:  # an observed update's model is the bundle's
@@ -181,6 +195,8 @@ def current_setup() -> Setup:
         normalization=get("normalization"),
         seed=int(get("seed")),
         observed=state.get("observed") or None,
+        code=state.get("code") or None,
+        code_trusted=bool(state.get(TRUST_KEY, False)),
     )
     if setup.observed:
         bundle = observed_upload(setup.observed)  # None: setup_problems says so
@@ -295,6 +311,8 @@ def setup_problems(setup: Setup, where: str = "on the Setup page") -> tuple[list
             "Images: only an observed update is audited without the client's images; pick a "
             f"sample set or upload images {where}, or upload an observed update"
         )
+    if setup.own_class:
+        _own_class_problems(setup, where, errors, missing)
     spec = None
     try:
         spec = setup.model_spec()
@@ -327,3 +345,48 @@ def setup_problems(setup: Setup, where: str = "on the Setup page") -> tuple[list
         except AuditInputError as exc:
             errors.append(f"Labels: {exc}")
     return errors, missing
+
+
+def _own_class_problems(setup: Setup, where: str, errors: list[str], missing: list[str]) -> None:
+    """What a model class of the client's own code still needs: the admin's setting, its
+    file uploaded, and the user's word that they trust it."""
+    assert setup.bundle is not None
+    model = setup.bundle.training.model
+    name = PurePosixPath(own_code.parts(model)[0]).name
+    if not trusted_code_setting().allowed:
+        errors.append(f"Model: {own_class_refusal(model)}")
+        return
+    asset = get_store().get_asset_info(setup.code) if setup.code else None
+    if setup.code and (asset is None or asset.kind != "code"):
+        errors.append(
+            f"Model: the file {setup.code[:12]}... named in the link is not among your uploads "
+            f"in this dashboard's store; upload {name} again {where}"
+        )
+    elif asset is not None and asset.name != name:
+        errors.append(
+            f"Model: the uploaded file is {asset.name}; training.json names {model}, so upload "
+            f"{name} {where}"
+        )
+    elif asset is None:
+        missing.append(f"Model: upload {name}, the file that defines {model} {where}.")
+    if not setup.code_trusted:
+        missing.append(
+            f"Model: tick that you trust {name} {where}: its code runs on this server, in a "
+            "process of its own."
+        )
+
+
+def own_class_model(model: ModelRef, setup: Setup, assets: dict[str, bytes]) -> ModelRef:
+    """``model`` built from the uploaded file of the client's own class (its bytes added to
+    ``assets``; its sha256 in the run's identity, as the command line's file is); refused
+    until the admin's setting, the file and the user's tick are all there."""
+    errors: list[str] = []
+    missing: list[str] = []
+    _own_class_problems(setup, "on the Setup page", errors, missing)
+    if errors or missing:
+        raise AuditInputError((errors + missing)[0].removeprefix("Model: ").rstrip("."))
+    asset = get_store().get_asset(setup.code) if setup.code else None
+    if asset is None:
+        raise AuditInputError("the model's file is gone from the store; upload it again")
+    assets[asset.sha256] = asset.data
+    return dataclasses.replace(model, content_sha256=asset.sha256, code_asset=asset.sha256)

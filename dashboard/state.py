@@ -47,6 +47,7 @@ URL_IDS = {
     "images": 64,
     "weights": 64,
     "observed": 64,  # an observed update's bundle, uploaded (auditlib.observed.upload)
+    "code": 64,  # the uploaded file of its model class of the client's own code
 }
 _HEX = re.compile(r"[0-9a-f]+")
 

@@ -1,4 +1,6 @@
-"""The Setup page's uploads: the model's weights and the private images.
+"""The Setup page's uploads: the model's weights, the private images, an observed update's
+bundle and, where its training.json names a model class of the client's own code and an
+admin allows trusted code (``auditlib.access.trusted_code``), that class's ``.py`` file.
 
 Uploads are validated by ``auditlib`` as soon as they arrive (weights against the chosen
 architecture, images against the data limits) and, once accepted, stored as
@@ -14,9 +16,10 @@ from pathlib import Path
 
 import streamlit as st
 
+from auditlib.access.users import trusted_code_setting
 from auditlib.data import DEFAULT_LIMITS, LabelledImages, images_zip, load_image_uploads, load_zip
 from auditlib.errors import AuditInputError
-from auditlib.models import ARCHITECTURES
+from auditlib.models import ARCHITECTURES, own_code
 from auditlib.models.loading import DEFAULT_MAX_BYTES
 from auditlib.models.registry import architecture_info
 from auditlib.observed import (
@@ -26,12 +29,12 @@ from auditlib.observed import (
     TRAINING_FILE,
     bundle_from_upload,
 )
-from auditlib.observed.upload import max_archive_bytes
+from auditlib.observed.upload import max_archive_bytes, own_class_refusal
 from auditlib.words import MB, count_of, size_text
 from dashboard.auth import signed_in_only
 from dashboard.plain import literal
 from dashboard.resources import get_store
-from dashboard.setup_state import check_weights, current_setup, observed_upload
+from dashboard.setup_state import TRUST_KEY, check_weights, current_setup, observed_upload
 from dashboard.state import (
     MAX_UPLOAD_BATCH,
     TORCHVISION_PREFIX,
@@ -178,11 +181,14 @@ def observed_bundle_upload(errors: list[str], status) -> None:
 def _observed_status(files, errors: list[str]) -> None:
     _removed_note("observed")
     if files:
-        signature = tuple((f.file_id, f.name, f.size) for f in files)
+        trusted_code = trusted_code_setting().allowed  # the admin's, as the file has it now
+        signature = (tuple((f.file_id, f.name, f.size) for f in files), trusted_code)
         cached = st.session_state.get("_observed_upload")
         if cached is None or cached[0] != signature:
             try:
-                bundle, archive = bundle_from_upload([(f.name, f.getvalue()) for f in files])
+                bundle, archive = bundle_from_upload(
+                    [(f.name, f.getvalue()) for f in files], trusted_code=trusted_code
+                )
             except AuditInputError as exc:
                 cached = (signature, str(exc), None)
             else:
@@ -230,6 +236,72 @@ def _observed_status(files, errors: list[str]) -> None:
         args=("observed",),
         help="Go back to simulating the client; the bundle is deleted from the store unless "
         "stored runs use it.",
+    )
+    if own_code.is_own_class(bundle.training.model):
+        own_class_upload(errors, bundle.training.model)
+
+
+def own_class_upload(errors: list[str], model: str) -> None:
+    """The file of the model class of the client's own code that training.json names
+    (``path/to/file.py:ClassName``), where an admin allows trusted code: checked without
+    running it (``own_code.check_own_file``), stored as the user's private upload, its
+    sha256 in the URL (``code``); the run builds the class only in a process of its own,
+    and only once the user ticked that they trust the file."""
+    file, cls = own_code.parts(model)
+    name = Path(file).name
+    if not trusted_code_setting().allowed:  # turned off since the bundle was taken
+        _inline_error(errors, f"Model: {own_class_refusal(model)}")
+        return
+    st.markdown(
+        f"training.json names **{literal(cls)}** in `{literal(file)}`, a model class of the "
+        f"client's own code. Upload that file ({literal(name)}, one module: its sibling modules "
+        "are not uploaded); it is kept as your private upload, seen only by you and an admin."
+    )
+    st.checkbox(
+        f"I trust {literal(name)}: its code runs on this server, in a process of its own, "
+        "when the audit builds the model",
+        key=TRUST_KEY,
+        help="An admin allows trusted code on this server. Tick this only for code you would "
+        "run yourself: importing the file runs it on the server's workers.",
+    )
+    limit = own_code.MAX_FILE_BYTES
+    upload = st.file_uploader(
+        f"{literal(name)}, the file that defines {literal(cls)}",
+        type=["py"],
+        key=f"code_file.{st.session_state.get('_code_uploader', 0)}",
+        max_upload_size=max(1, limit // MB),
+        help=f"Python source up to {size_text(limit)}, read and parsed here without running "
+        "it; it runs only in the audit's own process.",
+    )
+    _removed_note("code")
+    if upload is not None:
+        signature = (upload.file_id, upload.name, upload.size, model)
+        cached = st.session_state.get("_code_upload")
+        if cached is None or cached[0] != signature:
+            data = upload.getvalue()
+            try:
+                own_code.check_own_file(data, upload.name, model)
+            except AuditInputError as exc:
+                cached = (signature, str(exc), None)
+            else:
+                sha, problem = _stored("code", name, data, {"model": model})
+                cached = (signature, problem, sha)
+            st.session_state["_code_upload"] = cached
+            set_url_state("code", cached[2])
+        if cached[1] is not None:
+            _inline_error(errors, f"Model file refused: {cached[1]}")
+            return
+    sha = st.session_state.get("code")
+    if not sha:
+        return
+    col_text, col_button = st.columns([4, 1])
+    col_text.success(f"Building {literal(cls)} from your upload {literal(name)} ({sha[:12]}...).")
+    col_button.button(
+        "Remove",
+        key="remove_code",
+        on_click=_remove,
+        args=("code",),
+        help="The file is deleted from the store unless stored runs use it.",
     )
 
 
@@ -463,7 +535,7 @@ def stored_uploads() -> None:
             except AuditInputError as exc:
                 st.error(f"Not deleted: {exc}")
                 return
-            for kind in ("weights", "images", "observed"):
+            for kind in ("weights", "images", "observed", "code"):
                 if st.session_state.get(kind) == sha:
                     set_url_state(kind, None)
             st.session_state["_stored_deleted"] = (

@@ -168,4 +168,5 @@ def test_the_dashboard_refuses_an_uploaded_own_class_bundle_saying_why(tmp_path)
         bundle_from_upload(files)
     words = str(refused.value)
     assert "task.py:Net, a model class of the client's own code" in words
-    assert "runs no uploaded code" in words and "--i-trust-this-file" in words
+    assert "an admin has not allowed trusted code on this server" in words
+    assert "users trusted-code on --admin NAME" in words and "--i-trust-this-file" in words

@@ -8,7 +8,8 @@ re-authentication cookie's name, signing key and expiry), so the dashboard hands
 are never stored in it. The first admin's generated password is never printed (a log of
 ``make run`` or of a container would keep it): it is written to ``first-admin-password``
 beside the users file, mode 0600, and the admin must choose a new password at the first
-sign-in (``must_change_password``), which deletes that file.
+sign-in (``must_change_password``), which deletes that file. Its ``server`` section holds the
+server's settings an admin makes: whether trusted code runs (``access.trusted_code``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import os
 import re
 import secrets
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import bcrypt
 import yaml
 
-from auditlib.access.principal import ADMIN, ROLES, Principal
+from auditlib.access.principal import ADMIN, ROLES, AccessDenied, Principal
+from auditlib.access.trusted_code import KEY as TRUSTED_CODE_KEY
+from auditlib.access.trusted_code import TrustedCode, trusted_code_of
 from auditlib.errors import AuditInputError
 from auditlib.paths import data_dir
 
@@ -68,6 +72,7 @@ class Users:
     cookie_name: str
     cookie_key: str
     cookie_expiry_days: float
+    trusted_code: TrustedCode = field(default_factory=TrustedCode)  # off unless an admin set it
 
     def credentials(self) -> dict[str, Any]:
         """A fresh copy of the file's credentials for streamlit-authenticator, which writes
@@ -142,6 +147,12 @@ def _parse(path: Path, data: Any) -> Users:
             must_change,
         )
         hashes[username] = password
+    server = data.get("server") or {}
+    if not isinstance(server, dict):
+        raise bad("'server' must be a mapping")
+    trusted = trusted_code_of(server.get(TRUSTED_CODE_KEY))
+    if isinstance(trusted, str):
+        raise bad(trusted)
     key = cookie.get("key")
     if not isinstance(key, str) or len(key) < 32:
         raise bad("cookie.key must be a random secret of at least 32 characters")
@@ -149,7 +160,8 @@ def _parse(path: Path, data: Any) -> Users:
         expiry = float(cookie.get("expiry_days", COOKIE_EXPIRY_DAYS))
     except (TypeError, ValueError) as exc:
         raise bad("cookie.expiry_days must be a number") from exc
-    return Users(path, users, hashes, str(cookie.get("name") or COOKIE_NAME), key, expiry)
+    name = str(cookie.get("name") or COOKIE_NAME)
+    return Users(path, users, hashes, name, key, expiry, trusted)
 
 
 def _write(users: Users) -> None:
@@ -174,6 +186,9 @@ def _write(users: Users) -> None:
             "expiry_days": users.cookie_expiry_days,
         },
     }
+    trusted = users.trusted_code.to_yaml()
+    if trusted is not None:
+        data["server"] = {TRUSTED_CODE_KEY: trusted}
     users.path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=users.path.parent, prefix=".users-", suffix=".yaml")
     try:
@@ -323,3 +338,33 @@ def principal_of(username: str | None, path: Path | None = None) -> Principal | 
         return None
     user = read_users(path).users.get(username)
     return user.principal if user else None
+
+
+def trusted_code_setting(path: Path | None = None) -> TrustedCode:
+    """Whether this server runs a model class of a user's own code (``access.trusted_code``);
+    off where there is no users file."""
+    path = path or users_file()
+    return read_users(path).trusted_code if path.exists() else TrustedCode()
+
+
+def set_trusted_code(
+    allowed: bool,
+    admin: str,
+    password: str,
+    *,
+    path: Path | None = None,
+    now: datetime | None = None,
+) -> TrustedCode:
+    """Allow (or stop) trusted code on this server, as ``admin``, who must be an admin in the
+    file now and give their password; recorded with their name and the time."""
+    users = read_users(path)
+    user = users.users.get(admin)
+    if user is None or not users.check_password(admin, password):
+        raise AccessDenied(f"no admin {admin!r} with that password in {users.path}")
+    if user.role != ADMIN:
+        raise AccessDenied(
+            f"{admin!r} is an {user.role}; only an admin may allow or stop trusted code"
+        )
+    setting = TrustedCode(allowed, admin, (now or datetime.now(UTC)).replace(microsecond=0))
+    _write(replace(users, trusted_code=setting))
+    return setting

@@ -305,7 +305,9 @@ def _users_arguments(commands) -> None:
     from auditlib.access import ROLES
 
     users = commands.add_parser(
-        "users", help="the dashboard's users: create the first admin, add, list, remove"
+        "users",
+        help="the dashboard's users: create the first admin, add, list, remove; whether "
+        "trusted code runs",
     )
     actions = users.add_subparsers(dest="action", required=True, parser_class=_Parser)
     actions.add_parser(
@@ -331,6 +333,20 @@ def _users_arguments(commands) -> None:
     remove = actions.add_parser("remove", help="remove a user (their runs stay, for admins)")
     remove.add_argument("username")
     actions.add_parser("list", help="list the users and their roles")
+    trusted = actions.add_parser(
+        "trusted-code",
+        help="whether the dashboard may build a model class of a user's own code (runs it on "
+        "this server, in a process of its own); off by default, set by an admin",
+    )
+    trusted.add_argument("state", choices=("on", "off", "show"))
+    trusted.add_argument(
+        "--admin", metavar="NAME", help="the admin who sets it (their password is asked for)"
+    )
+    trusted.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the admin's password from the first line of stdin instead of asking",
+    )
 
 
 def _model_arguments(parser: argparse.ArgumentParser, architectures, init: str | None):

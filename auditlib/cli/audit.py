@@ -147,14 +147,6 @@ def own_class_file(model_spec, trusted: bool) -> str | None:
     return file
 
 
-def runs_own_code(spec) -> bool:
-    """Whether the run's model runs the user's code (a trusted archive, an own class): it
-    then runs in a process of its own."""
-    from auditlib.models import own_code
-
-    return bool(spec.model.trusted_archive) or spec.model.spec.info.source == own_code.SOURCE
-
-
 def write_outputs(result, out: Path) -> None:
     """The run's result folder, replaced whole (``auditlib.output_folder``): the earlier
     complete result or this one, whenever the command is stopped."""
@@ -195,7 +187,7 @@ def audit_command(args: argparse.Namespace) -> int:
     from auditlib.defenses import build_defense
     from auditlib.engine.attack_phase import plan_attacks
     from auditlib.engine.audit import run_audit
-    from auditlib.engine.isolation import run_isolated
+    from auditlib.engine.isolation import run_isolated, runs_own_code
     from auditlib.metrics import LPIPS_NETS
 
     spec = spec_from_args(args)

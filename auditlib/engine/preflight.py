@@ -144,12 +144,14 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     release and device exactly as the run makes them (``engine.pace``), before it starts;
     ``emit_every``: the run's event interval, which places a race's rungs and so its
     planned steps (the dashboard's 5: 475 for DLG's audit preset; the CLI's 10: 480).
-    None for a trusted archive (its model runs in a process of its own). Raises
-    ``AuditInputError`` where the run itself would be refused (its images, its model)."""
+    None for a trusted archive or a model class of the user's own code (its model runs in
+    a process of its own). Raises ``AuditInputError`` where the run itself would be refused
+    (its images, its model)."""
     from auditlib.engine.audit import prepare_run
+    from auditlib.engine.isolation import runs_own_code
     from auditlib.engine.pace import measure_paces
 
-    if spec.model.trusted_archive is not None:
+    if runs_own_code(spec):
         return None
     started = time.perf_counter()
     check_model_trains(spec)  # refused in words, as the run is, not in torch's mid-step

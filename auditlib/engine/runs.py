@@ -31,6 +31,7 @@ from auditlib.engine.endings import Ending, Endings, store_unavailable
 from auditlib.engine.fair_share import SHARED_OWNER, FairQueue, FairShareLimits, WaitReason
 from auditlib.engine.identity import run_identity
 from auditlib.engine.instance import InstanceKeeper
+from auditlib.engine.isolation import isolated_in_dashboard
 from auditlib.engine.messages import (
     ErrorMessage,
     EventMessage,
@@ -144,7 +145,8 @@ class RunManager:
         Parameter errors and a full queue (``AUDIT_USER_MAX_QUEUED``) surface here as
         AuditInputError, before anything is recorded.
         """
-        self._admit(spec)
+        # A model class of the user's own code, where the admin allows it: its own process.
+        settings = {**self.settings, "isolated": self._admit(spec)}
 
         def task_of(run_ids: list[str]) -> _Task:
             (run_id,) = run_ids
@@ -152,14 +154,16 @@ class RunManager:
                 run_id,
                 owner or SHARED_OWNER,
                 {0: _Recorder(self.store, run_id, self.endings)},
-                lambda board: ray_backend.submit(spec, assets or {}, run_id, board, self.settings),
+                lambda board: ray_backend.submit(spec, assets or {}, run_id, board, settings),
             )
 
         return self._admitted(owner, [spec], [title], task_of)[0]
 
-    def _admit(self, spec: RunSpec) -> None:
+    def _admit(self, spec: RunSpec) -> bool:
         """What a start checks before anything is recorded (parameter errors as
-        AuditInputError), then Ray ready for it and the store's expired runs gone."""
+        AuditInputError), then Ray ready for it and the store's expired runs gone; whether
+        it runs in a process of its own (``isolation.isolated_in_dashboard``)."""
+        isolated = isolated_in_dashboard(spec)  # refused where the user's code may not run
         self.limits.check_budget(spec)  # AUDIT_MAX_RUN_SECONDS
         plan_attacks(
             spec.attack, spec.budget.iterations, server=spec.scenario.server
@@ -169,6 +173,7 @@ class RunManager:
         ray_backend.ensure_ray(self.ray_address)
         ray_backend.require_device(spec, self.ray_address)
         expire(self.store)
+        return isolated
 
     def _admitted(
         self,

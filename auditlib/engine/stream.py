@@ -22,6 +22,7 @@ from auditlib.engine.audit import (
     UtilityProgress,
     iter_audit,
 )
+from auditlib.engine.isolation import iter_isolated
 from auditlib.engine.messages import (
     ErrorMessage,
     EventMessage,
@@ -65,16 +66,23 @@ def audit_messages(
     emit_every: int = 10,
     image_every: int = 50,
     lpips_nets: tuple[str, ...] = LPIPS_NETS,
+    isolated: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Run ``spec`` and yield wire messages (``engine.messages``): start, event, frame ...,
-    utility (one per training round), then result or error."""
-    for message in _messages(spec, assets, is_cancelled, emit_every, image_every, lpips_nets):
+    utility (one per training round), then result or error. ``isolated``: in a process of
+    its own (``engine.isolation``: a model class of the user's own code)."""
+    audit = iter_isolated if isolated else iter_audit
+    for message in _messages(
+        audit, spec, assets, is_cancelled, emit_every, image_every, lpips_nets
+    ):
         yield to_wire(message)
 
 
-def _messages(spec, assets, is_cancelled, emit_every, image_every, lpips_nets) -> Iterator[Message]:
+def _messages(
+    audit, spec, assets, is_cancelled, emit_every, image_every, lpips_nets
+) -> Iterator[Message]:
     try:
-        for item in iter_audit(
+        for item in audit(
             spec,
             assets=assets,
             is_cancelled=is_cancelled,

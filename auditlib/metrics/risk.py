@@ -70,6 +70,14 @@ LEVEL_MEANING = {
     "Low": "these attacks, the one that knows the defense included, which broke the "
     "undefended update at the same budget, showed nothing beyond a guess under the defense",
 }
+# A verdict's sentence: how well (the level's band), with how many from the count, never the
+# band's share alone (FedLeak's "a small portion" beside "4 of 4 images recovered").
+LEVEL_QUALITY = {
+    "Very High": "recognisably (FedLeak's Very High band: mean PSNR 20 dB or more)",
+    "High": "recognisably in the main (FedLeak's High band: mean PSNR 15 to 20 dB)",
+    "Medium": "in part, coarse shapes and colours more than details (FedLeak's Medium band: "
+    "mean PSNR 10 to 15 dB, or only some images beyond the guess)",
+}
 MARGIN_DB = 1.0  # PSNR gain over the best guess that counts as recovered pixels
 SSIM_MARGIN = 0.1  # SSIM gain over the best guess that counts as recovered structure
 RECOVERED_FLOOR_DB = 10.0  # FedLeak's lowest band: below it nothing meaningful is visible
@@ -116,6 +124,18 @@ LABEL_RULE = (
 )
 PSNR_THRESHOLDS = (10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0)
 SSIM_THRESHOLDS = (0.2, 0.4, 0.6, 0.8, 0.9)
+
+
+def level_sentence(level: str, recovered: int, batch: int) -> str:
+    """What a leak's level says, with the share from the count: 'all 4 of the client's
+    images can be reconstructed in part, ...', '1 of the client's 4 images can be ...'."""
+    if batch == 1:
+        share = "the client's image"
+    elif recovered >= batch:
+        share = f"all {batch} of the client's images"
+    else:
+        share = f"{recovered} of the client's {batch} images"
+    return f"{share} can be reconstructed {LEVEL_QUALITY[level]}"
 
 
 def leakage_level(psnr_db: float) -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from auditlib.metrics.risk import HELD_RULE, LABEL_RULE, LEVEL_MEANING, LabelEvidence
+from auditlib.metrics.risk import HELD_RULE, LABEL_RULE, LabelEvidence, level_sentence
 from auditlib.metrics.scores import Risk
 from auditlib.words import count_of
 
@@ -461,6 +461,7 @@ def judge(
         return _refused(finding, scope, control, control_note, attacks, versus)
     if finding.leaked:
         level = finding.level or "Medium"
+        meaning = level_sentence(level, finding.images_recovered, finding.batch_size)
         also = f" Besides, {labels}." if labels else ""
         if finding.one_server:  # a server sends one model a round: the best one's finding
             also += (
@@ -472,12 +473,12 @@ def judge(
         if defended:
             headline = f"{level}: the defense did not stop {attacks}"
             sentence = (
-                f"Under {scope.defense}, {attacks}: {finding.figures()}; {LEVEL_MEANING[level]}."
+                f"Under {scope.defense}, {attacks}: {finding.figures()}; {meaning}."
                 f"{also}{versus}{cut}"
             )
         else:
             headline = f"{level}: {attacks} rebuilt the client's images"
-            sentence = f"{attacks}: {finding.figures()}; {LEVEL_MEANING[level]}.{also}{cut}"
+            sentence = f"{attacks}: {finding.figures()}; {meaning}.{also}{cut}"
         return Verdict("leaks", level, headline, sentence, finding, control, control_note, scope)
 
     if labels and not finding.label_basis:

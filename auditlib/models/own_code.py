@@ -11,10 +11,16 @@ Importing the file runs its code, so a class is built only where that was allowe
 Everywhere else (the command line's own process, the dashboard, a Ray worker) building one
 is refused in one line saying why. The file's folder is put first on ``sys.path`` while it
 is imported, so its sibling modules import as they do for the client.
+
+The dashboard, where an admin allows trusted code (``access.trusted_code``), takes the file
+as an upload: :func:`check_own_file` reads it as text and parses it (``ast``, nothing runs),
+and the isolated child writes it to a private folder and names it with :func:`provide_file`
+in place of the path training.json gives, which is the client's and not the server's.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import importlib.util
@@ -34,6 +40,8 @@ _NAME = re.compile(r"^(?P<path>[^:\s][^:]*\.py):(?P<cls>[A-Za-z_][A-Za-z0-9_]*)$
 _allowed = False  # set in a process that exists to run the user's code
 _allowed_depth = 0  # inside own_code_allowed()
 MAX_ARGS_CHARS = 2_000
+MAX_FILE_BYTES = 256 * 1024  # an uploaded class file: one module of source, not a package
+_provided: dict[str, Path] = {}  # the path training.json names -> where the upload was written
 
 REFUSAL = (
     "runs the code of {file} to build the model; it is built only in a process of its own "
@@ -110,6 +118,47 @@ def allowed() -> bool:
     return _allowed or _allowed_depth > 0
 
 
+def provide_file(named: str, path: Path) -> None:
+    """Build the class of the file ``named`` (the path in ``path/to/file.py:ClassName``) from
+    ``path``: the uploaded copy the isolated child wrote for it."""
+    _provided[named] = path
+
+
+def check_own_file(data: bytes, upload_name: str, name: str) -> None:
+    """Refuse, in one line, an uploaded file that cannot be the one ``name``
+    (``path/to/file.py:ClassName``) names: another file name, too large, not UTF-8 text, not
+    Python, or without a top-level class of that name. The file is parsed, never run."""
+    file, cls = parts(name)
+    expected = Path(file).name
+    uploaded = Path(upload_name.replace("\\", "/")).name
+    if uploaded != expected:
+        raise AuditInputError(
+            f"the uploaded file is {uploaded}; training.json names the model {name}, so "
+            f"expected {expected}"
+        )
+    if len(data) > MAX_FILE_BYTES:
+        raise AuditInputError(
+            f"{uploaded} is {len(data):,} bytes; a model class's file is at most "
+            f"{MAX_FILE_BYTES:,} bytes"
+        )
+    try:
+        tree = ast.parse(data.decode("utf-8"), filename=uploaded)
+    except UnicodeDecodeError:
+        raise AuditInputError(f"{uploaded} is not UTF-8 text; expected Python source") from None
+    except SyntaxError as exc:
+        raise AuditInputError(
+            f"{uploaded} is not valid Python (line {exc.lineno}: {exc.msg}); expected the file "
+            "that defines the client's model class"
+        ) from None
+    classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+    if cls not in classes:
+        found = f"its classes are {', '.join(classes)}" if classes else "it defines no class"
+        raise AuditInputError(
+            f"{uploaded} has no top-level class {cls} ({found}); expected the file that "
+            f"defines {cls}"
+        )
+
+
 def _module_of(path: Path) -> Any:
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
     name = f"auditlib_own_model_{digest}"
@@ -142,7 +191,7 @@ def construct_own(name: str, args: str | None) -> nn.Module:
     file, cls = parts(name)
     if not allowed():
         raise AuditInputError(f"the model {name} " + REFUSAL.format(file=file))
-    path = Path(file).expanduser().resolve()
+    path = _provided.get(file) or Path(file).expanduser().resolve()
     if not path.is_file():
         raise AuditInputError(
             f"the model's file {file} was not found (from {Path.cwd()}); expected the .py file "

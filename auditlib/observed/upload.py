@@ -8,6 +8,11 @@ written the same way every time, so the same bundle is the same stored asset. A 
 it back with :func:`bundle_from_archive`. Nothing is unpickled; every size is checked
 before anything is read, and a zip's members are inflated in bounded pieces
 (``data.archives.read_member``).
+
+A bundle whose training.json names a model class of the client's own code
+(``path/to/file.py:ClassName``) is taken only where an admin allows trusted code on the
+server (``access.trusted_code``); its ``.py`` file then comes as an upload of its own, checked
+by ``models.own_code.check_own_file``, and is run only in the audit's isolated process.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
+from auditlib.access.trusted_code import HOW_TO_ALLOW
 from auditlib.data.archives import read_member
 from auditlib.errors import AuditInputError
 from auditlib.models import own_code
@@ -44,11 +50,15 @@ def max_archive_bytes(max_bytes: int = DEFAULT_MAX_BYTES) -> int:
 
 
 def bundle_from_upload(
-    files: Sequence[tuple[str, bytes]], *, max_bytes: int = DEFAULT_MAX_BYTES
+    files: Sequence[tuple[str, bytes]],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    trusted_code: bool = False,
 ) -> tuple[ObservedBundle, bytes]:
     """The checked bundle of an upload (file name and bytes of each uploaded file: the
     bundle's files, or one zip of them) and its archive for the store; refused in one line
-    where it is not a bundle."""
+    where it is not a bundle, or where it names a model class of the client's own code and
+    ``trusted_code`` (the server's admin setting) is off."""
     if not files:
         raise AuditInputError(f"no files were uploaded; expected {_EXPECTED}, or one zip of them")
     zips = [name for name, _ in files if name.lower().endswith(".zip")]
@@ -68,16 +78,21 @@ def bundle_from_upload(
             contents[base] = data
         location = "the uploaded files"
     bundle = bundle_from_files(contents, location, max_bytes=max_bytes)
-    if bundle.model_spec.info.source == own_code.SOURCE:
-        raise AuditInputError(
-            f"{TRAINING_FILE} names {bundle.training.model}, a model class of the client's own "
-            "code: building it runs that code, and this server runs no uploaded code (no admin "
-            "setting allows trusted code in the dashboard yet); audit the bundle from the "
-            "command line, where the file is: python -m auditlib audit --observed DIR "
-            "--i-trust-this-file (docs/FLOWER.md)"
-        )
+    if bundle.model_spec.info.source == own_code.SOURCE and not trusted_code:
+        raise AuditInputError(own_class_refusal(bundle.training.model))
     used = {name: data for name, data in contents.items() if name in BUNDLE_FILES}
     return bundle, bundle_archive(used)
+
+
+def own_class_refusal(model: str) -> str:
+    """Why a model class of the client's own code is not built here: the admin setting is
+    off; with how an admin allows it, and the command line that needs no setting."""
+    return (
+        f"{TRAINING_FILE} names {model}, a model class of the client's own code: building it "
+        "runs that code on this server, and an admin has not allowed trusted code on this "
+        f"server ({HOW_TO_ALLOW}); or audit the bundle from the command line, where the file "
+        "is: python -m auditlib audit --observed DIR --i-trust-this-file (docs/FLOWER.md)"
+    )
 
 
 def bundle_archive(files: Mapping[str, bytes]) -> bytes:

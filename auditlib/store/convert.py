@@ -34,8 +34,8 @@ def plain_json(value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def assets_in_spec(spec: Mapping[str, Any]) -> set[str]:
-    """The sha256 of every upload a run spec (as stored) names: its weights, its images and
-    an observed update's bundle."""
+    """The sha256 of every upload a run spec (as stored) names: its weights, its own model
+    class's file, its images and an observed update's bundle."""
     found: set[str] = set()
     model, data = spec.get("model") or {}, spec.get("data") or {}
     scenario = spec.get("scenario") or {}
@@ -46,8 +46,9 @@ def assets_in_spec(spec: Mapping[str, Any]) -> set[str]:
         and isinstance(observed.get("location"), str)
     ):
         found.add(observed["location"])
-    if isinstance(model, Mapping) and isinstance(model.get("weights_asset"), str):
-        found.add(model["weights_asset"])
+    for key in ("weights_asset", "code_asset"):  # weights, an own model class's file
+        if isinstance(model, Mapping) and isinstance(model.get(key), str):
+            found.add(model[key])
     is_upload = isinstance(data, Mapping) and data.get("source") == "asset"
     if is_upload and isinstance(data.get("location"), str):
         found.add(data["location"])

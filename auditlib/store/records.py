@@ -27,9 +27,10 @@ UNFINISHED: frozenset[str] = frozenset({QUEUED, RUNNING})
 FINISHED: frozenset[str] = frozenset({COMPLETED, CANCELLED, TIMED_OUT, FAILED})
 STATUSES: frozenset[str] = UNFINISHED | FINISHED
 
-# Uploaded assets: a folder of images, a model file (weights or a trusted archive), or an
-# observed update's bundle (a zip of its files, auditlib.observed.upload).
-ASSET_KINDS: frozenset[str] = frozenset({"images", "model", "observed"})
+# Uploaded assets: a folder of images, a model file (weights or a trusted archive), an
+# observed update's bundle (a zip of its files, auditlib.observed.upload), or the file of a
+# model class of the user's own code ("code", where an admin allows trusted code).
+ASSET_KINDS: frozenset[str] = frozenset({"images", "model", "observed", "code"})
 
 # Batches: several runs of one scenario and attack, under several defenses (a comparison)
 # or over a grid of a defense's strength (a sweep).
