@@ -255,3 +255,46 @@ def test_an_own_class_runs_through_the_run_manager_isolated_with_the_clis_result
     assert ours is not None and theirs is not None
     assert ours.mean("psnr") == pytest.approx(theirs.mean("psnr"), abs=1e-3)
     assert ours.label_accuracy == theirs.label_accuracy
+
+
+def test_the_setup_page_refuses_an_own_class_until_allowed_then_wants_the_file_and_the_tick(
+    own_users, dashboard_store, tmp_path
+):
+    """The page, in a real Streamlit run: while the admin's setting is off the bundle is
+    refused saying how an admin allows it, and nothing is stored; once on, the page asks for
+    the class's file and the user's tick, keeps the file as the user's private upload, and
+    the Lab will not start before the tick."""
+    from auditlib.access import Principal
+    from auditlib.store.scoped import UserStore
+    from dashboard.setup_state import TRUST_KEY
+    from tests.test_app import LAB, _app, _errors
+
+    store, _ = dashboard_store
+    app, bundle, _ = _client(tmp_path)
+    files = [(name, data, "application/octet-stream") for name, data in _files(bundle)]
+    at = _app()
+    at.file_uploader(key="observed_files.0").set_value(files).run()
+    assert not at.exception
+    refused = [e for e in _errors(at) if "an admin has not allowed trusted code" in e]
+    assert refused and "users trusted-code on --admin NAME" in refused[0]
+    assert store.list_assets() == [] and "observed" not in at.query_params
+
+    set_trusted_code(True, "root", ROOT_PASSWORD, path=own_users)
+    at = _app()
+    at.file_uploader(key="observed_files.0").set_value(files).run()
+    at.radio(key="source").set_value("none").run()  # the update alone: shown, not scored
+    assert not at.exception and not _errors(at), _errors(at)
+    assert at.checkbox(key=TRUST_KEY).value is False  # never ticked for the user
+    source = (app / "task.py").read_bytes()
+    at.file_uploader(key="code_file.0").set_value([("task.py", source, "text/x-python")]).run()
+    assert not _errors(at), _errors(at)
+    asset = store.get_asset(at.query_params["code"])
+    assert asset is not None and asset.kind == "code" and asset.data == source
+    from dashboard.resources import shared_store
+
+    assert UserStore(shared_store(), Principal("bob")).get_asset(asset.sha256) is None
+    # Without the tick the Lab names what is missing and offers no Start.
+    at.switch_page(LAB.path).run()
+    assert not at.exception
+    page = " ".join(m.value for m in [*at.warning, *at.error, *at.info, *at.markdown])
+    assert "tick that you trust task.py" in page, page[:2000]
