@@ -132,7 +132,12 @@ def test_the_check_offers_no_adaptive_attacker():
 
 def test_the_defense_imports_neither_the_server_nor_the_attacks():
     folder = Path(sig.__file__).parent
-    for name in ("model_check.py", "model_signatures.py"):
+    for name in (
+        "model_check.py",
+        "model_signatures.py",
+        "model_behaviour.py",
+        "model_behaviour_grads.py",
+    ):
         tree = ast.parse((folder / name).read_text())
         imported = [
             node.module if isinstance(node, ast.ImportFrom) else alias.name

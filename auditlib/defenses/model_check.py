@@ -6,18 +6,22 @@ kernels). A client that inspects what it received can see the structure those at
 (``model_signatures``): rows sharing one direction with graded biases, trap rows whose
 positive weights mirror their negative ones, a layer that passes the input through unchanged
 (SEER's transmit ratio) or copies one number to every output, and, on its own batch, ReLU
-units each fired by one image alone while most stay silent. It sees only what a client sees:
-the weights and its batch, never what the server built. When a signature is found the
-client refuses to train (``refuses``: ``fl.scenario.defended_update`` then sends zeros);
-otherwise the update leaves unchanged.
+units each fired by one image alone while most stay silent. Its behaviour signals
+(``model_behaviour``) read what the model does on the batch, whatever the activation and
+whether a layer is a Linear or a convolution: units each owned by one image (trap rows),
+units whose sets of images are nested (an imprint's bins), and SEER's disaggregation SNR.
+It sees only what a client sees: the weights and its batch, never what the server built.
+When a signature is found the client refuses to train (``refuses``:
+``fl.scenario.defended_update`` then sends zeros); otherwise the update leaves unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from auditlib.config import check_ranges, param
+from auditlib.defenses import model_behaviour as mb
 from auditlib.defenses.base import DefenseInfo, copied, register
 from auditlib.defenses.model_signatures import batch_findings, summary, weight_findings
 
@@ -30,9 +34,49 @@ class ModelCheckConfig:
         "of a ReLU layer's firing units fire for one image alone and most of its units stay "
         "silent",
     )
+    behaviour_check: bool = param(
+        True,
+        "also read each image's own gradient at every Linear and convolution on the client's "
+        "batch (4 images or more, one backward pass): refuse when one image owns most units "
+        "(trap rows), when most units hold nested sets of images (an imprint's bins), or "
+        "when one image's gradient dominates a layer (SEER's D-SNR)",
+    )
+    behaviour_mode: Literal["eval", "train"] = param(
+        "eval",
+        "the mode the behaviour signals run the model in: eval (BatchNorm on its running "
+        "statistics, each image's gradient its own) or train (as the client trains, the "
+        "batch's statistics mixing the images; the buffers are put back)",
+    )
+    ownership: float = param(
+        mb.OWNERSHIP,
+        "refuse when one image gives 90 % or more of the gradient of at least this share of "
+        "a layer's units",
+        low=0,
+        high=1,
+        low_open=True,
+    )
+    chain: float = param(
+        mb.CHAIN,
+        "refuse when at least this share of a layer's units split the batch into nested "
+        "sets of images",
+        low=0,
+        high=1,
+        low_open=True,
+    )
+    dsnr: float = param(
+        mb.DSNR,
+        "refuse when one image's weight gradient at a layer is at least this many times the "
+        "others' together (SEER's disaggregation SNR)",
+        low=0,
+        low_open=True,
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
+
+    @property
+    def thresholds(self) -> mb.BehaviourThresholds:
+        return mb.BehaviourThresholds(self.ownership, self.chain, self.dsnr)
 
 
 class ModelCheck:
@@ -43,6 +87,7 @@ class ModelCheck:
         self.checked = 0  # models looked at (one per client round)
         self.flagged: list[str] = []  # the reason given for each refused model
         self.layers = 0  # layers looked at in the last check
+        self.behaviour: mb.Behaviour | None = None  # the last batch's behaviour statistics
 
     def refuses(self, context) -> str | None:
         """Why the client will not train on ``context.model``, or None where it passes."""
@@ -50,6 +95,11 @@ class ModelCheck:
         if self.config.batch_check:
             more, _ = batch_findings(context.model, context.images)
             findings += more
+        if self.config.behaviour_check:
+            self.behaviour = mb.behaviour(
+                context.model, context.images, context.labels, self.config.behaviour_mode
+            )
+            findings += mb.behaviour_findings(self.behaviour, self.config.thresholds)
         self.checked += 1
         self.layers = layers
         if not findings:
@@ -66,6 +116,8 @@ class ModelCheck:
             seen = f"flagged {len(self.flagged)} of {self.checked} models: {self.flagged[-1]}"
         elif self.checked:
             seen = f"passed: checked {self.layers} layers of each of {self.checked} models"
+            if self.behaviour is not None and self.behaviour.why_unavailable:
+                seen += f"; behaviour signals unavailable: {self.behaviour.why_unavailable}"
         else:
             seen = "no model checked yet"
         return {
@@ -81,7 +133,9 @@ register(
         "model-check",
         "Inspect the received model before training: refuse (send zeros) when it carries a "
         "malicious server's signature (imprint rows, trap weights, a layer passing the input "
-        "through, one image firing a ReLU layer's units alone).",
+        "through, one image firing a ReLU layer's units alone) or behaviour on the client's "
+        "batch (units owned by one image, nested sets of images, one image's gradient "
+        "dominating a layer).",
         ModelCheckConfig,
         ModelCheck,
     )
