@@ -40,6 +40,28 @@ from auditlib.threat import AttackerKnowledge, Observation
 ACTIVATION = "max(x, 0) in the form the rows use: clamp (clamp_min(0)) or threshold "
 ACTIVATION += "(F.threshold), which the batch check does not watch, or relu"
 SPREAD_JITTER = "relative jitter of spread's columns (identical to 1e-6 is flagged)"
+DECOYS = (
+    "decoy rows per row of the attack, each firing for every image and never read: they "
+    "dilute the share of units the behaviour check finds nested or owned (1.5: 0.9 of the "
+    "rows becomes 0.36); 0: none"
+)
+
+
+def decoys_param():
+    return param(1.5, DECOYS, low=0, high=4)
+
+
+def decoy_count(decoys: float, rows: int) -> int:
+    return round(decoys * rows)
+
+
+def split_budget(wanted: int, decoys: float, in_features: int, out_features: int) -> int:
+    """The attack's own rows, up to ``wanted``, such that they and their decoys stay within
+    the largest block built here (``rows_within_budget``)."""
+    total = rows_within_budget(round(wanted * (1 + decoys)), in_features, out_features)
+    return max(1, min(wanted, int(total / (1 + decoys))))
+
+
 # Conjugate gradients on a convolution's normal equations stop where the residual of every
 # image is this far below its right-hand side (float64), or after ``CG_STEPS``.
 CG_TOLERANCE = 1e-12
@@ -62,6 +84,7 @@ class RtfEvadingConfig:
         0.2, "relative jitter of each row (disguise jitter)", low=0, low_open=True, high=1
     )
     spread_jitter: float = param(1e-5, SPREAD_JITTER, low=0, low_open=True, high=1e-2)
+    decoys: float = decoys_param()
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -89,6 +112,7 @@ class CahEvadingConfig:
         high=0.5,
     )
     spread_jitter: float = param(1e-5, SPREAD_JITTER, low=0, low_open=True, high=1e-2)
+    decoys: float = decoys_param()
     calibrate_on: Prior = param(
         "faces", "public data on which each row's bias is set to fire for one image in B"
     )
@@ -110,6 +134,7 @@ class LokiEvadingConfig:
     activation: Activation = param("clamp", ACTIVATION)
     jitter: float = param(0.2, "relative jitter of each row", low=0, low_open=True, high=1)
     spread_jitter: float = param(1e-5, SPREAD_JITTER, low=0, low_open=True, high=1e-2)
+    decoys: float = decoys_param()
     tap_share: float = param(
         0.2,
         "the other taps' total weight over the centre's (transmit ratio 1 / tap_share; the "
@@ -129,7 +154,9 @@ def _images(context: BuildContext) -> int:
 
 def build_rtf(config: RtfEvadingConfig, context: BuildContext) -> ServerModification:
     size = pixels(context.input_shape)
-    wanted = config.bins or rows_within_budget(config.bins_per_image * _images(context), size, size)
+    wanted = config.bins or split_budget(
+        config.bins_per_image * _images(context), config.decoys, size, size
+    )
     return build_rtf_evading(
         context,
         wanted,
@@ -138,12 +165,15 @@ def build_rtf(config: RtfEvadingConfig, context: BuildContext) -> ServerModifica
         config.activation,
         config.jitter,
         config.spread_jitter,
+        decoy_count(config.decoys, wanted),
     )
 
 
 def build_cah(config: CahEvadingConfig, context: BuildContext) -> ServerModification:
     size = pixels(context.input_shape)
-    rows = config.rows or rows_within_budget(config.rows_per_image * _images(context), size, size)
+    rows = config.rows or split_budget(
+        config.rows_per_image * _images(context), config.decoys, size, size
+    )
     return build_cah_evading(
         context,
         rows,
@@ -153,13 +183,16 @@ def build_cah(config: CahEvadingConfig, context: BuildContext) -> ServerModifica
         config.mirror_noise,
         config.spread_jitter,
         config.calibrate_on,
+        decoy_count(config.decoys, rows),
     )
 
 
 def build_loki(config: LokiEvadingConfig, context: BuildContext) -> ServerModification:
     size, clients = pixels(context.input_shape), context.clients
     wanted = config.bins_per_image * context.batch_size * clients
-    per_client = config.bins or max(1, rows_within_budget(wanted, size * clients, size) // clients)
+    per_client = config.bins or max(
+        1, split_budget(wanted, config.decoys, size * clients, size) // clients
+    )
     return build_loki_evading(
         context,
         per_client,
@@ -169,6 +202,7 @@ def build_loki(config: LokiEvadingConfig, context: BuildContext) -> ServerModifi
         config.jitter,
         config.spread_jitter,
         config.tap_share,
+        decoy_count(config.decoys, per_client * clients),
     )
 
 

@@ -84,14 +84,16 @@ def block_update(observation: Observation, knowledge: AttackerKnowledge) -> Bloc
             f"the update has no {weight_name!r}: the client did not train the model the "
             "server sent (or a defense removed that layer's update)"
         )
-    # A layer with 4-D weights (an evading server's whole-input Conv2d) is its rows flat.
-    weight = observation.tensors[names.index(weight_name)].flatten(1)
-    bias = observation.tensors[names.index(bias_name)].double()
+    # A layer with 4-D weights (an evading server's whole-input Conv2d) is its rows flat; an
+    # evading server's decoy rows, after its own, are never read.
+    read = slice(0, observation.tensors[names.index(bias_name)].shape[0] - server.decoys)
+    weight = observation.tensors[names.index(weight_name)].flatten(1)[read]
+    bias = observation.tensors[names.index(bias_name)].double()[read]
     sent = None
     if observation.kind == "weights":
         parameters = dict(knowledge.model.named_parameters())
-        sent = parameters[weight_name].detach().flatten(1)
-        bias = bias - parameters[bias_name].detach().double()
+        sent = parameters[weight_name].detach().flatten(1)[read]
+        bias = bias - parameters[bias_name].detach().double()[read]
     return BlockUpdate(weight, bias, sent)
 
 

@@ -20,6 +20,7 @@ from auditlib.server.bins import public_images, public_prior
 from auditlib.server.blocks import STEP_PER_PIXEL, MaliciousModel, ToPixels, device_of, trap_weights
 from auditlib.server.build import LOKI_FLOOR
 from auditlib.server.evading_blocks import (
+    DECOY_MARGIN,
     ConvThenBlock,
     DisguisedClientKernels,
     EvadingBlock,
@@ -27,6 +28,7 @@ from auditlib.server.evading_blocks import (
     first_convolution,
     jittered,
     rows_layer,
+    with_decoys,
 )
 from auditlib.server.modification import (
     BuildContext,
@@ -53,6 +55,22 @@ DOMINANCE = {
     "relu": "its activation is a ReLU (the batch check sees it where the rows are an "
     "nn.Linear, and flags it where most firing rows hold one image and most stay silent)",
 }
+DECOY_WORDS = (
+    "{0} decoy rows after its {1} own (random directions at their scale, each with a bias "
+    "{2:g} times what its weights can reach on any input, so each fires for every image): "
+    "they split no batch and no image owns them, so the share of the layer's units the "
+    "behaviour check finds nested or owned falls by {3:.2g}; the read-back skips them, at "
+    "the cost of {0} more rows' parameters (a client could notice biases no input can "
+    "reach)"
+)
+
+
+def decoy_words(count: int, own: int) -> str:
+    if count == 0:
+        return "no decoy rows (the behaviour check reads the rows as they are)"
+    return DECOY_WORDS.format(count, own, DECOY_MARGIN, own / (own + count))
+
+
 SPREAD_WORDS = (
     "spread's columns jittered by {0:g} (relative; identical to 1e-6 is flagged): each "
     "image's gradient at the rows differs across rows by about {0:g}, which leaves each "
@@ -125,6 +143,7 @@ def build_rtf_evading(
     activation: str,
     jitter: float,
     spread_jitter: float,
+    decoys: int = 0,
 ) -> ServerModification:
     """Robbing the Fed's imprint, disguised: ``conv`` (the rows a whole-input Conv2d),
     ``jitter`` (a Linear, each row jittered by ``jitter``), ``after-conv`` (a whole-map
@@ -154,12 +173,14 @@ def build_rtf_evading(
             features = front(public)
         shape = context.input_shape
     size = math.prod(shape)
-    refuse_too_large("rtf-evading", size, bins, size)
+    refuse_too_large("rtf-evading", size, bins + decoys, size)
     rows = torch.full((bins, size), 1.0 / size)
     if disguise == "jitter":
         rows = jittered(rows, jitter, generator)
     thresholds = thresholds_along_rows(rows, features.flatten(1) @ rows.T)
-    layer = rows_layer(rows, -torch.tensor(thresholds), shape, conv=disguise != "jitter")
+    bound = 1.0 if not after else 2 * float(features.abs().max())  # pixels lie in [0, 1]
+    rows, biases = with_decoys(rows, -torch.tensor(thresholds), decoys, bound, generator)
+    layer = rows_layer(rows, biases, shape, conv=disguise != "jitter")
     block = EvadingBlock(front, layer, shape, activation, spread_jitter, generator)
     if after:
         model.set_submodule(path, ConvThenBlock(conv, block.to(device_of(model))))
@@ -202,7 +223,9 @@ def build_rtf_evading(
         ),
         noticeable=NOTICEABLE,
         bins_name=bins_name,
-        evasion=f"{where}; {SPREAD_WORDS.format(spread_jitter)}; {DOMINANCE[activation]}",
+        evasion=f"{where}; {SPREAD_WORDS.format(spread_jitter)}; {DOMINANCE[activation]}; "
+        f"{decoy_words(decoys, bins)}",
+        decoys=decoys,
     )
 
 
@@ -215,6 +238,7 @@ def build_cah_evading(
     mirror_noise: float,
     spread_jitter: float,
     calibrate_on: str,
+    decoys: int = 0,
 ) -> ServerModification:
     """Curious Abandon Honesty's trap rows, disguised: ``noisy`` (the paper's rows, scale
     0.95, their positive magnitudes times 1 + ``mirror_noise`` N(0, 1)), ``balanced`` (the
@@ -222,7 +246,7 @@ def build_cah_evading(
     size). Each row's bias is set on public data to fire for one image in B."""
     refuse_unwrappable(context.model, "cah-evading")
     size = pixels(context.input_shape)
-    refuse_too_large("cah-evading", size, rows, size)
+    refuse_too_large("cah-evading", size, rows + decoys, size)
     expected = context.batch_size * context.clients
     refuse_over_capacity("cah-evading", expected, rows, f"{rows} trap rows")
     generator = torch.Generator().manual_seed(context.seed)
@@ -236,6 +260,7 @@ def build_cah_evading(
     fired = public.flatten(1) @ weights.T  # images x rows, on [0, 1] pixels
     share = max(1.0 - 1.0 / max(expected, 2), 0.5)
     biases = -torch.quantile(fired, share, dim=0)
+    weights, biases = with_decoys(weights, biases, decoys, 1.0, generator)  # pixels in [0, 1]
     layer = rows_layer(weights, biases, context.input_shape, conv=False)
     block = EvadingBlock(
         ToPixels(context.normalization),
@@ -270,7 +295,9 @@ def build_cah_evading(
             f"{calibrate_on}"
         ),
         noticeable=NOTICEABLE,
-        evasion=f"{what}; {SPREAD_WORDS.format(spread_jitter)}; {DOMINANCE[activation]}",
+        evasion=f"{what}; {SPREAD_WORDS.format(spread_jitter)}; {DOMINANCE[activation]}; "
+        f"{decoy_words(decoys, rows)}",
+        decoys=decoys,
     )
 
 
@@ -283,6 +310,7 @@ def build_loki_evading(
     jitter: float,
     spread_jitter: float,
     tap_share: float,
+    decoys: int = 0,
 ) -> ServerModification:
     """LOKI, disguised: client kernels with weight on every tap (``taps``: ``tap_share`` / 8
     of the centre on each; ``random``: a random kernel of that total), rows jittered by
@@ -290,7 +318,7 @@ def build_loki_evading(
     refuse_unwrappable(context.model, "loki-evading")
     size = pixels(context.input_shape)
     clients = context.clients
-    refuse_too_large("loki-evading", size * clients, per_client * clients, size)
+    refuse_too_large("loki-evading", size * clients, per_client * clients + decoys, size)
     refuse_over_capacity(
         "loki-evading", context.batch_size, per_client, f"{per_client} bins per client"
     )
@@ -303,6 +331,7 @@ def build_loki_evading(
     rows = torch.zeros(per_client * clients, size * clients)
     biases = torch.zeros(per_client * clients)
     channels = context.input_shape[0]
+    bound = 0.0  # the largest feature any client's kernels give a public image, doubled
     for k in reversed(range(clients)):  # the same rows in every block, reading it alone
         with torch.no_grad():  # client k's features: its own kernels set its thresholds
             kernels.select(k)
@@ -310,6 +339,8 @@ def build_loki_evading(
         thresholds = thresholds_along_rows(own, features @ own.T, floor=LOKI_FLOOR)
         rows[k * per_client : (k + 1) * per_client, k * size : (k + 1) * size] = own
         biases[k * per_client : (k + 1) * per_client] = -torch.tensor(thresholds)
+        bound = max(bound, 2 * float(features.abs().max()))
+    rows, biases = with_decoys(rows, biases, decoys, bound, generator)
     block = EvadingLokiBlock(
         kernels,
         rows,
@@ -355,6 +386,8 @@ def build_loki_evading(
             f"the mean pixel times (1 + {jitter:g} N(0, 1)) within its block, so no two are "
             "parallel to 0.99, their thresholds along each row (an image near a threshold "
             f"can lose its exactness, as rtf's jittered rows); "
-            f"{SPREAD_WORDS.format(spread_jitter)}; {DOMINANCE[activation]}"
+            f"{SPREAD_WORDS.format(spread_jitter)}; {DOMINANCE[activation]}; "
+            f"{decoy_words(decoys, per_client * clients)}"
         ),
+        decoys=decoys,
     )

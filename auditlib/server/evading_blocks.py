@@ -47,6 +47,33 @@ def jittered(values: torch.Tensor, relative: float, generator: torch.Generator) 
     return (values.double() * (1 + relative * noise)).to(values.dtype)
 
 
+# A decoy row's bias is this many times the most its weights can reach on an input within the
+# bound: it fires for every input there, whatever the image.
+DECOY_MARGIN = 1.5
+
+
+def with_decoys(
+    rows: torch.Tensor,
+    biases: torch.Tensor,
+    count: int,
+    bound: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` and ``biases`` with ``count`` decoy rows after them: random directions at the
+    rows' own scale, each with a bias above all its weights can reach on an input whose
+    entries are within ``bound`` (``DECOY_MARGIN``), so it fires for every image. A decoy's
+    gradient is every image's: it splits no batch and no image owns it, which dilutes the
+    share of a layer's units the behaviour check finds nested or owned; the read-back skips
+    it (``ServerModification.decoys``)."""
+    if count == 0:
+        return rows, biases
+    scale = float(rows.norm(dim=1).mean()) or 1.0
+    decoys = torch.randn(count, rows.shape[1], generator=generator)
+    decoys *= scale / decoys.norm(dim=1, keepdim=True)
+    reach = decoys.abs().sum(1) * bound
+    return torch.cat([rows, decoys]), torch.cat([biases, DECOY_MARGIN * reach + 1e-3])
+
+
 def rows_layer(
     rows: torch.Tensor, biases: torch.Tensor, input_shape: tuple[int, ...], conv: bool
 ) -> nn.Module:
@@ -215,6 +242,12 @@ class EvadingLokiBlock(LokiBlock):
         super().__init__(input_shape, kernels.normalization, kernels.clients, thresholds)
         self.front = kernels
         self.activation = activation
+        if rows.shape[0] != self.bins.out_features:  # decoy rows after the clients' own
+            self.bins = nn.Linear(rows.shape[1], rows.shape[0])
+            self.spread = nn.Linear(rows.shape[0], math.prod(input_shape))
+            with torch.no_grad():
+                self.spread.weight.fill_(SPREAD / rows.shape[0])
+                self.spread.bias.zero_()
         with torch.no_grad():
             self.bins.weight.copy_(rows)
             self.bins.bias.copy_(biases)

@@ -70,6 +70,9 @@ class ServerModification:
     # Evading and disguised servers: what it does to pass the client's model check and what
     # that costs the attack, in words ("" for a server that does not try to pass it).
     evasion: str = ""
+    # Rows after the attack's own in the read layer, there only to dilute what the client's
+    # behaviour check reads (each fires for every image); the read-back never reads them.
+    decoys: int = 0
 
     def model_for(self, client: int) -> nn.Module:
         """The model client ``client`` receives (LOKI loads that client's kernels)."""
