@@ -191,3 +191,35 @@ def test_the_evading_servers_are_listed_and_stand_in_for_the_built_ones():
         info = ATTACKS[name]
         assert "evading" in info.summary and info.stands_in_for == frozenset({built_name})
         assert info.presets["audit"]["disguise"] == info.config_type().disguise
+
+
+def test_under_the_check_a_server_built_to_pass_it_is_tried_and_the_verdict_is_not_held():
+    """Issue 54: an audit of rtf under ``model-check``. The built server's model is refused;
+    the servers built to pass the check stand in for it (``with_evading``), rtf-evading's
+    passes and reads images back, so the verdict is a leak naming it, never "held", and it
+    says which servers the check was tried against."""
+    from auditlib.engine.audit import run_audit
+    from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
+
+    spec = RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, SHAPE)),
+        data=DataSpec("samples", "fashion-mnist", batch_size=BATCH),
+        scenario=ScenarioSpec(server="malicious"),
+        attack=ComponentSpec.of("rtf", None, "audit"),
+        defense=ComponentSpec.of("model-check"),
+        budget=Budget(1),
+    )
+    summary = run_audit(spec, lpips_nets=()).summary
+    verdict = summary.verdict
+    scope = verdict.scope
+    assert "rtf-evading" in scope.evading and scope.twins == "ran"
+    assert "rtf refused" in scope.twins_words
+    assert "rtf-evading passed the check" in scope.twins_words
+    assert verdict.outcome == "leaks" and verdict.level != "Low"
+    assert "held" not in verdict.headline.lower()
+    assert "rtf-evading" in verdict.headline + verdict.sentence
+    assert verdict.finding.images_recovered >= 4
+    card = {k.item: k for k in scope.threat.knowledge}
+    assert "servers built to pass the check were tried" in (
+        card["the defense's mechanism and public parameters"].detail
+    )
