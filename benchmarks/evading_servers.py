@@ -4,7 +4,8 @@ For each malicious server as built (rtf, cah, loki) and each evading variant
 (``rtf-evading``, ``cah-evading``, ``loki-evading``, every disguise): the model it sends
 LeNet (1 x 32 x 32, seed 0) with 64 rows (LOKI: 4 clients of 2 images, 16 rows each),
 checked by ``ModelCheck`` as it stands when this runs (refused or passed, the reason, and
-the weight and batch signatures of ``model_signatures``), then the client's FedSGD update
+the weight and batch signatures of ``model_signatures`` and the behaviour signals of
+``model_behaviour``), then the client's FedSGD update
 of 8 Fashion-MNIST images (the bundled set, seed 0's order; refused: nothing is sent and
 nothing recovered) read back: per-image PSNR of the best matches (Hungarian), recovered
 counted at >= 30 dB. Beside them, cah's trap rows at 224 px (3 x 224 x 224 LeNet), where the
@@ -30,6 +31,7 @@ from auditlib.data.model_input import to_model_batch
 from auditlib.data.normalization import Normalization
 from auditlib.data.samples import load_sample_set
 from auditlib.defenses import ClientContext, build_defense
+from auditlib.defenses import model_behaviour as mb
 from auditlib.defenses import model_signatures as sig
 from auditlib.engine.releases import client_batches
 from auditlib.fl.scenario import release_aggregate, release_update
@@ -48,16 +50,19 @@ SMALL, LARGE = (1, 32, 32), (3, 224, 224)
 # (attack, parameters beyond the audit preset, clients, shape)
 VARIANTS = (
     ("rtf", {}, 1, SMALL),
+    ("rtf-evading", {"disguise": "conv", "decoys": 0.0}, 1, SMALL),
     ("rtf-evading", {"disguise": "conv"}, 1, SMALL),
     ("rtf-evading", {"disguise": "jitter"}, 1, SMALL),
     ("rtf-evading", {"disguise": "jitter", "activation": "relu"}, 1, SMALL),
     ("rtf-evading", {"disguise": "after-conv"}, 1, SMALL),
     ("rtf-evading", {"disguise": "conv", "activation": "threshold"}, 1, SMALL),
     ("cah", {}, 1, SMALL),
+    ("cah-evading", {"disguise": "balanced", "decoys": 0.0}, 1, SMALL),
     ("cah-evading", {"disguise": "balanced"}, 1, SMALL),
     ("cah-evading", {"disguise": "noisy"}, 1, SMALL),
     ("cah-evading", {"disguise": "balanced", "activation": "relu"}, 1, SMALL),
     ("loki", {}, CLIENTS, SMALL),
+    ("loki-evading", {"disguise": "taps", "decoys": 0.0}, CLIENTS, SMALL),
     ("loki-evading", {"disguise": "taps"}, CLIENTS, SMALL),
     ("loki-evading", {"disguise": "random"}, CLIENTS, SMALL),
     ("cah", {}, 1, LARGE),
@@ -104,8 +109,10 @@ def case(attack: str, params: dict, clients: int, shape) -> dict:
         if reason is not None:
             reasons.append(reason)
         weights, _ = sig.weight_findings(sent)
-        behaviour, _ = sig.batch_findings(sent, own)
-        signatures |= {f.signature for f in weights + behaviour}
+        batch, _ = sig.batch_findings(sent, own)
+        seen = mb.behaviour(sent, own, labels[: len(own)])
+        behaviour = mb.behaviour_findings(seen)
+        signatures |= {f.signature for f in weights + batch + behaviour}
     # The read-back of the update the client would send if it trained (none is sent where
     # the check refused: then nothing is recovered).
     guard, _ = build_defense("none")

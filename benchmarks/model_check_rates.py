@@ -25,7 +25,8 @@ the honest checks, less those the weight signatures already raise) split evenly 
 three behaviour statistics, each threshold set just above that many honest values.
 
 Writes benchmarks/results/model_check_rates.json and .md (the tables).
-Usage: python -m benchmarks.model_check_rates [--quick] [--render-only]
+Usage: python -m benchmarks.model_check_rates [--quick] [--render-only] [--samples N]
+       [--part malicious|honest|cost, then --merge: the parts on two CPUs at once]
 (--quick: 1 seed, no torchvision or trained models, a few minutes)
 """
 
@@ -483,13 +484,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument(
+        "--part",
+        choices=("all", "malicious", "honest", "cost"),
+        default="all",
+        help="run one part alone (its rows to model_check_rates.PART.json; the two CPUs of a "
+        "machine can run two parts at once), then --merge",
+    )
+    parser.add_argument("--merge", action="store_true", help="join the parts' files")
+    parser.add_argument(
+        "--samples", type=int, default=12, help="draws per malicious server variant"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
+    seeds, samples = (1, 2) if args.quick else (5, args.samples)
+    if args.part != "all":
+        began = time.perf_counter()
+        part = {
+            "malicious": lambda: malicious_rows(samples, args.quick),
+            "honest": lambda: honest_rows(seeds, args.quick),
+            "cost": cost_rows,
+        }[args.part]()
+        saved_part = {"seconds": time.perf_counter() - began, "rows": part}
+        path = RESULTS.with_name(f"model_check_rates.{args.part}.json")
+        path.write_text(json.dumps(saved_part, indent=2, default=str) + "\n")
+        return
     if args.render_only:
         saved = json.loads(RESULTS.read_text())
+    elif args.merge:
+        parts = {
+            name: json.loads(RESULTS.with_name(f"model_check_rates.{name}.json").read_text())
+            for name in ("malicious", "honest", "cost")
+        }
+        rows = parts["malicious"]["rows"] + parts["honest"]["rows"]
+        saved = {
+            "machine": machine(),
+            "quick": args.quick,
+            "summary": summarise(rows),
+            "cost": parts["cost"]["rows"],
+            "seconds": sum(p["seconds"] for p in parts.values()),
+            "rows": rows,
+        }
+        RESULTS.write_text(json.dumps(saved, indent=2, default=str) + "\n")
+        for name in parts:
+            RESULTS.with_name(f"model_check_rates.{name}.json").unlink()
     else:
         began = time.perf_counter()
-        seeds, samples = (1, 2) if args.quick else (5, 12)
         rows = malicious_rows(samples, args.quick) + honest_rows(seeds, args.quick)
         saved = {
             "machine": machine(),
@@ -503,7 +543,8 @@ def main() -> None:
         RESULTS.write_text(json.dumps(saved, indent=2, default=str) + "\n")
     text = (
         f"Measured on {saved['machine']} (`python -m benchmarks.model_check_rates"
-        f"{' --quick' if saved['quick'] else ''}`, {saved['seconds'] / 60:.0f} min).\n\n"
+        f"{' --quick' if saved['quick'] else ''}`, {saved['seconds'] / 60:.0f} min of "
+        "computation).\n\n"
         f"{render(saved['summary'])}\n\n{render_cost(saved['cost'])}\n"
     )
     RESULTS.with_suffix(".md").write_text(text)

@@ -838,8 +838,10 @@ def test_lab_malicious_server_shows_what_it_changed_and_what_the_model_check_saw
     assert "rtf (malicious server) against model-check" in text  # the headline
     assert "SoK model F-H: Active server (modifies the model it sends)" in text
     assert "**What the server changed** " in text and "**Could the client have noticed** " in text
-    assert "Model check: flagged 1 of 1 models" in text
-    assert "**The client refused the model** " in text  # the verdict's scope
+    # The check refused rtf's model; the servers built to pass it stood in (issue 54).
+    assert re.search(r"Model check: flagged [12] of 3 models", text)  # seer-disguised's: either
+    assert "**Servers the check was tried against** the model check was tried against 3" in text
+    assert "rtf refused; rtf-evading passed the check" in text
     assert "attributed" not in text  # rtf does not attribute
     # The undefended control faced the same server, which recovered images from its update.
     assert control.summary["verdict"]["finding"]["images_recovered"] > 0
@@ -1009,9 +1011,10 @@ def test_compare_defenses_against_the_malicious_server(dashboard_store):
     assert list(table["defense"]) == defenses
     verdicts = dict(zip(table["defense"], table["verdict"], strict=True))
     assert verdicts["none"].startswith(("Very High", "High", "Medium"))  # rtf leaks
-    assert "control leaked" in verdicts["model-check"]  # judged beside the same server
+    # rtf-evading passed the check and leaked: not stopped, judged beside the same server
+    assert verdicts["model-check"].startswith(("Very High", "High", "Medium"))
     check = store.get_run(states[1].run.id).summary["defense_report"]["model_check"]
-    assert check.startswith("flagged 1 of 1 models")
+    assert re.match(r"flagged [12] of 3 models", check)
 
 
 def test_tradeoff_sweeps_dp_and_draws_the_curve(dashboard_store):

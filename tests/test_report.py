@@ -722,11 +722,13 @@ def test_a_comparison_against_the_malicious_server_says_what_it_changed_and_reco
     card = {k.item: k.detail for k in subject.entries[0].verdict.scope.threat.knowledge}
     assert flat(card["active manipulation of the model or clients"])[:60] in flat(section)
     assert "What the server changed" in section and "Could the client have noticed" in section
-    assert "What the model check saw" in section and "flagged 1 of 1 models" in flat(section)
+    # The check refused rtf's model; the servers built to pass it stood in for it (issue 54).
+    assert "What the model check saw" in section and "flagged 1 of 3 models" in flat(section)
     assert "Attributed" not in section  # rtf does not attribute
     checked = subject.entries[1].verdict
-    assert checked.scope.refused and "Client refused the model" in words
-    assert "the client refused the server's model: the server received nothing" in words
+    assert checked.scope.evading == ("rtf-evading", "seer-disguised")
+    assert "the model check was tried against 3 servers: rtf refused; rtf-evading passed" in words
+    assert checked.outcome == "leaks" and "rtf-evading" in checked.headline
     for entry in subject.entries:
         finding = entry.verdict.finding
         assert f"{finding.images_recovered} of 8 images recovered" in flat(section), entry.label
