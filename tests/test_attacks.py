@@ -248,6 +248,9 @@ def test_attack_parameters_are_validated():
 # DLM reads the weights after FedAvg local training; the other attacks a FedSGD gradient.
 PROTOCOL_FOR = {"dlm": ClientProtocol("fedavg", local_steps=2, local_lr=0.01, shared="weights")}
 PROTOCOL_FOR["dlm+"] = PROTOCOL_FOR["dlm"]
+# The learned disguise trains its server first (1,500 steps at its audit preset, a minute):
+# a few steps run the same path end to end.
+PARAMS_FOR = {"seer-disguised": {"steps": 20}}
 
 
 # The attacks that observe the update; the malicious server's (closed forms that read the
@@ -263,7 +266,7 @@ def test_every_registered_attack_runs_end_to_end_and_repeats_for_a_seed(name):
         model=ModelRef(ModelSpec("lenet", 10, (3, 16, 16), init="uniform")),
         data=DataSpec("samples", "photographs", batch_size=batch, offset=3),
         scenario=ScenarioSpec(protocol=PROTOCOL_FOR.get(name, ClientProtocol()), server=server),
-        attack=ComponentSpec.of(name),
+        attack=ComponentSpec.of(name, PARAMS_FOR.get(name)),
         defense=ComponentSpec.of("none"),
         budget=Budget(3),
         seed=5,

@@ -30,6 +30,7 @@ _MODULES = (
     "cah",
     "loki",
     "evading",
+    "seer",
 )
 for _module in _MODULES:
     import_module(f"auditlib.attacks.{_module}")

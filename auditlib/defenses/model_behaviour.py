@@ -163,6 +163,12 @@ def dsnr(per_image: torch.Tensor) -> float:
     return float(largest / rest) if float(rest) > 0 else float("inf")
 
 
+def model_dsnr(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """SEER's D-SNR of ``model`` on the batch: the largest over its layers (0 where the
+    batch is too small to judge, ``MIN_BATCH``)."""
+    return max((layer.dsnr for layer in behaviour(model, images, labels).layers), default=0.0)
+
+
 def layer_behaviour(layer: LayerGradients) -> LayerBehaviour:
     """A layer's statistics; the head's units are the classes, which the labels split and
     own (an image's label owns its class's unit): ownership and chain are not read there."""
