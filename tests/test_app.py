@@ -779,8 +779,12 @@ def test_lab_offers_the_attacks_of_the_chosen_threat_model(dashboard_store):
     assert not at.exception and not _errors(at), _errors(at)
     assert at.selectbox(key="attack.malicious").options == [
         "cah",
+        "cah-evading",
         "loki",
+        "loki-evading",
         "rtf",
+        "rtf-evading",
+        "seer-disguised",
         "every applicable attack",
     ]
     assert at.selectbox(key="attack.malicious").value == "rtf"

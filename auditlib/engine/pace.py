@@ -45,6 +45,12 @@ class AttackPace:
         return self.planned_steps * self.step_s
 
 
+def unmeasured(prepared) -> tuple[str, ...]:
+    """The planned attacks ``measure_paces`` leaves out for their cost: the servers built to
+    pass a model check (``attack_phase.with_evading``)."""
+    return tuple(a.name for a in prepared.planned if a.twin_of is not None)
+
+
 def measure_paces(prepared) -> tuple[AttackPace, ...]:
     """Each planned attack of ``prepared`` (an ``engine.audit.PreparedRun``) that will run,
     with its pace; attacks that will not run (do not apply, a twin that is its plain
@@ -56,7 +62,9 @@ def measure_paces(prepared) -> tuple[AttackPace, ...]:
     probe = replace(prepared.control, max_seconds=None, emit_every=1, image_every=10**9)
     paces = []
     for index, attack in enumerate(planned):
-        if not running[index]:
+        if not running[index] or attack.twin_of is not None:
+            # A server built to pass the model check builds its model first (the learned
+            # disguise trains for a minute): not built for an estimate (``unmeasured``).
             continue
         call = attack_call(
             index, planned, release_for, probe, prepared.attack_seed, {}, {False: 0.0, True: 0.0}

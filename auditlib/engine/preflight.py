@@ -52,6 +52,9 @@ class TimeEstimate:
     paces: tuple[AttackPace, ...]
     budget_s: float | None  # the run's time budget (None: none)
     measuring_s: float  # what the measurement took, victim and release included
+    # Planned attacks not measured for their cost (servers built to pass a model check,
+    # ``pace.unmeasured``): said beside the estimate, not counted in it.
+    unmeasured: tuple[str, ...] = ()
 
     @property
     def planned_steps(self) -> int:
@@ -120,6 +123,12 @@ class TimeEstimate:
                 f"{self.steps_in_budget:,} of them: a budget of at least "
                 f"{math.ceil(self.needed_budget_s):,} s would let it finish"
             )
+        if self.unmeasured:
+            text += (
+                f"; not counted: {', '.join(self.unmeasured)}, the servers built to pass the "
+                "model check, each building its own model first (the learned disguise trains "
+                "for about a minute a model the first time)"
+            )
         return text
 
 
@@ -149,7 +158,7 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     (its images, its model)."""
     from auditlib.engine.audit import prepare_run
     from auditlib.engine.isolation import runs_own_code
-    from auditlib.engine.pace import measure_paces
+    from auditlib.engine.pace import measure_paces, unmeasured
 
     if runs_own_code(spec):
         return None
@@ -159,4 +168,6 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     paces = measure_paces(prepared)
     if not paces:
         return None
-    return TimeEstimate(paces, spec.budget.max_seconds, time.perf_counter() - started)
+    return TimeEstimate(
+        paces, spec.budget.max_seconds, time.perf_counter() - started, unmeasured(prepared)
+    )
