@@ -250,7 +250,9 @@ def read_back(info, config, modification, model, batch, labels) -> tuple[int, fl
     return len(good), (statistics.fmean(min(s, 200.0) for s in good) if good else None)
 
 
-def malicious_rows(samples: int, quick: bool) -> list[dict]:
+def malicious_rows(samples: int, quick: bool, first: int = 0) -> list[dict]:
+    """``first``: the first draw (a later part adds draws first.. to an earlier one's; the
+    learned disguise, built once per base model, only in the part from draw 0)."""
     rows = []
     for attack, info in ATTACKS.items():
         if info.builds is None:
@@ -264,7 +266,7 @@ def malicious_rows(samples: int, quick: bool) -> list[dict]:
             config = build_config(info.config_type, values, attack)
             family = family_of(attack, label, values)
             draws = (1 if quick else 2) if slow else samples
-            for k in range(draws):
+            for k in range(first if not slow else (0 if first == 0 else draws), draws):
                 rng = np.random.default_rng(zlib.crc32(f"{attack} {label} {k}".encode()))
                 # A learned disguise trains for minutes a base: LeNet's, on two seeds.
                 base = BASES[int(rng.integers(len(BASES)))] if not slow else BASES[0]
@@ -433,14 +435,14 @@ def render(summary: dict) -> str:
     point = summary["at_fpr"]
     lines = [
         f"Honest: {summary['honest_checks']} checks of {summary['honest_models']} models; "
-        f"malicious: {summary['malicious_checks']} checks. False-positive rate at the "
-        f"defaults (ownership {summary['defaults']['ownership']}, chain "
+        f"malicious: {summary['malicious_checks']} checks. False-positive rate with the "
+        f"behaviour signals on at their thresholds (ownership {summary['defaults']['ownership']}, chain "
         f"{summary['defaults']['chain']}, D-SNR {summary['defaults']['dsnr']}): "
         f"{summary['fpr_default']:.1%}; at the operating point (ownership "
         f"{point['ownership']:.3g}, chain {point['chain']:.3g}, D-SNR {point['dsnr']:.3g}): "
         f"{summary['fpr_at_point']:.1%}.",
         "",
-        "| server family | checks | TPR (defaults) | TPR (FPR <= 1 %) | passed | passed and recovered >= 1 image | images recovered / in batches that passed |",
+        "| server family | checks | TPR (behaviour on) | TPR (FPR <= 1 %) | passed | passed and recovered >= 1 image | images recovered / in batches that passed |",
         "|---|---|---|---|---|---|---|",
     ]
     for family, f in summary["families"].items():
@@ -497,6 +499,12 @@ def main() -> None:
         "--samples", type=int, default=12, help="draws per malicious server variant"
     )
     parser.add_argument(
+        "--first-draw",
+        type=int,
+        default=0,
+        help="with --part malicious: start at this draw (adds draws to an earlier part)",
+    )
+    parser.add_argument(
         "--seeds",
         default="",
         help="with --part honest: the honest models' seeds START:STOP (another CPU runs the "
@@ -510,12 +518,13 @@ def main() -> None:
         began = time.perf_counter()
         chosen = range(*map(int, args.seeds.split(":"))) if args.seeds else seeds
         part = {
-            "malicious": lambda: malicious_rows(samples, args.quick),
+            "malicious": lambda: malicious_rows(samples, args.quick, args.first_draw),
             "honest": lambda: honest_rows(chosen, args.quick),
             "cost": cost_rows,
         }[args.part]()
         saved_part = {"seconds": time.perf_counter() - began, "rows": part}
         name = args.part + (f"-{args.seeds.replace(':', '-')}" if args.seeds else "")
+        name += f"-from-{args.first_draw}" if args.first_draw else ""
         path = RESULTS.with_name(f"model_check_rates.{name}.json")
         path.write_text(json.dumps(saved_part, indent=2, default=str) + "\n")
         return

@@ -133,7 +133,8 @@ def test_the_default_evading_servers_pass_the_whole_check_and_decoys_are_what_be
             parameters = {n: p.detach() for n, p in model.named_parameters()}
             context = ClientContext(model, parameters, images, labels, ClientProtocol())
             assert ModelCheck(ModelCheckConfig(behaviour_check=False)).refuses(context) is None
-            outcomes[decoys] = ModelCheck(ModelCheckConfig()).refuses(context)
+            behaviour = ModelCheckConfig(behaviour_check=True)  # off by default: its FPR
+            outcomes[decoys] = ModelCheck(behaviour).refuses(context)
         assert outcomes[1.5] is None, (attack, outcomes[1.5])
         if attack == "cah-evading":
             assert outcomes[0.0] is None
