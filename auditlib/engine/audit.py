@@ -377,7 +377,13 @@ def finish_run(
         victim=VictimRecord.from_json(victim.records),
         defense_report=DefenseReport.from_json(
             {
-                **release.privacy,
+                # A model check looks at every model a server sent, evading ones included:
+                # its report after the last, not the first release's.
+                **(
+                    rounds.defense.privacy_report()  # type: ignore[attr-defined]
+                    if checks_models(rounds.defense)
+                    else release.privacy
+                ),
                 "update_norm_before": release.undefended_norm,
                 "update_norm_after": release.defended_norm,
             }
