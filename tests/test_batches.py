@@ -68,6 +68,7 @@ def test_identity_of_a_spec_without_utility_is_what_it_was_before_utility_existe
     for name in LATER_FIELDS:
         del payload["scenario"]["protocol"][name]
     del payload["model"]["spec"]["model_args"]  # an own class's arguments (issue 53): none
+    del payload["model"]["code_asset"]  # an own class's uploaded file (issue 53): none
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     assert spec.identity() == hashlib.sha256(text.encode()).hexdigest()
     assert _base(utility=TINY_UTILITY).identity() != spec.identity()
