@@ -566,7 +566,9 @@ def _run_lab_with_defense(at: AppTest, manager, store) -> tuple[str, str]:
     assert store.get_run(control_id).spec["defense"]["name"] == "none"
     assert manager.wait(run_id, 600) and manager.wait(control_id, 600)
     at.run()
-    assert not at.exception and not _errors(at), _errors(at)
+    # A leak's verdict is drawn in red: no other error on the page.
+    problems = [e for e in _errors(at) if not e.startswith("**")]
+    assert not at.exception and not problems, problems
     return run_id, control_id
 
 
