@@ -139,9 +139,9 @@ register(
         "model-check",
         "Inspect the received model before training: refuse (send zeros) when it carries a "
         "malicious server's signature (imprint rows, trap weights, a layer passing the input "
-        "through, one image firing a ReLU layer's units alone) or behaviour on the client's "
-        "batch (units owned by one image, nested sets of images, one image's gradient "
-        "dominating a layer).",
+        "through, one image firing a ReLU layer's units alone) or, with behaviour_check (off "
+        "by default), behaviour on the client's batch (units owned by one image, nested "
+        "sets of images, one image's gradient dominating a layer).",
         ModelCheckConfig,
         ModelCheck,
     )
