@@ -389,7 +389,7 @@ def test_assets_content_addressed(store: Store) -> None:
     models = store.list_assets("model")
     assert [a.sha256 for a in models] == [first] and not hasattr(models[0], "data")
     assert {a.sha256 for a in store.list_assets()} == {first, other}
-    with pytest.raises(ValueError, match="valid: images, model"):
+    with pytest.raises(ValueError, match="valid: code, images, model"):
         store.put_asset("weights", "x", b"x")
 
 

@@ -377,8 +377,7 @@ def finish_run(
         victim=VictimRecord.from_json(victim.records),
         defense_report=DefenseReport.from_json(
             {
-                # A model check looks at every model a server sent, evading ones included:
-                # its report after the last, not the first release's.
+                # A model check looks at every server's model: its report after the last.
                 **(
                     rounds.defense.privacy_report()  # type: ignore[attr-defined]
                     if checks_models(rounds.defense)
@@ -482,7 +481,7 @@ def checks_models(defense: object) -> bool:
 
 
 def _twins(
-    spec: RunSpec, release, adaptive: bool, runs: list[AttackRun], rounds: Rounds
+    spec: RunSpec, release, adaptive: bool, runs: list[AttackRun], rounds: Rounds | None = None
 ) -> tuple[Twins, str]:
     """Whether the attacker that knows the defense ran, in a word and in words: "ran" when
     every attack that ran had its twin run, or its twin was skipped because its objective is
@@ -497,7 +496,7 @@ def _twins(
         )
         return "off", f"no twin ran: {why}"
     evading = [r for r in runs if r.planned.twin_of is not None]
-    if evading:
+    if evading and rounds is not None:
         return _evading_twins(rounds, runs, evading)
     if release.known_defense is None:
         return "not offered", f"no attacker that knows {spec.defense.name} is offered"
