@@ -229,7 +229,8 @@ def test_a_server_that_changes_the_model_is_described_from_the_card_and_the_defe
     assert change.aggregation is None and change.labels == ("checked",)
     (run,) = found.runs
     assert run.defense == "model-check" and run.attributed is None
-    assert run.model_check.startswith("flagged 1 of 1 models: model check: layer server_block")
+    # rtf refused; rtf-evading and the learned disguise, in its place, passed (issue 54)
+    assert run.model_check.startswith("flagged 1 of 3 models: model check: layer server_block")
     finding = checked.verdict.finding
     assert run.recovered == (
         f"{finding.images_recovered} of 8 images recovered beyond the best guess"
