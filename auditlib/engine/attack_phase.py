@@ -148,7 +148,7 @@ def with_adaptive(planned: list[PlannedAttack]) -> list[PlannedAttack]:
     return [twin for p in planned for twin in (p, replace(p, adaptive=True))]
 
 
-def with_evading(planned: list[PlannedAttack], iterations: int, every: int) -> list[PlannedAttack]:
+def with_evading(planned: list[PlannedAttack]) -> list[PlannedAttack]:
     """The plan under a client's model check: each built server's attack followed by every
     evading server that stands in for it (``AttackInfo.stands_in_for``) at its audit preset,
     each once (a disguised server stands in for several) and none already planned as a plain
@@ -165,14 +165,11 @@ def with_evading(planned: list[PlannedAttack], iterations: int, every: int) -> l
                 continue
             added.add(name)
             config, settings = build_attack_config(name, {}, AUDIT_PRESET)
+            # A server's attack is a closed form (``imprint.server_attack``): one pass.
             settings["restart_schedule"] = "one pass (a closed form)"
-            steps = 1
-            if not ATTACKS[name].closed_form:
-                settings["restart_schedule"] = restart_schedule(config, AUDIT_PRESET)
-                steps = planned_steps(config, AUDIT_PRESET, iterations, every)
             out.append(
                 PlannedAttack(
-                    name, AUDIT_PRESET, config, settings, steps, adaptive=True, twin_of=attack.name
+                    name, AUDIT_PRESET, config, settings, 1, adaptive=True, twin_of=attack.name
                 )
             )
     return out

@@ -181,7 +181,7 @@ def _prepare(
     elif adaptive and checks_models(defense) and spec.scenario.server == "malicious":
         # The server that knows a model check builds a model that passes it: each evading
         # server stands beside the built one it replaces, in the twins' pool.
-        planned = with_evading(planned, spec.budget.iterations, emit_every)
+        planned = with_evading(planned)
     return PreparedRun(
         spec,
         planned,
