@@ -3,10 +3,12 @@
 # labelled set for federated training), Chromium (browser tests, chart export),
 # poppler-utils (the report test turns the PDF into PNG pages with pdftoppm) and PostgreSQL
 # (the store's tests start a throw-away server of their own from its binaries, see
-# tests/postgres_server.py; no system-wide server is created or started for them).
+# tests/postgres_server.py; no system-wide server is created or started for them) and
+# bible-kjv (the King James Bible, public domain: the demo text of the text-model audit, read
+# with its `bible` program; auditlib/data/demo_text.py).
 # Idempotent: nothing is installed twice. Prints what it could not do instead of failing.
 set -u
-want=(dataset-fashion-mnist chromium poppler-utils postgresql)
+want=(dataset-fashion-mnist chromium poppler-utils postgresql bible-kjv)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,234 @@
+"""DAGER (Petrov et al., NeurIPS 2024): exact recovery of a text batch from its update.
+
+1. The first attention layer's inputs span its weight gradient (``span.py``); a token ``v``
+   at position ``p`` is in the batch iff its input there (token plus position embedding,
+   normalised) lies in that span: the token filter, over the whole vocabulary.
+2. A decoder is causal, so the second layer's input at ``p`` depends on the prefix alone:
+   sequences grow greedily, a prefix extended by each token that passed at ``p`` and kept
+   iff its second-layer input lies in the second layer's span: the sequence filter.
+   An encoder's second-layer inputs depend on the whole sequence: with one sequence the
+   token filter gives it; with more, a bounded search (below) assembles them.
+
+Exact only while the batch's token count is below the model's width (the span would fill
+the space otherwise) and the update is the plain gradient of one step (FedSGD); the result
+says when these do not hold, and what was found then is what it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from auditlib.attacks.text.base import (
+    OnProgress,
+    RecoveredText,
+    TextProgress,
+    TextTarget,
+    no_progress,
+)
+from auditlib.attacks.text.gpt2_extend import second_layer_inputs
+from auditlib.attacks.text.last_token import recover_last_tokens
+from auditlib.attacks.text.span import (
+    LayerSpan,
+    distance_to_span,
+    first_layer_inputs,
+    layer_inputs,
+    layer_span,
+)
+from auditlib.models.text import DECODER
+
+NAME = "dager"
+
+
+@dataclass(frozen=True)
+class DagerConfig:
+    token_threshold: float = 1e-3  # relative distance to the first layer's span (paper: 1e-5..1e-3)
+    sequence_threshold: float = 1e-3  # ... to the second layer's span
+    rank_tolerance: float = 1e-7  # singular values above this times the largest count as rank
+    max_tokens_per_position: int = 4096  # a guard: more candidates means the span is not low-rank
+    max_prefixes: int = 8192  # the greedy search's bound per position
+    encoder_combinations: int = 20_000  # the encoder search's bound (sequences tested)
+
+
+def _token_candidates(
+    target: TextTarget, span: LayerSpan, config: DagerConfig
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Per position, the tokens whose first-layer input lies in the span (best first)."""
+    model = target.model
+    candidates, distances = [], []
+    special = {target.model.tokenizer.pad_id} if model.family == DECODER else set()
+    for position in range(target.length):
+        d = distance_to_span(span, first_layer_inputs(model, position))
+        order = torch.argsort(d)
+        kept = [
+            int(i) for i in order[: config.max_tokens_per_position] if d[i] < config.token_threshold
+        ]
+        candidates.append([t for t in kept if t not in special] or kept)
+        distances.append(d)
+    return candidates, distances
+
+
+def _extension_distances(
+    model, second: LayerSpan, prefixes: list[list[int]], tokens: list[int]
+) -> torch.Tensor:
+    """Distance to the second layer's span of every prefix extended by every token, in the
+    order prefix-major (GPT-2 in closed form, ``gpt2_extend``; chunks bound the memory)."""
+    token_ids = torch.tensor(tokens)
+    out = []
+    step = max(1, 8192 // max(1, len(tokens)))
+    for start in range(0, len(prefixes), step):
+        chunk = torch.tensor(prefixes[start : start + step])
+        inputs = second_layer_inputs(model.backbone, chunk, token_ids)
+        out.append(distance_to_span(second, inputs).reshape(-1))
+    return torch.cat(out)
+
+
+def _decoder_sequences(
+    target: TextTarget,
+    second: LayerSpan,
+    candidates: list[list[int]],
+    config: DagerConfig,
+    on_progress: OnProgress,
+) -> tuple[list[list[int]], list[str]]:
+    model, notes = target.model, []
+    prefixes: list[list[int]] = [[t] for t in candidates[0]]
+    finished: list[list[int]] = []
+    for position in range(1, target.length):
+        tokens = candidates[position]
+        if not tokens or not prefixes:
+            finished.extend(prefixes)
+            prefixes = []
+            break
+        trials = [[*p, t] for p in prefixes for t in tokens]
+        if len(trials) > config.max_prefixes:
+            notes.append(
+                f"position {position}: {len(trials)} extensions to test, over the bound of "
+                f"{config.max_prefixes}; the best-scoring ones were kept"
+            )
+        d = _extension_distances(model, second, prefixes, tokens)
+        keep = [i for i in torch.argsort(d).tolist() if d[i] < config.sequence_threshold]
+        keep = keep[: config.max_prefixes]
+        extended = {i // len(tokens) for i in keep}
+        finished.extend(p for i, p in enumerate(prefixes) if i not in extended)
+        prefixes = [trials[i] for i in keep]
+        on_progress(
+            TextProgress(
+                position, target.length - 1, tuple(model.tokenizer.decode(p) for p in prefixes[:64])
+            )
+        )
+    sequences = prefixes + finished
+    # The longest first: a finished prefix is also the start of the sequences that went on.
+    sequences.sort(key=len, reverse=True)
+    kept: list[list[int]] = []
+    for seq in sequences:
+        if not any(k[: len(seq)] == seq for k in kept):
+            kept.append(seq)
+    return kept, notes
+
+
+def _encoder_sequences(
+    target: TextTarget, second: LayerSpan, candidates: list[list[int]], config: DagerConfig
+) -> tuple[list[list[int]], list[str]]:
+    """Sequences whose every second-layer input lies in the span, among the combinations of
+    the positions' candidates (exhaustive up to the bound, then the best of each position)."""
+    model = target.model
+    if target.batch_size == 1 or all(len(c) == 1 for c in candidates):
+        return [[c[0] for c in candidates]], []
+    per_position = [c[: max(1, target.batch_size)] for c in candidates]
+    total = 1
+    for c in per_position:
+        total *= len(c)
+    notes = []
+    if total > config.encoder_combinations:
+        notes.append(
+            f"the encoder search has {total:.3g} combinations, over the bound of "
+            f"{config.encoder_combinations}: only the best-scoring sequences were assembled"
+        )
+        combos = [[c[min(i, len(c) - 1)] for c in per_position] for i in range(target.batch_size)]
+    else:
+        combos = [list(c) for c in itertools.product(*per_position)]
+    scores = []
+    for start in range(0, len(combos), 128):
+        chunk = torch.tensor(combos[start : start + 128])
+        inputs = layer_inputs(model, 1, chunk)
+        scores.append(distance_to_span(second, inputs).max(dim=1).values)
+    s = torch.cat(scores)
+    order = torch.argsort(s).tolist()
+    chosen = [combos[i] for i in order if s[i] < config.sequence_threshold][: target.batch_size]
+    if not chosen:
+        chosen = [combos[i] for i in order[: target.batch_size]]
+        notes.append("no assembled sequence passed the sequence filter: the closest are given")
+    return chosen, notes
+
+
+def run_dager(
+    target: TextTarget, config: DagerConfig = DagerConfig(), on_progress: OnProgress = no_progress
+) -> RecoveredText:
+    started = time.perf_counter()
+    model = target.model
+    first = layer_span(model, target.update, 0, config.rank_tolerance)
+    second = layer_span(model, target.update, 1, config.rank_tolerance)
+    notes: list[str] = [
+        f"first-layer span: rank {first.rank} of width {first.width}, read from {first.source}"
+    ]
+    holds = first.rank < first.width and target.update.algorithm == "fedsgd"
+    if first.rank >= first.width:
+        notes.append(
+            f"the batch's tokens fill the model's width ({first.rank} >= {first.width}): the "
+            "span check cannot tell tokens apart; DAGER's exactness does not hold"
+        )
+    if target.update.algorithm != "fedsgd":
+        notes.append(
+            "the update is FedAvg's weight change over several steps, not one gradient: the "
+            "span holds only approximately"
+        )
+    if target.update.adapters_only:
+        notes.append(
+            f"only LoRA adapters train: the span is read from the adapters' A matrix, of rank "
+            f"at most {target.model.lora_rank}, far below the batch's token count"
+        )
+        holds = False
+    candidates, _ = _token_candidates(target, first, config)
+    found = sum(len(c) for c in candidates)
+    notes.append(
+        f"token filter: {found} (position, token) pairs in the span over {target.length} positions"
+    )
+    if any(len(c) >= config.max_tokens_per_position for c in candidates):
+        holds = False
+    if model.family == DECODER:
+        sequences, more = _decoder_sequences(target, second, candidates, config, on_progress)
+        more += _complete_decoder(target, sequences)
+    else:
+        sequences, more = _encoder_sequences(target, second, candidates, config)
+        sequences = [_strip_encoder_specials(target, s) for s in sequences]
+    notes.extend(more)
+    texts = tuple(model.tokenizer.decode(s) for s in sequences)
+    on_progress(TextProgress(target.length, target.length, texts[:64], "done"))
+    return RecoveredText(
+        NAME, tuple(tuple(s) for s in sequences), texts, time.perf_counter() - started,
+        tuple(notes), holds,
+    )  # fmt: skip
+
+
+def _complete_decoder(target: TextTarget, sequences: list[list[int]]) -> list[str]:
+    """Under next-token training the last token is in no span: read it from the final
+    LayerNorm's gradient (``last_token.py``), in place."""
+    if not sequences or any(len(s) != target.length - 1 for s in sequences):
+        return []
+    last = recover_last_tokens(target, sequences)
+    if last is None:
+        return [
+            "each sequence's last token is in no layer's span (no loss reads it) and the update "
+            "does not let it be read otherwise: sequences end one token short"
+        ]
+    for seq, token in zip(sequences, last, strict=True):
+        seq.append(token)
+    return ["last tokens read from the final LayerNorm's gradient (next-token training)"]
+
+
+def _strip_encoder_specials(target: TextTarget, seq: list[int]) -> list[int]:
+    tok = target.model.tokenizer
+    return [t for t in seq if t not in (tok.bos_id, tok.eos_id, tok.pad_id)]

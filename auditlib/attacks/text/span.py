@@ -1,0 +1,125 @@
+"""The span signal of self-attention gradients (DAGER's, and TIGER's continuous form of it).
+
+A linear layer's weight gradient is a sum of outer products of its inputs with the errors
+sent back to it, so the inputs' span contains every column the gradient has on its input
+side: with fewer tokens in the batch than the model's width, a vector is one of the layer's
+inputs only if it lies in that low-rank span. This module finds the span of the first
+attention layers' query projections in an update, and what a candidate token or sequence
+gives those layers as input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from auditlib.client.text_update import TextUpdate
+from auditlib.models.text import DECODER, TextModel
+
+
+@dataclass(frozen=True, eq=False)
+class LayerSpan:
+    """An orthonormal basis (in x rank) of the span of a layer's inputs, as the update shows."""
+
+    layer: int
+    basis: torch.Tensor  # float64
+    rank: int
+    width: int
+    source: str  # the update's parameter the span is read from
+    singular_values: torch.Tensor
+
+
+class _Stop(Exception):
+    pass
+
+
+def attention_input_module(model: TextModel, layer: int) -> torch.nn.Module:
+    """The projection whose input is what layer ``layer`` attends over (its query's)."""
+    backbone = model.backbone
+    if model.family == DECODER:
+        return backbone.transformer.h[layer].attn.c_attn
+    return backbone.bert.encoder.layer[layer].attention.self.query
+
+
+def _gradient_for(
+    model: TextModel, update: TextUpdate, layer: int
+) -> tuple[str, torch.Tensor, int]:
+    """The update's gradient whose input-side span is the layer's inputs: the weight's own,
+    or with LoRA its A matrix's (rank at most the adapters' rank); and the input axis."""
+    stem = (
+        f"transformer.h.{layer}.attn.c_attn" if model.family == DECODER
+        else f"bert.encoder.layer.{layer}.attention.self.query"
+    )  # fmt: skip
+    for name, grad in update.gradients.items():
+        if name.endswith(stem + ".weight") or name.endswith(stem + ".base_layer.weight"):
+            return name, grad, 0 if model.family == DECODER else 1
+    for name, grad in update.gradients.items():
+        if stem + ".lora_A" in name:
+            return name, grad, 1  # lora_A is a Linear (rank x in)
+    raise KeyError(f"the update has no gradient for layer {layer}'s attention input ({stem})")
+
+
+def layer_span(
+    model: TextModel, update: TextUpdate, layer: int, rank_tolerance: float, rank: int | None = None
+) -> LayerSpan:
+    """The span of layer ``layer``'s inputs. Its rank is the count of singular values above
+    ``rank_tolerance`` times the largest, unless ``rank`` is given."""
+    name, grad, in_axis = _gradient_for(model, update, layer)
+    m = grad.detach().to(torch.float64)
+    m = m if in_axis == 0 else m.T
+    u, s, _ = torch.linalg.svd(m, full_matrices=False)
+    if rank is None:
+        rank = int((s > rank_tolerance * s[0]).sum()) if s.numel() and s[0] > 0 else 0
+    rank = min(rank, u.shape[1])
+    return LayerSpan(layer, u[:, :rank].contiguous(), rank, m.shape[0], name, s)
+
+
+def distance_to_span(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:
+    """Each vector's distance to the span, relative to its length (0: inside, 1: orthogonal)."""
+    v = vectors.to(torch.float64)
+    v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    if span.rank == 0:
+        return torch.ones(v.shape[:-1], dtype=torch.float64)
+    return (v - (v @ span.basis) @ span.basis.T).norm(dim=-1)
+
+
+@torch.no_grad()
+def first_layer_inputs(model: TextModel, position: int) -> torch.Tensor:
+    """What the first attention layer gets for every token of the vocabulary at
+    ``position`` (vocabulary x width): token and position embeddings, normalised."""
+    backbone = model.backbone
+    if model.family == DECODER:
+        t = backbone.transformer
+        return t.h[0].ln_1(t.wte.weight + t.wpe.weight[position])
+    vocab = backbone.config.vocab_size
+    ids = torch.arange(vocab).unsqueeze(1)
+    positions = torch.full((vocab, 1), position, dtype=torch.int64)
+    return backbone.bert.embeddings(input_ids=ids, position_ids=positions)[:, 0]
+
+
+@torch.no_grad()
+def layer_inputs(
+    model: TextModel,
+    layer: int,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """What attention layer ``layer`` gets for each token of ``input_ids`` (B x n x width);
+    the forward pass stops there."""
+    captured: list[torch.Tensor] = []
+
+    def grab(_module, args):
+        captured.append(args[0].detach())
+        raise _Stop
+
+    handle = attention_input_module(model, layer).register_forward_pre_hook(grab)
+    try:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        model.backbone(input_ids=input_ids, attention_mask=attention_mask)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return captured[0]
