@@ -56,6 +56,7 @@ PARAMS_HINT = "`python -m auditlib params NAME` lists them: type, default, range
 def build_parser() -> argparse.ArgumentParser:
     from auditlib.attacks import ALL_ATTACKS, ATTACKS
     from auditlib.attacks.restarts import AUDIT_PRESET
+    from auditlib.attacks.text_names import TEXT_ATTACK_NAMES
     from auditlib.client.protocol import Algorithm, BatchNormMode, Optimizer, Shared
     from auditlib.data.samples import SAMPLE_SETS
     from auditlib.defenses import DEFENSES
@@ -202,13 +203,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scenario.add_argument("--pretrain-data", default=UTILITY_DATASETS[0], choices=UTILITY_DATASETS)
 
+    text = audit.add_argument_group(
+        "text model (docs/TEXT.md): with --text-model the audit is of a language model"
+    )
+    text.add_argument(
+        "--text-model",
+        metavar="PRESET|DIR",
+        help="a preset (gpt2, gpt2-tiny, bert-base, tinybert, bert-tiny: random weights, the "
+        "demo tokenizer) or your folder with config.json, model.safetensors and tokenizer.json "
+        "(no code from it runs)",
+    )
+    text.add_argument(
+        "--text",
+        metavar="FILE",
+        help="the private sequences: a .txt (one per line) or a .csv with a text column and "
+        "an optional label column (default: the demo text, New Testament verses)",
+    )
+    text.add_argument("--tokens", type=int, default=32, help="tokens per sequence (default 32)")
+    text.add_argument(
+        "--lora-rank",
+        type=int,
+        help="only LoRA adapters of this rank train (peft), the backbone frozen",
+    )
+
     attack = audit.add_argument_group("attack and defense")
     attack.add_argument(
         "--attack",
-        default="dlg",
-        choices=[*sorted(ATTACKS), ALL_ATTACKS],
-        help=f"the attack, or '{ALL_ATTACKS}': every applicable attack at its audit preset, "
-        "the worst case per image",
+        default=None,
+        choices=[*sorted(ATTACKS), *TEXT_ATTACK_NAMES, ALL_ATTACKS],
+        help=f"the attack (default: dlg; dager for a text model), or '{ALL_ATTACKS}': every "
+        "applicable attack at its audit preset, the worst case per image",
     )
     attack.add_argument(
         "--preset",

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from auditlib.attacks.text_names import TEXT_ATTACK_NAMES
 from auditlib.cli.arguments import KNOWS_DEFENSE, model_spec_of, sha256_file
 from auditlib.cli.observed import assumption_lines, observed_bundle
 from auditlib.engine.preflight import check_model_trains, estimate_time
@@ -34,6 +35,9 @@ def spec_from_args(args: argparse.Namespace):
         ScenarioSpec,
     )
 
+    if args.attack in TEXT_ATTACK_NAMES:
+        raise AuditInputError(f"{args.attack} attacks text models: give --text-model")
+    args.attack = args.attack or "dlg"
     bundle = observed_bundle(args)  # None without --observed; refuses a clashing option
     if bundle is not None:
         for line in assumption_lines(bundle):  # what the audit takes on trust, said first
@@ -190,6 +194,10 @@ def audit_command(args: argparse.Namespace) -> int:
     from auditlib.engine.isolation import run_isolated, runs_own_code
     from auditlib.metrics import LPIPS_NETS
 
+    if args.text_model or args.text:
+        from auditlib.cli.text import text_audit_command
+
+        return text_audit_command(args)
     spec = spec_from_args(args)
     nets = (
         ()

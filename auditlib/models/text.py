@@ -18,9 +18,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging as transformers_logging
 
 from auditlib.data.text_tokenizer import TextTokenizer, demo_tokenizer, load_tokenizer
 from auditlib.errors import AuditInputError
+
+# transformers' advice (padding masks, loss names) is for its own users: our batches carry
+# their masks, and the warnings would bury the audit's own lines.
+transformers_logging.set_verbosity_error()
 
 MAX_TEXT_PARAMETERS = 400_000_000
 MAX_CONFIG_BYTES = 1024 * 1024

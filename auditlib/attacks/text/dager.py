@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -38,6 +39,7 @@ from auditlib.attacks.text.span import (
     layer_inputs,
     layer_span,
 )
+from auditlib.config import check_ranges, param
 from auditlib.models.text import DECODER
 
 NAME = "dager"
@@ -45,12 +47,53 @@ NAME = "dager"
 
 @dataclass(frozen=True)
 class DagerConfig:
-    token_threshold: float = 1e-3  # relative distance to the first layer's span (paper: 1e-5..1e-3)
-    sequence_threshold: float = 1e-3  # ... to the second layer's span
-    rank_tolerance: float = 1e-7  # singular values above this times the largest count as rank
-    max_tokens_per_position: int = 4096  # a guard: more candidates means the span is not low-rank
-    max_prefixes: int = 8192  # the greedy search's bound per position
-    encoder_combinations: int = 20_000  # the encoder search's bound (sequences tested)
+    token_threshold: float = param(
+        1e-3,
+        "a token passes where its first-layer input's relative distance to the span is below "
+        "this (the paper tunes it per model, 1e-5 to 1e-3)",
+        low=0, low_open=True, high=1,
+    )  # fmt: skip
+    sequence_threshold: float = param(
+        1e-3, "the same bound for a sequence's second-layer input", low=0, low_open=True, high=1
+    )
+    rank_tolerance: float = param(
+        1e-7,
+        "singular values above this times the largest count in the span's rank",
+        low=0, low_open=True, high=1e-2,
+    )  # fmt: skip
+    max_tokens_per_position: int = param(
+        4096, "candidates kept per position (more: the span is not low-rank)", low=1, high=1_000_000
+    )
+    max_prefixes: int = param(
+        8192, "the decoder search's bound on prefixes kept per position", low=1, high=1_000_000
+    )
+    encoder_combinations: int = param(
+        20_000, "the encoder search's bound on sequences tested", low=1, high=10_000_000
+    )
+    mode: Literal["exact", "ranked"] = param(
+        "exact",
+        "exact: thresholds on the distances to the spans (the paper); ranked: the attacker that "
+        "knows the update is noised: the span's rank from the token count it knows, and the "
+        "closest candidates kept instead of those under a threshold",
+    )
+    beam: int = param(
+        0, "ranked mode: candidates kept per position and prefixes per step (0: twice the "
+        "batch size)", low=0, high=100_000,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+def _beam(target: TextTarget, config: DagerConfig) -> int:
+    return config.beam or 2 * target.batch_size
+
+
+def known_rank(target: TextTarget) -> int:
+    """The batch's token count the server can assume: every position of every sequence,
+    but a decoder's last (no loss reads it, so no span holds it)."""
+    per_sequence = target.length - 1 if target.model.family == DECODER else target.length
+    return target.batch_size * per_sequence
 
 
 def _token_candidates(
@@ -63,9 +106,14 @@ def _token_candidates(
     for position in range(target.length):
         d = distance_to_span(span, first_layer_inputs(model, position))
         order = torch.argsort(d)
-        kept = [
-            int(i) for i in order[: config.max_tokens_per_position] if d[i] < config.token_threshold
-        ]
+        if config.mode == "ranked":
+            kept = [int(i) for i in order[: _beam(target, config)]]
+        else:
+            kept = [
+                int(i)
+                for i in order[: config.max_tokens_per_position]
+                if d[i] < config.token_threshold
+            ]
         candidates.append([t for t in kept if t not in special] or kept)
         distances.append(d)
     return candidates, distances
@@ -96,7 +144,9 @@ def _decoder_sequences(
     model, notes = target.model, []
     prefixes: list[list[int]] = [[t] for t in candidates[0]]
     finished: list[list[int]] = []
-    for position in range(1, target.length):
+    # Ranked, the last position is left to the final LayerNorm (no span holds it).
+    last = target.length - 1 if config.mode == "ranked" else target.length
+    for position in range(1, last):
         tokens = candidates[position]
         if not tokens or not prefixes:
             finished.extend(prefixes)
@@ -109,8 +159,11 @@ def _decoder_sequences(
                 f"{config.max_prefixes}; the best-scoring ones were kept"
             )
         d = _extension_distances(model, second, prefixes, tokens)
-        keep = [i for i in torch.argsort(d).tolist() if d[i] < config.sequence_threshold]
-        keep = keep[: config.max_prefixes]
+        if config.mode == "ranked":
+            keep = torch.argsort(d).tolist()[: _beam(target, config)]
+        else:
+            keep = [i for i in torch.argsort(d).tolist() if d[i] < config.sequence_threshold]
+            keep = keep[: config.max_prefixes]
         extended = {i // len(tokens) for i in keep}
         finished.extend(p for i, p in enumerate(prefixes) if i not in extended)
         prefixes = [trials[i] for i in keep]
@@ -119,6 +172,8 @@ def _decoder_sequences(
                 position, target.length - 1, tuple(model.tokenizer.decode(p) for p in prefixes[:64])
             )
         )
+    if config.mode == "ranked":  # the closest prefixes, one per sequence the server expects
+        return [list(p) for p in prefixes[: target.batch_size]], notes
     sequences = prefixes + finished
     # The longest first: a finished prefix is also the start of the sequences that went on.
     sequences.sort(key=len, reverse=True)
@@ -169,16 +224,17 @@ def run_dager(
 ) -> RecoveredText:
     started = time.perf_counter()
     model = target.model
-    first = layer_span(model, target.update, 0, config.rank_tolerance)
-    second = layer_span(model, target.update, 1, config.rank_tolerance)
+    rank = known_rank(target) if config.mode == "ranked" else None
+    first = layer_span(model, target.update, 0, config.rank_tolerance, rank)
+    second = layer_span(model, target.update, 1, config.rank_tolerance, rank)
     notes: list[str] = [
         f"first-layer span: rank {first.rank} of width {first.width}, read from {first.source}"
     ]
     holds = first.rank < first.width and target.update.algorithm == "fedsgd"
     if first.rank >= first.width:
         notes.append(
-            f"the batch's tokens fill the model's width ({first.rank} >= {first.width}): the "
-            "span check cannot tell tokens apart; DAGER's exactness does not hold"
+            f"the update's first-layer gradient has full rank ({first.rank} of width "
+            f"{first.width}): more tokens than the width, or noise; DAGER's exactness does not hold"
         )
     if target.update.algorithm != "fedsgd":
         notes.append(
@@ -191,6 +247,10 @@ def run_dager(
             f"at most {target.model.lora_rank}, far below the batch's token count"
         )
         holds = False
+    if config.mode == "exact" and first.rank >= first.width:
+        notes.append("the exact span check has no low-rank span to test against: nothing tested")
+        on_progress(TextProgress(target.length, target.length, (), "done"))
+        return RecoveredText(NAME, (), (), time.perf_counter() - started, tuple(notes), False)
     candidates, _ = _token_candidates(target, first, config)
     found = sum(len(c) for c in candidates)
     notes.append(

@@ -1,0 +1,44 @@
+"""Attacks on text models' updates: each paper a function of the server's knowledge
+(``TextTarget``) and a typed config, giving recovered sequences (``RecoveredText``).
+
+The catalogue says what each needs (labels known, which updates it reads) so the engine
+offers an attack only where its paper's threat model holds, and says why otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from auditlib.attacks.text.base import OnProgress, RecoveredText, TextTarget
+from auditlib.attacks.text.dager import DagerConfig, run_dager
+from auditlib.attacks.text.utr import UtrConfig, run_utr
+
+
+@dataclass(frozen=True)
+class TextAttackInfo:
+    name: str
+    title: str  # the paper, in words
+    run: Callable[..., RecoveredText]  # run(target, config, on_progress)
+    config: type
+    full_update: bool  # reads an update of every weight
+    adapters_update: bool  # reads an update of LoRA adapters alone
+    exact: bool  # recovers tokens exactly where its assumptions hold
+
+
+TEXT_ATTACKS: dict[str, TextAttackInfo] = {
+    "dager": TextAttackInfo(
+        "dager", "DAGER (Petrov et al., NeurIPS 2024)", run_dager, DagerConfig, True, True, True
+    ),
+    "utr": TextAttackInfo(
+        "utr", "UTR (Chen et al., arXiv 2601.17533, 2026)", run_utr, UtrConfig, False, True, False
+    ),
+}
+
+
+def run_text_attack(
+    name: str, target: TextTarget, config=None, on_progress: OnProgress | None = None
+) -> RecoveredText:
+    info = TEXT_ATTACKS[name]
+    kwargs = {} if on_progress is None else {"on_progress": on_progress}
+    return info.run(target, config if config is not None else info.config(), **kwargs)

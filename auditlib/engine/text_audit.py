@@ -1,0 +1,216 @@
+"""A text audit end to end: the model and the private sequences, the client's update (and
+its defense), each text attack on it, the attacker that knows the defense where one exists,
+the same attacks on the undefended update as the control, scores against the guess from
+public text, and the verdict (``metrics.text_verdict``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from auditlib.attacks.text import TEXT_ATTACKS, run_text_attack
+from auditlib.attacks.text.base import RecoveredText, TextProgress, TextTarget
+from auditlib.attacks.text.dager import DagerConfig
+from auditlib.client.text_update import TextUpdate, text_update
+from auditlib.data.demo_text import demo_text
+from auditlib.data.text_samples import TextBatch, demo_batch, make_batch, parse_text_file
+from auditlib.defenses import build_defense
+from auditlib.errors import AuditInputError
+from auditlib.metrics.text import TextScores, score_text
+from auditlib.metrics.text_baseline import GuessBar, TextGuess, guess_bar, text_guesses
+from auditlib.metrics.text_risk import text_risk
+from auditlib.metrics.text_verdict import TextFinding, TextVerdict, judge_text
+from auditlib.models.text import PRESETS, TextModel, build_text_model, load_text_model, with_lora
+
+# Defenses that act on the update alone, so on a text model's as on an image model's.
+TEXT_DEFENSES = ("none", "clip", "dp-gaussian", "dp-laplace", "prune", "quantize")
+# The defenses whose noise or loss of precision breaks DAGER's exact span test, and against
+# which the attacker that knows them ranks candidates instead (``DagerConfig.mode``).
+RANKED_AGAINST = ("dp-gaussian", "dp-laplace", "prune", "quantize")
+
+
+@dataclass(frozen=True)
+class TextAuditSpec:
+    model: str = "gpt2"  # a preset (models.text.PRESETS) or the auditor's model folder
+    lora_rank: int | None = None  # LoRA adapters of this rank train; None: every weight
+    text_file: str | None = None  # the auditor's .txt or .csv; None: the demo text
+    batch_size: int = 16
+    length: int = 32
+    seed: int = 0
+    algorithm: str = "fedsgd"
+    local_steps: int = 1
+    learning_rate: float = 1e-4
+    attacks: tuple[str, ...] = ("dager",)
+    defense: str = "none"
+    defense_params: dict[str, Any] = field(default_factory=dict)
+    adaptive: bool = True  # also run the attacker that knows the defense
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    stage: str  # "model", "update", "attack", "progress", "scored", "done"
+    attack: str = ""
+    texts: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class TextAttackRun:
+    attack: str  # "dager", or "dager (knows the defense)" for its adaptive twin
+    recovered: RecoveredText
+    scores: TextScores
+    finding: TextFinding
+
+
+@dataclass(frozen=True)
+class TextAuditResult:
+    spec: TextAuditSpec
+    model_source: str
+    batch_source: str
+    private_texts: tuple[str, ...]
+    guesses: tuple[TextGuess, ...]
+    bar: GuessBar
+    runs: tuple[TextAttackRun, ...]
+    controls: tuple[TextAttackRun, ...]
+    verdict: TextVerdict
+    privacy: dict[str, Any]
+    seconds: float
+
+
+def _model(spec: TextAuditSpec) -> TextModel:
+    if spec.model in PRESETS:
+        model = build_text_model(spec.model, spec.seed)
+    elif Path(spec.model).is_dir():
+        model = load_text_model(Path(spec.model))
+    else:
+        raise AuditInputError(
+            f"text model {spec.model!r}; expected a preset ({', '.join(PRESETS)}) or a folder "
+            "with config.json, model.safetensors and tokenizer.json"
+        )
+    return with_lora(model, spec.lora_rank) if spec.lora_rank else model
+
+
+def _batch(spec: TextAuditSpec, model: TextModel) -> TextBatch:
+    if spec.text_file is None:
+        return demo_batch(model.tokenizer, spec.batch_size, spec.length, spec.seed)
+    path = Path(spec.text_file)
+    if not path.is_file():
+        raise AuditInputError(f"{path}: no such text file; expected a .txt or .csv")
+    rows = parse_text_file(path.name, path.read_bytes())
+    labels = int(getattr(model.backbone.config, "num_labels", 2))
+    return make_batch(
+        model.tokenizer, rows, spec.batch_size, spec.length, spec.seed,
+        num_labels=labels, source=path.name,
+    )  # fmt: skip
+
+
+def _defended(spec: TextAuditSpec, update: TextUpdate) -> tuple[TextUpdate, dict[str, Any]]:
+    if spec.defense not in TEXT_DEFENSES:
+        raise AuditInputError(
+            f"defense {spec.defense!r} on a text model; the defenses that act on the update "
+            f"alone apply to text: {', '.join(TEXT_DEFENSES)}"
+        )
+    defense, _ = build_defense(spec.defense, spec.defense_params)
+    generator = torch.Generator().manual_seed(spec.seed)
+    names = list(update.gradients)
+    released = defense.apply(tuple(update.gradients[n] for n in names), generator)
+    grads = dict(zip(names, released, strict=True))
+    return replace(update, gradients=grads), dict(defense.privacy_report())
+
+
+def _run(
+    name: str, label: str, target: TextTarget, batch: TextBatch, bar: GuessBar, config, emit
+) -> TextAttackRun:
+    emit(TextEvent("attack", label))
+
+    def progress(p: TextProgress) -> None:
+        emit(TextEvent("progress", label, p.texts, f"{p.step}/{p.total}"))
+
+    recovered = run_text_attack(name, target, config, progress)
+    private_ids = [
+        batch.input_ids[i, : int(batch.attention_mask[i].sum())].tolist() for i in range(batch.size)
+    ]
+    if target.model.tokenizer.bos_id is not None:  # encoders: compare the text's own tokens
+        tok = target.model.tokenizer
+        private_ids = [[t for t in ids if t not in (tok.bos_id, tok.eos_id)] for ids in private_ids]
+    scores = score_text(batch.texts, private_ids, recovered.texts, recovered.token_ids)
+    risk = text_risk(scores, bar)
+    finding = TextFinding(label, risk, scores.rouge1, scores.rouge2, scores.rougeL, scores.exact)
+    emit(TextEvent("scored", label, recovered.texts, f"ROUGE-1 {scores.rouge1:.2f}"))
+    return TextAttackRun(label, recovered, scores, finding)
+
+
+def _attacks_on(
+    spec: TextAuditSpec, model: TextModel, update: TextUpdate, batch: TextBatch, bar, emit,
+    defended: bool,
+) -> tuple[list[TextAttackRun], bool]:  # fmt: skip
+    runs, twin_ran = [], False
+    for name in spec.attacks:
+        if name not in TEXT_ATTACKS:
+            raise AuditInputError(
+                f"text attack {name!r}; expected one of {', '.join(TEXT_ATTACKS)}"
+            )
+        info = TEXT_ATTACKS[name]
+        if update.adapters_only and not info.adapters_update:
+            raise AuditInputError(
+                f"{name} reads every weight's update; only LoRA adapters train here"
+            )
+        if not update.adapters_only and not info.full_update:
+            raise AuditInputError(f"{name} reads LoRA adapters' updates; every weight trains here")
+        target = TextTarget(model, update, spec.batch_size, spec.length, batch.labels)
+        runs.append(_run(name, name, target, batch, bar, None, emit))
+        if defended and spec.adaptive and name == "dager" and spec.defense in RANKED_AGAINST:
+            twin = DagerConfig(mode="ranked")
+            label = "dager (knows the defense)"
+            runs.append(_run(name, label, target, batch, bar, twin, emit))
+            twin_ran = True
+    return runs, twin_ran
+
+
+def run_text_audit(
+    spec: TextAuditSpec, on_event: Callable[[TextEvent], None] | None = None
+) -> TextAuditResult:
+    started = time.perf_counter()
+    emit = on_event or (lambda _e: None)
+    torch.manual_seed(spec.seed)
+    model = _model(spec)
+    emit(TextEvent("model", note=model.source))
+    batch = _batch(spec, model)
+    tok = model.tokenizer
+    guesses = text_guesses(demo_text().public, tok.encode, tok.decode, spec.length, spec.seed)
+    bar = guess_bar(batch.texts, guesses)
+    clean = text_update(model, batch, spec.algorithm, spec.local_steps, spec.learning_rate)
+    emit(TextEvent("update", note=f"{len(clean.gradients)} tensors, {spec.algorithm}"))
+    if spec.defense == "none":
+        runs, _ = _attacks_on(spec, model, clean, batch, bar, emit, defended=False)
+        controls: list[TextAttackRun] = []
+        privacy: dict[str, Any] = {}
+        adaptive = "no defense"
+    else:
+        update, privacy = _defended(spec, clean)
+        runs, twin_ran = _attacks_on(spec, model, update, batch, bar, emit, defended=True)
+        controls, _ = _attacks_on(spec, model, clean, batch, bar, emit, defended=False)
+        offered = "dager" in spec.attacks and spec.defense in RANKED_AGAINST
+        adaptive = "ran" if twin_ran else ("not offered" if not offered else "none")
+    verdict = judge_text(
+        tuple(r.finding for r in runs), tuple(c.finding for c in controls),
+        _defense_words(spec), adaptive,
+    )  # fmt: skip
+    emit(TextEvent("done", note=verdict.headline))
+    return TextAuditResult(
+        spec, model.source, batch.source, batch.texts, guesses, bar, tuple(runs),
+        tuple(controls), verdict, privacy, time.perf_counter() - started,
+    )  # fmt: skip
+
+
+def _defense_words(spec: TextAuditSpec) -> str:
+    if spec.defense == "none":
+        return "none"
+    params = ", ".join(f"{k}={v}" for k, v in sorted(spec.defense_params.items()))
+    return f"{spec.defense} ({params})" if params else spec.defense
