@@ -110,7 +110,7 @@ def _batch(spec: TextAuditSpec, model: TextModel) -> TextBatch:
     )  # fmt: skip
 
 
-def _defended(spec: TextAuditSpec, update: TextUpdate) -> tuple[TextUpdate, dict[str, Any]]:
+def _defended(spec: TextAuditSpec, update: TextUpdate | None) -> tuple[TextUpdate, dict[str, Any]]:
     if spec.defense not in TEXT_DEFENSES:
         raise AuditInputError(
             f"defense {spec.defense!r} on a text model; the defenses that act on the update "
@@ -178,12 +178,14 @@ def run_text_audit(
 ) -> TextAuditResult:
     started = time.perf_counter()
     emit = on_event or (lambda _e: None)
+    if spec.defense not in TEXT_DEFENSES:  # before any time is spent
+        _defended(spec, None)
     torch.manual_seed(spec.seed)
     model = _model(spec)
     emit(TextEvent("model", note=model.source))
     batch = _batch(spec, model)
     tok = model.tokenizer
-    guesses = text_guesses(demo_text().public, tok.encode, tok.decode, spec.length, spec.seed)
+    guesses = text_guesses(demo_text().public, tok, spec.length, spec.seed)
     bar = guess_bar(batch.texts, guesses)
     clean = text_update(model, batch, spec.algorithm, spec.local_steps, spec.learning_rate)
     emit(TextEvent("update", note=f"{len(clean.gradients)} tensors, {spec.algorithm}"))

@@ -18,17 +18,20 @@ bar as high as any of these guesses could be, so "beyond the guess" is a strict 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from auditlib.metrics.text import rouge
+from auditlib.data.text_tokenizer import TextTokenizer
+from auditlib.metrics.text import rouge, rouge1_of_words, words
 
 UNIGRAM_MODE = "the most likely sequence under the public unigram counts"
 COMMONEST = "the public text's commonest tokens"
 TYPICAL = "the most typical public sequence"
+_COUNTED = 4000  # public sequences counted: the commonest tokens settle well before
 _TYPICAL_POOL = 300
 _TYPICAL_REFERENCES = 100
 
@@ -50,20 +53,29 @@ class GuessBar:
     best: tuple[str, ...]
 
 
+@functools.lru_cache(maxsize=8)
 def text_guesses(
-    public_texts: Sequence[str], encode, decode, length: int, seed: int = 0
+    public_texts: tuple[str, ...], tok: TextTokenizer, length: int, seed: int = 0
 ) -> tuple[TextGuess, ...]:
-    """The guesses of ``length`` tokens from ``public_texts`` (``encode``/``decode``: the
-    model's tokenizer, without special tokens)."""
+    """The guesses of ``length`` tokens of ``tok`` from ``public_texts`` (kept: an audit's
+    runs and its controls share them)."""
     rng = np.random.default_rng(seed)
-    sample = [public_texts[int(i)] for i in rng.permutation(len(public_texts))[:20_000]]
-    counts = Counter(t for text in sample for t in encode(text))
+    sample = [public_texts[int(i)] for i in rng.permutation(len(public_texts))[:_COUNTED]]
+    encoded = [e.ids for e in tok.tokenizer.encode_batch(sample, add_special_tokens=False)]
+    counts = Counter(t for ids in encoded for t in ids)
     ranked = [t for t, _ in counts.most_common(length)]
-    mode = decode([ranked[0]] * length)
-    commonest = decode(ranked)
-    pool = [decode(encode(t)[:length]) for t in sample[:_TYPICAL_POOL]]
-    references = sample[_TYPICAL_POOL : _TYPICAL_POOL + _TYPICAL_REFERENCES] or sample
-    typical = max(pool, key=lambda p: np.mean([rouge(r, p)[0] for r in references]))
+    mode = tok.decode([ranked[0]] * length)
+    commonest = tok.decode(ranked)
+    pool = [tok.decode(ids[:length]) for ids in encoded[:_TYPICAL_POOL]]
+    references = [
+        words(r) for r in sample[_TYPICAL_POOL : _TYPICAL_POOL + _TYPICAL_REFERENCES] or sample
+    ]
+    pool_words = [words(p) for p in pool]
+    best = max(
+        range(len(pool)),
+        key=lambda i: np.mean([rouge1_of_words(r, pool_words[i]) for r in references]),
+    )
+    typical = pool[best]
     return (
         TextGuess(UNIGRAM_MODE, mode),
         TextGuess(COMMONEST, commonest),
