@@ -224,6 +224,8 @@ def run_dager(
 ) -> RecoveredText:
     started = time.perf_counter()
     model = target.model
+    # Ranked, the rank is the token count the server knows: at least the inputs' span's (it
+    # is at most the distinct tokens plus the positions), so the span is never cut short.
     rank = known_rank(target) if config.mode == "ranked" else None
     first = layer_span(model, target.update, 0, config.rank_tolerance, rank)
     second = layer_span(model, target.update, 1, config.rank_tolerance, rank)

@@ -61,7 +61,11 @@ def _gradient_for(
 
 
 def layer_span(
-    model: TextModel, update: TextUpdate, layer: int, rank_tolerance: float, rank: int | None = None
+    model: TextModel,
+    update: TextUpdate,
+    layer: int,
+    rank_tolerance: float,
+    rank: int | None = None,
 ) -> LayerSpan:
     """The span of layer ``layer``'s inputs. Its rank is the count of singular values above
     ``rank_tolerance`` times the largest, unless ``rank`` is given."""
