@@ -46,6 +46,8 @@ def text_spec_from_args(args: argparse.Namespace):
         attacks=attacks,
         defense=args.defense,
         defense_params=parse_key_values(args.defense_param, "defense parameter"),
+        preset="paper" if args.preset == "paper" else "strongest",
+        iterations=args.iterations,
     )
 
 

@@ -17,6 +17,8 @@ import torch
 from auditlib.attacks.text import TEXT_ATTACKS, run_text_attack
 from auditlib.attacks.text.base import RecoveredText, TextProgress, TextTarget
 from auditlib.attacks.text.dager import DagerConfig
+from auditlib.attacks.text.lamp import lamp_config
+from auditlib.attacks.text.tag import tag_config
 from auditlib.client.text_update import TextUpdate, text_update
 from auditlib.data.demo_text import demo_text
 from auditlib.data.text_samples import TextBatch, demo_batch, make_batch, parse_text_file
@@ -50,6 +52,8 @@ class TextAuditSpec:
     defense: str = "none"
     defense_params: dict[str, Any] = field(default_factory=dict)
     adaptive: bool = True  # also run the attacker that knows the defense
+    preset: str = "strongest"  # TAG's and LAMP's: "strongest" or "paper" (their papers' settings)
+    iterations: int | None = None  # TAG's and LAMP's optimisation steps; None: the preset's
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,19 @@ def _run(
     return TextAttackRun(label, recovered, scores, finding)
 
 
+def _config(name: str, spec: TextAuditSpec):
+    """The attack's config: its preset (TAG and LAMP have a paper one), its steps."""
+    if name == "tag":
+        config = tag_config(spec.preset)
+    elif name == "lamp":
+        config = lamp_config(spec.preset)
+    else:
+        config = TEXT_ATTACKS[name].config()
+    if spec.iterations is not None and hasattr(config, "steps"):
+        config = replace(config, steps=spec.iterations)
+    return config
+
+
 def _attacks_on(
     spec: TextAuditSpec, model: TextModel, update: TextUpdate, batch: TextBatch, bar, emit,
     defended: bool,
@@ -164,7 +181,7 @@ def _attacks_on(
         if not update.adapters_only and not info.full_update:
             raise AuditInputError(f"{name} reads LoRA adapters' updates; every weight trains here")
         target = TextTarget(model, update, spec.batch_size, spec.length, batch.labels)
-        runs.append(_run(name, name, target, batch, bar, None, emit))
+        runs.append(_run(name, name, target, batch, bar, _config(name, spec), emit))
         if defended and spec.adaptive and name == "dager" and spec.defense in RANKED_AGAINST:
             twin = DagerConfig(mode="ranked")
             label = "dager (knows the defense)"

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from auditlib.attacks.text.base import OnProgress, RecoveredText, TextTarget
 from auditlib.attacks.text.dager import DagerConfig, run_dager
+from auditlib.attacks.text.lamp import LampConfig, run_lamp
+from auditlib.attacks.text.tag import TagConfig, run_tag
 from auditlib.attacks.text.utr import UtrConfig, run_utr
 
 
@@ -30,8 +32,21 @@ TEXT_ATTACKS: dict[str, TextAttackInfo] = {
     "dager": TextAttackInfo(
         "dager", "DAGER (Petrov et al., NeurIPS 2024)", run_dager, DagerConfig, True, True, True
     ),
+    "tag": TextAttackInfo(
+        "tag", "TAG (Deng et al., Findings of EMNLP 2021)", run_tag, TagConfig, True, True, False
+    ),
+    "lamp": TextAttackInfo(
+        "lamp", "LAMP (Balunovic et al., NeurIPS 2022)", run_lamp, LampConfig, True, True, False
+    ),
     "utr": TextAttackInfo(
-        "utr", "UTR (Chen et al., arXiv 2601.17533, 2026)", run_utr, UtrConfig, False, True, False
+        "utr",
+        "UTR's ideas for LoRA adapters (after Chen et al., arXiv 2601.17533, 2026; derived, "
+        "docs/ALGORITHMS.md)",
+        run_utr,
+        UtrConfig,
+        False,
+        True,
+        False,
     ),
 }
 

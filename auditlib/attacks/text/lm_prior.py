@@ -32,8 +32,10 @@ from auditlib.paths import data_dir, private
 PUBLIC, AUDITED = "public-text", "audited-model"
 # Our "gpt2-tiny" architecture (2 blocks of width 128), as a prior.
 PRIOR_LAYERS, PRIOR_WIDTH, PRIOR_HEADS, PRIOR_FF = 2, 128, 2, 512
-PRIOR_SEQUENCE = 64  # tokens per training verse (longer ones cut)
-PRIOR_BATCH = 32
+PRIOR_SEQUENCE = 48  # tokens per training verse (longer ones cut)
+PRIOR_BATCH = (
+    8  # small batches: more steps in the time bound (the softmax over the vocabulary dominates)
+)
 PRIOR_LR = 2e-3
 
 

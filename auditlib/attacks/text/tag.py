@@ -12,8 +12,11 @@ authors ran TAG as their baseline (eth-sri/lamp ``tag.sh``: alpha 0.01, Adam lr 
 no decay, 2500 steps, N(0, 1) start, one run). breaching's TAG (``config/attack/tag.yaml``)
 differs: alpha 0.1 with linearly decreasing per-layer weights, AdamW with warm-up and
 linear decay at 0.05, gradient clipping at 1, a start of 0.1 N(0, 1) clipped to +-0.1;
-the per-layer weights are ``layer_weights="linear"`` here. The default (strongest) adds
-restarts, scored by the gradient distance of their projected tokens, and a step decay.
+the per-layer weights are ``layer_weights="linear"`` here. The default (strongest) starts
+and steps the embeddings in units of the token embeddings' standard deviation (a N(0, 1)
+start is ~50 times longer than a token of a 0.02-initialised model, which drowns the
+position embeddings), adds restarts scored by the gradient distance of their projected
+tokens, and decays the step.
 """
 
 from __future__ import annotations

@@ -126,7 +126,9 @@ def _greedy(
     residual = dict(matcher.observed)
     sequences = _opening_pairs(matcher, prior, residual, target, config)
     firsts = torch.tensor([[s[0]] for s in sequences])
-    residual = minus(residual, matcher.term_gradient(firsts, torch.tensor([s[1] for s in sequences])))
+    residual = minus(
+        residual, matcher.term_gradient(firsts, torch.tensor([s[1] for s in sequences]))
+    )
     tok = matcher.model.tokenizer
     for step in range(2, target.length):
         ids = torch.tensor(sequences)

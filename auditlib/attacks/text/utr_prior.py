@@ -8,6 +8,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from auditlib.data.demo_text import demo_text
@@ -35,26 +36,27 @@ class BigramPrior:
 
 def build_prior(tok: TextTokenizer, texts: Iterable[str], bigram_weight: float) -> BigramPrior:
     vocab = tok.vocab_size
-    start = torch.ones(vocab, dtype=torch.float64)  # add-one: every token may open a sequence
-    unigram = torch.ones(vocab, dtype=torch.float64)
-    pairs: dict[int, dict[int, int]] = {}
-    encoded = tok.tokenizer.encode_batch(list(texts), add_special_tokens=False)
-    for item in encoded:
-        ids = item.ids
-        if not ids:
-            continue
-        start[ids[0]] += 1
-        for a in ids:
-            unigram[a] += 1
-        for a, b in zip(ids, ids[1:], strict=False):
-            row = pairs.setdefault(a, {})
-            row[b] = row.get(b, 0) + 1
-    rows = {
-        a: (torch.tensor(list(r)), torch.tensor(list(r.values()), dtype=torch.float64))
-        for a, r in pairs.items()
-    }
+    encoded = [e.ids for e in tok.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+    encoded = [ids for ids in encoded if ids]
+    # add-one: every token may open a sequence and has a unigram count
+    start = np.bincount([ids[0] for ids in encoded], minlength=vocab) + 1.0
+    flat = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in encoded])
+    unigram = np.bincount(flat, minlength=vocab) + 1.0
+    pairs = np.concatenate(
+        [np.asarray(ids[:-1], dtype=np.int64) * vocab + np.asarray(ids[1:]) for ids in encoded]
+    )
+    codes, counts = np.unique(pairs, return_counts=True)  # sorted: rows are contiguous
+    firsts = codes // vocab
+    rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    bounds = np.flatnonzero(np.diff(firsts)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(codes)], strict=True):
+        rows[int(firsts[lo])] = (
+            torch.from_numpy(codes[lo:hi] % vocab),
+            torch.from_numpy(counts[lo:hi].astype(np.float64)),
+        )
+    start_t, unigram_t = torch.from_numpy(start), torch.from_numpy(unigram)
     return BigramPrior(
-        (start / start.sum()).log(), (unigram / unigram.sum()).log(), rows, bigram_weight
+        (start_t / start_t.sum()).log(), (unigram_t / unigram_t.sum()).log(), rows, bigram_weight
     )
 
 
