@@ -20,6 +20,7 @@ LAB = PageRef(f"{PAGE_FOLDER}/lab.py", "Attack lab", ":material/science:")
 SAMPLE = PageRef(f"{PAGE_FOLDER}/sample.py", "Sample", ":material/grid_view:")
 COMPARE = PageRef(f"{PAGE_FOLDER}/compare.py", "Compare", ":material/compare:")
 TRADEOFF = PageRef(f"{PAGE_FOLDER}/tradeoff.py", "Trade-off", ":material/ssid_chart:")
+TEXT = PageRef(f"{PAGE_FOLDER}/text.py", "Text models", ":material/article:")
 HISTORY = PageRef(f"{PAGE_FOLDER}/history.py", "History", ":material/history:")
 METHOD = PageRef(f"{PAGE_FOLDER}/about.py", "Method", ":material/menu_book:")
 
@@ -29,6 +30,7 @@ PAGES = (
     SAMPLE,
     COMPARE,
     TRADEOFF,
+    TEXT,
     HISTORY,
     METHOD,
 )  # in the sidebar's order; SETUP first

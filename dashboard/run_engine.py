@@ -9,6 +9,8 @@ lost the sign-in throttle's count between runs (the guessing browser test found 
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from auditlib.engine.runs import RunManager
@@ -40,7 +42,15 @@ def shared_manager() -> RunManager:
     return manager
 
 
-_MADE: list[RunManager] = []  # the managers made (one per server; tests clear the cache)
+# The managers made, each ended at the server's stop (one per server and kind of run;
+# tests clear the cache).
+_MADE: list[Any] = []
+
+
+def end_at_stop(manager: Any) -> None:
+    """``manager.shutdown()`` at the server's stop (:func:`stop_engine`), before Ray stops:
+    the text runs' manager (``text_engine.py``) as the image runs'."""
+    _MADE.append(manager)
 
 
 def start_engine() -> None:

@@ -17,7 +17,7 @@ from auditlib.models.registry import architecture_info
 from auditlib.words import count_of
 from dashboard.entry import through_app
 from dashboard.image_display import image_captions, inline
-from dashboard.navigation import LAB
+from dashboard.navigation import LAB, TEXT
 from dashboard.setup_state import batch_of, current_setup, setup_problems
 from dashboard.state import (
     ACTIVATIONS,
@@ -271,6 +271,11 @@ def main() -> None:
     st.caption(
         "Step 1 of 2: the model under audit and the private images one client holds. "
         "Then choose the attack and the defense in the Attack lab."
+    )
+    st.page_link(
+        TEXT.path,
+        label="A language model (GPT-2, BERT; every weight or LoRA)? Audit its text on Text models",
+        icon=":material/article:",
     )
     errors: list[str] = []
     _update_section(errors)

@@ -174,6 +174,7 @@ def test_the_pages_are_scripts_in_their_own_folder():
         "Sample",
         "Compare",
         "Trade-off",
+        "Text models",
         "History",
         "Method",
     ]

@@ -490,6 +490,7 @@ UNDO: dict[int, list[str]] = {
         "DROP INDEX ix_runs_instance",
         "ALTER TABLE runs DROP COLUMN instance",
     ],
+    7: ["DROP TABLE text_runs"],
 }
 
 

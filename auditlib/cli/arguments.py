@@ -309,6 +309,11 @@ def _report_arguments(commands) -> None:
     subject = report.add_mutually_exclusive_group(required=True)
     subject.add_argument("--run", metavar="ID", help="id of a run in the store")
     subject.add_argument("--batch", metavar="ID", help="id of a comparison or sweep in the store")
+    subject.add_argument(
+        "--text-result",
+        metavar="DIR/result.json",
+        help="the result.json a text audit wrote (audit --text-model): its PDF",
+    )
     report.add_argument(
         "--db",
         help="SQLAlchemy URL of the store (default: $AUDIT_DATABASE_URL, else data/audit.db)",
@@ -322,6 +327,12 @@ def _report_arguments(commands) -> None:
     )
     report.add_argument(
         "--no-charts", action="store_true", help="leave out the charts (no Chromium needed)"
+    )
+    report.add_argument(
+        "--mask-private",
+        action="store_true",
+        help="with --text-result: private and recovered text masked (word lengths only), "
+        "so the PDF can be shared",
     )
 
 

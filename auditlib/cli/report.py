@@ -66,6 +66,17 @@ def report_command(args: argparse.Namespace) -> int:
         raise AuditInputError(f"--out {out} is a folder; give the PDF file to write")
     if not out.parent.is_dir():
         raise AuditInputError(f"--out {out}: the folder {out.parent} does not exist")
+    if args.text_result:  # a file the CLI wrote, read as JSON: no store, no user
+        from auditlib.report.text_pdf import build_text_report
+        from auditlib.text_result_read import load_text_result
+
+        text = build_text_report(
+            load_text_result(args.text_result), out, mask_private=args.mask_private
+        )
+        print(f"wrote {text.path} ({text.pages} pages{', masked' if text.masked else ''})")
+        return 0
+    if args.mask_private:
+        raise AuditInputError("--mask-private masks a text audit's PDF (--text-result)")
     principal = acting_user(args.user)
     with _existing_store(args.db or default_database_url()) as raw:
         store = raw if principal is None else UserStore(raw, principal)

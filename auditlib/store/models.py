@@ -209,3 +209,27 @@ class Batch(Base):
     definition: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
     owner: Mapped[str | None] = mapped_column(String(64), index=True)  # None: before sign-in
+
+
+class TextRun(Base):
+    """A text model's audit (schema 8; ``store/text_runs.py``): its own table, as a text
+    audit's spec, progress and result share no column with an image run's. ``live`` is the
+    latest progress (the best sequences so far); ``result`` the result.json of
+    ``text_result_json``."""
+
+    __tablename__ = "text_runs"
+    __table_args__ = (Index("ix_text_runs_created_at", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    title: Mapped[str] = mapped_column(String(200), default="")
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]]
+    live: Mapped[dict[str, Any] | None]
+    result: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    owner: Mapped[str | None] = mapped_column(String(64), index=True)
+    instance: Mapped[str | None] = mapped_column(String(32), index=True)

@@ -30,7 +30,9 @@ STATUSES: frozenset[str] = UNFINISHED | FINISHED
 # Uploaded assets: a folder of images, a model file (weights or a trusted archive), an
 # observed update's bundle (a zip of its files, auditlib.observed.upload), or the file of a
 # model class of the user's own code ("code", where an admin allows trusted code).
-ASSET_KINDS: frozenset[str] = frozenset({"images", "model", "observed", "code"})
+ASSET_KINDS: frozenset[str] = frozenset(
+    {"images", "model", "observed", "code", "text", "text-model"}
+)  # text: a text audit's sequences; text-model: a file of its model folder
 
 # Batches: several runs of one scenario and attack, under several defenses (a comparison)
 # or over a grid of a defense's strength (a sweep).

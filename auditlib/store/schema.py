@@ -32,7 +32,16 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from auditlib.errors import AuditInputError
 from auditlib.store.convert import assets_in_spec, utcnow
 from auditlib.store.engine import WRITE_OPTION, SharedEngine, describe, enable_wal
-from auditlib.store.models import AssetOwner, Base, Batch, Instance, Run, RunAsset, SchemaInfo
+from auditlib.store.models import (
+    AssetOwner,
+    Base,
+    Batch,
+    Instance,
+    Run,
+    RunAsset,
+    SchemaInfo,
+    TextRun,
+)
 
 
 def _add_batches(connection: Connection) -> None:
@@ -107,7 +116,12 @@ def _add_instances(connection: Connection) -> None:
     connection.execute(text("CREATE INDEX ix_runs_instance ON runs (instance)"))
 
 
-SCHEMA_VERSION: int = 7
+def _add_text_runs(connection: Connection) -> None:
+    """7 -> 8: text models' audits (the ``text_runs`` table, ``store/text_runs.py``)."""
+    TextRun.__table__.create(connection)
+
+
+SCHEMA_VERSION: int = 8
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _add_batches,
     2: _add_run_stage,
@@ -115,6 +129,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: _add_owners,
     5: _add_claim_details,
     6: _add_instances,
+    7: _add_text_runs,
 }
 
 _VERSION_ROW = 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -77,8 +77,19 @@ class DagerConfig:
         "closest candidates kept instead of those under a threshold",
     )
     beam: int = param(
-        0, "ranked mode: candidates kept per position and prefixes per step (0: twice the "
-        "batch size)", low=0, high=100_000,
+        0, "ranked mode: prefixes kept per step (0: twice the batch size)", low=0, high=100_000
+    )
+    token_beam: int = param(
+        256,
+        "ranked mode: tokens kept per position, the closest (a token elsewhere in the batch "
+        "lies in the span too, so many more than the batch size do)",
+        low=1, high=100_000,
+    )  # fmt: skip
+    noise_floor: float = param(
+        3.0,
+        "ranked mode: singular values above this times the first one past the token count "
+        "the server knows (noise's) count in the span's rank",
+        low=1, high=1000,
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -96,6 +107,18 @@ def known_rank(target: TextTarget) -> int:
     return target.batch_size * per_sequence
 
 
+def _above_noise(span: LayerSpan, target: TextTarget, config: DagerConfig) -> LayerSpan:
+    """The span cut to the singular values above the noise floor: ``noise_floor`` times the
+    first value past the token count the server knows (``known_rank``, at least the inputs'
+    span's rank, so that value is noise's)."""
+    s, known = span.singular_values, known_rank(target)
+    if known >= s.numel():  # more tokens than the width: no value is surely noise
+        return span
+    floor = config.noise_floor * float(s[known])  # beyond the token count: noise alone
+    rank = max(1, min(int((s > floor).sum()), known, span.basis.shape[1]))
+    return replace(span, basis=span.basis[:, :rank], rank=rank)
+
+
 def _token_candidates(
     target: TextTarget, span: LayerSpan, config: DagerConfig
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -107,7 +130,7 @@ def _token_candidates(
         d = distance_to_span(span, first_layer_inputs(model, position))
         order = torch.argsort(d)
         if config.mode == "ranked":
-            kept = [int(i) for i in order[: _beam(target, config)]]
+            kept = [int(i) for i in order[: config.token_beam]]
         else:
             kept = [
                 int(i)
@@ -224,11 +247,16 @@ def run_dager(
 ) -> RecoveredText:
     started = time.perf_counter()
     model = target.model
-    # Ranked, the rank is the token count the server knows: at least the inputs' span's (it
-    # is at most the distinct tokens plus the positions), so the span is never cut short.
-    rank = known_rank(target) if config.mode == "ranked" else None
-    first = layer_span(model, target.update, 0, config.rank_tolerance, rank)
-    second = layer_span(model, target.update, 1, config.rank_tolerance, rank)
+    if config.mode == "ranked":
+        first = _above_noise(
+            layer_span(model, target.update, 0, config.rank_tolerance), target, config
+        )
+        second = _above_noise(
+            layer_span(model, target.update, 1, config.rank_tolerance), target, config
+        )
+    else:
+        first = layer_span(model, target.update, 0, config.rank_tolerance)
+        second = layer_span(model, target.update, 1, config.rank_tolerance)
     notes: list[str] = [
         f"first-layer span: rank {first.rank} of width {first.width}, read from {first.source}"
     ]

@@ -1,0 +1,300 @@
+"""Text audits on Ray, persisted as they go: the dashboard's Text page starts them here.
+
+Why not ``engine.runs.RunManager``: its runs are ``RunSpec``s through and through (their
+identity, budget, device and defense checks, the image stream's messages, the ``runs``
+table every other page reads as image audits). A text run is one Ray streaming task of
+its own (:func:`text_task`) that yields plain JSON messages (``event``: a ``TextEvent``'s
+stage, attack, texts and note; ``result``: result.json; ``error``), drained by one
+consumer thread into the ``text_runs`` table (``store.text_runs``) as the image runs'
+consumer does; workers never touch the database. Ray places the task when one of its CPUs
+is free (one CPU a run, ``ray_backend.cpus_per_run``), and each user has at most
+``AUDIT_USER_MAX_RUNNING`` + ``AUDIT_USER_MAX_QUEUED`` text runs unfinished.
+
+The text attacks take no stop request (``run_text_audit`` has no cancellation hook), so a
+Cancel stops the task with ``ray.cancel``: the run ends cancelled with nothing scored.
+A run whose dashboard process is gone (stopped, or never recorded) is failed when the
+next manager starts, with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import ray
+from ray.exceptions import RayError, TaskCancelledError
+
+from auditlib.attacks.text import TEXT_ATTACKS
+from auditlib.defenses import build_defense
+from auditlib.engine import ray_backend
+from auditlib.engine.fair_share import FairShareLimits
+from auditlib.engine.text_audit import TEXT_DEFENSES, TextAuditSpec
+from auditlib.errors import AuditInputError
+from auditlib.models.text import PRESETS
+from auditlib.store import CANCELLED, COMPLETED, FAILED, RunFinishedError, Store, UnknownRunError
+from auditlib.store.instances import Instances
+from auditlib.store.text_runs import TextRunStore
+
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+OWN_MODEL = "own"  # TextAuditSpec.model of a run on the auditor's uploaded folder
+LIVE_EVERY_S = 0.5  # the least time between two stored "progress" events of one run
+GONE_REASON = (
+    "the dashboard process running this text audit stopped while it was in progress; "
+    "start it again to get a result"
+)
+CANCEL_REASON = (
+    "cancelled: the text attacks have no cooperative stop, so the task was stopped; "
+    "nothing was scored"
+)
+_LOG = logging.getLogger("auditlib.text_runs")
+
+
+@dataclass(frozen=True)
+class TextUploads:
+    """The bytes a run needs beside its spec: the model folder's three files (None: a
+    preset) and the auditor's text file (None: the demo text), with its name."""
+
+    model_files: Mapping[str, bytes] | None = None
+    text_name: str | None = None
+    text_bytes: bytes | None = None
+
+
+def check_text_spec(spec: TextAuditSpec, uploads: TextUploads) -> None:
+    """What a start checks before anything is recorded (AuditInputError otherwise)."""
+    if spec.model == OWN_MODEL:
+        files = uploads.model_files or {}
+        missing = [name for name in MODEL_FILES if name not in files]
+        if missing:
+            raise AuditInputError(f"your model folder lacks {', '.join(missing)}")
+    elif spec.model not in PRESETS:
+        raise AuditInputError(f"text model {spec.model!r}; expected one of {', '.join(PRESETS)}")
+    if (spec.text_file is None) != (uploads.text_bytes is None):
+        raise AuditInputError("a text file was named without its bytes, or given unnamed")
+    if not spec.attacks:
+        raise AuditInputError("choose at least one text attack")
+    unknown = [a for a in spec.attacks if a not in TEXT_ATTACKS]
+    if unknown:
+        raise AuditInputError(
+            f"text attack {unknown[0]!r}; expected one of {', '.join(TEXT_ATTACKS)}"
+        )
+    if spec.preset not in ("strongest", "paper"):
+        raise AuditInputError(f"attack preset {spec.preset!r}; expected strongest or paper")
+    if spec.defense not in TEXT_DEFENSES:
+        raise AuditInputError(
+            f"defense {spec.defense!r} on a text model; expected one of {', '.join(TEXT_DEFENSES)}"
+        )
+    build_defense(spec.defense, spec.defense_params)  # refuses a bad parameter
+
+
+# ------------------------------------------------------------------------------ the worker
+
+
+def _local_spec(spec: TextAuditSpec, uploads: TextUploads, folder) -> TextAuditSpec:
+    """The spec with the uploads written to ``folder`` (the worker's private temp dir)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    if uploads.model_files is not None:
+        model_dir = folder / "model"
+        model_dir.mkdir()
+        for name in MODEL_FILES:
+            (model_dir / name).write_bytes(uploads.model_files[name])
+        spec = replace(spec, model=str(model_dir))
+    if uploads.text_bytes is not None:
+        name = Path(uploads.text_name or "text.txt").name  # its suffix says .txt or .csv
+        path = folder / name
+        path.write_bytes(uploads.text_bytes)
+        spec = replace(spec, text_file=str(path))
+    return spec
+
+
+def text_messages(spec: TextAuditSpec, uploads: TextUploads) -> Iterator[dict[str, Any]]:
+    """The audit's events as plain JSON messages, then its result (or its error). The
+    audit runs on a thread of its own so its events can be yielded as they come."""
+    import tempfile
+
+    import torch
+
+    from auditlib.engine.text_audit import run_text_audit
+    from auditlib.text_result_json import text_result_dict
+
+    torch.set_num_threads(ray_backend.cpus_per_run())
+    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def work(folder: str) -> None:
+        try:
+            result = run_text_audit(
+                _local_spec(spec, uploads, folder),
+                lambda e: events.put({"kind": "event", **asdict(e), "texts": list(e.texts)}),
+            )
+            data = text_result_dict(result)
+            data["spec"] = {**asdict(spec), "attacks": list(spec.attacks)}  # no worker paths
+            outcome["message"] = {"kind": "result", "result": data}
+        except AuditInputError as exc:
+            outcome["message"] = {"kind": "error", "message": str(exc)}
+        except Exception as exc:  # said in one line; the worker's log has the traceback
+            _LOG.exception("a text audit failed")
+            outcome["message"] = {"kind": "error", "message": f"{type(exc).__name__}: {exc}"}
+        finally:
+            events.put(None)
+
+    with tempfile.TemporaryDirectory(prefix="text-audit-") as folder:
+        thread = threading.Thread(target=work, args=(folder,), daemon=True, name="text-audit")
+        thread.start()
+        while (message := events.get()) is not None:
+            yield message
+        thread.join()
+    yield outcome.get("message") or {"kind": "error", "message": "the audit ended without a result"}
+
+
+def _text_task(spec: dict[str, Any], uploads: TextUploads):
+    typed = TextAuditSpec(**{**spec, "attacks": tuple(spec["attacks"])})
+    yield from text_messages(typed, uploads)
+
+
+text_task = ray.remote(num_returns="streaming", max_retries=0)(_text_task)
+
+
+# ------------------------------------------------------------------------------ the manager
+
+
+class TextRunManager:
+    """Starts text audits on Ray and writes what they say to the store."""
+
+    def __init__(
+        self, store: Store, instance: str | None = None, limits: FairShareLimits | None = None
+    ) -> None:
+        self.runs = TextRunStore(store)
+        self.instance = instance
+        self.limits = limits or FairShareLimits.from_environment()
+        self._lock = threading.Lock()
+        self._refs: dict[str, Any] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self.orphans_failed = self._fail_orphans(Instances(store))
+
+    def _fail_orphans(self, instances: Instances) -> int:
+        """Fail the unfinished text runs of dashboard processes that are gone."""
+        failed = 0
+        for record in self.runs.unfinished():
+            if record.instance == self.instance and record.instance is not None:
+                continue
+            other = None if record.instance is None else instances.get(record.instance)
+            if other is None or other.stopped_at is not None:
+                with contextlib.suppress(RunFinishedError, UnknownRunError):
+                    self.runs.finish(record.id, FAILED, error=GONE_REASON)
+                    failed += 1
+        return failed
+
+    def start(
+        self, spec: TextAuditSpec, uploads: TextUploads, *, owner: str | None, title: str = ""
+    ) -> str:
+        """Check, record as ``owner``'s and submit; returns the run id."""
+        check_text_spec(spec, uploads)
+        with self._lock:
+            mine = [r for r in self.runs.unfinished() if r.owner == owner]
+            most = self.limits.max_running + self.limits.max_queued
+            if len(mine) >= most:
+                raise AuditInputError(
+                    f"you have {len(mine)} text audits unfinished, the most one user may have; "
+                    "wait for one to end or cancel one"
+                )
+        ray_backend.ensure_ray()
+        stored = {**asdict(spec), "attacks": list(spec.attacks)}
+        run_id = self.runs.create(stored, title, owner=owner, instance=self.instance)
+        try:
+            options = {"num_cpus": ray_backend.cpus_per_run()}
+            generator = text_task.options(**options).remote(stored, uploads)
+        except Exception as exc:
+            self.runs.finish(run_id, FAILED, error=f"could not be handed to Ray: {exc}")
+            return run_id
+        thread = threading.Thread(
+            target=self._drain, args=(run_id, generator), daemon=True, name=f"text-{run_id[:8]}"
+        )
+        with self._lock:
+            self._refs[run_id] = generator
+            self._threads[run_id] = thread
+        thread.start()
+        return run_id
+
+    def _drain(self, run_id: str, generator) -> None:
+        last_live = 0.0
+        try:
+            for ref in generator:
+                message = ray.get(ref)
+                kind = message.get("kind") if isinstance(message, dict) else None
+                if kind == "event":
+                    now = time.monotonic()
+                    if message["stage"] == "progress" and now - last_live < LIVE_EVERY_S:
+                        continue
+                    last_live = now
+                    live = {k: message.get(k) for k in ("stage", "attack", "texts", "note")}
+                    self.runs.progress(run_id, live)
+                elif kind == "result":
+                    self.runs.finish(run_id, COMPLETED, result=message["result"])
+                elif kind == "error":
+                    self.runs.finish(run_id, FAILED, error=str(message["message"]))
+        except (RunFinishedError, UnknownRunError):
+            self._cancel_task(run_id)  # deleted or ended elsewhere: computes for no one
+        except TaskCancelledError:
+            self._end(run_id, CANCELLED, CANCEL_REASON)
+        except RayError as exc:
+            self._end(run_id, FAILED, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            _LOG.exception("the consumer of text run %s failed", run_id)
+            self._end(run_id, FAILED, f"its progress could not be recorded ({type(exc).__name__})")
+        finally:
+            self._end(run_id, FAILED, "the worker ended without a result")
+            with self._lock:
+                self._refs.pop(run_id, None)
+                self._threads.pop(run_id, None)
+
+    def _end(self, run_id: str, status: str, error: str) -> None:
+        record = self.runs.get(run_id)
+        if record is not None and not record.finished:
+            if status == FAILED and record.cancel_requested:
+                status, error = CANCELLED, CANCEL_REASON
+            with contextlib.suppress(RunFinishedError, UnknownRunError):
+                self.runs.finish(run_id, status, error=error)
+
+    def _cancel_task(self, run_id: str) -> None:
+        with self._lock:
+            generator = self._refs.get(run_id)
+        if generator is not None:
+            with contextlib.suppress(Exception):
+                ray.cancel(generator, force=True)
+
+    def cancel(self, run_id: str) -> None:
+        """Stop the run's task; its run ends cancelled."""
+        with contextlib.suppress(UnknownRunError):
+            self.runs.request_cancel(run_id)
+        self._cancel_task(run_id)
+        with self._lock:
+            held = run_id in self._refs
+        if not held:
+            self._end(run_id, CANCELLED, "cancelled; no dashboard process was running it any more")
+
+    def is_active(self, run_id: str) -> bool:
+        with self._lock:
+            return run_id in self._refs
+
+    def wait(self, run_id: str, timeout: float | None = None) -> bool:
+        with self._lock:
+            thread = self._threads.get(run_id)
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            ids = list(self._refs)
+        for run_id in ids:
+            self._end(run_id, FAILED, GONE_REASON)
+            self._cancel_task(run_id)

@@ -1,0 +1,125 @@
+"""The Text page under Streamlit's AppTest: a bad upload is refused in words, a tiny text
+audit (gpt2-tiny, 2 sequences of 10 tokens, DAGER) runs on Ray and shows its verdict and
+its sequences, and another user does not see it. Real runs: the process-wide Ray of the
+test session and a SQLite store in a temporary folder (conftest's ``dashboard_store``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the dashboard is imported as a package from the repo root
+    sys.path.insert(0, str(ROOT))
+
+from dashboard.navigation import TEXT  # noqa: E402
+from dashboard.text_engine import shared_text_manager  # noqa: E402
+
+APP = str(ROOT / "app.py")
+TIMEOUT = 60
+
+
+def _text_page(user: str = "alice", **query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["authentication_status"] = True
+    at.session_state["username"] = user
+    at.query_params.update(query)
+    at.run()
+    return at.switch_page(TEXT.path).run()
+
+
+def _shown(at: AppTest) -> str:
+    parts = [
+        e.value
+        for kind in ("markdown", "caption", "info", "warning", "error", "success", "subheader")
+        for e in getattr(at, kind)
+    ]
+    for grid in (*at.dataframe, *at.table):  # every cell whole (to_string cuts long ones)
+        parts += [str(v) for v in grid.value.astype(str).to_numpy().ravel()]
+    return "\n".join(parts)
+
+
+def test_a_text_file_that_is_not_utf8_is_refused_in_words(dashboard_store):
+    store, _ = dashboard_store
+    at = _text_page()
+    at.radio(key="text_data_source").set_value("upload").run()
+    at.file_uploader(key="text_data_file").set_value(
+        ("notes.txt", b"\xff\xfe\x00 not text", "text/plain")
+    )
+    at.run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any("Text file refused" in e and "not UTF-8" in e for e in errors), errors
+    assert store.list_assets("text") == []  # nothing refused is stored
+    at.button(key="text_start").click().run()
+    assert any("Upload your text file" in e.value for e in at.error)
+
+
+def test_a_model_folder_without_its_weights_is_refused(dashboard_store):
+    at = _text_page()
+    at.radio(key="text_model_source").set_value("upload").run()
+    at.file_uploader(key="text_model_files").set_value(
+        [("config.json", b'{"model_type": "gpt2"}', "application/json")]
+    )
+    at.run()
+    assert not at.exception
+    assert any("model.safetensors" in e.value and "refused" in e.value for e in at.error)
+
+
+def test_a_tiny_text_audit_runs_shows_its_verdict_and_is_its_owners_alone(dashboard_store):
+    at = _text_page()
+    at.selectbox(key="text_preset").set_value("gpt2-tiny")
+    at.number_input(key="text_batch").set_value(2)
+    at.number_input(key="text_tokens").set_value(10).run()
+    at.button(key="text_start").click().run()
+    assert not [e.value for e in at.error]
+    run_id = at.session_state["text_run"]
+    assert at.query_params["text_run"] == run_id
+    assert shared_text_manager().wait(run_id, 180)
+    at.run()
+    record = shared_text_manager().runs.get(run_id)
+    assert record.status == "completed", record.error
+    shown = _shown(at)
+    assert "2 sequences of 2 recovered" in shown  # the verdict (DAGER is exact here)
+    private = record.result["runs"][0]["sequences"][0]["private"]
+    # Compare defenses: the finished run's row, its verdict and (no defense) no epsilon.
+    (compare,) = [d.value for d in at.dataframe if "defense" in d.value.columns]
+    assert compare["verdict"].tolist() == [record.result["verdict"]["headline"]]
+    assert compare["defense"].tolist() == ["none"] and compare["epsilon"].isna().all()
+    assert private in shown  # side by side with what was recovered
+    # Masked, the private words are gone from the table.
+    at.checkbox(key="text_mask").check().run()
+    assert private not in _shown(at)
+    # Bob opens the same link: refused, and none of alice's text shows.
+    bob = _text_page("bob", text_run=run_id)
+    assert any("belongs to another user" in e.value for e in bob.error)
+    assert private not in _shown(bob)
+
+
+def test_a_bad_text_run_is_refused_before_it_is_recorded_and_orphans_are_failed(tmp_path):
+    from auditlib.engine.text_audit import TextAuditSpec
+    from auditlib.engine.text_runs import GONE_REASON, TextRunManager, TextUploads
+    from auditlib.errors import AuditInputError
+    from auditlib.store import Store
+
+    with Store(f"sqlite:///{tmp_path / 'audit.db'}") as store:
+        manager = TextRunManager(store, instance="a" * 32)
+        noisy = TextAuditSpec(
+            model="gpt2-tiny", defense="dp-gaussian", defense_params={"sigma": "-1"}
+        )
+        with pytest.raises(AuditInputError, match="sigma"):
+            manager.start(noisy, TextUploads(), owner="alice")
+        with pytest.raises(AuditInputError, match="model folder lacks"):
+            manager.start(TextAuditSpec(model="own"), TextUploads(), owner="alice")
+        assert manager.runs.list() == []
+        # A run left unfinished by a process that is gone fails when the next one starts.
+        left = manager.runs.create({"model": "gpt2-tiny"}, owner="alice", instance="b" * 32)
+        mine = manager.runs.create({"model": "gpt2-tiny"}, owner="alice", instance="a" * 32)
+        again = TextRunManager(store, instance="a" * 32)
+        assert again.orphans_failed == 1
+        assert manager.runs.get(left).status == "failed"
+        assert manager.runs.get(left).error == GONE_REASON
+        assert manager.runs.get(mine).status == "queued"
