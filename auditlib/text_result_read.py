@@ -15,6 +15,7 @@ from typing import Any
 
 from auditlib.engine.text_audit import TextAuditSpec
 from auditlib.errors import AuditInputError
+from auditlib.metrics.text_baseline import TextGuess
 from auditlib.text_result_json import TEXT_RESULT_VERSION
 
 MAX_RESULT_BYTES = 64 * 1024 * 1024
@@ -67,12 +68,6 @@ class TextVerdictView:
 
 
 @dataclass(frozen=True)
-class GuessView:
-    name: str
-    text: str
-
-
-@dataclass(frozen=True)
 class PrivacyView:
     epsilon: float | None
     delta: float | None
@@ -86,7 +81,7 @@ class StoredTextResult:
     model: str
     data: str
     seconds: float
-    guesses: tuple[GuessView, ...]
+    guesses: tuple[TextGuess, ...]
     bar_rouge1: tuple[float, ...]  # per private sequence, the best guess's (metrics.text_baseline)
     bar_rouge2: tuple[float, ...]
     bar_rougeL: tuple[float, ...]
@@ -165,7 +160,7 @@ def read_text_result(data: dict[str, Any]) -> StoredTextResult:
         bar = data["guess_bar"]
         return StoredTextResult(
             _spec(data["spec"]), str(data["model"]), str(data["data"]), float(data["seconds"]),
-            tuple(GuessView(str(g["name"]), str(g["text"])) for g in data["guesses"]),
+            tuple(TextGuess(str(g["name"]), str(g["text"])) for g in data["guesses"]),
             _floats(bar["rouge1"]), _floats(bar["rouge2"]), _floats(bar["rougeL"]),
             tuple(_attack(r, False) for r in data["runs"]),
             tuple(_attack(r, True) for r in data["controls"]),
