@@ -15,9 +15,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     RAY_USAGE_STATS_ENABLED=0
 
 # chromium: kaleido's chart export (finds it on PATH); dataset-fashion-mnist: the bundled
-# Fashion-MNIST sample set in /usr/share/datasets/fashion-mnist; fonts for the PDF report.
+# Fashion-MNIST sample set in /usr/share/datasets/fashion-mnist; fonts for the PDF report;
+# bible-kjv: the text-model audit's demo text (docs/TEXT.md).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
+        bible-kjv \
         chromium \
         dataset-fashion-mnist \
         fonts-dejavu-core \
