@@ -22,7 +22,7 @@ from pathlib import Path
 
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.units import cm
-from reportlab.platypus import Flowable, PageBreak, SimpleDocTemplate, Spacer
+from reportlab.platypus import CondPageBreak, Flowable, SimpleDocTemplate, Spacer
 
 import auditlib
 from auditlib.errors import AuditInputError
@@ -221,7 +221,9 @@ def _story(r: StoredTextResult, b: _Builder, masked: bool) -> list[Flowable]:
     story += _verdict(b, r)
     story += _settings(b, r)
     story += _scores(b, r)
-    story.append(PageBreak())
+    story.append(
+        CondPageBreak(8 * cm)
+    )  # the sequences start on a fresh page only where little is left
     story += _sequences(b, r, masked)
     story += _notes(b, r)
     return story

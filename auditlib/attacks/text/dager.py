@@ -176,7 +176,7 @@ def _decoder_sequences(
             prefixes = []
             break
         trials = [[*p, t] for p in prefixes for t in tokens]
-        if len(trials) > config.max_prefixes:
+        if config.mode == "exact" and len(trials) > config.max_prefixes:
             notes.append(
                 f"position {position}: {len(trials)} extensions to test, over the bound of "
                 f"{config.max_prefixes}; the best-scoring ones were kept"
@@ -285,6 +285,9 @@ def run_dager(
     found = sum(len(c) for c in candidates)
     notes.append(
         f"token filter: {found} (position, token) pairs in the span over {target.length} positions"
+        if config.mode == "exact"
+        else f"token filter: the {config.token_beam} closest tokens at each of {target.length} "
+        f"positions (ranked; span rank {first.rank})"
     )
     if any(len(c) >= config.max_tokens_per_position for c in candidates):
         holds = False
@@ -295,6 +298,8 @@ def run_dager(
         sequences, more = _encoder_sequences(target, second, candidates, config)
         sequences = [_strip_encoder_specials(target, s) for s in sequences]
     notes.extend(more)
+    if config.mode == "ranked":  # ranking claims no exactness: there are no assumptions to hold
+        holds = None
     texts = tuple(model.tokenizer.decode(s) for s in sequences)
     on_progress(TextProgress(target.length, target.length, texts[:64], "done"))
     return RecoveredText(
