@@ -150,7 +150,9 @@ def result_view(record: TextRunRecord) -> None:
     _side_by_side(runs[labels.index(chosen)], masked)
     with st.expander("What the attacks noted (their assumptions)"):
         for run in runs:
-            held = {True: "held", False: "did not hold", None: "not said"}[run.assumptions_hold]
+            held = {True: "held", False: "did not hold", None: "none (it claims no exactness)"}[
+                run.assumptions_hold
+            ]
             st.markdown(f"**{run.attack}**: assumptions {held}")
             for note in run.notes:
                 st.markdown(f"- {note}")

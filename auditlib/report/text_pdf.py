@@ -203,7 +203,7 @@ def _sequences(b: _Builder, r: StoredTextResult, masked: bool) -> list[Flowable]
 def _notes(b: _Builder, r: StoredTextResult) -> list[Flowable]:
     story: list[Flowable] = [b.p("What the attacks noted", "h1")]
     for run in (*r.runs, *r.controls):
-        held = {True: "held", False: "did not hold", None: "not said by the attack"}
+        held = {True: "held", False: "did not hold", None: "none: it claims no exactness"}
         title = run.attack + (" (control)" if run.control else "")
         story.append(b.p(f"{esc(title)}: its assumptions {held[run.assumptions_hold]}", "h2"))
         story += b.bullets([esc(n) for n in run.notes] or ["no notes"])
