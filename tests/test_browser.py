@@ -271,7 +271,16 @@ def _start_and_watch(page, label: str, opened: float) -> dict[str, object]:
     }
 
 
-PAGE_TITLES = ["Setup", "Attack lab", "Sample", "Compare", "Trade-off", "History", "Method"]
+PAGE_TITLES = [
+    "Setup",
+    "Attack lab",
+    "Sample",
+    "Compare",
+    "Trade-off",
+    "Text models",
+    "History",
+    "Method",
+]
 
 
 # Each navigation link's text without its icon (a Material icon's text is its name).
