@@ -186,10 +186,11 @@ def server(tmp_path):
 
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory, users_path):
-    """One dashboard for the tests that sign in as alice in a fresh browser and need nothing
-    of the store but their own runs (each starts its own and opens it by its link): its Ray
-    starts and warms a worker once (some 19 s on 2 cores) instead of once per test. Tests that
-    count the runs, change users or restart the server keep a :func:`server` of their own."""
+    """One dashboard for the tests that sign in as alice in a fresh browser context and need
+    nothing of the store but their own runs (each starts its own and opens it by its link),
+    and for the visitor who reads nothing of it: its Ray starts and warms a worker once
+    (some 19 s on 2 cores) instead of once per test. Tests that count the runs, change users
+    or restart the server keep a :func:`server` of their own."""
     running = Server(tmp_path_factory.mktemp("shared") / "data", log="browser_shared.log")
     running.env["AUDIT_USERS_FILE"] = str(users_path)  # the session's users, never changed
     with _serving(running):
@@ -201,6 +202,56 @@ def restartable_server(tmp_path):
     """The dashboard as a :class:`Server` the test can restart."""
     with _serving(Server(tmp_path / "data")) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium for the module's tests, launched once (its driver and launch:
+    seconds on 2 cores): each test opens contexts of its own (:func:`_contexts`), so no
+    cookie, storage, cache or session of another test's reaches it."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class _Contexts:
+    """The shared Chromium as one test sees it: every page in a new context (as
+    ``Browser.new_page`` makes one), all of them closed by :meth:`close`."""
+
+    def __init__(self, browser) -> None:
+        self.browser = browser
+        self.opened: list = []
+
+    def new_context(self, **options):
+        context = self.browser.new_context(**options)
+        self.opened.append(context)
+        return context
+
+    def new_page(self, **options):
+        return self.new_context(**options).new_page()
+
+    def close(self) -> None:
+        for context in self.opened:
+            with contextlib.suppress(Exception):
+                context.close()
+        self.opened.clear()
+
+
+@contextlib.contextmanager
+def _contexts(browser):
+    """A test's :class:`_Contexts` of the shared Chromium, closed at the end whatever
+    happens."""
+    opened = _Contexts(browser)
+    try:
+        yield opened
+    finally:
+        opened.close()
 
 
 def sign_in(page, user: str, password: str | None = None) -> None:
@@ -312,15 +363,11 @@ def _wait_images_loaded(page) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_upload_start_and_watch_a_run_in_a_browser(restartable_server):
+def test_upload_start_and_watch_a_run_in_a_browser(chromium, restartable_server):
     server = restartable_server.url
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
 
     timing: dict[str, object] = {}
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
@@ -433,15 +480,11 @@ def _set_number(scope, label: str, value: int, page) -> None:
 # On an AMD EPYC of 2 cores (AVX2) the four runs of 20 steps took 3 minutes, of 10 steps 2:
 # the pages are the point here, not the attack, so 2 steps, and each wait 300 s.
 @pytest.mark.timeout(720)
-def test_compare_and_tradeoff_pages_in_a_browser(shared_server):
+def test_compare_and_tradeoff_pages_in_a_browser(chromium, shared_server):
     """A comparison of four defenses and a three-point DP sweep, as an auditor runs them;
     screenshots of both pages, and the PDF report downloaded from the comparison."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
 
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2200})
             page.set_default_timeout(30_000)
@@ -510,17 +553,13 @@ def _choose(scope, label: str, option: str, page) -> None:
     page.wait_for_timeout(700)  # the rerun that takes the new value
 
 
-def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(shared_server):
+def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(chromium, shared_server):
     """A defended run in the Attack lab: its control starts with it, and the verdict reads
     beside it (DP noise sigma=10 against DLG on LeNet with 100 classes: the control leaks, the
     defense holds), with the scope, the baseline guesses and the threat-model card;
     screenshot ``browser_verdict.png``."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
 
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
@@ -559,13 +598,10 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(shared_serve
 
 
 def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
-    server, tmp_path, stored_summary
+    chromium, server, tmp_path, stored_summary
 ):
     """alice and bob, signed in side by side, each see their own run only; bob's link to
     alice's run or upload is refused with a clear message; the admin sees both runs."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
     from auditlib.store import Store
 
     with Store(f"sqlite:///{tmp_path / 'data' / 'audit.db'}") as store:
@@ -575,8 +611,7 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
             store.finish(runs[user], "completed", stored_summary)
         upload = store.put_asset("images", "private.zip", b"alice's images", owner="alice")
 
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         pages = {}
         try:
             for user in ("alice", "bob", "root"):
@@ -634,13 +669,10 @@ VERDICT_HEADLINE = re.compile(r"^(Very High|High|Medium|Low|Inconclusive)\b.*:")
 
 
 @pytest.mark.timeout(150)
-def test_a_torchvision_model_with_its_weights_in_a_browser(shared_server, tmp_path):
+def test_a_torchvision_model_with_its_weights_in_a_browser(chromium, shared_server, tmp_path):
     """The auditor picks torchvision's MobileNet v3 small in the Setup page, uploads its
     weights (random ones, saved as safetensors here), takes two 64-pixel photographs and runs
     a few DLG steps: the run is titled by the model and reads a verdict."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
     safetensors_torch = pytest.importorskip("safetensors.torch")
     from auditlib.models import ModelSpec, build_model
 
@@ -648,8 +680,7 @@ def test_a_torchvision_model_with_its_weights_in_a_browser(shared_server, tmp_pa
     weights = tmp_path / "mobilenet_v3_small.safetensors"
     safetensors_torch.save_file(model.state_dict(), str(weights))
 
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
@@ -710,16 +741,13 @@ def _overlap(a: dict, b: dict) -> bool:
 
 @pytest.mark.timeout(240)
 def test_sign_in_goes_sixteen_images_fit_and_a_run_shows_life_at_once_in_a_browser(
+    chromium,
     shared_server,
 ):
     """Issue 52, as a new user met it: the sign-in form stayed above the page after signing
     in; Setup capped a bundled set at 8 images with only a red icon for 16; the result of
     16 images ran off the page under the loss chart; a run showed no progress for 15 s."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
         page.set_default_timeout(30_000)
         try:
@@ -780,13 +808,10 @@ def test_sign_in_goes_sixteen_images_fit_and_a_run_shows_life_at_once_in_a_brows
 
 
 @pytest.mark.timeout(180)
-def test_an_observed_update_uploaded_and_audited_in_a_browser(shared_server, tmp_path):
+def test_an_observed_update_uploaded_and_audited_in_a_browser(chromium, shared_server, tmp_path):
     """The auditor uploads the bundle a client's round left (written by plain PyTorch code,
     as docs/OBSERVED.md describes), without the client's images, runs IG for a few steps,
     reads "Unavailable" and downloads the run's PDF."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
     from tests.test_app import _observed_bundle_files
 
     files = []
@@ -795,8 +820,7 @@ def test_an_observed_update_uploaded_and_audited_in_a_browser(shared_server, tmp
         (tmp_path / "upload" / name).write_bytes(data)
         files.append(str(tmp_path / "upload" / name))
 
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             page.set_default_timeout(30_000)
@@ -861,20 +885,16 @@ def own_users(tmp_path, users_path, monkeypatch):
 
 
 @pytest.mark.timeout(240)
-def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(own_users, server):
+def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(chromium, own_users, server):
     """Issue 33, items 1-2: a reload, a sign-out and a reopened URL each show the sign-in
     form (no sign-in cookie is kept); a changed password ends the session signed in with the
     old one; wrong passwords in a row are slowed for the user name and the address, and
     the right one works again after the stated wait."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
     from auditlib.access.throttle import FREE_FAILURES
     from auditlib.access.users import set_password
 
     form = "Sign in to see your runs"
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         context = browser.new_context(viewport={"width": 1400, "height": 1400})
         page = context.new_page()
         page.set_default_timeout(30_000)
@@ -949,20 +969,16 @@ def _only_the_icon(media: list[str]) -> None:
 
 @pytest.mark.timeout(240)
 def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothing_in_a_browser(
-    own_users, server
+    chromium, own_users, server
 ):
     """Issue 33, items 9, 6 and 12: the private batch's thumbnails reach the page inside its
     session (data: URLs; the browser asks /media/ for nothing, so no URL serves them to
     anyone else); a user removed from the users file after the page was drawn clicks Remove
     and nothing is removed, the sign-in form comes instead; a user with a generated password
     sees only "Choose your password" until they have chosen one."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
     from auditlib.access.users import add_user, remove_user
 
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _contexts(chromium) as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
         page.set_default_timeout(30_000)
         media: list[str] = []
@@ -1086,17 +1102,14 @@ def raw_upload(url: str, session: str, xsrf: str, size: int, timeout: float = 30
 
 
 @pytest.mark.timeout(240)
-def test_a_visitor_uploads_nothing_and_reads_no_metrics_in_a_browser(server):
+def test_a_visitor_uploads_nothing_and_reads_no_metrics_in_a_browser(chromium, shared_server):
     """Issue 51, items 1 and 5 against the real server: a visitor who never signs in,
     holding their session's id (from their own websocket) and XSRF cookie, has a 64 MB
     upload refused before its body is read, and /_stcore/metrics answers 404; once the same
-    session has signed in, its upload is taken."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
-
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    session has signed in, its upload is taken. (The shared server: the visitor's session
+    is new, and nothing here reads the store.)"""
+    server = shared_server
+    with _contexts(chromium) as browser:
         context = browser.new_context(viewport={"width": 1400, "height": 1400})
         page = context.new_page()
         page.set_default_timeout(30_000)
@@ -1118,21 +1131,17 @@ def test_a_visitor_uploads_nothing_and_reads_no_metrics_in_a_browser(server):
 
 
 @pytest.mark.timeout(240)
-def test_a_store_that_does_not_answer_is_one_line_on_every_page_in_a_browser(tmp_path):
+def test_a_store_that_does_not_answer_is_one_line_on_every_page_in_a_browser(chromium, tmp_path):
     """Issue 51, item 3: a failure under every page (here the store: a database the server
     cannot open, at a path of the server's) reads as one line saying what failed, and no
     page shows a traceback, the exception's message or a path of the server's."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    sync_api = pytest.importorskip("playwright.sync_api")
     from dashboard.navigation import PAGES
 
     unopenable = tmp_path / "not-a-folder"
     unopenable.write_text("a file where the store's folder should be")
     running = Server(tmp_path / "data", log="browser_store_server.log")
     running.env["AUDIT_DATABASE_URL"] = f"sqlite:///{unopenable}/audit.db"
-    with _serving(running), sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _serving(running), _contexts(chromium) as browser:
         page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
         page.set_default_timeout(30_000)
         try:

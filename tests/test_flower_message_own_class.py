@@ -9,7 +9,7 @@ the same class audits a sample in several updates (``--updates``), each in its o
 from __future__ import annotations
 
 import json
-import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,51 +17,61 @@ import pytest
 pytest.importorskip("flwr")
 
 from auditlib.observed.replay import TOLERANCE
-from tests.test_flower_quickstart import APP, ATTACK, _audit, _run
+from tests.flower_runs import app_with_images, run_commands, run_in_app
+from tests.test_flower_quickstart import ATTACK
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+BUNDLES = Path("message-bundles") / "round-0001"
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory) -> Path:
     """The app folder after its Message-API federation: data/, message-bundles/."""
-    folder = tmp_path_factory.mktemp("message") / "app"
-    shutil.copytree(APP, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    made = _run(folder, "make_data.py")
-    assert made.returncode == 0, made.stderr[-3000:]
-    ran = _run(folder, "message_run.py")
+    folder = app_with_images(tmp_path_factory, "message")
+    ran = run_in_app(folder, "message_run.py")
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     return folder
 
 
-def test_the_message_api_recorder_records_the_own_class_and_its_bundle_audits(app):
-    bundles = app / "message-bundles" / "round-0001"
+@pytest.fixture(scope="module")
+def audited(app) -> dict[str, subprocess.CompletedProcess]:
+    """The two audits the tests read, as a user types them from the app's folder, run in
+    turn in one process: each one's exit code, stdout and stderr."""
+    observed = (
+        "audit", "--observed", str(BUNDLES / "partition-0"), "--images", "data/client-0",
+        "--out", "out-message", "--i-trust-this-file", *ATTACK,
+    )  # fmt: skip
+    updates = (
+        "audit", "--model", "task.py:Net",
+        "--model-args", '{"num_classes": 10}', "--images", "data/client-0",
+        "--normalization", "0.5,0.5,0.5/0.5,0.5,0.5", "--batch-size", "2", "--updates", "2",
+        "--i-trust-this-file", *ATTACK, "--out", "out-updates",
+    )  # fmt: skip
+    jobs = {"observed": ("cli", observed), "updates": ("cli", updates)}
+    return run_commands(app, jobs, timeout=540)
+
+
+def test_the_message_api_recorder_records_the_own_class_and_its_bundle_audits(app, audited):
+    bundles = app / BUNDLES
     assert sorted(p.name for p in bundles.iterdir()) == ["partition-0", "partition-1"]
     training = json.loads((bundles / "partition-0" / "training.json").read_text())
     assert training["model"] == "task.py:Net" and training["model_args"] == {"num_classes": 10}
     assert (training["momentum"], training["local_epochs"], training["num_examples"]) == (0.9, 2, 4)
     out = app / "out-message"
-    audited = _audit(
-        app, "--observed", str(bundles / "partition-0"), "--images", "data/client-0",
-        "--out", str(out),
-    )  # fmt: skip
-    assert audited.returncode == 0, audited.stdout[-3000:] + audited.stderr[-3000:]
+    done = audited["observed"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     check = result["victim"]["observed"]["image_check"]
     assert check["matches"] is True and check["largest_relative_distance"] <= TOLERANCE
     assert result["metrics"]["psnr_mean"] > 0
 
 
-def test_several_updates_of_the_own_class_audit_each_in_its_own_process(app):
+def test_several_updates_of_the_own_class_audit_each_in_its_own_process(app, audited):
     out = app / "out-updates"
-    audited = _run(
-        app, "-m", "auditlib", "audit", "--model", "task.py:Net",
-        "--model-args", '{"num_classes": 10}', "--images", "data/client-0",
-        "--normalization", "0.5,0.5,0.5/0.5,0.5,0.5", "--batch-size", "2", "--updates", "2",
-        "--i-trust-this-file", *ATTACK, "--out", str(out),
-    )  # fmt: skip
-    assert audited.returncode == 0, audited.stdout[-3000:] + audited.stderr[-3000:]
-    printed = audited.stdout + audited.stderr
+    done = audited["updates"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    printed = done.stdout + done.stderr
     assert "a model class of your own code runs in a process of its own" in printed
     results = sorted(out.glob("update-*/result.json"))
     assert len(results) == 2, printed[-2000:]

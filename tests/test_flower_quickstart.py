@@ -18,10 +18,8 @@ assumed training is not the client's.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,47 +29,68 @@ pytest.importorskip("flwr")
 from safetensors.torch import load_file
 
 from auditlib.observed.replay import TOLERANCE
+from tests.flower_runs import app_with_images, run_commands, run_in_app
 from tests.test_report import needs_poppler
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "tests" / "fixtures" / "flower_quickstart"
-TIMEOUT_S = 300
-ATTACK = ["--attack", "dlg", "--preset", "paper", "--iterations", "5", "--lpips-nets", "none"]
+# One DLG step: every check here is of what the audit reads, names and refuses, none of how
+# close its reconstruction comes.
+ATTACK = ["--attack", "dlg", "--preset", "paper", "--iterations", "1", "--lpips-nets", "none"]
 QUIET = 2
-
-
-def _run(app: Path, *command: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in {"RAY_ADDRESS", "AUDIT_RAY_ADDRESS"}}
-    # auditlib as `pip install -e .` puts it on the path; the app's own modules from its folder
-    env |= {"PYTHONPATH": f"{ROOT}{os.pathsep}{app}", "OMP_NUM_THREADS": "1"}
-    env |= {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run(
-        [sys.executable, *command],
-        cwd=app,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def _audit(app: Path, *args: str) -> subprocess.CompletedProcess:
-    return _run(app, "-m", "auditlib", "audit", *args, "--i-trust-this-file", *ATTACK)
+BUNDLE = "bundles/round-0001/partition-0"
+QUIET_BUNDLE = f"client-bundles/round-0001/partition-{QUIET}"
+# Every audit the tests read, as a user types it from the app's folder (after
+# `--i-trust-this-file` and ATTACK), run in turn in one process once the federation is done.
+AUDITS = {
+    "replayed": ("--observed", BUNDLE, "--images", "data/client-0", "--out", "out/0"),
+    "unscored": ("--observed", BUNDLE, "--out", "out/0-unscored"),
+    "mixed": ("--observed", BUNDLE, "--images", "mixed", "--out", "out/mixed"),
+    "wrong": ("--observed", BUNDLE, "--images", "data/client-1", "--out", "out/wrong"),
+    "quiet": ("--observed", QUIET_BUNDLE, "--out", "out/quiet"),
+    "quiet-own-images": (
+        "--observed", QUIET_BUNDLE, "--images", f"data/client-{QUIET}", "--out", "out/q",
+    ),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory) -> Path:
     """The app folder after its federation: data/, bundles/, client-bundles/."""
-    folder = tmp_path_factory.mktemp("quickstart") / "app"
-    shutil.copytree(APP, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    made = _run(folder, "make_data.py")
-    assert made.returncode == 0, made.stderr[-3000:]
-    ran = _run(folder, "run.py", "--quiet", str(QUIET))
+    folder = app_with_images(tmp_path_factory, "quickstart")
+    ran = run_in_app(folder, "run.py", "--quiet", str(QUIET))
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     return folder
+
+
+@pytest.fixture(scope="module")
+def audited(app) -> dict[str, subprocess.CompletedProcess]:
+    """Each of AUDITS' commands' exit code, stdout and stderr, and the quiet client's PDF
+    (``pdf/quiet.pdf``, :func:`_pdf_script`) built beside them."""
+    _mix_two_clients(app)
+    (app / "pdf").mkdir()
+    script = app / "pdf" / "pdf.py"
+    script.write_text(_pdf_script(app / QUIET_BUNDLE, app / "pdf"))
+    jobs = {
+        name: ("cli", ["audit", *args, "--i-trust-this-file", *ATTACK])
+        for name, args in AUDITS.items()
+    }
+    return run_commands(app, jobs | {"pdf": ("script", str(script))}, timeout=540)
+
+
+def _mix_two_clients(app: Path) -> None:
+    """``mixed/``: client 1's images and client 0's in one folder, client 1's first, as a
+    folder sorted by name may hold them."""
+    mixed = app / "mixed"
+    rows = []
+    for partition in (1, 0):
+        source = app / "data" / f"client-{partition}"
+        lines = (source / "labels.csv").read_text().splitlines()[1:]
+        for line in lines:
+            mixed.mkdir(exist_ok=True)
+            shutil.copy(source / line.split(",")[0], mixed / line.split(",")[0])
+        rows += lines
+    (mixed / "labels.csv").write_text("filename,label\n" + "\n".join(rows) + "\n")
 
 
 def test_both_recorders_name_and_stamp_each_bundle_by_partition_round_and_examples(app):
@@ -101,9 +120,8 @@ def test_both_recorders_name_and_stamp_each_bundle_by_partition_round_and_exampl
     assert set(reported["extra"]["assumed"]) == {"bn_mode"}  # all else as the client reported
 
 
-def test_the_own_net_is_audited_with_the_clients_images_replayed_and_without_them(app):
-    bundle = "bundles/round-0001/partition-0"
-    done = _audit(app, "--observed", bundle, "--images", "data/client-0", "--out", "out/0")
+def test_the_own_net_is_audited_with_the_clients_images_replayed_and_without_them(app, audited):
+    done = audited["replayed"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert "PSNR" in done.stdout
     result = json.loads((app / "out" / "0" / "result.json").read_text())
@@ -111,7 +129,7 @@ def test_the_own_net_is_audited_with_the_clients_images_replayed_and_without_the
     assert check["matches"] and check["largest_relative_distance"] <= TOLERANCE
     assert result["config"]["model"]["spec"]["architecture"] == "task.py:Net"
 
-    done = _audit(app, "--observed", bundle, "--out", "out/0-unscored")
+    done = audited["unscored"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert "not scored (no private images to compare with)" in done.stdout
     unscored = json.loads((app / "out" / "0-unscored" / "result.json").read_text())
@@ -120,25 +138,16 @@ def test_the_own_net_is_audited_with_the_clients_images_replayed_and_without_the
     assert "not comparable across attacks" in done.stdout
 
 
-def test_a_folder_of_two_clients_images_gives_the_right_four_and_a_wrong_set_is_refused(app):
-    mixed = app / "mixed"
-    rows = []
-    for partition in (1, 0):  # client 1's images first, as a folder sorted by name may be
-        source = app / "data" / f"client-{partition}"
-        lines = (source / "labels.csv").read_text().splitlines()[1:]
-        for line in lines:
-            mixed.mkdir(exist_ok=True)
-            shutil.copy(source / line.split(",")[0], mixed / line.split(",")[0])
-        rows += lines
-    (mixed / "labels.csv").write_text("filename,label\n" + "\n".join(rows) + "\n")
-    bundle = "bundles/round-0001/partition-0"
-    done = _audit(app, "--observed", bundle, "--images", "mixed", "--out", "out/mixed")
+def test_a_folder_of_two_clients_images_gives_the_right_four_and_a_wrong_set_is_refused(
+    app, audited
+):
+    done = audited["mixed"]  # mixed/: client 1's images, then client 0's
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((app / "out" / "mixed" / "result.json").read_text())
     assert all("-c0_" in name for name in result["victim"]["data"]["names"])
     assert len(result["victim"]["data"]["names"]) == 4
 
-    done = _audit(app, "--observed", bundle, "--images", "data/client-1", "--out", "out/wrong")
+    done = audited["wrong"]
     assert done.returncode == 2
     assert "these images do not produce this update" in done.stderr
     assert not (app / "out" / "wrong" / "result.json").exists()
@@ -146,9 +155,9 @@ def test_a_folder_of_two_clients_images_gives_the_right_four_and_a_wrong_set_is_
 
 @needs_poppler
 def test_a_client_that_reported_nothing_has_every_assumption_listed_in_the_cli_and_the_pdf(
-    app, tmp_path
+    app, audited
 ):
-    bundle = app / "client-bundles" / "round-0001" / f"partition-{QUIET}"
+    bundle = app / QUIET_BUNDLE
     assumed = set(json.loads((bundle / "training.json").read_text())["extra"]["assumed"])
     assert assumed == {
         "optimizer",
@@ -159,19 +168,18 @@ def test_a_client_that_reported_nothing_has_every_assumption_listed_in_the_cli_a
         "bn_mode",
         "shuffled",
     }
-    done = _audit(app, "--observed", str(bundle), "--out", "out/quiet")
+    done = audited["quiet"]
     assert done.returncode == 0, done.stderr[-3000:]
     listed = done.stdout.split("assumed, not reported by the client", 1)[1]
     assert all(f"  {name} = " in listed for name in assumed)
     assert "read as the batch's gradient only if these assumptions hold" in listed
     # Its own images do not reproduce the update: the client ran 2 epochs at momentum 0.9.
-    images = f"data/client-{QUIET}"
-    done = _audit(app, "--observed", str(bundle), "--images", images, "--out", "out/q")
+    done = audited["quiet-own-images"]
     assert done.returncode == 2
     assert "or training.json's training is not the client's:" in done.stderr
     assert "momentum" in done.stderr.split("is not the client's:")[1]
 
-    text = _pdf_text(app, bundle, tmp_path)  # the threat card: one row of assumptions
+    text = _pdf_text(app, audited)  # the threat card: one row of assumptions
     card = text.split("training settings the client did not report", 1)[1]
     detail = card.split("not known", 1)[1].split("active manipulation")[0]
     assert detail.strip().startswith("assumed: ")
@@ -180,10 +188,11 @@ def test_a_client_that_reported_nothing_has_every_assumption_listed_in_the_cli_a
     assert "read back exactly" not in text
 
 
-def _pdf_text(app: Path, bundle: Path, tmp_path: Path) -> str:
-    """The PDF of the bundle's unscored audit, stored as the dashboard stores a run, as text
-    (the audit in its own process: the model is the app's own class)."""
-    script = f"""
+def _pdf_script(bundle: Path, folder: Path) -> str:
+    """A script that builds the PDF of the bundle's unscored audit, stored as the dashboard
+    stores a run, into ``folder/quiet.pdf`` (the audit in its own process: the model is the
+    app's own class)."""
+    return f"""
 import sys
 from auditlib.engine.isolation import run_isolated
 from auditlib.engine.stream import png_bytes
@@ -207,19 +216,22 @@ if __name__ == "__main__":
         budget=Budget(3),
     )
     result = run_isolated(spec, lpips_nets=())
-    store = Store("sqlite:///{tmp_path / "audit.db"}")
+    store = Store("sqlite:///{folder / "audit.db"}")
     run_id = store.create_run(spec.to_dict(), spec.identity(), "quiet client")
     store.mark_running(run_id)
     rows = [result.reconstruction]
     store.add_image(run_id, 0, "reconstruction", png_bytes(image_grid(rows)))
     store.finish(run_id, "completed", summary=result.summary)
-    build_report(run_subject(store, run_id), {str(tmp_path / "quiet.pdf")!r}, charts=False)
+    build_report(run_subject(store, run_id), {str(folder / "quiet.pdf")!r}, charts=False)
 """
-    (tmp_path / "pdf.py").write_text(script)
-    done = _run(app, str(tmp_path / "pdf.py"))
+
+
+def _pdf_text(app: Path, audited: dict[str, subprocess.CompletedProcess]) -> str:
+    """The quiet client's PDF (built by :func:`_pdf_script` with the audits) as text."""
+    done = audited["pdf"]
     assert done.returncode == 0, done.stderr[-3000:]
     pdf = subprocess.run(
-        ["pdftotext", "-raw", str(tmp_path / "quiet.pdf"), "-"],  # each cell's text whole
+        ["pdftotext", "-raw", str(app / "pdf" / "quiet.pdf"), "-"],  # each cell's text whole
         capture_output=True,
         text=True,
         check=True,
