@@ -114,14 +114,18 @@ def _batch(spec: TextAuditSpec, model: TextModel) -> TextBatch:
     )  # fmt: skip
 
 
-def _defended(spec: TextAuditSpec, update: TextUpdate | None) -> tuple[TextUpdate, dict[str, Any]]:
+def _text_defense(spec: TextAuditSpec):
+    """The run's defense, its name and parameters checked (before any time is spent)."""
     if spec.defense not in TEXT_DEFENSES:
         raise AuditInputError(
             f"defense {spec.defense!r} on a text model; the defenses that act on the update "
             f"alone apply to text: {', '.join(TEXT_DEFENSES)}"
         )
-    defense, _ = build_defense(spec.defense, spec.defense_params)
-    generator = torch.Generator().manual_seed(spec.seed)
+    return build_defense(spec.defense, spec.defense_params)[0]
+
+
+def _defended(defense, seed: int, update: TextUpdate) -> tuple[TextUpdate, dict[str, Any]]:
+    generator = torch.Generator().manual_seed(seed)
     names = list(update.gradients)
     released = defense.apply(tuple(update.gradients[n] for n in names), generator)
     grads = dict(zip(names, released, strict=True))
@@ -195,8 +199,7 @@ def run_text_audit(
 ) -> TextAuditResult:
     started = time.perf_counter()
     emit = on_event or (lambda _e: None)
-    if spec.defense not in TEXT_DEFENSES:  # before any time is spent
-        _defended(spec, None)
+    defense = _text_defense(spec)
     torch.manual_seed(spec.seed)
     model = _model(spec)
     emit(TextEvent("model", note=model.source))
@@ -212,7 +215,7 @@ def run_text_audit(
         privacy: dict[str, Any] = {}
         adaptive = "no defense"
     else:
-        update, privacy = _defended(spec, clean)
+        update, privacy = _defended(defense, spec.seed, clean)
         runs, twin_ran = _attacks_on(spec, model, update, batch, bar, emit, defended=True)
         controls, _ = _attacks_on(spec, model, clean, batch, bar, emit, defended=False)
         offered = "dager" in spec.attacks and spec.defense in RANKED_AGAINST
