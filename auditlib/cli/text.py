@@ -26,7 +26,7 @@ def text_spec_from_args(args: argparse.Namespace):
         )
     attack = args.attack or "dager"
     if attack == "all":
-        attacks = ("dager", "tag", "lamp") if not args.lora_rank else ("utr", "dager")
+        attacks = ("dager", "tiger", "tag", "lamp") if not args.lora_rank else ("utr", "dager")
     elif attack not in TEXT_ATTACK_NAMES:
         raise AuditInputError(
             f"{attack} attacks image models; a text model's attacks: {', '.join(TEXT_ATTACK_NAMES)}"

@@ -35,6 +35,7 @@ TEXT_DEFENSES = ("none", "clip", "dp-gaussian", "dp-laplace", "prune", "quantize
 # The defenses whose noise or loss of precision breaks DAGER's exact span test, and against
 # which the attacker that knows them ranks candidates instead (``DagerConfig.mode``).
 RANKED_AGAINST = ("dp-gaussian", "dp-laplace", "prune", "quantize")
+KNOWS_NOISE = ("tiger",)  # attacks that are their own adaptive form against those
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,8 @@ def _attacks_on(
             label = "dager (knows the defense)"
             runs.append(_run(name, label, target, batch, bar, twin, emit))
             twin_ran = True
+        if defended and name in KNOWS_NOISE and spec.defense in RANKED_AGAINST:
+            twin_ran = True  # TIGER thresholds nothing: it is the attacker that knows the noise
     return runs, twin_ran
 
 
@@ -218,7 +221,10 @@ def run_text_audit(
         update, privacy = _defended(defense, spec.seed, clean)
         runs, twin_ran = _attacks_on(spec, model, update, batch, bar, emit, defended=True)
         controls, _ = _attacks_on(spec, model, clean, batch, bar, emit, defended=False)
-        offered = "dager" in spec.attacks and spec.defense in RANKED_AGAINST
+        offered = (
+            any(a in ("dager", *KNOWS_NOISE) for a in spec.attacks)
+            and spec.defense in RANKED_AGAINST
+        )
         adaptive = "ran" if twin_ran else ("not offered" if not offered else "none")
     verdict = judge_text(
         tuple(r.finding for r in runs), tuple(c.finding for c in controls),

@@ -14,6 +14,7 @@ from auditlib.attacks.text.base import OnProgress, RecoveredText, TextTarget
 from auditlib.attacks.text.dager import DagerConfig, run_dager
 from auditlib.attacks.text.lamp import LampConfig, run_lamp
 from auditlib.attacks.text.tag import TagConfig, run_tag
+from auditlib.attacks.text.tiger import TigerConfig, run_tiger
 from auditlib.attacks.text.utr import UtrConfig, run_utr
 
 
@@ -37,6 +38,16 @@ TEXT_ATTACKS: dict[str, TextAttackInfo] = {
     ),
     "lamp": TextAttackInfo(
         "lamp", "LAMP (Balunovic et al., NeurIPS 2022)", run_lamp, LampConfig, True, True, False
+    ),
+    "tiger": TextAttackInfo(
+        "tiger",
+        "TIGER's continuous span objective (after Kalikman et al., arXiv 2606.18312, 2026; "
+        "from its abstract, docs/ALGORITHMS.md)",
+        run_tiger,
+        TigerConfig,
+        True,
+        False,
+        False,
     ),
     "utr": TextAttackInfo(
         "utr",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -34,6 +34,7 @@ from auditlib.attacks.text.gpt2_extend import second_layer_inputs
 from auditlib.attacks.text.last_token import recover_last_tokens
 from auditlib.attacks.text.span import (
     LayerSpan,
+    above_noise,
     distance_to_span,
     first_layer_inputs,
     layer_inputs,
@@ -108,15 +109,7 @@ def known_rank(target: TextTarget) -> int:
 
 
 def _above_noise(span: LayerSpan, target: TextTarget, config: DagerConfig) -> LayerSpan:
-    """The span cut to the singular values above the noise floor: ``noise_floor`` times the
-    first value past the token count the server knows (``known_rank``, at least the inputs'
-    span's rank, so that value is noise's)."""
-    s, known = span.singular_values, known_rank(target)
-    if known >= s.numel():  # more tokens than the width: no value is surely noise
-        return span
-    floor = config.noise_floor * float(s[known])  # beyond the token count: noise alone
-    rank = max(1, min(int((s > floor).sum()), known, span.basis.shape[1]))
-    return replace(span, basis=span.basis[:, :rank], rank=rank)
+    return above_noise(span, known_rank(target), config.noise_floor)
 
 
 def _token_candidates(
@@ -293,7 +286,7 @@ def run_dager(
         holds = False
     if model.family == DECODER:
         sequences, more = _decoder_sequences(target, second, candidates, config, on_progress)
-        more += _complete_decoder(target, sequences)
+        more += complete_decoder(target, sequences)
     else:
         sequences, more = _encoder_sequences(target, second, candidates, config)
         sequences = [_strip_encoder_specials(target, s) for s in sequences]
@@ -308,7 +301,7 @@ def run_dager(
     )  # fmt: skip
 
 
-def _complete_decoder(target: TextTarget, sequences: list[list[int]]) -> list[str]:
+def complete_decoder(target: TextTarget, sequences: list[list[int]]) -> list[str]:
     """Under next-token training the last token is in no span: read it from the final
     LayerNorm's gradient (``last_token.py``), in place."""
     if not sequences or any(len(s) != target.length - 1 for s in sequences):

@@ -10,7 +10,7 @@ gives those layers as input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -77,6 +77,18 @@ def layer_span(
         rank = int((s > rank_tolerance * s[0]).sum()) if s.numel() and s[0] > 0 else 0
     rank = min(rank, u.shape[1])
     return LayerSpan(layer, u[:, :rank].contiguous(), rank, m.shape[0], name, s)
+
+
+def above_noise(span: LayerSpan, known: int, noise_floor: float) -> LayerSpan:
+    """The span cut to the singular values above the noise floor: ``noise_floor`` times the
+    first value past ``known``, the token count the server knows (at least the inputs' span's
+    rank, so that value is noise's). More tokens than the width: nothing is surely noise."""
+    s = span.singular_values
+    if known >= s.numel():
+        return span
+    floor = noise_floor * float(s[known])
+    rank = max(1, min(int((s > floor).sum()), known, span.basis.shape[1]))
+    return replace(span, basis=span.basis[:, :rank], rank=rank)
 
 
 def distance_to_span(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:

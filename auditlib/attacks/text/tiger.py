@@ -1,0 +1,292 @@
+"""TIGER (Kalikman, Petrov, Dimitrov and Vechev, arXiv 2606.18312, 2026), as its abstract
+states it: DAGER's span signal (``span.py``) turned into a continuous objective, the token
+embeddings optimised to lie in the spans of the first attention layers' gradients, instead
+of a discrete membership test that noise breaks and an encoder's search over combinations.
+
+The paper's method section could not be read here (only its abstract), so the form below is
+ours, written in docs/ALGORITHMS.md ("TIGER"):
+
+1. The spans, of rank the token count the server knows (a noise floor as DAGER's ranked
+   twin's is an option), and per position the ``candidates`` tokens whose first-layer
+   input is closest to the first span.
+2. Each position's embedding is a softmax mixture of its candidates' embeddings; the
+   mixtures of all positions and sequences are optimised jointly (Adam) to bring every
+   attention input of the first ``layers`` layers into that layer's span (squared relative
+   distance), with an entropy term that grows over the run so each mixture ends on one token.
+3. A decoder's positions enter the objective left to right over the first ``grow`` of the
+   steps: a causal prefix settles before the positions that depend on it.
+4. The starts begin apart: start i's first free position leans to the i-th closest
+   candidate (otherwise every sequence may settle on the same one).
+5. Every 1/20 of the run each mixture's heaviest tokens are scored on the objective; each
+   start keeps its best. A decoder's last token (in no span) is read from the final
+   LayerNorm's gradient (DAGER's).
+6. The sequences given are the starts of lowest objective whose tokens are not mostly
+   another's (with more ``starts`` than sequences, more first tokens are tried).
+
+It makes no exactness claim (``assumptions_hold`` None): it is the attacker that knows the
+update is noised, and it assembles an encoder's batch without DAGER's bounded search.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from auditlib.attacks.text.base import (
+    OnProgress,
+    RecoveredText,
+    TextProgress,
+    TextTarget,
+    no_progress,
+)
+from auditlib.attacks.text.dager import complete_decoder, known_rank
+from auditlib.attacks.text.span import (
+    LayerSpan,
+    above_noise,
+    attention_input_module,
+    distance_to_span,
+    first_layer_inputs,
+    layer_span,
+)
+from auditlib.config import check_ranges, param
+from auditlib.models.text import DECODER
+
+NAME = "tiger"
+
+
+@dataclass(frozen=True)
+class TigerConfig:
+    layers: int = param(
+        2, "attention layers whose spans the objective reads (0: every layer)", low=0, high=128
+    )
+    candidates: int = param(
+        256, "tokens a position's mixture is over: the closest to the first span", low=2,
+        high=100_000,
+    )  # fmt: skip
+    steps: int = param(400, "optimisation steps", low=1, high=100_000)
+    learning_rate: float = param(0.1, "Adam's rate on the mixtures' logits", low=0, low_open=True)
+    entropy_weight: float = param(
+        0.05, "the entropy term's weight at the last step (it grows linearly from 0)", low=0
+    )
+    start_bias: float = param(
+        4.0, "how far sequence b's first free position leans to the b-th closest token", low=0
+    )
+    noise_floor: float = param(
+        1.0,
+        "singular values above this times the first one past the token count the server "
+        "knows count in a span's rank (1: that token count's leading directions; DAGER's "
+        "ranked twin uses 3, which cut too much here: docs/ALGORITHMS.md)",
+        low=1, high=1000,
+    )  # fmt: skip
+    rank_tolerance: float = param(
+        1e-7, "without noise: singular values above this times the largest count", low=0,
+        low_open=True, high=1e-2,
+    )  # fmt: skip
+    grow: float = param(
+        0.8,
+        "a decoder's positions enter the objective left to right over this share of the "
+        "steps (0: all at once); a causal prefix settles before what depends on it",
+        low=0, high=1,
+    )  # fmt: skip
+    starts: int = param(
+        1,
+        "starts per sequence the server expects, each leaning to another first token; the "
+        "lowest-objective distinct ones are kept (the objective is a sum over sequences, "
+        "blind to two settling on the same one)",
+        low=1, high=64,
+    )  # fmt: skip
+    seed: int = param(0, "the mixtures' random start", low=0)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+class _Stop(Exception):
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class _Problem:
+    spans: tuple[LayerSpan, ...]
+    positions: tuple[int, ...]  # the positions optimised
+    fixed: dict[int, int]  # position -> token (an encoder's [CLS] and [SEP])
+    candidates: torch.Tensor  # len(positions) x k token ids, closest first
+    table: torch.Tensor  # V x d word embeddings
+
+
+def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
+    model = target.model
+    count = model.backbone.config.num_hidden_layers
+    layers = count if config.layers == 0 else min(config.layers, count)
+    spans = tuple(
+        above_noise(
+            layer_span(model, target.update, layer, config.rank_tolerance),
+            known_rank(target),
+            config.noise_floor,
+        )
+        for layer in range(layers)
+    )
+    tok = model.tokenizer
+    if model.family == DECODER:  # the last position is in no span (no loss reads it)
+        fixed: dict[int, int] = {}
+        positions = tuple(range(target.length - 1))
+        banned = {tok.pad_id}
+    else:
+        fixed = {0: int(tok.bos_id), target.length - 1: int(tok.eos_id)}
+        positions = tuple(p for p in range(target.length) if p not in fixed)
+        banned = {tok.pad_id, tok.bos_id, tok.eos_id}
+    k = min(config.candidates, tok.vocab_size - len(banned))
+    rows = []
+    for position in positions:
+        d = distance_to_span(spans[0], first_layer_inputs(model, position))
+        d[sorted(b for b in banned if b is not None)] = float("inf")
+        rows.append(torch.argsort(d)[:k])
+    table = model.backbone.get_input_embeddings().weight.detach()
+    return _Problem(spans, positions, fixed, torch.stack(rows), table)
+
+
+def _attention_inputs(target: TextTarget, embeds: torch.Tensor, layers: int) -> list:
+    """The first ``layers`` attention layers' inputs for these input embeddings (the forward
+    stops there; the graph is kept)."""
+    captured: list[torch.Tensor] = []
+
+    def grab(_module, args):
+        captured.append(args[0])
+        if len(captured) == layers:
+            raise _Stop
+
+    model = target.model
+    handles = [
+        attention_input_module(model, layer).register_forward_pre_hook(grab)
+        for layer in range(layers)
+    ]
+    mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
+    try:
+        model.backbone(inputs_embeds=embeds, attention_mask=mask)
+    except _Stop:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+def _row_losses(
+    problem: _Problem, inputs: list[torch.Tensor], horizon: int | None = None
+) -> torch.Tensor:
+    """Per sequence, the mean squared relative distance of its optimised positions' inputs
+    to each layer's span (the first ``horizon`` positions only, where given)."""
+    index = torch.tensor(problem.positions[:horizon])
+    total = torch.zeros(inputs[0].shape[0], dtype=torch.float64)
+    for span, x in zip(problem.spans, inputs, strict=True):
+        v = x[:, index].to(torch.float64)
+        v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        residual = v - (v @ span.basis) @ span.basis.T
+        total = total + (residual**2).sum(-1).mean(-1)
+    return total / len(problem.spans)
+
+
+def _distinct_best(losses: torch.Tensor, choices: torch.Tensor, count: int) -> list[int]:
+    """The ``count`` starts of lowest loss whose tokens are not mostly another's (6.)."""
+    order = torch.argsort(losses).tolist()
+    chosen: list[int] = []
+    for i in order:
+        if all(float((choices[i] == choices[j]).float().mean()) < 0.5 for j in chosen):
+            chosen.append(i)
+        if len(chosen) == count:
+            return chosen
+    return chosen + [i for i in order if i not in chosen][: count - len(chosen)]
+
+
+def _embeds(problem: _Problem, weights: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """The batch's input embeddings: each optimised position a mixture of its candidates."""
+    mixed = torch.einsum("bpk,pkd->bpd", weights, problem.table[problem.candidates])
+    out = torch.zeros(batch, length, problem.table.shape[1], dtype=mixed.dtype)
+    out = out.index_copy(1, torch.tensor(problem.positions), mixed)
+    for position, token in problem.fixed.items():
+        out[:, position] = problem.table[token]
+    return out
+
+
+def _ids(problem: _Problem, choice: torch.Tensor, length: int) -> torch.Tensor:
+    """Token ids (B x length) from each position's chosen candidate (B x positions)."""
+    ids = torch.zeros(choice.shape[0], length, dtype=torch.int64)
+    picked = torch.gather(
+        problem.candidates.unsqueeze(0).expand(choice.shape[0], -1, -1), 2, choice.unsqueeze(2)
+    )[..., 0]
+    ids[:, list(problem.positions)] = picked
+    for position, token in problem.fixed.items():
+        ids[:, position] = token
+    return ids
+
+
+def run_tiger(
+    target: TextTarget, config: TigerConfig = TigerConfig(), on_progress: OnProgress = no_progress
+) -> RecoveredText:
+    started = time.perf_counter()
+    problem = _problem(target, config)
+    model, b, n = target.model, target.batch_size, target.length
+    p, k = problem.candidates.shape
+    rows = b * config.starts
+    g = torch.Generator().manual_seed(config.seed)
+    logits = 0.01 * torch.randn(rows, p, k, generator=g)
+    for i in range(rows):  # the starts begin apart (4.)
+        logits[i, 0, i % k] += config.start_bias
+    logits.requires_grad_(True)
+    optimiser = torch.optim.Adam([logits], lr=config.learning_rate)
+    layers = len(problem.spans)
+    best = torch.full((rows,), float("inf"), dtype=torch.float64)
+    best_choice = logits.detach().argmax(-1)
+    report = max(1, config.steps // 20)
+    growing = config.grow * config.steps if model.family == DECODER else 0
+    chosen = list(range(b))
+    for step in range(config.steps):
+        horizon = p if step >= growing else max(1, int(p * (step + 1) / growing))
+        weights = torch.softmax(logits, dim=-1)
+        inputs = _attention_inputs(target, _embeds(problem, weights, rows, n), layers)
+        loss = _row_losses(problem, inputs, horizon).mean()
+        live = weights[:, :horizon]  # positions not yet in the objective stay soft
+        entropy = -(live * torch.log(live.clamp_min(1e-12))).sum(-1).mean()
+        ramp = config.entropy_weight * (step + 1) / config.steps
+        optimiser.zero_grad()
+        (loss + ramp * entropy).backward()
+        optimiser.step()
+        if step % report == report - 1 or step == config.steps - 1:
+            choice = logits.detach().argmax(-1)
+            with torch.no_grad():
+                one_hot = torch.nn.functional.one_hot(choice, k).to(problem.table.dtype)
+                embeds = _embeds(problem, one_hot, rows, n)
+                discrete = _row_losses(problem, _attention_inputs(target, embeds, layers))
+            better = discrete < best
+            best[better], best_choice[better] = discrete[better], choice[better]
+            chosen = _distinct_best(best, best_choice, b)
+            ids = _ids(problem, best_choice[chosen], n).tolist()
+            on_progress(
+                TextProgress(
+                    step + 1, config.steps, tuple(model.tokenizer.decode(r) for r in ids[:64])
+                )
+            )
+    ids = _ids(problem, best_choice[chosen], n).tolist()
+    notes = [
+        f"spans of the first {layers} attention layers, ranks "
+        + ", ".join(str(s.rank) for s in problem.spans)
+        + f" (the {known_rank(target)} tokens the server knows, noise floor {config.noise_floor})",
+        f"{k} candidate tokens a position, {rows} starts for {b} sequences, {config.steps} "
+        f"steps; the chosen sequences' objective {float(best[chosen].mean()):.3g} (0: every "
+        "input in its span)",
+    ]
+    if model.family == DECODER:
+        sequences = [row[: n - 1] for row in ids]
+        notes += complete_decoder(target, sequences)
+    else:
+        tok = model.tokenizer
+        specials = (tok.bos_id, tok.eos_id, tok.pad_id)
+        sequences = [[t for t in row if t not in specials] for row in ids]
+    texts = tuple(model.tokenizer.decode(s) for s in sequences)
+    on_progress(TextProgress(config.steps, config.steps, texts[:64], "done"))
+    return RecoveredText(
+        NAME, tuple(tuple(s) for s in sequences), texts, time.perf_counter() - started,
+        tuple(notes), None,
+    )  # fmt: skip
