@@ -276,8 +276,9 @@ def _forget_media() -> None:
 
 
 class SignedOut(Exception):
-    """The session's user may no longer act: removed from the users file, or their password
-    changed since this session signed in. The session is signed out already."""
+    """The session's user may no longer act: signed out already, removed from the users
+    file, or their password changed since this session signed in. The session is signed
+    out already."""
 
 
 def _still_signed_in(principal: Principal) -> Principal | None:
@@ -300,10 +301,12 @@ def current_principal() -> Principal:
     refreshing fragment never runs ``app.py`` at all: both would otherwise act for the
     session's user as the last full run saw them. Raises :class:`SignedOut` (after signing
     the session out) where that user is gone or their password changed; a changed role
-    counts at once."""
+    counts at once; also where the session holds no user (signed out since)."""
     principal = st.session_state.get(PRINCIPAL_KEY)
     if not isinstance(principal, Principal):
-        raise RuntimeError("no signed-in user: app.py signs in before any page runs")
+        # A page runs only after app.py signed in, but a callback or a refreshing fragment
+        # can still run after its session signed out (Sign out clicked in between).
+        raise SignedOut("")
     fresh = _still_signed_in(principal)
     if fresh is None:
         _sign_out()
