@@ -16,6 +16,12 @@ import pytest
 # database_url: a SQLite and a PostgreSQL database in turn), for any test module.
 from postgres_server import database_url, postgres_server, postgres_url  # noqa: F401
 
+# Torch's OpenMP threads wait passively, not spinning: on 2 cores shared with the servers,
+# Ray workers and browsers the tests start, spinning threads starve them (a 20-step DLG audit
+# under load: 21 s passive, over 120 s spinning). Read when torch loads (no import above
+# loads it); children inherit it. The thread count and the work's split are unchanged.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 
 

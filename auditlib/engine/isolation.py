@@ -22,6 +22,8 @@ from __future__ import annotations
 import io
 import json
 import multiprocessing
+import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -151,6 +153,13 @@ def _child(spec: RunSpec, conn, assets: dict[str, bytes], kwargs: dict[str, Any]
         _send(conn, {"type": "error", "message": f"{type(exc).__name__}: {exc}"})
     finally:
         conn.close()
+    # Everything is sent, the pipe closed and the temporary folder removed: end without the
+    # interpreter's teardown (a second or more with torch loaded, which the parent's join
+    # waits for). Nothing of this process is wanted after its last message; its own output
+    # is flushed first. An exception that escaped above ends it the usual way instead.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _item_of(message: dict[str, Any], arrays: list[np.ndarray]):
