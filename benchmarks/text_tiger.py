@@ -11,9 +11,12 @@ Each row: ROUGE-1/2, exact sequences, token accuracy, sequences recovered by the
 rule (``text_risk``: ROUGE-1 >= 0.5 and 0.2 above the best guess from public text), seconds.
 One torch thread.
 
-    nice -n 15 .venv/bin/python -m benchmarks.text_tiger [--part decoder|encoder|all]
+``verdict``: the product's audit (``run_text_audit``) of the decoder batch under sigma 1e-4
+with DAGER and TIGER: DAGER, its ranked twin, TIGER, the undefended controls and the verdict.
 
-Writes benchmarks/results/text_tiger.json.
+    nice -n 15 .venv/bin/python -m benchmarks.text_tiger [--part decoder|encoder|verdict|all]
+
+Writes benchmarks/results/text_tiger.json (``verdict``: text_tiger_verdict.json).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from auditlib.client.text_update import text_update
 from auditlib.data.demo_text import demo_text
 from auditlib.data.text_samples import demo_batch
 from auditlib.defenses import build_defense
+from auditlib.engine.text_audit import TextAuditSpec, run_text_audit
 from auditlib.metrics.text import score_text
 from auditlib.metrics.text_baseline import guess_bar, text_guesses
 from auditlib.metrics.text_risk import text_risk
@@ -100,12 +104,43 @@ def _case(preset: str, size: int, length: int, sigmas, dager_modes) -> list[dict
     return rows
 
 
+def verdict(sigma: float = 1e-4) -> dict:
+    spec = TextAuditSpec(
+        model="gpt2", batch_size=16, length=32, attacks=("dager", "tiger"),
+        defense="dp-gaussian", defense_params={"sigma": str(sigma), "clip": "30"},
+    )  # fmt: skip
+    result = run_text_audit(spec)
+
+    def row(run) -> dict:
+        return {
+            "attack": run.attack, "rouge1": round(run.scores.rouge1, 4),
+            "rouge2": round(run.scores.rouge2, 4), "exact": run.scores.exact,
+            "recovered": run.finding.risk.recovered_count, "level": run.finding.risk.level,
+        }  # fmt: skip
+
+    v = result.verdict
+    return {
+        "sigma": sigma, "epsilon": result.privacy.get("epsilon"),
+        "runs": [row(r) for r in result.runs], "controls": [row(r) for r in result.controls],
+        "verdict": {"outcome": v.outcome, "level": v.level, "headline": v.headline,
+                    "sentence": v.sentence, "adaptive": v.adaptive},
+        "seconds": round(result.seconds, 1),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=("decoder", "encoder", "all"), default="all")
+    parser.add_argument("--part", choices=("decoder", "encoder", "verdict", "all"), default="all")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.part in ("verdict", "all"):
+        out = Path(args.out).with_name("text_tiger_verdict.json")
+        found = verdict()
+        out.write_text(json.dumps({"machine": machine(), **found}, indent=1), encoding="utf-8")
+        print(json.dumps(found, indent=1), flush=True)
+        if args.part == "verdict":
+            return
     rows = []
     if args.part in ("encoder", "all"):
         rows += _case("tinybert", 4, 12, (0.0,), ("exact", "ranked"))
