@@ -13,7 +13,7 @@ from auditlib.attacks.text.base import TextTarget
 from auditlib.attacks.text.dager import run_dager
 from auditlib.attacks.text.tiger import TigerConfig, run_tiger
 from auditlib.client.text_update import text_update
-from auditlib.data.text_samples import demo_batch
+from auditlib.data.text_samples import TextRows, demo_batch, make_batch
 from auditlib.defenses import build_defense
 from auditlib.engine.text_audit import TextAuditSpec, run_text_audit
 from auditlib.errors import AuditInputError
@@ -60,6 +60,21 @@ def test_under_noise_the_exact_check_tests_nothing_and_tiger_still_recovers(tiny
     exact = run_dager(target)
     assert exact.token_ids == () and exact.assumptions_hold is False
     assert _scores(batch, run_tiger(target, FEW)).rouge1 >= 0.8
+
+
+def test_verses_that_share_their_opening_are_each_sought_not_found_twice():
+    model = build_text_model("gpt2-tiny", seed=0)
+    verses = (
+        "Verily I say unto you, Among them that are born of women there hath not risen",
+        "Verily I say unto you, Whatsoever ye shall bind on earth shall be bound in heaven",
+        "And he arose, and came to his father. But when he was yet a great way off",
+    )
+    batch = make_batch(model.tokenizer, TextRows(verses, None), 3, 12, seed=0, full_only=True)
+    target = TextTarget(model, text_update(model, batch), 3, 12)
+    recovered = run_tiger(target, replace(FEW, rounds=2))
+    assert len(set(recovered.token_ids)) == 3  # one start per verse, none found twice
+    assert _scores(batch, recovered).token_accuracy >= 0.75
+    assert any("2 round(s)" in n for n in recovered.notes)
 
 
 def test_tiger_is_the_attacker_that_knows_the_noise_in_the_verdict():

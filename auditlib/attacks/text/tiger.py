@@ -22,6 +22,10 @@ ours, written in docs/ALGORITHMS.md ("TIGER"):
    LayerNorm's gradient (DAGER's).
 6. The sequences given are the starts of lowest objective whose tokens are not mostly
    another's (with more ``starts`` than sequences, more first tokens are tried).
+7. The objective is a sum over sequences, blind to two starts settling on the same one: a
+   further round re-seeks as many sequences as were found twice, its starts penalised
+   where their mixtures agree with a sequence found already on more than ``overlap`` of
+   the positions (a shared opening is allowed; the same verse is not).
 
 It makes no exactness claim (``assumptions_hold`` None): it is the attacker that knows the
 update is noised, and it assembles an encoder's batch without DAGER's bounded search.
@@ -30,6 +34,7 @@ update is noised, and it assembles an encoder's batch without DAGER's bounded se
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +59,7 @@ from auditlib.config import check_ranges, param
 from auditlib.models.text import DECODER
 
 NAME = "tiger"
+SAME = 0.8  # two starts with this share of their positions alike found the same sequence
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,18 @@ class TigerConfig:
         "lowest-objective distinct ones are kept (the objective is a sum over sequences, "
         "blind to two settling on the same one)",
         low=1, high=64,
+    )  # fmt: skip
+    rounds: int = param(
+        2,
+        "rounds: each after the first re-seeks the sequences found more than once, its starts "
+        "kept away from the distinct ones found (7.)",
+        low=1, high=16,
+    )  # fmt: skip
+    overlap: float = param(
+        0.5,
+        "a re-seeking start is pushed away from a found sequence once its mixtures' weight on "
+        "that sequence's tokens, over the positions, exceeds this",
+        low=0, high=1,
     )  # fmt: skip
     seed: int = param(0, "the mixtures' random start", low=0)
 
@@ -188,16 +206,16 @@ def _row_losses(
     return total / len(problem.spans)
 
 
-def _distinct_best(losses: torch.Tensor, choices: torch.Tensor, count: int) -> list[int]:
-    """The ``count`` starts of lowest loss whose tokens are not mostly another's (6.)."""
-    order = torch.argsort(losses).tolist()
+def _distinct(losses: torch.Tensor, choices: torch.Tensor, count: int) -> list[int]:
+    """Up to ``count`` starts, lowest objective first, none the same sequence as another
+    chosen one (``SAME`` of its positions alike; two verses may share an opening)."""
     chosen: list[int] = []
-    for i in order:
-        if all(float((choices[i] == choices[j]).float().mean()) < 0.5 for j in chosen):
+    for i in torch.argsort(losses).tolist():
+        if all(float((choices[i] == choices[j]).float().mean()) < SAME for j in chosen):
             chosen.append(i)
         if len(chosen) == count:
-            return chosen
-    return chosen + [i for i in order if i not in chosen][: count - len(chosen)]
+            break
+    return chosen
 
 
 def _embeds(problem: _Problem, weights: torch.Tensor, batch: int, length: int) -> torch.Tensor:
@@ -222,26 +240,55 @@ def _ids(problem: _Problem, choice: torch.Tensor, length: int) -> torch.Tensor:
     return ids
 
 
-def run_tiger(
-    target: TextTarget, config: TigerConfig = TigerConfig(), on_progress: OnProgress = no_progress
-) -> RecoveredText:
-    started = time.perf_counter()
-    problem = _problem(target, config)
-    model, b, n = target.model, target.batch_size, target.length
+@dataclass(frozen=True, eq=False)
+class _Found:
+    """One round's result per start: its best discrete objective and its tokens (candidate
+    indices per position)."""
+
+    best: torch.Tensor  # (starts,)
+    choice: torch.Tensor  # (starts, positions)
+
+    def chosen(self, count: int) -> list[int]:
+        """The sequences given (6.): the distinct starts, then the next best where fewer."""
+        distinct = _distinct(self.best, self.choice, count)
+        rest = [i for i in torch.argsort(self.best).tolist() if i not in distinct]
+        return distinct + rest[: count - len(distinct)]
+
+    def then(self, other: _Found) -> _Found:
+        return _Found(torch.cat([self.best, other.best]), torch.cat([self.choice, other.choice]))
+
+
+def _overlap_penalty(weights: torch.Tensor, avoid: torch.Tensor, overlap: float) -> torch.Tensor:
+    """How far each start's soft agreement with each sequence found already (its mixtures'
+    weight on that sequence's tokens, averaged over positions) exceeds ``overlap``."""
+    positions = torch.arange(weights.shape[1]).unsqueeze(0).expand_as(avoid)
+    agree = weights[:, positions, avoid].mean(-1)  # starts x found
+    return torch.relu(agree - overlap).sum(-1).mean()
+
+
+def _optimise(
+    target: TextTarget,
+    problem: _Problem,
+    config: TigerConfig,
+    first: list[int],
+    avoid: torch.Tensor | None,
+    seen: Callable[[_Found, int], None],
+) -> _Found:
+    """One round: a start per entry of ``first`` (the candidate its first position leans
+    to), kept away from the sequences ``avoid`` (candidate indices) where given."""
+    model, n = target.model, target.length
     p, k = problem.candidates.shape
-    rows = b * config.starts
-    g = torch.Generator().manual_seed(config.seed)
+    rows = len(first)
+    g = torch.Generator().manual_seed(config.seed + (0 if avoid is None else 1))
     logits = 0.01 * torch.randn(rows, p, k, generator=g)
-    for i in range(rows):  # the starts begin apart (4.)
-        logits[i, 0, i % k] += config.start_bias
+    for i, candidate in enumerate(first):  # the starts begin apart (4.)
+        logits[i, 0, candidate] += config.start_bias
     logits.requires_grad_(True)
     optimiser = torch.optim.Adam([logits], lr=config.learning_rate)
     layers = len(problem.spans)
-    best = torch.full((rows,), float("inf"), dtype=torch.float64)
-    best_choice = logits.detach().argmax(-1)
+    found = _Found(torch.full((rows,), float("inf"), dtype=torch.float64), logits.argmax(-1))
     report = max(1, config.steps // 20)
     growing = config.grow * config.steps if model.family == DECODER else 0
-    chosen = list(range(b))
     for step in range(config.steps):
         horizon = p if step >= growing else max(1, int(p * (step + 1) / growing))
         weights = torch.softmax(logits, dim=-1)
@@ -249,9 +296,11 @@ def run_tiger(
         loss = _row_losses(problem, inputs, horizon).mean()
         live = weights[:, :horizon]  # positions not yet in the objective stay soft
         entropy = -(live * torch.log(live.clamp_min(1e-12))).sum(-1).mean()
-        ramp = config.entropy_weight * (step + 1) / config.steps
+        loss = loss + config.entropy_weight * (step + 1) / config.steps * entropy
+        if avoid is not None:
+            loss = loss + _overlap_penalty(weights, avoid, config.overlap)
         optimiser.zero_grad()
-        (loss + ramp * entropy).backward()
+        loss.backward()
         optimiser.step()
         if step % report == report - 1 or step == config.steps - 1:
             choice = logits.detach().argmax(-1)
@@ -259,23 +308,49 @@ def run_tiger(
                 one_hot = torch.nn.functional.one_hot(choice, k).to(problem.table.dtype)
                 embeds = _embeds(problem, one_hot, rows, n)
                 discrete = _row_losses(problem, _attention_inputs(target, embeds, layers))
-            better = discrete < best
-            best[better], best_choice[better] = discrete[better], choice[better]
-            chosen = _distinct_best(best, best_choice, b)
-            ids = _ids(problem, best_choice[chosen], n).tolist()
-            on_progress(
-                TextProgress(
-                    step + 1, config.steps, tuple(model.tokenizer.decode(r) for r in ids[:64])
-                )
-            )
-    ids = _ids(problem, best_choice[chosen], n).tolist()
+            better = discrete < found.best
+            found.best[better], found.choice[better] = discrete[better], choice[better]
+            seen(found, step + 1)
+    return found
+
+
+def run_tiger(
+    target: TextTarget, config: TigerConfig = TigerConfig(), on_progress: OnProgress = no_progress
+) -> RecoveredText:
+    started = time.perf_counter()
+    problem = _problem(target, config)
+    model, b, n = target.model, target.batch_size, target.length
+    k = problem.candidates.shape[1]
+    total = config.steps * config.rounds
+
+    def show(done: int, found: _Found) -> None:
+        ids = _ids(problem, found.choice[found.chosen(b)], n).tolist()
+        on_progress(TextProgress(done, total, tuple(model.tokenizer.decode(r) for r in ids[:64])))
+
+    rows = b * config.starts
+    first = [i % k for i in range(rows)]
+    found = _optimise(target, problem, config, first, None, lambda f, step: show(step, f))
+    rounds_run = 1
+    for _ in range(config.rounds - 1):  # re-seek what was found twice, away from the rest (7.)
+        unique = _distinct(found.best, found.choice, b)
+        missing = b - len(unique)
+        if missing == 0:
+            break
+        done, before = rounds_run * config.steps, found
+        again = _optimise(
+            target, problem, config, first[: missing * config.starts], found.choice[unique],
+            lambda f, step, done=done, before=before: show(done + step, before.then(f)),
+        )  # fmt: skip
+        found, rounds_run = found.then(again), rounds_run + 1
+    chosen = found.chosen(b)
+    ids = _ids(problem, found.choice[chosen], n).tolist()
     notes = [
-        f"spans of the first {layers} attention layers, ranks "
+        f"spans of the first {len(problem.spans)} attention layers, ranks "
         + ", ".join(str(s.rank) for s in problem.spans)
         + f" (the {known_rank(target)} tokens the server knows, noise floor {config.noise_floor})",
         f"{k} candidate tokens a position, {rows} starts for {b} sequences, {config.steps} "
-        f"steps; the chosen sequences' objective {float(best[chosen].mean()):.3g} (0: every "
-        "input in its span)",
+        f"steps a round, {rounds_run} round(s); the chosen sequences' objective "
+        f"{float(found.best[chosen].mean()):.3g} (0: every input in its span)",
     ]
     if model.family == DECODER:
         sequences = [row[: n - 1] for row in ids]
@@ -285,7 +360,7 @@ def run_tiger(
         specials = (tok.bos_id, tok.eos_id, tok.pad_id)
         sequences = [[t for t in row if t not in specials] for row in ids]
     texts = tuple(model.tokenizer.decode(s) for s in sequences)
-    on_progress(TextProgress(config.steps, config.steps, texts[:64], "done"))
+    on_progress(TextProgress(total, total, texts[:64], "done"))
     return RecoveredText(
         NAME, tuple(tuple(s) for s in sequences), texts, time.perf_counter() - started,
         tuple(notes), None,
