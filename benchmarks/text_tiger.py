@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ from auditlib.client.text_update import text_update
 from auditlib.data.demo_text import demo_text
 from auditlib.data.text_samples import demo_batch
 from auditlib.defenses import build_defense
-from auditlib.engine.text_audit import TextAuditSpec, run_text_audit
+from auditlib.engine.text_audit import TextAuditSpec, defended, run_text_audit
 from auditlib.metrics.text import score_text
 from auditlib.metrics.text_baseline import guess_bar, text_guesses
 from auditlib.metrics.text_risk import text_risk
@@ -47,14 +46,12 @@ SIGMAS = (0.0, 1e-6, 1e-4, 60.0)
 
 
 def _noised(update, sigma: float):
+    """The update under dp-gaussian (clip 30), the noise drawn as the text audit draws it."""
     if sigma == 0:
         return update
-    defense = build_defense("dp-gaussian", {"sigma": str(sigma), "clip": "30"})[0]
-    names = list(update.gradients)
-    released = defense.apply(
-        tuple(update.gradients[n] for n in names), torch.Generator().manual_seed(0)
-    )
-    return replace(update, gradients=dict(zip(names, released, strict=True)))
+    return defended(
+        build_defense("dp-gaussian", {"sigma": str(sigma), "clip": "30"})[0], 0, update
+    )[0]
 
 
 def _row(name: str, recovered, batch, private, bar) -> dict:

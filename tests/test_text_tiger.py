@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from auditlib.attacks.text.base import TextTarget
 from auditlib.attacks.text.dager import run_dager
@@ -15,7 +14,7 @@ from auditlib.attacks.text.tiger import TigerConfig, run_tiger
 from auditlib.client.text_update import text_update
 from auditlib.data.text_samples import TextRows, demo_batch, make_batch
 from auditlib.defenses import build_defense
-from auditlib.engine.text_audit import TextAuditSpec, run_text_audit
+from auditlib.engine.text_audit import TextAuditSpec, defended, run_text_audit
 from auditlib.errors import AuditInputError
 from auditlib.metrics.text import score_text
 from auditlib.models.text import build_text_model
@@ -31,12 +30,10 @@ def tiny():
 
 
 def _noised(update, sigma: float):
-    defense = build_defense("dp-gaussian", {"sigma": str(sigma), "clip": "30"})[0]
-    names = list(update.gradients)
-    released = defense.apply(
-        tuple(update.gradients[n] for n in names), torch.Generator().manual_seed(0)
-    )
-    return replace(update, gradients=dict(zip(names, released, strict=True)))
+    """The update under dp-gaussian (clip 30), the noise drawn as the text audit draws it."""
+    return defended(
+        build_defense("dp-gaussian", {"sigma": str(sigma), "clip": "30"})[0], 0, update
+    )[0]
 
 
 def _scores(batch, recovered):

@@ -125,7 +125,8 @@ def _text_defense(spec: TextAuditSpec):
     return build_defense(spec.defense, spec.defense_params)[0]
 
 
-def _defended(defense, seed: int, update: TextUpdate) -> tuple[TextUpdate, dict[str, Any]]:
+def defended(defense, seed: int, update: TextUpdate) -> tuple[TextUpdate, dict[str, Any]]:
+    """The update as the defense releases it (its noise seeded), and its privacy report."""
     generator = torch.Generator().manual_seed(seed)
     names = list(update.gradients)
     released = defense.apply(tuple(update.gradients[n] for n in names), generator)
@@ -218,7 +219,7 @@ def run_text_audit(
         privacy: dict[str, Any] = {}
         adaptive = "no defense"
     else:
-        update, privacy = _defended(defense, spec.seed, clean)
+        update, privacy = defended(defense, spec.seed, clean)
         runs, twin_ran = _attacks_on(spec, model, update, batch, bar, emit, defended=True)
         controls, _ = _attacks_on(spec, model, clean, batch, bar, emit, defended=False)
         offered = (

@@ -114,6 +114,42 @@ def first_layer_inputs(model: TextModel, position: int) -> torch.Tensor:
     return backbone.bert.embeddings(input_ids=ids, position_ids=positions)[:, 0]
 
 
+def attention_inputs(
+    model: TextModel,
+    layers: int,
+    *,
+    input_ids: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """What the first ``layers`` attention layers get for each token (each B x n x width),
+    from token ids or input embeddings; the forward pass stops there, its graph kept."""
+    captured: list[torch.Tensor] = []
+
+    def grab(_module, args):
+        captured.append(args[0])
+        if len(captured) == layers:
+            raise _Stop
+
+    handles = [
+        attention_input_module(model, layer).register_forward_pre_hook(grab)
+        for layer in range(layers)
+    ]
+    given = input_ids if input_ids is not None else inputs_embeds
+    if attention_mask is None:
+        attention_mask = torch.ones(given.shape[:2], dtype=torch.int64)
+    try:
+        model.backbone(
+            input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        )
+    except _Stop:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
 @torch.no_grad()
 def layer_inputs(
     model: TextModel,
@@ -121,21 +157,6 @@ def layer_inputs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """What attention layer ``layer`` gets for each token of ``input_ids`` (B x n x width);
-    the forward pass stops there."""
-    captured: list[torch.Tensor] = []
-
-    def grab(_module, args):
-        captured.append(args[0].detach())
-        raise _Stop
-
-    handle = attention_input_module(model, layer).register_forward_pre_hook(grab)
-    try:
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        model.backbone(input_ids=input_ids, attention_mask=attention_mask)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
-    return captured[0]
+    """What attention layer ``layer`` gets for each token of ``input_ids`` (B x n x width)."""
+    inputs = attention_inputs(model, layer + 1, input_ids=input_ids, attention_mask=attention_mask)
+    return inputs[layer]

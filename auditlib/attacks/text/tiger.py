@@ -50,7 +50,7 @@ from auditlib.attacks.text.dager import complete_decoder, known_rank
 from auditlib.attacks.text.span import (
     LayerSpan,
     above_noise,
-    attention_input_module,
+    attention_inputs,
     distance_to_span,
     first_layer_inputs,
     layer_span,
@@ -121,10 +121,6 @@ class TigerConfig:
         check_ranges(self)
 
 
-class _Stop(Exception):
-    pass
-
-
 @dataclass(frozen=True, eq=False)
 class _Problem:
     spans: tuple[LayerSpan, ...]
@@ -163,32 +159,6 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
         rows.append(torch.argsort(d)[:k])
     table = model.backbone.get_input_embeddings().weight.detach()
     return _Problem(spans, positions, fixed, torch.stack(rows), table)
-
-
-def _attention_inputs(target: TextTarget, embeds: torch.Tensor, layers: int) -> list:
-    """The first ``layers`` attention layers' inputs for these input embeddings (the forward
-    stops there; the graph is kept)."""
-    captured: list[torch.Tensor] = []
-
-    def grab(_module, args):
-        captured.append(args[0])
-        if len(captured) == layers:
-            raise _Stop
-
-    model = target.model
-    handles = [
-        attention_input_module(model, layer).register_forward_pre_hook(grab)
-        for layer in range(layers)
-    ]
-    mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
-    try:
-        model.backbone(inputs_embeds=embeds, attention_mask=mask)
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    return captured
 
 
 def _row_losses(
@@ -292,7 +262,9 @@ def _optimise(
     for step in range(config.steps):
         horizon = p if step >= growing else max(1, int(p * (step + 1) / growing))
         weights = torch.softmax(logits, dim=-1)
-        inputs = _attention_inputs(target, _embeds(problem, weights, rows, n), layers)
+        inputs = attention_inputs(
+            target.model, layers, inputs_embeds=_embeds(problem, weights, rows, n)
+        )
         loss = _row_losses(problem, inputs, horizon).mean()
         live = weights[:, :horizon]  # positions not yet in the objective stay soft
         entropy = -(live * torch.log(live.clamp_min(1e-12))).sum(-1).mean()
@@ -307,7 +279,9 @@ def _optimise(
             with torch.no_grad():
                 one_hot = torch.nn.functional.one_hot(choice, k).to(problem.table.dtype)
                 embeds = _embeds(problem, one_hot, rows, n)
-                discrete = _row_losses(problem, _attention_inputs(target, embeds, layers))
+                discrete = _row_losses(
+                    problem, attention_inputs(target.model, layers, inputs_embeds=embeds)
+                )
             better = discrete < found.best
             found.best[better], found.choice[better] = discrete[better], choice[better]
             seen(found, step + 1)
