@@ -54,6 +54,16 @@ class AttackRow:
     nothing_shown: int  # sequences that showed nothing beyond the guess
     level: str | None
     sequences: tuple[SequenceRow, ...]
+    stopped: bool = False  # cut short by a Cancel: what it had recovered then
+
+    @property
+    def label(self) -> str:
+        """Its name as a table shows it: the attack, and what kind of run it was."""
+        return (
+            self.attack
+            + (" (control: undefended)" if self.control else "")
+            + (" (cut short by a cancel)" if self.stopped else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class StoredTextResult:
     controls: tuple[AttackRow, ...]
     verdict: TextVerdictView
     privacy: PrivacyView
+    stopped: bool = False  # cancelled: an attack cut short, the rest not run
 
     @property
     def private_texts(self) -> tuple[str, ...]:
@@ -125,7 +136,7 @@ def _attack(row: dict[str, Any], control: bool) -> AttackRow:
         tuple(str(n) for n in row.get("notes", ())), float(row["rouge1"]), float(row["rouge2"]),
         float(row["rougeL"]), float(row["token_accuracy"]), int(row["exact"]),
         int(row["recovered"]), int(row["nothing_shown"]), row.get("level"),
-        tuple(_sequence(s) for s in row["sequences"]),
+        tuple(_sequence(s) for s in row["sequences"]), bool(row.get("stopped", False)),
     )  # fmt: skip
 
 
@@ -168,7 +179,7 @@ def read_text_result(data: dict[str, Any]) -> StoredTextResult:
                 str(v["outcome"]), str(v["level"]), str(v["headline"]), str(v["sentence"]),
                 tuple(v["attacks"]), str(v["defense"]), str(v["adaptive"]),
             ),
-            _privacy(data.get("privacy") or {}),
+            _privacy(data.get("privacy") or {}), bool(data.get("stopped", False)),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise AuditInputError(f"a text result.json missing or mistyping {exc}") from None

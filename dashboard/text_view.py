@@ -52,7 +52,8 @@ def live_text_view(run_id: str, live: bool) -> None:
     st.button(
         "Cancel text audit", key="text_cancel", on_click=_cancel, args=(run_id,),
         disabled=record.cancel_requested,
-        help="Stops the task at once: the text attacks have no cooperative stop.",
+        help="Stops the audit between two steps: what the running attack has recovered is "
+        "scored, nothing after it runs, and the verdict claims only what was measured.",
     )  # fmt: skip
 
 
@@ -82,7 +83,7 @@ def _score_rows(result: StoredTextResult) -> list[dict[str, str]]:
 
     def row(run: AttackRow) -> dict[str, str]:
         return {
-            "attack": run.attack + (" (control: undefended)" if run.control else ""),
+            "attack": run.label,
             "ROUGE-1": f"{run.rouge1:.3f}",
             "ROUGE-2": f"{run.rouge2:.3f}",
             "ROUGE-L": f"{run.rougeL:.3f}",
@@ -138,6 +139,11 @@ def result_view(record: TextRunRecord) -> None:
         st.error(f"Text audit {record.status}: {record.error or 'no result'}")
         return
     result = read_text_result(record.result)
+    if result.stopped:
+        st.warning(
+            "Cancelled: the attack running then was cut short and what followed it did not "
+            "run. Its scores are what it had recovered by then; the verdict claims only that."
+        )
     st.subheader("Verdict")
     _verdict_box(result)
     st.subheader("Scores beside the guess from public text")
@@ -145,7 +151,7 @@ def result_view(record: TextRunRecord) -> None:
     st.subheader("Private and recovered sequences")
     masked = st.checkbox("Mask the private text (word lengths only)", key="text_mask")
     runs = (*result.runs, *result.controls)
-    labels = [r.attack + (" (control)" if r.control else "") for r in runs]
+    labels = [r.label for r in runs]
     chosen = st.selectbox("Attack", labels, key="text_seq_attack") if len(runs) > 1 else labels[0]
     _side_by_side(runs[labels.index(chosen)], masked)
     with st.expander("What the attacks noted (their assumptions)"):
@@ -153,7 +159,7 @@ def result_view(record: TextRunRecord) -> None:
             held = {True: "held", False: "did not hold", None: "none (it claims no exactness)"}[
                 run.assumptions_hold
             ]
-            st.markdown(f"**{run.attack}**: assumptions {held}")
+            st.markdown(f"**{run.label}**: assumptions {held}")
             for note in run.notes:
                 st.markdown(f"- {note}")
     pdf = render_text_report(result, mask_private=masked)

@@ -29,6 +29,7 @@ from auditlib.spec import RunSpec
 
 BOARD_NAME = "auditlib-cancel-board"
 CANCEL_POLL_S = 0.25
+HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
 _init_lock = threading.Lock()
 
 
@@ -193,7 +194,7 @@ def cancel_board():
     return CancelBoard.options(name=BOARD_NAME, get_if_exists=True).remote()
 
 
-class _CancelWatch:
+class CancelWatch:
     """Whether the board says a run was cancelled, asked from a watcher thread, never from
     the task's own thread: a task whose main thread blocks in ray.get lends its CPU back to
     Ray, which then starts another queued run beside it (measured: a sweep on one worker ran
@@ -220,7 +221,7 @@ def _audit_task(
 ):
     from auditlib.engine.stream import audit_messages
 
-    watch = _CancelWatch(board, run_id)
+    watch = CancelWatch(board, run_id)
     try:
         yield from audit_messages(spec, assets, is_cancelled=watch.cancelled.is_set, **settings)
     finally:
@@ -239,7 +240,7 @@ def _together_task(
     board) stops every update."""
     from auditlib.engine.stream import together_messages
 
-    watch = _CancelWatch(board, group_id)
+    watch = CancelWatch(board, group_id)
     try:
         yield from together_messages(specs, assets, is_cancelled=watch.cancelled.is_set, **settings)
     finally:

@@ -49,7 +49,7 @@ from auditlib.spec import RunSpec
 from auditlib.store import CANCELLED, FAILED, RunFinishedError, Store, UnknownRunError
 from auditlib.store.retention import expire
 
-HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
+HARD_CANCEL_AFTER_S = ray_backend.HARD_CANCEL_AFTER_S
 SHUTDOWN_REASON = (
     "the dashboard was stopped while this run was in progress (its server shut down); "
     "start it again to get a result"

@@ -2,6 +2,10 @@
 its defense), each text attack on it, the attacker that knows the defense where one exists,
 the same attacks on the undefended update as the control, scores against the guess from
 public text, and the verdict (``metrics.text_verdict``).
+
+A stop request (``should_stop``, a Cancel) is read between the attacks' steps: the running
+attack returns what it had, nothing further starts, and what was recovered is scored; the
+verdict then claims a leak only where one was measured, and is inconclusive otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from typing import Any
 import torch
 
 from auditlib.attacks.text import TEXT_ATTACKS, run_text_attack
-from auditlib.attacks.text.base import RecoveredText, TextProgress, TextTarget
+from auditlib.attacks.text.base import (
+    RecoveredText,
+    StopCheck,
+    TextProgress,
+    TextTarget,
+    never_stop,
+)
 from auditlib.attacks.text.dager import DagerConfig
 from auditlib.attacks.text.lamp import lamp_config
 from auditlib.attacks.text.tag import tag_config
@@ -86,6 +96,7 @@ class TextAuditResult:
     verdict: TextVerdict
     privacy: dict[str, Any]
     seconds: float
+    stopped: bool = False  # cancelled: an attack cut short, the rest not run
 
 
 def _model(spec: TextAuditSpec) -> TextModel:
@@ -135,14 +146,15 @@ def defended(defense, seed: int, update: TextUpdate) -> tuple[TextUpdate, dict[s
 
 
 def _run(
-    name: str, label: str, target: TextTarget, batch: TextBatch, bar: GuessBar, config, emit
-) -> TextAttackRun:
+    name: str, label: str, target: TextTarget, batch: TextBatch, bar: GuessBar, config, emit,
+    should_stop: StopCheck = never_stop,
+) -> TextAttackRun:  # fmt: skip
     emit(TextEvent("attack", label))
 
     def progress(p: TextProgress) -> None:
         emit(TextEvent("progress", label, p.texts, f"{p.step}/{p.total}"))
 
-    recovered = run_text_attack(name, target, config, progress)
+    recovered = run_text_attack(name, target, config, progress, should_stop)
     private_ids = [
         batch.input_ids[i, : int(batch.attention_mask[i].sum())].tolist() for i in range(batch.size)
     ]
@@ -171,8 +183,10 @@ def _config(name: str, spec: TextAuditSpec):
 
 def _attacks_on(
     spec: TextAuditSpec, model: TextModel, update: TextUpdate, batch: TextBatch, bar, emit,
-    defended: bool,
-) -> tuple[list[TextAttackRun], bool]:  # fmt: skip
+    defended: bool, should_stop: StopCheck = never_stop,
+) -> tuple[list[TextAttackRun], bool, bool]:  # fmt: skip
+    """The runs, whether the attacker that knows the defense ran, and whether a stop request
+    ended them early (the attack it reached cut short, the rest not started)."""
     runs, twin_ran = [], False
     for name in spec.attacks:
         if name not in TEXT_ATTACKS:
@@ -187,19 +201,29 @@ def _attacks_on(
         if not update.adapters_only and not info.full_update:
             raise AuditInputError(f"{name} reads LoRA adapters' updates; every weight trains here")
         target = TextTarget(model, update, spec.batch_size, spec.length, batch.labels)
-        runs.append(_run(name, name, target, batch, bar, _config(name, spec), emit))
+        if should_stop():
+            return runs, twin_ran, True
+        runs.append(_run(name, name, target, batch, bar, _config(name, spec), emit, should_stop))
+        if runs[-1].recovered.stopped:
+            return runs, twin_ran, True
         if defended and spec.adaptive and name == "dager" and spec.defense in RANKED_AGAINST:
+            if should_stop():
+                return runs, twin_ran, True
             twin = DagerConfig(mode="ranked")
             label = "dager (knows the defense)"
-            runs.append(_run(name, label, target, batch, bar, twin, emit))
+            runs.append(_run(name, label, target, batch, bar, twin, emit, should_stop))
+            if runs[-1].recovered.stopped:
+                return runs, twin_ran, True
             twin_ran = True
         if defended and name in KNOWS_NOISE and spec.defense in RANKED_AGAINST:
             twin_ran = True  # TIGER thresholds nothing: it is the attacker that knows the noise
-    return runs, twin_ran
+    return runs, twin_ran, False
 
 
 def run_text_audit(
-    spec: TextAuditSpec, on_event: Callable[[TextEvent], None] | None = None
+    spec: TextAuditSpec,
+    on_event: Callable[[TextEvent], None] | None = None,
+    should_stop: StopCheck = never_stop,
 ) -> TextAuditResult:
     started = time.perf_counter()
     emit = on_event or (lambda _e: None)
@@ -213,15 +237,22 @@ def run_text_audit(
     bar = guess_bar(batch.texts, guesses)
     clean = text_update(model, batch, spec.algorithm, spec.local_steps, spec.learning_rate)
     emit(TextEvent("update", note=f"{len(clean.gradients)} tensors, {spec.algorithm}"))
+    controls: list[TextAttackRun] = []
     if spec.defense == "none":
-        runs, _ = _attacks_on(spec, model, clean, batch, bar, emit, defended=False)
-        controls: list[TextAttackRun] = []
+        runs, _, stopped = _attacks_on(
+            spec, model, clean, batch, bar, emit, defended=False, should_stop=should_stop
+        )
         privacy: dict[str, Any] = {}
         adaptive = "no defense"
     else:
         update, privacy = defended(defense, spec.seed, clean)
-        runs, twin_ran = _attacks_on(spec, model, update, batch, bar, emit, defended=True)
-        controls, _ = _attacks_on(spec, model, clean, batch, bar, emit, defended=False)
+        runs, twin_ran, stopped = _attacks_on(
+            spec, model, update, batch, bar, emit, defended=True, should_stop=should_stop
+        )
+        if not stopped:
+            controls, _, stopped = _attacks_on(
+                spec, model, clean, batch, bar, emit, defended=False, should_stop=should_stop
+            )
         offered = (
             any(a in ("dager", *KNOWS_NOISE) for a in spec.attacks)
             and spec.defense in RANKED_AGAINST
@@ -229,12 +260,12 @@ def run_text_audit(
         adaptive = "ran" if twin_ran else ("not offered" if not offered else "none")
     verdict = judge_text(
         tuple(r.finding for r in runs), tuple(c.finding for c in controls),
-        _defense_words(spec), adaptive,
+        _defense_words(spec), adaptive, stopped=stopped,
     )  # fmt: skip
     emit(TextEvent("done", note=verdict.headline))
     return TextAuditResult(
         spec, model.source, batch.source, batch.texts, guesses, bar, tuple(runs),
-        tuple(controls), verdict, privacy, time.perf_counter() - started,
+        tuple(controls), verdict, privacy, time.perf_counter() - started, stopped,
     )  # fmt: skip
 
 

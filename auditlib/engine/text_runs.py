@@ -10,8 +10,11 @@ consumer does; workers never touch the database. Ray places the task when one of
 is free (one CPU a run, ``ray_backend.cpus_per_run``), and each user has at most
 ``AUDIT_USER_MAX_RUNNING`` + ``AUDIT_USER_MAX_QUEUED`` text runs unfinished.
 
-The text attacks take no stop request (``run_text_audit`` has no cancellation hook), so a
-Cancel stops the task with ``ray.cancel``: the run ends cancelled with nothing scored.
+Cancellation is cooperative first, as for the image runs (``ray_backend``'s cancel board
+and watcher): the running attack reads the request between its steps and returns what it
+had, nothing after it starts, and the run ends cancelled with that much scored and a
+verdict that claims only what was measured. A task that has not stopped
+``HARD_CANCEL_AFTER_S`` later is stopped with ``ray.cancel`` (nothing scored then).
 A run whose dashboard process is gone (stopped, or never recorded) is failed when the
 next manager starts, with the reason.
 """
@@ -23,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -49,9 +52,10 @@ GONE_REASON = (
     "start it again to get a result"
 )
 CANCEL_REASON = (
-    "cancelled: the text attacks have no cooperative stop, so the task was stopped; "
+    "cancelled: the task did not stop between two steps in time, so it was stopped; "
     "nothing was scored"
 )
+STOPPED_REASON = "cancelled: what the attacks had recovered by then is scored"
 _LOG = logging.getLogger("auditlib.text_runs")
 
 
@@ -114,9 +118,12 @@ def _local_spec(spec: TextAuditSpec, uploads: TextUploads, folder) -> TextAuditS
     return spec
 
 
-def text_messages(spec: TextAuditSpec, uploads: TextUploads) -> Iterator[dict[str, Any]]:
+def text_messages(
+    spec: TextAuditSpec, uploads: TextUploads, is_cancelled: Callable[[], bool] | None = None
+) -> Iterator[dict[str, Any]]:
     """The audit's events as plain JSON messages, then its result (or its error). The
-    audit runs on a thread of its own so its events can be yielded as they come."""
+    audit runs on a thread of its own so its events can be yielded as they come;
+    ``is_cancelled`` is read between the attacks' steps."""
     import tempfile
 
     import torch
@@ -133,10 +140,11 @@ def text_messages(spec: TextAuditSpec, uploads: TextUploads) -> Iterator[dict[st
             result = run_text_audit(
                 _local_spec(spec, uploads, folder),
                 lambda e: events.put({"kind": "event", **asdict(e), "texts": list(e.texts)}),
+                should_stop=is_cancelled or (lambda: False),
             )
             data = text_result_dict(result)
             data["spec"] = {**asdict(spec), "attacks": list(spec.attacks)}  # no worker paths
-            outcome["message"] = {"kind": "result", "result": data}
+            outcome["message"] = {"kind": "result", "result": data, "stopped": result.stopped}
         except AuditInputError as exc:
             outcome["message"] = {"kind": "error", "message": str(exc)}
         except Exception as exc:  # said in one line; the worker's log has the traceback
@@ -154,9 +162,13 @@ def text_messages(spec: TextAuditSpec, uploads: TextUploads) -> Iterator[dict[st
     yield outcome.get("message") or {"kind": "error", "message": "the audit ended without a result"}
 
 
-def _text_task(spec: dict[str, Any], uploads: TextUploads):
+def _text_task(spec: dict[str, Any], uploads: TextUploads, run_id: str, board):
     typed = TextAuditSpec(**{**spec, "attacks": tuple(spec["attacks"])})
-    yield from text_messages(typed, uploads)
+    watch = ray_backend.CancelWatch(board, run_id)
+    try:
+        yield from text_messages(typed, uploads, is_cancelled=watch.cancelled.is_set)
+    finally:
+        watch.finished.set()
 
 
 text_task = ray.remote(num_returns="streaming", max_retries=0)(_text_task)
@@ -177,6 +189,7 @@ class TextRunManager:
         self._lock = threading.Lock()
         self._refs: dict[str, Any] = {}
         self._threads: dict[str, threading.Thread] = {}
+        self._board = None  # the cancel board, made once Ray is up; this handle keeps it
         self.orphans_failed = self._fail_orphans(Instances(store))
 
     def _fail_orphans(self, instances: Instances) -> int:
@@ -206,11 +219,15 @@ class TextRunManager:
                     "wait for one to end or cancel one"
                 )
         ray_backend.ensure_ray()
+        with self._lock:
+            if self._board is None:
+                self._board = ray_backend.cancel_board()
+            board = self._board
         stored = {**asdict(spec), "attacks": list(spec.attacks)}
         run_id = self.runs.create(stored, title, owner=owner, instance=self.instance)
         try:
             options = {"num_cpus": ray_backend.cpus_per_run()}
-            generator = text_task.options(**options).remote(stored, uploads)
+            generator = text_task.options(**options).remote(stored, uploads, run_id, board)
         except Exception as exc:
             self.runs.finish(run_id, FAILED, error=f"could not be handed to Ray: {exc}")
             return run_id
@@ -236,6 +253,10 @@ class TextRunManager:
                     last_live = now
                     live = {k: message.get(k) for k in ("stage", "attack", "texts", "note")}
                     self.runs.progress(run_id, live)
+                elif kind == "result" and message.get("stopped"):
+                    self.runs.finish(
+                        run_id, CANCELLED, result=message["result"], error=STOPPED_REASON
+                    )
                 elif kind == "result":
                     self.runs.finish(run_id, COMPLETED, result=message["result"])
                 elif kind == "error":
@@ -271,14 +292,20 @@ class TextRunManager:
                 ray.cancel(generator, force=True)
 
     def cancel(self, run_id: str) -> None:
-        """Stop the run's task; its run ends cancelled."""
+        """Ask the run to stop between two steps (it ends cancelled with what it had
+        scored); stop its task by force if it has not ended ``HARD_CANCEL_AFTER_S`` later."""
         with contextlib.suppress(UnknownRunError):
             self.runs.request_cancel(run_id)
-        self._cancel_task(run_id)
         with self._lock:
-            held = run_id in self._refs
+            held, board = run_id in self._refs, self._board
         if not held:
             self._end(run_id, CANCELLED, "cancelled; no dashboard process was running it any more")
+            return
+        with contextlib.suppress(Exception):  # the board is bookkeeping: the timer still acts
+            board.cancel.remote(run_id)
+        timer = threading.Timer(ray_backend.HARD_CANCEL_AFTER_S, self._cancel_task, (run_id,))
+        timer.daemon = True
+        timer.start()
 
     def is_active(self, run_id: str) -> bool:
         with self._lock:

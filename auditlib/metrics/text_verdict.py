@@ -8,8 +8,9 @@
   half its sequences recovered). It says the defense stopped these attacks, nothing more.
 - **inconclusive**: nothing was recovered and nothing follows: no defense (a failed attack
   on an undefended update is no evidence of safety), a control that did not leak, a
-  recovery between the guess and the recovered line, or no adaptive attacker where one is
-  offered.
+  recovery between the guess and the recovered line, no adaptive attacker where one is
+  offered, or an audit cancelled before its attacks and controls finished (a leak found
+  before the stop still stands: it was measured).
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def judge_text(
     controls: tuple[TextFinding, ...],
     defense: str,
     adaptive: str,
+    *,
+    stopped: bool = False,
 ) -> TextVerdict:
+    """``stopped``: the audit was cancelled, so an attack was cut short and what followed it
+    (the rest, the controls) did not run."""
     attacks = tuple(f.attack for f in findings)
     best = _best(findings)
     size = best.risk.sequences if best else 0
@@ -78,6 +83,12 @@ def judge_text(
             + (f" under {defense}" if defense != "none" else "") + ".",
             *args,
         )  # fmt: skip
+    if stopped:
+        return _inconclusive(
+            "the audit was cancelled before its attacks and controls had finished; nothing "
+            "follows from what they had not recovered by then",
+            *args,
+        )
     if defense == "none":
         return _inconclusive(
             "nothing was recovered from the undefended update; a failed attack is no "

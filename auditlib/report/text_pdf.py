@@ -124,13 +124,14 @@ def _settings(b: _Builder, r: StoredTextResult) -> list[Flowable]:
         ("Seed", str(s.seed)),
         ("Audit time", f"{r.seconds:.1f} s"),
     ]
+    if r.stopped:
+        pairs.append(("Cancelled", "yes: an attack was cut short and what followed it did not run"))
     return [b.p("Settings", "h2"), b.plain_pairs(pairs)]
 
 
 def _score_row(run: AttackRow, size: int) -> list[str]:
-    name = run.attack + (" (control: undefended)" if run.control else "")
     return [
-        esc(name),
+        esc(run.label),
         _num(run.rouge1), _num(run.rouge2), _num(run.rougeL),
         f"{run.exact} of {size}", _num(run.token_accuracy),
         f"{run.recovered} of {size}", esc(run.level or "none"), f"{run.seconds:.1f}",
@@ -186,7 +187,7 @@ def _sequences(b: _Builder, r: StoredTextResult, masked: bool) -> list[Flowable]
     header = ["#", "Private", "Recovered", "R-1", "R-2", "Exact", "Recovered?"]
     widths = [0.7 * cm, 6.2 * cm, 6.2 * cm, 1.0 * cm, 1.0 * cm, 1.0 * cm, 1.6 * cm]
     for run in (*r.runs, *r.controls):
-        title = run.attack + (" (control: undefended)" if run.control else "")
+        title = run.label
         rows = [
             [
                 str(i + 1), esc(show(s.private)),
@@ -204,7 +205,7 @@ def _notes(b: _Builder, r: StoredTextResult) -> list[Flowable]:
     story: list[Flowable] = [b.p("What the attacks noted", "h1")]
     for run in (*r.runs, *r.controls):
         held = {True: "held", False: "did not hold", None: "none: it claims no exactness"}
-        title = run.attack + (" (control)" if run.control else "")
+        title = run.label
         story.append(b.p(f"{esc(title)}: its assumptions {held[run.assumptions_hold]}", "h2"))
         story += b.bullets([esc(n) for n in run.notes] or ["no notes"])
     return story

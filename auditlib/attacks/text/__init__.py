@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from auditlib.attacks.text.base import OnProgress, RecoveredText, TextTarget
+from auditlib.attacks.text.base import OnProgress, RecoveredText, StopCheck, TextTarget
 from auditlib.attacks.text.dager import DagerConfig, run_dager
 from auditlib.attacks.text.lamp import LampConfig, run_lamp
 from auditlib.attacks.text.tag import TagConfig, run_tag
@@ -22,7 +22,7 @@ from auditlib.attacks.text.utr import UtrConfig, run_utr
 class TextAttackInfo:
     name: str
     title: str  # the paper, in words
-    run: Callable[..., RecoveredText]  # run(target, config, on_progress)
+    run: Callable[..., RecoveredText]  # run(target, config, on_progress, should_stop)
     config: type
     full_update: bool  # reads an update of every weight
     adapters_update: bool  # reads an update of LoRA adapters alone
@@ -63,8 +63,16 @@ TEXT_ATTACKS: dict[str, TextAttackInfo] = {
 
 
 def run_text_attack(
-    name: str, target: TextTarget, config=None, on_progress: OnProgress | None = None
+    name: str,
+    target: TextTarget,
+    config=None,
+    on_progress: OnProgress | None = None,
+    should_stop: StopCheck | None = None,
 ) -> RecoveredText:
+    """Attack ``name`` on ``target``; ``should_stop`` is read between its steps (a Cancel),
+    and the attack then returns what it had (``RecoveredText.stopped``)."""
     info = TEXT_ATTACKS[name]
     kwargs = {} if on_progress is None else {"on_progress": on_progress}
+    if should_stop is not None:
+        kwargs["should_stop"] = should_stop
     return info.run(target, config if config is not None else info.config(), **kwargs)

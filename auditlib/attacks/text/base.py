@@ -1,6 +1,7 @@
 """What every text attack takes and gives: the server's knowledge (the model it sent, the
 update it received, the shape of the batch it may assume) and the recovered sequences, with
-progress as the run goes."""
+progress as the run goes and a stop request read between steps (a Cancel: the attack then
+returns what it had, ``RecoveredText.stopped``)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,20 @@ class RecoveredText:
     seconds: float
     notes: tuple[str, ...] = ()  # what held and what did not, in words
     assumptions_hold: bool | None = None  # None: the attack has no exactness assumptions
+    stopped: bool = False  # stopped on request before its budget: what it had then
 
 
 OnProgress = Callable[[TextProgress], None]
+StopCheck = Callable[[], bool]  # True once the run is asked to stop
 
 
 def no_progress(_: TextProgress) -> None:
     return None
+
+
+def never_stop() -> bool:
+    return False
+
+
+def stopped_note(done: int, total: int, unit: str) -> str:
+    return f"stopped on request after {done} of {total} {unit}: what it had recovered then"

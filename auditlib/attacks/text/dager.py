@@ -26,9 +26,12 @@ import torch
 from auditlib.attacks.text.base import (
     OnProgress,
     RecoveredText,
+    StopCheck,
     TextProgress,
     TextTarget,
+    never_stop,
     no_progress,
+    stopped_note,
 )
 from auditlib.attacks.text.gpt2_extend import second_layer_inputs
 from auditlib.attacks.text.last_token import recover_last_tokens
@@ -156,13 +159,19 @@ def _decoder_sequences(
     candidates: list[list[int]],
     config: DagerConfig,
     on_progress: OnProgress,
-) -> tuple[list[list[int]], list[str]]:
-    model, notes = target.model, []
+    should_stop: StopCheck = never_stop,
+) -> tuple[list[list[int]], list[str], bool]:
+    """The sequences, notes, and whether a stop request cut the search short."""
+    model, notes, stopped = target.model, [], False
     prefixes: list[list[int]] = [[t] for t in candidates[0]]
     finished: list[list[int]] = []
     # Ranked, the last position is left to the final LayerNorm (no span holds it).
     last = target.length - 1 if config.mode == "ranked" else target.length
     for position in range(1, last):
+        if should_stop():
+            notes.append(stopped_note(position - 1, last - 1, "positions extended"))
+            stopped = True
+            break
         tokens = candidates[position]
         if not tokens or not prefixes:
             finished.extend(prefixes)
@@ -189,7 +198,7 @@ def _decoder_sequences(
             )
         )
     if config.mode == "ranked":  # the closest prefixes, one per sequence the server expects
-        return [list(p) for p in prefixes[: target.batch_size]], notes
+        return [list(p) for p in prefixes[: target.batch_size]], notes, stopped
     sequences = prefixes + finished
     # The longest first: a finished prefix is also the start of the sequences that went on.
     sequences.sort(key=len, reverse=True)
@@ -197,22 +206,26 @@ def _decoder_sequences(
     for seq in sequences:
         if not any(k[: len(seq)] == seq for k in kept):
             kept.append(seq)
-    return kept, notes
+    return kept, notes, stopped
 
 
 def _encoder_sequences(
-    target: TextTarget, second: LayerSpan, candidates: list[list[int]], config: DagerConfig
-) -> tuple[list[list[int]], list[str]]:
+    target: TextTarget,
+    second: LayerSpan,
+    candidates: list[list[int]],
+    config: DagerConfig,
+    should_stop: StopCheck = never_stop,
+) -> tuple[list[list[int]], list[str], bool]:
     """Sequences whose every second-layer input lies in the span, among the combinations of
     the positions' candidates (exhaustive up to the bound, then the best of each position)."""
     model = target.model
     if target.batch_size == 1 or all(len(c) == 1 for c in candidates):
-        return [[c[0] for c in candidates]], []
+        return [[c[0] for c in candidates]], [], False
     per_position = [c[: max(1, target.batch_size)] for c in candidates]
     total = 1
     for c in per_position:
         total *= len(c)
-    notes = []
+    notes, stopped = [], False
     if total > config.encoder_combinations:
         notes.append(
             f"the encoder search has {total:.3g} combinations, over the bound of "
@@ -223,6 +236,10 @@ def _encoder_sequences(
         combos = [list(c) for c in itertools.product(*per_position)]
     scores = []
     for start in range(0, len(combos), 128):
+        if start and should_stop():
+            notes.append(stopped_note(start, len(combos), "combinations scored"))
+            combos, stopped = combos[:start], True
+            break
         chunk = torch.tensor(combos[start : start + 128])
         inputs = layer_inputs(model, 1, chunk)
         scores.append(distance_to_span(second, inputs).max(dim=1).values)
@@ -232,11 +249,14 @@ def _encoder_sequences(
     if not chosen:
         chosen = [combos[i] for i in order[: target.batch_size]]
         notes.append("no assembled sequence passed the sequence filter: the closest are given")
-    return chosen, notes
+    return chosen, notes, stopped
 
 
 def run_dager(
-    target: TextTarget, config: DagerConfig = DagerConfig(), on_progress: OnProgress = no_progress
+    target: TextTarget,
+    config: DagerConfig = DagerConfig(),
+    on_progress: OnProgress = no_progress,
+    should_stop: StopCheck = never_stop,
 ) -> RecoveredText:
     started = time.perf_counter()
     model = target.model
@@ -285,19 +305,25 @@ def run_dager(
     if any(len(c) >= config.max_tokens_per_position for c in candidates):
         holds = False
     if model.family == DECODER:
-        sequences, more = _decoder_sequences(target, second, candidates, config, on_progress)
+        sequences, more, stopped = _decoder_sequences(
+            target, second, candidates, config, on_progress, should_stop
+        )
         more += complete_decoder(target, sequences)
     else:
-        sequences, more = _encoder_sequences(target, second, candidates, config)
+        sequences, more, stopped = _encoder_sequences(
+            target, second, candidates, config, should_stop
+        )
         sequences = [_strip_encoder_specials(target, s) for s in sequences]
     notes.extend(more)
     if config.mode == "ranked":  # ranking claims no exactness: there are no assumptions to hold
         holds = None
+    elif stopped:
+        holds = False  # a search cut short proves nothing of what it did not reach
     texts = tuple(model.tokenizer.decode(s) for s in sequences)
     on_progress(TextProgress(target.length, target.length, texts[:64], "done"))
     return RecoveredText(
         NAME, tuple(tuple(s) for s in sequences), texts, time.perf_counter() - started,
-        tuple(notes), holds,
+        tuple(notes), holds, stopped,
     )  # fmt: skip
 
 

@@ -29,9 +29,12 @@ import torch
 from auditlib.attacks.text.base import (
     OnProgress,
     RecoveredText,
+    StopCheck,
     TextProgress,
     TextTarget,
+    never_stop,
     no_progress,
+    stopped_note,
 )
 from auditlib.attacks.text.lm_prior import (
     AUDITED,
@@ -222,14 +225,21 @@ def _mean_token_length(problem: MatchingProblem) -> float:
 
 
 def initial_state(
-    problem: MatchingProblem, config: LampConfig, generator: torch.Generator, unit: float
+    problem: MatchingProblem,
+    config: LampConfig,
+    generator: torch.Generator,
+    unit: float,
+    should_stop: StopCheck = never_stop,
 ) -> LampState:
     """LAMP's start: the best random draw by gradient distance, then the best reordering of
-    its free positions, each vector scaled to the target length."""
+    its free positions, each vector scaled to the target length (a stop request ends the
+    search with the best so far)."""
     shape = problem.label_shape(config.decoder_targets)
     labels = None if shape is None else torch.randn(shape, generator=generator)
     best, best_loss = None, float("inf")
-    for _ in range(config.init_candidates):
+    for i in range(config.init_candidates):
+        if i and should_stop():
+            break
         embeds = torch.randn(problem.shape, generator=generator) * unit
         fix_positions(problem, embeds)
         loss = float(reconstruction_loss(problem, LampState(embeds, labels), config, False))
@@ -237,6 +247,8 @@ def initial_state(
             best, best_loss = embeds, loss
     free = torch.tensor(problem.free_positions)
     for _ in range(config.init_candidates):
+        if should_stop():
+            break
         order = torch.arange(problem.target.length)
         order[free] = free[torch.randperm(len(free), generator=generator)]
         embeds = best[:, order]
@@ -252,7 +264,10 @@ def initial_state(
 
 
 def run_lamp(
-    target: TextTarget, config: LampConfig = LampConfig(), on_progress: OnProgress = no_progress
+    target: TextTarget,
+    config: LampConfig = LampConfig(),
+    on_progress: OnProgress = no_progress,
+    should_stop: StopCheck = never_stop,
 ) -> RecoveredText:
     started = time.perf_counter()
     problem = matching_problem(target)
@@ -262,7 +277,7 @@ def run_lamp(
     rng = np.random.default_rng(config.seed)
     unit = float(problem.table.std()) if config.token_units else 1.0
     size = config.init_size if config.init_size is not None else _mean_token_length(problem)
-    state = initial_state(problem, config, generator, unit)
+    state = initial_state(problem, config, generator, unit, should_stop)
     groups = [{"params": [state.embeds], "lr": config.lr * unit}]
     if state.labels is not None:
         groups.append({"params": [state.labels], "lr": config.label_lr})
@@ -270,8 +285,10 @@ def run_lamp(
     schedule = torch.optim.lr_scheduler.StepLR(optimiser, step_size=50, gamma=config.lr_decay)
     variables = [g["params"][0] for g in groups]
     best = (float("inf"), state.embeds.detach().clone(), state.labels)
-    swaps = []
+    swaps, done = [], 0
     for step in range(config.steps):
+        if should_stop():
+            break
         optimiser.zero_grad()
         with twice_differentiable():
             rec = reconstruction_loss(problem, state, config, create_graph=True)
@@ -286,18 +303,23 @@ def run_lamp(
         optimiser.step()
         schedule.step()
         fix_positions(problem, state.embeds)
+        done = step + 1
         if step >= config.swap_burnin * config.steps and step % config.swap_every == 1:
             swaps.append(discrete_step(problem, state, prior, config, rng))
         if (step + 1) % config.progress_every == 0:
             ids = nearest_tokens(problem, state.embeds, state.labels, config.decoder_targets)
             texts = tuple(tok.decode(list(s)) for s in decode(problem, ids))
             on_progress(TextProgress(step + 1, config.steps, texts))
+    if done == 0:  # stopped before its first step: its start is all it has
+        best = (best[0], state.embeds.detach(), state.labels)
     ids = nearest_tokens(problem, best[1], best[2], config.decoder_targets)
     sequences = decode(problem, ids)
     texts = tuple(tok.decode(list(s)) for s in sequences)
-    on_progress(TextProgress(config.steps, config.steps, texts, "done"))
-    notes = (
-        f"{config.steps} continuous steps ({config.distance} distance), {len(swaps)} discrete "
+    on_progress(TextProgress(done, config.steps, texts, "done"))
+    stopped = done < config.steps
+    notes = (stopped_note(done, config.steps, "continuous steps"),) if stopped else ()
+    notes += (
+        f"{done} continuous steps ({config.distance} distance), {len(swaps)} discrete "
         f"steps of {config.swap_candidates} candidates per sequence; "
         f"{sum(after < before for before, after in swaps)} of them changed the order",
         f"prior: {prior.description}",
@@ -305,4 +327,6 @@ def run_lamp(
     )
     if not problem.decoder and target.labels is None:
         notes += ("labels unknown (LAMP assumes them known): optimised jointly as free logits",)
-    return RecoveredText(NAME, sequences, texts, time.perf_counter() - started, notes)
+    return RecoveredText(
+        NAME, sequences, texts, time.perf_counter() - started, notes, stopped=stopped
+    )

@@ -30,9 +30,12 @@ import torch
 from auditlib.attacks.text.base import (
     OnProgress,
     RecoveredText,
+    StopCheck,
     TextProgress,
     TextTarget,
+    never_stop,
     no_progress,
+    stopped_note,
 )
 from auditlib.attacks.text.opt_embeddings import (
     L2_L1,
@@ -126,7 +129,9 @@ def _restart(
     config: TagConfig,
     generator: torch.Generator,
     report,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    should_stop: StopCheck,
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """One restart: the best embeddings and labels it reached, and the steps it took."""
     unit = float(problem.table.std()) if config.token_units else 1.0
     embeds = torch.randn(problem.shape, generator=generator) * (config.init_scale * unit)
     fix_positions(problem, embeds)
@@ -142,7 +147,10 @@ def _restart(
     schedule = torch.optim.lr_scheduler.StepLR(optimiser, step_size=50, gamma=config.lr_decay)
     weights = l1_layer_weights(len(problem.params), config.layer_weights)
     best = (float("inf"), embeds.detach().clone(), None if labels is None else labels.detach())
+    done = 0
     for step in range(config.steps):
+        if should_stop():
+            break
         optimiser.zero_grad()
         with twice_differentiable():
             loss = matching_loss(
@@ -161,27 +169,36 @@ def _restart(
         optimiser.step()
         schedule.step()
         fix_positions(problem, embeds)
+        done = step + 1
         if (step + 1) % config.progress_every == 0:
             report(step + 1, nearest_tokens(problem, embeds, labels, config.decoder_targets))
-    return best[1], best[2]
+    if done == 0:  # stopped before its first step: its start is all it has
+        return embeds.detach(), None if labels is None else labels.detach(), 0
+    return best[1], best[2], done
 
 
 def run_tag(
-    target: TextTarget, config: TagConfig = TagConfig(), on_progress: OnProgress = no_progress
+    target: TextTarget,
+    config: TagConfig = TagConfig(),
+    on_progress: OnProgress = no_progress,
+    should_stop: StopCheck = never_stop,
 ) -> RecoveredText:
     started = time.perf_counter()
     problem = matching_problem(target)
     tok = target.model.tokenizer
     generator = torch.Generator().manual_seed(config.seed)
     total = config.steps * config.restarts
-    best_ids, best_score, scores = None, float("inf"), []
+    best_ids, best_score, scores, steps = None, float("inf"), [], 0
     for restart in range(config.restarts):
+        if restart and should_stop():
+            break
 
         def report(step: int, ids: torch.Tensor, run: int = restart) -> None:
             texts = tuple(tok.decode(list(s)) for s in decode(problem, ids))
             on_progress(TextProgress(run * config.steps + step, total, texts, f"restart {run + 1}"))
 
-        embeds, labels = _restart(problem, config, generator, report)
+        embeds, labels, taken = _restart(problem, config, generator, report, should_stop)
+        steps += taken
         ids = nearest_tokens(problem, embeds, labels, config.decoder_targets)
         weights = l1_layer_weights(len(problem.params), config.layer_weights)
         score = projected_distance(problem, ids, labels, L2_L1, config.alpha, weights)
@@ -190,13 +207,13 @@ def run_tag(
             best_ids, best_score = ids, score
     sequences = decode(problem, best_ids)
     texts = tuple(tok.decode(list(s)) for s in sequences)
-    on_progress(TextProgress(total, total, texts, "done"))
+    on_progress(TextProgress(steps, total, texts, "done"))
+    stopped = steps < total
+    notes = _notes(target, problem, config, scores)
+    if stopped:
+        notes = (stopped_note(steps, total, "steps"), *notes)
     return RecoveredText(
-        NAME,
-        sequences,
-        texts,
-        time.perf_counter() - started,
-        _notes(target, problem, config, scores),
+        NAME, sequences, texts, time.perf_counter() - started, notes, stopped=stopped
     )
 
 
@@ -204,7 +221,7 @@ def _notes(
     target: TextTarget, problem: MatchingProblem, config: TagConfig, scores: list[float]
 ) -> tuple[str, ...]:
     notes = [
-        f"{config.restarts} restart(s) of {config.steps} Adam steps; gradient distance of the "
+        f"{len(scores)} restart(s) of {config.steps} Adam steps; gradient distance of the "
         f"kept tokens {min(scores):.4g} (restarts: {', '.join(f'{s:.3g}' for s in scores)})",
         f"{len(problem.params)} weights matched; the word-embedding matrix is left out "
         "(inputs given as embeddings never reach it)",

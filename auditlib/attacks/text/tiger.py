@@ -42,9 +42,12 @@ import torch
 from auditlib.attacks.text.base import (
     OnProgress,
     RecoveredText,
+    StopCheck,
     TextProgress,
     TextTarget,
+    never_stop,
     no_progress,
+    stopped_note,
 )
 from auditlib.attacks.text.dager import complete_decoder, known_rank
 from auditlib.attacks.text.span import (
@@ -243,9 +246,11 @@ def _optimise(
     first: list[int],
     avoid: torch.Tensor | None,
     seen: Callable[[_Found, int], None],
-) -> _Found:
+    should_stop: StopCheck = never_stop,
+) -> tuple[_Found, int]:
     """One round: a start per entry of ``first`` (the candidate its first position leans
-    to), kept away from the sequences ``avoid`` (candidate indices) where given."""
+    to), kept away from the sequences ``avoid`` (candidate indices) where given. Returns
+    what each start found and the steps taken (fewer on a stop request)."""
     model, n = target.model, target.length
     p, k = problem.candidates.shape
     rows = len(first)
@@ -259,7 +264,24 @@ def _optimise(
     found = _Found(torch.full((rows,), float("inf"), dtype=torch.float64), logits.argmax(-1))
     report = max(1, config.steps // 20)
     growing = config.grow * config.steps if model.family == DECODER else 0
+
+    def score(done: int) -> None:  # each start's current tokens on the objective (5.)
+        choice = logits.detach().argmax(-1)
+        with torch.no_grad():
+            one_hot = torch.nn.functional.one_hot(choice, k).to(problem.table.dtype)
+            embeds = _embeds(problem, one_hot, rows, n)
+            discrete = _row_losses(
+                problem, attention_inputs(target.model, layers, inputs_embeds=embeds)
+            )
+        better = discrete < found.best
+        found.best[better], found.choice[better] = discrete[better], choice[better]
+        seen(found, done)
+
     for step in range(config.steps):
+        if should_stop():
+            if step % report:  # what the steps since the last scoring reached
+                score(step)
+            return found, step
         horizon = p if step >= growing else max(1, int(p * (step + 1) / growing))
         weights = torch.softmax(logits, dim=-1)
         inputs = attention_inputs(
@@ -275,21 +297,15 @@ def _optimise(
         loss.backward()
         optimiser.step()
         if step % report == report - 1 or step == config.steps - 1:
-            choice = logits.detach().argmax(-1)
-            with torch.no_grad():
-                one_hot = torch.nn.functional.one_hot(choice, k).to(problem.table.dtype)
-                embeds = _embeds(problem, one_hot, rows, n)
-                discrete = _row_losses(
-                    problem, attention_inputs(target.model, layers, inputs_embeds=embeds)
-                )
-            better = discrete < found.best
-            found.best[better], found.choice[better] = discrete[better], choice[better]
-            seen(found, step + 1)
-    return found
+            score(step + 1)
+    return found, config.steps
 
 
 def run_tiger(
-    target: TextTarget, config: TigerConfig = TigerConfig(), on_progress: OnProgress = no_progress
+    target: TextTarget,
+    config: TigerConfig = TigerConfig(),
+    on_progress: OnProgress = no_progress,
+    should_stop: StopCheck = never_stop,
 ) -> RecoveredText:
     started = time.perf_counter()
     problem = _problem(target, config)
@@ -303,22 +319,29 @@ def run_tiger(
 
     rows = b * config.starts
     first = [i % k for i in range(rows)]
-    found = _optimise(target, problem, config, first, None, lambda f, step: show(step, f))
-    rounds_run = 1
+    found, steps = _optimise(
+        target, problem, config, first, None, lambda f, step: show(step, f), should_stop
+    )
+    rounds_run, stopped = 1, steps < config.steps
     for _ in range(config.rounds - 1):  # re-seek what was found twice, away from the rest (7.)
+        if stopped:
+            break
         unique = _distinct(found.best, found.choice, b)
         missing = b - len(unique)
         if missing == 0:
             break
         done, before = rounds_run * config.steps, found
-        again = _optimise(
+        again, taken = _optimise(
             target, problem, config, first[: missing * config.starts], found.choice[unique],
             lambda f, step, done=done, before=before: show(done + step, before.then(f)),
+            should_stop,
         )  # fmt: skip
         found, rounds_run = found.then(again), rounds_run + 1
+        steps, stopped = steps + taken, taken < config.steps
     chosen = found.chosen(b)
     ids = _ids(problem, found.choice[chosen], n).tolist()
-    notes = [
+    notes = [stopped_note(steps, total, "steps")] if stopped else []
+    notes += [
         f"spans of the first {len(problem.spans)} attention layers, ranks "
         + ", ".join(str(s.rank) for s in problem.spans)
         + f" (the {known_rank(target)} tokens the server knows, noise floor {config.noise_floor})",
@@ -334,8 +357,8 @@ def run_tiger(
         specials = (tok.bos_id, tok.eos_id, tok.pad_id)
         sequences = [[t for t in row if t not in specials] for row in ids]
     texts = tuple(model.tokenizer.decode(s) for s in sequences)
-    on_progress(TextProgress(total, total, texts[:64], "done"))
+    on_progress(TextProgress(steps if stopped else total, total, texts[:64], "done"))
     return RecoveredText(
         NAME, tuple(tuple(s) for s in sequences), texts, time.perf_counter() - started,
-        tuple(notes), None,
+        tuple(notes), None, stopped,
     )  # fmt: skip

@@ -32,9 +32,12 @@ import torch
 from auditlib.attacks.text.base import (
     OnProgress,
     RecoveredText,
+    StopCheck,
     TextProgress,
     TextTarget,
+    never_stop,
     no_progress,
+    stopped_note,
 )
 from auditlib.attacks.text.utr_match import AdapterMatcher, Grads, minus, norm
 from auditlib.attacks.text.utr_prior import BigramPrior, public_prior
@@ -121,8 +124,10 @@ def _opening_pairs(
 
 def _greedy(
     matcher: AdapterMatcher, prior: BigramPrior, target: TextTarget, config: UtrConfig,
-    on_progress: OnProgress,
-) -> tuple[list[list[int]], Grads]:  # fmt: skip
+    on_progress: OnProgress, should_stop: StopCheck,
+) -> tuple[list[list[int]], int]:  # fmt: skip
+    """The sequences decoded token by token, and the positions decoded (fewer than the
+    length when a stop request cut it short)."""
     residual = dict(matcher.observed)
     sequences = _opening_pairs(matcher, prior, residual, target, config)
     firsts = torch.tensor([[s[0]] for s in sequences])
@@ -131,6 +136,8 @@ def _greedy(
     )
     tok = matcher.model.tokenizer
     for step in range(2, target.length):
+        if should_stop():
+            return sequences, step
         ids = torch.tensor(sequences)
         dh, logits = matcher.correlations(ids, residual)
         fit = matcher.target_scores(dh[:, -1], logits[:, -1])
@@ -144,14 +151,15 @@ def _greedy(
         on_progress(
             TextProgress(step, target.length, tuple(tok.decode(s) for s in sequences), "greedy")
         )
-    return sequences, residual
+    return sequences, target.length
 
 
 def _refine(
     matcher: AdapterMatcher, prior: BigramPrior, sequences: list[list[int]], config: UtrConfig,
-    on_progress: OnProgress, deadline: float,
-) -> tuple[int, int]:  # fmt: skip
-    """Coordinate descent in place; the rounds run and the changes kept."""
+    on_progress: OnProgress, deadline: float, should_stop: StopCheck,
+) -> tuple[int, int, bool]:  # fmt: skip
+    """Coordinate descent in place; the rounds run, the changes kept, and whether a stop
+    request ended it."""
     parts = [matcher.sequence_gradient(s) for s in sequences]
     residual = dict(matcher.observed)
     for part in parts:
@@ -160,6 +168,8 @@ def _refine(
     rounds = kept = 0
     tok = matcher.model.tokenizer
     for rounds in range(1, config.refine_iterations + 1):
+        if should_stop():
+            return rounds - 1, kept, True
         dh, logits = matcher.correlations(torch.tensor(sequences), residual)
         fit = matcher.target_scores(dh[:, :-1], logits[:, :-1])  # B x (n-1) x V
         if config.prior_weight:
@@ -193,11 +203,14 @@ def _refine(
         )  # fmt: skip
         if not changed or time.perf_counter() > deadline:
             break
-    return rounds, kept
+    return rounds, kept, False
 
 
 def run_utr(
-    target: TextTarget, config: UtrConfig = UtrConfig(), on_progress: OnProgress = no_progress
+    target: TextTarget,
+    config: UtrConfig = UtrConfig(),
+    on_progress: OnProgress = no_progress,
+    should_stop: StopCheck = never_stop,
 ) -> RecoveredText:
     started = time.perf_counter()
     grads = _adapter_gradients(target)
@@ -226,12 +239,20 @@ def run_utr(
             "match is approximate"
         )
     with torch.enable_grad():
-        sequences, _ = _greedy(matcher, prior, target, config, on_progress)
-        greedy_residual = _residual(matcher, sequences)
-        notes.append(f"greedy decoding leaves {greedy_residual:.3g} of the update unexplained")
-        if config.refine_iterations:
+        sequences, decoded = _greedy(matcher, prior, target, config, on_progress, should_stop)
+        stopped = decoded < target.length
+        if stopped:
+            notes.insert(0, stopped_note(decoded, target.length, "positions decoded"))
+        else:
+            greedy_residual = _residual(matcher, sequences)
+            notes.append(f"greedy decoding leaves {greedy_residual:.3g} of the update unexplained")
+        if config.refine_iterations and not stopped:
             deadline = time.perf_counter() + config.refine_seconds
-            rounds, kept = _refine(matcher, prior, sequences, config, on_progress, deadline)
+            rounds, kept, stopped = _refine(
+                matcher, prior, sequences, config, on_progress, deadline, should_stop
+            )
+            if stopped:
+                notes.insert(0, stopped_note(rounds, config.refine_iterations, "refinement rounds"))
             final = _residual(matcher, sequences)
             notes.append(
                 f"refinement: {rounds} rounds, {kept} token changes kept; {final:.3g} of the "
@@ -241,7 +262,7 @@ def run_utr(
     on_progress(TextProgress(target.length, target.length, texts, "done"))
     return RecoveredText(
         NAME, tuple(tuple(s) for s in sequences), texts, time.perf_counter() - started,
-        tuple(notes), None,
+        tuple(notes), None, stopped,
     )  # fmt: skip
 
 
