@@ -17,9 +17,9 @@ models; ours are randomly initialised (nothing is downloaded).
 both settings and breaching's), LAMP 2000 steps with its 500 starts and reorderings and 200
 discrete-step candidates every 75 steps. It writes text_tag_lamp_paper_budget.json.
 
-Writes benchmarks/results/text_tag_lamp.json.
+Writes benchmarks/results/text_tag_lamp.json (another ``--model``: text_tag_lamp_<model>.json).
 Usage: nice -n 15 python -m benchmarks.text_tag_lamp [--steps N] [--length N] [--model tinybert]
-       [--paper-budget]
+       [--paper-budget] [--rows tag,tag-paper,lamp,breaching] [--threads N]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ PEERS = ROOT / ".peers" / "site"
 RESULTS = ROOT / "benchmarks" / "results" / "text_tag_lamp.json"
 PAPER_BUDGET_RESULTS = ROOT / "benchmarks" / "results" / "text_tag_lamp_paper_budget.json"
 TAG_PAPER_STEPS, LAMP_PAPER_STEPS = 2500, 2000  # eth-sri/lamp tag.sh and lamp_*.sh
+ROWS = ("tag", "tag-paper", "lamp", "breaching")
 
 
 def _scores(batch, tok, texts, ids) -> dict:
@@ -130,7 +131,13 @@ def main() -> None:
     parser.add_argument(
         "--paper-budget", action="store_true", help="TAG 2500 steps, LAMP 2000 with its defaults"
     )
+    parser.add_argument("--rows", default=",".join(ROWS), help="which rows to run")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args()
+    wanted = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in wanted if r not in ROWS]
+    if unknown:
+        parser.error(f"--rows {unknown[0]!r}; expected some of {', '.join(ROWS)}")
     tag_steps = TAG_PAPER_STEPS if args.paper_budget else args.steps
     lamp_steps = LAMP_PAPER_STEPS if args.paper_budget else args.steps
     # LAMP's own starts and discrete steps at the paper's budget; cut with the steps otherwise.
@@ -143,7 +150,7 @@ def main() -> None:
             "swap_every": max(2, args.steps // 4),
         }
     )
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     model = build_text_model(args.model, seed=0)
     tok = model.tokenizer
     rows = []
@@ -152,17 +159,19 @@ def main() -> None:
         update = text_update(model, batch)
         target = TextTarget(model, update, size, args.length)
         runs = {
-            "ours: tag (strongest, 1 restart)": lambda t=target: run_tag(
+            ("tag", "ours: tag (strongest, 1 restart)"): lambda t=target: run_tag(
                 t, tag_config(steps=tag_steps, restarts=1, progress_every=tag_steps)
             ),
-            "ours: tag (paper preset)": lambda t=target: run_tag(
+            ("tag-paper", "ours: tag (paper preset)"): lambda t=target: run_tag(
                 t, tag_config("paper", steps=tag_steps, progress_every=tag_steps)
             ),
-            "ours: lamp (strongest, cosine)": lambda t=target: run_lamp(
+            ("lamp", "ours: lamp (strongest, cosine)"): lambda t=target: run_lamp(
                 t, lamp_config(steps=lamp_steps, progress_every=lamp_steps, **lamp_cut)
             ),
         }
-        for name, run in runs.items():
+        for (key, name), run in runs.items():
+            if key not in wanted:
+                continue
             result = run()
             rows.append(
                 {
@@ -172,6 +181,8 @@ def main() -> None:
                 }
             )  # fmt: skip
             print(json.dumps(rows[-1])[:300], flush=True)
+        if "breaching" not in wanted:
+            continue
         try:
             seconds, own, projected = breaching_tag(model, batch, update, tag_steps, seed=0)
             own_texts = [tok.decode(r) for r in own]
@@ -190,6 +201,7 @@ def main() -> None:
         print(json.dumps(rows[-1])[:300], flush=True)
     out = {
         "machine": machine(),
+        "torch_threads": args.threads,
         "model": args.model,
         "length": args.length,
         "steps": {"tag": tag_steps, "lamp": lamp_steps},
@@ -198,6 +210,8 @@ def main() -> None:
         "rows": rows,
     }
     path = PAPER_BUDGET_RESULTS if args.paper_budget else RESULTS
+    if args.model != "tinybert":
+        path = path.with_name(f"{path.stem}_{args.model}.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 
