@@ -151,6 +151,8 @@ def result_view(record: TextRunRecord) -> None:
     st.subheader("Private and recovered sequences")
     masked = st.checkbox("Mask the private text (word lengths only)", key="text_mask")
     runs = (*result.runs, *result.controls)
+    if not runs:  # a result always holds a run; an empty one shows its verdict alone
+        return
     labels = [r.label for r in runs]
     chosen = st.selectbox("Attack", labels, key="text_seq_attack") if len(runs) > 1 else labels[0]
     _side_by_side(runs[labels.index(chosen)], masked)

@@ -116,6 +116,15 @@ def test_a_cancelled_audit_that_had_found_a_leak_keeps_it():
     assert "2 sequences of 2 recovered" in result.verdict.headline
 
 
+def test_a_run_cancelled_before_any_attack_ran_ends_with_nothing_scored():
+    from auditlib.engine.text_runs import TextUploads, text_messages
+
+    spec = TextAuditSpec(model="gpt2-tiny", batch_size=B, length=N, attacks=("tag",))
+    messages = list(text_messages(spec, TextUploads(), is_cancelled=lambda: True))
+    assert messages[-1] == {"kind": "cancelled"}
+    assert not any(m["kind"] == "result" for m in messages)
+
+
 @pytest.mark.slow
 def test_the_run_manager_cancels_a_text_run_cooperatively_on_ray(tmp_path, ray_session):
     from auditlib.engine.text_runs import STOPPED_REASON, TextRunManager, TextUploads

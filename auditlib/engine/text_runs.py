@@ -4,7 +4,8 @@ Why not ``engine.runs.RunManager``: its runs are ``RunSpec``s through and throug
 identity, budget, device and defense checks, the image stream's messages, the ``runs``
 table every other page reads as image audits). A text run is one Ray streaming task of
 its own (:func:`text_task`) that yields plain JSON messages (``event``: a ``TextEvent``'s
-stage, attack, texts and note; ``result``: result.json; ``error``), drained by one
+stage, attack, texts and note; ``result``: result.json, ``stopped`` where a Cancel cut it
+short; ``cancelled``: stopped before any attack ran; ``error``), drained by one
 consumer thread into the ``text_runs`` table (``store.text_runs``) as the image runs'
 consumer does; workers never touch the database. Ray places the task when one of its CPUs
 is free (one CPU a run, ``ray_backend.cpus_per_run``), and each user has at most
@@ -56,6 +57,7 @@ CANCEL_REASON = (
     "nothing was scored"
 )
 STOPPED_REASON = "cancelled: what the attacks had recovered by then is scored"
+NOTHING_RAN_REASON = "cancelled before any attack ran: nothing was scored"
 _LOG = logging.getLogger("auditlib.text_runs")
 
 
@@ -142,6 +144,9 @@ def text_messages(
                 lambda e: events.put({"kind": "event", **asdict(e), "texts": list(e.texts)}),
                 should_stop=is_cancelled or (lambda: False),
             )
+            if result.stopped and not result.runs:
+                outcome["message"] = {"kind": "cancelled"}
+                return
             data = text_result_dict(result)
             data["spec"] = {**asdict(spec), "attacks": list(spec.attacks)}  # no worker paths
             outcome["message"] = {"kind": "result", "result": data, "stopped": result.stopped}
@@ -259,6 +264,8 @@ class TextRunManager:
                     )
                 elif kind == "result":
                     self.runs.finish(run_id, COMPLETED, result=message["result"])
+                elif kind == "cancelled":
+                    self.runs.finish(run_id, CANCELLED, error=NOTHING_RAN_REASON)
                 elif kind == "error":
                     self.runs.finish(run_id, FAILED, error=str(message["message"]))
         except (RunFinishedError, UnknownRunError):
