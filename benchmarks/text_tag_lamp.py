@@ -29,11 +29,13 @@ import copy
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from auditlib.attacks.text.base import TextTarget
+from auditlib.attacks.text.lamp import PRESETS as LAMP_PRESETS
 from auditlib.attacks.text.lamp import lamp_config, run_lamp
 from auditlib.attacks.text.opt_embeddings import matching_problem, nearest_tokens
 from auditlib.attacks.text.tag import run_tag, tag_config
@@ -47,7 +49,8 @@ PEERS = ROOT / ".peers" / "site"
 RESULTS = ROOT / "benchmarks" / "results" / "text_tag_lamp.json"
 PAPER_BUDGET_RESULTS = ROOT / "benchmarks" / "results" / "text_tag_lamp_paper_budget.json"
 TAG_PAPER_STEPS, LAMP_PAPER_STEPS = 2500, 2000  # eth-sri/lamp tag.sh and lamp_*.sh
-ROWS = ("tag", "tag-paper", "lamp", "breaching")
+PAPER_L1L2 = {k: v for k, v in LAMP_PRESETS["paper-l1l2"].items() if k != "steps"}
+ROWS = ("tag", "tag-paper", "lamp", "lamp-l1l2", "breaching")
 
 
 def _scores(batch, tok, texts, ids) -> dict:
@@ -133,6 +136,7 @@ def main() -> None:
     )
     parser.add_argument("--rows", default=",".join(ROWS), help="which rows to run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--out", help="results file (default: by model and budget)")
     args = parser.parse_args()
     wanted = [r for r in args.rows.split(",") if r]
     unknown = [r for r in wanted if r not in ROWS]
@@ -167,6 +171,16 @@ def main() -> None:
             ),
             ("lamp", "ours: lamp (strongest, cosine)"): lambda t=target: run_lamp(
                 t, lamp_config(steps=lamp_steps, progress_every=lamp_steps, **lamp_cut)
+            ),
+            # LAMP_L1+L2's weights (lamp_l1l2.sh), in token units as the strongest preset.
+            ("lamp-l1l2", "ours: lamp (l1+l2, token units)"): lambda t=target: run_lamp(
+                t,
+                lamp_config(
+                    **{**PAPER_L1L2, "lr": lamp_config().lr, "token_units": True},
+                    steps=lamp_steps,
+                    progress_every=lamp_steps,
+                    **lamp_cut,
+                ),
             ),
         }
         for (key, name), run in runs.items():
@@ -212,6 +226,7 @@ def main() -> None:
     path = PAPER_BUDGET_RESULTS if args.paper_budget else RESULTS
     if args.model != "tinybert":
         path = path.with_name(f"{path.stem}_{args.model}.json")
+    path = Path(args.out) if args.out else path
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 
