@@ -1,9 +1,10 @@
 """The dashboard in a real browser: upload images, start a DLG run, watch it converge.
 
 Starts ``streamlit run app.py`` on a free local port (its own data folder and its own Ray;
-one server shared by the tests that need nothing of it but their own runs, one per test
-for the others), drives headless Chromium with Playwright, and measures the time from
-clicking Start to the first live reconstruction on the page (printed and written to
+one server shared by the tests that need nothing of it but their own runs, one by the
+tests that change its users or count its store, one per test for the others), drives
+headless Chromium with Playwright, and measures the time from clicking Start to the first
+live reconstruction on the page (printed and written to
 ``tests/artifacts/browser_timing.json``). Screenshots go to ``tests/artifacts/``.
 
 Why one file over 400 lines: it is the specification of one package or page set, read
@@ -13,9 +14,11 @@ from top to bottom; its tests share fixtures and helpers defined here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -177,24 +180,54 @@ def _serving(running: Server):
         running.log.close()
 
 
-@pytest.fixture
-def server(tmp_path):
-    """The dashboard on a free port; yields its URL."""
-    with _serving(Server(tmp_path / "data")) as running:
-        yield running.url
-
-
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory, users_path):
     """One dashboard for the tests that sign in as alice in a fresh browser context and need
     nothing of the store but their own runs (each starts its own and opens it by its link),
     and for the visitor who reads nothing of it: its Ray starts and warms a worker once
-    (some 19 s on 2 cores) instead of once per test. Tests that count the runs, change users
-    or restart the server keep a :func:`server` of their own."""
+    (some 19 s on 2 cores) instead of once per test. Tests that count the runs or change
+    users share :func:`users_server`; the one that restarts the server has its own."""
     running = Server(tmp_path_factory.mktemp("shared") / "data", log="browser_shared.log")
     running.env["AUDIT_USERS_FILE"] = str(users_path)  # the session's users, never changed
     with _serving(running):
         yield running.url
+
+
+SIGN_IN_WAIT_S = 10.0  # the first wait after the free failures, for users_server
+
+
+@dataclasses.dataclass(frozen=True)
+class UsersServer:
+    """A dashboard whose users file and store the test may change: its URL, its users file
+    (the session's users at the test's start) and its SQLite store."""
+
+    url: str
+    users: Path
+    database: Path
+
+
+@pytest.fixture(scope="module")
+def _users_server(tmp_path_factory, users_path):
+    """The dashboard behind :func:`users_server`, started once for the module (its start,
+    its Ray's and its first page's imports: some 20 s on 2 cores per server saved)."""
+    folder = tmp_path_factory.mktemp("users-server")
+    shutil.copy(users_path, folder / "users.yaml")  # there before the server starts
+    running = Server(folder / "data", log="browser_users_server.log")
+    running.env["AUDIT_USERS_FILE"] = str(folder / "users.yaml")
+    running.env["AUDIT_SIGN_IN_WAIT_S"] = str(SIGN_IN_WAIT_S)  # read when the server starts
+    with _serving(running):
+        yield UsersServer(running.url, folder / "users.yaml", folder / "data" / "audit.db")
+
+
+@pytest.fixture
+def users_server(_users_server, users_path):
+    """A dashboard for tests that change its users file, sign in wrongly, or count what its
+    store holds: every test starts from the session's users (the file is read at each
+    sign-in and click, so a copy is enough) and leaves the store's runs and uploads as it
+    found them. The sign-in throttle's counts live in the server: a test that slows a name
+    ends by signing it in, which clears it; this machine's address is never slowed."""
+    shutil.copy(users_path, _users_server.users)
+    return _users_server
 
 
 @pytest.fixture
@@ -599,13 +632,16 @@ def test_a_verdict_with_its_scope_control_and_baseline_in_a_browser(chromium, sh
 
 
 def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
-    chromium, server, tmp_path, stored_summary
+    chromium, users_server, stored_summary
 ):
     """alice and bob, signed in side by side, each see their own run only; bob's link to
     alice's run or upload is refused with a clear message; the admin sees both runs."""
     from auditlib.store import Store
 
-    with Store(f"sqlite:///{tmp_path / 'data' / 'audit.db'}") as store:
+    server = users_server.url
+    database = f"sqlite:///{users_server.database}"
+    with Store(database) as store:
+        assert store.list_runs() == []  # the counts below are of this test's runs only
         runs = {}
         for user in ("alice", "bob"):
             runs[user] = store.create_run({}, f"spec-{user}", f"{user}'s audit", owner=user)
@@ -663,6 +699,10 @@ def test_each_user_sees_only_their_own_runs_and_uploads_in_a_browser(
             raise
         finally:
             browser.close()
+            with Store(database) as store:  # the store as the test found it, for the next
+                for run_id in runs.values():
+                    store.delete_run(run_id)
+                store.delete_asset(upload)
 
 
 MOBILENET = "torchvision:mobilenet_v3_small"
@@ -869,24 +909,8 @@ def test_an_observed_update_uploaded_and_audited_in_a_browser(chromium, shared_s
             browser.close()
 
 
-SIGN_IN_WAIT_S = 10.0  # the first wait after the free failures, for this test's server
-
-
-@pytest.fixture
-def own_users(tmp_path, users_path, monkeypatch):
-    """A users file of this test's own (it changes a password) and a short sign-in wait,
-    set before the server starts."""
-    import shutil
-
-    path = tmp_path / "users.yaml"
-    shutil.copy(users_path, path)
-    monkeypatch.setenv("AUDIT_USERS_FILE", str(path))
-    monkeypatch.setenv("AUDIT_SIGN_IN_WAIT_S", str(SIGN_IN_WAIT_S))
-    return path
-
-
 @pytest.mark.timeout(240)
-def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(chromium, own_users, server):
+def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(chromium, users_server):
     """Issue 33, items 1-2: a reload, a sign-out and a reopened URL each show the sign-in
     form (no sign-in cookie is kept); a changed password ends the session signed in with the
     old one; wrong passwords in a row are slowed for the user name and the address, and
@@ -894,6 +918,7 @@ def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(chromium, own
     from auditlib.access.throttle import FREE_FAILURES
     from auditlib.access.users import set_password
 
+    server = users_server.url
     form = "Sign in to see your runs"
     with _contexts(chromium) as browser:
         context = browser.new_context(viewport={"width": 1400, "height": 1400})
@@ -918,7 +943,7 @@ def test_signing_out_signs_out_and_guessing_is_slowed_in_a_browser(chromium, own
 
             # A new password ends the session signed in with the old one.
             sign_in(page, "alice")
-            set_password("alice", "a-brand-new-password", path=own_users)
+            set_password("alice", "a-brand-new-password", path=users_server.users)
             page.get_by_role("link", name="History").first.click()
             page.get_by_text("Your password was changed; sign in again.").wait_for()
             page.get_by_text(form).wait_for()
@@ -974,7 +999,7 @@ def _only_the_icon(media: list[str]) -> None:
 
 @pytest.mark.timeout(240)
 def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothing_in_a_browser(
-    chromium, own_users, server
+    chromium, users_server
 ):
     """Issue 33, items 9, 6 and 12: the private batch's thumbnails reach the page inside its
     session (data: URLs; the browser asks /media/ for nothing, so no URL serves them to
@@ -983,6 +1008,7 @@ def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothi
     sees only "Choose your password" until they have chosen one."""
     from auditlib.access.users import add_user, remove_user
 
+    server, users = users_server.url, users_server.users
     with _contexts(chromium) as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
         page.set_default_timeout(30_000)
@@ -1004,11 +1030,11 @@ def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothi
             _only_the_icon(media)
 
             # alice is removed while her page is open: her next click does nothing.
-            remove_user("alice", path=own_users)
+            remove_user("alice", path=users)
             page.get_by_role("button", name="Remove", exact=True).click()
             page.get_by_text("Your account or password changed; sign in again.").wait_for()
             page.get_by_text("Sign in to see your runs").wait_for()
-            add_user("alice", "alice-second-password", "auditor", path=own_users)
+            add_user("alice", "alice-second-password", "auditor", path=users)
             sign_in(page, "alice", "alice-second-password")
             page.get_by_text("Your uploads in the store (1)").wait_for()  # nothing was removed
             page.get_by_role("button", name="Sign out").click()
@@ -1016,7 +1042,7 @@ def test_private_images_stay_in_the_session_and_a_removed_users_click_does_nothi
             page.wait_for_timeout(1000)  # the form's rerun ends before it is filled
 
             # A generated password opens one form only, until the user has chosen their own.
-            add_user("erin", "erin-generated", "auditor", must_change=True, path=own_users)
+            add_user("erin", "erin-generated", "auditor", must_change=True, path=users)
             page.get_by_label("User name").fill("erin")
             page.get_by_label("Password", exact=True).fill("erin-generated")
             page.get_by_role("button", name="Sign in").click()
