@@ -91,13 +91,19 @@ def above_noise(span: LayerSpan, known: int, noise_floor: float) -> LayerSpan:
     return replace(span, basis=span.basis[:, :rank], rank=rank)
 
 
-def distance_to_span(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:
-    """Each vector's distance to the span, relative to its length (0: inside, 1: orthogonal)."""
+def relative_residual(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:
+    """Each vector scaled to length 1 (float64), less its projection on the span: the part
+    of it the span does not hold."""
     v = vectors.to(torch.float64)
     v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    return v - (v @ span.basis) @ span.basis.T
+
+
+def distance_to_span(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:
+    """Each vector's distance to the span, relative to its length (0: inside, 1: orthogonal)."""
     if span.rank == 0:
-        return torch.ones(v.shape[:-1], dtype=torch.float64)
-    return (v - (v @ span.basis) @ span.basis.T).norm(dim=-1)
+        return torch.ones(vectors.shape[:-1], dtype=torch.float64)
+    return relative_residual(span, vectors).norm(dim=-1)
 
 
 @torch.no_grad()

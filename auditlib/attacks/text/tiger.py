@@ -57,6 +57,7 @@ from auditlib.attacks.text.span import (
     distance_to_span,
     first_layer_inputs,
     layer_span,
+    relative_residual,
 )
 from auditlib.config import check_ranges, param
 from auditlib.models.text import DECODER
@@ -172,9 +173,7 @@ def _row_losses(
     index = torch.tensor(problem.positions[:horizon])
     total = torch.zeros(inputs[0].shape[0], dtype=torch.float64)
     for span, x in zip(problem.spans, inputs, strict=True):
-        v = x[:, index].to(torch.float64)
-        v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        residual = v - (v @ span.basis) @ span.basis.T
+        residual = relative_residual(span, x[:, index])
         total = total + (residual**2).sum(-1).mean(-1)
     return total / len(problem.spans)
 
