@@ -52,6 +52,7 @@ def text_result_dict(result: TextAuditResult) -> dict[str, Any]:
         "privacy": result.privacy,
         "seconds": round(result.seconds, 3),
         "stopped": result.stopped,
+        "inputs": dict(result.inputs),
         "guesses": [asdict(g) for g in result.guesses],
         "guess_bar": asdict(result.bar),
         "runs": [_run(r, result.private_texts) for r in result.runs],

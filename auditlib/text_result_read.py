@@ -9,6 +9,7 @@ AuditInputError rather than half read.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,9 @@ class StoredTextResult:
     verdict: TextVerdictView
     privacy: PrivacyView
     stopped: bool = False  # cancelled: an attack cut short, the rest not run
+    # (file, sha256) of each of the auditor's files read, in the result's order
+    # (TextAuditResult.inputs); empty for a preset on the demo text or an older result.
+    inputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def private_texts(self) -> tuple[str, ...]:
@@ -148,6 +152,15 @@ def _spec(data: dict[str, Any]) -> TextAuditSpec:
     return TextAuditSpec(**given)
 
 
+def _inputs(data: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(data, dict):
+        raise TypeError("inputs: expected an object of file: sha256")
+    for name, digest in data.items():
+        if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+            raise ValueError(f"inputs[{name!r}]: expected a sha256 in hex")
+    return tuple((str(name), digest) for name, digest in data.items())
+
+
 def _privacy(data: dict[str, Any]) -> PrivacyView:
     return PrivacyView(
         _optional_float(data.get("epsilon")),
@@ -180,6 +193,7 @@ def read_text_result(data: dict[str, Any]) -> StoredTextResult:
                 tuple(v["attacks"]), str(v["defense"]), str(v["adaptive"]),
             ),
             _privacy(data.get("privacy") or {}), bool(data.get("stopped", False)),
+            _inputs(data.get("inputs") or {}),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise AuditInputError(f"a text result.json missing or mistyping {exc}") from None

@@ -21,9 +21,9 @@ from auditlib.attacks.text import TEXT_ATTACKS
 from auditlib.data.text_samples import parse_text_file
 from auditlib.defenses import DEFENSES
 from auditlib.engine.text_audit import TEXT_DEFENSES, TextAuditSpec
-from auditlib.engine.text_runs import MODEL_FILES, OWN_MODEL, TextUploads
+from auditlib.engine.text_runs import OWN_MODEL, TextUploads
 from auditlib.errors import AuditInputError
-from auditlib.models.text import PRESETS, load_text_model
+from auditlib.models.text import MODEL_FILES, PRESETS, load_text_model
 from dashboard.config_form import changed_params, config_defaults, config_inputs
 from dashboard.resources import get_store
 from dashboard.state import persist
@@ -31,6 +31,29 @@ from dashboard.state import persist
 MODEL_ASSETS = "text_model_assets"  # session: {file name: sha256} of the uploaded folder
 TEXT_ASSET = "text_data_asset"  # session: (file name, sha256) of the uploaded text
 DEFAULT_PRESET = "gpt2"  # GPT-2 small: DAGER's, TAG's and LAMP's model
+# session: how many times the upload boxes were emptied (their files deleted with a run);
+# a box's key changes with it, as a file uploader cannot be emptied otherwise.
+UPLOAD_ROUND = "text_upload_round"
+
+
+def upload_key(name: str) -> str:
+    """The upload box's key this round (the first round's is ``name`` itself)."""
+    done = int(st.session_state.get(UPLOAD_ROUND, 0))
+    return name if done == 0 else f"{name}.{done}"
+
+
+def forget_uploads(deleted: set[str]) -> None:
+    """The form lets go of uploads that were just deleted (their boxes emptied), so it
+    neither names them nor stores them again on its next run."""
+    held = st.session_state.get(TEXT_ASSET)
+    model = set(st.session_state.get(MODEL_ASSETS, {}).values())
+    if not (model & deleted or (held and held[1] in deleted)):
+        return
+    if model & deleted:
+        st.session_state.pop(MODEL_ASSETS, None)
+    if held and held[1] in deleted:
+        st.session_state.pop(TEXT_ASSET, None)
+    st.session_state[UPLOAD_ROUND] = int(st.session_state.get(UPLOAD_ROUND, 0)) + 1
 
 
 @dataclass
@@ -90,7 +113,7 @@ def _model_inputs(choices: TextChoices) -> None:
         return
     uploads = st.file_uploader(
         "config.json, model.safetensors and tokenizer.json", accept_multiple_files=True,
-        type=["json", "safetensors"], key="text_model_files",
+        type=["json", "safetensors"], key=upload_key("text_model_files"),
     )  # fmt: skip
     if uploads:
         files = {u.name: u.getvalue() for u in uploads}
@@ -122,7 +145,7 @@ def _text_inputs(choices: TextChoices) -> None:
     )  # fmt: skip
     if source == "demo":
         return
-    upload = st.file_uploader("Your text", type=["txt", "csv"], key="text_data_file")
+    upload = st.file_uploader("Your text", type=["txt", "csv"], key=upload_key("text_data_file"))
     if upload is not None:
         data = upload.getvalue()
         try:

@@ -146,6 +146,11 @@ def result_view(record: TextRunRecord) -> None:
         )
     st.subheader("Verdict")
     _verdict_box(result)
+    if result.inputs:  # what exactly was audited: the auditor's files by their bytes' hash
+        st.caption(
+            "Audited files (sha256): "
+            + "; ".join(f"{name} `{digest[:16]}…`" for name, digest in result.inputs)
+        )
     st.subheader("Scores beside the guess from public text")
     st.table(_score_rows(result))
     st.subheader("Private and recovered sequences")

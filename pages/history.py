@@ -9,9 +9,9 @@ from __future__ import annotations
 import streamlit as st
 
 from auditlib.metrics.catalogue import CATALOGUE
-from auditlib.store import STATUSES, AssetInfo, RunRecord
-from auditlib.words import count_of, size_text
+from auditlib.store import STATUSES, RunRecord
 from dashboard.auth import signed_in_fragment
+from dashboard.deletion_words import deleted_text
 from dashboard.entry import through_app
 from dashboard.navigation import LAB
 from dashboard.resources import get_manager, get_store
@@ -111,16 +111,6 @@ def _table(live: bool, statuses: list[str]) -> None:
 def _open(run_id: str) -> None:
     open_run(run_id)
     st.switch_page(LAB.path, query_params=url_state())
-
-
-def deleted_text(run_id: str, freed: list[AssetInfo]) -> str:
-    """What a deletion removed, in words: the run and the uploads only it used."""
-    text = f"Deleted run {run_id[:8]}"
-    if not freed:
-        return text + "; the uploads it used (if any) stay, other runs use them."
-    size = size_text(sum(a.size for a in freed))
-    names = ", ".join(a.name for a in freed)
-    return f"{text} and {count_of(len(freed), 'upload')} no other run used: {names} ({size})."
 
 
 def main() -> None:

@@ -3,8 +3,9 @@
 Choose a preset or upload your model folder, the demo text or your own, the client's
 protocol, the attacks and a defense; Start runs the audit on Ray (``engine.text_runs``)
 and this page polls its progress (the best sequences so far), then shows the verdict, the
-private and recovered sequences side by side and the PDF. Several runs' verdicts (under
-several defenses) go side by side below. The open run is in the URL (``?text_run=``).
+private and recovered sequences side by side and the PDF; a finished run can be run again
+on its stored uploads, or deleted with them. Several runs' verdicts (under several
+defenses) go side by side below. The open run is in the URL (``?text_run=``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from auditlib.errors import AuditInputError
 from dashboard.auth import current_principal, signed_in_fragment
 from dashboard.entry import through_app
 from dashboard.failures import failure_line
+from dashboard.text_actions import said_once, text_run_actions
 from dashboard.text_choices import TextChoices, problems, text_form, uploads_of
 from dashboard.text_engine import shared_text_manager, user_text_runs
 from dashboard.text_view import (
@@ -73,6 +75,7 @@ st.caption(
     "you (and an admin) see your private and recovered text."
 )
 
+said_once()  # what Run again or Delete did
 run_id = _open_run_id()
 if run_id is not None:
     try:
@@ -89,6 +92,7 @@ if run_id is not None:
         )
         if record.finished:
             result_view(record)
+            text_run_actions(record)
     st.divider()
 
 st.header("New text audit")

@@ -491,6 +491,7 @@ UNDO: dict[int, list[str]] = {
         "ALTER TABLE runs DROP COLUMN instance",
     ],
     7: ["DROP TABLE text_runs"],
+    8: ["DROP TABLE text_run_assets"],
 }
 
 

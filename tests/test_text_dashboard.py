@@ -1,6 +1,7 @@
 """The Text page under Streamlit's AppTest: a bad upload is refused in words, a tiny text
 audit (gpt2-tiny, 2 sequences of 10 tokens, DAGER) runs on Ray and shows its verdict and
-its sequences, and another user does not see it. Real runs: the process-wide Ray of the
+its sequences, and another user does not see it; a run on the auditor's uploads runs
+again from the store and is deleted with them. Real runs: the process-wide Ray of the
 test session and a SQLite store in a temporary folder (conftest's ``dashboard_store``)."""
 
 from __future__ import annotations
@@ -123,3 +124,61 @@ def test_a_bad_text_run_is_refused_before_it_is_recorded_and_orphans_are_failed(
         assert manager.runs.get(left).status == "failed"
         assert manager.runs.get(left).error == GONE_REASON
         assert manager.runs.get(mine).status == "queued"
+
+
+def test_a_run_on_uploads_runs_again_from_the_store_and_goes_with_them(dashboard_store, tmp_path):
+    import hashlib
+
+    from auditlib.models.text import MODEL_FILES, build_text_model
+
+    store, _ = dashboard_store
+    built = build_text_model("gpt2-tiny", seed=5)
+    built.backbone.save_pretrained(tmp_path, safe_serialization=True)
+    built.tokenizer.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    files = {name: (tmp_path / name).read_bytes() for name in MODEL_FILES}
+    text = b"a private note about the ward\nanother private note on the round\n"
+    at = _text_page()
+    at.radio(key="text_model_source").set_value("upload").run()
+    at.file_uploader(key="text_model_files").set_value(
+        [(name, data, "application/octet-stream") for name, data in files.items()]
+    )
+    at.radio(key="text_data_source").set_value("upload").run()
+    at.file_uploader(key="text_data_file").set_value(("notes.txt", text, "text/plain"))
+    at.number_input(key="text_batch").set_value(2)
+    at.number_input(key="text_tokens").set_value(6).run()
+    at.button(key="text_start").click().run()
+    assert not [e.value for e in at.error]
+    first = at.session_state["text_run"]
+    assert shared_text_manager().wait(first, 180)
+    at.run()
+    expected = {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
+    expected["text"] = hashlib.sha256(text).hexdigest()
+    record = shared_text_manager().runs.get(first)
+    assert record.status == "completed", record.error
+    assert record.spec["uploads"] == expected == record.result["inputs"]
+    assert sorted(shared_text_manager().runs.assets(first)) == sorted(expected.values())
+    assert expected["text"][:16] in _shown(at)  # the audited files by their hash
+    # Run again: the same settings on the uploads read back from the store.
+    at.button(key="text_run_again").click().run()
+    second = at.session_state["text_run"]
+    assert second != first and not [e.value for e in at.error]
+    assert shared_text_manager().wait(second, 180)
+    at.run()
+    again = shared_text_manager().runs.get(second)
+    assert again.status == "completed", again.error
+    assert again.result["inputs"] == expected
+    assert again.result["runs"][0]["sequences"] == record.result["runs"][0]["sequences"]
+    # Deleted: the first run's uploads stay (the second uses them), then go with the second.
+    at.button(key="text_delete_run").click().run()
+    assert any("other runs use them" in s.value for s in at.success)
+    assert shared_text_manager().runs.get(second) is None
+    assert {a.sha256 for a in store.list_assets()} == set(expected.values())
+    at.query_params["text_run"] = first
+    at.run()
+    at.button(key="text_delete_run").click().run()
+    assert any("4 uploads no other run used" in s.value for s in at.success), at.success
+    assert store.list_assets() == [] and shared_text_manager().runs.get(first) is None
+    # The form lets go of them too: its boxes are empty and it does not store them again.
+    assert any("No model folder yet" in i.value for i in at.info)
+    at.run()
+    assert store.list_assets() == []

@@ -10,6 +10,7 @@ verdict then claims a leak only where one was measured, and is inconclusive othe
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -38,7 +39,14 @@ from auditlib.metrics.text import TextScores, score_text
 from auditlib.metrics.text_baseline import GuessBar, TextGuess, guess_bar, text_guesses
 from auditlib.metrics.text_risk import text_risk
 from auditlib.metrics.text_verdict import TextFinding, TextVerdict, judge_text
-from auditlib.models.text import PRESETS, TextModel, build_text_model, load_text_model, with_lora
+from auditlib.models.text import (
+    MODEL_FILES,
+    PRESETS,
+    TextModel,
+    build_text_model,
+    load_text_model,
+    with_lora,
+)
 
 # Defenses that act on the update alone, so on a text model's as on an image model's.
 TEXT_DEFENSES = ("none", "clip", "dp-gaussian", "dp-laplace", "prune", "quantize")
@@ -97,6 +105,31 @@ class TextAuditResult:
     privacy: dict[str, Any]
     seconds: float
     stopped: bool = False  # cancelled: an attack cut short, the rest not run
+    # The sha256 of each file the audit read ("config.json", "model.safetensors",
+    # "tokenizer.json" of the auditor's folder, "text" of their text file): the report names
+    # exactly what was audited. Empty for a preset on the demo text (nothing read).
+    inputs: dict[str, str] = field(default_factory=dict)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def input_digests(spec: TextAuditSpec) -> dict[str, str]:
+    """The sha256 of the auditor's files the audit reads (a preset and the demo text: none);
+    the dashboard's uploads are stored under the same digests of the same bytes."""
+    found: dict[str, str] = {}
+    if spec.model not in PRESETS:
+        for name in MODEL_FILES:
+            if (path := Path(spec.model) / name).is_file():
+                found[name] = _file_sha256(path)
+    if spec.text_file is not None and (path := Path(spec.text_file)).is_file():
+        found["text"] = _file_sha256(path)
+    return found
 
 
 def _model(spec: TextAuditSpec) -> TextModel:
@@ -266,6 +299,7 @@ def run_text_audit(
     return TextAuditResult(
         spec, model.source, batch.source, batch.texts, guesses, bar, tuple(runs),
         tuple(controls), verdict, privacy, time.perf_counter() - started, stopped,
+        input_digests(spec),
     )  # fmt: skip
 
 

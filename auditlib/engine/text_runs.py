@@ -23,6 +23,7 @@ next manager starts, with the reason.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import queue
 import threading
@@ -40,12 +41,11 @@ from auditlib.engine import ray_backend
 from auditlib.engine.fair_share import FairShareLimits
 from auditlib.engine.text_audit import TEXT_DEFENSES, TextAuditSpec
 from auditlib.errors import AuditInputError
-from auditlib.models.text import PRESETS
+from auditlib.models.text import MODEL_FILES, PRESETS
 from auditlib.store import CANCELLED, COMPLETED, FAILED, RunFinishedError, Store, UnknownRunError
 from auditlib.store.instances import Instances
 from auditlib.store.text_runs import TextRunStore
 
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 OWN_MODEL = "own"  # TextAuditSpec.model of a run on the auditor's uploaded folder
 LIVE_EVERY_S = 0.5  # the least time between two stored "progress" events of one run
 GONE_REASON = (
@@ -69,6 +69,47 @@ class TextUploads:
     model_files: Mapping[str, bytes] | None = None
     text_name: str | None = None
     text_bytes: bytes | None = None
+
+    def digests(self) -> dict[str, str]:
+        """The sha256 of each upload by its role (a model file's name, or "text"): the keys
+        the store holds them under, and ``TextAuditResult.inputs`` of the run."""
+        files = self.model_files or {}
+        found = {n: hashlib.sha256(files[n]).hexdigest() for n in MODEL_FILES if n in files}
+        if self.text_bytes is not None:
+            found["text"] = hashlib.sha256(self.text_bytes).hexdigest()
+        return found
+
+
+UPLOADS_KEY = "uploads"  # the stored spec's {role: sha256} of the run's uploads
+
+
+def stored_text_spec(stored: Mapping[str, Any]) -> TextAuditSpec:
+    """The spec of a stored run (its ``uploads`` aside)."""
+    spec = {k: v for k, v in stored.items() if k != UPLOADS_KEY}
+    return TextAuditSpec(**{**spec, "attacks": tuple(spec["attacks"])})
+
+
+def stored_uploads(stored: Mapping[str, Any], read: Callable[[str], bytes | None]) -> TextUploads:
+    """The uploads of a stored run, read back by their sha256 (``read``: the bytes, or None
+    where the reader may not see or no longer has them), to run it again. AuditInputError
+    says which file is missing."""
+    digests = stored.get(UPLOADS_KEY) or {}
+    wanted = list(MODEL_FILES) if stored.get("model") == OWN_MODEL else []
+    if stored.get("text_file") is not None:
+        wanted.append("text")
+    files: dict[str, bytes] = {}
+    for role in wanted:
+        if role not in digests:
+            raise AuditInputError(
+                f"this run was recorded without the hash of its {role}, so it cannot be run "
+                "again from the store; upload the file and start it from the form"
+            )
+        data = read(digests[role])
+        if data is None:
+            raise AuditInputError(f"the {role} this run used is no longer stored; upload it again")
+        files[role] = data
+    text = files.pop("text", None)
+    return TextUploads(files or None, stored.get("text_file") if text is not None else None, text)
 
 
 def check_text_spec(spec: TextAuditSpec, uploads: TextUploads) -> None:
@@ -168,7 +209,7 @@ def text_messages(
 
 
 def _text_task(spec: dict[str, Any], uploads: TextUploads, run_id: str, board):
-    typed = TextAuditSpec(**{**spec, "attacks": tuple(spec["attacks"])})
+    typed = stored_text_spec(spec)
     watch = ray_backend.CancelWatch(board, run_id)
     try:
         yield from text_messages(typed, uploads, is_cancelled=watch.cancelled.is_set)
@@ -228,8 +269,11 @@ class TextRunManager:
             if self._board is None:
                 self._board = ray_backend.cancel_board()
             board = self._board
-        stored = {**asdict(spec), "attacks": list(spec.attacks)}
-        run_id = self.runs.create(stored, title, owner=owner, instance=self.instance)
+        digests = uploads.digests()
+        stored = {**asdict(spec), "attacks": list(spec.attacks), UPLOADS_KEY: digests}
+        run_id = self.runs.create(
+            stored, title, owner=owner, instance=self.instance, assets=digests.values()
+        )
         try:
             options = {"num_cpus": ray_backend.cpus_per_run()}
             generator = text_task.options(**options).remote(stored, uploads, run_id, board)

@@ -41,6 +41,7 @@ PRESETS: dict[str, tuple[str, int, int, int, int]] = {
     "bert-tiny": (ENCODER, 2, 128, 2, 512),
 }
 LORA_TARGETS = {DECODER: ["c_attn"], ENCODER: ["query", "value"]}
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # an auditor's folder
 
 
 @dataclass(frozen=True, eq=False)

@@ -126,6 +126,8 @@ def _settings(b: _Builder, r: StoredTextResult) -> list[Flowable]:
     ]
     if r.stopped:
         pairs.append(("Cancelled", "yes: an attack was cut short and what followed it did not run"))
+    # The auditor's files by the sha256 of their bytes: what exactly was audited.
+    pairs += [(f"sha256 of {name}", digest) for name, digest in r.inputs]
     return [b.p("Settings", "h2"), b.plain_pairs(pairs)]
 
 

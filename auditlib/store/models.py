@@ -233,3 +233,16 @@ class TextRun(Base):
     finished_at: Mapped[datetime | None]
     owner: Mapped[str | None] = mapped_column(String(64), index=True)
     instance: Mapped[str | None] = mapped_column(String(32), index=True)
+
+
+class TextRunAsset(Base):
+    """An upload a text run uses (schema 9): its model folder's files, its text file. As
+    for ``run_assets``, an upload a run names is not deleted while the run is stored, and
+    it goes with the last run that used it."""
+
+    __tablename__ = "text_run_assets"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("text_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)

@@ -41,6 +41,7 @@ from auditlib.store.models import (
     RunAsset,
     SchemaInfo,
     TextRun,
+    TextRunAsset,
 )
 
 
@@ -121,7 +122,13 @@ def _add_text_runs(connection: Connection) -> None:
     TextRun.__table__.create(connection)
 
 
-SCHEMA_VERSION: int = 8
+def _add_text_run_assets(connection: Connection) -> None:
+    """8 -> 9: which uploads each text run uses (the ``text_run_assets`` table). Text runs
+    recorded before it named no upload by its hash, so they link none."""
+    TextRunAsset.__table__.create(connection)
+
+
+SCHEMA_VERSION: int = 9
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _add_batches,
     2: _add_run_stage,
@@ -130,6 +137,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     5: _add_claim_details,
     6: _add_instances,
     7: _add_text_runs,
+    8: _add_text_run_assets,
 }
 
 _VERSION_ROW = 1

@@ -45,9 +45,24 @@ from auditlib.store.convert import (
     plain_json,
     utcnow,
 )
-from auditlib.store.deletion import delete_run_rows, delete_unused_asset
+from auditlib.store.deletion import (
+    delete_run_rows,
+    delete_text_run_rows,
+    delete_unused_asset,
+    runs_using,
+    unused_uploads_before,
+)
 from auditlib.store.engine import WRITE_OPTION, acquire, default_database_url, describe, release
-from auditlib.store.models import Asset, AssetOwner, Batch, Run, RunAsset, RunEvent, RunImage
+from auditlib.store.models import (
+    Asset,
+    AssetOwner,
+    Batch,
+    Run,
+    RunAsset,
+    RunEvent,
+    RunImage,
+    TextRun,
+)
 from auditlib.store.records import (
     ASSET_KINDS,
     BATCH_KINDS,
@@ -385,21 +400,16 @@ class Store:
             return [info for sha in used if (info := delete_unused_asset(s, sha, owner))]
 
     def runs_using_asset(self, sha256: str, *, owner: str | None = None) -> int:
-        """How many stored runs (of ``owner``, if given) use the upload ``sha256``."""
-        query = select(func.count()).select_from(RunAsset).where(RunAsset.sha256 == sha256)
-        if owner is not None:
-            query = query.join(Run, Run.id == RunAsset.run_id).where(Run.owner == owner)
+        """How many stored runs, image and text (of ``owner``, if given), use the upload."""
         with self._session() as s:
-            return int(s.scalar(query) or 0)
+            return runs_using(s, sha256, owner)
 
     def delete_asset(self, sha256: str) -> AssetInfo | None:
         """Delete the upload ``sha256`` when no run uses it; returns what was deleted (None
         when it is unknown). Raises AuditInputError while runs use it: they name it, and
         their results would no longer say what was audited."""
         with self._session(write=True) as s:
-            users = s.scalar(
-                select(func.count()).select_from(RunAsset).where(RunAsset.sha256 == sha256)
-            )
+            users = runs_using(s, sha256)
             if users:
                 raise AuditInputError(
                     f"the upload {sha256[:12]}... is used by {users} stored run(s); delete "
@@ -413,12 +423,7 @@ class Store:
         other user holds a claim and no run uses them; returns what was deleted. Raises
         AuditInputError while runs of ``owner`` use it (their results name it)."""
         with self._session(write=True) as s:
-            mine = s.scalar(
-                select(func.count())
-                .select_from(RunAsset)
-                .join(Run, Run.id == RunAsset.run_id)
-                .where(RunAsset.sha256 == sha256, Run.owner == owner)
-            )
+            mine = runs_using(s, sha256, owner)
             if mine:
                 raise AuditInputError(
                     f"the upload {sha256[:12]}... is used by {mine} of your stored run(s); "
@@ -430,9 +435,10 @@ class Store:
             return delete_unused_asset(s, sha256)
 
     def delete_older_than(self, cutoff: datetime) -> tuple[int, int, tuple[AssetInfo, ...]]:
-        """Retention: delete finished runs that ended before ``cutoff``, batches made before
-        it, then uploads made before it that no remaining run uses; returns the counts and
-        the uploads deleted. Unfinished runs stay."""
+        """Retention: delete finished runs, image and text, that ended before ``cutoff``,
+        batches made before it, then uploads made before it that no remaining run uses;
+        returns the counts (runs of both kinds together) and the uploads deleted.
+        Unfinished runs stay."""
         with self._session(write=True) as s:
             old = list(
                 s.scalars(
@@ -441,21 +447,24 @@ class Store:
             )
             for run_id in old:
                 delete_run_rows(s, run_id)
+            old_text = list(
+                s.scalars(
+                    select(TextRun.id).where(
+                        TextRun.status.in_(sorted(FINISHED)), TextRun.finished_at < cutoff
+                    )
+                )
+            )
+            for run_id in old_text:
+                delete_text_run_rows(s, run_id)
             batches = cast(
                 CursorResult[Any], s.execute(delete(Batch).where(Batch.created_at < cutoff))
             )
-            used = select(RunAsset.sha256)
-            stale = list(
-                s.scalars(
-                    select(Asset.sha256).where(Asset.created_at < cutoff, Asset.sha256.not_in(used))
-                )
-            )
             uploads = []
-            for sha in stale:
+            for sha in unused_uploads_before(s, cutoff):
                 s.execute(delete(AssetOwner).where(AssetOwner.sha256 == sha))
                 if (info := delete_unused_asset(s, sha)) is not None:
                     uploads.append(info)
-            return len(old), int(batches.rowcount or 0), tuple(uploads)
+            return len(old) + len(old_text), int(batches.rowcount or 0), tuple(uploads)
 
     # ---------------------------------------------------------------- runs: reads
 

@@ -9,23 +9,26 @@ sessions, a finished run is immutable (:class:`~auditlib.store.RunFinishedError`
 unknown one raises :class:`~auditlib.store.UnknownRunError`, JSON is plain JSON.
 Private text (the auditor's sequences, what was recovered) is in ``live`` and ``result``:
 the user's view refuses another user's run with ``AccessDenied`` (an admin sees all, as
-for images).
+for images). The uploads a run uses (its model folder, its text file) are linked to it
+(``text_run_assets``, schema 9) as an image run's are: kept while it is stored, deleted
+with the last run that used them, and by retention with the run (``Store.delete_older_than``).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 
 from auditlib.access import Principal
 from auditlib.store.convert import check_choice, plain_json, utcnow
-from auditlib.store.models import TextRun
-from auditlib.store.records import FINISHED, QUEUED, RUNNING, UNFINISHED
+from auditlib.store.deletion import delete_text_run_rows, delete_unused_asset
+from auditlib.store.models import TextRun, TextRunAsset
+from auditlib.store.records import FINISHED, QUEUED, RUNNING, UNFINISHED, AssetInfo
 from auditlib.store.store import RunFinishedError, Store, UnknownRunError
 
 
@@ -81,7 +84,10 @@ class TextRunStore:
         *,
         owner: str | None,
         instance: str | None = None,
+        assets: Iterable[str] = (),
     ) -> str:
+        """Record a queued run; ``assets``: the sha256 of the uploads it uses (kept while
+        it is stored)."""
         run_id = uuid.uuid4().hex
         with self.store._session(write=True) as s:
             s.add(
@@ -91,7 +97,16 @@ class TextRunStore:
                     created_at=utcnow(), owner=owner, instance=instance,
                 )
             )  # fmt: skip
+            s.flush()  # the run row first: text_run_assets refers to it
+            for sha in sorted(set(assets)):
+                s.add(TextRunAsset(run_id=run_id, sha256=sha))
         return run_id
+
+    def assets(self, run_id: str) -> list[str]:
+        """The sha256 of the uploads the run uses."""
+        query = select(TextRunAsset.sha256).where(TextRunAsset.run_id == run_id)
+        with self.store._session() as s:
+            return sorted(s.scalars(query))
 
     def progress(self, run_id: str, live: Mapping[str, Any]) -> None:
         """The latest event (queued -> running at the first)."""
@@ -140,9 +155,14 @@ class TextRunStore:
         with self.store._session() as s:
             return [_record(row) for row in s.scalars(query)]
 
-    def delete(self, run_id: str) -> None:
+    def delete(self, run_id: str) -> list[AssetInfo]:
+        """Delete the run, and the uploads it used that no other run uses (or only the
+        run owner's claim, where another user holds one); returns the uploads deleted. An
+        unknown id is a no-op; a writer still attached gets UnknownRunError next."""
         with self.store._session(write=True) as s:
-            s.execute(delete(TextRun).where(TextRun.id == run_id))
+            owner = s.scalar(select(TextRun.owner).where(TextRun.id == run_id))
+            used = delete_text_run_rows(s, run_id)
+            return [info for sha in used if (info := delete_unused_asset(s, sha, owner))]
 
 
 class UserTextRuns:
@@ -162,6 +182,7 @@ class UserTextRuns:
         owner = None if self.principal.is_admin else self.principal.username
         return self.raw.list(limit, owner=owner)
 
-    def delete(self, run_id: str) -> None:
-        if self.get(run_id) is not None:
-            self.raw.delete(run_id)
+    def delete(self, run_id: str) -> list[AssetInfo]:
+        if self.get(run_id) is None:
+            return []
+        return self.raw.delete(run_id)
