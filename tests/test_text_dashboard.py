@@ -156,6 +156,7 @@ def test_a_run_on_uploads_runs_again_from_the_store_and_goes_with_them(dashboard
     record = shared_text_manager().runs.get(first)
     assert record.status == "completed", record.error
     assert record.spec["uploads"] == expected == record.result["inputs"]
+    assert record.result["model"].startswith("the auditor's model in uploaded-folder")
     assert sorted(shared_text_manager().runs.assets(first)) == sorted(expected.values())
     assert expected["text"][:16] in _shown(at)  # the audited files by their hash
     # Run again: the same settings on the uploads read back from the store.

@@ -148,7 +148,7 @@ def _local_spec(spec: TextAuditSpec, uploads: TextUploads, folder) -> TextAuditS
 
     folder = Path(folder)
     if uploads.model_files is not None:
-        model_dir = folder / "model"
+        model_dir = folder / "uploaded-folder"  # the result's words: "the auditor's model in ..."
         model_dir.mkdir()
         for name in MODEL_FILES:
             (model_dir / name).write_bytes(uploads.model_files[name])
