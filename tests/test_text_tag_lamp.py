@@ -119,6 +119,16 @@ def test_presets_carry_the_papers_settings_and_refuse_unknown_names():
     )
     l1l2 = lamp_config("paper-l1l2")
     assert (l1l2.distance, l1l2.coeff_perplexity, l1l2.coeff_reg) == ("l2_l1", 60.0, 25.0)
+    # The strongest: L1+L2's weights in token units (docs/PERFORMANCE.md: more recovered at
+    # BERT-base size); "cosine": the same with LAMP_Cos's distance and weights.
+    strongest, cosine = lamp_config(), lamp_config("cosine")
+    assert (strongest.distance, strongest.coeff_perplexity, strongest.coeff_reg) == (
+        "l2_l1",
+        60.0,
+        25.0,
+    )
+    assert strongest.token_units and strongest.lr == cosine.lr == 0.2
+    assert (cosine.distance, cosine.coeff_perplexity, cosine.coeff_reg) == ("cosine", 0.2, 1.0)
     tag = tag_config("paper")
     assert (tag.alpha, tag.lr, tag.restarts, tag.steps, tag.token_units) == (
         0.01,
