@@ -788,6 +788,8 @@ def test_sign_in_goes_sixteen_images_fit_and_a_run_shows_life_at_once_in_a_brows
     """Issue 52, as a new user met it: the sign-in form stayed above the page after signing
     in; Setup capped a bundled set at 8 images with only a red icon for 16; the result of
     16 images ran off the page under the loss chart; a run showed no progress for 15 s."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     with _contexts(chromium) as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
         page.set_default_timeout(30_000)
@@ -825,7 +827,13 @@ def test_sign_in_goes_sixteen_images_fit_and_a_run_shows_life_at_once_in_a_brows
             bar = page.locator('[data-testid="stProgress"]').filter(
                 has_text=re.compile(r"preparing the victim|step [\d,]+ of [\d,]+")
             )
-            bar.first.wait_for(timeout=3_000)
+            try:
+                bar.first.wait_for(timeout=3_000)
+            except PlaywrightTimeout:  # say what the page showed instead (a flake's cause)
+                shown = page.locator('[data-testid="stProgress"]').all_inner_texts()
+                raise AssertionError(
+                    f"no progress within 3 s of Start; the bars: {shown}"
+                ) from None
             first_progress = time.monotonic() - clicked
             assert first_progress <= 3.0, first_progress
             page.get_by_role("heading", name="Verdict").first.wait_for(timeout=120_000)
