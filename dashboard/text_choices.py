@@ -46,14 +46,14 @@ def forget_uploads(deleted: set[str]) -> None:
     """The form lets go of uploads that were just deleted (their boxes emptied), so it
     neither names them nor stores them again on its next run."""
     held = st.session_state.get(TEXT_ASSET)
-    model = set(st.session_state.get(MODEL_ASSETS, {}).values())
-    if not (model & deleted or (held and held[1] in deleted)):
-        return
-    if model & deleted:
+    model_gone = bool(set(st.session_state.get(MODEL_ASSETS, {}).values()) & deleted)
+    text_gone = bool(held and held[1] in deleted)
+    if model_gone:
         st.session_state.pop(MODEL_ASSETS, None)
-    if held and held[1] in deleted:
+    if text_gone:
         st.session_state.pop(TEXT_ASSET, None)
-    st.session_state[UPLOAD_ROUND] = int(st.session_state.get(UPLOAD_ROUND, 0)) + 1
+    if model_gone or text_gone:
+        st.session_state[UPLOAD_ROUND] = int(st.session_state.get(UPLOAD_ROUND, 0)) + 1
 
 
 @dataclass
