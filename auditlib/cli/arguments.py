@@ -4,21 +4,7 @@ choices taken from the definitions (the protocol's, the federation's, the regist
 from __future__ import annotations
 
 import argparse
-import hashlib
 from typing import get_args
-
-from auditlib.errors import AuditInputError
-
-
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError as exc:
-        raise AuditInputError(f"cannot read {path}: {exc.strerror}") from exc
-    return digest.hexdigest()
 
 
 class _Parser(argparse.ArgumentParser):

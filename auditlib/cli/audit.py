@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditlib.attacks.text_names import TEXT_ATTACK_NAMES
-from auditlib.cli.arguments import KNOWS_DEFENSE, model_spec_of, sha256_file
+from auditlib.cli.arguments import KNOWS_DEFENSE, model_spec_of
 from auditlib.cli.observed import assumption_lines, observed_bundle
 from auditlib.engine.preflight import check_model_trains, estimate_time
 from auditlib.errors import AuditInputError
+from auditlib.file_digest import sha256_file
 from auditlib.output_folder import check_output_folder
 
 if TYPE_CHECKING:

@@ -10,7 +10,6 @@ verdict then claims a leak only where one was measured, and is inconclusive othe
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from auditlib.data.demo_text import demo_text
 from auditlib.data.text_samples import TextBatch, demo_batch, make_batch, parse_text_file
 from auditlib.defenses import build_defense
 from auditlib.errors import AuditInputError
+from auditlib.file_digest import sha256_file
 from auditlib.metrics.text import TextScores, score_text
 from auditlib.metrics.text_baseline import GuessBar, TextGuess, guess_bar, text_guesses
 from auditlib.metrics.text_risk import text_risk
@@ -111,14 +111,6 @@ class TextAuditResult:
     inputs: dict[str, str] = field(default_factory=dict)
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def input_digests(spec: TextAuditSpec) -> dict[str, str]:
     """The sha256 of the auditor's files the audit reads (a preset and the demo text: none);
     the dashboard's uploads are stored under the same digests of the same bytes."""
@@ -126,9 +118,9 @@ def input_digests(spec: TextAuditSpec) -> dict[str, str]:
     if spec.model not in PRESETS:
         for name in MODEL_FILES:
             if (path := Path(spec.model) / name).is_file():
-                found[name] = _file_sha256(path)
+                found[name] = sha256_file(path)
     if spec.text_file is not None and (path := Path(spec.text_file)).is_file():
-        found["text"] = _file_sha256(path)
+        found["text"] = sha256_file(path)
     return found
 
 
