@@ -13,9 +13,12 @@ verses of 32 tokens (``demo_batch(tok, 16, 32, seed=0)``), one torch thread per 
   DAGER, the ranked DAGER that knows the noise, the undefended control and epsilon (Opacus's
   accountant) come from the product's own path.
 
-    .venv/bin/python -m benchmarks.text_dager [--part plain|dp|all]
+    .venv/bin/python -m benchmarks.text_dager [--part plain|dp|all] [--model gpt2]
 
-Writes benchmarks/results/text_dager.json.
+``--model llama-small``: the LLaMA architecture at the same size (rotary positions, RMSNorm,
+an untied output head; ``models.text.PRESETS``), the same batch and parts.
+
+Writes benchmarks/results/text_dager.json (another ``--model``: text_dager_<model>.json).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ OUT = Path(__file__).resolve().parent / "results" / "text_dager.json"
 SIGMAS = (1e-6, 1e-4, 60.0)
 
 
-def plain(size: int = 16, length: int = 32) -> dict:
-    model = build_text_model("gpt2", seed=0)
+def plain(preset: str = "gpt2", size: int = 16, length: int = 32) -> dict:
+    model = build_text_model(preset, seed=0)
     batch = demo_batch(model.tokenizer, size, length, seed=0)
     started = time.perf_counter()
     update = text_update(model, batch)
@@ -66,11 +69,11 @@ def plain(size: int = 16, length: int = 32) -> dict:
     }
 
 
-def dp(size: int = 16, length: int = 32) -> list[dict]:
+def dp(preset: str = "gpt2", size: int = 16, length: int = 32) -> list[dict]:
     rows = []
     for sigma in SIGMAS:
         spec = TextAuditSpec(
-            model="gpt2", batch_size=size, length=length,
+            model=preset, batch_size=size, length=length,
             defense="dp-gaussian", defense_params={"sigma": str(sigma), "clip": "30"},
         )  # fmt: skip
         started = time.perf_counter()
@@ -100,16 +103,18 @@ def dp(size: int = 16, length: int = 32) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", default="all", choices=("plain", "dp", "all"))
+    parser.add_argument("--model", default="gpt2", help="a text preset (models.text.PRESETS)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    results = json.loads(OUT.read_text()) if OUT.exists() else {}
+    out = OUT if args.model == "gpt2" else OUT.with_name(f"{OUT.stem}_{args.model}.json")
+    results = json.loads(out.read_text()) if out.exists() else {}
     results["machine"] = machine()
     if args.part in ("plain", "all"):
-        results["plain"] = plain()
+        results["plain"] = plain(args.model)
         print(json.dumps(results["plain"]), flush=True)
     if args.part in ("dp", "all"):
-        results["dp"] = dp()
-    OUT.write_text(json.dumps(results, indent=2) + "\n")
+        results["dp"] = dp(args.model)
+    out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,8 @@ def _model_inputs(choices: TextChoices) -> None:
         names = list(PRESETS)
         choices.model = st.selectbox(
             "Preset", names, key=persist("text_preset", DEFAULT_PRESET),
-            help="gpt2 and bert-base are the papers' sizes; the tiny ones run in seconds.",
+            help="gpt2 and bert-base are the papers' sizes, llama-small the LLaMA architecture at "
+            "GPT-2 small's; the tiny ones run in seconds.",
         )  # fmt: skip
         return
     uploads = st.file_uploader(

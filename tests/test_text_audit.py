@@ -48,7 +48,7 @@ def test_an_own_model_folder_is_read_from_safetensors_without_code(tmp_path):
     a = built.backbone.transformer.wte.weight
     assert loaded.family == "decoder" and (loaded.backbone.transformer.wte.weight == a).all()
     config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
     with pytest.raises(AuditInputError, match="model_type"):
         load_text_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config))

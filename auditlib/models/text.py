@@ -1,5 +1,6 @@
-"""Text models: ``transformers`` architectures, a decoder (GPT-2 family, next-token training)
-and an encoder (BERT family, sequence classification), built from a preset with random
+"""Text models: ``transformers`` architectures, decoders trained on next-token prediction
+(the GPT-2 family, and the LLaMA family: LLaMA and Qwen2, rotary positions and RMSNorm) and
+an encoder (the BERT family, sequence classification), built from a preset with random
 weights or read from the auditor's folder (config.json, model.safetensors, tokenizer.json)
 without running any code from it; optionally wrapped in LoRA adapters (``peft``), the
 backbone frozen.
@@ -17,7 +18,16 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.utils import logging as transformers_logging
 
 from auditlib.data.text_tokenizer import TextTokenizer, demo_tokenizer, load_tokenizer
@@ -31,16 +41,45 @@ MAX_TEXT_PARAMETERS = 400_000_000
 MAX_CONFIG_BYTES = 1024 * 1024
 DECODER, ENCODER = "decoder", "encoder"
 
-# name -> (family, layers, width, heads, feed-forward width); the papers' sizes, and a tiny one
-# per family for tests.
-PRESETS: dict[str, tuple[str, int, int, int, int]] = {
-    "gpt2": (DECODER, 12, 768, 12, 3072),  # GPT-2 small (DAGER's, TAG's and LAMP's GPT-2)
-    "gpt2-tiny": (DECODER, 2, 128, 2, 512),
-    "bert-base": (ENCODER, 12, 768, 12, 3072),  # BERT-base (TAG, LAMP, DAGER)
-    "tinybert": (ENCODER, 4, 312, 12, 1200),  # TinyBERT-4 (TAG, LAMP)
-    "bert-tiny": (ENCODER, 2, 128, 2, 512),
+
+@dataclass(frozen=True)
+class Architecture:
+    """One ``transformers`` architecture the audit builds: its config.json ``model_type``,
+    classes, family, and the projections LoRA adapts (each family's usual choice)."""
+
+    model_type: str
+    config_class: type
+    model_class: type
+    family: str  # DECODER or ENCODER
+    lora_targets: tuple[str, ...]
+    rotary: bool = False  # positions rotate queries and keys; no position embedding is added
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.model_type: a
+    for a in (
+        Architecture("gpt2", GPT2Config, GPT2LMHeadModel, DECODER, ("c_attn",)),
+        Architecture(
+            "bert", BertConfig, BertForSequenceClassification, ENCODER, ("query", "value")
+        ),
+        Architecture("llama", LlamaConfig, LlamaForCausalLM, DECODER, ("q_proj", "v_proj"), True),
+        Architecture("qwen2", Qwen2Config, Qwen2ForCausalLM, DECODER, ("q_proj", "v_proj"), True),
+    )
 }
-LORA_TARGETS = {DECODER: ["c_attn"], ENCODER: ["query", "value"]}
+
+# name -> (model_type, layers, width, heads, feed-forward width); the papers' sizes, and a
+# tiny one per architecture for tests.
+PRESETS: dict[str, tuple[str, int, int, int, int]] = {
+    "gpt2": ("gpt2", 12, 768, 12, 3072),  # GPT-2 small (DAGER's, TAG's and LAMP's GPT-2)
+    "gpt2-tiny": ("gpt2", 2, 128, 2, 512),
+    "bert-base": ("bert", 12, 768, 12, 3072),  # BERT-base (TAG, LAMP, DAGER)
+    "tinybert": ("bert", 4, 312, 12, 1200),  # TinyBERT-4 (TAG, LAMP)
+    "bert-tiny": ("bert", 2, 128, 2, 512),
+    # The LLaMA architecture (DAGER's LLaMA-2, UTR's and federated fine-tuning's family) at
+    # GPT-2 small's size, and a tiny one.
+    "llama-small": ("llama", 12, 768, 12, 2048),
+    "llama-tiny": ("llama", 2, 128, 4, 344),
+}
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # an auditor's folder
 
 
@@ -48,7 +87,7 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # an audit
 class TextModel:
     """A text model and what an attacker who knows it (the server) knows."""
 
-    module: torch.nn.Module  # GPT2LMHeadModel / BertForSequenceClassification, or its peft wrap
+    module: torch.nn.Module  # the architecture's model class (ARCHITECTURES), or its peft wrap
     tokenizer: TextTokenizer
     family: str  # DECODER or ENCODER
     name: str  # the preset's name, or "own"
@@ -62,6 +101,10 @@ class TextModel:
         return module.get_base_model() if hasattr(module, "get_base_model") else module
 
     @property
+    def architecture(self) -> Architecture:
+        return ARCHITECTURES[self.backbone.config.model_type]
+
+    @property
     def width(self) -> int:
         return int(self.backbone.config.hidden_size)
 
@@ -71,11 +114,18 @@ class TextModel:
         return int(getattr(config, "n_positions", None) or config.max_position_embeddings)
 
 
-def _config(family: str, layers: int, width: int, heads: int, ff: int, tok: TextTokenizer):
-    if family == DECODER:
+def _config(model_type: str, layers: int, width: int, heads: int, ff: int, tok: TextTokenizer):
+    if model_type == "gpt2":
         return GPT2Config(
             vocab_size=tok.vocab_size, n_positions=1024, n_embd=width, n_layer=layers,
             n_head=heads, n_inner=ff, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=tok.pad_id, eos_token_id=tok.pad_id, pad_token_id=tok.pad_id,
+        )  # fmt: skip
+    if model_type == "llama":
+        return LlamaConfig(
+            vocab_size=tok.vocab_size, hidden_size=width, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=ff,
+            max_position_embeddings=1024, attention_dropout=0.0, tie_word_embeddings=False,
             bos_token_id=tok.pad_id, eos_token_id=tok.pad_id, pad_token_id=tok.pad_id,
         )  # fmt: skip
     return BertConfig(
@@ -85,19 +135,19 @@ def _config(family: str, layers: int, width: int, heads: int, ff: int, tok: Text
     )  # fmt: skip
 
 
-def _module(family: str, config) -> torch.nn.Module:
-    cls = GPT2LMHeadModel if family == DECODER else BertForSequenceClassification
-    return cls(config).eval()
+def _module(model_type: str, config) -> torch.nn.Module:
+    return ARCHITECTURES[model_type].model_class(config).eval()
 
 
 def build_text_model(preset: str, seed: int = 0) -> TextModel:
     """The preset's architecture with random weights (seeded) and the demo tokenizer."""
     if preset not in PRESETS:
         raise AuditInputError(f"text model {preset!r}; expected one of {', '.join(PRESETS)}")
-    family, layers, width, heads, ff = PRESETS[preset]
+    model_type, layers, width, heads, ff = PRESETS[preset]
+    family = ARCHITECTURES[model_type].family
     tok = demo_tokenizer("bpe" if family == DECODER else "wordpiece")
     torch.manual_seed(seed)
-    module = _module(family, _config(family, layers, width, heads, ff, tok))
+    module = _module(model_type, _config(model_type, layers, width, heads, ff, tok))
     return TextModel(module, tok, family, preset, f"{preset}, random weights (seed {seed})")
 
 
@@ -111,13 +161,13 @@ def _read_config(folder: Path) -> dict:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AuditInputError(f"{path.name}: not JSON ({exc})") from None
-    if not isinstance(config, dict) or config.get("model_type") not in ("gpt2", "bert"):
+    if not isinstance(config, dict) or config.get("model_type") not in ARCHITECTURES:
         raise AuditInputError(
             f"{path.name}: model_type {config.get('model_type') if isinstance(config, dict) else None!r}; "
-            "expected 'gpt2' (a decoder) or 'bert' (an encoder)"
+            "expected 'gpt2', 'llama' or 'qwen2' (decoders) or 'bert' (an encoder)"
         )
     # Code a config could name is never run: auto_map and remote code are ignored, and only
-    # the two known classes are built.
+    # the known classes are built.
     config.pop("auto_map", None)
     return config
 
@@ -127,14 +177,14 @@ def load_text_model(folder: Path) -> TextModel:
     folder = Path(folder)
     config_dict = _read_config(folder)
     tok = load_tokenizer(folder / "tokenizer.json")
-    family = DECODER if config_dict["model_type"] == "gpt2" else ENCODER
-    config_cls = GPT2Config if family == DECODER else BertConfig
+    architecture = ARCHITECTURES[config_dict["model_type"]]
+    family, config_cls = architecture.family, architecture.config_class
     try:
         config = config_cls.from_dict(config_dict)
     except (TypeError, ValueError) as exc:
         raise AuditInputError(f"config.json: not a valid {config_cls.__name__} ({exc})") from None
     for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
-                "attention_probs_dropout_prob"):  # fmt: skip
+                "attention_probs_dropout_prob", "attention_dropout"):  # fmt: skip
         if hasattr(config, key):
             setattr(config, key, 0.0)
     if config.vocab_size != tok.vocab_size:
@@ -146,7 +196,7 @@ def load_text_model(folder: Path) -> TextModel:
     if not weights.is_file():
         raise AuditInputError(f"{folder}: expected model.safetensors (pickled weights are refused)")
     with torch.device("meta"):
-        probe = _module(family, config)
+        probe = _module(architecture.model_type, config)
     count = sum(p.numel() for p in probe.parameters())
     if count > MAX_TEXT_PARAMETERS:
         raise AuditInputError(f"{count:,} parameters; at most {MAX_TEXT_PARAMETERS:,} are audited")
@@ -154,9 +204,11 @@ def load_text_model(folder: Path) -> TextModel:
         state = load_file(str(weights))
     except (SafetensorError, OSError) as exc:
         raise AuditInputError(f"model.safetensors: not a safetensors file ({exc})") from None
-    module = _module(family, config)
+    module = _module(architecture.model_type, config)
     missing, unexpected = module.load_state_dict(state, strict=False)
-    allowed_missing = {"lm_head.weight"} if family == DECODER else set()
+    # A decoder whose head is its token table (tied) is saved without it.
+    tied = family == DECODER and getattr(config, "tie_word_embeddings", True)
+    allowed_missing = {"lm_head.weight"} if tied else set()
     untrained = [k for k in missing if k.startswith(("classifier.", "bert.pooler."))]
     left = [k for k in missing if k not in allowed_missing and k not in untrained]
     if left or unexpected:
@@ -164,7 +216,7 @@ def load_text_model(folder: Path) -> TextModel:
             f"model.safetensors does not fit config.json: missing {left[:3]}, "
             f"unexpected {list(unexpected)[:3]}"
         )
-    if family == DECODER:
+    if tied:
         module.tie_weights()
     source = f"the auditor's model in {folder.name}"
     if untrained:
@@ -179,8 +231,9 @@ def with_lora(model: TextModel, rank: int = 8, alpha: int = 16) -> TextModel:
     if not 1 <= rank <= 256:
         raise AuditInputError(f"LoRA rank {rank}; expected 1 to 256")
     config = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=LORA_TARGETS[model.family],
-        fan_in_fan_out=model.family == DECODER,
+        r=rank, lora_alpha=alpha, lora_dropout=0.0,
+        target_modules=list(model.architecture.lora_targets),
+        fan_in_fan_out=model.architecture.model_type == "gpt2",  # GPT-2's Conv1D: in x out
     )  # fmt: skip
     wrapped = get_peft_model(model.backbone, config).eval()
     return replace(

@@ -2,7 +2,10 @@
 
 1. The first attention layer's inputs span its weight gradient (``span.py``); a token ``v``
    at position ``p`` is in the batch iff its input there (token plus position embedding,
-   normalised) lies in that span: the token filter, over the whole vocabulary.
+   normalised) lies in that span: the token filter, over the whole vocabulary. Where
+   positions rotate queries and keys (the LLaMA family, as the paper's LLaMA-2) the input
+   is the token's alone: the filter gives the batch's tokens, the same at every position,
+   and the sequence filter places them.
 2. A decoder is causal, so the second layer's input at ``p`` depends on the prefix alone:
    sequences grow greedily, a prefix extended by each token that passed at ``p`` and kept
    iff its second-layer input lies in the second layer's span: the sequence filter.
@@ -35,6 +38,7 @@ from auditlib.attacks.text.base import (
 )
 from auditlib.attacks.text.gpt2_extend import second_layer_inputs
 from auditlib.attacks.text.last_token import recover_last_tokens
+from auditlib.attacks.text.rotary_extend import rotary_second_layer_inputs
 from auditlib.attacks.text.span import (
     LayerSpan,
     above_noise,
@@ -115,15 +119,41 @@ def _above_noise(span: LayerSpan, target: TextTarget, config: DagerConfig) -> La
     return above_noise(span, known_rank(target), config.noise_floor)
 
 
+def opening_distances(target: TextTarget, second: LayerSpan) -> torch.Tensor:
+    """Where positions rotate (the LLaMA family), every token of the batch passes the token
+    filter at every position, the first included. A sequence's first token is told by the
+    second layer: alone in its sequence it gives layer 1 an input of its own (it attends to
+    itself alone), which lies in ``second`` (the span of layer 1's queries', keys' and
+    values' gradients) only if some sequence opens with it. Each token's distance so."""
+    model = target.model
+    vocab = torch.arange(model.backbone.config.vocab_size)
+    empty = torch.zeros(1, 0, dtype=torch.int64)
+    return distance_to_span(second, rotary_second_layer_inputs(model.backbone, empty, vocab)[0])
+
+
+def _opening_check(target: TextTarget, config: DagerConfig) -> torch.Tensor | None:
+    """``opening_distances`` for a rotary decoder (None elsewhere), the span as the run's."""
+    if not target.model.architecture.rotary:
+        return None
+    span = layer_span(target.model, target.update, 1, config.rank_tolerance)
+    if config.mode == "ranked":
+        span = _above_noise(span, target, config)
+    return opening_distances(target, span)
+
+
 def _token_candidates(
     target: TextTarget, span: LayerSpan, config: DagerConfig
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Per position, the tokens whose first-layer input lies in the span (best first)."""
+    """Per position, the tokens whose first-layer input lies in the span (best first); at a
+    rotary decoder's first position, also the openings' check (``opening_distances``)."""
     model = target.model
     candidates, distances = [], []
     special = {target.model.tokenizer.pad_id} if model.family == DECODER else set()
+    opening = _opening_check(target, config)
     for position in range(target.length):
         d = distance_to_span(span, first_layer_inputs(model, position))
+        if position == 0 and opening is not None:
+            d = torch.maximum(d, opening)
         order = torch.argsort(d)
         if config.mode == "ranked":
             kept = [int(i) for i in order[: config.token_beam]]
@@ -142,13 +172,15 @@ def _extension_distances(
     model, second: LayerSpan, prefixes: list[list[int]], tokens: list[int]
 ) -> torch.Tensor:
     """Distance to the second layer's span of every prefix extended by every token, in the
-    order prefix-major (GPT-2 in closed form, ``gpt2_extend``; chunks bound the memory)."""
+    order prefix-major (in closed form: ``gpt2_extend``, ``rotary_extend`` for the LLaMA
+    family; chunks bound the memory)."""
+    extend = rotary_second_layer_inputs if model.architecture.rotary else second_layer_inputs
     token_ids = torch.tensor(tokens)
     out = []
     step = max(1, 8192 // max(1, len(tokens)))
     for start in range(0, len(prefixes), step):
         chunk = torch.tensor(prefixes[start : start + step])
-        inputs = second_layer_inputs(model.backbone, chunk, token_ids)
+        inputs = extend(model.backbone, chunk, token_ids)
         out.append(distance_to_span(second, inputs).reshape(-1))
     return torch.cat(out)
 
@@ -260,16 +292,14 @@ def run_dager(
 ) -> RecoveredText:
     started = time.perf_counter()
     model = target.model
+    # Where positions rotate (the LLaMA family) the sequence filter reads the second layer's
+    # query alone: a prefix of one token repeated gives layer 1 the input its first position
+    # had, which the keys' and values' gradients hold, but no query past the first does.
+    queries_only = model.architecture.rotary
+    first = layer_span(model, target.update, 0, config.rank_tolerance)
+    second = layer_span(model, target.update, 1, config.rank_tolerance, queries_only=queries_only)
     if config.mode == "ranked":
-        first = _above_noise(
-            layer_span(model, target.update, 0, config.rank_tolerance), target, config
-        )
-        second = _above_noise(
-            layer_span(model, target.update, 1, config.rank_tolerance), target, config
-        )
-    else:
-        first = layer_span(model, target.update, 0, config.rank_tolerance)
-        second = layer_span(model, target.update, 1, config.rank_tolerance)
+        first, second = _above_noise(first, target, config), _above_noise(second, target, config)
     notes: list[str] = [
         f"first-layer span: rank {first.rank} of width {first.width}, read from {first.source}"
     ]
@@ -329,18 +359,19 @@ def run_dager(
 
 def complete_decoder(target: TextTarget, sequences: list[list[int]]) -> list[str]:
     """Under next-token training the last token is in no span: read it from the final
-    LayerNorm's gradient (``last_token.py``), in place."""
+    LayerNorm's or the untied output head's gradient (``last_token.py``), in place."""
     if not sequences or any(len(s) != target.length - 1 for s in sequences):
         return []
-    last = recover_last_tokens(target, sequences)
-    if last is None:
+    read = recover_last_tokens(target, sequences)
+    if read is None:
         return [
             "each sequence's last token is in no layer's span (no loss reads it) and the update "
             "does not let it be read otherwise: sequences end one token short"
         ]
+    last, source = read
     for seq, token in zip(sequences, last, strict=True):
         seq.append(token)
-    return ["last tokens read from the final LayerNorm's gradient (next-token training)"]
+    return [f"last tokens read from {source} (next-token training)"]
 
 
 def _strip_encoder_specials(target: TextTarget, seq: list[int]) -> list[int]:

@@ -9,6 +9,12 @@ tokens): a sum of ``B`` vocabulary rows, recovered greedily. The LayerNorm's wei
 (``(1/N) * sum_i E[v_i] * h_i``, with ``h_i`` the normalised hidden state before the last
 position) says which sequence ends with which of them. This completes DAGER for next-token
 training (the paper's decoders were trained with a classification head); docs/ALGORITHMS.md.
+
+A decoder whose output head is its own weight (untied, as the LLaMA family's) says it more
+directly: with the known targets' terms taken out, what is left of the head's gradient is
+``(1/N) * sum_i onehot(v_i) h_i^T``, so row ``v`` holds the hidden states of the sequences
+that end with ``v``; each sequence's share of each row (least squares over the ``B``
+hidden states) says which.
 """
 
 from __future__ import annotations
@@ -18,30 +24,23 @@ import torch
 from auditlib.attacks.text.base import TextTarget
 
 
-def _gradient(target: TextTarget, suffix: str) -> torch.Tensor | None:
+def _gradient(target: TextTarget, name_end: str) -> torch.Tensor | None:
     for name, grad in target.update.gradients.items():
-        if name.endswith("transformer.ln_f." + suffix):
+        if name.endswith(name_end):
             return grad.to(torch.float64)
     return None
 
 
-def recover_last_tokens(target: TextTarget, prefixes: list[list[int]]) -> list[int] | None:
-    """Each prefix's last token (the prefixes are each sequence but its last token), or None
-    where the update does not allow it (no final LayerNorm gradient, or not one prefix per
-    sequence of the full length)."""
-    bias, weight = _gradient(target, "bias"), _gradient(target, "weight")
+def _known_terms(target: TextTarget, prefixes: list[list[int]], module: torch.nn.Module):
+    """The loss without the last targets' one-hot terms (the server knows every other
+    target), over the prefixes with a placeholder last token; the predicted-token count;
+    and ``module``'s inputs at the position before the last."""
     n = target.length
-    if bias is None or weight is None or len(prefixes) != target.batch_size:
-        return None
-    if any(len(p) != n - 1 for p in prefixes):
-        return None
-    backbone = target.model.backbone
     ids = torch.tensor([[*p, target.model.tokenizer.pad_id] for p in prefixes])
-    hidden_states: list[torch.Tensor] = []
-    ln_f = backbone.transformer.ln_f
-    hook = ln_f.register_forward_pre_hook(lambda _m, args: hidden_states.append(args[0]))
+    inputs: list[torch.Tensor] = []
+    hook = module.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
     try:
-        logits = backbone(input_ids=ids).logits.to(torch.float64)
+        logits = target.model.backbone(input_ids=ids).logits.to(torch.float64)
     finally:
         hook.remove()
     count = ids.shape[0] * (n - 1)
@@ -49,7 +48,47 @@ def recover_last_tokens(target: TextTarget, prefixes: list[list[int]]) -> list[i
     known = -log_probs[:, : n - 2].gather(-1, ids[:, 1 : n - 1, None]).sum()
     # The last targets' terms without their one-hot part: logsumexp is log_probs' offset.
     unknown = torch.logsumexp(logits[:, n - 2], dim=-1).sum()
-    g_weight, g_bias = torch.autograd.grad((known + unknown) / count, [ln_f.weight, ln_f.bias])
+    return (known + unknown) / count, count, inputs[0][:, n - 2].detach().to(torch.float64)
+
+
+def _from_output_head(target: TextTarget, prefixes: list[list[int]], observed: torch.Tensor):
+    head = target.model.backbone.get_output_embeddings()
+    loss, count, hidden = _known_terms(target, prefixes, head)
+    (g_head,) = torch.autograd.grad(loss, [head.weight])
+    rows = (g_head.to(torch.float64) - observed) * count  # V x width: sum of h_i per last token
+    share = torch.linalg.lstsq(hidden.T, rows.T).solution  # B x V
+    return [int(k) for k in share.argmax(dim=1)]
+
+
+HEAD_SOURCE = "the output head's gradient"
+LAYER_NORM_SOURCE = "the final LayerNorm's gradient"
+
+
+def recover_last_tokens(
+    target: TextTarget, prefixes: list[list[int]]
+) -> tuple[list[int], str] | None:
+    """Each prefix's last token (the prefixes are each sequence but its last token) and the
+    gradient it was read from, in words; None where the update does not allow it (neither an
+    untied output head's gradient nor the final LayerNorm's, or not one prefix per sequence
+    of the full length)."""
+    n = target.length
+    if len(prefixes) != target.batch_size or any(len(p) != n - 1 for p in prefixes):
+        return None
+    backbone = target.model.backbone
+    config = backbone.config
+    if target.model.architecture.model_type != "gpt2":
+        # A head tied to the token table shares its gradient: the known terms' input side
+        # is in the server's own gradient too, so what is left is the head's alone.
+        tied = getattr(config, "tie_word_embeddings", False)
+        head = _gradient(target, "embed_tokens.weight" if tied else "lm_head.weight")
+        return None if head is None else (_from_output_head(target, prefixes, head), HEAD_SOURCE)
+    bias = _gradient(target, "transformer.ln_f.bias")
+    weight = _gradient(target, "transformer.ln_f.weight")
+    if bias is None or weight is None:
+        return None
+    ln_f = backbone.transformer.ln_f
+    loss, count, h = _known_terms(target, prefixes, ln_f)
+    g_weight, g_bias = torch.autograd.grad(loss, [ln_f.weight, ln_f.bias])
     sum_rows = (g_bias.to(torch.float64) - bias) * count
     sum_scaled = (g_weight.to(torch.float64) - weight) * count
     embeddings = backbone.get_output_embeddings().weight.detach().to(torch.float64)
@@ -61,7 +100,6 @@ def recover_last_tokens(target: TextTarget, prefixes: list[list[int]]) -> list[i
         picked.append(best)
         residual -= embeddings[best]
     tokens = sorted(set(picked))
-    h = hidden_states[0][:, n - 2].detach().to(torch.float64)
     h = (h - h.mean(-1, keepdim=True)) / torch.sqrt(
         h.var(-1, unbiased=False, keepdim=True) + ln_f.eps
     )
@@ -70,4 +108,4 @@ def recover_last_tokens(target: TextTarget, prefixes: list[list[int]]) -> list[i
     mix = torch.linalg.lstsq(columns, sum_scaled.unsqueeze(1)).solution.view(
         len(prefixes), len(tokens)
     )
-    return [tokens[int(k)] for k in mix.argmax(dim=1)]
+    return [tokens[int(k)] for k in mix.argmax(dim=1)], LAYER_NORM_SOURCE

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from auditlib.client.text_update import TextUpdate
-from auditlib.models.text import DECODER, TextModel
+from auditlib.models.text import TextModel
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,30 +34,58 @@ class _Stop(Exception):
     pass
 
 
+def _attention_stem(model: TextModel, layer: int) -> str:
+    """The name of the projection whose input is what layer ``layer`` attends over."""
+    model_type = model.architecture.model_type
+    if model_type == "gpt2":
+        return f"transformer.h.{layer}.attn.c_attn"
+    if model_type == "bert":
+        return f"bert.encoder.layer.{layer}.attention.self.query"
+    return f"model.layers.{layer}.self_attn.q_proj"  # the LLaMA family
+
+
 def attention_input_module(model: TextModel, layer: int) -> torch.nn.Module:
     """The projection whose input is what layer ``layer`` attends over (its query's)."""
-    backbone = model.backbone
-    if model.family == DECODER:
-        return backbone.transformer.h[layer].attn.c_attn
-    return backbone.bert.encoder.layer[layer].attention.self.query
+    return model.backbone.get_submodule(_attention_stem(model, layer))
+
+
+def _projection_stems(model: TextModel, layer: int, queries_only: bool) -> list[str]:
+    """The projections that read the layer's input: GPT-2's one (queries, keys and values
+    together), BERT's query, and the LLaMA family's three. There a position's query has no
+    gradient where the causal softmax has one term (the first position), so its input is
+    in the span of the keys' and values' gradients only; ``queries_only`` keeps the query's
+    alone (the positions after the first: what the sequence filter tests)."""
+    stem = _attention_stem(model, layer)
+    if not model.architecture.rotary or queries_only:
+        return [stem]
+    return [stem, stem.replace(".q_proj", ".k_proj"), stem.replace(".q_proj", ".v_proj")]
 
 
 def _gradient_for(
-    model: TextModel, update: TextUpdate, layer: int
+    model: TextModel, update: TextUpdate, layer: int, queries_only: bool = False
 ) -> tuple[str, torch.Tensor, int]:
     """The update's gradient whose input-side span is the layer's inputs: the weight's own,
-    or with LoRA its A matrix's (rank at most the adapters' rank); and the input axis."""
-    stem = (
-        f"transformer.h.{layer}.attn.c_attn" if model.family == DECODER
-        else f"bert.encoder.layer.{layer}.attention.self.query"
-    )  # fmt: skip
-    for name, grad in update.gradients.items():
-        if name.endswith(stem + ".weight") or name.endswith(stem + ".base_layer.weight"):
-            return name, grad, 0 if model.family == DECODER else 1
-    for name, grad in update.gradients.items():
-        if stem + ".lora_A" in name:
-            return name, grad, 1  # lora_A is a Linear (rank x in)
-    raise KeyError(f"the update has no gradient for layer {layer}'s attention input ({stem})")
+    or with LoRA its A matrix's (rank at most the adapters' rank); and the input axis. Where
+    several projections read the input, their gradients side by side (out axes joined)."""
+    stems = _projection_stems(model, layer, queries_only)
+    conv1d = model.architecture.model_type == "gpt2"  # in x out; Linear's is out x in
+    grads = update.gradients
+    full = [
+        (name, grad)
+        for stem in stems
+        for name, grad in grads.items()
+        if name.endswith(stem + ".weight") or name.endswith(stem + ".base_layer.weight")
+    ]
+    if full:
+        if conv1d:
+            return full[0][0], full[0][1], 0
+        return ", ".join(n for n, _ in full), torch.cat([g for _, g in full], dim=0), 1
+    adapters = [
+        (name, grad) for stem in stems for name, grad in grads.items() if stem + ".lora_A" in name
+    ]
+    if adapters:  # lora_A is a Linear (rank x in)
+        return ", ".join(n for n, _ in adapters), torch.cat([g for _, g in adapters], dim=0), 1
+    raise KeyError(f"the update has no gradient for layer {layer}'s attention input ({stems[0]})")
 
 
 def layer_span(
@@ -66,10 +94,12 @@ def layer_span(
     layer: int,
     rank_tolerance: float,
     rank: int | None = None,
+    queries_only: bool = False,
 ) -> LayerSpan:
     """The span of layer ``layer``'s inputs. Its rank is the count of singular values above
-    ``rank_tolerance`` times the largest, unless ``rank`` is given."""
-    name, grad, in_axis = _gradient_for(model, update, layer)
+    ``rank_tolerance`` times the largest, unless ``rank`` is given. ``queries_only``: read
+    from the query projection alone where the LLaMA family has three (``_projection_stems``)."""
+    name, grad, in_axis = _gradient_for(model, update, layer, queries_only)
     m = grad.detach().to(torch.float64)
     m = m if in_axis == 0 else m.T
     u, s, _ = torch.linalg.svd(m, full_matrices=False)
@@ -109,11 +139,17 @@ def distance_to_span(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def first_layer_inputs(model: TextModel, position: int) -> torch.Tensor:
     """What the first attention layer gets for every token of the vocabulary at
-    ``position`` (vocabulary x width): token and position embeddings, normalised."""
+    ``position`` (vocabulary x width): token and position embeddings, normalised. Where
+    positions rotate queries and keys (the LLaMA family) no position is added: the input is
+    the token's normalised embedding, the same at every position."""
     backbone = model.backbone
-    if model.family == DECODER:
+    model_type = model.architecture.model_type
+    if model_type == "gpt2":
         t = backbone.transformer
         return t.h[0].ln_1(t.wte.weight + t.wpe.weight[position])
+    if model.architecture.rotary:
+        core = backbone.model
+        return core.layers[0].input_layernorm(core.embed_tokens.weight)
     vocab = backbone.config.vocab_size
     ids = torch.arange(vocab).unsqueeze(1)
     positions = torch.full((vocab, 1), position, dtype=torch.int64)

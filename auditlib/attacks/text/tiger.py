@@ -49,7 +49,7 @@ from auditlib.attacks.text.base import (
     no_progress,
     stopped_note,
 )
-from auditlib.attacks.text.dager import complete_decoder, known_rank
+from auditlib.attacks.text.dager import complete_decoder, known_rank, opening_distances
 from auditlib.attacks.text.span import (
     LayerSpan,
     above_noise,
@@ -138,14 +138,17 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
     model = target.model
     count = model.backbone.config.num_hidden_layers
     layers = count if config.layers == 0 else min(config.layers, count)
-    spans = tuple(
-        above_noise(
-            layer_span(model, target.update, layer, config.rank_tolerance),
-            known_rank(target),
-            config.noise_floor,
+    rotary = model.architecture.rotary
+
+    def span(layer: int, queries_only: bool) -> LayerSpan:
+        read = layer_span(
+            model, target.update, layer, config.rank_tolerance, queries_only=queries_only
         )
-        for layer in range(layers)
-    )
+        return above_noise(read, known_rank(target), config.noise_floor)
+
+    # Where positions rotate, the layers past the first are read from their queries alone,
+    # as DAGER's sequence filter (span.layer_span): a repeated token would sit in the keys'.
+    spans = tuple(span(layer, rotary and layer > 0) for layer in range(layers))
     tok = model.tokenizer
     if model.family == DECODER:  # the last position is in no span (no loss reads it)
         fixed: dict[int, int] = {}
@@ -157,8 +160,11 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
         banned = {tok.pad_id, tok.bos_id, tok.eos_id}
     k = min(config.candidates, tok.vocab_size - len(banned))
     rows = []
+    opening = opening_distances(target, span(1, False)) if rotary and layers > 1 else None
     for position in positions:
         d = distance_to_span(spans[0], first_layer_inputs(model, position))
+        if position == 0 and opening is not None:  # DAGER's check of the openings
+            d = torch.maximum(d, opening)
         d[sorted(b for b in banned if b is not None)] = float("inf")
         rows.append(torch.argsort(d)[:k])
     table = model.backbone.get_input_embeddings().weight.detach()
