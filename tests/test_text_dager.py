@@ -10,7 +10,7 @@ from auditlib.attacks.text.dager import DagerConfig, run_dager
 from auditlib.attacks.text.gpt2_extend import second_layer_inputs
 from auditlib.attacks.text.span import layer_inputs, layer_span
 from auditlib.client.text_update import text_update
-from auditlib.data.text_samples import demo_batch
+from auditlib.data.text_samples import TextRows, demo_batch, make_batch
 from auditlib.errors import AuditInputError
 from auditlib.models.text import build_text_model, with_lora
 
@@ -91,3 +91,22 @@ def test_dager_config_refuses_values_out_of_range():
         DagerConfig(token_threshold=0)
     with pytest.raises(AuditInputError):
         DagerConfig(mode="fuzzy")
+
+
+NOTES = (
+    "The patient was admitted with chest pain and shortness of breath.",
+    "No known allergies.",
+    "Discharged home on aspirin and a beta blocker, follow up in two weeks.",
+)
+
+
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
+def test_sequences_of_different_lengths_come_back_whole_with_their_last_tokens(preset):
+    """A short note is padded after its last token, which no loss reads: it is read from the
+    final LayerNorm's (GPT-2) or the output head's (LLaMA) gradient at its own position."""
+    model = build_text_model(preset, seed=0)
+    batch = make_batch(model.tokenizer, TextRows(NOTES, None), 3, 16, seed=0)
+    assert sorted(int(m.sum()) for m in batch.attention_mask)[0] < 16  # one is padded
+    result = run_dager(TextTarget(model, text_update(model, batch), 3, 16))
+    assert {tuple(ids) for ids in result.token_ids} == _rows(batch), result.texts
+    assert any(n.startswith("last tokens read from") for n in result.notes), result.notes

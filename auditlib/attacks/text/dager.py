@@ -360,9 +360,15 @@ def run_dager(
 def complete_decoder(target: TextTarget, sequences: list[list[int]]) -> list[str]:
     """Under next-token training the last token is in no span: read it from the final
     LayerNorm's or the untied output head's gradient (``last_token.py``), in place."""
-    if not sequences or any(len(s) != target.length - 1 for s in sequences):
+    if not sequences or any(len(s) >= target.length for s in sequences):
         return []
     read = recover_last_tokens(target, sequences)
+    if read is None and len(sequences) != target.batch_size:
+        return [
+            f"{len(sequences)} sequences found for a batch of {target.batch_size}: each one's "
+            "last token is in no layer's span and was not read (it is read for one sequence "
+            "each)"
+        ]
     if read is None:
         return [
             "each sequence's last token is in no layer's span (no loss reads it) and the update "

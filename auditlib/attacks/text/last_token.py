@@ -33,22 +33,33 @@ def _gradient(target: TextTarget, name_end: str) -> torch.Tensor | None:
 
 def _known_terms(target: TextTarget, prefixes: list[list[int]], module: torch.nn.Module):
     """The loss without the last targets' one-hot terms (the server knows every other
-    target), over the prefixes with a placeholder last token; the predicted-token count;
-    and ``module``'s inputs at the position before the last."""
-    n = target.length
-    ids = torch.tensor([[*p, target.model.tokenizer.pad_id] for p in prefixes])
+    target), over the prefixes each with a placeholder last token (right-padded, masked, as
+    the client's batch); the predicted-token count; and ``module``'s input at each
+    sequence's position before its last."""
+    lengths = torch.tensor([len(p) + 1 for p in prefixes])  # each sequence's own length
+    n = int(lengths.max())
+    ids = torch.full((len(prefixes), n), target.model.tokenizer.pad_id, dtype=torch.int64)
+    for row, prefix in enumerate(prefixes):
+        ids[row, : len(prefix)] = torch.tensor(prefix)
+    positions = torch.arange(n)
+    mask = (positions[None] < lengths[:, None]).to(torch.int64)
     inputs: list[torch.Tensor] = []
     hook = module.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
     try:
-        logits = target.model.backbone(input_ids=ids).logits.to(torch.float64)
+        logits = target.model.backbone(input_ids=ids, attention_mask=mask).logits
     finally:
         hook.remove()
-    count = ids.shape[0] * (n - 1)
-    log_probs = logits.log_softmax(-1)
-    known = -log_probs[:, : n - 2].gather(-1, ids[:, 1 : n - 1, None]).sum()
+    logits = logits.to(torch.float64)
+    count = int((lengths - 1).sum())
+    rows = torch.arange(len(prefixes))
+    before_last = lengths - 2  # the position whose target is the unknown last token
+    known_targets = positions[None, : n - 1] < before_last[:, None]
+    log_probs = logits[:, : n - 1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+    known = -(log_probs * known_targets).sum()
     # The last targets' terms without their one-hot part: logsumexp is log_probs' offset.
-    unknown = torch.logsumexp(logits[:, n - 2], dim=-1).sum()
-    return (known + unknown) / count, count, inputs[0][:, n - 2].detach().to(torch.float64)
+    unknown = torch.logsumexp(logits[rows, before_last], dim=-1).sum()
+    hidden = inputs[0][rows, before_last].detach().to(torch.float64)
+    return (known + unknown) / count, count, hidden
 
 
 def _from_output_head(target: TextTarget, prefixes: list[list[int]], observed: torch.Tensor):
@@ -67,12 +78,13 @@ LAYER_NORM_SOURCE = "the final LayerNorm's gradient"
 def recover_last_tokens(
     target: TextTarget, prefixes: list[list[int]]
 ) -> tuple[list[int], str] | None:
-    """Each prefix's last token (the prefixes are each sequence but its last token) and the
-    gradient it was read from, in words; None where the update does not allow it (neither an
-    untied output head's gradient nor the final LayerNorm's, or not one prefix per sequence
-    of the full length)."""
-    n = target.length
-    if len(prefixes) != target.batch_size or any(len(p) != n - 1 for p in prefixes):
+    """Each prefix's last token (the prefixes are each sequence but its last token, shorter
+    ones padded after it) and the gradient it was read from, in words; None where the update
+    does not allow it (neither an untied output head's gradient nor the final LayerNorm's,
+    or not one prefix per sequence, each shorter than the length)."""
+    if len(prefixes) != target.batch_size or any(
+        not 1 <= len(p) <= target.length - 1 for p in prefixes
+    ):
         return None
     backbone = target.model.backbone
     config = backbone.config

@@ -19,7 +19,7 @@ ours, written in docs/ALGORITHMS.md ("TIGER"):
    candidate (otherwise every sequence may settle on the same one).
 5. Every 1/20 of the run each mixture's heaviest tokens are scored on the objective; each
    start keeps its best. A decoder's last token (in no span) is read from the final
-   LayerNorm's gradient (DAGER's).
+   LayerNorm's or the output head's gradient (DAGER's).
 6. The sequences given are the starts of lowest objective whose tokens are not mostly
    another's (with more ``starts`` than sequences, more first tokens are tried).
 7. The objective is a sum over sequences, blind to two starts settling on the same one: a
