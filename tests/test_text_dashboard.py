@@ -70,6 +70,23 @@ def test_a_model_folder_without_its_weights_is_refused(dashboard_store):
     assert any("model.safetensors" in e.value and "refused" in e.value for e in at.error)
 
 
+def test_an_uploaded_llama_folder_is_taken_and_named_by_its_architecture(dashboard_store, tmp_path):
+    from auditlib.models.text import MODEL_FILES, build_text_model
+
+    built = build_text_model("llama-tiny", seed=2)
+    built.backbone.save_pretrained(tmp_path, safe_serialization=True)
+    built.tokenizer.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    at = _text_page()
+    at.radio(key="text_model_source").set_value("upload").run()
+    at.file_uploader(key="text_model_files").set_value(
+        [(n, (tmp_path / n).read_bytes(), "application/octet-stream") for n in MODEL_FILES]
+    )
+    at.run()
+    assert not at.exception and not [e.value for e in at.error]
+    count = sum(p.numel() for p in built.module.parameters())
+    assert any(f"a decoder (llama), {count:,} parameters" in s.value for s in at.success)
+
+
 def test_a_tiny_text_audit_runs_shows_its_verdict_and_is_its_owners_alone(dashboard_store):
     at = _text_page()
     at.selectbox(key="text_preset").set_value("gpt2-tiny")
