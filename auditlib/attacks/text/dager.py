@@ -119,41 +119,53 @@ def _above_noise(span: LayerSpan, target: TextTarget, config: DagerConfig) -> La
     return above_noise(span, known_rank(target), config.noise_floor)
 
 
-def opening_distances(target: TextTarget, second: LayerSpan) -> torch.Tensor:
-    """Where positions rotate (the LLaMA family), every token of the batch passes the token
+OPENING_CHUNK = 2048  # tokens one pass of the openings' check holds (a vocabulary's MLP would not)
+
+
+def with_openings(
+    target: TextTarget, d: torch.Tensor, second: LayerSpan, pool: int
+) -> torch.Tensor:
+    """Position 0's distances in a decoder whose positions rotate (the LLaMA family), from
+    the first layer's ``d`` (vocabulary): there every token of the batch passes the token
     filter at every position, the first included. A sequence's first token is told by the
     second layer: alone in its sequence it gives layer 1 an input of its own (it attends to
     itself alone), which lies in ``second`` (the span of layer 1's queries', keys' and
-    values' gradients) only if some sequence opens with it. Each token's distance so."""
-    model = target.model
-    vocab = torch.arange(model.backbone.config.vocab_size)
+    values' gradients) only if some sequence opens with it. The ``pool`` tokens closest
+    under ``d`` are checked so (the larger of both distances); the rest are out (inf)."""
+    backbone = target.model.backbone
+    tokens = torch.argsort(d)[:pool]
     empty = torch.zeros(1, 0, dtype=torch.int64)
-    return distance_to_span(second, rotary_second_layer_inputs(model.backbone, empty, vocab)[0])
+    alone = [
+        distance_to_span(second, rotary_second_layer_inputs(backbone, empty, chunk)[0])
+        for chunk in tokens.split(OPENING_CHUNK)
+    ]
+    out = torch.full_like(d, float("inf"))
+    out[tokens] = torch.maximum(d[tokens], torch.cat(alone))
+    return out
 
 
-def _opening_check(target: TextTarget, config: DagerConfig) -> torch.Tensor | None:
-    """``opening_distances`` for a rotary decoder (None elsewhere), the span as the run's."""
-    if not target.model.architecture.rotary:
-        return None
-    span = layer_span(target.model, target.update, 1, config.rank_tolerance)
-    if config.mode == "ranked":
-        span = _above_noise(span, target, config)
-    return opening_distances(target, span)
-
-
-def _token_candidates(
-    target: TextTarget, span: LayerSpan, config: DagerConfig
-) -> tuple[list[list[int]], list[torch.Tensor]]:
+def _token_candidates(target: TextTarget, span: LayerSpan, config: DagerConfig) -> list[list[int]]:
     """Per position, the tokens whose first-layer input lies in the span (best first); at a
-    rotary decoder's first position, also the openings' check (``opening_distances``)."""
+    rotary decoder's first position, also the openings' check (``with_openings``)."""
     model = target.model
-    candidates, distances = [], []
+    candidates = []
     special = {target.model.tokenizer.pad_id} if model.family == DECODER else set()
-    opening = _opening_check(target, config)
+    rotary = model.architecture.rotary
+    if rotary:  # the first layer's input is the token's alone: one filter for every position
+        same = distance_to_span(span, first_layer_inputs(model, 0))
+        second = layer_span(model, target.update, 1, config.rank_tolerance)
+        ranked = config.mode == "ranked"
+        if ranked:
+            second = _above_noise(second, target, config)
+        pool = (
+            max(config.token_beam, known_rank(target)) if ranked else config.max_tokens_per_position
+        )
+        opening = with_openings(target, same, second, pool)
     for position in range(target.length):
-        d = distance_to_span(span, first_layer_inputs(model, position))
-        if position == 0 and opening is not None:
-            d = torch.maximum(d, opening)
+        if rotary:
+            d = opening if position == 0 else same
+        else:
+            d = distance_to_span(span, first_layer_inputs(model, position))
         order = torch.argsort(d)
         if config.mode == "ranked":
             kept = [int(i) for i in order[: config.token_beam]]
@@ -164,8 +176,7 @@ def _token_candidates(
                 if d[i] < config.token_threshold
             ]
         candidates.append([t for t in kept if t not in special] or kept)
-        distances.append(d)
-    return candidates, distances
+    return candidates
 
 
 def _extension_distances(
@@ -324,7 +335,7 @@ def run_dager(
         notes.append("the exact span check has no low-rank span to test against: nothing tested")
         on_progress(TextProgress(target.length, target.length, (), "done"))
         return RecoveredText(NAME, (), (), time.perf_counter() - started, tuple(notes), False)
-    candidates, _ = _token_candidates(target, first, config)
+    candidates = _token_candidates(target, first, config)
     found = sum(len(c) for c in candidates)
     notes.append(
         f"token filter: {found} (position, token) pairs in the span over {target.length} positions"

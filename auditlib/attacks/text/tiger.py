@@ -49,7 +49,7 @@ from auditlib.attacks.text.base import (
     no_progress,
     stopped_note,
 )
-from auditlib.attacks.text.dager import complete_decoder, known_rank, opening_distances
+from auditlib.attacks.text.dager import complete_decoder, known_rank, with_openings
 from auditlib.attacks.text.span import (
     LayerSpan,
     above_noise,
@@ -160,11 +160,11 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
         banned = {tok.pad_id, tok.bos_id, tok.eos_id}
     k = min(config.candidates, tok.vocab_size - len(banned))
     rows = []
-    opening = opening_distances(target, span(1, False)) if rotary and layers > 1 else None
+    pool = max(k, known_rank(target))
     for position in positions:
         d = distance_to_span(spans[0], first_layer_inputs(model, position))
-        if position == 0 and opening is not None:  # DAGER's check of the openings
-            d = torch.maximum(d, opening)
+        if position == 0 and rotary and layers > 1:  # DAGER's check of the openings
+            d = with_openings(target, d, span(1, False), pool)
         d[sorted(b for b in banned if b is not None)] = float("inf")
         rows.append(torch.argsort(d)[:k])
     table = model.backbone.get_input_embeddings().weight.detach()
