@@ -43,7 +43,7 @@ from auditlib.attacks.text.span import (
     LayerSpan,
     above_noise,
     distance_to_span,
-    first_layer_inputs,
+    first_layer_distances,
     layer_inputs,
     layer_span,
 )
@@ -150,9 +150,8 @@ def _token_candidates(target: TextTarget, span: LayerSpan, config: DagerConfig) 
     model = target.model
     candidates = []
     special = {target.model.tokenizer.pad_id} if model.family == DECODER else set()
-    rotary = model.architecture.rotary
-    if rotary:  # the first layer's input is the token's alone: one filter for every position
-        same = distance_to_span(span, first_layer_inputs(model, 0))
+    distances = first_layer_distances(model, span, range(target.length))
+    if model.architecture.rotary:  # the batch's tokens pass everywhere: tell the openings
         second = layer_span(model, target.update, 1, config.rank_tolerance)
         ranked = config.mode == "ranked"
         if ranked:
@@ -160,12 +159,9 @@ def _token_candidates(target: TextTarget, span: LayerSpan, config: DagerConfig) 
         pool = (
             max(config.token_beam, known_rank(target)) if ranked else config.max_tokens_per_position
         )
-        opening = with_openings(target, same, second, pool)
+        distances[0] = with_openings(target, distances[0], second, pool)
     for position in range(target.length):
-        if rotary:
-            d = opening if position == 0 else same
-        else:
-            d = distance_to_span(span, first_layer_inputs(model, position))
+        d = distances[position]
         order = torch.argsort(d)
         if config.mode == "ranked":
             kept = [int(i) for i in order[: config.token_beam]]

@@ -156,6 +156,18 @@ def first_layer_inputs(model: TextModel, position: int) -> torch.Tensor:
     return backbone.bert.embeddings(input_ids=ids, position_ids=positions)[:, 0]
 
 
+def first_layer_distances(
+    model: TextModel, span: LayerSpan, positions: range | tuple[int, ...]
+) -> dict[int, torch.Tensor]:
+    """Per position, every vocabulary token's first-layer input's distance to ``span``
+    (``distance_to_span``). Where positions rotate the input carries no position: computed
+    once, each position given its own copy."""
+    if model.architecture.rotary:
+        same = distance_to_span(span, first_layer_inputs(model, 0))
+        return {p: same.clone() for p in positions}
+    return {p: distance_to_span(span, first_layer_inputs(model, p)) for p in positions}
+
+
 def attention_inputs(
     model: TextModel,
     layers: int,

@@ -54,8 +54,7 @@ from auditlib.attacks.text.span import (
     LayerSpan,
     above_noise,
     attention_inputs,
-    distance_to_span,
-    first_layer_inputs,
+    first_layer_distances,
     layer_span,
     relative_residual,
 )
@@ -161,8 +160,9 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
     k = min(config.candidates, tok.vocab_size - len(banned))
     rows = []
     pool = max(k, known_rank(target))
+    distances = first_layer_distances(model, spans[0], positions)
     for position in positions:
-        d = distance_to_span(spans[0], first_layer_inputs(model, position))
+        d = distances[position]
         if position == 0 and rotary and layers > 1:  # DAGER's check of the openings
             d = with_openings(target, d, span(1, False), pool)
         d[sorted(b for b in banned if b is not None)] = float("inf")
