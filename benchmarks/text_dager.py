@@ -17,7 +17,8 @@ verses of 32 tokens (``demo_batch(tok, 16, 32, seed=0)``), one torch thread per 
 
 ``--model llama-small``: the LLaMA architecture at the same size (rotary positions, RMSNorm,
 an untied output head; ``models.text.PRESETS``), the same batch and parts. ``--part vocab
---model llama-small``: DAGER with a real vocabulary's size (``large_vocabulary``), 8 x 32.
+--model llama-small [--layers 24]``: DAGER with a real vocabulary's size (``large_vocabulary``),
+8 x 32; ``--layers 24`` is Qwen2.5-0.5B's whole shape.
 
 Writes benchmarks/results/text_dager.json (another ``--model``: text_dager_<model>.json).
 """
@@ -70,11 +71,12 @@ def plain(preset: str = "gpt2", size: int = 16, length: int = 32) -> dict:
     }
 
 
-def large_vocabulary(size: int = 8, length: int = 32) -> dict:
+def large_vocabulary(size: int = 8, length: int = 32, layers: int = 2) -> dict:
     """DAGER where the vocabulary is a real one's size: Qwen2.5-0.5B's shape (151,936 tokens,
-    width 896, 14 query and 2 key-value heads, a tied head) cut to 2 layers, random weights;
-    the demo verses use the first 8192 ids. The token filter and the openings' check then
-    cover 151,936 tokens; the peak memory is the process's."""
+    width 896, 14 query and 2 key-value heads, a tied head) with ``layers`` of its 24 layers
+    (24: the whole model, 494M parameters), random weights; the demo verses use the first
+    8192 ids. The token filter and the openings' check then cover 151,936 tokens; the peak
+    memory is the process's."""
     import resource
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -84,7 +86,7 @@ def large_vocabulary(size: int = 8, length: int = 32) -> dict:
 
     tok = demo_tokenizer("bpe")
     config = Qwen2Config(
-        vocab_size=151_936, hidden_size=896, num_hidden_layers=2, num_attention_heads=14,
+        vocab_size=151_936, hidden_size=896, num_hidden_layers=layers, num_attention_heads=14,
         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
         pad_token_id=tok.pad_id, bos_token_id=tok.pad_id, eos_token_id=tok.pad_id,
     )  # fmt: skip
@@ -98,7 +100,8 @@ def large_vocabulary(size: int = 8, length: int = 32) -> dict:
     private = [batch.input_ids[i].tolist() for i in range(size)]
     scores = score_text(batch.texts, private, result.texts, result.token_ids)
     return {
-        "model": "Qwen2.5-0.5B's shape, 2 layers, random weights (seed 0)",
+        "model": f"Qwen2.5-0.5B's shape, {layers} layers, random weights (seed 0)",
+        "parameters": sum(p.numel() for p in model.module.parameters()),
         "batch": f"{size} x {length} tokens",
         "update_seconds": round(update_s, 2),
         "dager_seconds": round(result.seconds, 2),
@@ -145,6 +148,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", default="all", choices=("plain", "dp", "vocab", "all"))
     parser.add_argument("--model", default="gpt2", help="a text preset (models.text.PRESETS)")
+    parser.add_argument("--layers", type=int, default=2, help="--part vocab: layers, 2 to 24")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = OUT if args.model == "gpt2" else OUT.with_name(f"{OUT.stem}_{args.model}.json")
@@ -156,8 +160,9 @@ def main() -> None:
     if args.part in ("dp", "all"):
         results["dp"] = dp(args.model)
     if args.part == "vocab":  # not a preset's: its own key, in the --model's file
-        results["large_vocabulary"] = large_vocabulary()
-        print(json.dumps(results["large_vocabulary"]), flush=True)
+        key = "large_vocabulary" if args.layers == 2 else f"large_vocabulary_{args.layers}_layers"
+        results[key] = large_vocabulary(layers=args.layers)
+        print(json.dumps(results[key]), flush=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -12,22 +12,16 @@ from auditlib.store.text_runs import TextRunRecord
 from dashboard.auth import current_principal
 from dashboard.deletion_words import deleted_text
 from dashboard.failures import failure_line
-from dashboard.resources import get_store
-from dashboard.text_choices import forget_uploads
+from dashboard.text_choices import forget_uploads, read_visible
 from dashboard.text_engine import shared_text_manager, user_text_runs
 from dashboard.text_view import RUN_KEY, open_text_run
 
 MESSAGE = "text_action_message"  # session: (kind, words) said once on the next run of the page
 
 
-def _read_visible(sha256: str) -> bytes | None:
-    asset = get_store().get_asset(sha256)  # None: gone, or not this user's to read
-    return None if asset is None else asset.data
-
-
 def _run_again(record: TextRunRecord) -> None:
     try:
-        uploads = stored_uploads(record.spec, _read_visible)
+        uploads = stored_uploads(record.spec, read_visible)
         run_id = shared_text_manager().start(
             stored_text_spec(record.spec), uploads,
             owner=current_principal().username, title=record.title,

@@ -21,7 +21,7 @@ from auditlib.attacks.text import TEXT_ATTACKS
 from auditlib.data.text_samples import parse_text_file
 from auditlib.defenses import DEFENSES
 from auditlib.engine.text_audit import TEXT_DEFENSES, TextAuditSpec
-from auditlib.engine.text_runs import OWN_MODEL, TextUploads
+from auditlib.engine.text_runs import OWN_MODEL, TextUploads, uploads_by_digest
 from auditlib.errors import AuditInputError
 from auditlib.models.text import MODEL_FILES, PRESETS, load_text_model
 from dashboard.config_form import changed_params, config_defaults, config_inputs
@@ -255,22 +255,17 @@ def problems(choices: TextChoices) -> list[str]:
     return found
 
 
+def read_visible(sha256: str) -> bytes | None:
+    """An upload's bytes as the signed-in user may read them (None: gone, or not theirs)."""
+    asset = get_store().get_asset(sha256)
+    return None if asset is None else asset.data
+
+
 def uploads_of(choices: TextChoices) -> TextUploads:
     """The bytes the run needs, read back through the user's view of the store (their own
     uploads only)."""
-    store = get_store()
-    model_files = None
-    if choices.model == OWN_MODEL:
-        model_files = {}
-        for name, sha in st.session_state.get(MODEL_ASSETS, {}).items():
-            asset = store.get_asset(sha)
-            if asset is None:
-                raise AuditInputError(f"your {name} is no longer stored; upload it again")
-            model_files[name] = asset.data
+    digests = dict(st.session_state.get(MODEL_ASSETS, {})) if choices.model == OWN_MODEL else {}
+    text_name = None
     if choices.text_file:
-        name, sha, _ = st.session_state[TEXT_ASSET]
-        asset = store.get_asset(sha)
-        if asset is None:
-            raise AuditInputError(f"your {name} is no longer stored; upload it again")
-        return TextUploads(model_files, name, asset.data)
-    return TextUploads(model_files)
+        text_name, digests["text"], _ = st.session_state[TEXT_ASSET]
+    return uploads_by_digest(digests, text_name, read_visible)

@@ -6,6 +6,8 @@ LoRA on its query and value projections."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -99,6 +101,36 @@ def test_an_architecture_outside_the_four_is_refused_naming_them(tmp_path):
     config.write_text(config.read_text().replace('"qwen2"', '"mistral"'))
     with pytest.raises(AuditInputError, match="'gpt2', 'llama' or 'qwen2'"):
         load_text_model(tmp_path / "qwen")
+
+
+def test_a_folder_past_the_size_limit_is_refused_before_its_weights_are_read(tmp_path):
+    _qwen2_folder(tmp_path / "big", tied=True)
+    config = json.loads((tmp_path / "big" / "config.json").read_text())
+    # 16 layers of width 2048 (61M parameters each): past the 600M, where Qwen2.5-0.5B (494M) fits
+    config.update(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+                  num_attention_heads=16, num_key_value_heads=4)  # fmt: skip
+    config.pop("layer_types")  # one per layer: transformers fills them in
+    (tmp_path / "big" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "big" / "model.safetensors").write_bytes(b"never read")
+    with pytest.raises(
+        AuditInputError, match=r"^989,972,480 parameters; at most 600,000,000 are audited"
+    ):
+        load_text_model(tmp_path / "big")
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"num_hidden_layers": 3}, r"not a valid Qwen2Config \(`num_hidden_layers` \(3\) must"),
+        ({"num_hidden_layers": 10**7, "layer_types": None}, r"10000000 layers; expected 1 to 256"),
+    ],
+)
+def test_a_config_at_odds_with_itself_is_refused_in_one_line(tmp_path, change, said):
+    _qwen2_folder(tmp_path / "odd", tied=True)
+    config = json.loads((tmp_path / "odd" / "config.json").read_text())
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(AuditInputError, match=said):
+        load_text_model(tmp_path / "odd")
 
 
 def test_lora_on_llama_adapts_its_query_and_value_and_dager_says_the_span_does_not_hold():

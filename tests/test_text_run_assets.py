@@ -94,8 +94,10 @@ def test_a_stored_run_is_read_back_with_its_uploads_by_their_hash(store, tmp_pat
     back = stored_uploads(stored, read)
     assert back.model_files == files and back.text_bytes == TEXT
     assert back.text_name == "notes.txt"
-    with pytest.raises(AuditInputError, match=r"tokenizer\.json this run used is no longer"):
+    with pytest.raises(AuditInputError, match=r"^tokenizer\.json is no longer stored"):
         stored_uploads(stored, lambda sha: None if sha == digests["tokenizer.json"] else read(sha))
+    with pytest.raises(AuditInputError, match=r"^notes\.txt is no longer stored"):
+        stored_uploads(stored, lambda sha: None if sha == digests["text"] else read(sha))
     older = {k: v for k, v in stored.items() if k != UPLOADS_KEY}  # recorded before schema 9
     with pytest.raises(AuditInputError, match=r"without the hash of its config\.json"):
         stored_uploads(older, read)

@@ -89,27 +89,37 @@ def stored_text_spec(stored: Mapping[str, Any]) -> TextAuditSpec:
     return TextAuditSpec(**{**spec, "attacks": tuple(spec["attacks"])})
 
 
+def uploads_by_digest(
+    digests: Mapping[str, str], text_name: str | None, read: Callable[[str], bytes | None]
+) -> TextUploads:
+    """The uploads named by their sha256 (``{role: sha256}``, a role being a model file's name
+    or "text", the text file called ``text_name``), read back with ``read`` (the bytes, or None
+    where the reader may not see or no longer has them). AuditInputError names a file gone."""
+    files: dict[str, bytes] = {}
+    for role, sha in digests.items():
+        data = read(sha)
+        if data is None:
+            name = text_name if role == "text" and text_name else role
+            raise AuditInputError(f"{name} is no longer stored; upload it again")
+        files[role] = data
+    text = files.pop("text", None)
+    return TextUploads(files or None, text_name if text is not None else None, text)
+
+
 def stored_uploads(stored: Mapping[str, Any], read: Callable[[str], bytes | None]) -> TextUploads:
-    """The uploads of a stored run, read back by their sha256 (``read``: the bytes, or None
-    where the reader may not see or no longer has them), to run it again. AuditInputError
-    says which file is missing."""
+    """The uploads of a stored run, read back by their sha256 (``uploads_by_digest``), to run
+    it again. AuditInputError says which file is missing."""
     digests = stored.get(UPLOADS_KEY) or {}
     wanted = list(MODEL_FILES) if stored.get("model") == OWN_MODEL else []
     if stored.get("text_file") is not None:
         wanted.append("text")
-    files: dict[str, bytes] = {}
-    for role in wanted:
-        if role not in digests:
-            raise AuditInputError(
-                f"this run was recorded without the hash of its {role}, so it cannot be run "
-                "again from the store; upload the file and start it from the form"
-            )
-        data = read(digests[role])
-        if data is None:
-            raise AuditInputError(f"the {role} this run used is no longer stored; upload it again")
-        files[role] = data
-    text = files.pop("text", None)
-    return TextUploads(files or None, stored.get("text_file") if text is not None else None, text)
+    unrecorded = [role for role in wanted if role not in digests]
+    if unrecorded:
+        raise AuditInputError(
+            f"this run was recorded without the hash of its {unrecorded[0]}, so it cannot be "
+            "run again from the store; upload the file and start it from the form"
+        )
+    return uploads_by_digest({r: digests[r] for r in wanted}, stored.get("text_file"), read)
 
 
 def check_text_spec(spec: TextAuditSpec, uploads: TextUploads) -> None:

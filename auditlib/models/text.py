@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import (
@@ -37,7 +38,8 @@ from auditlib.errors import AuditInputError
 # their masks, and the warnings would bury the audit's own lines.
 transformers_logging.set_verbosity_error()
 
-MAX_TEXT_PARAMETERS = 400_000_000
+MAX_TEXT_PARAMETERS = 600_000_000  # an audit at the limit peaks at 10.7 GB (PERFORMANCE.md)
+MAX_TEXT_LAYERS = 256
 MAX_CONFIG_BYTES = 1024 * 1024
 DECODER, ENCODER = "decoder", "encoder"
 
@@ -179,9 +181,21 @@ def load_text_model(folder: Path) -> TextModel:
     tok = load_tokenizer(folder / "tokenizer.json")
     architecture = ARCHITECTURES[config_dict["model_type"]]
     family, config_cls = architecture.family, architecture.config_class
-    try:
+    try:  # transformers' own checks (StrictDataclassError: a field against another)
         config = config_cls.from_dict(config_dict)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, StrictDataclassError) as exc:
+        reason = exc.__cause__ if isinstance(exc, StrictDataclassError) and exc.__cause__ else exc
+        raise AuditInputError(
+            f"config.json: not a valid {config_cls.__name__} ({reason})"
+        ) from None
+    layers = config.num_hidden_layers
+    if not isinstance(layers, int) or not 0 < layers <= MAX_TEXT_LAYERS:
+        # the meta build below makes a module object a layer, however large the count
+        raise AuditInputError(f"config.json: {layers!r} layers; expected 1 to {MAX_TEXT_LAYERS}")
+    try:
+        with torch.device("meta"):  # the shapes it implies, before any weight is read
+            probe = _module(architecture.model_type, config)
+    except (TypeError, ValueError, RuntimeError) as exc:  # BERT: a width its heads do not divide
         raise AuditInputError(f"config.json: not a valid {config_cls.__name__} ({exc})") from None
     for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
                 "attention_probs_dropout_prob", "attention_dropout"):  # fmt: skip
@@ -195,8 +209,6 @@ def load_text_model(folder: Path) -> TextModel:
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise AuditInputError(f"{folder}: expected model.safetensors (pickled weights are refused)")
-    with torch.device("meta"):
-        probe = _module(architecture.model_type, config)
     count = sum(p.numel() for p in probe.parameters())
     if count > MAX_TEXT_PARAMETERS:
         raise AuditInputError(f"{count:,} parameters; at most {MAX_TEXT_PARAMETERS:,} are audited")
