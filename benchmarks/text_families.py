@@ -9,13 +9,17 @@ defaults, UTR on rank-8 adapters at peft's
 initialisation (its first round). Single seeded runs on tiny random models: what the attacks
 do there, not their ceiling.
 
-    nice -n 5 .venv/bin/python -m benchmarks.text_families
+    nice -n 5 .venv/bin/python -m benchmarks.text_families [--part rows|tiger-seeds|all]
+
+``tiger-seeds``: TIGER's mean ROUGE-1 over the demo batches of seeds 0 to 3 at each size
+(``tiger_over_seeds``), the figure its rotary settings were chosen on (docs/ALGORITHMS.md).
 
 Writes benchmarks/results/text_families.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -63,15 +67,44 @@ def _row(preset: str, attack: str, size: int, length: int, lora: bool) -> dict:
     }
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    rows = []
+def tiger_over_seeds(seeds: int = 4) -> dict[str, list[float]]:
+    """TIGER's mean ROUGE-1 at 1 x 8, 2 x 12 and 4 x 16 over the demo batches of seeds 0 to
+    ``seeds`` - 1 (one model per preset, seed 0): less of one batch's luck than a row."""
+    means = {}
     for preset in ("gpt2-tiny", "llama-tiny"):
-        for attack in (*ATTACKS, "utr"):
-            for size, length in CASES.get(attack, ALL_CASES):
-                rows.append(_row(preset, attack, size, length, lora=attack == "utr"))
-                print(json.dumps(rows[-1]), flush=True)
-    OUT.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1) + "\n")
+        model = build_text_model(preset, seed=0)
+        per_size = []
+        for size, length in ALL_CASES:
+            total = 0.0
+            for seed in range(seeds):
+                batch = demo_batch(model.tokenizer, size, length, seed=seed)
+                result = run_tiger(TextTarget(model, text_update(model, batch), size, length))
+                private = [row.tolist() for row in batch.input_ids]
+                total += score_text(batch.texts, private, result.texts, result.token_ids).rouge1
+            per_size.append(round(total / seeds, 3))
+        means[preset] = per_size
+        print(json.dumps({preset: per_size}), flush=True)
+    return means
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--part", choices=("rows", "tiger-seeds", "all"), default="all")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    results = json.loads(OUT.read_text()) if OUT.exists() else {}
+    results["machine"] = machine()
+    if args.part in ("rows", "all"):
+        rows = []
+        for preset in ("gpt2-tiny", "llama-tiny"):
+            for attack in (*ATTACKS, "utr"):
+                for size, length in CASES.get(attack, ALL_CASES):
+                    rows.append(_row(preset, attack, size, length, lora=attack == "utr"))
+                    print(json.dumps(rows[-1]), flush=True)
+        results["rows"] = rows
+    if args.part in ("tiger-seeds", "all"):
+        results["tiger_over_seeds"] = tiger_over_seeds()
+    OUT.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ with DAGER and TIGER: DAGER, its ranked twin, TIGER, the undefended controls and
     nice -n 15 .venv/bin/python -m benchmarks.text_tiger [--part decoder|encoder|verdict|all]
 
 Writes benchmarks/results/text_tiger.json (``verdict``: text_tiger_verdict.json).
+``--part decoder --model llama-small``: the decoder case on the LLaMA architecture at the same
+size (rotary positions), written to text_tiger_llama-small.json.
 """
 
 from __future__ import annotations
@@ -128,8 +130,13 @@ def verdict(sigma: float = 1e-4) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=("decoder", "encoder", "verdict", "all"), default="all")
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--out", default=None, help="default: text_tiger[_<model>].json")
+    parser.add_argument("--model", default="gpt2", help="the decoder case's text preset")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = str(
+            OUT if args.model == "gpt2" else OUT.with_name(f"{OUT.stem}_{args.model}.json")
+        )
     torch.set_num_threads(1)
     if args.part in ("verdict", "all"):
         out = Path(args.out).with_name("text_tiger_verdict.json")
@@ -142,7 +149,7 @@ def main() -> None:
     if args.part in ("encoder", "all"):
         rows += _case("tinybert", 4, 12, (0.0,), ("exact", "ranked"))
     if args.part in ("decoder", "all"):
-        rows += _case("gpt2", 16, 32, SIGMAS, ("ranked",))
+        rows += _case(args.model, 16, 32, SIGMAS, ("ranked",))
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(
             {"machine": machine(), "tiger": TigerConfig().__dict__, "rows": rows}, f, indent=1

@@ -118,6 +118,13 @@ class TigerConfig:
         "that sequence's tokens, over the positions, exceeds this",
         low=0, high=1,
     )  # fmt: skip
+    rotary_order_weight: float = param(
+        10.0,
+        "where positions rotate (the LLaMA family), the weight of the spans past the first: "
+        "the first layer's input carries no position there, so only they order the tokens, "
+        "and a misplaced batch token moves an input far less than a wrong token (1: equal)",
+        low=0, low_open=True, high=1000,
+    )  # fmt: skip
     seed: int = param(0, "the mixtures' random start", low=0)
 
     def __post_init__(self) -> None:
@@ -128,6 +135,8 @@ class TigerConfig:
 class _Problem:
     spans: tuple[LayerSpan, ...]
     positions: tuple[int, ...]  # the positions optimised
+    skips_first: tuple[bool, ...]  # per span: the first position's input is not in it
+    weights: tuple[float, ...]  # per span: its term's weight in the objective
     fixed: dict[int, int]  # position -> token (an encoder's [CLS] and [SEP])
     candidates: torch.Tensor  # len(positions) x k token ids, closest first
     table: torch.Tensor  # V x d word embeddings
@@ -168,20 +177,28 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
         d[sorted(b for b in banned if b is not None)] = float("inf")
         rows.append(torch.argsort(d)[:k])
     table = model.backbone.get_input_embeddings().weight.detach()
-    return _Problem(spans, positions, fixed, torch.stack(rows), table)
+    # A span read from the queries alone lacks the first position's input: its query has no
+    # gradient (a causal softmax over one term), so that input is not asked to lie in it.
+    skips = tuple(rotary and layer > 0 for layer in range(layers))
+    weights = tuple(config.rotary_order_weight if skip else 1.0 for skip in skips)
+    return _Problem(spans, positions, skips, weights, fixed, torch.stack(rows), table)
 
 
 def _row_losses(
     problem: _Problem, inputs: list[torch.Tensor], horizon: int | None = None
 ) -> torch.Tensor:
     """Per sequence, the mean squared relative distance of its optimised positions' inputs
-    to each layer's span (the first ``horizon`` positions only, where given)."""
-    index = torch.tensor(problem.positions[:horizon])
+    to each layer's span (the first ``horizon`` positions only, where given), the layers
+    weighted by ``problem.weights``."""
+    kept = problem.positions[:horizon]
     total = torch.zeros(inputs[0].shape[0], dtype=torch.float64)
-    for span, x in zip(problem.spans, inputs, strict=True):
-        residual = relative_residual(span, x[:, index])
-        total = total + (residual**2).sum(-1).mean(-1)
-    return total / len(problem.spans)
+    terms = zip(problem.spans, problem.skips_first, problem.weights, inputs, strict=True)
+    for span, skips, weight, x in terms:
+        index = torch.tensor([p for p in kept if p > 0] if skips else kept)
+        if index.numel():
+            residual = relative_residual(span, x[:, index])
+            total = total + weight * (residual**2).sum(-1).mean(-1)
+    return total / sum(problem.weights)
 
 
 def _distinct(losses: torch.Tensor, choices: torch.Tensor, count: int) -> list[int]:
