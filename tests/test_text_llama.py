@@ -122,7 +122,8 @@ def test_a_folder_past_the_size_limit_is_refused_before_its_weights_are_read(tmp
     ("change", "said"),
     [
         ({"num_hidden_layers": 3}, r"not a valid Qwen2Config \(`num_hidden_layers` \(3\) must"),
-        ({"num_hidden_layers": 10**7, "layer_types": None}, r"10000000 layers; expected 1 to 256"),
+        ({"num_hidden_layers": 10**7}, r"num_hidden_layers 10000000; expected 1 to 256"),
+        ({"num_hidden_layers": "2"}, r"num_hidden_layers '2'; expected 1 to 256"),
     ],
 )
 def test_a_config_at_odds_with_itself_is_refused_in_one_line(tmp_path, change, said):

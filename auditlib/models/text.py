@@ -181,6 +181,12 @@ def load_text_model(folder: Path) -> TextModel:
     tok = load_tokenizer(folder / "tokenizer.json")
     architecture = ARCHITECTURES[config_dict["model_type"]]
     family, config_cls = architecture.family, architecture.config_class
+    # Before transformers reads it: its config fills a list a layer long, and the meta build
+    # below makes a module object a layer, however large the count.
+    for key in ("num_hidden_layers", "n_layer"):
+        layers = config_dict.get(key, 1)
+        if type(layers) is not int or not 0 < layers <= MAX_TEXT_LAYERS:
+            raise AuditInputError(f"config.json: {key} {layers!r}; expected 1 to {MAX_TEXT_LAYERS}")
     try:  # transformers' own checks (StrictDataclassError: a field against another)
         config = config_cls.from_dict(config_dict)
     except (TypeError, ValueError, StrictDataclassError) as exc:
@@ -188,10 +194,6 @@ def load_text_model(folder: Path) -> TextModel:
         raise AuditInputError(
             f"config.json: not a valid {config_cls.__name__} ({reason})"
         ) from None
-    layers = config.num_hidden_layers
-    if not isinstance(layers, int) or not 0 < layers <= MAX_TEXT_LAYERS:
-        # the meta build below makes a module object a layer, however large the count
-        raise AuditInputError(f"config.json: {layers!r} layers; expected 1 to {MAX_TEXT_LAYERS}")
     try:
         with torch.device("meta"):  # the shapes it implies, before any weight is read
             probe = _module(architecture.model_type, config)
