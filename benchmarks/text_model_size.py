@@ -12,7 +12,8 @@ tokens, ``dp-gaussian`` sigma 1e-6 with clip 30; one torch thread.
 
     .venv/bin/python -m benchmarks.text_model_size [--parameters N]
 
-Writes benchmarks/results/text_model_size.json.
+Writes benchmarks/results/text_model_size.json (``at_the_limit``; another ``--parameters N``:
+``at_N``).
 """
 
 from __future__ import annotations
@@ -111,8 +112,10 @@ def main() -> None:
     parser.add_argument("--parameters", type=int, default=MAX_TEXT_PARAMETERS)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    results = {"machine": machine(), "at_the_limit": run(args.parameters)}
-    print(json.dumps(results["at_the_limit"]), flush=True)
+    key = "at_the_limit" if args.parameters == MAX_TEXT_PARAMETERS else f"at_{args.parameters}"
+    results = json.loads(OUT.read_text()) if OUT.exists() else {}
+    results.update({"machine": machine(), key: run(args.parameters)})
+    print(json.dumps(results[key]), flush=True)
     OUT.write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -106,14 +106,14 @@ def test_an_architecture_outside_the_four_is_refused_naming_them(tmp_path):
 def test_a_folder_past_the_size_limit_is_refused_before_its_weights_are_read(tmp_path):
     _qwen2_folder(tmp_path / "big", tied=True)
     config = json.loads((tmp_path / "big" / "config.json").read_text())
-    # 16 layers of width 2048 (61M parameters each): past the 600M, where Qwen2.5-0.5B (494M) fits
+    # 16 layers of width 2048 (61M parameters each): past the 800M, where GPT2-Large (774M) fits
     config.update(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
                   num_attention_heads=16, num_key_value_heads=4)  # fmt: skip
     config.pop("layer_types")  # one per layer: transformers fills them in
     (tmp_path / "big" / "config.json").write_text(json.dumps(config))
     (tmp_path / "big" / "model.safetensors").write_bytes(b"never read")
     with pytest.raises(
-        AuditInputError, match=r"^989,972,480 parameters; at most 600,000,000 are audited"
+        AuditInputError, match=r"^989,972,480 parameters; at most 800,000,000 are audited"
     ):
         load_text_model(tmp_path / "big")
 
