@@ -165,3 +165,24 @@ def run_experiments(
         text += f"\n\nMeasured on: {entry['machine']}; {entry['seconds'] / 60:.1f} min."
         replace_section(doc, f"{marker_prefix}-{name}", text)
         print(text)
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
+
+
+def qwen25_half_b_config(tok, layers: int, vocab_size: int):
+    """Qwen2.5-0.5B's layer (width 896, 14 query and 2 key-value heads, feed-forward 4864,
+    biased projections, a tied head) ``layers`` deep over ``vocab_size`` tokens, with the
+    tokenizer ``tok``'s pad as its special tokens."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size, hidden_size=896, num_hidden_layers=layers,
+        num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+        tie_word_embeddings=True, pad_token_id=tok.pad_id, bos_token_id=tok.pad_id,
+        eos_token_id=tok.pad_id,
+    )  # fmt: skip

@@ -39,7 +39,7 @@ from auditlib.data.text_samples import demo_batch
 from auditlib.engine.text_audit import TextAuditSpec, run_text_audit
 from auditlib.metrics.text import score_text
 from auditlib.models.text import build_text_model
-from benchmarks.common import machine
+from benchmarks.common import machine, peak_rss_gb, qwen25_half_b_config
 
 OUT = Path(__file__).resolve().parent / "results" / "text_dager.json"
 SIGMAS = (1e-6, 1e-4, 60.0)
@@ -77,19 +77,13 @@ def large_vocabulary(size: int = 8, length: int = 32, layers: int = 2) -> dict:
     (24: the whole model, 494M parameters), random weights; the demo verses use the first
     8192 ids. The token filter and the openings' check then cover 151,936 tokens; the peak
     memory is the process's."""
-    import resource
-
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     from auditlib.data.text_tokenizer import demo_tokenizer
     from auditlib.models.text import DECODER, TextModel
 
     tok = demo_tokenizer("bpe")
-    config = Qwen2Config(
-        vocab_size=151_936, hidden_size=896, num_hidden_layers=layers, num_attention_heads=14,
-        num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
-        pad_token_id=tok.pad_id, bos_token_id=tok.pad_id, eos_token_id=tok.pad_id,
-    )  # fmt: skip
+    config = qwen25_half_b_config(tok, layers, vocab_size=151_936)
     torch.manual_seed(0)
     model = TextModel(Qwen2ForCausalLM(config).eval(), tok, DECODER, "qwen2-vocab", "random")
     batch = demo_batch(tok, size, length, seed=0)
@@ -108,7 +102,7 @@ def large_vocabulary(size: int = 8, length: int = 32, layers: int = 2) -> dict:
         "rouge1": scores.rouge1,
         "rouge2": scores.rouge2,
         "exact": scores.exact,
-        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+        "peak_rss_gb": peak_rss_gb(),
         "notes": list(result.notes),
     }
 

@@ -20,31 +20,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from auditlib.data.text_tokenizer import demo_tokenizer
 from auditlib.engine.text_audit import TextAuditSpec, run_text_audit
 from auditlib.models.text import MAX_TEXT_PARAMETERS
-from benchmarks.common import machine
+from benchmarks.common import machine, peak_rss_gb, qwen25_half_b_config
 
 OUT = Path(__file__).parent / "results" / "text_model_size.json"
-WIDTH, HEADS, KV_HEADS, FF = 896, 14, 2, 4864
 
 
-def _config(layers: int, tok) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=tok.vocab_size, hidden_size=WIDTH, num_hidden_layers=layers,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, intermediate_size=FF,
-        max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=tok.pad_id,
-        bos_token_id=tok.pad_id, eos_token_id=tok.pad_id,
-    )  # fmt: skip
+def _config(layers: int, tok):
+    return qwen25_half_b_config(tok, layers, vocab_size=tok.vocab_size)
 
 
 def _layers_under(limit: int, tok) -> int:
@@ -55,9 +48,8 @@ def _layers_under(limit: int, tok) -> int:
     return 1 + (limit - one) // (two - one)
 
 
-def write_folder(folder: Path, layers: int) -> int:
+def write_folder(folder: Path, layers: int, tok) -> int:
     """The auditor's folder; returns its parameter count."""
-    tok = demo_tokenizer("bpe")
     config = _config(layers, tok)
     torch.manual_seed(0)
     module = Qwen2ForCausalLM(config)
@@ -84,7 +76,7 @@ def run(parameters: int, size: int = 8, length: int = 32) -> dict:
     layers = _layers_under(parameters, tok)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "qwen2"
-        count = write_folder(folder, layers)
+        count = write_folder(folder, layers, tok)
         spec = TextAuditSpec(
             model=str(folder), batch_size=size, length=length, attacks=("dager",),
             defense="dp-gaussian", defense_params={"sigma": "1e-6", "clip": "30"},
@@ -101,7 +93,7 @@ def run(parameters: int, size: int = 8, length: int = 32) -> dict:
         "batch": f"{size} x {length} tokens",
         "defense": "dp-gaussian sigma 1e-6, clip 30",
         "audit_seconds": round(seconds, 1),
-        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+        "peak_rss_gb": peak_rss_gb(),
         "verdict": result.verdict.headline,
         "runs": {name: _scores(r) for name, r in runs.items()},
     }

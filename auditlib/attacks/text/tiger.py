@@ -156,7 +156,10 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
 
     # Where positions rotate, the layers past the first are read from their queries alone,
     # as DAGER's sequence filter (span.layer_span): a repeated token would sit in the keys'.
-    spans = tuple(span(layer, rotary and layer > 0) for layer in range(layers))
+    # Such a span lacks the first position's input: its query has no gradient (a causal
+    # softmax over one term), so the objective does not ask that input to lie in it.
+    queries_only = tuple(rotary and layer > 0 for layer in range(layers))
+    spans = tuple(span(layer, q) for layer, q in enumerate(queries_only))
     tok = model.tokenizer
     if model.family == DECODER:  # the last position is in no span (no loss reads it)
         fixed: dict[int, int] = {}
@@ -177,11 +180,8 @@ def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
         d[sorted(b for b in banned if b is not None)] = float("inf")
         rows.append(torch.argsort(d)[:k])
     table = model.backbone.get_input_embeddings().weight.detach()
-    # A span read from the queries alone lacks the first position's input: its query has no
-    # gradient (a causal softmax over one term), so that input is not asked to lie in it.
-    skips = tuple(rotary and layer > 0 for layer in range(layers))
-    weights = tuple(config.rotary_order_weight if skip else 1.0 for skip in skips)
-    return _Problem(spans, positions, skips, weights, fixed, torch.stack(rows), table)
+    weights = tuple(config.rotary_order_weight if q else 1.0 for q in queries_only)
+    return _Problem(spans, positions, queries_only, weights, fixed, torch.stack(rows), table)
 
 
 def _row_losses(
