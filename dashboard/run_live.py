@@ -2,7 +2,8 @@
 the originals, the loss curve, Cancel, and where its undefended control stands.
 
 Each view is drawn as a fragment that polls the store about once a second while its run
-is in progress and redraws the whole page when it ends.
+is in progress (the live view four times a second until a worker takes the run) and redraws
+the whole page when it ends.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from dashboard.state import set_url_state
 from dashboard.stored_runs import defended_spec
 
 REFRESH_S = 1.0
+# While a run waits for its worker the view polls four times as often, so the worker's first
+# word ("preparing the victim's update") shows within a quarter second of it, not up to a
+# second later (issue 52: a run shows life at once); once a second when it has started.
+QUEUED_REFRESH_S = 0.25
 # Entries of an event's "losses" that count work rather than measure a loss: shown in the
 # progress text, not drawn on the loss axis.
 COUNTERS = frozenset({"evaluations"})
@@ -151,11 +156,20 @@ def _progress(record: RunRecord, events: list[EventRecord]) -> None:
     st.progress(min(max(last.step / total, 0.0), 1.0), text=progress_text(record, last))
 
 
-def live_view(run_id: str, live: bool) -> None:
+def poll_interval(record: RunRecord) -> float | None:
+    """Seconds between the live view's polls of ``record``: none once it has ended."""
+    if record.finished:
+        return None
+    return QUEUED_REFRESH_S if record.status == "queued" else REFRESH_S
+
+
+def live_view(run_id: str, live: bool, queued: bool = False) -> None:
     """Status, progress, the reconstruction under the originals and the loss curve.
 
-    Drawn as a fragment that reruns every second while the run is in progress; when it sees
-    the run finished it reruns the whole page, which draws the results and stops polling.
+    Drawn as a fragment that reruns at ``poll_interval`` while the run is in progress
+    (``queued``: it was drawn while the run waited, at the faster rate); when it sees the
+    run started it reruns the whole page, which polls once a second from then, and when it
+    sees the run finished, the whole page draws the results and stops polling.
     """
     store = get_store()
     record = store.get_run(run_id)
@@ -164,7 +178,9 @@ def live_view(run_id: str, live: bool) -> None:
     if live and record.finished:
         st.rerun()
     seen = events(run_id)
-    _progress(record, seen)
+    _progress(record, seen)  # drawn before the rerun below, so it shows at once
+    if queued and record.status != "queued":
+        st.rerun()
     if record.finished:
         return
     cancel_col, note_col = st.columns([1, 4], vertical_alignment="center")

@@ -2,8 +2,9 @@
 
 A run executes in the process-wide RunManager (on Ray), never in this page: Start returns at
 once with a run id, which goes into the URL (``?run=...``). The live view
-(``dashboard/run_live.py``) polls the store about once a second through a fragment while the
-run is in progress and stops polling when it ends; closing the browser does not stop the
+(``dashboard/run_live.py``) polls the store through a fragment while the run is in progress
+(four times a second while it waits for a worker, then once a second) and stops polling
+when it ends; closing the browser does not stop the
 run. A finished run is drawn by ``dashboard/run_result.py``.
 """
 
@@ -37,6 +38,7 @@ from dashboard.run_live import (
     control_view,
     live_view,
     open_run,
+    poll_interval,
     started_text,
 )
 from dashboard.run_result import results
@@ -172,7 +174,9 @@ def _run_view(run_id: str, setup: Setup) -> None:
             icon=":material/info:",
         )
     live = not record.finished
-    st.fragment(signed_in_fragment(live_view), run_every=REFRESH_S if live else None)(run_id, live)
+    st.fragment(signed_in_fragment(live_view), run_every=poll_interval(record))(
+        run_id, live, record.status == "queued"
+    )
     control_live = control_running(record)
     st.fragment(signed_in_fragment(control_view), run_every=REFRESH_S if control_live else None)(
         run_id, control_live

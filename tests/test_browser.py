@@ -835,6 +835,9 @@ def test_sign_in_goes_sixteen_images_fit_and_a_run_shows_life_at_once_in_a_brows
                     f"no progress within 3 s of Start; the bars: {shown}"
                 ) from None
             first_progress = time.monotonic() - clicked
+            (ARTIFACTS / "browser_first_progress.json").write_text(
+                json.dumps({"click_to_first_progress_s": round(first_progress, 3)}) + "\n"
+            )
             assert first_progress <= 3.0, first_progress
             page.get_by_role("heading", name="Verdict").first.wait_for(timeout=120_000)
             page.get_by_text("the server could not tell whose image it was").wait_for()

@@ -47,8 +47,15 @@ def lora_target() -> TextTarget:
 # attack -> (config, target, the question on which the stop comes: inside the main loop)
 CASES = {
     "tag": (tag_config(steps=400, restarts=2, progress_every=5), "full", 10),
-    "lamp": (  # its start asks 3 times (2 draws, 2 orders), then once a step
-        lamp_config(steps=400, init_candidates=2, swap_candidates=5, progress_every=5),
+    "lamp": (  # its start asks 3 times (2 draws, 2 orders), then once a step; the audited
+        # decoder as the prior (the public-text one trains for up to 60 s on first use)
+        lamp_config(
+            steps=400,
+            init_candidates=2,
+            swap_candidates=5,
+            progress_every=5,
+            prior="audited-model",
+        ),
         "full",
         10,
     ),
