@@ -18,7 +18,9 @@ with DAGER and TIGER: DAGER, its ranked twin, TIGER, the undefended controls and
 
 Writes benchmarks/results/text_tiger.json (``verdict``: text_tiger_verdict.json).
 ``--part decoder --model llama-small``: the decoder case on the LLaMA architecture at the same
-size (rotary positions), written to text_tiger_llama-small.json.
+size (rotary positions), written to text_tiger_llama-small.json. ``--tiger-layers N`` runs
+TIGER with that many spans (``_layersN`` in the file's name); ``--tiger-only`` leaves DAGER's
+rows out.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def _row(name: str, recovered, batch, private, bar) -> dict:
     }  # fmt: skip
 
 
-def _case(preset: str, size: int, length: int, sigmas, dager_modes) -> list[dict]:
+def _case(
+    preset: str, size: int, length: int, sigmas, dager_modes, tiger: TigerConfig
+) -> list[dict]:
     model = build_text_model(preset, seed=0)
     batch = demo_batch(model.tokenizer, size, length, seed=0)
     tok = model.tokenizer
@@ -93,9 +97,7 @@ def _case(preset: str, size: int, length: int, sigmas, dager_modes) -> list[dict
                     bar,
                 )
             )
-        entry["attacks"].append(
-            _row("tiger", run_tiger(target, TigerConfig()), batch, private, bar)
-        )
+        entry["attacks"].append(_row("tiger", run_tiger(target, tiger), batch, private, bar))
         print(json.dumps({k: v for k, v in entry.items() if k != "attacks"}), flush=True)
         for a in entry["attacks"]:
             print("  ", {k: v for k, v in a.items() if k != "notes"}, flush=True)
@@ -132,11 +134,19 @@ def main() -> None:
     parser.add_argument("--part", choices=("decoder", "encoder", "verdict", "all"), default="all")
     parser.add_argument("--out", default=None, help="default: text_tiger[_<model>].json")
     parser.add_argument("--model", default="gpt2", help="the decoder case's text preset")
+    parser.add_argument(
+        "--tiger-layers", type=int, default=None, help="TIGER's `layers` (default: its own)"
+    )
+    parser.add_argument(
+        "--tiger-only", action="store_true", help="the decoder case without DAGER's rows"
+    )
     args = parser.parse_args()
+    tiger = TigerConfig() if args.tiger_layers is None else TigerConfig(layers=args.tiger_layers)
     if args.out is None:
-        args.out = str(
-            OUT if args.model == "gpt2" else OUT.with_name(f"{OUT.stem}_{args.model}.json")
-        )
+        stem = OUT.stem if args.model == "gpt2" else f"{OUT.stem}_{args.model}"
+        if args.tiger_layers is not None:
+            stem += f"_layers{args.tiger_layers}"
+        args.out = str(OUT.with_name(f"{stem}.json"))
     torch.set_num_threads(1)
     if args.part in ("verdict", "all"):
         out = Path(args.out).with_name("text_tiger_verdict.json")
@@ -147,13 +157,12 @@ def main() -> None:
             return
     rows = []
     if args.part in ("encoder", "all"):
-        rows += _case("tinybert", 4, 12, (0.0,), ("exact", "ranked"))
+        rows += _case("tinybert", 4, 12, (0.0,), ("exact", "ranked"), tiger)
     if args.part in ("decoder", "all"):
-        rows += _case(args.model, 16, 32, SIGMAS, ("ranked",))
+        dager = () if args.tiger_only else ("ranked",)
+        rows += _case(args.model, 16, 32, SIGMAS, dager, tiger)
     with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(
-            {"machine": machine(), "tiger": TigerConfig().__dict__, "rows": rows}, f, indent=1
-        )
+        json.dump({"machine": machine(), "tiger": tiger.__dict__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

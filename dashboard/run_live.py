@@ -8,6 +8,8 @@ the whole page when it ends.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -21,10 +23,12 @@ from dashboard.state import set_url_state
 from dashboard.stored_runs import defended_spec
 
 REFRESH_S = 1.0
-# While a run waits for its worker the view polls four times as often, so the worker's first
-# word ("preparing the victim's update") shows within a quarter second of it, not up to a
-# second later (issue 52: a run shows life at once); once a second when it has started.
+# While a run just started waits for its worker the view polls four times as often, so the
+# worker's first word ("preparing the victim's update") shows within a quarter second of it,
+# not up to a second later (issue 52: a run shows life at once); once a second when it has
+# started, or when it has waited QUEUED_FAST_S (behind other runs: no gain in hurrying).
 QUEUED_REFRESH_S = 0.25
+QUEUED_FAST_S = 10.0
 # Entries of an event's "losses" that count work rather than measure a loss: shown in the
 # progress text, not drawn on the loss axis.
 COUNTERS = frozenset({"evaluations"})
@@ -156,20 +160,23 @@ def _progress(record: RunRecord, events: list[EventRecord]) -> None:
     st.progress(min(max(last.step / total, 0.0), 1.0), text=progress_text(record, last))
 
 
-def poll_interval(record: RunRecord) -> float | None:
-    """Seconds between the live view's polls of ``record``: none once it has ended."""
+def poll_interval(record: RunRecord, now: datetime | None = None) -> float | None:
+    """Seconds between the live view's polls of ``record`` (at ``now``, UTC): none once it
+    has ended."""
     if record.finished:
         return None
-    return QUEUED_REFRESH_S if record.status == "queued" else REFRESH_S
+    waited = ((now or datetime.now(UTC)) - record.created_at).total_seconds()
+    hurry = record.status == "queued" and waited < QUEUED_FAST_S
+    return QUEUED_REFRESH_S if hurry else REFRESH_S
 
 
-def live_view(run_id: str, live: bool, queued: bool = False) -> None:
+def live_view(run_id: str, live: bool, interval: float | None = REFRESH_S) -> None:
     """Status, progress, the reconstruction under the originals and the loss curve.
 
-    Drawn as a fragment that reruns at ``poll_interval`` while the run is in progress
-    (``queued``: it was drawn while the run waited, at the faster rate); when it sees the
-    run started it reruns the whole page, which polls once a second from then, and when it
-    sees the run finished, the whole page draws the results and stops polling.
+    Drawn as a fragment that reruns every ``interval`` seconds (``poll_interval``) while the
+    run is in progress; when the interval it should poll at changes (the run started, or
+    waited long) it reruns the whole page, which polls at the new one, and when it sees the
+    run finished, the whole page draws the results and stops polling.
     """
     store = get_store()
     record = store.get_run(run_id)
@@ -179,7 +186,7 @@ def live_view(run_id: str, live: bool, queued: bool = False) -> None:
         st.rerun()
     seen = events(run_id)
     _progress(record, seen)  # drawn before the rerun below, so it shows at once
-    if queued and record.status != "queued":
+    if live and poll_interval(record) != interval:
         st.rerun()
     if record.finished:
         return

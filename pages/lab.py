@@ -174,9 +174,8 @@ def _run_view(run_id: str, setup: Setup) -> None:
             icon=":material/info:",
         )
     live = not record.finished
-    st.fragment(signed_in_fragment(live_view), run_every=poll_interval(record))(
-        run_id, live, record.status == "queued"
-    )
+    interval = poll_interval(record)
+    st.fragment(signed_in_fragment(live_view), run_every=interval)(run_id, live, interval)
     control_live = control_running(record)
     st.fragment(signed_in_fragment(control_view), run_every=REFRESH_S if control_live else None)(
         run_id, control_live

@@ -93,3 +93,24 @@ def test_the_progress_line_says_an_attacks_counts_in_words():
     assert _loss_words("images_not_read_back", 1.0) == "1 image not read back"
     assert _loss_words("evaluations", 1.0) == "1 evaluation"
     assert _loss_words("gradient_distance", 0.0123) == "gradient distance 0.0123"
+
+
+def test_a_run_just_queued_is_polled_four_times_a_second_and_then_once():
+    """Issue 52: the worker's first word showed up to a second after it came; a run that
+    waits long (behind others) or has started goes back to once a second, an ended one to
+    none."""
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from dashboard.run_live import QUEUED_FAST_S, QUEUED_REFRESH_S, REFRESH_S, poll_interval
+
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+    def run(status: str, waited_s: float, finished: bool = False) -> SimpleNamespace:
+        created = now - timedelta(seconds=waited_s)
+        return SimpleNamespace(status=status, created_at=created, finished=finished)
+
+    assert poll_interval(run("queued", 0.5), now) == QUEUED_REFRESH_S < REFRESH_S
+    assert poll_interval(run("queued", QUEUED_FAST_S + 1), now) == REFRESH_S
+    assert poll_interval(run("running", 0.5), now) == REFRESH_S
+    assert poll_interval(run("completed", 0.5, finished=True), now) is None
