@@ -12,14 +12,15 @@ rule (``text_risk``: ROUGE-1 >= 0.5 and 0.2 above the best guess from public tex
 One torch thread.
 
 ``verdict``: the product's audit (``run_text_audit``) of the decoder batch under sigma 1e-4
-with DAGER and TIGER: DAGER, its ranked twin, TIGER, the undefended controls and the verdict.
+with DAGER and TIGER: DAGER, its ranked twin, TIGER, the undefended controls and the verdict
+(``--model llama-small``: on the LLaMA architecture, text_tiger_verdict_llama-small.json).
 
     nice -n 15 .venv/bin/python -m benchmarks.text_tiger [--part decoder|encoder|verdict|all]
 
 Writes benchmarks/results/text_tiger.json (``verdict``: text_tiger_verdict.json).
 ``--part decoder --model llama-small``: the decoder case on the LLaMA architecture at the same
 size (rotary positions), written to text_tiger_llama-small.json. ``--tiger-layers N`` runs
-TIGER with that many spans (``_layersN`` in the file's name); ``--tiger-only`` leaves DAGER's
+TIGER with that many spans on any model (``_layersN`` in the file's name); ``--tiger-only`` leaves DAGER's
 rows out.
 """
 
@@ -105,9 +106,9 @@ def _case(
     return rows
 
 
-def verdict(sigma: float = 1e-4) -> dict:
+def verdict(sigma: float = 1e-4, model: str = "gpt2") -> dict:
     spec = TextAuditSpec(
-        model="gpt2", batch_size=16, length=32, attacks=("dager", "tiger"),
+        model=model, batch_size=16, length=32, attacks=("dager", "tiger"),
         defense="dp-gaussian", defense_params={"sigma": str(sigma), "clip": "30"},
     )  # fmt: skip
     result = run_text_audit(spec)
@@ -121,7 +122,7 @@ def verdict(sigma: float = 1e-4) -> dict:
 
     v = result.verdict
     return {
-        "sigma": sigma, "epsilon": result.privacy.get("epsilon"),
+        "model": model, "sigma": sigma, "epsilon": result.privacy.get("epsilon"),
         "runs": [row(r) for r in result.runs], "controls": [row(r) for r in result.controls],
         "verdict": {"outcome": v.outcome, "level": v.level, "headline": v.headline,
                     "sentence": v.sentence, "adaptive": v.adaptive},
@@ -135,13 +136,18 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: text_tiger[_<model>].json")
     parser.add_argument("--model", default="gpt2", help="the decoder case's text preset")
     parser.add_argument(
-        "--tiger-layers", type=int, default=None, help="TIGER's `layers` (default: its own)"
+        "--tiger-layers",
+        type=int,
+        default=None,
+        help="TIGER's `layers` and `rotary_layers` (default: its own)",
     )
     parser.add_argument(
         "--tiger-only", action="store_true", help="the decoder case without DAGER's rows"
     )
     args = parser.parse_args()
-    tiger = TigerConfig() if args.tiger_layers is None else TigerConfig(layers=args.tiger_layers)
+    tiger = TigerConfig()
+    if args.tiger_layers is not None:
+        tiger = TigerConfig(layers=args.tiger_layers, rotary_layers=args.tiger_layers)
     if args.out is None:
         stem = OUT.stem if args.model == "gpt2" else f"{OUT.stem}_{args.model}"
         if args.tiger_layers is not None:
@@ -149,8 +155,9 @@ def main() -> None:
         args.out = str(OUT.with_name(f"{stem}.json"))
     torch.set_num_threads(1)
     if args.part in ("verdict", "all"):
-        out = Path(args.out).with_name("text_tiger_verdict.json")
-        found = verdict()
+        name = "text_tiger_verdict" + ("" if args.model == "gpt2" else f"_{args.model}")
+        out = Path(args.out).with_name(f"{name}.json")
+        found = verdict(model=args.model)
         out.write_text(json.dumps({"machine": machine(), **found}, indent=1), encoding="utf-8")
         print(json.dumps(found, indent=1), flush=True)
         if args.part == "verdict":

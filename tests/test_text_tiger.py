@@ -73,6 +73,20 @@ def test_the_true_batch_is_at_the_objectives_floor(preset):
     assert float(_row_losses(problem, inputs).max()) < 1e-9
 
 
+def test_a_rotary_model_reads_its_own_count_of_layers():
+    """Where positions rotate the first layer orders nothing, so TIGER reads `rotary_layers`
+    there (3 by default: llama-small 16 x 32 went from ROUGE-1 0.22 to 0.40) and `layers`
+    elsewhere (GPT-2 small gained nothing from a third)."""
+    config = TigerConfig(layers=1, rotary_layers=2)
+    spans = {}
+    for preset in ("gpt2-tiny", "llama-tiny"):
+        model = build_text_model(preset, seed=0)
+        batch = demo_batch(model.tokenizer, 2, 12, seed=0)
+        target = TextTarget(model, text_update(model, batch), 2, 12)
+        spans[preset] = len(_problem(target, config).spans)
+    assert spans == {"gpt2-tiny": 1, "llama-tiny": 2}
+
+
 def test_verses_that_share_their_opening_are_each_sought_not_found_twice():
     model = build_text_model("gpt2-tiny", seed=0)
     verses = (

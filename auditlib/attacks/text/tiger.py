@@ -70,6 +70,13 @@ class TigerConfig:
     layers: int = param(
         2, "attention layers whose spans the objective reads (0: every layer)", low=0, high=128
     )
+    rotary_layers: int = param(
+        3,
+        "where positions rotate (the LLaMA family), the layers read instead of `layers`: the "
+        "first layer's input carries no position there, so a third span orders the tokens "
+        "(0: every layer)",
+        low=0, high=128,
+    )  # fmt: skip
     candidates: int = param(
         256, "tokens a position's mixture is over: the closest to the first span", low=2,
         high=100_000,
@@ -145,8 +152,9 @@ class _Problem:
 def _problem(target: TextTarget, config: TigerConfig) -> _Problem:
     model = target.model
     count = model.backbone.config.num_hidden_layers
-    layers = count if config.layers == 0 else min(config.layers, count)
     rotary = model.architecture.rotary
+    wanted = config.rotary_layers if rotary else config.layers
+    layers = count if wanted == 0 else min(wanted, count)
 
     def span(layer: int, queries_only: bool) -> LayerSpan:
         read = layer_span(
