@@ -170,18 +170,20 @@ def poll_interval(record: RunRecord, now: datetime | None = None) -> float | Non
     return QUEUED_REFRESH_S if hurry else REFRESH_S
 
 
-def live_view(run_id: str, live: bool, interval: float | None = REFRESH_S) -> None:
+def live_view(run_id: str, interval: float | None) -> None:
     """Status, progress, the reconstruction under the originals and the loss curve.
 
-    Drawn as a fragment that reruns every ``interval`` seconds (``poll_interval``) while the
-    run is in progress; when the interval it should poll at changes (the run started, or
-    waited long) it reruns the whole page, which polls at the new one, and when it sees the
-    run finished, the whole page draws the results and stops polling.
+    Drawn as a fragment that reruns every ``interval`` seconds (``poll_interval``; None: the
+    run had ended when the page was drawn) while the run is in progress; when the interval
+    it should poll at changes (the run started, or waited long) it reruns the whole page,
+    which polls at the new one, and when it sees the run finished, the whole page draws the
+    results and stops polling.
     """
     store = get_store()
     record = store.get_run(run_id)
     if record is None:
         return
+    live = interval is not None
     if live and record.finished:
         st.rerun()
     seen = events(run_id)

@@ -3,8 +3,8 @@
 A run executes in the process-wide RunManager (on Ray), never in this page: Start returns at
 once with a run id, which goes into the URL (``?run=...``). The live view
 (``dashboard/run_live.py``) polls the store through a fragment while the run is in progress
-(four times a second while it waits for a worker, then once a second) and stops polling
-when it ends; closing the browser does not stop the
+(four times a second while a run just started waits for a worker, then once a second) and
+stops polling when it ends; closing the browser does not stop the
 run. A finished run is drawn by ``dashboard/run_result.py``.
 """
 
@@ -173,9 +173,8 @@ def _run_view(run_id: str, setup: Setup) -> None:
             "Setup's. To run this one again, choose its model on the Setup page.",
             icon=":material/info:",
         )
-    live = not record.finished
     interval = poll_interval(record)
-    st.fragment(signed_in_fragment(live_view), run_every=interval)(run_id, live, interval)
+    st.fragment(signed_in_fragment(live_view), run_every=interval)(run_id, interval)
     control_live = control_running(record)
     st.fragment(signed_in_fragment(control_view), run_every=REFRESH_S if control_live else None)(
         run_id, control_live
