@@ -20,8 +20,8 @@ with DAGER and TIGER: DAGER, its ranked twin, TIGER, the undefended controls and
 Writes benchmarks/results/text_tiger.json (``verdict``: text_tiger_verdict.json).
 ``--part decoder --model llama-small``: the decoder case on the LLaMA architecture at the same
 size (rotary positions), written to text_tiger_llama-small.json. ``--tiger-layers N`` runs
-TIGER with that many spans on any model (``_layersN`` in the file's name); ``--tiger-only`` leaves DAGER's
-rows out.
+TIGER with that many spans on any model (``_layersN`` in the file's name); ``--tiger-only``
+leaves DAGER's rows out.
 """
 
 from __future__ import annotations
