@@ -27,6 +27,7 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
+from auditlib.attacks.compiled import CompiledGradient, held, traced_model, why_not_compiled
 from auditlib.attacks.labels import idlg_label
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
@@ -78,6 +79,15 @@ class InvertingGradientsConfig:
         "advance the restarts together as one batched computation (false: one after another; "
         "the same objective)",
     )
+    # The step traced and compiled (attacks.compiled): a CUDA graph on a GPU. Asked for, not
+    # the default: compiling costs seconds per number of running starts before it pays.
+    compiled: bool = param(
+        False,
+        "trace and compile the step with torch.compile (a CUDA graph on a GPU): faster steps "
+        "where kernels are small, after seconds to tens of seconds of compiling per number "
+        "of running starts; the starts advance together, and several updates one after "
+        "another, each its own traced step",
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -127,6 +137,7 @@ class _Restarts:
     def __init__(self, generators, matcher, knowledge, config, iterations, fixed_labels):
         self.config = config
         self.matcher = matcher
+        self.compiled: CompiledGradient | None = None
         images, logits = [], []
         for generator in generators:  # per restart: images, then label logits (its own draw)
             images.append(random_images(knowledge, generator))
@@ -140,6 +151,7 @@ class _Restarts:
         # An adaptive attacker's unknowns are fitted with the images (one restart per group).
         self.matcher.restart()
         variables += self.matcher.unknowns
+        self.variables = variables
         self.optimizer = torch.optim.Adam(variables, lr=config.lr)
         self.scheduler = (
             torch.optim.lr_scheduler.MultiStepLR(
@@ -161,21 +173,47 @@ class _Restarts:
         """One restart's labels out of ``_labels([position])``."""
         return labels[0] if self.logits is not None or self.fixed_rows else labels
 
-    def _distance(self, images: torch.Tensor, positions) -> torch.Tensor:
-        labels = self._labels(positions)
+    def _distance(self, images: torch.Tensor, labels: torch.Tensor, positions) -> torch.Tensor:
+        """``positions``: the restarts' rows, or None in the traced step (one update's
+        matcher, every row's target the same)."""
+        if positions is None:
+            return self.matcher.together(images, labels)
         matcher = self.matcher.at(positions)
         if len(positions) == 1:  # one restart: plain autograd, the fastest way alone
             return matcher(images[0], self._one(labels)).unsqueeze(0)
         return matcher.together(images, labels)
 
+    def _objective(self, images, labels, positions):
+        """The restarts' objective (one value each) and their update distances."""
+        distance = self._distance(images, labels, positions)
+        tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
+        return distance + tv, distance
+
+    def traced(self, device: torch.device) -> None:
+        """Step by the traced and compiled objective from now on (``attacks.compiled``)."""
+        self.matcher.factored = False
+
+        def objective(images, *logits):
+            labels = self.fixed if not logits else torch.softmax(logits[0], dim=-1)
+            value, distance = self._objective(images, labels, None)
+            return value, {"update_distance": distance}
+
+        self.compiled = CompiledGradient(objective, device)
+
     def step(self, alive):
         self.optimizer.zero_grad()
-        images = self.images[alive]
-        distance = self._distance(images, alive)
-        tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
-        objective = distance + tv
-        # Each restart's variables get its own objective's gradient.
-        backward_to(objective.sum(), self.optimizer)
+        if self.compiled is None:
+            images = self.images[alive]
+            objective, distance = self._objective(images, self._labels(alive), alive)
+            # Each restart's variables get its own objective's gradient.
+            backward_to(objective.sum(), self.optimizer)
+        else:
+            rows = self.variables[:2] if self.logits is not None else self.variables[:1]
+            grads, objective, losses = self.compiled(*(v[alive] for v in rows))
+            index = torch.tensor(alive, device=self.images.device)
+            for variable, grad in zip(rows, grads, strict=True):
+                variable.grad = torch.zeros_like(variable).index_copy_(0, index, grad)
+            distance = losses["update_distance"]
         if self.config.signed:
             self.images.grad.sign_()
         self.optimizer.step()
@@ -205,14 +243,24 @@ class _Restarts:
 
 
 def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
+    if config.compiled and (reason := why_not_compiled(knowledge)) is not None:
+        raise AttackUnsupportedError(f"ig cannot compile its step here: {reason}")
+
     def make(generators, clock):
         matcher = UpdateMatcher(observation, knowledge, config.distance)
-        return _Restarts(generators, matcher, knowledge, config, control.max_steps, fixed_labels)
+        restarts = _Restarts(
+            generators, matcher, knowledge, config, control.max_steps, fixed_labels
+        )
+        if config.compiled:
+            restarts.traced(knowledge.device)
+        return restarts
 
-    together = config.together and why_not_together(knowledge) is None
-    return run_restarts(
+    # A compiled step is the batched one: the starts advance together.
+    together = config.compiled or (config.together and why_not_together(knowledge) is None)
+    events = run_restarts(
         make, config.restarts, together, control, seed, "update_distance", inference
     )
+    return held(traced_model(knowledge), events) if config.compiled else events
 
 
 def run_ig_updates(observations, knowledges, config, control, seeds):
@@ -248,6 +296,9 @@ register(
         config_type=InvertingGradientsConfig,
         run=run_inverting_gradients,
         run_updates=run_ig_updates,
+        why_updates_apart=lambda config, raced: (
+            "ig traces one update's step (compiled=true)" if config.compiled else None
+        ),
         presets={
             # inversefed's reconstruct_image.py defaults (--optim ours): 24k its, TV 1e-4, 1 restart.
             "paper": {

@@ -298,6 +298,9 @@ class UpdateMatcher:
         # it the image prior weighed in the same nats (zero for the plain attacker).
         self.distance = self.view.measure(distance)
         self._layers: FactoredLayers | None = None  # found at the first stacked call
+        # Whether a Linear weight's update may stay factored; a traced step forms it densely
+        # (the factors are read through a forward hook, which a trace cannot register).
+        self.factored = True
         self.pixel_std = sum(knowledge.normalization.std) / len(knowledge.normalization.std)
 
     def simulate(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -364,6 +367,8 @@ class UpdateMatcher:
         """The Linear layers to keep factored (found once), or None: only FedSGD's gradient
         is a sum of outer products, and only the plain attacker's distances (no defense's
         transform, mask or likelihood) measure factors."""
+        if not self.factored:
+            return None
         if self.knowledge.protocol.algorithm != "fedsgd" or self.view.known is not None:
             return None
         if self.distance not in _FACTORED_DISTANCES:

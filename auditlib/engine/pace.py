@@ -15,6 +15,7 @@ import itertools
 import time
 from dataclasses import dataclass, replace
 
+from auditlib.attacks.restarts import race_of
 from auditlib.engine.attack_phase import AttackCall, attack_call, steps_that_run
 from auditlib.errors import AttackUnsupportedError
 
@@ -39,10 +40,13 @@ class AttackPace:
     adaptive: bool  # a twin: its time comes from the twins' own budget (``attack_call``)
     planned_steps: int
     step_s: float
+    # Paid once before the steps: a compiled step's tracing, once per count of running
+    # starts (``attacks.compiled``); 0 for an eager step.
+    setup_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.planned_steps * self.step_s
+        return self.setup_s + self.planned_steps * self.step_s
 
 
 def unmeasured(prepared) -> tuple[str, ...]:
@@ -72,11 +76,33 @@ def measure_paces(prepared) -> tuple[AttackPace, ...]:
         if not isinstance(call, AttackCall):
             continue
         try:
-            step_s = _step_seconds(call)
+            step_s, first_s = _step_seconds(call)
         except AttackUnsupportedError:  # found only once it runs (iDLG's rule on a batch):
             continue  # the run skips it too, and says why
-        paces.append(AttackPace(attack.label, attack.adaptive, attack.planned_steps, step_s))
+        setup_s = 0.0
+        if _compiled(call):  # the first step traced the step: again per count of starts
+            shapes = len(running_counts(attack, prepared.control.max_steps))
+            setup_s = max(first_s - step_s, 0.0) * shapes
+        paces.append(
+            AttackPace(attack.label, attack.adaptive, attack.planned_steps, step_s, setup_s)
+        )
     return tuple(paces)
+
+
+def running_counts(attack, max_steps: int) -> list[int]:
+    """The counts of starts a planned attack's step runs with, in turn (its race drops the
+    worse share at each rung): each is a shape a compiled step traces once."""
+    restarts = getattr(attack.config, "restarts", 1)
+    race = race_of(attack.config, attack.preset)
+    counts = [restarts]
+    if race is not None:
+        for _ in race.rung_steps(max_steps):
+            counts.append(race.survivors(counts[-1]))
+    return sorted(set(counts), reverse=True)
+
+
+def _compiled(call: AttackCall) -> bool:
+    return bool(getattr(call.attack.config, "compiled", False))
 
 
 class _Watch:
@@ -84,7 +110,8 @@ class _Watch:
     before every loss evaluation inside an L-BFGS step), and stops it once the first step
     outlasts FIRST_STEP_S after its restarts were made, with a few evaluations timed."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuts: bool = True) -> None:
+        self.cuts = cuts  # False: a compiled step's first step (its tracing) runs whole
         self.calls: list[float] = []
         self.armed: float | None = None  # when the restarts were ready
         self.first = 0  # the first call after that
@@ -98,7 +125,8 @@ class _Watch:
         now = time.perf_counter()
         self.calls.append(now)
         timed = len(self.calls) - self.first
-        if self.armed is not None and now - self.armed > FIRST_STEP_S and timed >= 5:
+        slow = self.armed is not None and now - self.armed > FIRST_STEP_S
+        if self.cuts and slow and timed >= 5:
             self.stopped = True
         return self.stopped
 
@@ -111,14 +139,17 @@ class _Watch:
         return gaps[len(gaps) // 2] if gaps else None
 
 
-def _step_seconds(call: AttackCall) -> float:
+def _step_seconds(call: AttackCall) -> tuple[float, float]:
     """Seconds per step of ``call``'s attack: the median of the steps timed after its first
-    (or its first, from when its restarts were ready, where that is all that fits). Events come right after each step (every step here:
+    (or its first, from when its restarts were ready, where that is all that fits), and the
+    first step's own seconds. Events come right after each step (every step here:
     ``emit_every`` 1), their ``step`` counting every restart's steps. A closed form runs its
     one pass whole. A step too slow to finish within PROBE_S (an L-BFGS step of 20 loss
     evaluations on a large model) is stopped after a few evaluations: its time is theirs
-    times the evaluations a step makes (``lbfgs_max_iter``), over the restarts it advances."""
-    watch = _Watch()
+    times the evaluations a step makes (``lbfgs_max_iter``), over the restarts it advances.
+    A compiled step's first step is its tracing: the steps after it are always timed."""
+    compiled = _compiled(call)
+    watch = _Watch(cuts=not compiled)
     events = replace(call, control=replace(call.control, is_cancelled=watch)).events()
     began = time.perf_counter()
     ready, together = began, 0  # when the restarts were made; how many advance together
@@ -139,18 +170,19 @@ def _step_seconds(call: AttackCall) -> float:
                 marks.append((event.step, now))
             # Enough steps timed, or the time spent; a first step slower than PROBE_S is
             # timed alone (its allocations included) rather than waiting for a second.
-            slow_first = len(marks) == 1 and now - ready > PROBE_S
+            slow_first = len(marks) == 1 and now - ready > PROBE_S and not compiled
             if len(marks) > PROBE_STEPS or now - marks[0][1] > PROBE_S or slow_first:
                 break
     finally:
         events.close()  # the attack stops here; nothing of it is kept
+    first_s = (marks[0][1] - ready) / marks[0][0] if marks else time.perf_counter() - ready
     if len(marks) >= 2:
         paces = sorted((b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(marks))
-        return paces[(len(paces) - 1) // 2]  # the lower median: bursts only ever add time
+        return paces[(len(paces) - 1) // 2], first_s  # the lower median: bursts only add
     if marks:  # one step (a closed form's pass, or one slow step)
-        return (marks[0][1] - ready) / marks[0][0]
+        return first_s, first_s
     evaluation = watch.evaluation_s()
     if evaluation is None:  # stopped before any evaluation was timed: all it took
-        return time.perf_counter() - ready
+        return first_s, first_s
     per_step = getattr(call.attack.config, "lbfgs_max_iter", 1)
-    return evaluation * per_step / max(together, 1)
+    return evaluation * per_step / max(together, 1), first_s

@@ -99,7 +99,8 @@ class TimeEstimate:
             left = self.budget_s
             for k, pace in enumerate(pool):
                 used = min(pace.seconds, left / (len(pool) - k))
-                done += pace.planned_steps if used >= pace.seconds else int(used / pace.step_s)
+                stepping = max(used - pace.setup_s, 0.0)
+                done += pace.planned_steps if used >= pace.seconds else int(stepping / pace.step_s)
                 left -= used
         return done
 
@@ -108,7 +109,9 @@ class TimeEstimate:
         take about 45 s; the time budget of 30 s stops the attack after about 319 of them:
         a budget of at least 46 s would let it finish'."""
         paces = ", ".join(
-            f"{p.label} {p.step_s:.2g} s " + ("(one pass)" if p.planned_steps == 1 else "a step")
+            f"{p.label} {p.step_s:.2g} s "
+            + ("(one pass)" if p.planned_steps == 1 else "a step")
+            + (f" after {duration_words(p.setup_s)} of compiling" if p.setup_s else "")
             for p in self.paces
         )
         text = (

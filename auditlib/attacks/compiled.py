@@ -1,0 +1,114 @@
+"""An attack's step traced and compiled: the objective of the running restarts and its
+gradient to the attack's variables as one graph (issue 55).
+
+Eager, one step of an optimisation attack is hundreds of small kernels launched one at a
+time from Python (the double backward of the simulated client update); on a GPU the
+launches, not the arithmetic, bound it. ``torch.compile`` traces the step once per shape
+(the number of restarts still running) into one graph: fused kernels by Inductor on the
+CPU, and on CUDA the same graph captured as a CUDA graph (``mode="reduce-overhead"``), one
+launch per step.
+
+The traced objective is the same function the eager step differentiates
+(``UpdateMatcher.together``, one batched pass over the restarts), with two differences,
+both exact: its gradient is taken by ``torch.func.grad`` instead of ``Tensor.backward``,
+and a Linear weight's gradient is formed densely (the factored form reads the layer's
+output gradient through a forward hook, which the tracer cannot register). BatchNorm on
+batch statistics normalises by composite operations throughout the run
+(``client.exact_batchnorm``), as the batched eager step does. Values agree with the eager
+step's up to float summation order (tests/test_compiled_step.py).
+
+Compiling costs seconds to tens of seconds per shape before the first step (measured in
+docs/PERFORMANCE.md), so it is asked for (``compiled`` in the attack's configuration), not
+the default.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import torch
+
+from auditlib.attacks.base import ProgressEvent
+from auditlib.attacks.objectives import why_not_together
+from auditlib.client.exact_batchnorm import exact_batchnorm
+from auditlib.threat import AttackerKnowledge
+
+# Stacked variables in; per restart, the objective and the named losses out (one value each).
+Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+_INSTANCES = itertools.count()
+
+
+def why_not_compiled(knowledge: AttackerKnowledge) -> str | None:
+    """Why this attack's step cannot be traced (None: it can): the traced step is the
+    batched one, so whatever keeps restarts apart keeps the step eager."""
+    return why_not_together(knowledge)
+
+
+class CompiledGradient:
+    """``objective``'s gradient to its variables and its values, compiled.
+
+    ``objective(*variables)`` returns the per-restart objective (R values, the one
+    differentiated) and named losses (R values each, reported, not differentiated); a call
+    returns ``(gradients, objective, losses)``, one gradient per variable. Each number of
+    restarts is traced once (static shapes: a race's 4, 2 and 1 running restarts are three
+    graphs). On CUDA each graph is replayed as a CUDA graph; its outputs are overwritten by
+    the next replay, so a caller reads them before the next call (every attack step does).
+    """
+
+    def __init__(
+        self, objective: Objective, device: torch.device, backend: str = "inductor"
+    ) -> None:
+        """``backend``: torch.compile's; ``"aot_eager"`` traces the step (and its gradient)
+        as the product does but runs the traced graph eagerly, without generating code."""
+        self.objective = objective
+        self.cuda = device.type == "cuda" and backend == "inductor"
+        mode = "reduce-overhead" if self.cuda else None
+
+        def value_and_grad(*variables: torch.Tensor):
+            def total(*inputs: torch.Tensor):
+                value, losses = self.objective(*inputs)
+                return value.sum(), (value.detach(), {k: v.detach() for k, v in losses.items()})
+
+            argnums = tuple(range(len(variables)))
+            grads, (value, losses) = torch.func.grad(total, argnums=argnums, has_aux=True)(
+                *variables
+            )
+            return grads, value, losses
+
+        # torch.compile keeps its traces on the function's code object, shared by every
+        # instance's closure: each instance traces a code object of its own, so runs (and a
+        # run's plans) never fill one shared cache, whose limit turns tracing off silently.
+        own = types.FunctionType(
+            value_and_grad.__code__.replace(co_name=f"attack_step_{next(_INSTANCES)}"),
+            value_and_grad.__globals__,
+            None,
+            None,
+            value_and_grad.__closure__,
+        )
+        self._step = torch.compile(own, backend=backend, mode=mode, dynamic=False, fullgraph=True)
+        self.calls = 0
+
+    def __call__(
+        self, *variables: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, dict[str, torch.Tensor]]:
+        if self.cuda:  # the previous replay's outputs have been read: its memory may go
+            torch.compiler.cudagraph_mark_step_begin()
+        self.calls += 1
+        grads, value, losses = self._step(*(v.detach() for v in variables))
+        return grads, value, losses
+
+
+def traced_model(knowledge: AttackerKnowledge) -> AbstractContextManager[None]:
+    """Held for a compiled run: the model's BatchNorm layers on composite operations, so the
+    traced graphs see one fixed module (entering it inside the trace would patch modules)."""
+    return exact_batchnorm(knowledge.model)
+
+
+def held(context: AbstractContextManager[None], events: Iterator[ProgressEvent]):
+    """``events`` with ``context`` held exactly as long as the run (also when the consumer
+    stops iterating early)."""
+    with context:
+        yield from events
