@@ -159,7 +159,7 @@ def _start_from_ours(attacker, victim, classes, labels_known, seed) -> None:
     attacker._initialize_data = same_start
 
 
-def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0):
+def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0, device="cpu"):
     sys.path.insert(0, str(PEERS))
     import breaching  # the peer is optional and lives outside the product
 
@@ -174,21 +174,21 @@ def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0):
     data.mean, data.std = list(norm.mean), list(norm.std)
     data.shape = list(victim.batch.images.shape[1:])
     data.classes = classes
-    setup = {"dtype": torch.float, "device": torch.device("cpu")}
-    model = copy.deepcopy(victim.model)
+    setup = {"dtype": torch.float, "device": torch.device(device)}
+    model = copy.deepcopy(victim.model).to(device)
     forwards = _counting_forwards(model)
     loss = torch.nn.CrossEntropyLoss()
     attacker = breaching.attacks.prepare_attack(model, loss, cfg.attack, setup)
     payload = [
         {
-            "parameters": [p.detach().clone() for p in model.parameters()],
+            "parameters": [p.detach().clone() for p in model.parameters()],  # on ``device``
             "buffers": None,
             "metadata": data,
         }
     ]
     shared = [
         {
-            "gradients": [g.clone() for g in gradient],
+            "gradients": [g.to(device, copy=True) for g in gradient],
             "buffers": None,
             "metadata": {
                 "num_data_points": 1,
@@ -200,6 +200,8 @@ def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0):
     _start_from_ours(attacker, victim, classes, labels_known, seed)
     start = time.perf_counter()
     output, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    if setup["device"].type == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     return seconds, iterations, _psnr(output["data"].detach(), victim), forwards[0]
 

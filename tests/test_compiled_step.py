@@ -117,6 +117,19 @@ def test_inverting_gradients_compiled_ends_where_it_ends_eager(monkeypatch):
         assert torch.equal(b.labels, a.labels)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+def test_inverting_gradients_compiled_as_a_cuda_graph_ends_where_it_ends_eager_there(monkeypatch):
+    spec = dataclasses.replace(lenet_spec("ig", batch=2), device="cuda")
+    params = {"restarts": 2, "signed": False}
+    eager, _ = _ig(spec, params, 10, False)
+    compiled, calls = _ig(spec, params, 10, True, monkeypatch)
+    assert calls == [2] * 10
+    for a, b in zip(eager.candidates, compiled.candidates, strict=True):
+        assert b.images.device.type == "cpu"  # candidates come back to the CPU
+        assert b.loss == pytest.approx(a.loss, rel=1e-3)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-3)
+
+
 def test_a_raced_compiled_run_traces_each_count_of_running_starts(monkeypatch):
     spec = lenet_spec("ig", batch=2)
     final, calls = _ig(spec, {"restarts": 2, "signed": False}, 40, True, monkeypatch, race=PLAN)

@@ -1,0 +1,205 @@
+"""Inverting Gradients with its step eager and compiled (``attacks.compiled``, issue 55),
+beside breaching's, on one device in one run: the same model, photograph, gradient and
+steps.
+
+Rows, for seeds 0 to S-1, interleaved (eager, compiled, compiled with R starts together,
+breaching) so that load on the machine falls on all of them:
+
+- ours eager: ``ig``, paper preset, 1 start, ``compiled=false``;
+- ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph);
+- ours compiled, R starts together (``restarts`` R, unraced: every start runs every step);
+- breaching 0.1.2's ``invertinggradients``, 1 trial, its TV scale set to ours, starting from
+  our draw (``benchmarks.peers``), where breaching is installed in ``.peers/site``.
+
+Each run's seconds split into its first step (where the compiled step traces: "compile s")
+and the steps after it, whose rate is the row's steps/s (a step of R starts together counts
+R steps, as the product's progress counts them). PSNR against the photograph at the end.
+
+Cases: ``lenet`` (DLG's LeNet at 32 px, 100 classes: this machine's CPU), ``resnet18-32``
+(the CIFAR ResNet-18, 10 classes, train-mode BatchNorm: where the CPU's kernels are large) and
+``resnet18-224`` (torchvision's ResNet-18, 1000 classes, 224 px, untrained, seed 0,
+BatchNorm in training mode: the issue's GPU case). ``--paper-budget`` adds one compiled run
+of the paper's ImageNet budget, 24,000 steps.
+
+Writes benchmarks/results/compiled_step-DEVICE-CASE.json and prints each run as a JSON line.
+Usage: python -m benchmarks.compiled_step [--device cuda] [--case resnet18-224]
+       [--steps 1000] [--seeds 3] [--starts 8] [--paper-budget] [--no-peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+
+from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.client.protocol import ClientProtocol
+from auditlib.models import ModelSpec
+from auditlib.threat import AttackerKnowledge, Observation
+from benchmarks.common import ROOT, machine
+from benchmarks.peers import PEERS, _case, _psnr, theirs
+
+CASES = {
+    "lenet": ModelSpec("lenet", 100, (3, 32, 32), init="uniform"),
+    "resnet18-32": ModelSpec("resnet18", 10, (3, 32, 32)),
+    "resnet18-224": ModelSpec("torchvision:resnet18", 1000, (3, 224, 224)),
+}
+PAPER_BUDGET = 24_000
+
+
+def ours(victim, classes, names, gradient, device, steps, seed, compiled, starts=1) -> dict:
+    """One run of our IG (paper preset), labels known; seconds to its first step and after."""
+    model = copy.deepcopy(victim.model).to(device)
+    knowledge = AttackerKnowledge(
+        model=model,
+        protocol=ClientProtocol(),
+        batch_size=1,
+        input_shape=tuple(victim.batch.images.shape[1:]),
+        num_classes=classes,
+        normalization=victim.normalization,
+        labels=victim.batch.labels.clone(),
+    )
+    observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
+    config, _ = build_attack_config("ig", {"restarts": starts, "compiled": compiled}, "paper")
+    control = RunControl(steps, emit_every=max(steps // 10, 1), image_every=10**9)
+    _sync(device)
+    start = time.perf_counter()
+    first_at, first_step, final = None, 0, None
+    for event in get_attack("ig").run(observation, knowledge, config, control, seed):
+        if event.final is not None:
+            final = event.final
+        elif first_at is None and event.step > 0:  # the first step's event (always sent)
+            _sync(device)
+            first_at, first_step = time.perf_counter(), event.step
+    _sync(device)
+    end = time.perf_counter()
+    done = sum(c.steps for c in final.candidates)
+    return {
+        "side": "ours compiled" if compiled else "ours eager",
+        "starts": starts,
+        "seed": seed,
+        "steps": done,
+        "seconds": end - start,
+        "first_step_s": first_at - start,
+        "steps_per_s": (done - first_step) / (end - first_at),
+        "psnr": _psnr(final.selected.images, victim),
+    }
+
+
+def peer(victim, classes, gradient, device, steps, seed) -> dict:
+    seconds, done, psnr, _ = theirs(
+        victim, classes, gradient, "invertinggradients", steps, True, seed, device=device
+    )
+    return {
+        "side": "breaching",
+        "starts": 1,
+        "seed": seed,
+        "steps": done,
+        "seconds": seconds,
+        "first_step_s": None,
+        "steps_per_s": done / seconds,
+        "psnr": psnr,
+    }
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def summary(runs: list[dict]) -> list[dict]:
+    """Medians per (side, starts): seconds, first step, steps/s; PSNR mean and range."""
+    rows = []
+    for key in dict.fromkeys((r["side"], r["starts"]) for r in runs):
+        mine = [r for r in runs if (r["side"], r["starts"]) == key]
+        first = [r["first_step_s"] for r in mine if r["first_step_s"] is not None]
+        rows.append(
+            {
+                "side": key[0],
+                "starts": key[1],
+                "runs": len(mine),
+                "steps": mine[0]["steps"],
+                "seconds": statistics.median(r["seconds"] for r in mine),
+                "first_step_s": statistics.median(first) if first else None,
+                "steps_per_s": statistics.median(r["steps_per_s"] for r in mine),
+                "psnr_mean": statistics.mean(r["psnr"] for r in mine),
+                "psnr": [round(r["psnr"], 2) for r in mine],
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--case", choices=sorted(CASES), default="lenet")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--starts", type=int, default=8, help="starts of the together row")
+    parser.add_argument("--paper-budget", action="store_true")
+    parser.add_argument("--no-peer", action="store_true", help="leave breaching out")
+    args = parser.parse_args()
+
+    spec = CASES[args.case]
+    victim, names, gradient = _case(spec)
+    with_peer = not args.no_peer and PEERS.exists()
+    runs = []
+    for seed in range(args.seeds):
+        for compiled in (False, True):
+            runs.append(
+                ours(
+                    victim,
+                    spec.num_classes,
+                    names,
+                    gradient,
+                    args.device,
+                    args.steps,
+                    seed,
+                    compiled,
+                )
+            )
+            print(json.dumps(runs[-1]), flush=True)
+        runs.append(
+            ours(
+                victim,
+                spec.num_classes,
+                names,
+                gradient,
+                args.device,
+                args.steps,
+                seed,
+                True,
+                args.starts,
+            )
+        )
+        print(json.dumps(runs[-1]), flush=True)
+        if with_peer:
+            runs.append(peer(victim, spec.num_classes, gradient, args.device, args.steps, seed))
+            print(json.dumps(runs[-1]), flush=True)
+    budget = None
+    if args.paper_budget:
+        budget = ours(victim, spec.num_classes, names, gradient, args.device, PAPER_BUDGET, 0, True)
+        print(json.dumps(budget), flush=True)
+    result = {
+        "machine": machine(),
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+        "case": args.case,
+        "steps": args.steps,
+        "peer": "breaching 0.1.2" if with_peer else "not installed (.peers/site)",
+        "rows": summary(runs),
+        "paper_budget": budget,
+        "runs": runs,
+    }
+    out = ROOT / "benchmarks" / "results" / f"compiled_step-{args.device}-{args.case}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for row in result["rows"]:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

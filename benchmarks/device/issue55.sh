@@ -1,0 +1,28 @@
+# Issue 55 on a lent GPU: the CUDA tests of the compiled step, then IG eager, compiled (a
+# CUDA graph) and breaching's on torchvision's ResNet-18 at 224 px (benchmarks.compiled_step).
+# Here first: python -m benchmarks.device.pack, and in .whl/ the wheels of what that machine
+# lacks: sqlalchemy, greenlet, phe, opacus, bcrypt (as for issue34.sh) and breaching's:
+#   .venv/bin/python -m pip download -d .whl --no-deps breaching==0.1.2 hydra-core omegaconf \
+#       antlr4-python3-runtime==4.9.3 sqlalchemy greenlet phe opacus bcrypt
+# (antlr4's is a source archive: `pip wheel --no-deps -w .whl` it). Then the device tool:
+# command "bash benchmarks/device/issue55.sh [STEP...]", carry [".gpu", ".whl"].
+# STEPs (default "tests ig"; timeout_s 560): tests (the CUDA tests: about 1 minute),
+# ig (3 seeds x eager, compiled, 8 starts compiled, breaching at 300 steps: about 5 minutes
+# at the issue's eager pace), budget (one compiled run of the paper's 24,000 steps),
+# ig:N (N steps instead of 300). Every run prints a JSON line, kept in $OUT.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+mkdir -p .peers && ln -sfn /tmp/site .peers/site  # benchmarks.peers imports breaching there
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi -L
+R=benchmarks/device/run.py
+bench() { python3 $R benchmarks.compiled_step --device cuda --case resnet18-224 "$@"; }
+for step in ${*:-tests ig}; do
+  s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=300
+  case $s in
+    tests) timeout 150 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py -k "cuda or traced or compiled" 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    ig) timeout 400 bench --steps "$n" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
+    budget) timeout 500 bench --steps 10 --seeds 1 --no-peer --paper-budget 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+cp benchmarks/results/compiled_step-cuda-*.json "$OUT/" 2>/dev/null
