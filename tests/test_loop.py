@@ -13,7 +13,16 @@ from test_attacks import run_attack as run_named
 
 from auditlib.attacks import build_attack_config, get_attack
 from auditlib.attacks.base import RunControl
-from auditlib.attacks.loop import PLAN, HalvingPlan, StepInterrupted, run_restarts, start_seed
+from auditlib.attacks.loop import (
+    PLAN,
+    READ_BACK_EVERY,
+    HalvingPlan,
+    ReadLosses,
+    StepInterrupted,
+    read_losses,
+    run_restarts,
+    start_seed,
+)
 from auditlib.attacks.objectives import DISTANCES, UpdateMatcher, why_not_together
 from auditlib.attacks.restarts import run_attack
 from auditlib.client.protocol import ClientProtocol
@@ -109,6 +118,46 @@ def test_a_diverged_restart_stops_alone_and_the_others_go_on():
     reasons = {c.restart: (c.stop_reason, c.steps) for c in final.candidates}
     assert reasons == {0: ("completed", 10), 1: ("diverged", 4), 2: ("completed", 10)}
     assert final.stop_reason == "completed"
+
+
+def test_losses_are_read_back_at_events_and_every_few_steps_not_at_every_step(monkeypatch):
+    from auditlib.attacks import loop
+
+    reads = []
+
+    def counted(pending, positions):
+        reads.append([step for step, _ in pending])
+        return read_losses(pending, positions)
+
+    monkeypatch.setattr(loop, "read_losses", counted)
+    _, final = run(2, True, RunControl(100, emit_every=10))
+    # Step 1 (the first event), then every event's step: 11 reads for 100 steps.
+    assert [r[-1] for r in reads] == [1, *range(10, 101, 10)]
+    assert sum(len(r) for r in reads) == 100  # every step read once
+    reads.clear()
+    _, quiet = run(2, True, RunControl(100, emit_every=10**9))
+    assert [len(r) for r in reads] == [1, 32, 32, 32, 3]  # at least every READ_BACK_EVERY
+    assert READ_BACK_EVERY == 32
+    assert [c.steps for c in quiet.candidates] == [100, 100]
+
+
+def test_a_restart_found_diverged_at_a_read_is_dropped_at_the_step_it_diverged():
+    _, final = run(3, True, RunControl(100, emit_every=10**9), nan_at={1: 4, 2: 40})
+    reasons = {c.restart: (c.stop_reason, c.steps) for c in final.candidates}
+    assert reasons == {0: ("completed", 100), 1: ("diverged", 4), 2: ("diverged", 40)}
+    assert final.steps == 100 + 4 + 40  # the steps it took after diverging are not counted
+
+
+def test_read_losses_gives_each_running_restarts_objective_or_its_first_broken_step():
+    pending = [
+        (5, {"objective": torch.tensor([1.0, 2.0, 3.0]), "other": torch.zeros(3)}),
+        (6, {"objective": torch.tensor([0.5, math.inf, math.nan])}),
+        (7, {"objective": torch.tensor([0.25, 1.0, math.nan])}),
+    ]
+    read = read_losses(pending, [4, 0, 9])
+    assert read.objective == {4: 0.25}
+    assert read.diverged == {0: 6, 9: 6}
+    assert read_losses([], [1]) == ReadLosses({}, {})
 
 
 def test_a_race_drops_the_worse_half_at_each_rung():

@@ -54,8 +54,9 @@ class CompiledGradient:
     differentiated) and named losses (R values each, reported, not differentiated); a call
     returns ``(gradients, objective, losses)``, one gradient per variable. Each number of
     restarts is traced once (static shapes: a race's 4, 2 and 1 running restarts are three
-    graphs). On CUDA each graph is replayed as a CUDA graph; its outputs are overwritten by
-    the next replay, so a caller reads them before the next call (every attack step does).
+    graphs). On CUDA each graph is replayed as a CUDA graph, whose outputs the next replay
+    overwrites: the gradients are to be used before the next call (an attack step does),
+    the values and losses are copies.
     """
 
     def __init__(
@@ -98,6 +99,8 @@ class CompiledGradient:
             torch.compiler.cudagraph_mark_step_begin()
         self.calls += 1
         grads, value, losses = self._step(*(v.detach() for v in variables))
+        if self.cuda:  # kept past the next replay (the loop reads losses back every few steps)
+            value, losses = value.clone(), {k: v.clone() for k, v in losses.items()}
         return grads, value, losses
 
 

@@ -15,7 +15,13 @@ their own (:func:`start_seed`; restart 0 keeps the run's seed).
 
 A race (``RunControl.race``, the audit preset's schedule) drops the worse share of the
 running restarts by the attack's objective at each rung of the step budget; a restart whose
-objective stops being finite is dropped at once, and the others go on.
+objective stops being finite is dropped as diverged at the first step it did, and the
+others go on.
+
+No step waits for the device: the losses stay there until the loop reads them back, in one
+transfer, at each event, at each rung, at the end and at least every ``READ_BACK_EVERY``
+steps (:func:`read_losses`); a diverged restart found there took its steps since the read
+for nothing (each restart is its own rows: its values never enter another's).
 """
 
 from __future__ import annotations
@@ -35,15 +41,54 @@ from auditlib.reconstruction import Candidate
 # ``PLAN`` and ``HalvingPlan`` live in ``race.py``; importers of ``attacks.loop`` keep them.
 __all__ = [
     "PLAN",
+    "READ_BACK_EVERY",
     "HalvingPlan",
     "MakeRestarts",
+    "ReadLosses",
     "Restarts",
     "StepInterrupted",
+    "read_losses",
     "run_restarts",
     "stacked",
     "start_seed",
     "total_steps",
 ]
+
+
+# Losses stay on the device between reads (no host synchronisation in a step): they are
+# read back at each event, at each rung of a race, at the end, and at least this often.
+READ_BACK_EVERY = 32
+
+
+@dataclass(frozen=True)
+class ReadLosses:
+    """Steps' losses read back together (:func:`read_losses`)."""
+
+    objective: dict[int, float]  # position -> its objective at the last step read
+    diverged: dict[int, int]  # position -> the first step at which it stopped being finite
+
+
+def read_losses(
+    pending: Sequence[tuple[int, Mapping[str, torch.Tensor]]], positions: Sequence[int]
+) -> ReadLosses:
+    """The losses of the ``pending`` (step, losses) since the last read, in one transfer.
+    Each step's losses list ``positions`` in order (the running restarts: they change only
+    when restarts finish, which happens at reads); the first loss is the objective. A
+    restart whose objective stopped being finite diverged at the first step it did; its
+    steps after that, taken before this read, are not counted."""
+    if not pending:
+        return ReadLosses({}, {})
+    first = next(iter(pending[0][1]))
+    values = torch.stack([losses[first] for _, losses in pending]).cpu()
+    objective, diverged = {}, {}
+    for index, position in enumerate(positions):
+        column = values[:, index]
+        finite = torch.isfinite(column)
+        if bool(finite.all()):
+            objective[position] = float(column[-1])
+        else:
+            diverged[position] = pending[int((~finite).nonzero()[0])][0]
+    return ReadLosses(objective, diverged)
 
 
 def total_steps(restarts: int, race: HalvingPlan | None, max_steps: int, every: int) -> int:
@@ -141,6 +186,15 @@ def run_restarts(
         finished[restart] = Candidate(images, labels, score, restart, steps[restart], reason)
         group.alive.remove(position)
 
+    def read_back(group: _Group, pending: list[tuple[int, Mapping[str, torch.Tensor]]]) -> None:
+        read = read_losses(pending, group.alive)
+        pending.clear()
+        for position, value in read.objective.items():
+            objective[group.ids[position]] = value
+        for position, step in read.diverged.items():
+            steps[group.ids[position]] = step
+            finish(group, position, "diverged")
+
     def advance(group: _Group, until: int) -> Iterator[ProgressEvent]:
         if group.restarts is None:  # made when it first runs: a restart never run costs nothing
             generators = (
@@ -154,21 +208,26 @@ def run_restarts(
                 yield ProgressEvent(
                     sum(steps), total, clock.elapsed, {}, group.ids[position], images, labels
                 )
+        pending: list[tuple[int, Mapping[str, torch.Tensor]]] = []  # steps not read back yet
         while group.alive and group.step < until:
             reason = clock.stop_reason()
             if reason is not None:
+                read_back(group, pending)
                 for position in list(group.alive):
                     finish(group, position, reason)
                 return
             alive = list(group.alive)
             try:
-                losses = {k: v.detach().cpu() for k, v in group.restarts.step(alive).items()}
+                losses = {k: v.detach() for k, v in group.restarts.step(alive).items()}
             except StepInterrupted as stop:
-                for position in alive:
+                read_back(group, pending)
+                for position in list(group.alive):
                     finish(group, position, stop.reason)
                 return
             group.step += 1
-            first = next(iter(losses))
+            for position in alive:
+                steps[group.ids[position]] = group.step
+            pending.append((group.step, losses))
             # The first step is told at once: a slow attack's page shows it moving long
             # before its tenth step (issue 52: "step 0" for 15 s on a ResNet-18).
             emit = (
@@ -176,30 +235,29 @@ def run_restarts(
                 or group.step % control.emit_every == 0
                 or group.step == control.max_steps
             )
-            with_images = group.step % control.image_every == 0 or group.step == control.max_steps
-            live = []
-            for index, position in enumerate(alive):
-                restart = group.ids[position]
-                steps[restart] = group.step
-                value = float(losses[first][index])
-                if not math.isfinite(value):
-                    finish(group, position, "diverged")
-                    continue
-                objective[restart] = value
-                live.append((index, position))
+            due = emit or group.step >= until or len(pending) >= READ_BACK_EVERY
+            if not due:
+                continue
+            read_back(group, pending)
+            live = [(i, p) for i, p in enumerate(alive) if p in group.alive]
             if not emit or not live:
                 continue
+            with_images = group.step % control.image_every == 0 or group.step == control.max_steps
             # Restarts that advance together share one frame per image step: the leader's by
             # the attack's own objective (the live view follows the restart it would pick).
             leader = min(live, key=lambda ip: objective[group.ids[ip[1]]])[1]
+            shown = {k: v.cpu() for k, v in losses.items()}  # this step's, read back above
             for index, position in live:
-                shown = with_images and position == leader
-                images, labels = group.restarts.frame(position) if shown else (None, None)
+                images, labels = (
+                    group.restarts.frame(position)
+                    if with_images and position == leader
+                    else (None, None)
+                )
                 yield ProgressEvent(
                     sum(steps),
                     total,
                     clock.elapsed,
-                    {k: float(v[index]) for k, v in losses.items()},
+                    {k: float(v[index]) for k, v in shown.items()},
                     group.ids[position],
                     images,
                     labels,

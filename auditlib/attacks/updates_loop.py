@@ -26,7 +26,14 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from auditlib.attacks.base import Clock, ProgressEvent, RunControl, final_event
-from auditlib.attacks.loop import MakeRestarts, StepInterrupted, start_seed, total_steps
+from auditlib.attacks.loop import (
+    READ_BACK_EVERY,
+    MakeRestarts,
+    StepInterrupted,
+    read_losses,
+    start_seed,
+    total_steps,
+)
 from auditlib.reconstruction import Candidate
 
 
@@ -85,36 +92,46 @@ def run_updates(
         images, labels = group.frame(position)
         yield event(owner[position], position, {}, images, labels)
 
+    def read_back(pending: list[tuple[int, Mapping[str, torch.Tensor]]]) -> None:
+        read = read_losses(pending, alive)
+        pending.clear()
+        for position, value in read.objective.items():
+            objective[position] = value
+        for position, at in read.diverged.items():
+            steps[position] = at
+            finish(position, "diverged")
+
     def advance(until: int) -> Iterator[tuple[int, ProgressEvent]]:
         nonlocal step
+        pending: list[tuple[int, Mapping[str, torch.Tensor]]] = []  # steps not read back yet
         while alive and step < until:
             reason = clock.stop_reason()
             if reason is not None:
+                read_back(pending)
                 for position in list(alive):
                     finish(position, reason)
                 return
             running = list(alive)
             try:
-                losses = {k: v.detach().cpu() for k, v in group.step(running).items()}
+                losses = {k: v.detach() for k, v in group.step(running).items()}
             except StepInterrupted as stop:
-                for position in running:
+                read_back(pending)
+                for position in list(alive):
                     finish(position, stop.reason)
                 return
             step += 1
-            first = next(iter(losses))
-            emit = step % control.emit_every == 0 or step == control.max_steps
-            with_images = step % control.image_every == 0 or step == control.max_steps
-            live = []
-            for index, position in enumerate(running):
+            for position in running:
                 steps[position] = step
-                value = float(losses[first][index])
-                if not math.isfinite(value):
-                    finish(position, "diverged")
-                    continue
-                objective[position] = value
-                live.append((index, position))
+            pending.append((step, losses))
+            emit = step % control.emit_every == 0 or step == control.max_steps
+            if not (emit or step >= until or len(pending) >= READ_BACK_EVERY):
+                continue
+            read_back(pending)
             if not emit:
                 continue
+            live = [(i, p) for i, p in enumerate(running) if p in alive]
+            with_images = step % control.image_every == 0 or step == control.max_steps
+            losses = {k: v.cpu() for k, v in losses.items()}  # this step's, read back above
             # One frame per update and image step: its leader's by its own objective.
             leaders = {}
             for _, position in live:

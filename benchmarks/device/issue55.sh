@@ -3,8 +3,10 @@
 # Here first: python -m benchmarks.device.pack, and in .whl/ the wheels of what that machine
 # lacks: sqlalchemy, greenlet, phe, opacus, bcrypt (as for issue34.sh) and breaching's:
 #   .venv/bin/python -m pip download -d .whl --no-deps breaching==0.1.2 hydra-core omegaconf \
-#       antlr4-python3-runtime==4.9.3 sqlalchemy greenlet phe opacus bcrypt
-# (antlr4's is a source archive: `pip wheel --no-deps -w .whl` it). Then the device tool:
+#       antlr4-python3-runtime==4.9.3 \
+#       $(grep -iE '^(sqlalchemy|greenlet|phe|opacus|bcrypt)==' requirements.txt)
+# (antlr4's is a source archive: `pip wheel --no-deps -w .whl` it, then remove the archive).
+# Then the device tool:
 # command "bash benchmarks/device/issue55.sh [STEP...]", carry [".gpu", ".whl"].
 # STEPs (default "tests ig"; timeout_s 560): tests (the CUDA tests: about 1 minute),
 # ig (3 seeds x eager, compiled, 8 starts compiled, breaching at 300 steps: about 5 minutes
