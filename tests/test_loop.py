@@ -130,7 +130,8 @@ def test_losses_are_read_back_at_events_and_every_few_steps_not_at_every_step(mo
         return read_losses(pending, positions)
 
     monkeypatch.setattr(loop, "read_losses", counted)
-    _, final = run(2, True, RunControl(100, emit_every=10))
+    events, _ = run(2, True, RunControl(100, emit_every=10))
+    assert [e.step for e in events if e.losses][-2:] == [200, 200]  # both at the last step
     # Step 1 (the first event), then every event's step: 11 reads for 100 steps.
     assert [r[-1] for r in reads] == [1, *range(10, 101, 10)]
     assert sum(len(r) for r in reads) == 100  # every step read once
