@@ -44,6 +44,7 @@ class _Declared:
     low_open: bool
     high_open: bool
     values: tuple[Any, ...]
+    identity: bool = True
 
 
 def param(
@@ -55,6 +56,7 @@ def param(
     low_open: bool = False,
     high_open: bool = False,
     values: tuple[Any, ...] = (),
+    identity: bool = True,
 ) -> Any:
     """A config field declared once: its default, a short description and what it accepts.
 
@@ -63,10 +65,12 @@ def param(
     ``Literal`` field's choices come from its type; a ``X | None`` field also accepts None
     (an empty text), which its description says the meaning of. Use as
     ``lr: float = param(0.1, "Adam's step size", low=0, low_open=True, high=10)``.
+    ``identity=False``: the field says how a run computes, not what (compiling a step), so a
+    run's identity leaves it out (:func:`identity_dict`).
     """
     if not description.strip():
         raise ValueError("a parameter needs a description")
-    declared = _Declared(description, low, high, low_open, high_open, tuple(values))
+    declared = _Declared(description, low, high, low_open, high_open, tuple(values), identity)
     return dataclasses.field(default=default, metadata={_PARAM: declared})
 
 
@@ -346,6 +350,17 @@ def build_config(cls: type[T], params: Mapping[str, Any] | None, owner: str) -> 
 def config_dict(config: Any) -> dict[str, Any]:
     """A dataclass config as a JSON-ready dict."""
     return dataclasses.asdict(config)
+
+
+def identity_dict(config: Any) -> dict[str, Any]:
+    """:func:`config_dict` without the fields declared ``identity=False``: what a run of the
+    config computes, which its identity hashes."""
+    left_out = {
+        f.name
+        for f in dataclasses.fields(config)
+        if not getattr(f.metadata.get(_PARAM), "identity", True)
+    }
+    return {k: v for k, v in config_dict(config).items() if k not in left_out}
 
 
 def require_choice(value: object, allowed: tuple[str, ...], what: str) -> None:

@@ -87,6 +87,7 @@ class InvertingGradientsConfig:
         "where kernels are small, after seconds to tens of seconds of compiling per number "
         "of running starts; the starts advance together, and several updates one after "
         "another, each its own traced step",
+        identity=False,  # the same algorithm: a stored eager run stands for a compiled one
     )
 
     def __post_init__(self) -> None:
@@ -138,6 +139,7 @@ class _Restarts:
         self.config = config
         self.matcher = matcher
         self.compiled: CompiledGradient | None = None
+        self._indices: dict[tuple[int, ...], torch.Tensor] = {}
         images, logits = [], []
         for generator in generators:  # per restart: images, then label logits (its own draw)
             images.append(random_images(knowledge, generator))
@@ -189,6 +191,14 @@ class _Restarts:
         tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
         return distance + tv, distance
 
+    def _index(self, alive) -> torch.Tensor:
+        """The running rows as a device tensor, made once per set of rows (a list index
+        would be copied to the device at every step, waiting for it)."""
+        key = tuple(alive)
+        if key not in self._indices:
+            self._indices[key] = torch.tensor(key, device=self.images.device)
+        return self._indices[key]
+
     def traced(self, device: torch.device) -> None:
         """Step by the traced and compiled objective from now on (``attacks.compiled``)."""
         self.matcher.factored = False
@@ -209,8 +219,8 @@ class _Restarts:
             backward_to(objective.sum(), self.optimizer)
         else:
             rows = self.variables[:2] if self.logits is not None else self.variables[:1]
-            grads, objective, losses = self.compiled(*(v[alive] for v in rows))
-            index = torch.tensor(alive, device=self.images.device)
+            index = self._index(alive)
+            grads, objective, losses = self.compiled(*(v.index_select(0, index) for v in rows))
             for variable, grad in zip(rows, grads, strict=True):
                 variable.grad = torch.zeros_like(variable).index_copy_(0, index, grad)
             distance = losses["update_distance"]

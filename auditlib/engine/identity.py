@@ -5,7 +5,8 @@ the strings the user typed, so ``lr=1`` and ``lr=1.0``, the ``paper`` preset and
 spelled out, or no parameters and the defaults spelled out, were different runs of one
 configuration. :func:`run_identity` hashes what the run will do instead: the attack's
 config dataclass after its preset and parameters are applied (each attack of "every
-applicable attack"), whether its restarts race, whether an adaptive attacker runs beside it
+applicable attack"), less the fields that say how it computes rather than what
+(``param(identity=False)``: IG's ``compiled``), whether its restarts race, whether an adaptive attacker runs beside it
 (the threat model's switch, resolved; it matters only under a defense), and the defense's
 settings; every number in canonical form (``1 == 1.0``). Building the configs costs no
 model: it is the registries' parameter parsing only, which also refuses a bad parameter.
@@ -27,7 +28,7 @@ from typing import Any
 
 from auditlib.attacks import ALL_ATTACKS
 from auditlib.attacks.restarts import race_of
-from auditlib.config import config_dict
+from auditlib.config import identity_dict
 from auditlib.defenses import build_defense_config
 from auditlib.engine.attack_phase import adaptive_wanted, plan_attacks
 from auditlib.errors import AuditInputError
@@ -81,7 +82,7 @@ def _resolved_attack(spec: RunSpec) -> dict[str, Any]:
     resolved = [
         {
             "name": p.name,
-            "settings": config_dict(p.config),
+            "settings": identity_dict(p.config),
             "race": None if (race := race_of(p.config, p.preset)) is None else asdict(race),
         }
         for p in plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
