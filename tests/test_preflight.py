@@ -12,8 +12,9 @@ from pathlib import Path
 
 from auditlib.attacks import ProgressEvent
 from auditlib.cli import main
+from auditlib.engine.attack_phase import plan_attacks
 from auditlib.engine.audit import AuditResult, iter_audit
-from auditlib.engine.pace import AttackPace
+from auditlib.engine.pace import AttackPace, running_counts
 from auditlib.engine.preflight import TimeEstimate, duration_words, estimate_time
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
@@ -58,6 +59,24 @@ def test_the_words_say_the_measured_pace_the_time_and_the_budget_that_would_let_
         "17 min",
         "4.0 h",
     ]
+
+
+def test_a_compiled_step_is_estimated_with_its_compiling_once_per_count_of_starts():
+    compiled = TimeEstimate(
+        (AttackPace("ig (audit preset)", False, 2320, 0.001, setup_s=6.0),),
+        budget_s=7.0,
+        measuring_s=3.0,
+    )
+    assert compiled.unbounded_s == 6.0 + 2.32 and not compiled.fits
+    assert compiled.steps_in_budget == 1000  # the budget's first 6 s go to compiling
+    assert compiled.words().startswith(
+        "measured here on a few real steps: ig (audit preset) 0.001 s a step after 6.0 s of "
+        "compiling, so the 2,320 planned steps take about 8.3 s"
+    )
+    planned = plan_attacks(ComponentSpec.of("ig", {"compiled": "true"}, preset="audit"), 300)
+    assert running_counts(planned[0], 300) == [4, 2, 1]  # the audit preset's race of 4
+    paper = plan_attacks(ComponentSpec.of("ig", {"compiled": "true"}, preset="paper"), 300)
+    assert running_counts(paper[0], 300) == [1]
 
 
 def test_the_twins_have_a_budget_of_their_own():
