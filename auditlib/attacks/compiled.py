@@ -17,7 +17,7 @@ batch statistics normalises by composite operations throughout the run
 (``client.exact_batchnorm``), as the batched eager step does. Values agree with the eager
 step's up to float summation order (tests/test_compiled_step.py).
 
-Compiling costs seconds to tens of seconds per shape before the first step (measured in
+Compiling costs seconds to minutes per shape before the first step (measured in
 docs/PERFORMANCE.md), so it is asked for (``compiled`` in the attack's configuration), not
 the default.
 """

@@ -84,7 +84,7 @@ class InvertingGradientsConfig:
     compiled: bool = param(
         False,
         "trace and compile the step with torch.compile (a CUDA graph on a GPU): faster steps "
-        "where kernels are small, after seconds to tens of seconds of compiling per number "
+        "where kernels are small, after seconds to minutes of compiling per number "
         "of running starts; the starts advance together, and several updates one after "
         "another, each its own traced step",
         identity=False,  # the same algorithm: a stored eager run stands for a compiled one
