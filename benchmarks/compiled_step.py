@@ -23,13 +23,14 @@ of the paper's ImageNet budget, 24,000 steps.
 
 Writes benchmarks/results/compiled_step-DEVICE-CASE.json and prints each run as a JSON line.
 Usage: python -m benchmarks.compiled_step [--device cuda] [--case resnet18-224]
-       [--steps 1000] [--seeds 3] [--starts 8] [--paper-budget] [--no-peer]
+       [--steps 1000] [--seeds 3] [--starts 8] [--paper-budget [--budget-only]] [--no-peer]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import time
@@ -37,11 +38,10 @@ import time
 import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
-from auditlib.client.protocol import ClientProtocol
 from auditlib.models import ModelSpec
-from auditlib.threat import AttackerKnowledge, Observation
+from auditlib.threat import Observation
 from benchmarks.common import ROOT, machine
-from benchmarks.peers import PEERS, _case, _psnr, theirs
+from benchmarks.peers import PEERS, _case, _psnr, our_knowledge, theirs
 
 CASES = {
     "lenet": ModelSpec("lenet", 100, (3, 32, 32), init="uniform"),
@@ -53,16 +53,7 @@ PAPER_BUDGET = 24_000
 
 def ours(victim, classes, names, gradient, device, steps, seed, compiled, starts=1) -> dict:
     """One run of our IG (paper preset), labels known; seconds to its first step and after."""
-    model = copy.deepcopy(victim.model).to(device)
-    knowledge = AttackerKnowledge(
-        model=model,
-        protocol=ClientProtocol(),
-        batch_size=1,
-        input_shape=tuple(victim.batch.images.shape[1:]),
-        num_classes=classes,
-        normalization=victim.normalization,
-        labels=victim.batch.labels.clone(),
-    )
+    knowledge = our_knowledge(victim, classes, copy.deepcopy(victim.model).to(device), True)
     observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
     config, _ = build_attack_config("ig", {"restarts": starts, "compiled": compiled}, "paper")
     control = RunControl(steps, emit_every=max(steps // 10, 1), image_every=10**9)
@@ -142,47 +133,26 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=8, help="starts of the together row")
     parser.add_argument("--paper-budget", action="store_true")
     parser.add_argument("--no-peer", action="store_true", help="leave breaching out")
+    parser.add_argument(
+        "--budget-only", action="store_true", help="only the paper's budget (with --paper-budget)"
+    )
     args = parser.parse_args()
 
     spec = CASES[args.case]
     victim, names, gradient = _case(spec)
     with_peer = not args.no_peer and PEERS.exists()
+    run = functools.partial(ours, victim, spec.num_classes, names, gradient, args.device)
     runs = []
-    for seed in range(args.seeds):
-        for compiled in (False, True):
-            runs.append(
-                ours(
-                    victim,
-                    spec.num_classes,
-                    names,
-                    gradient,
-                    args.device,
-                    args.steps,
-                    seed,
-                    compiled,
-                )
-            )
+    for seed in range(0 if args.budget_only else args.seeds):
+        for compiled, starts in ((False, 1), (True, 1), (True, args.starts)):
+            runs.append(run(args.steps, seed, compiled, starts))
             print(json.dumps(runs[-1]), flush=True)
-        runs.append(
-            ours(
-                victim,
-                spec.num_classes,
-                names,
-                gradient,
-                args.device,
-                args.steps,
-                seed,
-                True,
-                args.starts,
-            )
-        )
-        print(json.dumps(runs[-1]), flush=True)
         if with_peer:
             runs.append(peer(victim, spec.num_classes, gradient, args.device, args.steps, seed))
             print(json.dumps(runs[-1]), flush=True)
     budget = None
     if args.paper_budget:
-        budget = ours(victim, spec.num_classes, names, gradient, args.device, PAPER_BUDGET, 0, True)
+        budget = run(PAPER_BUDGET, 0, True)
         print(json.dumps(budget), flush=True)
     result = {
         "machine": machine(),

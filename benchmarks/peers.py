@@ -105,10 +105,10 @@ def _psnr(images: torch.Tensor, victim) -> float:
     return 10 * torch.log10(torch.tensor(1 / max(mse, 1e-10))).item()
 
 
-def ours(victim, classes, names, gradient, attack, preset, iterations, labels_known, seed=0):
-    model = copy.deepcopy(victim.model)
-    forwards = _counting_forwards(model)
-    knowledge = AttackerKnowledge(
+def our_knowledge(victim, classes, model, labels_known) -> AttackerKnowledge:
+    """What our attacker knows of the victim's one photograph: ``model`` (the server's,
+    on the device it runs on), FedSGD, the labels where they are known."""
+    return AttackerKnowledge(
         model=model,
         protocol=ClientProtocol(),
         batch_size=1,
@@ -117,6 +117,12 @@ def ours(victim, classes, names, gradient, attack, preset, iterations, labels_kn
         normalization=victim.normalization,
         labels=victim.batch.labels.clone() if labels_known else None,
     )
+
+
+def ours(victim, classes, names, gradient, attack, preset, iterations, labels_known, seed=0):
+    model = copy.deepcopy(victim.model)
+    forwards = _counting_forwards(model)
+    knowledge = our_knowledge(victim, classes, model, labels_known)
     observation = Observation("gradient", gradient, names)
     config, _ = build_attack_config(attack, {"restarts": 1}, preset)
     control = RunControl(iterations, emit_every=iterations, image_every=iterations)

@@ -23,7 +23,7 @@ for step in ${*:-tests ig}; do
   case $s in
     tests) timeout 150 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py -k "cuda or traced or compiled" 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     ig) timeout 400 bench --steps "$n" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
-    budget) timeout 500 bench --steps 10 --seeds 1 --no-peer --paper-budget 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
+    budget) timeout 500 bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     *) echo "unknown step $s" ;;
   esac
 done
