@@ -167,9 +167,10 @@ class _Restarts:
         )
 
     def _labels(self, positions) -> torch.Tensor:
+        rows = self._index(positions)
         if self.logits is None:
-            return self.fixed[positions] if self.fixed_rows else self.fixed
-        return torch.softmax(self.logits[positions], dim=-1)
+            return self.fixed.index_select(0, rows) if self.fixed_rows else self.fixed
+        return torch.softmax(self.logits.index_select(0, rows), dim=-1)
 
     def _one(self, labels: torch.Tensor) -> torch.Tensor:
         """One restart's labels out of ``_labels([position])``."""
@@ -192,8 +193,9 @@ class _Restarts:
         return distance + tv, distance
 
     def _index(self, alive) -> torch.Tensor:
-        """The running rows as a device tensor, made once per set of rows (a list index
-        would be copied to the device at every step, waiting for it)."""
+        """The running rows as a device tensor, made once per set of rows: a list index is
+        copied to the device at every use, and the copy waits for the device (a host
+        synchronisation in every step on a GPU)."""
         key = tuple(alive)
         if key not in self._indices:
             self._indices[key] = torch.tensor(key, device=self.images.device)
@@ -213,7 +215,7 @@ class _Restarts:
     def step(self, alive):
         self.optimizer.zero_grad()
         if self.compiled is None:
-            images = self.images[alive]
+            images = self.images.index_select(0, self._index(alive))
             objective, distance = self._objective(images, self._labels(alive), alive)
             # Each restart's variables get its own objective's gradient.
             backward_to(objective.sum(), self.optimizer)
