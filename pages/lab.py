@@ -80,7 +80,7 @@ def _estimate(setup: Setup, lab: LabChoices) -> tuple[str | None, str]:
     measured for; and the run's identity it holds for (None: no run to measure)."""
     try:
         spec, assets, _ = build_run(setup, lab)
-        key = run_identity(spec)
+        key = _estimate_key(spec)
     except AuditInputError as exc:
         return None, f"No estimate: {exc}"
     try:
@@ -95,10 +95,16 @@ def _estimate(setup: Setup, lab: LabChoices) -> tuple[str | None, str]:
     return key, f"{settings.attack} on {settings.model}: {words[0].upper()}{words[1:]}."
 
 
+def _estimate_key(spec) -> str:
+    """What an estimate holds for: the run's identity and how it computes (a compiled step,
+    left out of the identity, changes the pace)."""
+    return f"{run_identity(spec)}/{spec.identity()}"
+
+
 def _run_key(setup: Setup, lab: LabChoices) -> str | None:
-    """The identity of the run Start would begin (None where it cannot be built)."""
+    """The estimate key of the run Start would begin (None where it cannot be built)."""
     try:
-        return run_identity(build_run(setup, lab)[0])
+        return _estimate_key(build_run(setup, lab)[0])
     except AuditInputError:
         return None
 
@@ -114,7 +120,7 @@ def _estimate_box(setup: Setup, lab: LabChoices, blocked: bool) -> None:
         help="Runs a few real steps of the run's attacks on this model, batch and device "
         "(a few seconds) and scales them by the planned steps, before anything runs.",
     )
-    shown = st.session_state.get("estimate_shown")  # (run identity, words)
+    shown = st.session_state.get("estimate_shown")  # (estimate key, words)
     if blocked or not (asked or shown):
         st.session_state.pop("estimate_shown", None)
         return

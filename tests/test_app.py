@@ -731,6 +731,22 @@ def test_the_lab_estimates_the_time_before_anything_runs(dashboard_store):
     assert bar.proto.text.startswith(f"completed: step {planned} of {planned} "), bar.proto.text
 
 
+def test_asking_for_a_compiled_step_estimates_again_with_its_compiling(dashboard_store):
+    """IG's ``compiled`` is left out of the run's identity (it says how the run computes),
+    but it changes the pace: the estimate shown must be measured for it."""
+    at = _app()
+    at.switch_page(LAB.path).run()
+    at.selectbox(key="attack").set_value("ig").run()
+    at.number_input(key="iterations.ig.audit").set_value(20).run()
+    at.button(key="estimate").click().run()
+    [eager] = [i.value for i in at.info if "planned steps take about" in i.value]
+    assert "of compiling" not in eager
+    at.checkbox(key="attack.ig.audit.compiled").check().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    [compiled] = [i.value for i in at.info if "planned steps take about" in i.value]
+    assert re.search(r"ig \(audit preset\) [\d.e-]+ s a step after [\d.]+ s of compiling", compiled)
+
+
 def test_a_finished_run_states_one_attack_time_and_the_whole_runs_apart(dashboard_store):
     """Issue 35: the progress line said "63.0 s" and Timing "120.0 s for 932 iterations".
     The progress line of a finished run ends on the seconds its Timing states, both named

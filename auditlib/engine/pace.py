@@ -25,6 +25,10 @@ from auditlib.errors import AttackUnsupportedError
 # can make one step 30 times its usual time (measured: 1.8 s against 0.06 s for LeNet DLG).
 PROBE_STEPS = 6
 PROBE_S = 2.0
+# A compiled step traces again when a race changes its count of starts (a rung in the first
+# steps of a short run): its steps are timed past those, for up to this long, and the lower
+# median leaves the retraced steps out (at most 2 of the 6 intervals under the audit preset).
+COMPILED_PROBE_S = 60.0
 # A first step is let run this long before it is cut and timed by its evaluations instead:
 # a batched L-BFGS step evaluates fewer starts as they settle, so 20 times its first
 # evaluations overstates it (3x on LeNet DLG's 8 starts).
@@ -171,7 +175,8 @@ def _step_seconds(call: AttackCall) -> tuple[float, float]:
             # Enough steps timed, or the time spent; a first step slower than PROBE_S is
             # timed alone (its allocations included) rather than waiting for a second.
             slow_first = len(marks) == 1 and now - ready > PROBE_S and not compiled
-            if len(marks) > PROBE_STEPS or now - marks[0][1] > PROBE_S or slow_first:
+            spent = now - marks[0][1] > (COMPILED_PROBE_S if compiled else PROBE_S)
+            if len(marks) > PROBE_STEPS or spent or slow_first:
                 break
     finally:
         events.close()  # the attack stops here; nothing of it is kept
