@@ -80,13 +80,12 @@ def measure_paces(prepared) -> tuple[AttackPace, ...]:
         if not isinstance(call, AttackCall):
             continue
         try:
-            step_s, first_s = _step_seconds(call)
+            step_s, first_extra_s = _step_seconds(call)
         except AttackUnsupportedError:  # found only once it runs (iDLG's rule on a batch):
             continue  # the run skips it too, and says why
         setup_s = 0.0
         if _compiled(call):  # the first step traced the step: again per count of starts
-            shapes = len(running_counts(attack, prepared.control.max_steps))
-            setup_s = max(first_s - step_s, 0.0) * shapes
+            setup_s = first_extra_s * len(running_counts(attack, prepared.control.max_steps))
         paces.append(
             AttackPace(attack.label, attack.adaptive, attack.planned_steps, step_s, setup_s)
         )
@@ -145,8 +144,8 @@ class _Watch:
 
 def _step_seconds(call: AttackCall) -> tuple[float, float]:
     """Seconds per step of ``call``'s attack: the median of the steps timed after its first
-    (or its first, from when its restarts were ready, where that is all that fits), and the
-    first step's own seconds. Events come right after each step (every step here:
+    (or its first, from when its restarts were ready, where that is all that fits), and what
+    the first step took beyond that pace (a compiled step's tracing). Events come right after each step (every step here:
     ``emit_every`` 1), their ``step`` counting every restart's steps. A closed form runs its
     one pass whole. A step too slow to finish within PROBE_S (an L-BFGS step of 20 loss
     evaluations on a large model) is stopped after a few evaluations: its time is theirs
@@ -180,14 +179,14 @@ def _step_seconds(call: AttackCall) -> tuple[float, float]:
                 break
     finally:
         events.close()  # the attack stops here; nothing of it is kept
-    first_s = (marks[0][1] - ready) / marks[0][0] if marks else time.perf_counter() - ready
     if len(marks) >= 2:
         paces = sorted((b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(marks))
-        return paces[(len(paces) - 1) // 2], first_s  # the lower median: bursts only add
+        pace = paces[(len(paces) - 1) // 2]  # the lower median: bursts only ever add time
+        return pace, max(marks[0][1] - ready - marks[0][0] * pace, 0.0)
     if marks:  # one step (a closed form's pass, or one slow step)
-        return first_s, first_s
+        return (marks[0][1] - ready) / marks[0][0], 0.0
     evaluation = watch.evaluation_s()
     if evaluation is None:  # stopped before any evaluation was timed: all it took
-        return first_s, first_s
+        return time.perf_counter() - ready, 0.0
     per_step = getattr(call.attack.config, "lbfgs_max_iter", 1)
-    return evaluation * per_step / max(together, 1), first_s
+    return evaluation * per_step / max(together, 1), 0.0
