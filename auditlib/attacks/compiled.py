@@ -90,14 +90,12 @@ class CompiledGradient:
             value_and_grad.__closure__,
         )
         self._step = torch.compile(own, backend=backend, mode=mode, dynamic=False, fullgraph=True)
-        self.calls = 0
 
     def __call__(
         self, *variables: torch.Tensor
     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, dict[str, torch.Tensor]]:
         if self.cuda:  # the previous replay's outputs have been read: its memory may go
             torch.compiler.cudagraph_mark_step_begin()
-        self.calls += 1
         grads, value, losses = self._step(*(v.detach() for v in variables))
         if self.cuda:  # kept past the next replay (the loop reads losses back every few steps)
             value, losses = value.clone(), {k: v.clone() for k, v in losses.items()}
