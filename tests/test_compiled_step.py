@@ -111,9 +111,11 @@ def test_inverting_gradients_compiled_ends_where_it_ends_eager(monkeypatch):
     for a, b in zip(eager.candidates, compiled.candidates, strict=True):
         assert b.steps == a.steps == 10 and b.stop_reason == "completed"
         # Measured: 5e-6 and 1.3e-4 apart after 10 steps (float order; an entry's Adam
-        # step is about lr times its sign at first, so rounding grows step by step).
-        assert b.loss == pytest.approx(a.loss, rel=1e-3)
-        torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-3)
+        # step is about lr times its sign at first, so rounding grows step by step). The
+        # bounds leave room for another CPU's kernels; a step fed the wrong rows, variables
+        # or labels moves pixels by about lr = 0.1 a step. The gradient itself: the test above.
+        assert b.loss == pytest.approx(a.loss, rel=5e-3)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
         assert torch.equal(b.labels, a.labels)
 
 
@@ -126,8 +128,8 @@ def test_inverting_gradients_compiled_as_a_cuda_graph_ends_where_it_ends_eager_t
     assert calls == [2] * 10
     for a, b in zip(eager.candidates, compiled.candidates, strict=True):
         assert b.images.device.type == "cpu"  # candidates come back to the CPU
-        assert b.loss == pytest.approx(a.loss, rel=1e-3)
-        torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-3)
+        assert b.loss == pytest.approx(a.loss, rel=5e-3)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
 
 
 def test_a_raced_compiled_run_traces_each_count_of_running_starts(monkeypatch):
