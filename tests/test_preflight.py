@@ -74,9 +74,11 @@ def test_a_compiled_step_is_estimated_with_its_compiling_once_per_count_of_start
         "compiling, so the 2,320 planned steps take about 8.3 s"
     )
     planned = plan_attacks(ComponentSpec.of("ig", {"compiled": "true"}, preset="audit"), 300)
-    assert running_counts(planned[0], 300) == [4, 2, 1]  # the audit preset's race of 4
+    assert running_counts(planned[0], 300, 10) == [4, 2, 1]  # the audit preset's race of 4
+    # 20 steps on a grid of 10: the three rungs fall on one event, one drop (4 -> 2).
+    assert running_counts(planned[0], 20, 10) == [4, 2]
     paper = plan_attacks(ComponentSpec.of("ig", {"compiled": "true"}, preset="paper"), 300)
-    assert running_counts(paper[0], 300) == [1]
+    assert running_counts(paper[0], 300, 10) == [1]
 
 
 def test_the_twins_have_a_budget_of_their_own():

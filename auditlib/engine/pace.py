@@ -85,21 +85,24 @@ def measure_paces(prepared) -> tuple[AttackPace, ...]:
             continue  # the run skips it too, and says why
         setup_s = 0.0
         if _compiled(call):  # the first step traced the step: again per count of starts
-            setup_s = first_extra_s * len(running_counts(attack, prepared.control.max_steps))
+            control = prepared.control  # the run's: its rungs on the run's event grid
+            shapes = running_counts(attack, control.max_steps, control.emit_every)
+            setup_s = first_extra_s * len(shapes)
         paces.append(
             AttackPace(attack.label, attack.adaptive, attack.planned_steps, step_s, setup_s)
         )
     return tuple(paces)
 
 
-def running_counts(attack, max_steps: int) -> list[int]:
+def running_counts(attack, max_steps: int, every: int) -> list[int]:
     """The counts of starts a planned attack's step runs with, in turn (its race drops the
-    worse share at each rung): each is a shape a compiled step traces once."""
+    worse share at each rung, on the run's event grid of ``every`` steps, where rungs that
+    fall on one event are one): each is a shape a compiled step traces once."""
     restarts = getattr(attack.config, "restarts", 1)
     race = race_of(attack.config, attack.preset)
     counts = [restarts]
     if race is not None:
-        for _ in race.rung_steps(max_steps):
+        for _ in race.rung_steps(max_steps, every):
             counts.append(race.survivors(counts[-1]))
     return sorted(set(counts), reverse=True)
 
