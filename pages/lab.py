@@ -17,6 +17,7 @@ from auditlib.engine.controls import start_with_control
 from auditlib.engine.identity import run_identity
 from auditlib.engine.preflight import estimate_time
 from auditlib.errors import AuditInputError
+from auditlib.spec import RunSpec
 from auditlib.store import RunRecord
 from auditlib.words import count_of
 from dashboard.auth import signed_in_fragment
@@ -77,7 +78,7 @@ def _start(setup: Setup, lab: LabChoices) -> None:
 def _estimate(setup: Setup, lab: LabChoices) -> tuple[str | None, str]:
     """What the run Start would begin will take here (``engine.preflight.estimate_time``:
     a few of its attacks' real steps, measured), in words, with the settings it was
-    measured for; and the run's identity it holds for (None: no run to measure)."""
+    measured for; and the key it holds for (``_estimate_key``; None: no run to measure)."""
     try:
         spec, assets, _ = build_run(setup, lab)
         key = _estimate_key(spec)
@@ -95,9 +96,10 @@ def _estimate(setup: Setup, lab: LabChoices) -> tuple[str | None, str]:
     return key, f"{settings.attack} on {settings.model}: {words[0].upper()}{words[1:]}."
 
 
-def _estimate_key(spec) -> str:
-    """What an estimate holds for: the run's identity and how it computes (a compiled step,
-    left out of the identity, changes the pace)."""
+def _estimate_key(spec: RunSpec) -> str:
+    """What an estimate holds for: the run's identity (resolving it refuses a bad parameter
+    as the run would) and the spec as written (how it computes: a compiled step, left out
+    of the identity, changes the pace)."""
     return f"{run_identity(spec)}/{spec.identity()}"
 
 
