@@ -91,6 +91,22 @@ def test_the_twins_have_a_budget_of_their_own():
     assert estimate.needed_budget_s == 30.0 and not estimate.fits
 
 
+def test_attacks_that_will_run_at_once_are_estimated_as_measured_one_after_another():
+    """On CUDA the attacks run at once (``engine.at_once``): their paces, measured one at a
+    time, add up to what one after another would take, which the words say; what a budget
+    lets them make at once is not measured, so no count of steps is promised."""
+    paces = (AttackPace("dlg", False, 480, 0.5), AttackPace("ig", False, 350, 0.1))
+    estimate = TimeEstimate(paces, budget_s=60.0, measuring_s=1.0, at_once=True)
+    assert estimate.words() == (
+        "measured here on a few real steps: dlg 0.5 s a step, ig 0.1 s a step, so the 830 "
+        "planned steps take about 5 min one attack after another; the attacks will run at "
+        "once on this device, sharing it, so the run may take less; the time budget of 60 s "
+        "may stop them first (each attack may use all of it)"
+    )
+    apart = TimeEstimate(paces, budget_s=None, measuring_s=1.0)
+    assert apart.words().endswith("so the 830 planned steps take about 5 min")
+
+
 def test_the_estimate_times_the_attacks_own_steps_not_one_loss_evaluation():
     """Issue 52: LeNet DLG was said to take "at least 2 s" and took 44.7 s: an L-BFGS step
     evaluates the loss up to ``lbfgs_max_iter`` times. The pace is measured on the attack's

@@ -3,7 +3,9 @@
 "Every applicable attack" (attack name ``all``) runs each registered attack at its audit
 preset, one after another, sharing the run's time budget: each attack gets an equal share
 of what is left when it starts among the attacks from it on that will run (so time an
-attack does not use passes on, and one that will be skipped takes none). An attack that
+attack does not use passes on, and one that will be skipped takes none). On CUDA the
+honest server's attacks run at once instead, sharing the device for the budget
+(:func:`run_attacks_at_once`, ``engine.at_once``). An attack that
 does not apply to the scenario (its declared requirement, or the attack's own refusal when
 it starts) is listed with its reason. The scores then take, per image, the best of the
 attacks' own picks (:func:`worst_case`): the auditor's view, chosen with the private images
@@ -13,6 +15,7 @@ server's pick instead: ``engine.judging``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +35,7 @@ from auditlib.attacks import (
 )
 from auditlib.attacks.base import evading_servers
 from auditlib.attacks.restarts import AUDIT_PRESET, planned_steps, restart_schedule, run_attack
+from auditlib.engine.at_once import Ended, groups_that_fit, run_at_once, why_not_at_once
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
 from auditlib.metrics.scores import ImageScore
@@ -186,13 +190,20 @@ def run_attacks(
     control: RunControl,
     seed: int,
     outcomes: list[AttackRun],
+    at_once: bool | None = False,
 ) -> Iterator[ProgressEvent]:
-    """Run the planned attacks in turn; their events are renumbered to the run's steps.
+    """Run the planned attacks in turn (or at once); their events are renumbered to the
+    run's steps.
 
     ``release_for`` gives each attack what the server received (the honest server's
     release, or the release of the model a malicious attack built); ``outcomes`` receives
-    one :class:`AttackRun` per planned attack.
+    one :class:`AttackRun` per planned attack. ``at_once``: the honest server's attacks run
+    at once, each pool (plain attacks, then twins) together (:func:`run_attacks_at_once`);
+    None: where ``engine.at_once.why_not_at_once`` allows it (on CUDA).
     """
+    if runs_at_once(planned, release_for, at_once):
+        yield from run_attacks_at_once(planned, release_for, control, seed, outcomes)
+        return
     started = time.perf_counter()
     # The steps of the attacks that will run: the count the estimate and the page show.
     running = steps_that_run(planned, release_for)
@@ -238,6 +249,116 @@ def run_attacks(
         outcomes.append(AttackRun(attack, final, None, seconds))
 
 
+def runs_at_once(
+    planned: list[PlannedAttack],
+    release_for: Callable[[PlannedAttack], Release],
+    at_once: bool | None = None,
+) -> bool:
+    """Whether :func:`run_attacks` runs these attacks at once: several, none a malicious
+    server's (its model is built at its turn, and its one closed-form pass gains nothing at
+    once), and ``at_once`` asked for or, where None, allowed (``why_not_at_once``: CUDA)."""
+    if len(planned) < 2 or any(ATTACKS[p.name].builds is not None for p in planned):
+        return False
+    return at_once if at_once is not None else why_not_at_once(planned, release_for) is None
+
+
+def run_attacks_at_once(
+    planned: list[PlannedAttack],
+    release_for: Callable[[PlannedAttack], Release],
+    control: RunControl,
+    seed: int,
+    outcomes: list[AttackRun],
+) -> Iterator[ProgressEvent]:
+    """:func:`run_attacks` with the plain attacks at once (``engine.at_once``), then their
+    adaptive twins at once (a twin may reuse its plain attack's result). On CUDA a pool is
+    split into groups that fit the memory free, each attack's peak measured on one step
+    (``at_once.groups_that_fit``), the groups run one after another. Each attack of a group
+    may use the group's share of the pool's budget (all of it for one group), as the group
+    shares the device for it; the events' steps are the sum of every attack's steps so far,
+    their seconds the phase's."""
+    started = time.perf_counter()
+    running = steps_that_run(planned, release_for)
+    total = sum(p.planned_steps for p, runs in zip(planned, running, strict=True) if runs)
+    finals: dict[str, Reconstruction] = {}
+    spent = {False: 0.0, True: 0.0}
+    ended: dict[int, AttackRun] = {}
+    done = [0]  # the steps of the attacks that have ended
+    for pool in (False, True):
+        calls: dict[int, AttackCall] = {}
+        for index, attack in enumerate(planned):
+            if attack.adaptive != pool:
+                continue
+            call = attack_call(
+                index, planned, release_for, control, seed, finals, spent, at_once=True
+            )
+            if isinstance(call, AttackRun):
+                ended[index] = call
+            else:
+                calls[index] = call
+        groups = groups_that_fit(calls)
+        for g, group in enumerate(groups):
+            left = None if control.max_seconds is None else control.max_seconds - spent[pool]
+            if left is not None and left <= 0:
+                ended.update(
+                    {i: AttackRun(calls[i].attack, None, BUDGET_SPENT, 0.0) for i in group}
+                )
+                continue
+            share = None if left is None else left / (len(groups) - g)
+            began = time.perf_counter()
+            yield from _group_at_once(
+                {i: _with_share(calls[i], share) for i in group},
+                started,
+                total,
+                done,
+                finals,
+                ended,
+            )
+            spent[pool] += time.perf_counter() - began
+    outcomes.extend(ended[index] for index in sorted(ended))
+
+
+def _with_share(call: AttackCall, seconds: float | None) -> AttackCall:
+    return replace(call, control=replace(call.control, max_seconds=seconds))
+
+
+def _group_at_once(
+    calls: dict[int, AttackCall],
+    started: float,
+    total: int,
+    done: list[int],
+    finals: dict[str, Reconstruction],
+    ended: dict[int, AttackRun],
+) -> Iterator[ProgressEvent]:
+    """One group's attacks at once (``run_attacks_at_once``): their events renumbered to
+    the run's steps, each attack's outcome into ``ended``, its steps into ``done``."""
+    steps = dict.fromkeys(calls, 0)
+    results: dict[int, Ended] = {}
+    with contextlib.closing(run_at_once(calls)) as pairs:  # closed: the others stop
+        for index, item in pairs:
+            if isinstance(item, Ended):
+                failed = item.error is not None
+                if failed and not isinstance(item.error, AttackUnsupportedError):
+                    raise item.error
+                results[index] = item
+                continue
+            steps[index] = item.step
+            yield replace(
+                item,
+                step=done[0] + sum(steps.values()),
+                total_steps=total,
+                elapsed_s=time.perf_counter() - started,
+                final=None,
+            )
+    for index, call in calls.items():  # in the plan's order
+        result = results[index]
+        if result.error is not None:  # the attack's refusal
+            ended[index] = AttackRun(call.attack, None, str(result.error), result.seconds)
+            continue
+        final = settled(call, result.final, finals)
+        done[0] += final.steps if final is not None else 0
+        ended[index] = AttackRun(call.attack, final, None, result.seconds)
+
+
 @dataclass(frozen=True, eq=False)
 class AttackCall:
     """One planned attack ready to run on one update: what ``run_attack`` takes, with the
@@ -272,12 +393,14 @@ def attack_call(
     finals: dict[str, Reconstruction],
     spent: dict[bool, float],
     late: dict[bool, list[float]] | None = None,
+    at_once: bool = False,
 ) -> AttackCall | AttackRun:
     """What :func:`run_attacks` runs for ``planned[index]``: the call, or the attack's
     outcome without a run (it does not apply, the budget was spent, or a twin that is its
     plain attack's result undone). ``finals``: the plain attacks' results so far; ``spent``:
     the seconds the plain attacks and the twins have used; ``late``: the seconds each
-    attack of either pool cut by its share ran past it."""
+    attack of either pool cut by its share ran past it; ``at_once``: the pool's attacks run
+    at once, so each may use all that is left of the pool's budget."""
     attack = planned[index]
     try:
         observation, knowledge, info, reason, reuses_plain = _readied(
@@ -310,7 +433,7 @@ def attack_call(
         left = control.max_seconds - pool
         if left <= 0:
             return AttackRun(attack, None, BUDGET_SPENT, 0.0)
-        runs = runs_ahead(index, planned, release_for)
+        runs = 1 if at_once else runs_ahead(index, planned, release_for)
         share = left / runs
         overran = [] if late is None else late[attack.adaptive]
         if runs == 1 and overran:

@@ -205,12 +205,14 @@ def iter_audit(
     lpips_nets: tuple[str, ...] = LPIPS_NETS,
     allow_trusted_archive: bool = False,
     assets: Mapping[str, bytes] | None = None,
+    attacks_at_once: bool | None = None,
 ) -> Iterator[AuditStart | ProgressEvent | LiveFrame | UtilityProgress | AuditResult]:
     """Run the audit described by ``spec``.
 
     Yields an :class:`AuditStart`, then the attack's progress events (each event with images
     followed by a :class:`LiveFrame`), then, where the spec measures utility, one
     :class:`UtilityProgress` per training round, then the :class:`AuditResult`.
+    ``attacks_at_once``: several attacks run at once (``engine.at_once``); None: on CUDA.
     """
     prepared = yield from _prepare(
         spec,
@@ -225,7 +227,12 @@ def iter_audit(
     runs: list[AttackRun] = []
     rounds, control = prepared.rounds, prepared.control
     for event in run_attacks(
-        prepared.planned, rounds.for_attack, control, prepared.attack_seed, runs
+        prepared.planned,
+        rounds.for_attack,
+        control,
+        prepared.attack_seed,
+        runs,
+        at_once=attacks_at_once,
     ):
         if first_event_s is None:
             first_event_s = time.perf_counter() - started

@@ -55,6 +55,9 @@ class TimeEstimate:
     # Planned attacks not measured for their cost (servers built to pass a model check,
     # ``pace.unmeasured``): said beside the estimate, not counted in it.
     unmeasured: tuple[str, ...] = ()
+    # The attacks will run at once (``engine.at_once``: on CUDA): measured one at a time,
+    # the estimate then counts them one after another, which the run need not take.
+    at_once: bool = False
 
     @property
     def planned_steps(self) -> int:
@@ -120,7 +123,17 @@ class TimeEstimate:
             f"take{'s' if self.planned_steps == 1 else ''} about "
             f"{duration_words(self.unbounded_s)}"
         )
-        if not self.fits:
+        if self.at_once:
+            text += (
+                " one attack after another; the attacks will run at once on this device, "
+                "sharing it, so the run may take less"
+            )
+        if not self.fits and self.at_once:  # the steps at once in a budget: unmeasured
+            text += (
+                f"; the time budget of {self.budget_s:g} s may stop them first (each attack "
+                "may use all of it)"
+            )
+        elif not self.fits:
             text += (
                 f"; the time budget of {self.budget_s:g} s stops the attack after about "
                 f"{self.steps_in_budget:,} of them: a budget of at least "
@@ -159,6 +172,7 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     None for a trusted archive or a model class of the user's own code (its model runs in
     a process of its own). Raises ``AuditInputError`` where the run itself would be refused
     (its images, its model)."""
+    from auditlib.engine.attack_phase import runs_at_once
     from auditlib.engine.audit import prepare_run
     from auditlib.engine.isolation import runs_own_code
     from auditlib.engine.pace import measure_paces, unmeasured
@@ -171,6 +185,11 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     paces = measure_paces(prepared)
     if not paces:
         return None
+    at_once = runs_at_once(prepared.planned, prepared.rounds.for_attack)
     return TimeEstimate(
-        paces, spec.budget.max_seconds, time.perf_counter() - started, unmeasured(prepared)
+        paces,
+        spec.budget.max_seconds,
+        time.perf_counter() - started,
+        unmeasured(prepared),
+        at_once,
     )
