@@ -9,6 +9,7 @@ step) on DLG's LeNet at 32 px, batch 1. Medians over the rounds.
 
 Writes benchmarks/results/against_revision-ATTACKS.json and prints it.
 Usage: python -m benchmarks.against_revision REV [--rounds 5] [--attacks ig dlg]
+       [--preset audit]
 """
 
 from __future__ import annotations
@@ -27,9 +28,16 @@ STEPS = {"ig": 1000, "dlg": 60, "gi": 300, "grnn": 100, "fedleak": 100}
 
 
 def child(attacks: list[str]) -> None:
-    """Time each attack once in this process's tree; print one JSON line."""
+    """Time each attack once in this process's tree; print one JSON line. With
+    ``AUDIT_BENCH_PRESET`` set, each attack at that preset (its starts together, unraced)."""
     from auditlib.client.protocol import ClientProtocol
+    from benchmarks import attack_throughput
     from benchmarks.attack_throughput import CASES, release_for, timed
+
+    preset = os.environ.get("AUDIT_BENCH_PRESET")
+    if preset:  # timed() builds the default configuration: give it the preset's
+        build = attack_throughput.build_attack_config
+        attack_throughput.build_attack_config = lambda name: build(name, {}, preset)
 
     case = CASES[0]  # LeNet 32x32, batch 1
     release = release_for(case, "cpu", ClientProtocol())
@@ -59,8 +67,11 @@ def main() -> None:
     parser.add_argument("revision", nargs="?")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--attacks", nargs="*", default=["ig", "dlg"])
+    parser.add_argument("--preset", help="each attack at this preset (e.g. audit)")
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.preset:
+        os.environ["AUDIT_BENCH_PRESET"] = args.preset
     if args.child is not None:
         child(args.child)
         return
@@ -85,12 +96,14 @@ def main() -> None:
         "this_tree": subprocess.check_output(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, text=True
         ).strip(),
+        "preset": args.preset,
         "steps": {a: STEPS[a] for a in args.attacks},
         "median_steps_per_second": medians,
         "ratio": {a: medians["this tree"][a] / medians[args.revision][a] for a in args.attacks},
         "runs": runs,
     }
-    out = ROOT / "benchmarks" / "results" / f"against_revision-{'-'.join(args.attacks)}.json"
+    name = "-".join(args.attacks) + (f"-{args.preset}" if args.preset else "")
+    out = ROOT / "benchmarks" / "results" / f"against_revision-{name}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("median_steps_per_second", "ratio")}, indent=1))
 

@@ -60,6 +60,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
+from auditlib.attacks.row_index import RowIndex, row_mask
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.client.update import client_update, read_as_gradient
 from auditlib.config import check_ranges, param, require
@@ -450,11 +451,18 @@ class _Restarts:
             if config.schedule == "cosine"
             else None
         )
-        self.diverged: dict[int, torch.Tensor] = {}  # the pixels it had, by position
+        self.diverged: dict[int, torch.Tensor] = {}  # one restart alone: the pixels it had
+        self._index = RowIndex(knowledge.device)  # the running rows, made once per set
+        # Restarts together, per restart on the device (read only at frames and scoring):
+        # whether its objective stopped being finite, and its pixels at the first such step.
+        self.broken = torch.zeros(len(starts), dtype=torch.bool, device=knowledge.device)
+        self.first_broken = torch.zeros_like(self.x01) if self.together else None
 
     def _pixels(self, position: int) -> torch.Tensor:
         if position in self.diverged:
             return self.diverged[position]
+        if self.together and bool(self.broken[position]):
+            return self.first_broken[position]
         return (self.x01[position] if self.together else self.x01).detach()
 
     def step(self, alive):
@@ -472,43 +480,52 @@ class _Restarts:
         value = torch.where(finite, value, torch.full_like(value, math.nan))
         return {"objective": value, "gradient_distance": distance}
 
-    def _full(self, rows: torch.Tensor, alive) -> torch.Tensor:
+    def _full(self, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """A gradient for the stacked pixels: ``rows`` for the alive restarts, 0 elsewhere."""
-        full = torch.zeros_like(self.x01)
-        full[alive] = rows
-        return full
+        return torch.zeros_like(self.x01).index_copy_(0, index, rows)
 
     def _step_together(self, alive):
         """One FedLeak iteration (Algorithm 1, lines 5-10) of every alive restart at once."""
         config, objective, x01 = self.config, self.objective, self.x01
         objective = objective.at(alive)  # each row its own update's, where updates go together
-        current, value, distance, masks = objective.evaluate_together(x01[alive])
+        index = self._index(alive)
+        pixels = x01.detach().index_select(0, index)
+        current, value, distance, masks = objective.evaluate_together(pixels)
         finite = torch.isfinite(value) & torch.isfinite(current).flatten(1).all(1)
-        for index in torch.nonzero(~finite).flatten().tolist():
-            self.diverged[alive[index]] = x01[alive[index]].detach().clone()
-        keep = finite.view(-1, *([1] * (current.dim() - 1)))
+        self._keep_first_broken(index, finite, pixels)
+        keep = row_mask(finite, current)
         current = torch.where(keep, current, torch.zeros_like(current))
         direction = current
         if config.blend > 0:
             reuse = masks if config.lookahead_mask == "reuse" else None
             if config.lookahead == "ascent_normalized":
                 offset = torch.func.vmap(ascent_offset, in_dims=(0, None))(current, config.k)
-                ahead, *_ = objective.evaluate_together(x01[alive] + offset, reuse)
+                ahead, *_ = objective.evaluate_together(pixels + offset, reuse)
             else:  # the released code's look-ahead, as in _step
                 saved = x01.detach().clone()
-                x01.grad = self._full(current, alive)
+                x01.grad = self._full(current, index)
                 self.optimizer.step()
                 with torch.no_grad():
                     x01.clamp_(0, 1)
-                ahead, *_ = objective.evaluate_together(x01[alive], reuse)
+                ahead, *_ = objective.evaluate_together(x01.detach().index_select(0, index), reuse)
                 with torch.no_grad():
                     x01.copy_(saved)
             direction = torch.where(keep, blend_directions(current, ahead, config.blend), 0.0)
-        x01.grad = self._full(direction, alive)
+        x01.grad = self._full(direction, index)
         self.optimizer.step()
         with torch.no_grad():
             x01.clamp_(0, 1)
         return value, distance, finite
+
+    def _keep_first_broken(self, index: torch.Tensor, finite: torch.Tensor, pixels) -> None:
+        """Keep, on the device, each running restart's pixels at the first step its
+        objective stopped being finite (no step is taken from it): what it is scored by
+        once the loop drops it at its next read of the losses."""
+        newly = ~finite & ~self.broken.index_select(0, index)
+        kept = self.first_broken.index_select(0, index)
+        chosen = torch.where(row_mask(newly, pixels), pixels, kept)
+        self.first_broken.index_copy_(0, index, chosen)
+        self.broken.index_copy_(0, index, self.broken.index_select(0, index) | ~finite)
 
     def _labels(self, position: int) -> torch.Tensor:
         return self.labels[position] if self.label_rows else self.labels

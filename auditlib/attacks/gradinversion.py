@@ -53,6 +53,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
+from auditlib.attacks.row_index import RowIndex
 from auditlib.attacks.updates import UpdatesMatcher
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.client.update import set_training_mode
@@ -472,8 +473,10 @@ class _Restart:
         self.descent = _Descent(self.images, knowledge, config, iterations)
 
     def _add_noise(self, grad: torch.Tensor, scale: float) -> None:
-        noise = torch.randn(grad.shape, generator=self.generator).to(grad.device)
-        grad.add_(noise, alpha=scale)
+        noise = torch.randn(grad.shape, generator=self.generator)
+        # Not blocking: the host's draw is staged at once, and the host need not wait for
+        # the device's queue to drain (a host synchronisation every step on a GPU).
+        grad.add_(noise.to(grad.device, non_blocking=True), alpha=scale)
 
     def step(self, alive):
         loss, parts = self.objective(self.images, self.labels)
@@ -504,19 +507,21 @@ class _Rows:
         self.per_row = self.labels.dim() == 2
         self.images = stacked([random_images(knowledge, g) for g in self.generators])
         self.descent = _Descent(self.images, knowledge, config, iterations)
+        self._index = RowIndex(knowledge.device)  # the running rows, made once per set
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
-        return self.labels[rows] if self.per_row else self.labels
+        return self.labels.index_select(0, self._index(rows)) if self.per_row else self.labels
 
     def step(self, alive):
-        loss, parts = self.objective.rows(self.images[alive], self._labels(alive), alive)
+        images = self.images.index_select(0, self._index(alive))
+        loss, parts = self.objective.rows(images, self._labels(alive), alive)
 
         def add_noise(grad: torch.Tensor, scale: float) -> None:
             # Each alive row its own start's draw, as that start alone draws it.
             shape = grad.shape[1:]
             noise = torch.stack([torch.randn(shape, generator=self.generators[p]) for p in alive])
-            index = torch.tensor(alive, device=grad.device)
-            grad.index_add_(0, index, noise.to(grad.device), alpha=scale)
+            noise = noise.to(grad.device, non_blocking=True)  # as _Restart's: no wait
+            grad.index_add_(0, self._index(alive), noise, alpha=scale)
 
         self.descent.step(loss.sum(), add_noise)
         return {"objective": loss.detach()} | {k: v.detach() for k, v in parts.items()}

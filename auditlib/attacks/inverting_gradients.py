@@ -38,6 +38,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
+from auditlib.attacks.row_index import RowIndex
 from auditlib.attacks.updates import UpdatesMatcher
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
@@ -139,7 +140,7 @@ class _Restarts:
         self.config = config
         self.matcher = matcher
         self.compiled: CompiledGradient | None = None
-        self._indices: dict[tuple[int, ...], torch.Tensor] = {}
+        self._index = RowIndex(knowledge.device)  # the running rows, made once per set
         images, logits = [], []
         for generator in generators:  # per restart: images, then label logits (its own draw)
             images.append(random_images(knowledge, generator))
@@ -191,15 +192,6 @@ class _Restarts:
         distance = self._distance(images, labels, positions)
         tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
         return distance + tv, distance
-
-    def _index(self, alive) -> torch.Tensor:
-        """The running rows as a device tensor, made once per set of rows: a list index is
-        copied to the device at every use, and the copy waits for the device (a host
-        synchronisation in every step on a GPU)."""
-        key = tuple(alive)
-        if key not in self._indices:
-            self._indices[key] = torch.tensor(key, device=self.images.device)
-        return self._indices[key]
 
     def traced(self, device: torch.device) -> None:
         """Step by the traced and compiled objective from now on (``attacks.compiled``)."""

@@ -27,7 +27,7 @@ bench() { python3 $R benchmarks.compiled_step --device cuda --case resnet18-224 
 for step in ${*:-tests}; do
   s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=""
   case $s in
-    tests) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py tests/test_attacks_at_once.py -k "cuda or traced or compiled" 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    tests) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k "cuda or traced or compiled" 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     ig) timeout 540 bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
     budget) timeout 500 bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     all) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;

@@ -1,0 +1,181 @@
+"""An attack's step reads nothing back from the device (issue 55): on a GPU each such read
+waits for every kernel queued before it, so the host stops launching while the device
+drains. The restart loop reads the losses back every few steps (``attacks.loop``); the
+steps in between must not. On the CPU the test counts the reads the product's own code makes
+inside a step (a value, a list, a truth value, a copy to the host, a list used as an index);
+on CUDA, torch's own synchronisation check stops any (``set_sync_debug_mode``).
+
+A restart whose objective stops being finite is still told apart without a read: its
+images at the first such step are kept on the device, and it is scored by them."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from auditlib.attacks import (
+    ATTACKS,
+    RunControl,
+    build_attack_config,
+    fedleak,
+    gradinversion,
+    grnn,
+    inverting_gradients,
+)
+from auditlib.attacks.restarts import AUDIT_PRESET
+from auditlib.attacks.restarts import run_attack as run_preset
+from tests.test_attacks import release_for, resnet20_spec
+
+AUDITLIB = str(Path(inverting_gradients.__file__).resolve().parents[1])
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
+# The class whose ``step`` the restart loop calls, per attack (restarts together: the audit
+# preset's four raced starts).
+STEPPERS = {
+    "ig": inverting_gradients._Restarts,
+    "gi": gradinversion._Rows,
+    "grnn": grnn._Restarts,
+    "fedleak": fedleak._Restarts,
+}
+
+
+def _release(device: str = "cpu"):
+    return release_for(resnet20_spec("gi", batch=1, device=device))[2]
+
+
+def run_attack(name: str, release, steps: int, **control):
+    """The attack at its audit preset (its raced starts together), as a run makes it."""
+    config, _ = build_attack_config(name, {}, AUDIT_PRESET)
+    events = list(
+        run_preset(
+            ATTACKS[name],
+            release.observation,
+            release.knowledge,
+            config,
+            RunControl(steps, **control),
+            0,
+            AUDIT_PRESET,
+        )
+    )
+    return events, events[-1].final
+
+
+@contextlib.contextmanager
+def _reads_in_steps(monkeypatch, stepper):
+    """The host reads made by auditlib's code while ``stepper.step`` runs: (name, line)."""
+    seen: list[tuple[str, str]] = []
+    stepping = [False]
+
+    def spy(name, real):
+        def wrapper(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if stepping[0] and caller.co_filename.startswith(AUDITLIB):
+                seen.append((name, f"{caller.co_filename}:{sys._getframe(1).f_lineno}"))
+            return real(self, *args, **kwargs)
+
+        return wrapper
+
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, spy(name, getattr(torch.Tensor, name)))
+    real_getitem = torch.Tensor.__getitem__
+
+    def getitem(self, key):
+        if stepping[0] and isinstance(key, list):  # copied to the device at each use
+            caller = sys._getframe(1)
+            seen.append(("list index", f"{caller.f_code.co_filename}:{caller.f_lineno}"))
+        return real_getitem(self, key)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
+    real_step = stepper.step
+
+    def step(self, alive):
+        stepping[0] = True
+        try:
+            return real_step(self, alive)
+        finally:
+            stepping[0] = False
+
+    monkeypatch.setattr(stepper, "step", step)
+    yield seen
+
+
+@pytest.mark.parametrize("attack", sorted(STEPPERS))
+def test_a_step_of_restarts_together_reads_nothing_back(monkeypatch, attack):
+    release = _release()
+    with _reads_in_steps(monkeypatch, STEPPERS[attack]) as seen:
+        _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
+    assert len(final.candidates) == 4 and final.steps > 0  # the preset's four starts ran
+    assert seen == []
+
+
+def _breaking(monkeypatch, attack: str, row: int, at_step: int) -> list[torch.Tensor]:
+    """Make restart ``row``'s objective infinite from its step ``at_step`` on; the images it
+    had at that step (as the attack scores them) are put in the list returned."""
+    steps, first = [0], []
+    if attack == "grnn":
+        real_terms = grnn._Restarts._terms
+
+        def terms(self, images, labels, alive):
+            mse, wd = real_terms(self, images, labels, alive)
+            steps[0] += 1
+            if steps[0] >= at_step:
+                if steps[0] == at_step:
+                    first.append(images[alive.index(row)].detach().clone())
+                mse = mse.clone().index_fill_(0, torch.tensor([alive.index(row)]), math.inf)
+            return mse, wd
+
+        monkeypatch.setattr(grnn._Restarts, "_terms", terms)
+        return first
+    real_evaluate = fedleak.Objective.evaluate_together
+
+    def evaluate(self, x01, masks=None):
+        current, value, distance, masks_used = real_evaluate(self, x01, masks)
+        if masks is None:  # the step's own evaluation (the look-ahead reuses its masks)
+            steps[0] += 1
+            if steps[0] >= at_step:
+                if steps[0] == at_step:
+                    first.append(self.normalize(x01[row].detach().clone()))
+                value = value.clone().index_fill_(0, torch.tensor([row]), math.inf)
+        return current, value, distance, masks_used
+
+    monkeypatch.setattr(fedleak.Objective, "evaluate_together", evaluate)
+    return first
+
+
+@pytest.mark.parametrize("attack", ["fedleak", "grnn"])
+def test_a_restart_that_breaks_is_dropped_at_that_step_and_scored_by_its_images_then(
+    monkeypatch, attack
+):
+    first = _breaking(monkeypatch, attack, row=1, at_step=3)
+    _, final = run_attack(attack, _release(), 8, emit_every=100, image_every=100)
+    reasons = {c.restart: (c.stop_reason, c.steps) for c in final.candidates}
+    assert reasons[1] == ("diverged", 3), reasons
+    assert all(r == "completed" for k, (r, _) in reasons.items() if k != 1), reasons
+    broken = next(c for c in final.candidates if c.restart == 1)
+    # Its images at step 3, not those its momentum moved it to before the loop's read.
+    torch.testing.assert_close(broken.images, first[0], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("attack", sorted(STEPPERS))
+def test_on_cuda_a_step_of_restarts_together_never_waits_for_the_device(monkeypatch, attack):
+    """torch stops any synchronising call inside a step (``set_sync_debug_mode("error")``):
+    a copy to the host, a value read, a pageable copy to the device, a nonzero."""
+    real_step = STEPPERS[attack].step
+
+    def step(self, alive):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real_step(self, alive)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    release = _release("cuda")
+    run_attack(attack, release, 2, emit_every=2)  # warm: the first kernels' set-up may wait
+    monkeypatch.setattr(STEPPERS[attack], "step", step)
+    _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
+    assert len(final.candidates) == 4 and final.steps > 0
