@@ -1,9 +1,6 @@
-"""One audit run, end to end: victim -> defense -> attack -> metrics.
-
-:func:`iter_audit` is a generator of the attack's progress events followed by one
-:class:`AuditResult`; the CLI drains it with a progress bar and the dashboard's worker will
-stream it. Everything a run does is determined by its :class:`RunSpec`.
-"""
+"""One audit run, end to end: victim -> defense -> attack -> metrics. :func:`iter_audit`
+yields the attack's progress events, then one :class:`AuditResult`; the CLI and the
+dashboard's worker drain it. Everything a run does is determined by its :class:`RunSpec`."""
 
 from __future__ import annotations
 
@@ -225,15 +222,11 @@ def iter_audit(
     started = time.perf_counter()
     first_event_s = None
     runs: list[AttackRun] = []
-    rounds, control = prepared.rounds, prepared.control
-    for event in run_attacks(
-        prepared.planned,
-        rounds.for_attack,
-        control,
-        prepared.attack_seed,
-        runs,
-        at_once=attacks_at_once,
-    ):
+    release_for, seed = prepared.rounds.for_attack, prepared.attack_seed
+    phase = run_attacks(
+        prepared.planned, release_for, prepared.control, seed, runs, attacks_at_once
+    )
+    for event in phase:
         if first_event_s is None:
             first_event_s = time.perf_counter() - started
         yield event
