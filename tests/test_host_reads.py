@@ -47,19 +47,13 @@ def _release(device: str = "cpu"):
     return release_for(resnet20_spec("gi", batch=1, device=device))[2]
 
 
-def run_attack(name: str, release, steps: int, **control):
-    """The attack at its audit preset (its raced starts together), as a run makes it."""
-    config, _ = build_attack_config(name, {}, AUDIT_PRESET)
+def run_attack(name: str, release, steps: int, preset: str = AUDIT_PRESET, **control):
+    """The attack at a preset (the audit one: its raced starts together), as a run makes it."""
+    config, _ = build_attack_config(name, {}, preset)
+    info = ATTACKS[name]
+    control = RunControl(steps, **control)
     events = list(
-        run_preset(
-            ATTACKS[name],
-            release.observation,
-            release.knowledge,
-            config,
-            RunControl(steps, **control),
-            0,
-            AUDIT_PRESET,
-        )
+        run_preset(info, release.observation, release.knowledge, config, control, 0, preset)
     )
     return events, events[-1].final
 
@@ -109,6 +103,15 @@ def test_a_step_of_restarts_together_reads_nothing_back(monkeypatch, attack):
     with _reads_in_steps(monkeypatch, STEPPERS[attack]) as seen:
         _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
     assert len(final.candidates) == 4 and final.steps > 0  # the preset's four starts ran
+    assert seen == []
+
+
+@pytest.mark.parametrize("attack", sorted(STEPPERS))
+def test_a_step_of_one_restart_alone_reads_nothing_back(monkeypatch, attack):
+    stepper = gradinversion._Restart if attack == "gi" else STEPPERS[attack]
+    with _reads_in_steps(monkeypatch, stepper) as seen:
+        _, final = run_attack(attack, _release(), 6, "paper", emit_every=3, image_every=3)
+    assert len(final.candidates) == 1 and final.steps == 6  # the paper's one start
     assert seen == []
 
 
@@ -179,3 +182,24 @@ def test_on_cuda_a_step_of_restarts_together_never_waits_for_the_device(monkeypa
     monkeypatch.setattr(STEPPERS[attack], "step", step)
     _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
     assert len(final.candidates) == 4 and final.steps > 0
+
+
+def test_fedleaks_one_restart_that_breaks_is_scored_by_its_pixels_at_that_step(monkeypatch):
+    steps, first = [0], []
+    real_evaluate = fedleak.Objective.evaluate
+
+    def evaluate(self, x01, masks=None):
+        current, value, distance, masks_used = real_evaluate(self, x01, masks)
+        if masks is None:  # the step's own evaluation (the look-ahead reuses its masks)
+            steps[0] += 1
+            if steps[0] == 3:
+                first.append(self.normalize(x01.detach().clone()))
+            if steps[0] >= 3:
+                value = torch.full_like(value, math.inf)
+        return current, value, distance, masks_used
+
+    monkeypatch.setattr(fedleak.Objective, "evaluate", evaluate)
+    _, final = run_attack("fedleak", _release(), 8, "paper", emit_every=100, image_every=100)
+    (alone,) = final.candidates
+    assert (alone.stop_reason, alone.steps) == ("diverged", 3)
+    torch.testing.assert_close(alone.images, first[0], rtol=0, atol=0)

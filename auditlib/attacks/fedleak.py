@@ -354,11 +354,13 @@ def _step(
     optimizer: torch.optim.Optimizer,
     objective: Objective,
     config: FedLeakConfig,
-) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """One FedLeak iteration (Algorithm 1, lines 5-10). Returns (J, D, finite)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One FedLeak iteration (Algorithm 1, lines 5-10). Returns (J, D, finite), ``finite``
+    on the device (not read back: a broken step descends along zero, and the loop drops the
+    restart at its next read of the losses)."""
     current, value, distance, masks = objective.evaluate(x01)
-    if not bool(torch.isfinite(value) & torch.isfinite(current).all()):  # one sync per step
-        return value, distance, False
+    finite = torch.isfinite(value) & torch.isfinite(current).all()
+    current = torch.where(finite, current, torch.zeros_like(current))
     direction = current
     if config.blend > 0:
         reuse = masks if config.lookahead_mask == "reuse" else None
@@ -375,12 +377,12 @@ def _step(
             ahead, *_ = objective.evaluate(x01, reuse)
             with torch.no_grad():
                 x01.copy_(saved)
-        direction = blend_directions(current, ahead, config.blend)
+        direction = torch.where(finite, blend_directions(current, ahead, config.blend), 0.0)
     x01.grad = direction
     optimizer.step()
     with torch.no_grad():
         x01.clamp_(0, 1)
-    return value, distance, True
+    return value, distance, finite
 
 
 def run_fedleak(
@@ -451,30 +453,25 @@ class _Restarts:
             if config.schedule == "cosine"
             else None
         )
-        self.diverged: dict[int, torch.Tensor] = {}  # one restart alone: the pixels it had
         self._index = RowIndex(knowledge.device)  # the running rows, made once per set
-        # Restarts together, per restart on the device (read only at frames and scoring):
-        # whether its objective stopped being finite, and its pixels at the first such step.
+        # Per restart, on the device (read only at frames and scoring): whether its objective
+        # stopped being finite, and its pixels at the first such step.
         self.broken = torch.zeros(len(starts), dtype=torch.bool, device=knowledge.device)
-        self.first_broken = torch.zeros_like(self.x01) if self.together else None
+        self.first_broken = torch.zeros((len(starts), *shape), device=knowledge.device)
 
     def _pixels(self, position: int) -> torch.Tensor:
-        if position in self.diverged:
-            return self.diverged[position]
-        if self.together and bool(self.broken[position]):
+        if bool(self.broken[position]):
             return self.first_broken[position]
         return (self.x01[position] if self.together else self.x01).detach()
 
     def step(self, alive):
-        if not self.together:
+        if self.together:
+            value, distance, finite = self._step_together(alive)
+        else:
+            pixels = self.x01.detach().clone()
             value, distance, finite = _step(self.x01, self.optimizer, self.objective, self.config)
-            if finite and self.scheduler is not None:
-                self.scheduler.step()
-            if not finite:  # no step was taken: the pixels stay as they were
-                self.diverged[0] = self.x01.detach().clone()
-                value = torch.tensor(math.nan)
-            return {"objective": value.reshape(1), "gradient_distance": distance.reshape(1)}
-        value, distance, finite = self._step_together(alive)
+            value, distance, finite = value.reshape(1), distance.reshape(1), finite.reshape(1)
+            self._keep_first_broken(self._index(alive), finite, pixels.unsqueeze(0))
         if self.scheduler is not None:
             self.scheduler.step()
         value = torch.where(finite, value, torch.full_like(value, math.nan))
