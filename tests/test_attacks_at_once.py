@@ -191,6 +191,36 @@ def test_groups_run_one_after_another_each_with_its_share_of_the_budget(monkeypa
     assert shares[1] > 30.0  # and all the first left of its half
 
 
+def test_images_stream_from_the_first_attack_still_running_only(monkeypatch):
+    """The live view follows one reconstruction at a time, as in turn: the plan's first
+    attack still running; the others' events carry their losses without images."""
+    from auditlib.attacks import ProgressEvent
+    from auditlib.engine.at_once import Ended
+
+    image = torch.zeros(1, 3, 16, 16)
+
+    def event(step):
+        return ProgressEvent(step, 0, 0.0, {"objective": 1.0}, images=image, labels=None)
+
+    pairs = [(0, event(1)), (1, event(1)), (1, event(2)), (0, Ended(None, None, 0.1))]
+    pairs += [(1, event(3)), (1, Ended(None, None, 0.2))]
+    monkeypatch.setattr(attack_phase, "run_at_once", lambda calls: (p for p in pairs))
+    monkeypatch.setattr(
+        attack_phase, "groups_that_fit", lambda calls: [list(calls)] if calls else []
+    )
+    call = _call("ig")
+    monkeypatch.setattr(attack_phase, "attack_call", lambda *args, **kwargs: call)
+    planned = _planned("ig", "gi")
+    outcomes: list[AttackRun] = []
+    control = RunControl(STEPS)
+    events = list(
+        attack_phase.run_attacks_at_once(planned, lambda p: _release(), control, 0, outcomes)
+    )
+    assert [e.images is not None for e in events] == [True, False, False, True]
+    assert [e.step for e in events] == [1, 2, 3, 4]  # every attack's steps so far
+    assert len(outcomes) == 2
+
+
 def _call(name: str):
     release = _release()
     planned = _planned(name)

@@ -330,7 +330,9 @@ def _group_at_once(
     ended: dict[int, AttackRun],
 ) -> Iterator[ProgressEvent]:
     """One group's attacks at once (``run_attacks_at_once``): their events renumbered to
-    the run's steps, each attack's outcome into ``ended``, its steps into ``done``."""
+    the run's steps, each attack's outcome into ``ended``, its steps into ``done``. Images
+    stream from one attack at a time, the first of the plan still running, so that the live
+    view follows one reconstruction, as in turn, not frames of several by turns."""
     steps = dict.fromkeys(calls, 0)
     results: dict[int, Ended] = {}
     with contextlib.closing(run_at_once(calls)) as pairs:  # closed: the others stop
@@ -342,12 +344,15 @@ def _group_at_once(
                 results[index] = item
                 continue
             steps[index] = item.step
+            shown = index == min(i for i in calls if i not in results)
             yield replace(
                 item,
                 step=done[0] + sum(steps.values()),
                 total_steps=total,
                 elapsed_s=time.perf_counter() - started,
                 final=None,
+                images=item.images if shown else None,
+                labels=item.labels if shown else None,
             )
     for index, call in calls.items():  # in the plan's order
         result = results[index]
