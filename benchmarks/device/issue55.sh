@@ -1,5 +1,6 @@
-# Issue 55 on a lent GPU: the CUDA tests of the compiled step, then IG eager, compiled (a
-# CUDA graph) and breaching's on torchvision's ResNet-18 at 224 px (benchmarks.compiled_step).
+# Issue 55 on a lent GPU: its CUDA tests, then IG eager, compiled (a CUDA graph) and
+# breaching's on torchvision's ResNet-18 at 224 px (benchmarks.compiled_step), and --attack
+# all one attack after another and at once (benchmarks.attacks_at_once).
 # Here first: python -m benchmarks.device.pack, and in .whl/ the wheels of what that machine
 # lacks: sqlalchemy, greenlet, phe, opacus, bcrypt (as for issue34.sh) and breaching's:
 #   .venv/bin/python -m pip download -d .whl --no-deps breaching==0.1.2 hydra-core omegaconf \
@@ -8,7 +9,8 @@
 # (antlr4's is a source archive: `pip wheel --no-deps -w .whl` it, then remove the archive).
 # Then the device tool:
 # command "bash benchmarks/device/issue55.sh [STEP...]", carry [".gpu", ".whl"].
-# STEPs (default "tests"; timeout_s 560): tests (the compiled-step and CUDA tests: 1-4 minutes),
+# STEPs (default "tests"; timeout_s 560): tests (the CUDA tests of the compiled step, the loop,
+# attacks at once and steps without host reads: 2-6 minutes),
 # ig (3 seeds x eager, compiled and breaching at 300 steps, and 8 starts compiled once: about
 # 6 minutes if the first compile of each shape takes 1.5 minutes there, as ResNet-18 took on
 # this project's 2-core CPU, and later ones 25 s; run it in a call of its own),
@@ -27,7 +29,7 @@ bench() { python3 $R benchmarks.compiled_step --device cuda --case resnet18-224 
 for step in ${*:-tests}; do
   s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=""
   case $s in
-    tests) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k "cuda or traced or compiled" 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    tests) timeout 420 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k "cuda or traced or compiled" 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     ig) timeout 540 bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
     budget) timeout 500 bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     all) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
