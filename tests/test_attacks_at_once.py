@@ -13,7 +13,13 @@ import torch
 
 from auditlib.attacks import RunControl
 from auditlib.engine import attack_phase
-from auditlib.engine.at_once import NO_CPU_GAIN, fit_groups, groups_that_fit, why_not_at_once
+from auditlib.engine.at_once import (
+    NO_CPU_GAIN,
+    fit_groups,
+    groups_that_fit,
+    one_step_peak,
+    why_not_at_once,
+)
 from auditlib.engine.attack_phase import (
     AttackRun,
     plan_attacks,
@@ -166,6 +172,14 @@ def test_on_cuda_the_attacks_run_in_groups_that_fit_the_memory_free():
     # No device memory to plan on a CPU: one group, no attack probed.
     calls = {0: _call("ig"), 1: _call("gi")}
     assert groups_that_fit(calls) == [[0, 1]]
+    # The probe: one step on a copy of the model, which it leaves as it was (GI's hooks
+    # are on the copy); on a CPU its peak is the process's resident set's.
+    model = calls[1].knowledge.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    peak = one_step_peak(calls[1])
+    assert peak is None or peak >= 0
+    assert not any(m._forward_hooks for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_groups_run_one_after_another_each_with_its_share_of_the_budget(monkeypatch):
