@@ -60,7 +60,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.attacks.row_index import RowIndex, row_mask
+from auditlib.attacks.row_index import FirstBroken, RowIndex, row_mask
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.client.update import client_update, read_as_gradient
 from auditlib.config import check_ranges, param, require
@@ -454,14 +454,12 @@ class _Restarts:
             else None
         )
         self._index = RowIndex(knowledge.device)  # the running rows, made once per set
-        # Per restart, on the device (read only at frames and scoring): whether its objective
-        # stopped being finite, and its pixels at the first such step.
-        self.broken = torch.zeros(len(starts), dtype=torch.bool, device=knowledge.device)
-        self.first_broken = torch.zeros((len(starts), *shape), device=knowledge.device)
+        self.first_broken = FirstBroken(len(starts), knowledge.device)  # its pixels then
 
     def _pixels(self, position: int) -> torch.Tensor:
-        if bool(self.broken[position]):
-            return self.first_broken[position]
+        kept = self.first_broken.at(position)
+        if kept is not None:
+            return kept[0]
         return (self.x01[position] if self.together else self.x01).detach()
 
     def step(self, alive):
@@ -471,7 +469,7 @@ class _Restarts:
             pixels = self.x01.detach().clone()
             value, distance, finite = _step(self.x01, self.optimizer, self.objective, self.config)
             value, distance, finite = value.reshape(1), distance.reshape(1), finite.reshape(1)
-            self._keep_first_broken(self._index(alive), finite, pixels.unsqueeze(0))
+            self.first_broken.keep(self._index(alive), finite, pixels.unsqueeze(0))
         if self.scheduler is not None:
             self.scheduler.step()
         value = torch.where(finite, value, torch.full_like(value, math.nan))
@@ -489,7 +487,7 @@ class _Restarts:
         pixels = x01.detach().index_select(0, index)
         current, value, distance, masks = objective.evaluate_together(pixels)
         finite = torch.isfinite(value) & torch.isfinite(current).flatten(1).all(1)
-        self._keep_first_broken(index, finite, pixels)
+        self.first_broken.keep(index, finite, pixels)
         keep = row_mask(finite, current)
         current = torch.where(keep, current, torch.zeros_like(current))
         direction = current
@@ -513,16 +511,6 @@ class _Restarts:
         with torch.no_grad():
             x01.clamp_(0, 1)
         return value, distance, finite
-
-    def _keep_first_broken(self, index: torch.Tensor, finite: torch.Tensor, pixels) -> None:
-        """Keep, on the device, each running restart's pixels at the first step its
-        objective stopped being finite (no step is taken from it): what it is scored by
-        once the loop drops it at its next read of the losses."""
-        newly = ~finite & ~self.broken.index_select(0, index)
-        kept = self.first_broken.index_select(0, index)
-        chosen = torch.where(row_mask(newly, pixels), pixels, kept)
-        self.first_broken.index_copy_(0, index, chosen)
-        self.broken.index_copy_(0, index, self.broken.index_select(0, index) | ~finite)
 
     def _labels(self, position: int) -> torch.Tensor:
         return self.labels[position] if self.label_rows else self.labels

@@ -52,7 +52,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.attacks.row_index import RowIndex, row_mask
+from auditlib.attacks.row_index import FirstBroken, RowIndex
 from auditlib.attacks.updates import UpdatesMatcher
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
@@ -417,10 +417,8 @@ class _Restarts:
         )
         self.shown: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # last frame, by position
         self._index = RowIndex(knowledge.device)  # the running rows, made once per set
-        # Per restart, on the device (read only when it is scored): whether its objective
-        # stopped being finite, and the images and labels of the first step where it did.
-        self.broken = torch.zeros(len(nets), dtype=torch.bool, device=knowledge.device)
-        self.first_broken: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Its images (and its own labels) at the step its objective stopped being finite.
+        self.first_broken = FirstBroken(len(nets), knowledge.device)
 
     def _one(self, weights, buffers, latent):
         """One restart's images in [0, 1], in model space, and its labels."""
@@ -474,7 +472,8 @@ class _Restarts:
         finite = torch.isfinite(objective.detach())
         for index, position in enumerate(alive):
             self.shown[position] = (images[index].detach(), self._row(labels, index).detach())
-        self._keep_first_broken(alive, finite, images, labels)
+        own_labels = (labels,) if self.fixed is None or self.fixed_rows else ()
+        self.first_broken.keep(self._index(alive), finite, images, *own_labels)
         # A broken restart's objective is left out of the step (the loop drops it at its next
         # read of the losses); chosen on the device, not read back at every step.
         kept = torch.where(finite, objective, torch.zeros_like(objective))
@@ -486,27 +485,6 @@ class _Restarts:
             "wasserstein": wd.detach(),
             "tv": tv.detach(),
         }
-
-    def _keep_first_broken(self, alive, finite, images, labels) -> None:
-        """Keep, on the device, each running restart's images and labels at the first step
-        its objective stopped being finite: what it is scored by once dropped."""
-        rows = self._index(alive)
-        labels = (
-            labels
-            if self.fixed is None or self.fixed_rows
-            else labels.expand(len(alive), *labels.shape)
-        )
-        if self.first_broken is None:
-            size = len(self.broken)
-            self.first_broken = (
-                images.detach().new_zeros((size, *images.shape[1:])),
-                labels.detach().new_zeros((size, *labels.shape[1:])),
-            )
-        newly = ~finite & ~self.broken.index_select(0, rows)
-        for kept, now in zip(self.first_broken, (images, labels), strict=True):
-            chosen = torch.where(row_mask(newly, now), now.detach(), kept.index_select(0, rows))
-            kept.index_copy_(0, rows, chosen)
-        self.broken.index_copy_(0, rows, self.broken.index_select(0, rows) | ~finite)
 
     def _hard(self, labels: torch.Tensor) -> torch.Tensor:
         return (labels if self.fixed is not None else labels.argmax(-1)).cpu()
@@ -523,9 +501,10 @@ class _Restarts:
     def candidate(self, position):
         """The generator's output after its last step, scored by the gradient terms of
         Eq. 3.4 (MSE + WD; the TV prior is not part of the score)."""
-        if self.first_broken is not None and bool(self.broken[position]):
-            images, labels = (kept[position] for kept in self.first_broken)
-            labels = labels if self.fixed is None or self.fixed_rows else self.fixed
+        kept = self.first_broken.at(position)
+        if kept is not None:
+            images, *own_labels = kept
+            labels = own_labels[0] if own_labels else self.fixed
         else:
             with torch.no_grad():
                 _, images, labels = self.generate([position])

@@ -1,4 +1,5 @@
-"""The running rows of stacked restarts as a device index, made once per set of rows.
+"""The running rows of stacked restarts as a device index, made once per set of rows, and
+what a broken row had, kept on the device.
 
 A list of rows used as an index is copied to the device at every use, and on a GPU that
 copy waits for the work queued before it: a host synchronisation in every step. The rows
@@ -32,3 +33,31 @@ class RowIndex:
 def row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A mask of one value per row shaped to select whole rows of ``like`` (``torch.where``)."""
     return mask.view(-1, *([1] * (like.dim() - 1)))
+
+
+class FirstBroken:
+    """Per restart, on the device: whether its objective stopped being finite, and the rows
+    it was given at the first step it did (what the restart is shown and scored by once the
+    loop drops it at its next read of the losses). Nothing is read back while stepping."""
+
+    def __init__(self, restarts: int, device: torch.device) -> None:
+        self.broken = torch.zeros(restarts, dtype=torch.bool, device=device)
+        self.kept: tuple[torch.Tensor, ...] | None = None
+
+    def keep(self, index: torch.Tensor, finite: torch.Tensor, *rows: torch.Tensor) -> None:
+        """The running restarts ``index``, ``finite`` each: keep ``rows`` (one per running
+        restart each) for those whose objective stopped being finite at this step."""
+        if self.kept is None:
+            size = len(self.broken)
+            self.kept = tuple(r.detach().new_zeros((size, *r.shape[1:])) for r in rows)
+        newly = ~finite & ~self.broken.index_select(0, index)
+        for kept, now in zip(self.kept, rows, strict=True):
+            chosen = torch.where(row_mask(newly, now), now.detach(), kept.index_select(0, index))
+            kept.index_copy_(0, index, chosen)
+        self.broken.index_copy_(0, index, self.broken.index_select(0, index) | ~finite)
+
+    def at(self, position: int) -> tuple[torch.Tensor, ...] | None:
+        """A broken restart's kept rows; None for one whose objective stayed finite."""
+        if self.kept is None or not bool(self.broken[position]):
+            return None
+        return tuple(kept[position] for kept in self.kept)
