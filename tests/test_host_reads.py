@@ -11,6 +11,7 @@ images at the first such step are kept on the device, and it is scored by them."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -27,12 +28,16 @@ from auditlib.attacks import (
     grnn,
     inverting_gradients,
 )
-from auditlib.attacks.restarts import AUDIT_PRESET
+from auditlib.attacks.restarts import AUDIT_PRESET, run_attack_updates
 from auditlib.attacks.restarts import run_attack as run_preset
-from tests.test_attacks import release_for, resnet20_spec
+from auditlib.attacks.row_index import RowIndex
+from tests.test_attacks import lenet_spec, release_for, resnet20_spec
 
 AUDITLIB = str(Path(inverting_gradients.__file__).resolve().parents[1])
+ROW_INDEX = RowIndex.__call__.__code__
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
+# Besides those, a list used as an index and a tensor made from host values (torch.tensor):
+# both are a copy to the device at each use, which on a GPU waits for the work queued.
 # The class whose ``step`` the restart loop calls, per attack (restarts together: the audit
 # preset's four raced starts).
 STEPPERS = {
@@ -84,6 +89,17 @@ def _reads_in_steps(monkeypatch, stepper):
         return real_getitem(self, key)
 
     monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
+    real_tensor = torch.tensor
+
+    def tensor(data, *args, **kwargs):
+        caller = sys._getframe(1).f_code
+        # On a GPU: a copy that waits, but RowIndex's (once per set of rows, from pinned
+        # memory on CUDA, which does not wait).
+        if stepping[0] and caller.co_filename.startswith(AUDITLIB) and caller is not ROW_INDEX:
+            seen.append(("torch.tensor", f"{caller.co_filename}:{sys._getframe(1).f_lineno}"))
+        return real_tensor(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
     real_step = stepper.step
 
     def step(self, alive):
@@ -112,6 +128,40 @@ def test_a_step_of_one_restart_alone_reads_nothing_back(monkeypatch, attack):
     with _reads_in_steps(monkeypatch, stepper) as seen:
         _, final = run_attack(attack, _release(), 6, "paper", emit_every=3, image_every=3)
     assert len(final.candidates) == 1 and final.steps == 6  # the paper's one start
+    assert seen == []
+
+
+UPDATES_TOGETHER = ["ig", "grnn", "fedleak"]
+
+
+def _several_updates(attack: str, device: str = "cpu") -> dict:
+    """Three LeNet updates' audit-preset starts as rows of one step: each update's final."""
+    torch.manual_seed(0)
+    releases = [
+        release_for(dataclasses.replace(lenet_spec(offset=u), device=device))[2] for u in range(3)
+    ]
+    config, _ = build_attack_config(attack, {}, AUDIT_PRESET)
+    events = run_attack_updates(
+        ATTACKS[attack],
+        [r.observation for r in releases],
+        [r.knowledge for r in releases],
+        config,
+        RunControl(6, emit_every=3, image_every=3),
+        [7] * len(releases),
+        AUDIT_PRESET,
+    )
+    finals = {u: e.final for u, e in events if e.final is not None}
+    assert sorted(finals) == [0, 1, 2] and all(f.steps > 0 for f in finals.values())
+    return finals
+
+
+@pytest.mark.parametrize("attack", UPDATES_TOGETHER)
+def test_a_step_of_several_updates_together_reads_nothing_back(monkeypatch, attack):
+    """A sample audit's updates as rows of one step, each against its own update's target
+    (``attacks.updates``): the rows' targets are gathered by an index made once per set of
+    rows, not copied to the device at each step."""
+    with _reads_in_steps(monkeypatch, STEPPERS[attack]) as seen:
+        _several_updates(attack)
     assert seen == []
 
 
@@ -203,3 +253,20 @@ def test_fedleaks_one_restart_that_breaks_is_scored_by_its_pixels_at_that_step(m
     (alone,) = final.candidates
     assert (alone.stop_reason, alone.steps) == ("diverged", 3)
     torch.testing.assert_close(alone.images, first[0], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("attack", UPDATES_TOGETHER)
+def test_on_cuda_a_step_of_several_updates_together_never_waits_for_the_device(monkeypatch, attack):
+    real_step = STEPPERS[attack].step
+
+    def step(self, alive):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real_step(self, alive)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    _several_updates(attack, "cuda")  # warm: the first kernels' set-up may wait
+    monkeypatch.setattr(STEPPERS[attack], "step", step)
+    _several_updates(attack, "cuda")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from auditlib.attacks.objectives import RowTargets, cosine_distance, flat_like, restart_buffers
+from auditlib.attacks.row_index import RowIndex
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -178,6 +179,7 @@ class UpdatesObjective:
         self.labels = torch.stack([objectives[u].labels for u in owners])
         per_parameter = zip(*(o.gradients.target for o in objectives), strict=True)
         self.targets = tuple(torch.stack(ts) for ts in per_parameter)
+        self.index = RowIndex(self.labels.device)  # the running rows, once per set
 
     def at(self, positions) -> UpdateRows:
         return UpdateRows(self, list(positions))
@@ -193,8 +195,8 @@ class UpdateRows:
     def evaluate_together(self, x01: torch.Tensor, masks: Tensors | None = None):
         """``Objective.evaluate_together`` with each row's own labels and target."""
         many, first = self.many, self.many.objectives[0]
-        index = torch.tensor(self.positions, device=x01.device)
-        owners = torch.tensor([many.owners[p] for p in self.positions], device=x01.device)
+        index = many.index(self.positions)
+        owners = many.index([many.owners[p] for p in self.positions])
         x01 = x01.detach().requires_grad_(True)
         buffers = restart_buffers(first.gradients.knowledge.model, x01.shape[0])
         labels = many.labels.index_select(0, index)

@@ -16,6 +16,7 @@ import torch
 
 from auditlib.attacks.low_rank import dense
 from auditlib.attacks.objectives import RowTargets, UpdateMatcher, why_not_together
+from auditlib.attacks.row_index import RowIndex
 from auditlib.threat import AttackerKnowledge
 
 
@@ -31,6 +32,14 @@ class UpdatesMatcher:
         self.unknowns: tuple[torch.Tensor, ...] = ()
         self.targets = _stacked_targets(self.matchers)
         self._gathered: tuple[tuple[int, ...], RowTargets] | None = None
+        self._rows: RowIndex | None = None  # on the device of the first rows indexed
+
+    def index(self, rows: Sequence[int], device: torch.device) -> torch.Tensor:
+        """``rows`` as a device index, made once per set of rows (``row_index.RowIndex``):
+        no copy to the device, so no wait for it, at each step."""
+        if self._rows is None:
+            self._rows = RowIndex(device)
+        return self._rows(rows)
 
     def restart(self) -> None:
         """No unknown parameters to reset (see :attr:`unknowns`)."""
@@ -43,7 +52,7 @@ class UpdatesMatcher:
         only when a start is dropped or finishes)."""
         key = tuple(owners)
         if self._gathered is None or self._gathered[0] != key:
-            index = torch.tensor(key, device=self.targets[0].device)
+            index = self.index(key, self.targets[0].device)
             self._gathered = key, RowTargets(t.index_select(0, index) for t in self.targets)
         return self._gathered[1]
 
@@ -97,7 +106,7 @@ class _Rows:
         updates = dense(updates)  # factored entries formed: this path picks rows apart
         order = sorted(range(len(self.rows)), key=lambda i: self.owners[i])
         if order != list(range(len(order))):
-            index = torch.tensor(order, device=images.device)
+            index = self.many.index(order, images.device)
             updates = tuple(u.index_select(0, index) for u in updates)
             images = images.index_select(0, index)
             extra = None if extra is None else extra.index_select(0, index)
@@ -117,9 +126,10 @@ class _Rows:
         )
         if order == list(range(len(order))):
             return values
-        back = torch.empty_like(index)
-        back[index] = torch.arange(len(order), device=images.device)
-        return values.index_select(0, back)  # the rows' own order
+        back = [0] * len(order)
+        for position, row in enumerate(order):
+            back[row] = position
+        return values.index_select(0, self.many.index(back, images.device))  # the rows' own order
 
 
 def _stacked_targets(matchers: Sequence[UpdateMatcher]) -> tuple[torch.Tensor, ...] | None:

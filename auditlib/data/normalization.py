@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -56,10 +57,7 @@ class Normalization:
         return cls(mean=mean, std=std)
 
     def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (1, len(self.mean), 1, 1)
-        mean = torch.tensor(self.mean, dtype=like.dtype, device=like.device).view(shape)
-        std = torch.tensor(self.std, dtype=like.dtype, device=like.device).view(shape)
-        return mean, std
+        return _stats_on(self.mean, self.std, like.dtype, like.device)
 
     def normalize(self, images01: torch.Tensor) -> torch.Tensor:
         mean, std = self._stats(images01)
@@ -77,3 +75,17 @@ class Normalization:
 
     def as_dict(self) -> dict[str, list[float]]:
         return {"mean": list(self.mean), "std": list(self.std)}
+
+
+@functools.lru_cache(maxsize=64)
+def _stats_on(
+    mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std shaped to broadcast over N x C x H x W, made once per dtype and device:
+    an attack normalises at every step, and on a GPU a tensor made from host values is a
+    copy that waits for the work queued before it (issue 55). Made outside inference mode,
+    so that autograd may save them; read only, never written."""
+    shape = (1, len(mean), 1, 1)
+    with torch.inference_mode(False):
+        made = torch.tensor(mean, dtype=dtype, device=device).view(shape)
+        return made, torch.tensor(std, dtype=dtype, device=device).view(shape)
