@@ -181,12 +181,17 @@ class AttackRecord:
     # its images by without the private ones); None where not recorded.
     attack_loss: float | None = None
     loss_by_restart: Mapping[str, float] | None = None
+    # Ran at the same time as the run's other attacks (on CUDA, ``engine.at_once``): its
+    # seconds overlap theirs, and theirs add up to more than the run's.
+    at_once: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         for key in ("attack_loss", "loss_by_restart"):  # absent before they were kept
             if data[key] is None:
                 del data[key]
+        if not self.at_once:  # written only where it is so: records in turn keep their shape
+            del data["at_once"]
         if self.loss_by_restart is not None:
             data["loss_by_restart"] = dict(self.loss_by_restart)
         return data

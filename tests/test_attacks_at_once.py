@@ -27,7 +27,9 @@ from auditlib.engine.attack_phase import (
     runs_at_once,
     with_adaptive,
 )
+from auditlib.engine.judging import attack_record
 from auditlib.errors import AttackUnsupportedError
+from auditlib.result import AttackRecord
 from auditlib.spec import ComponentSpec
 from tests.test_attacks import release_for, resnet20_spec
 
@@ -76,6 +78,15 @@ def test_attacks_at_once_end_where_they_end_one_after_another_on_a_batchnorm_mod
     events, together = _run(planned, release, at_once=True)
     _assert_same_outcomes(apart, together)
     assert not _attack_threads()
+    # Each record says it ran beside the others: its seconds overlap theirs. A record of a
+    # run in turn keeps the shape it had (no new key).
+    assert [r.at_once for r in together] == [True] * 3 and not any(r.at_once for r in apart)
+    written = [attack_record(r, None).to_json() for r in (*apart, *together)]
+    assert [w.get("at_once") for w in written] == [None] * 3 + [True] * 3
+    assert (
+        AttackRecord.from_json(written[3]).at_once
+        and not AttackRecord.from_json(written[0]).at_once
+    )
     # One stream of the run's steps: the sum of every attack's steps so far.
     steps = [e.step for e in events]
     assert steps == sorted(steps) and steps[-1] == sum(r.final.steps for r in together)

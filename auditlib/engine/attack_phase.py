@@ -90,6 +90,9 @@ class AttackRun:
     final: Reconstruction | None
     skipped: str | None  # why the attack did not run, where it did not
     seconds: float
+    # Ran at the same time as other attacks (``engine.at_once``): its seconds overlap theirs,
+    # so the attacks' seconds add up to more than the run's.
+    at_once: bool = False
 
     @property
     def label(self) -> str:
@@ -354,14 +357,17 @@ def _group_at_once(
                 images=item.images if shown else None,
                 labels=item.labels if shown else None,
             )
+    beside = len(calls) > 1
     for index, call in calls.items():  # in the plan's order
         result = results[index]
         if result.error is not None:  # the attack's refusal
-            ended[index] = AttackRun(call.attack, None, str(result.error), result.seconds)
+            ended[index] = AttackRun(
+                call.attack, None, str(result.error), result.seconds, at_once=beside
+            )
             continue
         final = settled(call, result.final, finals)
         done[0] += final.steps if final is not None else 0
-        ended[index] = AttackRun(call.attack, final, None, result.seconds)
+        ended[index] = AttackRun(call.attack, final, None, result.seconds, at_once=beside)
 
 
 @dataclass(frozen=True, eq=False)

@@ -361,6 +361,7 @@ def attack_record(
         adaptive=run.planned.adaptive,
         skipped=run.skipped,
         seconds=run.seconds,
+        at_once=run.at_once,
         stop_reason=run.final.stop_reason if ran else None,
         steps=run.final.steps if ran else None,
         psnr_mean=None if scores is None else scores.psnr_mean,
