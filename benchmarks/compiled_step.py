@@ -1,16 +1,17 @@
-"""Inverting Gradients with its step eager and compiled (``attacks.compiled``, issue 55),
-beside breaching's, on one device in one run: the same model, photograph, gradient and
-steps.
+"""Inverting Gradients (or FedLeak: ``--attack fedleak``) with its step eager and compiled
+(``attacks.compiled``, issue 55), IG's beside breaching's, on one device in one run: the same
+model, photograph, gradient and steps.
 
 Rows, for seeds 0 to S-1, interleaved (eager, compiled, compiled with R starts together,
 breaching) so that load on the machine falls on all of them:
 
-- ours eager: ``ig``, paper preset, 1 start, ``compiled=false``;
+- ours eager: ``ig`` (or ``fedleak``), paper preset, 1 start, ``compiled=false``;
 - ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph);
 - ours compiled, R starts together (``restarts`` R, unraced: every start runs every step),
   once (seed 0): what R starts cost beside one;
 - breaching 0.1.2's ``invertinggradients``, 1 trial, its TV scale set to ours, starting from
-  our draw (``benchmarks.peers``), where breaching is installed in ``.peers/site``.
+  our draw (``benchmarks.peers``), where breaching is installed in ``.peers/site`` (IG only:
+  breaching has no FedLeak).
 
 Each run's seconds split into its first step (where the compiled step traces: "compile s")
 and the steps after it, whose rate is the row's steps/s (a step of R starts together counts
@@ -22,9 +23,11 @@ Cases: ``lenet`` (DLG's LeNet at 32 px, 100 classes: this machine's CPU), ``resn
 BatchNorm in training mode: the issue's GPU case). ``--paper-budget`` adds one compiled run
 of the paper's ImageNet budget, 24,000 steps.
 
-Writes benchmarks/results/compiled_step-DEVICE-CASE.json and prints each run as a JSON line.
-Usage: python -m benchmarks.compiled_step [--device cuda] [--case resnet18-224]
-       [--steps 1000] [--seeds 3] [--starts 8] [--paper-budget [--budget-only]] [--no-peer]
+Writes benchmarks/results/compiled_step-DEVICE-CASE.json (FedLeak's:
+compiled_step-fedleak-DEVICE-CASE.json) and prints each run as a JSON line.
+Usage: python -m benchmarks.compiled_step [--attack fedleak] [--device cuda]
+       [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
+       [--paper-budget [--budget-only]] [--no-peer]
 """
 
 from __future__ import annotations
@@ -52,16 +55,17 @@ CASES = {
 PAPER_BUDGET = 24_000
 
 
-def ours(victim, classes, names, gradient, device, steps, seed, compiled, starts=1) -> dict:
-    """One run of our IG (paper preset), labels known; seconds to its first step and after."""
+def ours(victim, classes, names, gradient, device, attack, steps, seed, compiled, starts=1) -> dict:
+    """One run of our ``attack`` (paper preset), labels known; seconds to its first step and
+    after."""
     knowledge = our_knowledge(victim, classes, copy.deepcopy(victim.model).to(device), True)
     observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
-    config, _ = build_attack_config("ig", {"restarts": starts, "compiled": compiled}, "paper")
+    config, _ = build_attack_config(attack, {"restarts": starts, "compiled": compiled}, "paper")
     control = RunControl(steps, emit_every=max(steps // 10, 1), image_every=10**9)
     _sync(device)
     start = time.perf_counter()
     first_at, first_step, final = None, 0, None
-    for event in get_attack("ig").run(observation, knowledge, config, control, seed):
+    for event in get_attack(attack).run(observation, knowledge, config, control, seed):
         if event.final is not None:
             final = event.final
         elif first_at is None and event.step > 0:  # the first step's event (always sent)
@@ -138,6 +142,7 @@ def summary(runs: list[dict]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--attack", choices=["ig", "fedleak"], default="ig")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--case", choices=sorted(CASES), default="lenet")
     parser.add_argument("--steps", type=int, default=1000)
@@ -152,8 +157,10 @@ def main() -> None:
 
     spec = CASES[args.case]
     victim, names, gradient = _case(spec)
-    with_peer = not args.no_peer and PEERS.exists()
-    run = functools.partial(ours, victim, spec.num_classes, names, gradient, args.device)
+    with_peer = not args.no_peer and PEERS.exists() and args.attack == "ig"
+    run = functools.partial(
+        ours, victim, spec.num_classes, names, gradient, args.device, args.attack
+    )
     runs = []
     for seed in range(0 if args.budget_only else args.seeds):
         # The R-starts row runs once (seed 0): it measures what R starts cost beside one.
@@ -172,14 +179,20 @@ def main() -> None:
         "machine": machine(),
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
         "torch": torch.__version__,
+        "attack": args.attack,
         "case": args.case,
         "steps": args.steps,
-        "peer": "breaching 0.1.2" if with_peer else "not installed (.peers/site)",
+        "peer": "breaching 0.1.2"
+        if with_peer
+        else "none for fedleak"
+        if args.attack != "ig"
+        else "not installed (.peers/site)",
         "rows": summary(runs),
         "paper_budget": budget,
         "runs": runs,
     }
-    out = ROOT / "benchmarks" / "results" / f"compiled_step-{args.device}-{args.case}.json"
+    name = "" if args.attack == "ig" else f"{args.attack}-"
+    out = ROOT / "benchmarks" / "results" / f"compiled_step-{name}{args.device}-{args.case}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["rows"]:
         print(json.dumps(row))

@@ -15,13 +15,12 @@ import pytest
 import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
-from auditlib.attacks.fedleak import (
-    GradientModel,
-    Objective,
+from auditlib.attacks.fedleak import GradientModel, Objective
+from auditlib.attacks.fedleak_step import median_filter
+from auditlib.attacks.fedleak_terms import (
     activation_modules,
     blend_directions,
     masked_distance,
-    median_filter,
     top_ratio_masks,
 )
 from auditlib.attacks.objectives import cosine_distance

@@ -11,9 +11,10 @@ import torch
 from test_attacks import lenet_spec, release_for
 from torch import nn
 
-from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.attacks import RunControl, build_attack_config, fedleak_step, get_attack
 from auditlib.attacks import inverting_gradients as ig
 from auditlib.attacks.compiled import CompiledGradient, held, traced_model
+from auditlib.attacks.fedleak_terms import HeldHooks
 from auditlib.attacks.objectives import UpdateMatcher, total_variation
 from auditlib.attacks.race import PLAN
 from auditlib.client.protocol import ClientProtocol
@@ -189,3 +190,109 @@ def test_a_compiled_run_has_the_identity_of_the_eager_one():
     assert run_identity(compiled) == run_identity(eager)  # what the run computes
     other = dataclasses.replace(eager, attack=ComponentSpec.of("ig", {"tv": "0.1"}))
     assert run_identity(other) != run_identity(eager)
+
+
+# --- FedLeak's step compiled ---------------------------------------------------------------
+# The code Inductor generates is run by IG's tests above (about 30 s of compiling per graph
+# on this CPU, and FedLeak traces two per count of running starts); FedLeak's are the trace
+# as the product takes it, run without generating code (``aot_eager``).
+CPU_SCALED = {"lr": 0.1, "schedule": "cosine", "k": 0.1, "restarts": 2}
+
+
+def _fedleak(spec, params, steps, compiled, monkeypatch=None, race=None):
+    calls = []
+    if monkeypatch is not None:  # trace without generating code; count the traced calls
+
+        class Counted(CompiledGradient):
+            def __init__(self, objective, device):
+                super().__init__(objective, device, backend="aot_eager")
+
+            def __call__(self, *variables, given=()):
+                calls.append((variables[0].shape[0], len(given) > 0))
+                return super().__call__(*variables, given=given)
+
+        monkeypatch.setattr(fedleak_step, "CompiledGradient", Counted)
+    _, _, release = release_for(spec)
+    config, _ = build_attack_config("fedleak", {**params, "compiled": compiled}, "paper")
+    control = RunControl(steps, race=race)
+    info = get_attack("fedleak")
+    events = list(info.run(release.observation, release.knowledge, config, control, 0))
+    return events[-1].final, calls, release.knowledge.model
+
+
+@pytest.mark.parametrize(
+    ("lookahead", "mask", "traced"),
+    [
+        ("descent_step", "reuse", [(2, False), (2, True)]),  # the paper's: the iterate's masks
+        ("ascent_normalized", "recompute", [(2, False), (2, False)]),
+    ],
+)
+def test_fedleak_compiled_ends_where_it_ends_eager(monkeypatch, lookahead, mask, traced):
+    spec = lenet_spec("fedleak", batch=2)
+    # The activation prior weighted up, so that a traced step that lost its hooks' outputs
+    # would move differently (its hooks are registered for the run, not in the trace).
+    params = {**CPU_SCALED, "activation": 1.0, "lookahead": lookahead, "lookahead_mask": mask}
+    eager, _, _ = _fedleak(spec, params, 8, False)
+    compiled, calls, model = _fedleak(spec, params, 8, True, monkeypatch)
+    assert calls == traced * 8  # every evaluation of every step traced, both starts in one
+    for a, b in zip(eager.candidates, compiled.candidates, strict=True):
+        assert b.steps == a.steps == 8 and b.stop_reason == "completed"
+        # The trace run eagerly is the eager step's arithmetic in another order of calls:
+        # measured equal to 1e-7 after 8 steps; a step fed the wrong rows, masks or prior
+        # moves pixels by about lr = 0.1.
+        assert b.loss == pytest.approx(a.loss, rel=1e-4)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-4)
+        assert torch.equal(b.labels, a.labels)
+    assert not any(m._forward_hooks for m in model.modules())  # held for the run only
+
+
+def test_fedleak_compiled_with_one_start_steps_it_stacked_and_a_race_traces_each_count(
+    monkeypatch,
+):
+    spec = lenet_spec("fedleak")
+    one, calls, _ = _fedleak(spec, {**CPU_SCALED, "restarts": 1}, 3, True, monkeypatch)
+    assert calls == [(1, False), (1, True)] * 3 and one.candidates[0].steps == 3
+    calls.clear()
+    final, calls, _ = _fedleak(spec, CPU_SCALED, 40, True, monkeypatch, race=PLAN)
+    assert final.stop_reason == "completed"
+    starts = [count for count, _ in calls[::2]]
+    assert sorted(set(starts)) == [1, 2] and starts == sorted(starts, reverse=True)
+    assert sum(starts) == PLAN.planned_steps(2, 40, 10)
+
+
+def test_fedleaks_held_hooks_keep_only_what_an_evaluation_collects():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2), nn.Tanh())
+    modules = [model[1], model[3]]
+    with HeldHooks(modules) as hooks:
+        model(torch.ones(1, 3))  # a forward outside an evaluation (a candidate's score)
+        assert hooks.outputs is None
+        with hooks.capture() as outputs:
+            model(torch.ones(1, 3))
+            assert [o.shape for o in outputs] == [(1, 3), (1, 2)]
+        assert hooks.outputs is None
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_fedleak_refuses_to_compile_where_starts_stay_apart_and_runs_updates_apart():
+    from auditlib.attacks.restarts import why_apart
+
+    _, _, release = release_for(lenet_spec("fedleak"))
+    knowledge = dataclasses.replace(
+        release.knowledge, model=torch.jit.script(release.knowledge.model)
+    )
+    config, _ = build_attack_config("fedleak", {"compiled": True})
+    with pytest.raises(AttackUnsupportedError, match="fedleak cannot compile its step here"):
+        get_attack("fedleak").run(release.observation, knowledge, config, RunControl(5), 0)
+    info, knowledges = get_attack("fedleak"), [release.knowledge] * 2
+    assert why_apart(info, config, knowledges) == "fedleak traces one update's step (compiled=true)"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+def test_fedleak_compiled_as_a_cuda_graph_ends_where_it_ends_eager_there():
+    spec = dataclasses.replace(lenet_spec("fedleak", batch=2), device="cuda")
+    eager, _, _ = _fedleak(spec, CPU_SCALED, 8, False)
+    compiled, _, _ = _fedleak(spec, CPU_SCALED, 8, True)  # Inductor, as a CUDA graph
+    for a, b in zip(eager.candidates, compiled.candidates, strict=True):
+        assert b.images.device.type == "cpu"
+        assert b.loss == pytest.approx(a.loss, rel=5e-3)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)

@@ -24,6 +24,7 @@ from auditlib.attacks import (
     RunControl,
     build_attack_config,
     fedleak,
+    fedleak_step,
     gradinversion,
     grnn,
     inverting_gradients,
@@ -44,7 +45,7 @@ STEPPERS = {
     "ig": inverting_gradients._Restarts,
     "gi": gradinversion._Rows,
     "grnn": grnn._Restarts,
-    "fedleak": fedleak._Restarts,
+    "fedleak": fedleak_step.Restarts,
 }
 
 

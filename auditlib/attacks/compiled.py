@@ -28,16 +28,20 @@ import itertools
 import types
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from auditlib.attacks.base import ProgressEvent
 from auditlib.attacks.objectives import why_not_together
 from auditlib.client.exact_batchnorm import exact_batchnorm
 from auditlib.threat import AttackerKnowledge
 
-# Stacked variables in; per restart, the objective and the named losses out (one value each).
-Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# Stacked variables (then any inputs not differentiated) in; per restart, the objective, and
+# named outputs: losses (one value each) or any tensors the step needs besides (FedLeak's
+# masks), reported, not differentiated.
+Objective = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 _INSTANCES = itertools.count()
 
 
@@ -50,9 +54,10 @@ def why_not_compiled(knowledge: AttackerKnowledge) -> str | None:
 class CompiledGradient:
     """``objective``'s gradient to its variables and its values, compiled.
 
-    ``objective(*variables)`` returns the per-restart objective (R values, the one
-    differentiated) and named losses (R values each, reported, not differentiated); a call
-    returns ``(gradients, objective, losses)``, one gradient per variable. Each number of
+    ``objective(*variables, *given)`` returns the per-restart objective (R values, the one
+    differentiated) and named outputs (losses, R values each, or tensors such as masks;
+    reported, not differentiated); a call ``(*variables, given=...)`` returns
+    ``(gradients, objective, outputs)``, one gradient per variable. Each number of
     restarts is traced once (static shapes: a race's 4, 2 and 1 running restarts are three
     graphs). On CUDA each graph is replayed as a CUDA graph, whose outputs the next replay
     overwrites: the gradients are to be used before the next call (an attack step does),
@@ -68,16 +73,16 @@ class CompiledGradient:
         self.cuda = device.type == "cuda" and backend == "inductor"
         mode = "reduce-overhead" if self.cuda else None
 
-        def value_and_grad(*variables: torch.Tensor):
+        def value_and_grad(variables: tuple[torch.Tensor, ...], given: tuple[torch.Tensor, ...]):
             def total(*inputs: torch.Tensor):
-                value, losses = self.objective(*inputs)
-                return value.sum(), (value.detach(), {k: v.detach() for k, v in losses.items()})
+                value, named = self.objective(*inputs, *given)
+                return value.sum(), (value.detach(), tree_map(torch.Tensor.detach, named))
 
             argnums = tuple(range(len(variables)))
-            grads, (value, losses) = torch.func.grad(total, argnums=argnums, has_aux=True)(
+            grads, (value, named) = torch.func.grad(total, argnums=argnums, has_aux=True)(
                 *variables
             )
-            return grads, value, losses
+            return grads, value, named
 
         # torch.compile keeps its traces on the function's code object, shared by every
         # instance's closure: each instance traces a code object of its own, so runs (and a
@@ -92,14 +97,14 @@ class CompiledGradient:
         self._step = torch.compile(own, backend=backend, mode=mode, dynamic=False, fullgraph=True)
 
     def __call__(
-        self, *variables: torch.Tensor
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, dict[str, torch.Tensor]]:
+        self, *variables: torch.Tensor, given: tuple[torch.Tensor, ...] = ()
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, dict[str, Any]]:
         if self.cuda:  # the previous replay's outputs have been read: its memory may go
             torch.compiler.cudagraph_mark_step_begin()
-        grads, value, losses = self._step(*(v.detach() for v in variables))
+        grads, value, named = self._step(tuple(v.detach() for v in variables), tuple(given))
         if self.cuda:  # kept past the next replay (the loop reads losses back every few steps)
-            value, losses = value.clone(), {k: v.clone() for k, v in losses.items()}
-        return grads, value, losses
+            value, named = value.clone(), tree_map(torch.Tensor.clone, named)
+        return grads, value, named
 
 
 def traced_model(knowledge: AttackerKnowledge) -> AbstractContextManager[None]:

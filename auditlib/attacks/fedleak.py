@@ -16,22 +16,22 @@ layer's update (Sec. 5, Appendix F). A FedAvg update is read as one gradient,
 (w_old - w_new) / (lr K) (Sec. 4.5); ``unroll=True`` simulates the local steps instead.
 
 This module holds the config (each field declared with its paper default and range), the
-client simulation, the objective that assembles the loss terms, the restarts and the
-presets. The loss terms themselves (top-R masks, masked distance, look-ahead blend,
-activation prior) are in ``fedleak_terms.py``; what FedLeak shares with other attacks lives
+client simulation, the objective that assembles the loss terms, the run and the presets.
+The loss terms themselves (top-R masks, masked distance, look-ahead blend, activation
+prior) are in ``fedleak_terms.py``; the iteration, one restart's and the restarts' stacked,
+eager or compiled, in ``fedleak_step.py``; what FedLeak shares with other attacks lives
 in ``objectives.py``, ``labels.py`` and ``loop.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 from auditlib.attacks.base import (
     AttackInfo,
@@ -39,20 +39,20 @@ from auditlib.attacks.base import (
     ProgressEvent,
     RunControl,
     register,
-    snapshot,
 )
+from auditlib.attacks.compiled import held, traced_model, why_not_compiled
+from auditlib.attacks.fedleak_step import Restarts
 from auditlib.attacks.fedleak_terms import (
+    HeldHooks,
     UpdatesObjective,
     activation_modules,
     activation_penalty,
-    ascent_offset,
-    blend_directions,
     capture_outputs,
     masked_distance,
     top_ratio_masks,
 )
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
-from auditlib.attacks.loop import run_restarts, stacked
+from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
     ThroughDefense,
     matched_parameters,
@@ -60,7 +60,6 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.attacks.row_index import FirstBroken, RowIndex, row_mask
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.client.update import client_update, read_as_gradient
 from auditlib.config import check_ranges, param, require
@@ -172,6 +171,17 @@ class FedLeakConfig:
         "the same objective)",
     )
 
+    # The step traced and compiled (attacks.compiled): a CUDA graph on a GPU. Asked for, not
+    # the default: compiling costs seconds per number of running starts before it pays.
+    compiled: bool = param(
+        False,
+        "trace and compile the step with torch.compile (a CUDA graph on a GPU): faster steps "
+        "where kernels are small, after seconds to minutes of compiling per number of running "
+        "starts (two graphs each: the iterate, and the look-ahead on its masks); the starts "
+        "advance together, and several updates one after another",
+        identity=False,  # the same algorithm: a stored eager run stands for a compiled one
+    )
+
     def __post_init__(self) -> None:
         check_ranges(self)
         require(
@@ -181,15 +191,6 @@ class FedLeakConfig:
 
 
 # --- The client simulation --------------------------------------------------------------------
-
-
-def median_filter(images01: torch.Tensor, size: int) -> torch.Tensor:
-    """Per-channel median over a size x size window, reflect padding (the artifact's output)."""
-    pad = size // 2
-    mode = "reflect" if min(images01.shape[-2:]) > pad else "replicate"
-    padded = F.pad(images01, (pad, pad, pad, pad), mode=mode)
-    windows = padded.unfold(2, size, 1).unfold(3, size, 1)
-    return windows.reshape(*windows.shape[:4], -1).median(dim=-1).values
 
 
 class GradientModel:
@@ -274,6 +275,18 @@ class Objective:
             if config.activation > 0
             else []
         )
+        self.hooks: HeldHooks | None = None  # registered for a traced run (:meth:`traced`)
+
+    @contextlib.contextmanager
+    def traced(self) -> Iterator[None]:
+        """Held for a compiled run: the prior's hooks registered once (a trace cannot
+        register them), each evaluation collecting its own forwards' outputs."""
+        with HeldHooks(self.modules) as hooks:
+            self.hooks = hooks
+            try:
+                yield
+            finally:
+                self.hooks = None
 
     def masks(self, candidate: Tensors) -> Tensors:
         return top_ratio_masks(candidate, self.config.match_ratio, self.config.mask_scope)
@@ -289,7 +302,8 @@ class Objective:
         them."""
         config = self.config
         labels = self.labels if labels is None else labels
-        with capture_outputs(self.modules) as outputs:
+        capture = capture_outputs(self.modules) if self.hooks is None else self.hooks.capture()
+        with capture as outputs:
             candidate = self.gradients(
                 self.normalize(x01), labels, differentiable=True, buffers=buffers
             )
@@ -334,10 +348,17 @@ class Objective:
         J, masks and direction: the R updates in one ``torch.func.vmap`` pass, the masks and
         distances on them stacked (matrix-vector products, not vmap's batched dot)."""
         x01 = x01.detach().requires_grad_(True)
+        objective, distance, masks = self.stacked_terms(x01, masks)
+        return self._direction(objective, x01), objective.detach(), distance.detach(), masks
+
+    def stacked_terms(
+        self, x01: torch.Tensor, masks: Tensors | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Tensors]:
+        """(J, D, masks) of R restarts at once, one value each: what
+        :meth:`evaluate_together` differentiates by autograd and a compiled step traces."""
         buffers = restart_buffers(self.gradients.knowledge.model, x01.shape[0])
         candidate, priors = torch.func.vmap(self._update)(x01, buffers)
-        objective, distance, masks = self._terms(candidate, priors, masks, stacked=True)
-        return self._direction(objective, x01), objective.detach(), distance.detach(), masks
+        return self._terms(candidate, priors, masks, stacked=True)
 
     def score(self, x01: torch.Tensor) -> float:
         """The attacker's selection score: D at ``x01`` with its own top-R mask, no priors."""
@@ -349,42 +370,6 @@ class Objective:
         return float(masked_distance(candidate, self.gradients.target, masks, self.config.distance))
 
 
-def _step(
-    x01: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
-    objective: Objective,
-    config: FedLeakConfig,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One FedLeak iteration (Algorithm 1, lines 5-10). Returns (J, D, finite), ``finite``
-    on the device (not read back: a broken step descends along zero, and the loop drops the
-    restart at its next read of the losses)."""
-    current, value, distance, masks = objective.evaluate(x01)
-    finite = torch.isfinite(value) & torch.isfinite(current).all()
-    current = torch.where(finite, current, torch.zeros_like(current))
-    direction = current
-    if config.blend > 0:
-        reuse = masks if config.lookahead_mask == "reuse" else None
-        if config.lookahead == "ascent_normalized":
-            ahead, *_ = objective.evaluate(x01 + ascent_offset(current, config.k), reuse)
-        else:
-            # The released code's look-ahead: take the optimiser step, measure, come back
-            # (its Adam moments see both gradients, as there).
-            saved = x01.detach().clone()
-            x01.grad = current
-            optimizer.step()
-            with torch.no_grad():
-                x01.clamp_(0, 1)
-            ahead, *_ = objective.evaluate(x01, reuse)
-            with torch.no_grad():
-                x01.copy_(saved)
-        direction = torch.where(finite, blend_directions(current, ahead, config.blend), 0.0)
-    x01.grad = direction
-    optimizer.step()
-    with torch.no_grad():
-        x01.clamp_(0, 1)
-    return value, distance, finite
-
-
 def run_fedleak(
     observation: Observation,
     knowledge: AttackerKnowledge,
@@ -392,18 +377,33 @@ def run_fedleak(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
+    if config.compiled and (reason := why_not_compiled(knowledge)) is not None:
+        raise AttackUnsupportedError(f"fedleak cannot compile its step here: {reason}")
     labels, inference = _resolve_labels(observation, knowledge, config)
     gradients = GradientModel(observation, knowledge, config.unroll)
     inference = {**inference, "labels": labels.tolist()}
     objective = Objective(gradients, knowledge, labels.to(knowledge.device), config)
 
     def make(generators, clock):
-        return _Restarts(generators, knowledge, config, objective, labels, control.max_steps)
+        restarts = Restarts(generators, knowledge, config, objective, labels, control.max_steps)
+        if config.compiled:
+            restarts.traced(knowledge.device)
+        return restarts
 
-    together = config.together and why_not_together(knowledge) is None
-    return run_restarts(
+    # A compiled step is the batched one: the starts advance together.
+    together = config.compiled or (config.together and why_not_together(knowledge) is None)
+    events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
+    return held(_traced_run(knowledge, objective), events) if config.compiled else events
+
+
+@contextlib.contextmanager
+def _traced_run(knowledge: AttackerKnowledge, objective: Objective) -> Iterator[None]:
+    """Held for a compiled run: the model on composite BatchNorm and the prior's hooks
+    registered, so that every traced graph sees one fixed model."""
+    with traced_model(knowledge), objective.traced():
+        yield
 
 
 def run_fedleak_updates(observations, knowledges, config, control, seeds):
@@ -424,106 +424,11 @@ def run_fedleak_updates(observations, knowledges, config, control, seeds):
 
     def make(generators, clock):
         first = knowledges[0]
-        return _Restarts(
+        return Restarts(
             generators, first, config, objective, labels, control.max_steps, label_rows=True
         )
 
     return run_updates(make, restarts, control, seeds, "gradient_distance", inferences)
-
-
-class _Restarts:
-    """FedLeak's restarts: Adam on pixels in [0, 1], one x01 per restart, stacked when
-    they advance together (each its own masks, look-ahead and direction)."""
-
-    def __init__(
-        self, generators, knowledge, config, objective, labels, iterations, label_rows=False
-    ) -> None:
-        self.config = config
-        self.objective = objective
-        self.labels = labels
-        self.label_rows = label_rows  # updates together: a row of labels per start
-        self.normalize = knowledge.normalization.normalize
-        shape = (knowledge.batch_size, *knowledge.input_shape)
-        starts = [torch.rand(shape, generator=g).to(knowledge.device) for g in generators]
-        self.together = len(starts) > 1
-        self.x01 = stacked(starts) if self.together else starts[0].requires_grad_(True)
-        self.optimizer = torch.optim.Adam([self.x01], lr=config.lr)
-        self.scheduler = (
-            torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=iterations)
-            if config.schedule == "cosine"
-            else None
-        )
-        self._index = RowIndex(knowledge.device)  # the running rows, made once per set
-        self.first_broken = FirstBroken(len(starts), knowledge.device)  # its pixels then
-
-    def _pixels(self, position: int) -> torch.Tensor:
-        kept = self.first_broken.at(position)
-        if kept is not None:
-            return kept[0]
-        return (self.x01[position] if self.together else self.x01).detach()
-
-    def step(self, alive):
-        if self.together:
-            value, distance, finite = self._step_together(alive)
-        else:
-            pixels = self.x01.detach().clone()
-            value, distance, finite = _step(self.x01, self.optimizer, self.objective, self.config)
-            value, distance, finite = value.reshape(1), distance.reshape(1), finite.reshape(1)
-            self.first_broken.keep(self._index(alive), finite, pixels.unsqueeze(0))
-        if self.scheduler is not None:
-            self.scheduler.step()
-        value = torch.where(finite, value, torch.full_like(value, math.nan))
-        return {"objective": value, "gradient_distance": distance}
-
-    def _full(self, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """A gradient for the stacked pixels: ``rows`` for the alive restarts, 0 elsewhere."""
-        return torch.zeros_like(self.x01).index_copy_(0, index, rows)
-
-    def _step_together(self, alive):
-        """One FedLeak iteration (Algorithm 1, lines 5-10) of every alive restart at once."""
-        config, objective, x01 = self.config, self.objective, self.x01
-        objective = objective.at(alive)  # each row its own update's, where updates go together
-        index = self._index(alive)
-        pixels = x01.detach().index_select(0, index)
-        current, value, distance, masks = objective.evaluate_together(pixels)
-        finite = torch.isfinite(value) & torch.isfinite(current).flatten(1).all(1)
-        self.first_broken.keep(index, finite, pixels)
-        keep = row_mask(finite, current)
-        current = torch.where(keep, current, torch.zeros_like(current))
-        direction = current
-        if config.blend > 0:
-            reuse = masks if config.lookahead_mask == "reuse" else None
-            if config.lookahead == "ascent_normalized":
-                offset = torch.func.vmap(ascent_offset, in_dims=(0, None))(current, config.k)
-                ahead, *_ = objective.evaluate_together(pixels + offset, reuse)
-            else:  # the released code's look-ahead, as in _step
-                saved = x01.detach().clone()
-                x01.grad = self._full(current, index)
-                self.optimizer.step()
-                with torch.no_grad():
-                    x01.clamp_(0, 1)
-                ahead, *_ = objective.evaluate_together(x01.detach().index_select(0, index), reuse)
-                with torch.no_grad():
-                    x01.copy_(saved)
-            direction = torch.where(keep, blend_directions(current, ahead, config.blend), 0.0)
-        x01.grad = self._full(direction, index)
-        self.optimizer.step()
-        with torch.no_grad():
-            x01.clamp_(0, 1)
-        return value, distance, finite
-
-    def _labels(self, position: int) -> torch.Tensor:
-        return self.labels[position] if self.label_rows else self.labels
-
-    def frame(self, position):
-        return snapshot(self.normalize(self._pixels(position))), self._labels(position)
-
-    def candidate(self, position):
-        pixels = self._pixels(position)
-        score = self.objective.at([position]).score(pixels)
-        if self.config.median_filter:
-            pixels = median_filter(pixels, self.config.median_filter)
-        return snapshot(self.normalize(pixels)), self._labels(position).clone(), score
 
 
 PAPER = {
@@ -551,6 +456,9 @@ register(
         config_type=FedLeakConfig,
         run=run_fedleak,
         run_updates=run_fedleak_updates,
+        why_updates_apart=lambda config, raced: (
+            "fedleak traces one update's step (compiled=true)" if config.compiled else None
+        ),
         presets={
             # Sec. 5 and Algorithm 1: Adam 1e-4 on pixels for 10,000 iterations.
             "paper": PAPER,

@@ -153,6 +153,40 @@ def capture_outputs(modules: list[nn.Module]) -> Iterator[list[torch.Tensor]]:
             handle.remove()
 
 
+class HeldHooks:
+    """The prior's forward hooks registered once for a whole run, for a traced step: a trace
+    cannot register hooks, but follows those already there. Entered for the run; each
+    :meth:`capture` block collects the outputs of the forwards inside it and lets go of them
+    at its end (a traced step must not leak its intermediate tensors); forwards outside a
+    block (a candidate's score) keep nothing."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = modules
+        self.outputs: list[torch.Tensor] | None = None
+        self._handles: list[Any] = []
+
+    def _keep(self, _module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        if self.outputs is not None:
+            self.outputs.append(output)
+
+    def __enter__(self) -> HeldHooks:
+        self._handles = [m.register_forward_hook(self._keep) for m in self.modules]
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[list[torch.Tensor]]:
+        self.outputs = []
+        try:
+            yield self.outputs
+        finally:
+            self.outputs = None
+
+
 def activation_penalty(
     outputs: list[torch.Tensor], passes: int, like: torch.Tensor
 ) -> torch.Tensor:

@@ -57,6 +57,8 @@ class Normalization:
         return cls(mean=mean, std=std)
 
     def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():  # a traced step: constants of its graph
+            return _made(self.mean, self.std, like.dtype, like.device)
         return _stats_on(self.mean, self.std, like.dtype, like.device)
 
     def normalize(self, images01: torch.Tensor) -> torch.Tensor:
@@ -77,15 +79,17 @@ class Normalization:
         return {"mean": list(self.mean), "std": list(self.std)}
 
 
-@functools.lru_cache(maxsize=64)
-def _stats_on(
+def _made(
     mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and std shaped to broadcast over N x C x H x W, made once per dtype and device:
-    an attack normalises at every step, and on a GPU a tensor made from host values is a
-    copy that waits for the work queued before it (issue 55). Made outside inference mode,
-    so that autograd may save them; read only, never written."""
+    """Mean and std shaped to broadcast over N x C x H x W. Made outside inference mode, so
+    that autograd may save them (they are cached: read only, never written)."""
     shape = (1, len(mean), 1, 1)
     with torch.inference_mode(False):
         made = torch.tensor(mean, dtype=dtype, device=device).view(shape)
         return made, torch.tensor(std, dtype=dtype, device=device).view(shape)
+
+
+# Made once per dtype and device: an attack normalises at every step, and on a GPU a tensor
+# made from host values is a copy that waits for the work queued before it (issue 55).
+_stats_on = functools.lru_cache(maxsize=64)(_made)
