@@ -132,16 +132,22 @@ def test_a_step_of_one_restart_alone_reads_nothing_back(monkeypatch, attack):
     assert seen == []
 
 
-UPDATES_TOGETHER = ["ig", "grnn", "fedleak"]
+# (attack, its parameters): GRNN's label branch, and its labels inferred (a row each).
+UPDATES_TOGETHER = [
+    ("ig", {}),
+    ("grnn", {}),
+    ("grnn", {"labels": "inferred"}),
+    ("fedleak", {}),
+]
 
 
-def _several_updates(attack: str, device: str = "cpu") -> dict:
+def _several_updates(attack: str, params: dict, device: str = "cpu") -> dict:
     """Three LeNet updates' audit-preset starts as rows of one step: each update's final."""
     torch.manual_seed(0)
     releases = [
         release_for(dataclasses.replace(lenet_spec(offset=u), device=device))[2] for u in range(3)
     ]
-    config, _ = build_attack_config(attack, {}, AUDIT_PRESET)
+    config, _ = build_attack_config(attack, params, AUDIT_PRESET)
     events = run_attack_updates(
         ATTACKS[attack],
         [r.observation for r in releases],
@@ -156,13 +162,13 @@ def _several_updates(attack: str, device: str = "cpu") -> dict:
     return finals
 
 
-@pytest.mark.parametrize("attack", UPDATES_TOGETHER)
-def test_a_step_of_several_updates_together_reads_nothing_back(monkeypatch, attack):
+@pytest.mark.parametrize(("attack", "params"), UPDATES_TOGETHER)
+def test_a_step_of_several_updates_together_reads_nothing_back(monkeypatch, attack, params):
     """A sample audit's updates as rows of one step, each against its own update's target
     (``attacks.updates``): the rows' targets are gathered by an index made once per set of
     rows, not copied to the device at each step."""
     with _reads_in_steps(monkeypatch, STEPPERS[attack]) as seen:
-        _several_updates(attack)
+        _several_updates(attack, params)
     assert seen == []
 
 
@@ -257,8 +263,10 @@ def test_fedleaks_one_restart_that_breaks_is_scored_by_its_pixels_at_that_step(m
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("attack", UPDATES_TOGETHER)
-def test_on_cuda_a_step_of_several_updates_together_never_waits_for_the_device(monkeypatch, attack):
+@pytest.mark.parametrize(("attack", "params"), UPDATES_TOGETHER)
+def test_on_cuda_a_step_of_several_updates_together_never_waits_for_the_device(
+    monkeypatch, attack, params
+):
     real_step = STEPPERS[attack].step
 
     def step(self, alive):
@@ -268,6 +276,6 @@ def test_on_cuda_a_step_of_several_updates_together_never_waits_for_the_device(m
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    _several_updates(attack, "cuda")  # warm: the first kernels' set-up may wait
+    _several_updates(attack, params, "cuda")  # warm: the first kernels' set-up may wait
     monkeypatch.setattr(STEPPERS[attack], "step", step)
-    _several_updates(attack, "cuda")
+    _several_updates(attack, params, "cuda")

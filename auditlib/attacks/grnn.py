@@ -450,7 +450,7 @@ class _Restarts:
     def _labels(self, soft: torch.Tensor, positions) -> torch.Tensor:
         if self.fixed is None:
             return soft
-        return self.fixed[positions] if self.fixed_rows else self.fixed
+        return self.fixed.index_select(0, self._index(positions)) if self.fixed_rows else self.fixed
 
     def _row(self, labels: torch.Tensor, index: int) -> torch.Tensor:
         """One restart's labels: its soft labels, or the fixed ones all restarts share."""
