@@ -1,31 +1,34 @@
-"""Inverting Gradients (or FedLeak: ``--attack fedleak``) with its step eager and compiled
+"""Inverting Gradients (or FedLeak, GradInversion: ``--attack``) with its step eager and compiled
 (``attacks.compiled``, issue 55), IG's beside breaching's, on one device in one run: the same
 model, photograph, gradient and steps.
 
 Rows, for seeds 0 to S-1, interleaved (eager, compiled, compiled with R starts together,
 breaching) so that load on the machine falls on all of them:
 
-- ours eager: ``ig`` (or ``fedleak``), paper preset, 1 start, ``compiled=false``;
+- ours eager: ``ig`` (or ``fedleak``, ``gi``), paper preset, 1 start, ``compiled=false``;
 - ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph);
 - ours compiled, R starts together (``restarts`` R, unraced: every start runs every step),
-  once (seed 0): what R starts cost beside one;
+  once (seed 0): what R starts cost beside one (GradInversion's without its Langevin noise:
+  unraced starts with noise draw it in turn from one stream, so they stay apart);
 - breaching 0.1.2's ``invertinggradients``, 1 trial, its TV scale set to ours, starting from
   our draw (``benchmarks.peers``), where breaching is installed in ``.peers/site`` (IG only:
-  breaching has no FedLeak).
+  breaching has no FedLeak, and its GradInversion is another case).
 
 Each run's seconds split into its first step (where the compiled step traces: "compile s")
 and the steps after it, whose rate is the row's steps/s (a step of R starts together counts
 R steps, as the product's progress counts them). PSNR against the photograph at the end.
 
 Cases: ``lenet`` (DLG's LeNet at 32 px, 100 classes: this machine's CPU), ``resnet18-32``
-(the CIFAR ResNet-18, 10 classes, train-mode BatchNorm: where the CPU's kernels are large) and
+(the CIFAR ResNet-18, 10 classes, train-mode BatchNorm: where the CPU's kernels are large),
+``resnet20-32`` (ResNet-20, 10 classes, train-mode BatchNorm: a small BatchNorm model, for
+GradInversion on the CPU) and
 ``resnet18-224`` (torchvision's ResNet-18, 1000 classes, 224 px, untrained, seed 0,
 BatchNorm in training mode: the issue's GPU case). ``--paper-budget`` adds one compiled run
 of the paper's ImageNet budget, 24,000 steps.
 
-Writes benchmarks/results/compiled_step-DEVICE-CASE.json (FedLeak's:
-compiled_step-fedleak-DEVICE-CASE.json) and prints each run as a JSON line.
-Usage: python -m benchmarks.compiled_step [--attack fedleak] [--device cuda]
+Writes benchmarks/results/compiled_step-DEVICE-CASE.json (another attack's:
+compiled_step-ATTACK-DEVICE-CASE.json) and prints each run as a JSON line.
+Usage: python -m benchmarks.compiled_step [--attack fedleak|gi] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
        [--paper-budget [--budget-only]] [--no-peer]
 """
@@ -50,6 +53,7 @@ from benchmarks.peers import PEERS, _case, _psnr, our_knowledge, theirs
 CASES = {
     "lenet": ModelSpec("lenet", 100, (3, 32, 32), init="uniform"),
     "resnet18-32": ModelSpec("resnet18", 10, (3, 32, 32)),
+    "resnet20-32": ModelSpec("resnet20", 10, (3, 32, 32)),
     "resnet18-224": ModelSpec("torchvision:resnet18", 1000, (3, 224, 224)),
 }
 PAPER_BUDGET = 24_000
@@ -60,7 +64,10 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, compiled
     after."""
     knowledge = our_knowledge(victim, classes, copy.deepcopy(victim.model).to(device), True)
     observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
-    config, _ = build_attack_config(attack, {"restarts": starts, "compiled": compiled}, "paper")
+    params = {"restarts": starts, "compiled": compiled}
+    if attack == "gi" and starts > 1:  # unraced starts with noise stay apart
+        params["noise"] = 0.0
+    config, _ = build_attack_config(attack, params, "paper")
     control = RunControl(steps, emit_every=max(steps // 10, 1), image_every=10**9)
     _sync(device)
     start = time.perf_counter()
@@ -142,7 +149,7 @@ def summary(runs: list[dict]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--attack", choices=["ig", "fedleak"], default="ig")
+    parser.add_argument("--attack", choices=["ig", "fedleak", "gi"], default="ig")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--case", choices=sorted(CASES), default="lenet")
     parser.add_argument("--steps", type=int, default=1000)
@@ -184,7 +191,7 @@ def main() -> None:
         "steps": args.steps,
         "peer": "breaching 0.1.2"
         if with_peer
-        else "none for fedleak"
+        else f"none for {args.attack}"
         if args.attack != "ig"
         else "not installed (.peers/site)",
         "rows": summary(runs),

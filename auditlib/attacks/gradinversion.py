@@ -27,13 +27,13 @@ statistics by another over the first local step's examples.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from auditlib.attacks.base import (
     AttackInfo,
@@ -43,25 +43,23 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
+from auditlib.attacks.batchnorm_prior import BATCHNORM_TYPES, BatchNormPrior
+from auditlib.attacks.compiled import CompiledGradient, held, traced_model, why_not_compiled
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
     UpdateMatcher,
     backward_to,
     random_images,
-    restart_buffers,
     total_variation,
     why_not_together,
 )
 from auditlib.attacks.row_index import RowIndex
 from auditlib.attacks.updates import UpdatesMatcher
 from auditlib.attacks.updates_loop import run_updates
-from auditlib.client.update import set_training_mode
 from auditlib.config import check_ranges, param
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, Observation
-
-BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 @dataclass(frozen=True)
@@ -128,6 +126,16 @@ class GradInversionConfig:
         "advance raced starts (each its own seed) together as one batched computation (false: "
         "one after another; the same objective)",
     )
+    # The step traced and compiled (attacks.compiled): a CUDA graph on a GPU. Asked for, not
+    # the default: compiling costs seconds per number of running starts before it pays.
+    compiled: bool = param(
+        False,
+        "trace and compile the objective and its gradient with torch.compile (a CUDA graph on "
+        "a GPU): faster steps where kernels are small, after seconds to minutes of compiling "
+        "per number of running starts; the starts advance together (raced, or one), and "
+        "several updates one after another",
+        identity=False,  # the same algorithm: a stored eager run stands for a compiled one
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -140,110 +148,6 @@ def image_norm(images: torch.Tensor) -> torch.Tensor:
     """The L2 image prior: each image's L2 norm, averaged over the batch (B x C x H x W), or
     one value per restart over R x B x C x H x W."""
     return torch.linalg.vector_norm(images.flatten(-3), dim=-1).mean(-1)
-
-
-def _channel_statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and biased variance, as BatchNorm normalises a batch."""
-    dims = [d for d in range(features.dim()) if d != 1]
-    return features.mean(dims), features.var(dims, unbiased=False)
-
-
-def _record_first_call(seen: dict, index: int, features: torch.Tensor) -> None:
-    """Layer ``index``'s statistics at its first call since ``seen`` was emptied (FedAvg:
-    the first local step's), kept in ``seen``."""
-    if index not in seen:
-        seen[index] = _channel_statistics(features)
-
-
-class BatchNormPrior:
-    """R_BN: the candidate batch's statistics at each BatchNorm input against the running ones.
-
-    Forward hooks record the statistics of the first call of each layer after ``reset``
-    (for FedAvg, the first local step). The targets are the running statistics of the
-    server's model as sent, copied once.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        self.layers = [
-            m
-            for m in model.modules()
-            if isinstance(m, BATCHNORM_TYPES)
-            and m.running_mean is not None
-            and m.running_var is not None
-        ]
-        self.targets = [
-            (m.running_mean.detach().clone(), m.running_var.detach().clone()) for m in self.layers
-        ]
-        self.captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def _hook(self, index: int):
-        def record(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: object) -> None:
-            _record_first_call(self.captured, index, inputs[0])
-
-        return record
-
-    def attach(self) -> None:
-        self.detach()
-        self._handles = [
-            layer.register_forward_hook(self._hook(i)) for i, layer in enumerate(self.layers)
-        ]
-
-    def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def reset(self) -> None:
-        self.captured = {}
-
-    def loss(self, images: torch.Tensor) -> torch.Tensor:
-        """Sum over the layers seen since ``reset`` of the two L2 norms (paper Eq. 6)."""
-        return self._against_running(self.captured, images.new_zeros(()))
-
-    def _against_running(self, captured: dict, total: torch.Tensor) -> torch.Tensor:
-        # One value, or one per row where the statistics are R x C.
-        for index, (mean, var) in captured.items():
-            running_mean, running_var = self.targets[index]
-            total = total + torch.linalg.vector_norm(mean - running_mean, dim=-1)
-            total = total + torch.linalg.vector_norm(var - running_var, dim=-1)
-        return total
-
-    def stacked(self, matcher: UpdateMatcher, images: torch.Tensor) -> torch.Tensor:
-        """R_BN of R candidate batches at once (``images`` R x B x C x H x W), one value per
-        row. The statistics the hooks record in the client's simulation (each layer's first
-        call: the first local step's examples, the server's weights, the client's BatchNorm
-        mode), here from one ``vmap`` pass of that forward alone: the statistics cannot
-        leave the simulation's ``torch.func.grad`` through a hook."""
-        knowledge, model = matcher.knowledge, matcher.view.model
-        window = knowledge.protocol.minibatch_windows(images.shape[1])[0]
-        set_training_mode(model, knowledge.protocol.batchnorm_mode == "train")
-
-        def statistics(x: torch.Tensor, own: dict) -> dict:
-            seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-            def record(index: int):
-                def hook(module, inputs, output) -> None:
-                    _record_first_call(seen, index, inputs[0])
-
-                return hook
-
-            handles = [
-                layer.register_forward_hook(record(i)) for i, layer in enumerate(self.layers)
-            ]
-            try:
-                torch.func.functional_call(model, ({**matcher.parameters, **own},), (x[window],))
-            finally:
-                for handle in handles:
-                    handle.remove()
-            return seen
-
-        buffers = restart_buffers(model, images.shape[0])
-        seen = torch.func.vmap(statistics)(images, buffers)
-        return self._against_running(seen, images.new_zeros(images.shape[0]))
 
 
 class Objective:
@@ -269,12 +173,12 @@ class Objective:
         return self._total(distance, images, bn)
 
     def rows(
-        self, images: torch.Tensor, labels: torch.Tensor, rows: list[int]
+        self, images: torch.Tensor, labels: torch.Tensor, rows: list[int] | None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The objective of R stacked restarts (``images`` R x B x C x H x W; ``labels`` B, or
         R x B: each row its update's), one value per row: :meth:`__call__` of each alone, up
         to float order. ``rows``: their positions (an ``UpdatesMatcher``'s owners)."""
-        matcher = self.matcher.at(rows)
+        matcher = self.matcher if rows is None else self.matcher.at(rows)  # None: traced
         distance = matcher.together(images, labels)
         bn = None if self.prior is None else self.prior.stacked(self.first, images)
         return self._total(distance, images, bn)
@@ -352,20 +256,27 @@ def run_gradinversion(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
+    raced = control.race is not None
+    if config.compiled and (reason := _why_not_compiled(knowledge, config, raced)) is not None:
+        raise AttackUnsupportedError(f"gi cannot compile its step here: {reason}")
     labels, record = resolve_labels(observation, knowledge, config)
     prior, record["batchnorm_prior"] = _prior_and_record(knowledge, config)
     objective = Objective(UpdateMatcher(observation, knowledge, config.distance), config, prior)
-    together = (
+    together = config.compiled or (
         config.restarts > 1
-        and _why_updates_apart(config, control.race is not None) is None
+        and _why_updates_apart(config, raced) is None
         and why_not_together(knowledge) is None
     )
     if together:
 
         def make(generators, clock):
-            return _Rows(generators, objective, knowledge, config, labels, control.max_steps)
+            rows = _Rows(generators, objective, knowledge, config, labels, control.max_steps)
+            if config.compiled:
+                rows.traced(knowledge.device)
+            return rows
 
-        return run_restarts(make, config.restarts, True, control, seed, "objective", record)
+        events = run_restarts(make, config.restarts, True, control, seed, "objective", record)
+        return held(_traced_run(knowledge, prior), events) if config.compiled else events
     if prior is None:
         return _run(objective, knowledge, config, control, seed, labels, record)
     return _with_hooks(prior, _run(objective, knowledge, config, control, seed, labels, record))
@@ -378,6 +289,24 @@ def _prior_and_record(knowledge: AttackerKnowledge, config: GradInversionConfig)
     if prior is None:
         return None, "off: bn weight is 0"
     return prior, f"{len(prior)} BatchNorm layers matched to running statistics"
+
+
+def _why_not_compiled(
+    knowledge: AttackerKnowledge, config: GradInversionConfig, raced: bool
+) -> str | None:
+    """Why GradInversion's step cannot be traced here: the traced step is the starts'
+    stacked one, so whatever keeps them apart keeps it eager."""
+    if config.restarts > 1 and (reason := _why_updates_apart(config, raced)) is not None:
+        return f"{reason} (a compiled step steps its starts together)"
+    return why_not_compiled(knowledge)
+
+
+@contextlib.contextmanager
+def _traced_run(knowledge: AttackerKnowledge, prior: BatchNormPrior | None) -> Iterator[None]:
+    """Held for a compiled run: the model on composite BatchNorm and the prior's hooks
+    registered, so that every traced graph sees one fixed model."""
+    with traced_model(knowledge), prior.held() if prior is not None else contextlib.nullcontext():
+        yield
 
 
 def _why_updates_apart(config: GradInversionConfig, raced: bool) -> str | None:
@@ -448,10 +377,14 @@ class _Descent:
             torch.zeros((), device=knowledge.device)
         )
 
-    def step(self, loss: torch.Tensor, add_noise) -> None:
-        """One step down ``loss``; ``add_noise(grad, scale)`` adds the exploration noise."""
+    def step(self, loss: torch.Tensor | None, add_noise, grad: torch.Tensor | None = None) -> None:
+        """One step down ``loss`` (or along ``grad``, the images' gradient a traced step
+        took); ``add_noise(grad, scale)`` adds the exploration noise."""
         self.optimizer.zero_grad()
-        backward_to(loss, self.optimizer)
+        if grad is None:
+            backward_to(loss, self.optimizer)
+        else:
+            self.images.grad = grad
         if self.config.noise > 0:
             add_noise(self.images.grad, self.config.noise * self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
@@ -508,13 +441,31 @@ class _Rows:
         self.images = stacked([random_images(knowledge, g) for g in self.generators])
         self.descent = _Descent(self.images, knowledge, config, iterations)
         self._index = RowIndex(knowledge.device)  # the running rows, made once per set
+        self.compiled: CompiledGradient | None = None
+
+    def traced(self, device: torch.device) -> None:
+        """Step by the traced and compiled objective from now on (``attacks.compiled``):
+        one update's (a compiled run attacks updates one after another)."""
+        objective, labels = self.objective, self.labels
+        objective.matcher.factored = False  # a trace cannot register the factored form's hooks
+
+        def terms(images: torch.Tensor):
+            return objective.rows(images, labels, None)
+
+        self.compiled = CompiledGradient(terms, device)
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
         return self.labels.index_select(0, self._index(rows)) if self.per_row else self.labels
 
     def step(self, alive):
-        images = self.images.index_select(0, self._index(alive))
-        loss, parts = self.objective.rows(images, self._labels(alive), alive)
+        index = self._index(alive)
+        images = self.images.index_select(0, index)
+        grad = None
+        if self.compiled is None:
+            loss, parts = self.objective.rows(images, self._labels(alive), alive)
+        else:
+            (rows,), loss, parts = self.compiled(images)
+            grad = torch.zeros_like(self.images).index_copy_(0, index, rows)
 
         def add_noise(grad: torch.Tensor, scale: float) -> None:
             # Each alive row its own start's draw, as that start alone draws it.
@@ -523,7 +474,7 @@ class _Rows:
             noise = noise.to(grad.device, non_blocking=True)  # as _Restart's: no wait
             grad.index_add_(0, self._index(alive), noise, alpha=scale)
 
-        self.descent.step(loss.sum(), add_noise)
+        self.descent.step(loss.sum(), add_noise, grad)
         return {"objective": loss.detach()} | {k: v.detach() for k, v in parts.items()}
 
     def _hard_labels(self, position: int) -> torch.Tensor:
@@ -570,7 +521,11 @@ register(
         config_type=GradInversionConfig,
         run=run_gradinversion,
         run_updates=run_gi_updates,
-        why_updates_apart=_why_updates_apart,
+        why_updates_apart=lambda config, raced: (
+            "gi traces one update's step (compiled=true)"
+            if config.compiled
+            else _why_updates_apart(config, raced)
+        ),
         presets={
             # The paper's Adam lr 0.1 and its per-layer L2 matching (Eq. 4), with breaching's
             # seethroughgradients values where the paper's are not known to us: warm-up 50,

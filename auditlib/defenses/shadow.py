@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from auditlib.attacks.gradinversion import BatchNormPrior, image_norm
+from auditlib.attacks.batchnorm_prior import BatchNormPrior
+from auditlib.attacks.gradinversion import image_norm
 from auditlib.attacks.grnn import fit_to_input, generated_side
 from auditlib.attacks.objectives import layer_l2_distance, total_variation
 from auditlib.client.update import client_update, trainable_parameters

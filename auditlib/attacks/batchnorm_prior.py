@@ -1,0 +1,160 @@
+"""GradInversion's BatchNorm prior (Yin et al. 2021, Eq. 6; the DeepInversion prior): the
+candidate batch's per-channel statistics at the input of every BatchNorm layer against the
+running statistics of the server's model, read by forward hooks. Used by GradInversion and by
+Shadow's attacker."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from auditlib.attacks.objectives import UpdateMatcher, restart_buffers
+from auditlib.client.update import set_training_mode
+
+BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _channel_statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and biased variance, as BatchNorm normalises a batch."""
+    dims = [d for d in range(features.dim()) if d != 1]
+    return features.mean(dims), features.var(dims, unbiased=False)
+
+
+def _record_first_call(seen: dict, index: int, features: torch.Tensor) -> None:
+    """Layer ``index``'s statistics at its first call since ``seen`` was emptied (FedAvg:
+    the first local step's), kept in ``seen``."""
+    if index not in seen:
+        seen[index] = _channel_statistics(features)
+
+
+class BatchNormPrior:
+    """R_BN: the candidate batch's statistics at each BatchNorm input against the running ones.
+
+    Forward hooks record the statistics of the first call of each layer after ``reset``
+    (for FedAvg, the first local step). The targets are the running statistics of the
+    server's model as sent, copied once.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.layers = [
+            m
+            for m in model.modules()
+            if isinstance(m, BATCHNORM_TYPES)
+            and m.running_mean is not None
+            and m.running_var is not None
+        ]
+        self.targets = [
+            (m.running_mean.detach().clone(), m.running_var.detach().clone()) for m in self.layers
+        ]
+        self.captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        # A traced run's hooks, registered once (:meth:`held`), and the statistics of the
+        # pass they record now (None between passes: nothing kept).
+        self._held = False
+        self._seen: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def _hook(self, index: int):
+        def record(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: object) -> None:
+            _record_first_call(self.captured, index, inputs[0])
+
+        return record
+
+    def attach(self) -> None:
+        self.detach()
+        self._handles = [
+            layer.register_forward_hook(self._hook(i)) for i, layer in enumerate(self.layers)
+        ]
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def reset(self) -> None:
+        self.captured = {}
+
+    def loss(self, images: torch.Tensor) -> torch.Tensor:
+        """Sum over the layers seen since ``reset`` of the two L2 norms (paper Eq. 6)."""
+        return self._against_running(self.captured, images.new_zeros(()))
+
+    def _against_running(self, captured: dict, total: torch.Tensor) -> torch.Tensor:
+        # One value, or one per row where the statistics are R x C.
+        for index, (mean, var) in captured.items():
+            running_mean, running_var = self.targets[index]
+            total = total + torch.linalg.vector_norm(mean - running_mean, dim=-1)
+            total = total + torch.linalg.vector_norm(var - running_var, dim=-1)
+        return total
+
+    def stacked(self, matcher: UpdateMatcher, images: torch.Tensor) -> torch.Tensor:
+        """R_BN of R candidate batches at once (``images`` R x B x C x H x W), one value per
+        row. The statistics the hooks record in the client's simulation (each layer's first
+        call: the first local step's examples, the server's weights, the client's BatchNorm
+        mode), here from one ``vmap`` pass of that forward alone: the statistics cannot
+        leave the simulation's ``torch.func.grad`` through a hook."""
+        knowledge, model = matcher.knowledge, matcher.view.model
+        window = knowledge.protocol.minibatch_windows(images.shape[1])[0]
+        set_training_mode(model, knowledge.protocol.batchnorm_mode == "train")
+
+        def statistics(x: torch.Tensor, own: dict) -> dict:
+            with self._recording() as seen:
+                torch.func.functional_call(model, ({**matcher.parameters, **own},), (x[window],))
+            return seen
+
+        buffers = restart_buffers(model, images.shape[0])
+        seen = torch.func.vmap(statistics)(images, buffers)
+        return self._against_running(seen, images.new_zeros(images.shape[0]))
+
+    @contextlib.contextmanager
+    def _recording(self) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+        """The statistics of the forwards inside the block, each layer's first call: by the
+        hooks held for a traced run, else by hooks registered for the block alone."""
+        seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self._held:
+            self._seen = seen
+            try:
+                yield seen
+            finally:
+                self._seen = None
+            return
+
+        def record(index: int):
+            def hook(module, inputs, output) -> None:
+                _record_first_call(seen, index, inputs[0])
+
+            return hook
+
+        handles = [layer.register_forward_hook(record(i)) for i, layer in enumerate(self.layers)]
+        try:
+            yield seen
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Held for a traced run (GradInversion's ``compiled=true``): the layers' hooks
+        registered once, as a trace cannot register them but follows those already there;
+        each stacked pass records through them into statistics of its own, and forwards
+        outside a pass (the client's simulation) record nothing."""
+
+        def record(index: int):
+            def hook(module, inputs, output) -> None:
+                if self._seen is not None:
+                    _record_first_call(self._seen, index, inputs[0])
+
+            return hook
+
+        handles = [layer.register_forward_hook(record(i)) for i, layer in enumerate(self.layers)]
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            for handle in handles:
+                handle.remove()
