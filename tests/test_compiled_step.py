@@ -181,15 +181,16 @@ def test_updates_of_a_sample_run_one_after_another_when_the_step_is_compiled():
     assert why_apart(info, compiled, knowledges) == "ig traces one update's step (compiled=true)"
 
 
-def test_a_compiled_run_has_the_identity_of_the_eager_one():
+@pytest.mark.parametrize("attack", ["ig", "gi", "fedleak"])
+def test_a_compiled_run_has_the_identity_of_the_eager_one(attack):
     from auditlib.engine.identity import run_identity
     from auditlib.spec import ComponentSpec
 
-    eager = lenet_spec("ig")
-    compiled = dataclasses.replace(eager, attack=ComponentSpec.of("ig", {"compiled": "true"}))
+    eager = lenet_spec(attack)
+    compiled = dataclasses.replace(eager, attack=ComponentSpec.of(attack, {"compiled": "true"}))
     assert compiled.identity() != eager.identity()  # as written
     assert run_identity(compiled) == run_identity(eager)  # what the run computes
-    other = dataclasses.replace(eager, attack=ComponentSpec.of("ig", {"tv": "0.1"}))
+    other = dataclasses.replace(eager, attack=ComponentSpec.of(attack, {"tv": "0.1"}))
     assert run_identity(other) != run_identity(eager)
 
 
