@@ -65,6 +65,14 @@ def _summed(candidate, target, per_entry) -> torch.Tensor:
     return total
 
 
+def _absolute(d: torch.Tensor) -> torch.Tensor:
+    """|d|; in a traced step (``attacks.compiled``) as max(d, -d), the same values and
+    derivatives (0 at 0 as abs's): torch 2.14 fails to trace abs's derivative on stacked
+    candidates' updates (a real tensor meets its fake ones: "Please convert all Tensors to
+    FakeTensors first")."""
+    return torch.maximum(d, -d) if torch.compiler.is_compiling() else d.abs()
+
+
 @dataclass(frozen=True)
 class GaussianLikelihood:
     """Independent N(0, sigma^2) on every entry: sum (y - u)^2 / (2 sigma^2)."""
@@ -89,7 +97,7 @@ class LaplaceLikelihood:
     stacked: bool = True
 
     def nll(self, candidate, target, unit):
-        return _summed(candidate, target, torch.abs) * (abs(unit) / self.scale)
+        return _summed(candidate, target, _absolute) * (abs(unit) / self.scale)
 
     def describe(self) -> str:
         return f"Laplace noise of scale {self.scale:g}"
