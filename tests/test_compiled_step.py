@@ -84,22 +84,32 @@ def test_the_traced_gradient_is_the_eager_one_with_batchnorm_in_double_precision
     assert all("forward" not in m.__dict__ for m in knowledge.model.modules())  # restored
 
 
+def _count_traced(monkeypatch, module, calls: list, backend: str = "inductor") -> None:
+    """``module``'s compiled steps counted into ``calls`` (each call's count of starts, and
+    whether it was given inputs besides), on ``backend`` (``aot_eager``: the trace as the
+    product takes it, run without generating code)."""
+
+    class Counted(CompiledGradient):
+        def __init__(self, objective, device):
+            super().__init__(objective, device, backend=backend)
+
+        def __call__(self, *variables, given=()):
+            calls.append((variables[0].shape[0], len(given) > 0))
+            return super().__call__(*variables, given=given)
+
+    monkeypatch.setattr(module, "CompiledGradient", Counted)
+
+
 def _ig(spec, params, steps, compiled, monkeypatch=None, race=None):
     calls = []
     if monkeypatch is not None:  # count the compiled steps that ran
-
-        class Counted(CompiledGradient):
-            def __call__(self, *variables):
-                calls.append(variables[0].shape[0])
-                return super().__call__(*variables)
-
-        monkeypatch.setattr(ig, "CompiledGradient", Counted)
+        _count_traced(monkeypatch, ig, calls)
     _, _, release = release_for(spec)
     config, _ = build_attack_config("ig", {**params, "compiled": compiled})
     info = get_attack("ig")
     control = RunControl(steps, race=race)
     events = list(info.run(release.observation, release.knowledge, config, control, 0))
-    return events[-1].final, calls
+    return events[-1].final, [count for count, _ in calls]
 
 
 def test_inverting_gradients_compiled_ends_where_it_ends_eager(monkeypatch):
@@ -144,14 +154,15 @@ def test_a_raced_compiled_run_traces_each_count_of_running_starts(monkeypatch):
     assert len(calls) == 40 and sum(calls) == PLAN.planned_steps(2, 40, 10)
 
 
-def test_a_model_that_keeps_starts_apart_refuses_a_compiled_step():
-    _, _, release = release_for(lenet_spec("ig"))
+@pytest.mark.parametrize("attack", ["ig", "fedleak"])
+def test_a_model_that_keeps_starts_apart_refuses_a_compiled_step(attack):
+    _, _, release = release_for(lenet_spec(attack))
     knowledge = dataclasses.replace(
         release.knowledge, model=torch.jit.script(release.knowledge.model)
     )
-    config, _ = build_attack_config("ig", {"compiled": True})
+    config, _ = build_attack_config(attack, {"compiled": True})
     with pytest.raises(AttackUnsupportedError, match="cannot compile its step here: a Torch"):
-        list(get_attack("ig").run(release.observation, knowledge, config, RunControl(5), 0))
+        list(get_attack(attack).run(release.observation, knowledge, config, RunControl(5), 0))
 
 
 def test_the_model_is_held_on_composite_batchnorm_exactly_as_long_as_the_run():
@@ -169,16 +180,19 @@ def test_the_model_is_held_on_composite_batchnorm_exactly_as_long_as_the_run():
     assert "forward" not in model[1].__dict__
 
 
-def test_updates_of_a_sample_run_one_after_another_when_the_step_is_compiled():
+@pytest.mark.parametrize("attack", ["ig", "gi", "fedleak"])
+def test_updates_of_a_sample_run_one_after_another_when_the_step_is_compiled(attack):
     from auditlib.attacks.restarts import why_apart
 
-    _, _, release = release_for(lenet_spec("ig"))
+    _, _, release = release_for(resnet20_spec(attack) if attack == "gi" else lenet_spec(attack))
     knowledges = [release.knowledge] * 2
-    info = get_attack("ig")
-    together, _ = build_attack_config("ig", {})
+    info = get_attack(attack)
+    together, _ = build_attack_config(attack, {}, "paper")
     assert why_apart(info, together, knowledges) is None
-    compiled, _ = build_attack_config("ig", {"compiled": True})
-    assert why_apart(info, compiled, knowledges) == "ig traces one update's step (compiled=true)"
+    compiled = dataclasses.replace(together, compiled=True)
+    assert why_apart(info, compiled, knowledges) == (
+        f"{attack} traces one update's step (compiled=true)"
+    )
 
 
 @pytest.mark.parametrize("attack", ["ig", "gi", "fedleak"])
@@ -204,16 +218,7 @@ CPU_SCALED = {"lr": 0.1, "schedule": "cosine", "k": 0.1, "restarts": 2}
 def _fedleak(spec, params, steps, compiled, monkeypatch=None, race=None):
     calls = []
     if monkeypatch is not None:  # trace without generating code; count the traced calls
-
-        class Counted(CompiledGradient):
-            def __init__(self, objective, device):
-                super().__init__(objective, device, backend="aot_eager")
-
-            def __call__(self, *variables, given=()):
-                calls.append((variables[0].shape[0], len(given) > 0))
-                return super().__call__(*variables, given=given)
-
-        monkeypatch.setattr(fedleak_step, "CompiledGradient", Counted)
+        _count_traced(monkeypatch, fedleak_step, calls, "aot_eager")
     _, _, release = release_for(spec)
     config, _ = build_attack_config("fedleak", {**params, "compiled": compiled}, "paper")
     control = RunControl(steps, race=race)
@@ -275,20 +280,6 @@ def test_fedleaks_held_hooks_keep_only_what_an_evaluation_collects():
     assert not any(m._forward_hooks for m in model.modules())
 
 
-def test_fedleak_refuses_to_compile_where_starts_stay_apart_and_runs_updates_apart():
-    from auditlib.attacks.restarts import why_apart
-
-    _, _, release = release_for(lenet_spec("fedleak"))
-    knowledge = dataclasses.replace(
-        release.knowledge, model=torch.jit.script(release.knowledge.model)
-    )
-    config, _ = build_attack_config("fedleak", {"compiled": True})
-    with pytest.raises(AttackUnsupportedError, match="fedleak cannot compile its step here"):
-        get_attack("fedleak").run(release.observation, knowledge, config, RunControl(5), 0)
-    info, knowledges = get_attack("fedleak"), [release.knowledge] * 2
-    assert why_apart(info, config, knowledges) == "fedleak traces one update's step (compiled=true)"
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 def test_fedleak_compiled_as_a_cuda_graph_ends_where_it_ends_eager_there():
     spec = dataclasses.replace(lenet_spec("fedleak", batch=2), device="cuda")
@@ -342,25 +333,16 @@ def test_gradinversion_compiled_ends_where_it_ends_eager(monkeypatch):
     # fed the wrong rows, labels or prior shows.
     params = {"restarts": 2, "noise": 0.0, "warmup": 0, "labels": "known"}
     calls = []
-
-    class Counted(CompiledGradient):
-        def __init__(self, objective, device):
-            super().__init__(objective, device, backend="aot_eager")
-
-        def __call__(self, *variables, given=()):
-            calls.append(variables[0].shape[0])
-            return super().__call__(*variables, given=given)
-
     release = _batchnorm_release(ClientProtocol(), torch.float32)
     finals = {}
     for compiled in (False, True):
         if compiled:
-            monkeypatch.setattr(gi, "CompiledGradient", Counted)
+            _count_traced(monkeypatch, gi, calls, "aot_eager")
         config, _ = build_attack_config("gi", {**params, "compiled": compiled}, "paper")
         info = get_attack("gi")
         events = list(info.run(release.observation, release.knowledge, config, RunControl(6), 0))
         finals[compiled] = events[-1].final
-    assert calls == [2] * 6  # every step, both starts in one traced step
+    assert calls == [(2, False)] * 6  # every step, both starts in one traced step
     for a, b in zip(finals[False].candidates, finals[True].candidates, strict=True):
         assert b.steps == a.steps == 6 and b.stop_reason == "completed"
         # Measured: 3.6e-7 and 7.2e-7 apart after 6 steps (the eager step keeps a Linear
@@ -378,11 +360,6 @@ def test_gradinversion_compiles_only_where_its_starts_step_together():
     config, _ = build_attack_config("gi", {"compiled": True, "restarts": 2}, "paper")
     with pytest.raises(AttackUnsupportedError, match="gi cannot compile its step here: gi's un"):
         info.run(release.observation, release.knowledge, config, RunControl(5), 0)
-    from auditlib.attacks.restarts import why_apart
-
-    assert why_apart(info, config, [release.knowledge] * 2) == (
-        "gi traces one update's step (compiled=true)"
-    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
@@ -410,25 +387,16 @@ def test_ig_compiled_through_a_known_laplace_noise_ends_where_it_ends_eager(monk
     _, _, release = release_for(lenet_spec("ig", batch=2), None, None, "dp-laplace", None)
     knows = dataclasses.replace(release.knowledge, defense=release.known_defense)
     calls = []
-
-    class Counted(CompiledGradient):
-        def __init__(self, objective, device):
-            super().__init__(objective, device, backend="aot_eager")
-
-        def __call__(self, *variables, given=()):
-            calls.append(variables[0].shape[0])
-            return super().__call__(*variables, given=given)
-
     finals = []
     for compiled in (False, True):
         if compiled:
-            monkeypatch.setattr(ig, "CompiledGradient", Counted)
+            _count_traced(monkeypatch, ig, calls, "aot_eager")
         config, _ = build_attack_config(
             "ig", {"restarts": 2, "signed": False, "compiled": compiled}
         )
         events = get_attack("ig").run(release.observation, knows, config, RunControl(5), 0)
         finals.append(list(events)[-1].final)
-    assert calls == [2] * 5
+    assert calls == [(2, False)] * 5
     for a, b in zip(*(f.candidates for f in finals), strict=True):
         assert b.steps == a.steps == 5 and b.stop_reason == "completed"
         assert b.loss == pytest.approx(a.loss, rel=1e-4)

@@ -220,12 +220,11 @@ def test_a_restart_that_breaks_is_dropped_at_that_step_and_scored_by_its_images_
     torch.testing.assert_close(broken.images, first[0], rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("attack", sorted(STEPPERS))
-def test_on_cuda_a_step_of_restarts_together_never_waits_for_the_device(monkeypatch, attack):
-    """torch stops any synchronising call inside a step (``set_sync_debug_mode("error")``):
-    a copy to the host, a value read, a pageable copy to the device, a nonzero."""
-    real_step = STEPPERS[attack].step
+def _never_waiting(monkeypatch, stepper) -> None:
+    """``stepper.step`` from now on under torch's ``set_sync_debug_mode("error")``, which
+    stops any synchronising call inside it: a copy to the host, a value read, a pageable
+    copy to the device, a nonzero."""
+    real_step = stepper.step
 
     def step(self, alive):
         torch.cuda.set_sync_debug_mode("error")
@@ -234,9 +233,15 @@ def test_on_cuda_a_step_of_restarts_together_never_waits_for_the_device(monkeypa
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
+    monkeypatch.setattr(stepper, "step", step)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("attack", sorted(STEPPERS))
+def test_on_cuda_a_step_of_restarts_together_never_waits_for_the_device(monkeypatch, attack):
     release = _release("cuda")
     run_attack(attack, release, 2, emit_every=2)  # warm: the first kernels' set-up may wait
-    monkeypatch.setattr(STEPPERS[attack], "step", step)
+    _never_waiting(monkeypatch, STEPPERS[attack])
     _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
     assert len(final.candidates) == 4 and final.steps > 0
 
@@ -267,15 +272,6 @@ def test_fedleaks_one_restart_that_breaks_is_scored_by_its_pixels_at_that_step(m
 def test_on_cuda_a_step_of_several_updates_together_never_waits_for_the_device(
     monkeypatch, attack, params
 ):
-    real_step = STEPPERS[attack].step
-
-    def step(self, alive):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return real_step(self, alive)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
     _several_updates(attack, params, "cuda")  # warm: the first kernels' set-up may wait
-    monkeypatch.setattr(STEPPERS[attack], "step", step)
+    _never_waiting(monkeypatch, STEPPERS[attack])
     _several_updates(attack, params, "cuda")
