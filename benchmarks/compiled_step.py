@@ -1,18 +1,18 @@
-"""Inverting Gradients (or FedLeak, GradInversion: ``--attack``) with its step eager and compiled
+"""Inverting Gradients (or FedLeak, GradInversion, GRNN: ``--attack``) with its step eager and compiled
 (``attacks.compiled``, issue 55), IG's beside breaching's, on one device in one run: the same
 model, photograph, gradient and steps.
 
 Rows, for seeds 0 to S-1, interleaved (eager, compiled, compiled with R starts together,
 breaching) so that load on the machine falls on all of them:
 
-- ours eager: ``ig`` (or ``fedleak``, ``gi``), paper preset, 1 start, ``compiled=false``;
+- ours eager: ``ig`` (or ``fedleak``, ``gi``, ``grnn``), paper preset, 1 start, ``compiled=false``;
 - ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph);
 - ours compiled, R starts together (``restarts`` R, unraced: every start runs every step),
   once (seed 0): what R starts cost beside one (GradInversion's without its Langevin noise:
   unraced starts with noise draw it in turn from one stream, so they stay apart);
 - breaching 0.1.2's ``invertinggradients``, 1 trial, its TV scale set to ours, starting from
   our draw (``benchmarks.peers``), where breaching is installed in ``.peers/site`` (IG only:
-  breaching has no FedLeak, and its GradInversion is another case).
+  breaching has no FedLeak or GRNN, and its GradInversion is another case).
 
 Each run's seconds split into its first step (where the compiled step traces: "compile s")
 and the steps after it, whose rate is the row's steps/s (a step of R starts together counts
@@ -28,7 +28,7 @@ of the paper's ImageNet budget, 24,000 steps.
 
 Writes benchmarks/results/compiled_step-DEVICE-CASE.json (another attack's:
 compiled_step-ATTACK-DEVICE-CASE.json) and prints each run as a JSON line.
-Usage: python -m benchmarks.compiled_step [--attack fedleak|gi] [--device cuda]
+Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
        [--paper-budget [--budget-only]] [--no-peer]
 """
@@ -149,7 +149,7 @@ def summary(runs: list[dict]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--attack", choices=["ig", "fedleak", "gi"], default="ig")
+    parser.add_argument("--attack", choices=["ig", "fedleak", "gi", "grnn"], default="ig")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--case", choices=sorted(CASES), default="lenet")
     parser.add_argument("--steps", type=int, default=1000)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from auditlib.attacks import ATTACKS, RunControl, build_attack_config, get_attack
-from auditlib.attacks.grnn import generated_side, tv_weight
+from auditlib.attacks.grnn import tv_weight
+from auditlib.attacks.grnn_generator import generated_side
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense

@@ -75,12 +75,15 @@ class CompiledGradient:
 
         def value_and_grad(variables: tuple[torch.Tensor, ...], given: tuple[torch.Tensor, ...]):
             def total(*inputs: torch.Tensor):
-                value, named = self.objective(*inputs, *given)
+                value, named = self.objective(*inputs)
                 return value.sum(), (value.detach(), tree_map(torch.Tensor.detach, named))
 
+            # The inputs not differentiated are the transformed function's own too, so that
+            # the objective may write into them (a BatchNorm's running statistics in train
+            # mode), which a captured tensor may not be under torch.func.grad.
             argnums = tuple(range(len(variables)))
             grads, (value, named) = torch.func.grad(total, argnums=argnums, has_aux=True)(
-                *variables
+                *variables, *given
             )
             return grads, value, named
 

@@ -25,13 +25,11 @@ its code in one file. Shared parts: ``objectives.py``, ``labels.py``, ``loop.py`
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -43,6 +41,8 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
+from auditlib.attacks.compiled import CompiledGradient, held, traced_model, why_not_compiled
+from auditlib.attacks.grnn_generator import build_generator, fit_to_input
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
@@ -128,100 +128,22 @@ class GrnnConfig:
         "advance the restarts together as one batched computation (false: one after another; "
         "the same objective)",
     )
+    # The step traced and compiled (attacks.compiled): a CUDA graph on a GPU. Asked for, not
+    # the default: compiling costs seconds per number of running starts before it pays.
+    compiled: bool = param(
+        False,
+        "trace and compile the generators' step with torch.compile (a CUDA graph on a GPU): "
+        "faster steps where kernels are small, after seconds to minutes of compiling per "
+        "number of running starts; the starts advance together, and several updates one "
+        "after another",
+        identity=False,  # the same algorithm: a stored eager run stands for a compiled one
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
 
 
 # --- Generator --------------------------------------------------------------------------
-
-
-class GLU(nn.Module):
-    """Gated linear unit over channels: x[:, :C/2] * sigmoid(x[:, C/2:]) (thesis Table 3.1)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[1] // 2
-        return x[:, :half] * torch.sigmoid(x[:, half:])
-
-
-def up_block(in_channels: int, out_channels: int) -> nn.Sequential:
-    """Nearest x2, conv 3x3 (no bias) to twice the channels, BatchNorm, GLU (Table 3.1)."""
-    return nn.Sequential(
-        nn.Upsample(scale_factor=2, mode="nearest"),
-        nn.Conv2d(in_channels, out_channels * 2, 3, 1, 1, bias=False),
-        nn.BatchNorm2d(out_channels * 2),
-        GLU(),
-    )
-
-
-def generated_side(height: int, width: int) -> int:
-    """The generator makes square power-of-two images (4 * 2^k); the smallest that covers."""
-    return max(8, 1 << math.ceil(math.log2(max(height, width))))
-
-
-class GrnnGenerator(nn.Module):
-    """The two branches of Fig. 3.2, sized as in the public ``Generator/model.py``."""
-
-    def __init__(
-        self, latent_dim: int, num_classes: int, channels: int, side: int, width: int
-    ) -> None:
-        super().__init__()
-        blocks = int(math.log2(side)) - 3  # 4x4 map, `blocks` upsamplings, one to the image
-        self.label_branch = nn.Linear(latent_dim, num_classes)
-        self.stem = nn.Sequential(
-            nn.ConvTranspose2d(latent_dim, width * 2**blocks * 2, 4, 1, 0), GLU()
-        )
-        self.blocks = nn.Sequential(
-            *(up_block(width * 2 ** (b + 1), width * 2**b) for b in reversed(range(blocks)))
-        )
-        self.out = up_block(width, channels)
-
-    def forward(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = torch.softmax(self.label_branch(latent), dim=-1)
-        x = self.stem(latent[:, :, None, None])
-        images = torch.sigmoid(self.out(self.blocks(x)))
-        return images, labels
-
-
-def _normal_init(module: nn.Module, generator: torch.Generator) -> None:
-    # What the public code's weight_init(0, 0.02) means to do (its loop never reaches the
-    # layers inside the Sequential containers, so the code runs with PyTorch's init).
-    with torch.no_grad():
-        for layer in module.modules():
-            if isinstance(layer, nn.Linear | nn.Conv2d | nn.ConvTranspose2d):
-                layer.weight.normal_(0.0, 0.02, generator=generator)
-                if layer.bias is not None:
-                    layer.bias.zero_()
-
-
-def build_generator(
-    knowledge: AttackerKnowledge, config: GrnnConfig, generator: torch.Generator
-) -> GrnnGenerator:
-    """A freshly initialised generator, deterministic for ``generator``'s state."""
-    channels, height, width = knowledge.input_shape
-    side = generated_side(height, width)
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    # PyTorch's default init draws from the global RNG: seed it locally and restore it.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        net = GrnnGenerator(config.latent_dim, knowledge.num_classes, channels, side, config.width)
-    if config.generator_init == "normal":
-        _normal_init(net, generator)
-    return net.to(knowledge.device).train()  # BatchNorm on batch statistics, as in the code
-
-
-def fit_to_input(images: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
-    """Generated side x side images to the model's height x width: centre crop or resize."""
-    side = images.shape[-1]
-    if (height, width) == (side, side):
-        return images
-    if mode == "resize":
-        return F.interpolate(images, size=(height, width), mode="area")
-    top, left = (side - height) // 2, (side - width) // 2
-    return images[:, :, top : top + height, left : left + width]
-
-
-# --- Loss (thesis Eq. 3.4, code definitions) --------------------------------------------
 
 
 def squared_tv(images: torch.Tensor) -> torch.Tensor:
@@ -339,18 +261,25 @@ def run_grnn(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
+    if config.compiled and (reason := _why_not_compiled(knowledge, config)) is not None:
+        raise AttackUnsupportedError(f"grnn cannot compile its step here: {reason}")
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
     loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 
     def make(generators, clock):
         # An adaptive attacker's unknowns live in the loss's matcher: one of its own per group.
         own = GrnnLoss(observation, knowledge, config) if loss.matcher.unknowns else loss
-        return _Restarts(generators, knowledge, config, own, fixed_labels)
+        restarts = _Restarts(generators, knowledge, config, own, fixed_labels)
+        if config.compiled:
+            restarts.traced(knowledge.device)
+        return restarts
 
-    together = config.together and _why_apart(knowledge, config) is None
-    return run_restarts(
+    # A compiled step is the stacked one: the starts advance together.
+    together = config.compiled or (config.together and _why_apart(knowledge, config) is None)
+    events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
+    return held(traced_model(knowledge), events) if config.compiled else events
 
 
 def run_grnn_updates(observations, knowledges, config, control, seeds):
@@ -384,6 +313,11 @@ def _why_apart(knowledge: AttackerKnowledge, config: GrnnConfig) -> str | None:
     return _why_updates_apart(config) or why_not_together(knowledge)
 
 
+def _why_not_compiled(knowledge: AttackerKnowledge, config: GrnnConfig) -> str | None:
+    """Why GRNN's step cannot be traced here: the traced step is the stacked one."""
+    return _why_updates_apart(config) or why_not_compiled(knowledge)
+
+
 class _Restarts:
     """GRNN's restarts: each a generator of its own (fresh weights, a fixed latent) trained
     with RMSprop; several advance together as one stacked set of generator weights."""
@@ -404,7 +338,8 @@ class _Restarts:
         self.latent = torch.stack(latents)
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         loss.matcher.restart()
-        if len(nets) == 1:
+        self.compiled: CompiledGradient | None = None
+        if len(nets) == 1 and not config.compiled:  # a traced step is the stacked one
             self.net, self.weights, self.buffers = nets[0], None, None
             variables = list(self.net.parameters())
         else:  # stacked weights: one leaf per parameter, a slice per restart
@@ -463,17 +398,52 @@ class _Restarts:
         mse = self.loss.matcher.at(alive).together(images, labels, distance=l2_distance)
         return mse, self.loss.row_wasserstein(mse)  # wasserstein=sorted runs apart
 
+    def traced(self, device: torch.device) -> None:
+        """Step by the traced and compiled objective from now on (``attacks.compiled``): the
+        stacked generators' images, labels and terms, and the objective's gradient to their
+        weights; one update's (a compiled run attacks updates one after another)."""
+        loss, names = self.loss, list(self.weights)
+        loss.matcher.factored = False  # a trace cannot register the factored form's hooks
+
+        def terms(*inputs: torch.Tensor):
+            weights = dict(zip(names, inputs[: len(names)], strict=True))
+            buffers = dict(zip(self.buffers, inputs[len(names) : -1], strict=True))
+            images01, images, soft = torch.func.vmap(self._one)(weights, buffers, inputs[-1])
+            labels = soft if self.fixed is None else self.fixed
+            mse = loss.matcher.together(images, labels, distance=l2_distance)
+            wd = loss.row_wasserstein(mse)
+            tv = torch.func.vmap(loss.smoothness)(images01)
+            objective = mse + wd + loss.tv * tv
+            # A broken restart's objective is left out of the step, as in the eager one.
+            kept = torch.where(torch.isfinite(objective), objective, 0.0)
+            parts = {"objective": objective, "gradient_distance": mse, "wasserstein": wd}
+            return kept, parts | {"tv": tv, "images": images, "labels": labels}
+
+        self.compiled = CompiledGradient(terms, device)
+
+    def _traced_step(self, alive):
+        index = self._index(alive)
+        rows = [w.index_select(0, index) for w in self.weights.values()]
+        given = [b.index_select(0, index) for b in self.buffers.values()]
+        grads, _, named = self.compiled(*rows, given=(*given, self.latent.index_select(0, index)))
+        for weight, grad in zip(self.weights.values(), grads, strict=True):
+            weight.grad = torch.zeros_like(weight).index_copy_(0, index, grad)
+        self.optimizer.step()
+        return named
+
     def step(self, alive):
+        if self.compiled is not None:
+            named = self._traced_step(alive)
+            images, labels, objective = named.pop("images"), named.pop("labels"), named["objective"]
+            self._keep(alive, images, labels, torch.isfinite(objective))
+            return named
         self.optimizer.zero_grad()
         images01, images, labels = self.generate(alive)
         mse, wd = self._terms(images, labels, alive)
         tv = torch.func.vmap(self.loss.smoothness)(images01)
         objective = mse + wd + self.loss.tv * tv
         finite = torch.isfinite(objective.detach())
-        for index, position in enumerate(alive):
-            self.shown[position] = (images[index].detach(), self._row(labels, index).detach())
-        own_labels = (labels,) if self.fixed is None or self.fixed_rows else ()
-        self.first_broken.keep(self._index(alive), finite, images, *own_labels)
+        self._keep(alive, images, labels, finite)
         # A broken restart's objective is left out of the step (the loop drops it at its next
         # read of the losses); chosen on the device, not read back at every step.
         kept = torch.where(finite, objective, torch.zeros_like(objective))
@@ -485,6 +455,14 @@ class _Restarts:
             "wasserstein": wd.detach(),
             "tv": tv.detach(),
         }
+
+    def _keep(self, alive, images, labels, finite) -> None:
+        """The frames (the output each step was taken from) and, for a restart whose
+        objective stopped being finite, its images and own labels at that step."""
+        for index, position in enumerate(alive):
+            self.shown[position] = (images[index].detach(), self._row(labels, index).detach())
+        own_labels = (labels,) if self.fixed is None or self.fixed_rows else ()
+        self.first_broken.keep(self._index(alive), finite, images, *own_labels)
 
     def _hard(self, labels: torch.Tensor) -> torch.Tensor:
         return (labels if self.fixed is not None else labels.argmax(-1)).cpu()
@@ -540,7 +518,11 @@ register(
         config_type=GrnnConfig,
         run=run_grnn,
         run_updates=run_grnn_updates,
-        why_updates_apart=_why_updates_apart,
+        why_updates_apart=lambda config, raced: (
+            "grnn traces one update's step (compiled=true)"
+            if config.compiled
+            else _why_updates_apart(config, raced)
+        ),
         # Each row's generator has its own weights, so its convolutions batch nothing: 16
         # updates took 116.0 s together against 102.0 s apart (docs/PERFORMANCE.md).
         no_cpu_gain="grnn's generators batch nothing on a CPU (0.88x together measured)",

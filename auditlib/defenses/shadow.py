@@ -41,7 +41,7 @@ from torch import nn
 
 from auditlib.attacks.batchnorm_prior import BatchNormPrior
 from auditlib.attacks.gradinversion import image_norm
-from auditlib.attacks.grnn import fit_to_input, generated_side
+from auditlib.attacks.grnn_generator import fit_to_input, generated_side
 from auditlib.attacks.objectives import layer_l2_distance, total_variation
 from auditlib.client.update import client_update, trainable_parameters
 from auditlib.config import check_ranges, param, require
