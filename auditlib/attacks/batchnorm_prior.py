@@ -1,7 +1,7 @@
 """GradInversion's BatchNorm prior (Yin et al. 2021, Eq. 6; the DeepInversion prior): the
 candidate batch's per-channel statistics at the input of every BatchNorm layer against the
 running statistics of the server's model, read by forward hooks. Used by GradInversion and by
-Shadow's attacker."""
+Shadow's defense."""
 
 from __future__ import annotations
 
