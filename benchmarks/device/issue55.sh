@@ -1,8 +1,7 @@
 # Issue 55 on a lent GPU: its CUDA tests, then IG eager, compiled (a CUDA graph) and
-# breaching's on torchvision's ResNet-18 at 224 px (benchmarks.compiled_step), FedLeak's and
-# GradInversion's eager and compiled there, and --attack all one attack after another and at
-# once
-# (benchmarks.attacks_at_once).
+# breaching's on torchvision's ResNet-18 at 224 px (benchmarks.compiled_step), FedLeak's,
+# GradInversion's and GRNN's eager and compiled there, and --attack all one attack after
+# another and at once (benchmarks.attacks_at_once).
 # Here first: python -m benchmarks.device.pack, and in .whl/ the wheels of what that machine
 # lacks: sqlalchemy, greenlet, phe, opacus, bcrypt (as for issue34.sh) and breaching's:
 #   .venv/bin/python -m pip download -d .whl --no-deps breaching==0.1.2 hydra-core omegaconf \
@@ -20,12 +19,13 @@
 # fedleak (FedLeak eager and compiled at 200 steps, seed 0, and 4 starts compiled once; two
 # graphs per count of starts, so about twice IG's compiling: run it in a call of its own),
 # gi (GradInversion the same way, its 4 starts without noise; one graph per count),
+# grnn (GRNN the same way),
 # all (--attack all at 224 px through run_audit, its plan of 3060 steps one attack after
 # another and at once, once each, with a time budget of 120 s: the steps each way makes in
 # it, or its seconds where the plan finishes first: benchmarks.attacks_at_once; at most
 # about 5 minutes: run it in a call of its own), all:S (a budget of S seconds),
-# ig:N, fedleak:N and gi:N (N steps instead of 300, 200 and 200). Every run prints a JSON line, kept in
-# $OUT.
+# ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200). Every run
+# prints a JSON line, kept in $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 mkdir -p .peers && ln -sfn /tmp/site .peers/site  # benchmarks.peers imports breaching there
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
@@ -39,6 +39,7 @@ for step in ${*:-tests}; do
     ig) timeout 540 bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
     fedleak) timeout 540 bench --attack fedleak --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/fedleak.log" | tail -6 ;;
     gi) timeout 540 bench --attack gi --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/gi.log" | tail -6 ;;
+    grnn) timeout 540 bench --attack grnn --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/grnn.log" | tail -6 ;;
     budget) timeout 500 bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     all) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
     *) echo "unknown step $s" ;;
