@@ -17,9 +17,10 @@ are the argmax of the label branch. Public code: github.com/Rand2AI/GRNN (``GRNN
 difference, and TV is squared. The thesis's own words (an earth mover's distance, absolute
 TV differences) are options. See docs/ALGORITHMS.md for every departure.
 
-Why one module over 400 lines: the thesis's generator, loss, restarts and presets (and
-its config, each field declared with its default and range) read against the thesis and
-its code in one file. Shared parts: ``objectives.py``, ``labels.py``, ``loop.py``.
+Why one module over 400 lines: the thesis's loss, restarts and presets (and its config,
+each field declared with its default and range) read against the thesis and its code in
+one file; its generator is in ``grnn_generator.py``. Shared parts: ``objectives.py``,
+``labels.py``, ``loop.py``.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class GrnnConfig:
         check_ranges(self)
 
 
-# --- Generator --------------------------------------------------------------------------
+# --- Loss (thesis Eq. 3.4, code definitions) --------------------------------------------
 
 
 def squared_tv(images: torch.Tensor) -> torch.Tensor:

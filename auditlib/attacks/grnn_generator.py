@@ -98,6 +98,3 @@ def fit_to_input(images: torch.Tensor, height: int, width: int, mode: str) -> to
         return F.interpolate(images, size=(height, width), mode="area")
     top, left = (side - height) // 2, (side - width) // 2
     return images[:, :, top : top + height, left : left + width]
-
-
-# --- Loss (thesis Eq. 3.4, code definitions) --------------------------------------------
