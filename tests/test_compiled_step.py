@@ -399,6 +399,7 @@ def test_ig_compiled_through_a_known_laplace_noise_ends_where_it_ends_eager(monk
     assert calls == [(2, False)] * 5
     for a, b in zip(*(f.candidates for f in finals), strict=True):
         assert b.steps == a.steps == 5 and b.stop_reason == "completed"
+        # Measured: equal here (0.0 apart); the bounds leave room for another CPU's kernels.
         assert b.loss == pytest.approx(a.loss, rel=1e-4)
         torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-3)
 
@@ -428,10 +429,11 @@ def test_grnn_compiled_ends_where_it_ends_eager(monkeypatch, labels):
     for a, b in zip(eager.candidates, compiled.candidates, strict=True):
         assert b.steps == a.steps == 6 and b.stop_reason == "completed"
         # Measured: up to 8.2e-6 apart after 6 steps (float order; the eager step keeps a
-        # Linear weight's gradient factored). A step fed another generator's weights,
-        # buffers or latent draws other images altogether.
+        # Linear weight's gradient factored), so the bound leaves room for another CPU's
+        # kernels. A step fed another generator's weights, buffers or latent draws other
+        # images altogether.
         assert b.loss == pytest.approx(a.loss, rel=1e-4)
-        torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-4)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-4)
         assert torch.equal(b.labels, a.labels)
     calls.clear()
     one = _grnn({"restarts": 1}, 2, True, monkeypatch, calls)
