@@ -16,7 +16,7 @@ from auditlib.attacks.base import snapshot
 from auditlib.attacks.compiled import CompiledGradient
 from auditlib.attacks.fedleak_terms import ascent_offset, blend_directions
 from auditlib.attacks.loop import stacked
-from auditlib.attacks.row_index import FirstBroken, RowIndex, row_mask
+from auditlib.attacks.row_index import FirstBroken, RowIndex, full_rows, row_mask
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -137,10 +137,6 @@ class Restarts:
             direction = direction.sign()
         return direction, value, named["gradient_distance"], named["masks"]
 
-    def _full(self, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """A gradient for the stacked pixels: ``rows`` for the alive restarts, 0 elsewhere."""
-        return torch.zeros_like(self.x01).index_copy_(0, index, rows)
-
     def _step_together(self, alive):
         """One FedLeak iteration (Algorithm 1, lines 5-10) of every alive restart at once."""
         config, objective, x01 = self.config, self.objective, self.x01
@@ -160,7 +156,7 @@ class Restarts:
                 ahead, *_ = self._evaluate(objective, pixels + offset, reuse)
             else:  # the released code's look-ahead, as in step_one
                 saved = x01.detach().clone()
-                x01.grad = self._full(current, index)
+                x01.grad = full_rows(x01, index, current)
                 self.optimizer.step()
                 with torch.no_grad():
                     x01.clamp_(0, 1)
@@ -168,7 +164,7 @@ class Restarts:
                 with torch.no_grad():
                     x01.copy_(saved)
             direction = torch.where(keep, blend_directions(current, ahead, config.blend), 0.0)
-        x01.grad = self._full(direction, index)
+        x01.grad = full_rows(x01, index, direction)
         self.optimizer.step()
         with torch.no_grad():
             x01.clamp_(0, 1)

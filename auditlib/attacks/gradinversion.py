@@ -54,7 +54,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.attacks.row_index import RowIndex
+from auditlib.attacks.row_index import RowIndex, full_rows
 from auditlib.attacks.updates import UpdatesMatcher
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
@@ -465,7 +465,7 @@ class _Rows:
             loss, parts = self.objective.rows(images, self._labels(alive), alive)
         else:
             (rows,), loss, parts = self.compiled(images)
-            grad = torch.zeros_like(self.images).index_copy_(0, index, rows)
+            grad = full_rows(self.images, index, rows)
 
         def add_noise(grad: torch.Tensor, scale: float) -> None:
             # Each alive row its own start's draw, as that start alone draws it.

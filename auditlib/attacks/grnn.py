@@ -53,7 +53,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.attacks.row_index import FirstBroken, RowIndex
+from auditlib.attacks.row_index import FirstBroken, RowIndex, full_rows
 from auditlib.attacks.updates import UpdatesMatcher
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
@@ -428,7 +428,7 @@ class _Restarts:
         given = [b.index_select(0, index) for b in self.buffers.values()]
         grads, _, named = self.compiled(*rows, given=(*given, self.latent.index_select(0, index)))
         for weight, grad in zip(self.weights.values(), grads, strict=True):
-            weight.grad = torch.zeros_like(weight).index_copy_(0, index, grad)
+            weight.grad = full_rows(weight, index, grad)
         self.optimizer.step()
         return named
 

@@ -38,7 +38,7 @@ from auditlib.attacks.objectives import (
     total_variation,
     why_not_together,
 )
-from auditlib.attacks.row_index import RowIndex
+from auditlib.attacks.row_index import RowIndex, full_rows
 from auditlib.attacks.updates import UpdatesMatcher
 from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
@@ -216,7 +216,7 @@ class _Restarts:
             index = self._index(alive)
             grads, objective, losses = self.compiled(*(v.index_select(0, index) for v in rows))
             for variable, grad in zip(rows, grads, strict=True):
-                variable.grad = torch.zeros_like(variable).index_copy_(0, index, grad)
+                variable.grad = full_rows(variable, index, grad)
             distance = losses["update_distance"]
         if self.config.signed:
             self.images.grad.sign_()

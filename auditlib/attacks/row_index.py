@@ -30,6 +30,12 @@ class RowIndex:
         return self._made[key]
 
 
+def full_rows(like: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped as the stacked ``like``: ``rows`` at the running rows ``index``, 0
+    elsewhere (a traced step's gradient, given for the running restarts only)."""
+    return torch.zeros_like(like).index_copy_(0, index, rows)
+
+
 def row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A mask of one value per row shaped to select whole rows of ``like`` (``torch.where``)."""
     return mask.view(-1, *([1] * (like.dim() - 1)))
