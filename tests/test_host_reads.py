@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
 
 from auditlib.attacks import (
     ATTACKS,
@@ -66,7 +67,19 @@ def run_attack(name: str, release, steps: int, preset: str = AUDIT_PRESET, **con
 
 @contextlib.contextmanager
 def _reads_in_steps(monkeypatch, stepper):
-    """The host reads made by auditlib's code while ``stepper.step`` runs: (name, line)."""
+    """The host reads made by auditlib's code while ``stepper.step`` runs: (name, line).
+
+    The spies are undone when the block ends, and torch.compile's rules (which it reads
+    once from torch's functions and Tensor's methods, possibly while they were spied on)
+    forgotten, so that a later trace in the process sees torch's own."""
+    try:
+        with monkeypatch.context() as patch:
+            yield from _spied(patch, stepper)
+    finally:
+        torch._dynamo.trace_rules.clear_lru_cache()
+
+
+def _spied(monkeypatch, stepper):
     seen: list[tuple[str, str]] = []
     stepping = [False]
 
