@@ -15,7 +15,8 @@ from auditlib.attacks import RunControl, build_attack_config, fedleak_step, get_
 from auditlib.attacks import gradinversion as gi
 from auditlib.attacks import inverting_gradients as ig
 from auditlib.attacks.compiled import CompiledGradient, held, traced_model
-from auditlib.attacks.fedleak_terms import HeldHooks
+from auditlib.attacks.fedleak_terms import keep_output
+from auditlib.attacks.forward_hooks import HeldHooks
 from auditlib.attacks.objectives import UpdateMatcher, total_variation
 from auditlib.attacks.race import PLAN
 from auditlib.client.protocol import ClientProtocol
@@ -270,13 +271,13 @@ def test_fedleak_compiled_with_one_start_steps_it_stacked_and_a_race_traces_each
 def test_fedleaks_held_hooks_keep_only_what_an_evaluation_collects():
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2), nn.Tanh())
     modules = [model[1], model[3]]
-    with HeldHooks(modules) as hooks:
+    with HeldHooks(modules, keep_output, list) as hooks:
         model(torch.ones(1, 3))  # a forward outside an evaluation (a candidate's score)
-        assert hooks.outputs is None
+        assert hooks.store is None
         with hooks.capture() as outputs:
             model(torch.ones(1, 3))
             assert [o.shape for o in outputs] == [(1, 3), (1, 2)]
-        assert hooks.outputs is None
+        assert hooks.store is None
     assert not any(m._forward_hooks for m in model.modules())
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
 
+from auditlib.attacks.forward_hooks import HeldHooks, recorded
 from auditlib.attacks.objectives import UpdateMatcher, restart_buffers
 from auditlib.client.update import set_training_mode
 
@@ -51,10 +53,7 @@ class BatchNormPrior:
         ]
         self.captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        # A traced run's hooks, registered once (:meth:`held`), and the statistics of the
-        # pass they record now (None between passes: nothing kept).
-        self._held = False
-        self._seen: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._held: HeldHooks | None = None  # a traced run's hooks (:meth:`held`)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -110,31 +109,12 @@ class BatchNormPrior:
         seen = torch.func.vmap(statistics)(images, buffers)
         return self._against_running(seen, images.new_zeros(images.shape[0]))
 
-    @contextlib.contextmanager
-    def _recording(self) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+    def _recording(self) -> AbstractContextManager[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The statistics of the forwards inside the block, each layer's first call: by the
         hooks held for a traced run, else by hooks registered for the block alone."""
-        seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        if self._held:
-            self._seen = seen
-            try:
-                yield seen
-            finally:
-                self._seen = None
-            return
-
-        def record(index: int):
-            def hook(module, inputs, output) -> None:
-                _record_first_call(seen, index, inputs[0])
-
-            return hook
-
-        handles = [layer.register_forward_hook(record(i)) for i, layer in enumerate(self.layers)]
-        try:
-            yield seen
-        finally:
-            for handle in handles:
-                handle.remove()
+        if self._held is not None:
+            return self._held.capture()
+        return recorded(self.layers, _record_input_statistics, dict)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -142,19 +122,14 @@ class BatchNormPrior:
         registered once, as a trace cannot register them but follows those already there;
         each stacked pass records through them into statistics of its own, and forwards
         outside a pass (the client's simulation) record nothing."""
+        with HeldHooks(self.layers, _record_input_statistics, dict) as hooks:
+            self._held = hooks
+            try:
+                yield
+            finally:
+                self._held = None
 
-        def record(index: int):
-            def hook(module, inputs, output) -> None:
-                if self._seen is not None:
-                    _record_first_call(self._seen, index, inputs[0])
 
-            return hook
-
-        handles = [layer.register_forward_hook(record(i)) for i, layer in enumerate(self.layers)]
-        self._held = True
-        try:
-            yield
-        finally:
-            self._held = False
-            for handle in handles:
-                handle.remove()
+def _record_input_statistics(seen: dict, index: int, inputs: tuple, _output: object) -> None:
+    """The prior's record (``forward_hooks.Record``): the statistics at a layer's input."""
+    _record_first_call(seen, index, inputs[0])

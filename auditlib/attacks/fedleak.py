@@ -43,14 +43,14 @@ from auditlib.attacks.base import (
 from auditlib.attacks.compiled import held, traced_model, why_not_compiled
 from auditlib.attacks.fedleak_step import Restarts
 from auditlib.attacks.fedleak_terms import (
-    HeldHooks,
     UpdatesObjective,
     activation_modules,
     activation_penalty,
-    capture_outputs,
+    keep_output,
     masked_distance,
     top_ratio_masks,
 )
+from auditlib.attacks.forward_hooks import HeldHooks, recorded
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
 from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
@@ -281,7 +281,7 @@ class Objective:
     def traced(self) -> Iterator[None]:
         """Held for a compiled run: the prior's hooks registered once (a trace cannot
         register them), each evaluation collecting its own forwards' outputs."""
-        with HeldHooks(self.modules) as hooks:
+        with HeldHooks(self.modules, keep_output, list) as hooks:
             self.hooks = hooks
             try:
                 yield
@@ -302,7 +302,10 @@ class Objective:
         them."""
         config = self.config
         labels = self.labels if labels is None else labels
-        capture = capture_outputs(self.modules) if self.hooks is None else self.hooks.capture()
+        if self.hooks is None:
+            capture = recorded(self.modules, keep_output, list)
+        else:
+            capture = self.hooks.capture()
         with capture as outputs:
             candidate = self.gradients(
                 self.normalize(x01), labels, differentiable=True, buffers=buffers

@@ -10,9 +10,8 @@ updates' objectives as one (updates together: each row its own update's labels a
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -141,50 +140,9 @@ def activation_modules(model: nn.Module, layers: str) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, ACTIVATION_TYPES)]
 
 
-@contextlib.contextmanager
-def capture_outputs(modules: list[nn.Module]) -> Iterator[list[torch.Tensor]]:
-    """Collects the outputs of ``modules`` during the forward passes inside the block."""
-    outputs: list[torch.Tensor] = []
-    handles = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for m in modules]
-    try:
-        yield outputs
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-class HeldHooks:
-    """The prior's forward hooks registered once for a whole run, for a traced step: a trace
-    cannot register hooks, but follows those already there. Entered for the run; each
-    :meth:`capture` block collects the outputs of the forwards inside it and lets go of them
-    at its end (a traced step must not leak its intermediate tensors); forwards outside a
-    block (a candidate's score) keep nothing."""
-
-    def __init__(self, modules: list[nn.Module]) -> None:
-        self.modules = modules
-        self.outputs: list[torch.Tensor] | None = None
-        self._handles: list[Any] = []
-
-    def _keep(self, _module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
-        if self.outputs is not None:
-            self.outputs.append(output)
-
-    def __enter__(self) -> HeldHooks:
-        self._handles = [m.register_forward_hook(self._keep) for m in self.modules]
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    @contextlib.contextmanager
-    def capture(self) -> Iterator[list[torch.Tensor]]:
-        self.outputs = []
-        try:
-            yield self.outputs
-        finally:
-            self.outputs = None
+def keep_output(outputs: list, _index: int, _inputs: Any, output: Any) -> None:
+    """The prior's record (``forward_hooks.Record``): each module's output, in call order."""
+    outputs.append(output)
 
 
 def activation_penalty(
