@@ -24,6 +24,7 @@ the default.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import types
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from torch.utils._pytree import tree_map
 from auditlib.attacks.base import ProgressEvent
 from auditlib.attacks.objectives import why_not_together
 from auditlib.client.exact_batchnorm import exact_batchnorm
+from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import AttackerKnowledge
 
 # Stacked variables (then any inputs not differentiated) in; per restart, the objective, and
@@ -110,10 +112,36 @@ class CompiledGradient:
         return grads, value, named
 
 
-def traced_model(knowledge: AttackerKnowledge) -> AbstractContextManager[None]:
+@contextlib.contextmanager
+def traced_model(knowledge: AttackerKnowledge, *also: AbstractContextManager) -> Iterator[None]:
     """Held for a compiled run: the model's BatchNorm layers on composite operations, so the
-    traced graphs see one fixed module (entering it inside the trace would patch modules)."""
-    return exact_batchnorm(knowledge.model)
+    traced graphs see one fixed module (entering it inside the trace would patch modules),
+    and ``also`` (an attack's forward hooks held for the run, ``forward_hooks.HeldHooks``)."""
+    with exact_batchnorm(knowledge.model), contextlib.ExitStack() as stack:
+        for context in also:
+            stack.enter_context(context)
+        yield
+
+
+def refuse_unless_traceable(attack: str, reason: str | None) -> None:
+    """An attack asked for ``compiled=true`` where ``reason`` keeps its step eager."""
+    if reason is not None:
+        raise AttackUnsupportedError(f"{attack} cannot compile its step here: {reason}")
+
+
+def apart_when_compiled(
+    attack: str, otherwise: Callable[[Any, bool], str | None] | None = None
+) -> Callable[[Any, bool], str | None]:
+    """``AttackInfo.why_updates_apart`` of an attack that can compile its step: a compiled
+    step traces one update's, so a sample's updates run one after another; else
+    ``otherwise``'s reason, if any."""
+
+    def why(config: Any, raced: bool) -> str | None:
+        if config.compiled:
+            return f"{attack} traces one update's step (compiled=true)"
+        return None if otherwise is None else otherwise(config, raced)
+
+    return why
 
 
 def held(context: AbstractContextManager[None], events: Iterator[ProgressEvent]):

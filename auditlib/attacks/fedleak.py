@@ -40,7 +40,13 @@ from auditlib.attacks.base import (
     RunControl,
     register,
 )
-from auditlib.attacks.compiled import held, traced_model, why_not_compiled
+from auditlib.attacks.compiled import (
+    apart_when_compiled,
+    held,
+    refuse_unless_traceable,
+    traced_model,
+    why_not_compiled,
+)
 from auditlib.attacks.fedleak_step import Restarts
 from auditlib.attacks.fedleak_terms import (
     UpdatesObjective,
@@ -380,8 +386,8 @@ def run_fedleak(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    if config.compiled and (reason := why_not_compiled(knowledge)) is not None:
-        raise AttackUnsupportedError(f"fedleak cannot compile its step here: {reason}")
+    if config.compiled:
+        refuse_unless_traceable("fedleak", why_not_compiled(knowledge))
     labels, inference = _resolve_labels(observation, knowledge, config)
     gradients = GradientModel(observation, knowledge, config.unroll)
     inference = {**inference, "labels": labels.tolist()}
@@ -398,15 +404,9 @@ def run_fedleak(
     events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
-    return held(_traced_run(knowledge, objective), events) if config.compiled else events
-
-
-@contextlib.contextmanager
-def _traced_run(knowledge: AttackerKnowledge, objective: Objective) -> Iterator[None]:
-    """Held for a compiled run: the model on composite BatchNorm and the prior's hooks
-    registered, so that every traced graph sees one fixed model."""
-    with traced_model(knowledge), objective.traced():
-        yield
+    if not config.compiled:
+        return events
+    return held(traced_model(knowledge, objective.traced()), events)  # the prior's hooks too
 
 
 def run_fedleak_updates(observations, knowledges, config, control, seeds):
@@ -459,9 +459,7 @@ register(
         config_type=FedLeakConfig,
         run=run_fedleak,
         run_updates=run_fedleak_updates,
-        why_updates_apart=lambda config, raced: (
-            "fedleak traces one update's step (compiled=true)" if config.compiled else None
-        ),
+        why_updates_apart=apart_when_compiled("fedleak"),
         presets={
             # Sec. 5 and Algorithm 1: Adam 1e-4 on pixels for 10,000 iterations.
             "paper": PAPER,

@@ -27,7 +27,6 @@ statistics by another over the first local step's examples.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +43,14 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.batchnorm_prior import BATCHNORM_TYPES, BatchNormPrior
-from auditlib.attacks.compiled import CompiledGradient, held, traced_model, why_not_compiled
+from auditlib.attacks.compiled import (
+    CompiledGradient,
+    apart_when_compiled,
+    held,
+    refuse_unless_traceable,
+    traced_model,
+    why_not_compiled,
+)
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
@@ -257,8 +263,8 @@ def run_gradinversion(
     seed: int,
 ) -> Iterator[ProgressEvent]:
     raced = control.race is not None
-    if config.compiled and (reason := _why_not_compiled(knowledge, config, raced)) is not None:
-        raise AttackUnsupportedError(f"gi cannot compile its step here: {reason}")
+    if config.compiled:
+        refuse_unless_traceable("gi", _why_not_compiled(knowledge, config, raced))
     labels, record = resolve_labels(observation, knowledge, config)
     prior, record["batchnorm_prior"] = _prior_and_record(knowledge, config)
     objective = Objective(UpdateMatcher(observation, knowledge, config.distance), config, prior)
@@ -276,7 +282,10 @@ def run_gradinversion(
             return rows
 
         events = run_restarts(make, config.restarts, True, control, seed, "objective", record)
-        return held(_traced_run(knowledge, prior), events) if config.compiled else events
+        if not config.compiled:
+            return events
+        hooks = () if prior is None else (prior.held(),)  # the prior's hooks, held for the run
+        return held(traced_model(knowledge, *hooks), events)
     if prior is None:
         return _run(objective, knowledge, config, control, seed, labels, record)
     return _with_hooks(prior, _run(objective, knowledge, config, control, seed, labels, record))
@@ -299,14 +308,6 @@ def _why_not_compiled(
     if config.restarts > 1 and (reason := _why_updates_apart(config, raced)) is not None:
         return f"{reason} (a compiled step steps its starts together)"
     return why_not_compiled(knowledge)
-
-
-@contextlib.contextmanager
-def _traced_run(knowledge: AttackerKnowledge, prior: BatchNormPrior | None) -> Iterator[None]:
-    """Held for a compiled run: the model on composite BatchNorm and the prior's hooks
-    registered, so that every traced graph sees one fixed model."""
-    with traced_model(knowledge), prior.held() if prior is not None else contextlib.nullcontext():
-        yield
 
 
 def _why_updates_apart(config: GradInversionConfig, raced: bool) -> str | None:
@@ -521,11 +522,7 @@ register(
         config_type=GradInversionConfig,
         run=run_gradinversion,
         run_updates=run_gi_updates,
-        why_updates_apart=lambda config, raced: (
-            "gi traces one update's step (compiled=true)"
-            if config.compiled
-            else _why_updates_apart(config, raced)
-        ),
+        why_updates_apart=apart_when_compiled("gi", _why_updates_apart),
         presets={
             # The paper's Adam lr 0.1 and its per-layer L2 matching (Eq. 4), with breaching's
             # seethroughgradients values where the paper's are not known to us: warm-up 50,

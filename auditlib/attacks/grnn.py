@@ -42,7 +42,14 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
-from auditlib.attacks.compiled import CompiledGradient, held, traced_model, why_not_compiled
+from auditlib.attacks.compiled import (
+    CompiledGradient,
+    apart_when_compiled,
+    held,
+    refuse_unless_traceable,
+    traced_model,
+    why_not_compiled,
+)
 from auditlib.attacks.grnn_generator import build_generator, fit_to_input
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts
@@ -262,8 +269,8 @@ def run_grnn(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    if config.compiled and (reason := _why_not_compiled(knowledge, config)) is not None:
-        raise AttackUnsupportedError(f"grnn cannot compile its step here: {reason}")
+    if config.compiled:
+        refuse_unless_traceable("grnn", _why_not_compiled(knowledge, config))
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
     loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 
@@ -519,11 +526,7 @@ register(
         config_type=GrnnConfig,
         run=run_grnn,
         run_updates=run_grnn_updates,
-        why_updates_apart=lambda config, raced: (
-            "grnn traces one update's step (compiled=true)"
-            if config.compiled
-            else _why_updates_apart(config, raced)
-        ),
+        why_updates_apart=apart_when_compiled("grnn", _why_updates_apart),
         # Each row's generator has its own weights, so its convolutions batch nothing: 16
         # updates took 116.0 s together against 102.0 s apart (docs/PERFORMANCE.md).
         no_cpu_gain="grnn's generators batch nothing on a CPU (0.88x together measured)",

@@ -27,7 +27,14 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
-from auditlib.attacks.compiled import CompiledGradient, held, traced_model, why_not_compiled
+from auditlib.attacks.compiled import (
+    CompiledGradient,
+    apart_when_compiled,
+    held,
+    refuse_unless_traceable,
+    traced_model,
+    why_not_compiled,
+)
 from auditlib.attacks.labels import idlg_label
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
@@ -247,8 +254,8 @@ class _Restarts:
 
 
 def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
-    if config.compiled and (reason := why_not_compiled(knowledge)) is not None:
-        raise AttackUnsupportedError(f"ig cannot compile its step here: {reason}")
+    if config.compiled:
+        refuse_unless_traceable("ig", why_not_compiled(knowledge))
 
     def make(generators, clock):
         matcher = UpdateMatcher(observation, knowledge, config.distance)
@@ -300,9 +307,7 @@ register(
         config_type=InvertingGradientsConfig,
         run=run_inverting_gradients,
         run_updates=run_ig_updates,
-        why_updates_apart=lambda config, raced: (
-            "ig traces one update's step (compiled=true)" if config.compiled else None
-        ),
+        why_updates_apart=apart_when_compiled("ig"),
         presets={
             # inversefed's reconstruct_image.py defaults (--optim ours): 24k its, TV 1e-4, 1 restart.
             "paper": {
