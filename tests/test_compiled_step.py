@@ -139,10 +139,32 @@ def test_inverting_gradients_compiled_as_a_cuda_graph_ends_where_it_ends_eager_t
     eager, _ = _ig(spec, params, 10, False)
     compiled, calls = _ig(spec, params, 10, True, monkeypatch)
     assert calls == [2] * 10
+    _ends_as_eager_there(eager, compiled)
+
+
+def _ends_as_eager_there(eager, compiled) -> None:
+    """A CUDA graph's run (Inductor's kernels, TF32 off) against the eager run on the GPU."""
     for a, b in zip(eager.candidates, compiled.candidates, strict=True):
         assert b.images.device.type == "cpu"  # candidates come back to the CPU
         assert b.loss == pytest.approx(a.loss, rel=5e-3)
         torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
+
+
+def _eager_and_compiled(
+    attack: str, release, params: dict, steps: int, preset="paper", knowledge=None, traced=None
+) -> list:
+    """The attack's final, eager and compiled (Inductor; on CUDA a CUDA graph), on
+    ``knowledge`` (else the release's). ``traced``: (monkeypatch, module, calls), to count
+    the compiled run's traced calls, traced without generating code (``aot_eager``)."""
+    knowledge = knowledge or release.knowledge
+    finals = []
+    for compiled in (False, True):
+        if compiled and traced is not None:
+            _count_traced(*traced, "aot_eager")
+        config, _ = build_attack_config(attack, {**params, "compiled": compiled}, preset)
+        run = get_attack(attack).run(release.observation, knowledge, config, RunControl(steps), 0)
+        finals.append(list(run)[-1].final)
+    return finals
 
 
 def test_a_raced_compiled_run_traces_each_count_of_running_starts(monkeypatch):
@@ -286,10 +308,7 @@ def test_fedleak_compiled_as_a_cuda_graph_ends_where_it_ends_eager_there():
     spec = dataclasses.replace(lenet_spec("fedleak", batch=2), device="cuda")
     eager, _, _ = _fedleak(spec, CPU_SCALED, 8, False)
     compiled, _, _ = _fedleak(spec, CPU_SCALED, 8, True)  # Inductor, as a CUDA graph
-    for a, b in zip(eager.candidates, compiled.candidates, strict=True):
-        assert b.images.device.type == "cpu"
-        assert b.loss == pytest.approx(a.loss, rel=5e-3)
-        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
+    _ends_as_eager_there(eager, compiled)
 
 
 # --- GradInversion's step compiled ----------------------------------------------------------
@@ -313,7 +332,7 @@ def test_gradinversions_traced_objective_and_gradient_are_the_eager_ones_in_doub
         value, parts = objective.rows(eager, labels, [0, 1, 2])
         (expected,) = torch.autograd.grad(value.sum(), eager)
         objective.matcher.factored = False
-        with prior.held():
+        with prior.hooks:
             compiled = CompiledGradient(
                 lambda images: objective.rows(images, labels, None),
                 knowledge.device,
@@ -335,16 +354,9 @@ def test_gradinversion_compiled_ends_where_it_ends_eager(monkeypatch):
     params = {"restarts": 2, "noise": 0.0, "warmup": 0, "labels": "known"}
     calls = []
     release = _batchnorm_release(ClientProtocol(), torch.float32)
-    finals = {}
-    for compiled in (False, True):
-        if compiled:
-            _count_traced(monkeypatch, gi, calls, "aot_eager")
-        config, _ = build_attack_config("gi", {**params, "compiled": compiled}, "paper")
-        info = get_attack("gi")
-        events = list(info.run(release.observation, release.knowledge, config, RunControl(6), 0))
-        finals[compiled] = events[-1].final
+    eager, compiled = _eager_and_compiled("gi", release, params, 6, traced=(monkeypatch, gi, calls))
     assert calls == [(2, False)] * 6  # every step, both starts in one traced step
-    for a, b in zip(finals[False].candidates, finals[True].candidates, strict=True):
+    for a, b in zip(eager.candidates, compiled.candidates, strict=True):
         assert b.steps == a.steps == 6 and b.stop_reason == "completed"
         # Measured: 3.6e-7 and 7.2e-7 apart after 6 steps (the eager step keeps a Linear
         # weight's gradient factored, the traced one forms it: another float order; 3.0e-5
@@ -365,20 +377,9 @@ def test_gradinversion_compiles_only_where_its_starts_step_together():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 def test_gradinversion_compiled_as_a_cuda_graph_ends_where_it_ends_eager_there():
-    spec = resnet20_spec("gi", batch=2, device="cuda")
-    _, _, release = release_for(spec)
+    _, _, release = release_for(resnet20_spec("gi", batch=2, device="cuda"))
     params = {"restarts": 2, "noise": 0.0, "warmup": 0}
-    finals = []
-    for compiled in (False, True):  # Inductor, as a CUDA graph
-        config, _ = build_attack_config("gi", {**params, "compiled": compiled}, "paper")
-        events = get_attack("gi").run(
-            release.observation, release.knowledge, config, RunControl(6), 0
-        )
-        finals.append(list(events)[-1].final)
-    for a, b in zip(*(f.candidates for f in finals), strict=True):
-        assert b.images.device.type == "cpu"
-        assert b.loss == pytest.approx(a.loss, rel=5e-3)
-        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
+    _ends_as_eager_there(*_eager_and_compiled("gi", release, params, 6))
 
 
 def test_ig_compiled_through_a_known_laplace_noise_ends_where_it_ends_eager(monkeypatch):
@@ -388,17 +389,11 @@ def test_ig_compiled_through_a_known_laplace_noise_ends_where_it_ends_eager(monk
     _, _, release = release_for(lenet_spec("ig", batch=2), None, None, "dp-laplace", None)
     knows = dataclasses.replace(release.knowledge, defense=release.known_defense)
     calls = []
-    finals = []
-    for compiled in (False, True):
-        if compiled:
-            _count_traced(monkeypatch, ig, calls, "aot_eager")
-        config, _ = build_attack_config(
-            "ig", {"restarts": 2, "signed": False, "compiled": compiled}
-        )
-        events = get_attack("ig").run(release.observation, knows, config, RunControl(5), 0)
-        finals.append(list(events)[-1].final)
+    params = {"restarts": 2, "signed": False}
+    traced = (monkeypatch, ig, calls)
+    eager, compiled = _eager_and_compiled("ig", release, params, 5, None, knows, traced)
     assert calls == [(2, False)] * 5
-    for a, b in zip(*(f.candidates for f in finals), strict=True):
+    for a, b in zip(eager.candidates, compiled.candidates, strict=True):
         assert b.steps == a.steps == 5 and b.stop_reason == "completed"
         # Measured: equal here (0.0 apart); the bounds leave room for another CPU's kernels.
         assert b.loss == pytest.approx(a.loss, rel=1e-4)
@@ -451,14 +446,4 @@ def test_grnn_compiles_only_where_its_starts_step_together():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 def test_grnn_compiled_as_a_cuda_graph_ends_where_it_ends_eager_there():
     _, _, release = release_for(dataclasses.replace(lenet_spec("grnn", batch=2), device="cuda"))
-    finals = []
-    for compiled in (False, True):  # Inductor, as a CUDA graph
-        config, _ = build_attack_config("grnn", {"restarts": 2, "compiled": compiled}, "paper")
-        run = get_attack("grnn").run(
-            release.observation, release.knowledge, config, RunControl(6), 0
-        )
-        finals.append(list(run)[-1].final)
-    for a, b in zip(*(f.candidates for f in finals), strict=True):
-        assert b.images.device.type == "cpu"
-        assert b.loss == pytest.approx(a.loss, rel=5e-3)
-        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
+    _ends_as_eager_there(*_eager_and_compiled("grnn", release, {"restarts": 2}, 6))

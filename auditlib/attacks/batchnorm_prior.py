@@ -5,14 +5,10 @@ Shadow's defense."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
-
 import torch
 from torch import nn
 
-from auditlib.attacks.forward_hooks import HeldHooks, recorded
+from auditlib.attacks.forward_hooks import HeldHooks
 from auditlib.attacks.objectives import UpdateMatcher, restart_buffers
 from auditlib.client.update import set_training_mode
 
@@ -53,7 +49,10 @@ class BatchNormPrior:
         ]
         self.captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._held: HeldHooks | None = None  # a traced run's hooks (:meth:`held`)
+        # The stacked statistics' hooks: held for a traced run (GradInversion's
+        # ``compiled=true``; a trace cannot register them, and the client's simulation then
+        # records nothing through them), else registered for each stacked pass.
+        self.hooks = HeldHooks(self.layers, _record_input_statistics, dict)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -101,33 +100,13 @@ class BatchNormPrior:
         set_training_mode(model, knowledge.protocol.batchnorm_mode == "train")
 
         def statistics(x: torch.Tensor, own: dict) -> dict:
-            with self._recording() as seen:
+            with self.hooks.recording() as seen:
                 torch.func.functional_call(model, ({**matcher.parameters, **own},), (x[window],))
             return seen
 
         buffers = restart_buffers(model, images.shape[0])
         seen = torch.func.vmap(statistics)(images, buffers)
         return self._against_running(seen, images.new_zeros(images.shape[0]))
-
-    def _recording(self) -> AbstractContextManager[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
-        """The statistics of the forwards inside the block, each layer's first call: by the
-        hooks held for a traced run, else by hooks registered for the block alone."""
-        if self._held is not None:
-            return self._held.capture()
-        return recorded(self.layers, _record_input_statistics, dict)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Held for a traced run (GradInversion's ``compiled=true``): the layers' hooks
-        registered once, as a trace cannot register them but follows those already there;
-        each stacked pass records through them into statistics of its own, and forwards
-        outside a pass (the client's simulation) record nothing."""
-        with HeldHooks(self.layers, _record_input_statistics, dict) as hooks:
-            self._held = hooks
-            try:
-                yield
-            finally:
-                self._held = None
 
 
 def _record_input_statistics(seen: dict, index: int, inputs: tuple, _output: object) -> None:

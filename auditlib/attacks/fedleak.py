@@ -25,7 +25,6 @@ in ``objectives.py``, ``labels.py`` and ``loop.py``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ from auditlib.attacks.fedleak_terms import (
     masked_distance,
     top_ratio_masks,
 )
-from auditlib.attacks.forward_hooks import HeldHooks, recorded
+from auditlib.attacks.forward_hooks import HeldHooks
 from auditlib.attacks.labels import gradient_estimate, infer_batch_labels
 from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
@@ -281,18 +280,9 @@ class Objective:
             if config.activation > 0
             else []
         )
-        self.hooks: HeldHooks | None = None  # registered for a traced run (:meth:`traced`)
-
-    @contextlib.contextmanager
-    def traced(self) -> Iterator[None]:
-        """Held for a compiled run: the prior's hooks registered once (a trace cannot
-        register them), each evaluation collecting its own forwards' outputs."""
-        with HeldHooks(self.modules, keep_output, list) as hooks:
-            self.hooks = hooks
-            try:
-                yield
-            finally:
-                self.hooks = None
+        # The prior's hooks: held for a compiled run (a trace cannot register them), else
+        # registered for each evaluation.
+        self.hooks = HeldHooks(self.modules, keep_output, list)
 
     def masks(self, candidate: Tensors) -> Tensors:
         return top_ratio_masks(candidate, self.config.match_ratio, self.config.mask_scope)
@@ -308,11 +298,7 @@ class Objective:
         them."""
         config = self.config
         labels = self.labels if labels is None else labels
-        if self.hooks is None:
-            capture = recorded(self.modules, keep_output, list)
-        else:
-            capture = self.hooks.capture()
-        with capture as outputs:
+        with self.hooks.recording() as outputs:
             candidate = self.gradients(
                 self.normalize(x01), labels, differentiable=True, buffers=buffers
             )
@@ -406,7 +392,7 @@ def run_fedleak(
     )
     if not config.compiled:
         return events
-    return held(traced_model(knowledge, objective.traced()), events)  # the prior's hooks too
+    return held(traced_model(knowledge, objective.hooks), events)  # the prior's hooks too
 
 
 def run_fedleak_updates(observations, knowledges, config, control, seeds):

@@ -284,7 +284,7 @@ def run_gradinversion(
         events = run_restarts(make, config.restarts, True, control, seed, "objective", record)
         if not config.compiled:
             return events
-        hooks = () if prior is None else (prior.held(),)  # the prior's hooks, held for the run
+        hooks = () if prior is None else (prior.hooks,)  # the prior's hooks, held for the run
         return held(traced_model(knowledge, *hooks), events)
     if prior is None:
         return _run(objective, knowledge, config, control, seed, labels, record)
