@@ -27,10 +27,12 @@ BatchNorm in training mode: the issue's GPU case). ``--paper-budget`` adds one c
 of the paper's ImageNet budget, 24,000 steps.
 
 Writes benchmarks/results/compiled_step-DEVICE-CASE.json (another attack's:
-compiled_step-ATTACK-DEVICE-CASE.json) and prints each run as a JSON line.
+compiled_step-ATTACK-DEVICE-CASE.json) and prints each run as a JSON line. ``--from-log``
+makes the file from the lines of earlier runs cut off before they wrote it (a lent GPU's
+time), one summary per log: each log is one call, whose rows compare within it.
 Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
-       [--paper-budget [--budget-only]] [--no-peer]
+       [--paper-budget [--budget-only]] [--no-peer] [--from-log LOG[,LOG] --measured-on M]
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ import functools
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
 from auditlib.models import ModelSpec
 from auditlib.threat import Observation
-from benchmarks.common import ROOT, machine
+from benchmarks.common import ROOT, UNRECORDED, add_log_arguments, logged_machine, machine
 from benchmarks.peers import PEERS, _case, _psnr, our_knowledge, theirs
 
 CASES = {
@@ -147,6 +150,53 @@ def summary(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def logged_runs(path: str) -> tuple[list[dict], str | None, str | None]:
+    """The runs a log printed (lines with a ``side`` and a ``seed``; not its summary rows),
+    and the torch and device that ``benchmarks/device/run.py`` named on its first line."""
+    runs, torch_version, device = [], None, None
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.startswith("torch ") and " cuda " in line:
+            torch_version, _, device = line[len("torch ") :].partition(" cuda ")
+        elif line.startswith("{"):
+            record = json.loads(line)
+            if "side" in record and "seed" in record:
+                runs.append(record)
+    return runs, torch_version, device
+
+
+def from_logs(args) -> None:
+    calls = []
+    for path in args.from_log.split(","):
+        runs, torch_version, device = logged_runs(path)
+        budget = next((r for r in runs if r.get("steps") == PAPER_BUDGET), None)
+        runs = [r for r in runs if r is not budget]
+        calls.append(
+            {
+                "log": Path(path).name,
+                "device": device,
+                "torch": torch_version,
+                "rows": summary(runs),
+                "paper_budget": budget,
+                "runs": runs,
+            }
+        )
+        for row in calls[-1]["rows"]:
+            print(json.dumps(row))
+    result = {
+        "machine": args.measured_on or logged_machine(args.from_log) or UNRECORDED,
+        "attack": args.attack,
+        "case": args.case,
+        "steps": args.steps,
+        "calls": calls,
+    }
+    _output(args).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _output(args) -> Path:
+    name = "" if args.attack == "ig" else f"{args.attack}-"
+    return ROOT / "benchmarks" / "results" / f"compiled_step-{name}{args.device}-{args.case}.json"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--attack", choices=["ig", "fedleak", "gi", "grnn"], default="ig")
@@ -160,8 +210,12 @@ def main() -> None:
     parser.add_argument(
         "--budget-only", action="store_true", help="only the paper's budget (with --paper-budget)"
     )
+    add_log_arguments(parser, "--attack, --device, --case and --steps")
     args = parser.parse_args()
+    if args.from_log:
+        return from_logs(args)
 
+    print(json.dumps({"machine": machine()}), flush=True)  # for --from-log
     spec = CASES[args.case]
     victim, names, gradient = _case(spec)
     with_peer = not args.no_peer and PEERS.exists() and args.attack == "ig"
@@ -171,7 +225,8 @@ def main() -> None:
     runs = []
     for seed in range(0 if args.budget_only else args.seeds):
         # The R-starts row runs once (seed 0): it measures what R starts cost beside one.
-        rows = ((False, 1), (True, 1)) + (((True, args.starts),) if seed == 0 else ())
+        together = seed == 0 and args.starts > 1
+        rows = ((False, 1), (True, 1)) + (((True, args.starts),) if together else ())
         for compiled, starts in rows:
             runs.append(guarded(run, args.steps, seed, compiled, starts))
             print(json.dumps(runs[-1]), flush=True)
@@ -198,9 +253,7 @@ def main() -> None:
         "paper_budget": budget,
         "runs": runs,
     }
-    name = "" if args.attack == "ig" else f"{args.attack}-"
-    out = ROOT / "benchmarks" / "results" / f"compiled_step-{name}{args.device}-{args.case}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    _output(args).write_text(json.dumps(result, indent=1) + "\n")
     for row in result["rows"]:
         print(json.dumps(row))
 

@@ -198,7 +198,7 @@ def theirs(victim, classes, gradient, attack, iterations, labels_known, seed=0, 
             "buffers": None,
             "metadata": {
                 "num_data_points": 1,
-                "labels": victim.batch.labels.clone() if labels_known else None,
+                "labels": victim.batch.labels.to(device, copy=True) if labels_known else None,
                 "local_hyperparams": None,
             },
         }

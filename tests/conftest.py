@@ -22,6 +22,10 @@ from postgres_server import database_url, postgres_server, postgres_url  # noqa:
 # under load: 21 s passive, over 120 s spinning). Read when torch loads (no import above
 # loads it); children inherit it. The thread count and the work's split are unchanged.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# cuBLAS gives the same bits on several streams only with a fixed workspace (read when its
+# first handle is made): the CUDA tests that compare runs at once with runs in turn ask for
+# CUDA's deterministic kernels (test_attacks_at_once.reproducible_cuda). No effect on a CPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 

@@ -92,7 +92,7 @@ def test_the_twins_have_a_budget_of_their_own():
 
 
 def test_attacks_that_will_run_at_once_are_estimated_as_measured_one_after_another():
-    """On CUDA the attacks run at once (``engine.at_once``): their paces, measured one at a
+    """Where the attacks run at once (``engine.at_once``, asked for): their paces, measured one at a
     time, add up to what one after another would take, which the words say; what a budget
     lets them make at once is not measured, so no count of steps is promised."""
     paces = (AttackPace("dlg", False, 480, 0.5), AttackPace("ig", False, 350, 0.1))

@@ -202,7 +202,8 @@ def run_attacks(
     release, or the release of the model a malicious attack built); ``outcomes`` receives
     one :class:`AttackRun` per planned attack. ``at_once``: the honest server's attacks run
     at once, each pool (plain attacks, then twins) together (:func:`run_attacks_at_once`);
-    None: where ``engine.at_once.why_not_at_once`` allows it (on CUDA).
+    None: where ``engine.at_once.why_not_at_once`` allows it (nowhere until the streams'
+    check passes on a GPU: ``at_once.UNCONFIRMED_ON_CUDA``).
     """
     if runs_at_once(planned, release_for, at_once):
         yield from run_attacks_at_once(planned, release_for, control, seed, outcomes)
@@ -259,7 +260,7 @@ def runs_at_once(
 ) -> bool:
     """Whether :func:`run_attacks` runs these attacks at once: several, none a malicious
     server's (its model is built at its turn, and its one closed-form pass gains nothing at
-    once), and ``at_once`` asked for or, where None, allowed (``why_not_at_once``: CUDA)."""
+    once), and ``at_once`` asked for or, where None, allowed (``why_not_at_once``)."""
     if len(planned) < 2 or any(ATTACKS[p.name].builds is not None for p in planned):
         return False
     return at_once if at_once is not None else why_not_at_once(planned, release_for) is None

@@ -209,7 +209,8 @@ def iter_audit(
     Yields an :class:`AuditStart`, then the attack's progress events (each event with images
     followed by a :class:`LiveFrame`), then, where the spec measures utility, one
     :class:`UtilityProgress` per training round, then the :class:`AuditResult`.
-    ``attacks_at_once``: several attacks run at once (``engine.at_once``); None: on CUDA.
+    ``attacks_at_once``: several attacks run at once (``engine.at_once``); None: where
+    ``engine.at_once.why_not_at_once`` allows it (asked for on CUDA until checked there).
     """
     prepared = yield from _prepare(
         spec,

@@ -55,7 +55,7 @@ class TimeEstimate:
     # Planned attacks not measured for their cost (servers built to pass a model check,
     # ``pace.unmeasured``): said beside the estimate, not counted in it.
     unmeasured: tuple[str, ...] = ()
-    # The attacks will run at once (``engine.at_once``: on CUDA): measured one at a time,
+    # The attacks will run at once (``engine.at_once``, where asked for): measured one at a time,
     # the estimate then counts them one after another, which the run need not take.
     at_once: bool = False
 

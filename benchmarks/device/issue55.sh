@@ -3,18 +3,21 @@
 # GradInversion's and GRNN's eager and compiled there, and --attack all one attack after
 # another and at once (benchmarks.attacks_at_once).
 # Here first: python -m benchmarks.device.pack, and in .whl/ the wheels of what that machine
-# lacks: sqlalchemy, greenlet, phe, opacus, bcrypt (as for issue34.sh) and breaching's:
-#   .venv/bin/python -m pip download -d .whl --no-deps breaching==0.1.2 hydra-core omegaconf \
-#       antlr4-python3-runtime==4.9.3 \
-#       $(grep -iE '^(sqlalchemy|greenlet|phe|opacus|bcrypt)==' requirements.txt)
-# (antlr4's is a source archive: `pip wheel --no-deps -w .whl` it, then remove the archive).
+# lacks (its Python is 3.12): sqlalchemy, greenlet, bcrypt (binary: the device tool's README's
+# pip download with --python-version 3.12 and its manylinux platforms, plus
+# manylinux_2_24_x86_64), phe, opacus and breaching's needs:
+#   .venv/bin/python -m pip download -d .whl --no-deps breaching==0.1.2 hydra-core==1.3.8 \
+#       omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 phe==1.5.0 opacus==1.6.0
+# (hydra-core 1.3 needs omegaconf below 2.4; antlr4's is a source archive: `pip wheel --no-deps
+# -w .whl` it, then remove the archive).
 # Then the device tool:
 # command "bash benchmarks/device/issue55.sh [STEP...]", carry [".gpu", ".whl"].
-# STEPs (default "tests"; timeout_s 560): tests (the CUDA tests of the compiled step, the loop,
-# attacks at once and steps without host reads: 2-6 minutes),
+# STEPs (default "tests"; timeout_s 560), each in a call of its own within a session's 15
+# minutes: tests (the 20 CUDA tests of the compiled step, the loop, attacks at once and steps
+# without host reads: 229 s on an H200, 2026-11-30),
 # ig (3 seeds x eager, compiled and breaching at 300 steps, and 8 starts compiled once: about
-# 6 minutes if the first compile of each shape takes 1.5 minutes there, as ResNet-18 took on
-# this project's 2-core CPU, and later ones 25 s; run it in a call of its own),
+# 7 minutes on an H200, from 2026-11-30's rows: each compiled run traces its own step, 44 s
+# with Inductor's cache warm and 107 s on a fresh machine, the 8 starts' 84 s),
 # budget (one compiled run of the paper's 24,000 steps),
 # fedleak (FedLeak eager and compiled at 200 steps, seed 0, and 4 starts compiled once; two
 # graphs per count of starts, so about twice IG's compiling: run it in a call of its own),
@@ -31,16 +34,16 @@ mkdir -p .peers && ln -sfn /tmp/site .peers/site  # benchmarks.peers imports bre
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi -L
 R=benchmarks/device/run.py
-bench() { python3 $R benchmarks.compiled_step --device cuda --case resnet18-224 "$@"; }
+bench="python3 $R benchmarks.compiled_step --device cuda --case resnet18-224"
 for step in ${*:-tests}; do
   s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=""
   case $s in
-    tests) timeout 420 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k "cuda or traced or compiled" 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
-    ig) timeout 540 bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
-    fedleak) timeout 540 bench --attack fedleak --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/fedleak.log" | tail -6 ;;
-    gi) timeout 540 bench --attack gi --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/gi.log" | tail -6 ;;
-    grnn) timeout 540 bench --attack grnn --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/grnn.log" | tail -6 ;;
-    budget) timeout 500 bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
+    tests) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    ig) timeout 540 $bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
+    fedleak) timeout 540 $bench --attack fedleak --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/fedleak.log" | tail -6 ;;
+    gi) timeout 540 $bench --attack gi --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/gi.log" | tail -6 ;;
+    grnn) timeout 540 $bench --attack grnn --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/grnn.log" | tail -6 ;;
+    budget) timeout 500 $bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     all) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
     *) echo "unknown step $s" ;;
   esac
