@@ -15,6 +15,9 @@
 # STEPs (default "tests"; timeout_s 560), each in a call of its own within a session's 15
 # minutes: tests (the 20 CUDA tests of the compiled step, the loop, attacks at once and steps
 # without host reads: 229 s on an H200, 2026-11-30),
+# atonce (only the CUDA test of attacks at once against one after another, under CUDA's
+# deterministic kernels and with its control: the one that failed on 2026-11-30; if it
+# passes, at once can become the default on CUDA: engine.at_once.UNCONFIRMED_ON_CUDA),
 # ig (3 seeds x eager, compiled and breaching at 300 steps, and 8 starts compiled once: about
 # 7 minutes on an H200, from 2026-11-30's rows: each compiled run traces its own step, 44 s
 # with Inductor's cache warm and 107 s on a fresh machine, the 8 starts' 84 s),
@@ -39,6 +42,7 @@ for step in ${*:-tests}; do
   s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=""
   case $s in
     tests) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    atonce) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_attacks_at_once.py -k "cuda and stream" 2>&1 | tail -25 | tee "$OUT/atonce.log" ;;
     ig) timeout 540 $bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
     fedleak) timeout 540 $bench --attack fedleak --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/fedleak.log" | tail -6 ;;
     gi) timeout 540 $bench --attack gi --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/gi.log" | tail -6 ;;
