@@ -209,8 +209,7 @@ def iter_audit(
     Yields an :class:`AuditStart`, then the attack's progress events (each event with images
     followed by a :class:`LiveFrame`), then, where the spec measures utility, one
     :class:`UtilityProgress` per training round, then the :class:`AuditResult`.
-    ``attacks_at_once``: several attacks run at once (``engine.at_once``); None: where
-    ``engine.at_once.why_not_at_once`` allows it (asked for on CUDA until checked there).
+    ``attacks_at_once``: several attacks at once (``engine.at_once``); None: as it allows.
     """
     prepared = yield from _prepare(
         spec,
