@@ -33,7 +33,8 @@ makes the file from the lines of earlier runs cut off before they wrote it (a le
 time), one summary per log: each log is one call, whose rows compare within it.
 Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
-       [--paper-budget [--budget-only]] [--no-peer] [--from-log LOG[,LOG] --measured-on M]
+       [--paper-budget [--budget-only]] [--no-peer] [--keep-traces]
+       [--from-log LOG[,LOG] --measured-on M]
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from pathlib import Path
 import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.attacks import compiled as attacks_compiled
 from auditlib.models import ModelSpec
 from auditlib.threat import Observation
 from benchmarks.common import ROOT, UNRECORDED, add_log_arguments, logged_machine, machine
@@ -104,7 +106,16 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, compiled
         "steps_per_s": (done - first_step) / (end - first_at),
         "steady_steps_per_s": steady,
         "psnr": _psnr(final.selected.images, victim),
+        **_reserved(device),
     }
+
+
+def _reserved(device: str) -> dict:
+    """On CUDA, the memory torch's allocator holds after the run (kept CUDA graphs hold
+    their pools: ``--keep-traces``)."""
+    if torch.device(device).type != "cuda":
+        return {}
+    return {"reserved_gib": torch.cuda.memory_reserved() / 2**30}
 
 
 def peer(victim, classes, gradient, device, steps, seed) -> dict:
@@ -227,8 +238,14 @@ def main() -> None:
     parser.add_argument(
         "--budget-only", action="store_true", help="only the paper's budget (with --paper-budget)"
     )
+    parser.add_argument(
+        "--keep-traces",
+        action="store_true",
+        help="on CUDA, keep each run's traces for the next (attacks.compiled.KEEP_ON_CUDA)",
+    )
     add_log_arguments(parser, "--attack, --device, --case and --steps")
     args = parser.parse_args()
+    attacks_compiled.KEEP_ON_CUDA = args.keep_traces
     if args.from_log:
         return from_logs(args)
 

@@ -10,11 +10,19 @@ import pytest
 import torch
 from test_attacks import lenet_spec, release_for, resnet20_spec
 from torch import nn
+from torch._dynamo.utils import counters
 
-from auditlib.attacks import RunControl, build_attack_config, fedleak_step, get_attack, grnn
+from auditlib.attacks import (
+    RunControl,
+    build_attack_config,
+    fedleak_step,
+    get_attack,
+    grnn,
+)
+from auditlib.attacks import compiled as compiled_step
 from auditlib.attacks import gradinversion as gi
 from auditlib.attacks import inverting_gradients as ig
-from auditlib.attacks.compiled import CompiledGradient, held, traced_model
+from auditlib.attacks.compiled import CompiledGradient, held, traced_model, traces_on
 from auditlib.attacks.fedleak_terms import keep_output
 from auditlib.attacks.forward_hooks import HeldHooks
 from auditlib.attacks.objectives import UpdateMatcher, total_variation
@@ -91,8 +99,8 @@ def _count_traced(monkeypatch, module, calls: list, backend: str = "inductor") -
     product takes it, run without generating code)."""
 
     class Counted(CompiledGradient):
-        def __init__(self, objective, device):
-            super().__init__(objective, device, backend=backend)
+        def __init__(self, objective, device, **role):
+            super().__init__(objective, device, backend=backend, **role)
 
         def __call__(self, *variables, given=()):
             calls.append((variables[0].shape[0], len(given) > 0))
@@ -165,6 +173,77 @@ def _eager_and_compiled(
         run = get_attack(attack).run(release.observation, knowledge, config, RunControl(steps), 0)
         finals.append(list(run)[-1].final)
     return finals
+
+
+def _lenet_release(model_seed: int, offset: int, device: str):
+    """A release of two photographs from ``offset`` on, on a LeNet initialised from
+    ``model_seed``."""
+    spec = lenet_spec("ig", batch=2, offset=offset)
+    model = dataclasses.replace(
+        spec.model, spec=dataclasses.replace(spec.model.spec, seed=model_seed)
+    )
+    return release_for(dataclasses.replace(spec, model=model, device=device))[2]
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="needs a CUDA device (none here)"
+            ),
+        ),
+    ],
+)
+def test_a_later_run_on_another_model_steps_on_the_kept_trace_and_ends_where_eager_ends(
+    device, monkeypatch
+):
+    # The weights, the target update and the variables are the trace's inputs: a run on
+    # another model of the same structure needs no trace of its own (on CUDA, where traces
+    # are kept only when asked for, its graph is recorded again for the new weights), and
+    # is this run's answer, not the first's.
+    monkeypatch.setattr(compiled_step, "KEEP_ON_CUDA", True)
+    params = {"restarts": 2, "signed": False}
+    _, first = _eager_and_compiled("ig", _lenet_release(0, 0, device), params, 5)
+    graphs = counters["stats"]["unique_graphs"]
+    eager, later = _eager_and_compiled("ig", _lenet_release(1, 2, device), params, 5)
+    assert counters["stats"]["unique_graphs"] == graphs
+    for a, b in zip(eager.candidates, later.candidates, strict=True):
+        assert b.steps == a.steps == 5
+        assert b.loss == pytest.approx(a.loss, rel=5e-3)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
+    assert later.selected.loss != pytest.approx(first.selected.loss, rel=0.05)
+
+
+def test_a_kept_trace_is_set_aside_at_half_the_recompile_limit_for_a_fresh_one():
+    # Past torch's recompile limit a code object would run its step eagerly, silently.
+    def objective(rows):
+        return (rows**2).sum(dim=1), {}
+
+    half = torch._dynamo.config.recompile_limit // 2
+    codes = []
+    for count in range(1, half + 2):  # one trace per count of rows
+        step = CompiledGradient(objective, torch.device("cpu"), "aot_eager", role="set aside")
+        codes.append(step.code)
+        rows = torch.full((count, 3), 2.0)
+        (grad,), value, _ = step(rows)
+        assert torch.equal(grad, 2 * rows) and torch.equal(value, torch.full((count,), 12.0))
+    assert all(code is codes[0] for code in codes[:half]) and traces_on(codes[0]) == half
+    assert codes[half] is not codes[0] and traces_on(codes[half]) == 1
+    # Not kept on CUDA unless asked for (a CUDA graph keeps its memory pool).
+    cuda = (objective.__code__, "set aside", "inductor", "reduce-overhead", "cuda")
+    assert compiled_step._kept_code(objective.__code__, cuda) is not codes[half]
+    assert cuda not in compiled_step._kept
+    # A time estimate measures the compiling a run's worker may pay: nothing reused or kept.
+    with compiled_step.fresh_traces():
+        fresh = CompiledGradient(objective, torch.device("cpu"), "aot_eager", role="set aside")
+    kept = CompiledGradient(objective, torch.device("cpu"), "aot_eager", role="set aside")
+    assert fresh.code is not codes[half] and kept.code is codes[half]
+    for role in range(compiled_step.KEPT + 1):  # at most KEPT kept, the least recently used let go
+        CompiledGradient(objective, torch.device("cpu"), "aot_eager", role=str(role))
+    assert len(compiled_step._kept) == compiled_step.KEPT
 
 
 def test_a_raced_compiled_run_traces_each_count_of_running_starts(monkeypatch):

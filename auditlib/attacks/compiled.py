@@ -19,14 +19,19 @@ step's up to float summation order (tests/test_compiled_step.py).
 
 Compiling costs seconds to minutes per shape before the first step (measured in
 docs/PERFORMANCE.md), so it is asked for (``compiled`` in the attack's configuration), not
-the default.
+the default. On a CPU a trace is kept for the process's later runs of the same objective:
+where torch's guards pass (the same model structure, shapes and settings; the weights, the
+target update and the variables are the trace's inputs), a later run steps without
+compiling (on CUDA only where asked for: ``KEEP_ON_CUDA``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import types
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -45,6 +50,61 @@ from auditlib.threat import AttackerKnowledge
 # masks), reported, not differentiated.
 Objective = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 _INSTANCES = itertools.count()
+# torch.compile keeps its traces on the traced function's code object. A code object is kept
+# per objective for later runs (at most KEPT, the least recently used let go), whose steps
+# reuse its traces where their guards pass: on an H200 each run of IG at 224 px spent 43-45 s
+# tracing a step that the run before had traced. A code object takes at most torch's
+# recompile limit of traces (8) and past it runs the step eagerly, silently: one holding half
+# that many is set aside for a fresh one, so a run (a race's 4, 2 and 1 starts: 3 traces)
+# never reaches the limit. On CUDA a kept trace would also keep its CUDA graph's memory pool
+# (the step's working memory) between runs, which the sample audit's memory plan and other
+# runs would lose: not kept there until measured (benchmarks/compiled_step.py --keep-traces).
+KEPT = 8
+KEEP_ON_CUDA = False
+_kept: OrderedDict[tuple, types.CodeType] = OrderedDict()
+_kept_lock = threading.Lock()
+_fresh = threading.local()
+
+
+@contextlib.contextmanager
+def fresh_traces() -> Iterator[None]:
+    """Within (this thread): compiled steps trace on code objects of their own, neither
+    reusing kept traces nor keeping theirs. A time estimate measures within it the
+    compiling that a run in another process (a Ray worker) may have to pay."""
+    before = getattr(_fresh, "on", False)
+    _fresh.on = True
+    try:
+        yield
+    finally:
+        _fresh.on = before
+
+
+def traces_on(code: types.CodeType) -> int | None:
+    """How many traces torch keeps on ``code`` (its cache entries); None where this torch
+    does not say (its debugging accessor is not public), and nothing is kept then."""
+    entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+    return None if entries is None else len(entries(code))
+
+
+def _recompile_limit() -> int:
+    return getattr(torch._dynamo.config, "recompile_limit", 8)  # cache_size_limit before 2.6
+
+
+def _kept_code(template: types.CodeType, key: tuple) -> types.CodeType:
+    """The code object to trace ``key``'s step on: the one kept from an earlier run, or a
+    fresh one where none is kept or it holds half of torch's recompile limit."""
+    fresh = template.replace(co_name=f"attack_step_{next(_INSTANCES)}")
+    on_cuda = key[-1] == "cuda"
+    if getattr(_fresh, "on", False) or (on_cuda and not KEEP_ON_CUDA) or traces_on(fresh) is None:
+        return fresh
+    with _kept_lock:
+        code = _kept.pop(key, None)
+        if code is None or traces_on(code) >= _recompile_limit() // 2:
+            code = fresh
+        _kept[key] = code
+        while len(_kept) > KEPT:
+            _kept.popitem(last=False)
+        return code
 
 
 def why_not_compiled(knowledge: AttackerKnowledge) -> str | None:
@@ -67,10 +127,12 @@ class CompiledGradient:
     """
 
     def __init__(
-        self, objective: Objective, device: torch.device, backend: str = "inductor"
+        self, objective: Objective, device: torch.device, backend: str = "inductor", role: str = ""
     ) -> None:
         """``backend``: torch.compile's; ``"aot_eager"`` traces the step (and its gradient)
-        as the product does but runs the traced graph eagerly, without generating code."""
+        as the product does but runs the traced graph eagerly, without generating code.
+        ``role``: which of a run's compiled steps of one objective this is (FedLeak's
+        iterate and look-ahead), each kept apart for later runs."""
         self.objective = objective
         self.cuda = device.type == "cuda" and backend == "inductor"
         mode = "reduce-overhead" if self.cuda else None
@@ -89,11 +151,12 @@ class CompiledGradient:
             )
             return grads, value, named
 
-        # torch.compile keeps its traces on the function's code object, shared by every
-        # instance's closure: each instance traces a code object of its own, so runs (and a
-        # run's plans) never fill one shared cache, whose limit turns tracing off silently.
+        # Traced on the code object kept for this objective (``_kept_code``), with this
+        # run's closure: torch's guards decide whether an earlier run's trace serves it.
+        key = (getattr(objective, "__code__", objective), role, backend, mode, device.type)
+        self.code = _kept_code(value_and_grad.__code__, key)
         own = types.FunctionType(
-            value_and_grad.__code__.replace(co_name=f"attack_step_{next(_INSTANCES)}"),
+            self.code,
             value_and_grad.__globals__,
             None,
             None,

@@ -123,7 +123,10 @@ class Restarts:
             value, distance, used = objective.stacked_terms(x01, masks or None)
             return value, {"gradient_distance": distance, "masks": used}
 
-        self.compiled = CompiledGradient(terms, device), CompiledGradient(terms, device)
+        self.compiled = (
+            CompiledGradient(terms, device, role="iterate"),
+            CompiledGradient(terms, device, role="lookahead"),
+        )
 
     def _evaluate(self, objective, pixels: torch.Tensor, masks: Tensors | None = None):
         """``objective.evaluate_together(pixels, masks)``, traced in a compiled run."""

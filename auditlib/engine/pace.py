@@ -15,6 +15,7 @@ import itertools
 import time
 from dataclasses import dataclass, replace
 
+from auditlib.attacks.compiled import fresh_traces
 from auditlib.attacks.restarts import race_of
 from auditlib.engine.attack_phase import AttackCall, attack_call, steps_that_run
 from auditlib.errors import AttackUnsupportedError
@@ -80,7 +81,8 @@ def measure_paces(prepared) -> tuple[AttackPace, ...]:
         if not isinstance(call, AttackCall):
             continue
         try:
-            step_s, first_extra_s = _step_seconds(call)
+            with fresh_traces():  # the compiling a run's worker may pay, not a kept trace
+                step_s, first_extra_s = _step_seconds(call)
         except AttackUnsupportedError:  # found only once it runs (iDLG's rule on a batch):
             continue  # the run skips it too, and says why
         setup_s = 0.0

@@ -21,6 +21,8 @@
 # ig (3 seeds x eager, compiled and breaching at 300 steps, and 8 starts compiled once: about
 # 7 minutes on an H200, from 2026-11-30's rows: each compiled run traces its own step, 44 s
 # with Inductor's cache warm and 107 s on a fresh machine, the 8 starts' 84 s),
+# keep (IG eager and compiled, 3 seeds, 300 steps, its traces kept from run to run on CUDA,
+# each run's reserved memory printed: what keeping saves there and what it holds),
 # budget (one compiled run of the paper's 24,000 steps),
 # fedleak (FedLeak eager and compiled at 200 steps, seed 0, and 4 starts compiled once; two
 # graphs per count of starts, so about twice IG's compiling: run it in a call of its own),
@@ -47,6 +49,7 @@ for step in ${*:-tests}; do
     fedleak) timeout 540 $bench --attack fedleak --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/fedleak.log" | tail -6 ;;
     gi) timeout 540 $bench --attack gi --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/gi.log" | tail -6 ;;
     grnn) timeout 540 $bench --attack grnn --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/grnn.log" | tail -6 ;;
+    keep) timeout 540 $bench --no-peer --keep-traces --steps 300 --seeds 3 --starts 1 2>&1 | tee "$OUT/keep.log" | tail -4 ;;
     budget) timeout 500 $bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     all) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
     *) echo "unknown step $s" ;;
