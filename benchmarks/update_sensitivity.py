@@ -26,8 +26,8 @@ import torch
 from auditlib.attacks import RunControl
 from auditlib.defenses import build_defense
 from auditlib.engine.attack_phase import AttackRun, plan_attacks, run_attacks
+from auditlib.engine.releases import Rounds
 from auditlib.engine.victim import prepare_victim
-from auditlib.fl.scenario import release_update
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 from benchmarks.common import ROOT, machine
@@ -35,7 +35,8 @@ from benchmarks.common import ROOT, machine
 SCALES = (1e-7, 1e-6)
 
 
-def _release():
+def _release(planned):
+    """The honest server's release of the case, made as a run makes it (``Rounds``)."""
     spec = RunSpec(
         model=ModelRef(ModelSpec("resnet20", 10, (3, 16, 16))),
         data=DataSpec("samples", "photographs", batch_size=1),
@@ -44,17 +45,7 @@ def _release():
         defense=ComponentSpec.of("none"),
         budget=Budget(6),
     )
-    victim = prepare_victim(spec)
-    return release_update(
-        victim.model,
-        victim.batch,
-        spec.scenario.protocol,
-        build_defense("none")[0],
-        normalization=victim.normalization,
-        num_classes=10,
-        labels_known=False,
-        seed=0,
-    )
+    return Rounds(spec, prepare_victim(spec), build_defense("none")[0]).for_attack(planned)
 
 
 def _ends(planned, release, steps: int) -> list[AttackRun]:
@@ -81,7 +72,7 @@ def main() -> None:
     parser.add_argument("--attacks", nargs="+", default=["dlg", "gi", "ig"])
     args = parser.parse_args()
     planned = [plan_attacks(ComponentSpec.of(a), args.steps, every=2)[0] for a in args.attacks]
-    release = _release()
+    release = _release(planned[0])
     base = _ends(planned, release, args.steps)
     rows = []
     for scale in SCALES:
