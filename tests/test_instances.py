@@ -164,8 +164,10 @@ def test_the_runs_of_a_killed_dashboard_are_failed_with_why_on_the_next_beat(url
     assert store.get_run(run_id).status == "running"  # alive: not touched
     killed.send_signal(signal.SIGKILL)
     killed.wait(30)
-    waited = wait_for(lambda: store.get_run(run_id).status == "failed", timeout=10)
+    # The beat counts a run after the store has it failed: wait for the count, not the status.
+    waited = wait_for(lambda: keeper.failed["alice"] == 1, timeout=10)
     assert waited < 2  # the next beat: its pid has ended on this host
+    assert store.get_run(run_id).status == "failed"
     assert "ended while it was in progress" in store.get_run(run_id).error
     assert keeper.failed == {"bob": 1, "alice": 1}  # each user is told of their own
     assert Instances(store).get(keeper.id).stopped_at is None
