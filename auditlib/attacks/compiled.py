@@ -196,12 +196,13 @@ def apart_when_compiled(
     attack: str, otherwise: Callable[[Any, bool], str | None] | None = None
 ) -> Callable[[Any, bool], str | None]:
     """``AttackInfo.why_updates_apart`` of an attack that can compile its step: a compiled
-    step traces one update's, so a sample's updates run one after another; else
-    ``otherwise``'s reason, if any."""
+    (or captured: ``attacks.captured``) step traces one update's, so a sample's updates run
+    one after another; else ``otherwise``'s reason, if any."""
 
     def why(config: Any, raced: bool) -> str | None:
-        if config.compiled:
-            return f"{attack} traces one update's step (compiled=true)"
+        for way in ("compiled", "captured"):
+            if getattr(config, way, False):
+                return f"{attack} traces one update's step ({way}=true)"
         return None if otherwise is None else otherwise(config, raced)
 
     return why

@@ -39,10 +39,15 @@ from auditlib.attacks.base import (
     RunControl,
     register,
 )
+from auditlib.attacks.captured import (
+    CAPTURED_HELP,
+    one_way_of_stepping,
+    refuse_unless_stepped,
+    stepped,
+)
 from auditlib.attacks.compiled import (
     apart_when_compiled,
     held,
-    refuse_unless_traceable,
     traced_model,
     why_not_compiled,
 )
@@ -186,9 +191,13 @@ class FedLeakConfig:
         "advance together, and several updates one after another",
         identity=False,  # the same algorithm: a stored eager run stands for a compiled one
     )
+    # The eager step recorded as a CUDA graph after its first steps (attacks.captured): two
+    # graphs per count of running starts, as compiled.
+    captured: bool = param(False, CAPTURED_HELP, identity=False)  # the same algorithm
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        one_way_of_stepping(self)
         require(
             self.median_filter == 0 or (self.median_filter % 2 == 1 and self.median_filter >= 3),
             f"median_filter must be 0 (off) or an odd window from 3 to 15, got {self.median_filter}",
@@ -372,8 +381,7 @@ def run_fedleak(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    if config.compiled:
-        refuse_unless_traceable("fedleak", why_not_compiled(knowledge))
+    refuse_unless_stepped("fedleak", config, knowledge, why_not_compiled(knowledge))
     labels, inference = _resolve_labels(observation, knowledge, config)
     gradients = GradientModel(observation, knowledge, config.unroll)
     inference = {**inference, "labels": labels.tolist()}
@@ -381,16 +389,16 @@ def run_fedleak(
 
     def make(generators, clock):
         restarts = Restarts(generators, knowledge, config, objective, labels, control.max_steps)
-        if config.compiled:
-            restarts.traced(knowledge.device)
+        if stepped(config):
+            restarts.traced(knowledge.device, config.captured)
         return restarts
 
-    # A compiled step is the batched one: the starts advance together.
-    together = config.compiled or (config.together and why_not_together(knowledge) is None)
+    # A compiled or captured step is the batched one: the starts advance together.
+    together = stepped(config) or (config.together and why_not_together(knowledge) is None)
     events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
-    if not config.compiled:
+    if not stepped(config):
         return events
     return held(traced_model(knowledge, objective.hooks), events)  # the prior's hooks too
 

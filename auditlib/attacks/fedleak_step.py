@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from auditlib.attacks.base import snapshot
+from auditlib.attacks.captured import CapturedGradient, stepped
 from auditlib.attacks.compiled import CompiledGradient
 from auditlib.attacks.fedleak_terms import ascent_offset, blend_directions
 from auditlib.attacks.loop import stacked
@@ -80,9 +81,9 @@ class Restarts:
         self.normalize = knowledge.normalization.normalize
         shape = (knowledge.batch_size, *knowledge.input_shape)
         starts = [torch.rand(shape, generator=g).to(knowledge.device) for g in generators]
-        self.together = len(starts) > 1 or config.compiled  # a traced step is the stacked one
+        self.together = len(starts) > 1 or stepped(config)  # a traced step is the stacked one
         # (iterate, look-ahead on given masks): the two traced evaluations of a compiled run.
-        self.compiled: tuple[CompiledGradient, CompiledGradient] | None = None
+        self.compiled: tuple[CompiledGradient, ...] | tuple[CapturedGradient, ...] | None = None
         self.x01 = stacked(starts) if self.together else starts[0].requires_grad_(True)
         self.optimizer = torch.optim.Adam([self.x01], lr=config.lr)
         self.scheduler = (
@@ -114,18 +115,20 @@ class Restarts:
         value = torch.where(finite, value, torch.full_like(value, math.nan))
         return {"objective": value, "gradient_distance": distance}
 
-    def traced(self, device: torch.device) -> None:
-        """Evaluate by the traced and compiled objective from now on (``attacks.compiled``):
-        one update's (a compiled run attacks updates one after another)."""
+    def traced(self, device: torch.device, captured: bool = False) -> None:
+        """Evaluate by the traced objective from now on, compiled (``attacks.compiled``) or
+        recorded as a CUDA graph (``attacks.captured``): one update's (such a run attacks
+        updates one after another)."""
         objective = self.objective
 
         def terms(x01: torch.Tensor, *masks: torch.Tensor):
             value, distance, used = objective.stacked_terms(x01, masks or None)
             return value, {"gradient_distance": distance, "masks": used}
 
+        gradient = CapturedGradient if captured else CompiledGradient
         self.compiled = (
-            CompiledGradient(terms, device, role="iterate"),
-            CompiledGradient(terms, device, role="lookahead"),
+            gradient(terms, device, role="iterate"),
+            gradient(terms, device, role="lookahead"),
         )
 
     def _evaluate(self, objective, pixels: torch.Tensor, masks: Tensors | None = None):

@@ -43,11 +43,17 @@ from auditlib.attacks.base import (
     snapshot,
 )
 from auditlib.attacks.batchnorm_prior import BATCHNORM_TYPES, BatchNormPrior
+from auditlib.attacks.captured import (
+    CAPTURED_HELP,
+    CapturedGradient,
+    one_way_of_stepping,
+    refuse_unless_stepped,
+    stepped,
+)
 from auditlib.attacks.compiled import (
     CompiledGradient,
     apart_when_compiled,
     held,
-    refuse_unless_traceable,
     traced_model,
     why_not_compiled,
 )
@@ -142,9 +148,12 @@ class GradInversionConfig:
         "several updates one after another",
         identity=False,  # the same algorithm: a stored eager run stands for a compiled one
     )
+    # The eager step recorded as a CUDA graph after its first steps (attacks.captured).
+    captured: bool = param(False, CAPTURED_HELP, identity=False)  # the same algorithm
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        one_way_of_stepping(self)
 
 
 # --- Objective pieces ---------------------------------------------------------------------
@@ -263,12 +272,11 @@ def run_gradinversion(
     seed: int,
 ) -> Iterator[ProgressEvent]:
     raced = control.race is not None
-    if config.compiled:
-        refuse_unless_traceable("gi", _why_not_compiled(knowledge, config, raced))
+    refuse_unless_stepped("gi", config, knowledge, _why_not_compiled(knowledge, config, raced))
     labels, record = resolve_labels(observation, knowledge, config)
     prior, record["batchnorm_prior"] = _prior_and_record(knowledge, config)
     objective = Objective(UpdateMatcher(observation, knowledge, config.distance), config, prior)
-    together = config.compiled or (
+    together = stepped(config) or (
         config.restarts > 1
         and _why_updates_apart(config, raced) is None
         and why_not_together(knowledge) is None
@@ -277,12 +285,12 @@ def run_gradinversion(
 
         def make(generators, clock):
             rows = _Rows(generators, objective, knowledge, config, labels, control.max_steps)
-            if config.compiled:
-                rows.traced(knowledge.device)
+            if stepped(config):
+                rows.traced(knowledge.device, config.captured)
             return rows
 
         events = run_restarts(make, config.restarts, True, control, seed, "objective", record)
-        if not config.compiled:
+        if not stepped(config):
             return events
         hooks = () if prior is None else (prior.hooks,)  # the prior's hooks, held for the run
         return held(traced_model(knowledge, *hooks), events)
@@ -442,18 +450,20 @@ class _Rows:
         self.images = stacked([random_images(knowledge, g) for g in self.generators])
         self.descent = _Descent(self.images, knowledge, config, iterations)
         self._index = RowIndex(knowledge.device)  # the running rows, made once per set
-        self.compiled: CompiledGradient | None = None
+        self.compiled: CompiledGradient | CapturedGradient | None = None
 
-    def traced(self, device: torch.device) -> None:
-        """Step by the traced and compiled objective from now on (``attacks.compiled``):
-        one update's (a compiled run attacks updates one after another)."""
+    def traced(self, device: torch.device, captured: bool = False) -> None:
+        """Step by the traced objective from now on, compiled (``attacks.compiled``) or
+        recorded as a CUDA graph (``attacks.captured``): one update's (such a run attacks
+        updates one after another)."""
         objective, labels = self.objective, self.labels
         objective.matcher.factored = False  # a trace cannot register the factored form's hooks
 
         def terms(images: torch.Tensor):
             return objective.rows(images, labels, None)
 
-        self.compiled = CompiledGradient(terms, device)
+        gradient = CapturedGradient if captured else CompiledGradient
+        self.compiled = gradient(terms, device)
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
         return self.labels.index_select(0, self._index(rows)) if self.per_row else self.labels

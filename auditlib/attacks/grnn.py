@@ -42,11 +42,17 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
+from auditlib.attacks.captured import (
+    CAPTURED_HELP,
+    CapturedGradient,
+    one_way_of_stepping,
+    refuse_unless_stepped,
+    stepped,
+)
 from auditlib.attacks.compiled import (
     CompiledGradient,
     apart_when_compiled,
     held,
-    refuse_unless_traceable,
     traced_model,
     why_not_compiled,
 )
@@ -146,9 +152,12 @@ class GrnnConfig:
         "after another",
         identity=False,  # the same algorithm: a stored eager run stands for a compiled one
     )
+    # The eager step recorded as a CUDA graph after its first steps (attacks.captured).
+    captured: bool = param(False, CAPTURED_HELP, identity=False)  # the same algorithm
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        one_way_of_stepping(self)
 
 
 # --- Loss (thesis Eq. 3.4, code definitions) --------------------------------------------
@@ -269,8 +278,7 @@ def run_grnn(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    if config.compiled:
-        refuse_unless_traceable("grnn", _why_not_compiled(knowledge, config))
+    refuse_unless_stepped("grnn", config, knowledge, _why_not_compiled(knowledge, config))
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
     loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 
@@ -278,16 +286,16 @@ def run_grnn(
         # An adaptive attacker's unknowns live in the loss's matcher: one of its own per group.
         own = GrnnLoss(observation, knowledge, config) if loss.matcher.unknowns else loss
         restarts = _Restarts(generators, knowledge, config, own, fixed_labels)
-        if config.compiled:
-            restarts.traced(knowledge.device)
+        if stepped(config):
+            restarts.traced(knowledge.device, config.captured)
         return restarts
 
-    # A compiled step is the stacked one: the starts advance together.
-    together = config.compiled or (config.together and _why_apart(knowledge, config) is None)
+    # A compiled or captured step is the stacked one: the starts advance together.
+    together = stepped(config) or (config.together and _why_apart(knowledge, config) is None)
     events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
-    return held(traced_model(knowledge), events) if config.compiled else events
+    return held(traced_model(knowledge), events) if stepped(config) else events
 
 
 def run_grnn_updates(observations, knowledges, config, control, seeds):
@@ -346,8 +354,8 @@ class _Restarts:
         self.latent = torch.stack(latents)
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         loss.matcher.restart()
-        self.compiled: CompiledGradient | None = None
-        if len(nets) == 1 and not config.compiled:  # a traced step is the stacked one
+        self.compiled: CompiledGradient | CapturedGradient | None = None
+        if len(nets) == 1 and not stepped(config):  # a traced step is the stacked one
             self.net, self.weights, self.buffers = nets[0], None, None
             variables = list(self.net.parameters())
         else:  # stacked weights: one leaf per parameter, a slice per restart
@@ -406,10 +414,11 @@ class _Restarts:
         mse = self.loss.matcher.at(alive).together(images, labels, distance=l2_distance)
         return mse, self.loss.row_wasserstein(mse)  # wasserstein=sorted runs apart
 
-    def traced(self, device: torch.device) -> None:
-        """Step by the traced and compiled objective from now on (``attacks.compiled``): the
-        stacked generators' images, labels and terms, and the objective's gradient to their
-        weights; one update's (a compiled run attacks updates one after another)."""
+    def traced(self, device: torch.device, captured: bool = False) -> None:
+        """Step by the traced objective from now on, compiled (``attacks.compiled``) or
+        recorded as a CUDA graph (``attacks.captured``): the stacked generators' images,
+        labels and terms, and the objective's gradient to their weights; one update's (such
+        a run attacks updates one after another)."""
         loss, names = self.loss, list(self.weights)
         loss.matcher.factored = False  # a trace cannot register the factored form's hooks
 
@@ -427,7 +436,8 @@ class _Restarts:
             parts = {"objective": objective, "gradient_distance": mse, "wasserstein": wd}
             return kept, parts | {"tv": tv, "images": images, "labels": labels}
 
-        self.compiled = CompiledGradient(terms, device)
+        gradient = CapturedGradient if captured else CompiledGradient
+        self.compiled = gradient(terms, device)
 
     def _traced_step(self, alive):
         index = self._index(alive)

@@ -27,11 +27,17 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
+from auditlib.attacks.captured import (
+    CAPTURED_HELP,
+    CapturedGradient,
+    one_way_of_stepping,
+    refuse_unless_stepped,
+    stepped,
+)
 from auditlib.attacks.compiled import (
     CompiledGradient,
     apart_when_compiled,
     held,
-    refuse_unless_traceable,
     traced_model,
     why_not_compiled,
 )
@@ -97,9 +103,13 @@ class InvertingGradientsConfig:
         "another, each its own traced step",
         identity=False,  # the same algorithm: a stored eager run stands for a compiled one
     )
+    # The eager step recorded as a CUDA graph after its first steps (attacks.captured):
+    # the launches saved without compiling. Asked for, on CUDA only.
+    captured: bool = param(False, CAPTURED_HELP, identity=False)  # the same algorithm
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        one_way_of_stepping(self)
 
 
 def _milestones(iterations: int) -> list[int]:
@@ -146,7 +156,7 @@ class _Restarts:
     def __init__(self, generators, matcher, knowledge, config, iterations, fixed_labels):
         self.config = config
         self.matcher = matcher
-        self.compiled: CompiledGradient | None = None
+        self.compiled: CompiledGradient | CapturedGradient | None = None
         self._index = RowIndex(knowledge.device)  # the running rows, made once per set
         images, logits = [], []
         for generator in generators:  # per restart: images, then label logits (its own draw)
@@ -200,8 +210,9 @@ class _Restarts:
         tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
         return distance + tv, distance
 
-    def traced(self, device: torch.device) -> None:
-        """Step by the traced and compiled objective from now on (``attacks.compiled``)."""
+    def traced(self, device: torch.device, captured: bool = False) -> None:
+        """Step by the traced objective from now on: compiled (``attacks.compiled``) or
+        recorded as a CUDA graph (``attacks.captured``)."""
         self.matcher.factored = False
 
         def objective(images, *logits):
@@ -209,7 +220,8 @@ class _Restarts:
             value, distance = self._objective(images, labels, None)
             return value, {"update_distance": distance}
 
-        self.compiled = CompiledGradient(objective, device)
+        gradient = CapturedGradient if captured else CompiledGradient
+        self.compiled = gradient(objective, device)
 
     def step(self, alive):
         self.optimizer.zero_grad()
@@ -254,24 +266,23 @@ class _Restarts:
 
 
 def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
-    if config.compiled:
-        refuse_unless_traceable("ig", why_not_compiled(knowledge))
+    refuse_unless_stepped("ig", config, knowledge, why_not_compiled(knowledge))
 
     def make(generators, clock):
         matcher = UpdateMatcher(observation, knowledge, config.distance)
         restarts = _Restarts(
             generators, matcher, knowledge, config, control.max_steps, fixed_labels
         )
-        if config.compiled:
-            restarts.traced(knowledge.device)
+        if stepped(config):
+            restarts.traced(knowledge.device, config.captured)
         return restarts
 
-    # A compiled step is the batched one: the starts advance together.
-    together = config.compiled or (config.together and why_not_together(knowledge) is None)
+    # A compiled or captured step is the batched one: the starts advance together.
+    together = stepped(config) or (config.together and why_not_together(knowledge) is None)
     events = run_restarts(
         make, config.restarts, together, control, seed, "update_distance", inference
     )
-    return held(traced_model(knowledge), events) if config.compiled else events
+    return held(traced_model(knowledge), events) if stepped(config) else events
 
 
 def run_ig_updates(observations, knowledges, config, control, seeds):

@@ -1,0 +1,145 @@
+"""An attack's step recorded from its eager run as a CUDA graph and replayed (issue 55).
+
+A compiled step (``attacks.compiled``) saves the launches of hundreds of small kernels a
+step, but traces first: 43-45 s for Inverting Gradients at 224 px on an H200 with
+Inductor's cache warm, per count of running starts, which a plan of several attacks pays
+once per attack. The launches can be saved without tracing: the same step (the objective
+and its gradient by ``torch.func.grad``, as ``CompiledGradient`` takes it) runs eagerly for
+its first ``WARMUP_STEPS`` steps at each count of starts, is then recorded once as a CUDA
+graph (``torch.cuda.graph``: the eager kernels, unfused, launched by one call) and replayed
+from then on. Recording costs about one eager step.
+
+A graph reads its inputs from the addresses it was recorded with and writes its outputs to
+its own: each call copies the step's variables and given inputs into the graph's buffers,
+and the gradients it returns are overwritten by the next replay (an attack step uses them
+at once); values and named outputs are copies, as ``CompiledGradient``'s on CUDA. Each
+count of running starts is its own graph, with its own memory pool, kept for the run.
+
+Asked for (``captured`` in the attack's configuration), on CUDA only, until its CUDA tests
+and figures are in (docs/PERFORMANCE.md, "The compiled step").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from auditlib.attacks.compiled import Objective, refuse_unless_traceable
+from auditlib.errors import AttackUnsupportedError, AuditInputError
+from auditlib.threat import AttackerKnowledge
+
+# The ``captured`` field's words, one for every attack that can record its step.
+CAPTURED_HELP = (
+    "record the step as a CUDA graph after its first eager steps and replay it (CUDA only): "
+    "faster steps where kernels are small, without compiling; the starts advance together, "
+    "and several updates one after another"
+)
+
+# Eager steps at each count of starts before it is recorded: CUDA's and cuBLAS's lazy
+# set-up (handles, workspaces) happens there, not inside the recording.
+WARMUP_STEPS = 2
+
+# ``record(run)``: a graph of ``run()``'s kernels and ``run()``'s outputs, which each call of
+# the returned replay rewrites in place. ``cuda_graph`` records without running anything.
+Recorder = Callable[[Callable[[], Any]], tuple[Callable[[], None], Any]]
+
+
+def cuda_graph(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+    """``run`` recorded as a CUDA graph on a memory pool of its own. Other threads' CUDA
+    calls stay allowed while it records (attacks at once: ``engine.at_once``)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        outputs = run()
+    return graph.replay, outputs
+
+
+def stepped(config: Any) -> bool:
+    """Whether an attack's configuration asks for its step traced: compiled or captured."""
+    return bool(config.compiled or config.captured)
+
+
+def one_way_of_stepping(config: Any) -> None:
+    """A configuration's check (``__post_init__``): compiled or captured, not both."""
+    if config.compiled and config.captured:
+        raise AuditInputError(
+            "compiled and captured are two ways to run one step: ask for one of them"
+        )
+
+
+def refuse_unless_stepped(
+    attack: str, config: Any, knowledge: AttackerKnowledge, reason: str | None
+) -> None:
+    """An attack asked for ``compiled`` or ``captured`` where ``reason`` (the attack's own:
+    what keeps its step eager) or, for a CUDA graph, the device refuses it."""
+    if config.captured:
+        if reason is None and knowledge.device.type != "cuda":
+            reason = f"a CUDA graph needs a CUDA device (this run is on {knowledge.device})"
+        if reason is not None:
+            raise AttackUnsupportedError(
+                f"{attack} cannot record its step as a CUDA graph here: {reason}"
+            )
+    elif config.compiled:
+        refuse_unless_traceable(attack, reason)
+
+
+class _Recorded:
+    """One count of starts' graph: its input buffers, its replay and its outputs."""
+
+    def __init__(self, inputs: tuple[torch.Tensor, ...], replay: Callable[[], None], outputs):
+        self.inputs, self.replay, self.outputs = inputs, replay, outputs
+
+    def __call__(self, inputs: tuple[torch.Tensor, ...]):
+        for buffer, value in zip(self.inputs, inputs, strict=True):
+            buffer.copy_(value)
+        self.replay()
+        return self.outputs
+
+
+class CapturedGradient:
+    """``objective``'s gradient to its variables and its values, as ``CompiledGradient``
+    computes them (the same call and results), recorded as a CUDA graph per count of
+    starts after ``WARMUP_STEPS`` eager steps. ``record``: how a step is recorded
+    (``cuda_graph``; a test's stand-in on the CPU)."""
+
+    cuda = True  # the next call overwrites the gradients returned (as a CUDA graph's)
+
+    def __init__(
+        self, objective: Objective, device: torch.device, role: str = "", *, record=None
+    ) -> None:
+        """``device`` and ``role`` as ``CompiledGradient``'s: a graph records on its inputs'
+        device, and each object keeps its own graphs (FedLeak's iterate and look-ahead)."""
+        self.device, self.role = device, role
+        self.objective = objective
+        self.record: Recorder = record or cuda_graph
+        self.eager_steps: dict[tuple, int] = {}
+        self.graphs: dict[tuple, _Recorded] = {}
+
+    def _value_and_grad(self, inputs: tuple[torch.Tensor, ...], count: int):
+        def total(*values: torch.Tensor):
+            value, named = self.objective(*values)
+            return value.sum(), (value.detach(), tree_map(torch.Tensor.detach, named))
+
+        argnums = tuple(range(count))
+        grads, (value, named) = torch.func.grad(total, argnums=argnums, has_aux=True)(*inputs)
+        return grads, value, named
+
+    def __call__(
+        self, *variables: torch.Tensor, given: tuple[torch.Tensor, ...] = ()
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, dict[str, Any]]:
+        inputs = tuple(v.detach() for v in (*variables, *given))
+        shape = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
+        graph = self.graphs.get(shape)
+        if graph is None:
+            done = self.eager_steps.get(shape, 0)
+            if done < WARMUP_STEPS:
+                self.eager_steps[shape] = done + 1
+                return self._value_and_grad(inputs, len(variables))
+            buffers = tuple(t.clone() for t in inputs)
+            replay, outputs = self.record(lambda: self._value_and_grad(buffers, len(variables)))
+            graph = self.graphs[shape] = _Recorded(buffers, replay, outputs)
+        grads, value, named = graph(inputs)
+        # Kept past the next replay (the loop reads losses back every few steps).
+        return grads, value.clone(), tree_map(torch.Tensor.clone, named)
