@@ -7,6 +7,8 @@ breaching) so that load on the machine falls on all of them:
 
 - ours eager: ``ig`` (or ``fedleak``, ``gi``, ``grnn``), paper preset, 1 start, ``compiled=false``;
 - ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph);
+- ours captured (``--kinds ...,captured``, CUDA only): the same with ``captured=true``, the eager step
+  recorded as a CUDA graph after its first steps (``attacks.captured``), and its R starts;
 - ours compiled, R starts together (``restarts`` R, unraced: every start runs every step),
   once (seed 0): what R starts cost beside one (GradInversion's without its Langevin noise:
   unraced starts with noise draw it in turn from one stream, so they stay apart);
@@ -28,12 +30,12 @@ BatchNorm in training mode: the issue's GPU case). ``--paper-budget`` adds one c
 of the paper's ImageNet budget, 24,000 steps.
 
 Writes benchmarks/results/compiled_step-DEVICE-CASE.json (another attack's:
-compiled_step-ATTACK-DEVICE-CASE.json) and prints each run as a JSON line. ``--from-log``
+compiled_step-ATTACK-DEVICE-CASE.json; with a captured row, ending ``-captured.json``) and prints each run as a JSON line. ``--from-log``
 makes the file from the lines of earlier runs cut off before they wrote it (a lent GPU's
 time), one summary per log: each log is one call, whose rows compare within it.
 Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
-       [--paper-budget [--budget-only]] [--no-peer] [--keep-traces]
+       [--paper-budget [--budget-only]] [--no-peer] [--keep-traces] [--kinds eager,compiled,captured]
        [--from-log LOG[,LOG] --measured-on M]
 """
 
@@ -70,12 +72,12 @@ PAPER_BUDGET = 24_000
 STEADY_FROM = 0.2
 
 
-def ours(victim, classes, names, gradient, device, attack, steps, seed, compiled, starts=1) -> dict:
-    """One run of our ``attack`` (paper preset), labels known; seconds to its first step and
-    after."""
+def ours(victim, classes, names, gradient, device, attack, steps, seed, step, starts=1) -> dict:
+    """One run of our ``attack`` (paper preset), labels known, its step ``step`` (eager,
+    compiled or captured); seconds to its first step and after."""
     knowledge = our_knowledge(victim, classes, copy.deepcopy(victim.model).to(device), True)
     observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
-    params = {"restarts": starts, "compiled": compiled}
+    params = {"restarts": starts, "compiled": step == "compiled", "captured": step == "captured"}
     if attack == "gi" and starts > 1:  # unraced starts with noise stay apart
         params["noise"] = 0.0
     config, _ = build_attack_config(attack, params, "paper")
@@ -97,7 +99,7 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, compiled
     done = sum(c.steps for c in final.candidates)
     steady = None if later is None or done <= later[1] else (done - later[1]) / (end - later[0])
     return {
-        "side": "ours compiled" if compiled else "ours eager",
+        "side": f"ours {step}",
         "starts": starts,
         "seed": seed,
         "steps": done,
@@ -134,13 +136,13 @@ def peer(victim, classes, gradient, device, steps, seed) -> dict:
     }
 
 
-def guarded(run, steps, seed, compiled, starts=1) -> dict:
-    """One of our runs, or what stopped it (a machine without what compiling needs): the
-    other rows are still measured."""
+def guarded(run, steps, seed, step, starts=1) -> dict:
+    """One of our runs, or what stopped it (a machine without what compiling or recording
+    needs): the other rows are still measured."""
     try:
-        return run(steps, seed, compiled, starts)
+        return run(steps, seed, step, starts)
     except Exception as error:
-        side = "ours compiled" if compiled else "ours eager"
+        side = f"ours {step}"
         return {"side": side, "starts": starts, "seed": seed, "error": repr(error)[:2000]}
 
 
@@ -222,7 +224,9 @@ def from_logs(args) -> None:
 
 def _output(args) -> Path:
     name = "" if args.attack == "ig" else f"{args.attack}-"
-    return ROOT / "benchmarks" / "results" / f"compiled_step-{name}{args.device}-{args.case}.json"
+    rows = "-captured" if "captured" in getattr(args, "kinds", "") else ""
+    file = f"compiled_step-{name}{args.device}-{args.case}{rows}.json"
+    return ROOT / "benchmarks" / "results" / file
 
 
 def main() -> None:
@@ -243,9 +247,19 @@ def main() -> None:
         action="store_true",
         help="on CUDA, keep each run's traces for the next (attacks.compiled.KEEP_ON_CUDA)",
     )
+    parser.add_argument(
+        "--kinds",
+        default="eager,compiled",
+        help="the rows' steps, comma-separated: eager, compiled, captured (a CUDA graph "
+        "recorded from the eager step: CUDA only); the last one also runs the R starts "
+        "together and the paper's budget",
+    )
     add_log_arguments(parser, "--attack, --device, --case and --steps")
     args = parser.parse_args()
     attacks_compiled.KEEP_ON_CUDA = args.keep_traces
+    kinds = tuple(args.kinds.split(","))
+    if not set(kinds) <= {"eager", "compiled", "captured"}:
+        parser.error(f"--kinds takes eager, compiled and captured, not {args.kinds}")
     if args.from_log:
         return from_logs(args)
 
@@ -260,16 +274,17 @@ def main() -> None:
     for seed in range(0 if args.budget_only else args.seeds):
         # The R-starts row runs once (seed 0): it measures what R starts cost beside one.
         together = seed == 0 and args.starts > 1
-        rows = ((False, 1), (True, 1)) + (((True, args.starts),) if together else ())
-        for compiled, starts in rows:
-            runs.append(guarded(run, args.steps, seed, compiled, starts))
+        rows = [(kind, 1) for kind in kinds]
+        rows += [(kind, args.starts) for kind in kinds if kind != "eager" and together]
+        for step, starts in rows:
+            runs.append(guarded(run, args.steps, seed, step, starts))
             print(json.dumps(runs[-1]), flush=True)
         if with_peer:
             runs.append(peer(victim, spec.num_classes, gradient, args.device, args.steps, seed))
             print(json.dumps(runs[-1]), flush=True)
     budget = None
     if args.paper_budget:
-        budget = guarded(run, PAPER_BUDGET, 0, True)
+        budget = guarded(run, PAPER_BUDGET, 0, kinds[-1])
         print(json.dumps(budget), flush=True)
     result = {
         "machine": machine(),

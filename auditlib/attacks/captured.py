@@ -21,6 +21,7 @@ and figures are in (docs/PERFORMANCE.md, "The compiled step").
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -45,13 +46,15 @@ WARMUP_STEPS = 2
 # ``record(run)``: a graph of ``run()``'s kernels and ``run()``'s outputs, which each call of
 # the returned replay rewrites in place. ``cuda_graph`` records without running anything.
 Recorder = Callable[[Callable[[], Any]], tuple[Callable[[], None], Any]]
+_recording = threading.Lock()
 
 
 def cuda_graph(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
     """``run`` recorded as a CUDA graph on a memory pool of its own. Other threads' CUDA
-    calls stay allowed while it records (attacks at once: ``engine.at_once``)."""
+    calls stay allowed while it records (attacks at once: ``engine.at_once``), and one
+    thread records at a time (entering a recording empties torch's cache of free blocks)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with _recording, torch.cuda.graph(graph, capture_error_mode="thread_local"):
         outputs = run()
     return graph.replay, outputs
 
