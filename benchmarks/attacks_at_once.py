@@ -15,9 +15,13 @@ CPU's kernels are large and every attack applies, GradInversion and DLM included
 (torchvision's ResNet-18, 1000 classes, 224 px, untrained, seed 0, BatchNorm in training
 mode: the issue's GPU case, whose plan at the audit preset is 3060 steps).
 
-Writes benchmarks/results/attacks_at_once-DEVICE-CASE.json and prints each run as a JSON line.
+``--captured``: on CUDA, every attack that can records its step as a CUDA graph after its
+first steps without being asked (``attacks.captured``, off by default until measured).
+
+Writes benchmarks/results/attacks_at_once-DEVICE-CASE.json (``-captured.json`` with
+``--captured``) and prints each run as a JSON line.
 Usage: python -m benchmarks.attacks_at_once [--device cuda] [--case resnet18-224]
-       [--rounds 2] [--iterations N] [--seconds S]
+       [--rounds 2] [--iterations N] [--seconds S] [--captured]
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import statistics
 
 import torch
 
-from auditlib.attacks import default_iterations
+from auditlib.attacks import captured, default_iterations
 from auditlib.engine.audit import run_audit
 from auditlib.models import ModelSpec
 from benchmarks.common import ROOT, machine
@@ -89,7 +93,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=None, help="default: each attack's")
     parser.add_argument("--seconds", type=float, default=None, help="the run's time budget")
+    parser.add_argument(
+        "--captured",
+        action="store_true",
+        help="on CUDA, every attack that can records its step as a CUDA graph without being "
+        "asked (attacks.captured.BY_DEFAULT_ON_CUDA)",
+    )
     args = parser.parse_args()
+    captured.BY_DEFAULT_ON_CUDA = args.captured
 
     iterations = args.iterations or default_iterations("all", None)
     spec = spec_of(
@@ -108,10 +119,12 @@ def main() -> None:
         "case": args.case,
         "iterations": iterations,
         "time_budget_s": args.seconds,
+        "captured": args.captured,
         "rows": summary(runs),
         "runs": runs,
     }
-    out = ROOT / "benchmarks" / "results" / f"attacks_at_once-{args.device}-{args.case}.json"
+    name = f"attacks_at_once-{args.device}-{args.case}{'-captured' if args.captured else ''}"
+    out = ROOT / "benchmarks" / "results" / f"{name}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["rows"]:
         print(json.dumps(row))

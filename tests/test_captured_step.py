@@ -11,6 +11,7 @@ at each replay: everything but the graph itself is tested on the CPU, and the CU
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -210,3 +211,28 @@ def test_each_attack_captured_as_a_cuda_graph_ends_where_it_ends_eager_there(
     captured = _final(attack, release, {**params, "captured": True}, steps)
     assert len(recorded) == (2 if attack == "fedleak" else 1)  # real graphs, replayed
     _ends_as_eager_there(eager, captured)
+
+
+def test_a_run_on_cuda_records_its_step_by_default_only_once_that_is_switched_on(monkeypatch):
+    config, _ = build_attack_config("ig", {})
+    on_cuda = SimpleNamespace(device=torch.device("cuda"))
+    on_cpu = SimpleNamespace(device=torch.device("cpu"))
+    assert captured_step.BY_DEFAULT_ON_CUDA is False  # until its CUDA figures are in
+    assert captured_step.by_default(config, on_cuda, None) is config
+    monkeypatch.setattr(captured_step, "BY_DEFAULT_ON_CUDA", True)
+    assert captured_step.by_default(config, on_cuda, None).captured
+    assert captured_step.by_default(config, on_cpu, None) is config
+    assert captured_step.by_default(config, on_cuda, "a TorchScript model") is config
+    compiled, _ = build_attack_config("ig", {"compiled": True})
+    assert captured_step.by_default(compiled, on_cuda, None) is compiled  # asked: compiled
+
+
+@CUDA
+def test_every_attack_of_a_plan_records_its_step_on_cuda_once_that_is_switched_on(monkeypatch):
+    recorded = []
+    graph = captured_step.cuda_graph
+    monkeypatch.setattr(captured_step, "cuda_graph", lambda run: recorded.append(run) or graph(run))
+    monkeypatch.setattr(captured_step, "BY_DEFAULT_ON_CUDA", True)
+    _, _, release = release_for(dataclasses.replace(lenet_spec("ig", batch=2), device="cuda"))
+    _final("ig", release, {"restarts": 2, "signed": False}, WARMUP_STEPS + 2)
+    assert len(recorded) == 1

@@ -21,6 +21,7 @@ and figures are in (docs/PERFORMANCE.md, "The compiled step").
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,10 @@ WARMUP_STEPS = 2
 # the returned replay rewrites in place. ``cuda_graph`` records without running anything.
 Recorder = Callable[[Callable[[], Any]], tuple[Callable[[], None], Any]]
 _recording = threading.Lock()
+# Whether a run on CUDA records its step without being asked (``by_default``): off until its
+# CUDA tests and figures are in (issue 55); ``benchmarks.attacks_at_once --captured`` turns
+# it on to measure a plan of every attack with it.
+BY_DEFAULT_ON_CUDA = False
 
 
 def cuda_graph(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
@@ -62,6 +67,20 @@ def cuda_graph(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
 def stepped(config: Any) -> bool:
     """Whether an attack's configuration asks for its step traced: compiled or captured."""
     return bool(config.compiled or config.captured)
+
+
+def by_default(config: Any, knowledge: AttackerKnowledge, reason: str | None) -> Any:
+    """``config`` with ``captured`` on where a run records its step without being asked:
+    on CUDA with ``BY_DEFAULT_ON_CUDA``, where the step can be traced (``reason``, the
+    attack's own, is None) and neither way was asked for; else ``config``."""
+    if (
+        BY_DEFAULT_ON_CUDA
+        and knowledge.device.type == "cuda"
+        and reason is None
+        and not stepped(config)
+    ):
+        return dataclasses.replace(config, captured=True)
+    return config
 
 
 def one_way_of_stepping(config: Any) -> None:

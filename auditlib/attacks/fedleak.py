@@ -41,6 +41,7 @@ from auditlib.attacks.base import (
 )
 from auditlib.attacks.captured import (
     CAPTURED_HELP,
+    by_default,
     one_way_of_stepping,
     refuse_unless_stepped,
     stepped,
@@ -381,7 +382,9 @@ def run_fedleak(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    refuse_unless_stepped("fedleak", config, knowledge, why_not_compiled(knowledge))
+    reason = why_not_compiled(knowledge)
+    refuse_unless_stepped("fedleak", config, knowledge, reason)
+    config = by_default(config, knowledge, reason)
     labels, inference = _resolve_labels(observation, knowledge, config)
     gradients = GradientModel(observation, knowledge, config.unroll)
     inference = {**inference, "labels": labels.tolist()}

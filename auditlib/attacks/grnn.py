@@ -45,6 +45,7 @@ from auditlib.attacks.base import (
 from auditlib.attacks.captured import (
     CAPTURED_HELP,
     CapturedGradient,
+    by_default,
     one_way_of_stepping,
     refuse_unless_stepped,
     stepped,
@@ -278,7 +279,9 @@ def run_grnn(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    refuse_unless_stepped("grnn", config, knowledge, _why_not_compiled(knowledge, config))
+    reason = _why_not_compiled(knowledge, config)
+    refuse_unless_stepped("grnn", config, knowledge, reason)
+    config = by_default(config, knowledge, reason)
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
     loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 

@@ -30,6 +30,7 @@ from auditlib.attacks.base import (
 from auditlib.attacks.captured import (
     CAPTURED_HELP,
     CapturedGradient,
+    by_default,
     one_way_of_stepping,
     refuse_unless_stepped,
     stepped,
@@ -266,7 +267,9 @@ class _Restarts:
 
 
 def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
-    refuse_unless_stepped("ig", config, knowledge, why_not_compiled(knowledge))
+    reason = why_not_compiled(knowledge)
+    refuse_unless_stepped("ig", config, knowledge, reason)
+    config = by_default(config, knowledge, reason)
 
     def make(generators, clock):
         matcher = UpdateMatcher(observation, knowledge, config.distance)

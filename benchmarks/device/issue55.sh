@@ -36,6 +36,8 @@
 # another and at once, once each, with a time budget of 120 s: the steps each way makes in
 # it, or its seconds where the plan finishes first: benchmarks.attacks_at_once; at most
 # about 5 minutes: run it in a call of its own), all:S (a budget of S seconds),
+# allcap (the same with every attack that can recording its step as a CUDA graph:
+# attacks.captured.BY_DEFAULT_ON_CUDA; allcap:S as all:S),
 # ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200). Every run
 # prints a JSON line, kept in $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -58,6 +60,7 @@ for step in ${*:-tests}; do
     keep) timeout 540 $bench --no-peer --keep-traces --steps 300 --seeds 3 --starts 1 2>&1 | tee "$OUT/keep.log" | tail -4 ;;
     budget) timeout 500 $bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     all) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
+    allcap) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" --captured 2>&1 | tee "$OUT/allcap.log" | tail -4 ;;
     *) echo "unknown step $s" ;;
   esac
 done
