@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from auditlib.attacks.compiled import Objective, refuse_unless_traceable
+from auditlib.attacks.compiled import Objective, refuse_unless_traceable, value_and_gradient
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.threat import AttackerKnowledge
 
@@ -139,15 +139,6 @@ class CapturedGradient:
         self.eager_steps: dict[tuple, int] = {}
         self.graphs: dict[tuple, _Recorded] = {}
 
-    def _value_and_grad(self, inputs: tuple[torch.Tensor, ...], count: int):
-        def total(*values: torch.Tensor):
-            value, named = self.objective(*values)
-            return value.sum(), (value.detach(), tree_map(torch.Tensor.detach, named))
-
-        argnums = tuple(range(count))
-        grads, (value, named) = torch.func.grad(total, argnums=argnums, has_aux=True)(*inputs)
-        return grads, value, named
-
     def __call__(
         self, *variables: torch.Tensor, given: tuple[torch.Tensor, ...] = ()
     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, dict[str, Any]]:
@@ -158,9 +149,12 @@ class CapturedGradient:
             done = self.eager_steps.get(shape, 0)
             if done < WARMUP_STEPS:
                 self.eager_steps[shape] = done + 1
-                return self._value_and_grad(inputs, len(variables))
+                return value_and_gradient(self.objective, inputs, len(variables))
             buffers = tuple(t.clone() for t in inputs)
-            replay, outputs = self.record(lambda: self._value_and_grad(buffers, len(variables)))
+            count = len(variables)
+            replay, outputs = self.record(
+                lambda: value_and_gradient(self.objective, buffers, count)
+            )
             graph = self.graphs[shape] = _Recorded(buffers, replay, outputs)
         grads, value, named = graph(inputs)
         # Kept past the next replay (the loop reads losses back every few steps).

@@ -107,6 +107,22 @@ def _kept_code(template: types.CodeType, key: tuple) -> types.CodeType:
         return code
 
 
+def value_and_gradient(objective: Objective, inputs: tuple[torch.Tensor, ...], count: int):
+    """The step a trace or a CUDA graph records: ``objective``'s per-start values, its
+    named outputs (detached) and the gradient of the values' sum to its first ``count``
+    inputs, by ``torch.func.grad``. The inputs not differentiated are the transformed
+    function's own too, so that the objective may write into them (a BatchNorm's running
+    statistics in train mode), which a captured tensor may not be under torch.func.grad."""
+
+    def total(*values: torch.Tensor):
+        value, named = objective(*values)
+        return value.sum(), (value.detach(), tree_map(torch.Tensor.detach, named))
+
+    argnums = tuple(range(count))
+    grads, (value, named) = torch.func.grad(total, argnums=argnums, has_aux=True)(*inputs)
+    return grads, value, named
+
+
 def why_not_compiled(knowledge: AttackerKnowledge) -> str | None:
     """Why this attack's step cannot be traced (None: it can): the traced step is the
     batched one, so whatever keeps restarts apart keeps the step eager."""
@@ -138,18 +154,7 @@ class CompiledGradient:
         mode = "reduce-overhead" if self.cuda else None
 
         def value_and_grad(variables: tuple[torch.Tensor, ...], given: tuple[torch.Tensor, ...]):
-            def total(*inputs: torch.Tensor):
-                value, named = self.objective(*inputs)
-                return value.sum(), (value.detach(), tree_map(torch.Tensor.detach, named))
-
-            # The inputs not differentiated are the transformed function's own too, so that
-            # the objective may write into them (a BatchNorm's running statistics in train
-            # mode), which a captured tensor may not be under torch.func.grad.
-            argnums = tuple(range(len(variables)))
-            grads, (value, named) = torch.func.grad(total, argnums=argnums, has_aux=True)(
-                *variables, *given
-            )
-            return grads, value, named
+            return value_and_gradient(self.objective, (*variables, *given), len(variables))
 
         # Traced on the code object kept for this objective (``_kept_code``), with this
         # run's closure: torch's guards decide whether an earlier run's trace serves it.
