@@ -39,7 +39,8 @@ class StandIn:
     def __init__(self) -> None:
         self.recorded = 0
 
-    def __call__(self, run):
+    def __call__(self, run, stream):
+        assert stream is None  # no stream off CUDA
         self.recorded += 1
         outputs = run()
 
@@ -195,9 +196,9 @@ def test_each_attack_captured_as_a_cuda_graph_ends_where_it_ends_eager_there(
 ):
     recorded = []
 
-    def counted(run):
-        recorded.append(run)
-        return graph(run)
+    def counted(run, stream):
+        recorded.append(stream)
+        return graph(run, stream)
 
     graph = captured_step.cuda_graph
     monkeypatch.setattr(captured_step, "cuda_graph", counted)
@@ -231,7 +232,9 @@ def test_a_run_on_cuda_records_its_step_by_default_only_once_that_is_switched_on
 def test_every_attack_of_a_plan_records_its_step_on_cuda_once_that_is_switched_on(monkeypatch):
     recorded = []
     graph = captured_step.cuda_graph
-    monkeypatch.setattr(captured_step, "cuda_graph", lambda run: recorded.append(run) or graph(run))
+    monkeypatch.setattr(
+        captured_step, "cuda_graph", lambda run, stream: recorded.append(run) or graph(run, stream)
+    )
     monkeypatch.setattr(captured_step, "BY_DEFAULT_ON_CUDA", True)
     _, _, release = release_for(dataclasses.replace(lenet_spec("ig", batch=2), device="cuda"))
     _final("ig", release, {"restarts": 2, "signed": False}, WARMUP_STEPS + 2)

@@ -21,13 +21,14 @@ and figures are in (docs/PERFORMANCE.md, "The compiled step").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from auditlib.attacks.compiled import Objective, refuse_unless_traceable, value_and_gradient
 from auditlib.errors import AttackUnsupportedError, AuditInputError
@@ -41,12 +42,14 @@ CAPTURED_HELP = (
 )
 
 # Eager steps at each count of starts before it is recorded: CUDA's and cuBLAS's lazy
-# set-up (handles, workspaces) happens there, not inside the recording.
+# set-up happens there, not inside the recording. cuBLAS keeps its handle and workspace per
+# stream, so the eager steps run on the stream the recording is made on.
 WARMUP_STEPS = 2
 
-# ``record(run)``: a graph of ``run()``'s kernels and ``run()``'s outputs, which each call of
-# the returned replay rewrites in place. ``cuda_graph`` records without running anything.
-Recorder = Callable[[Callable[[], Any]], tuple[Callable[[], None], Any]]
+# ``record(run, stream)``: a graph of ``run()``'s kernels, recorded on ``stream`` (None off
+# CUDA), and ``run()``'s outputs, which each call of the returned replay rewrites in place.
+# ``cuda_graph`` records without running anything.
+Recorder = Callable[..., tuple[Callable[[], None], Any]]
 _recording = threading.Lock()
 # Whether a run on CUDA records its step without being asked (``by_default``): off until its
 # CUDA tests and figures are in (issue 55); ``benchmarks.attacks_at_once --captured`` turns
@@ -54,14 +57,31 @@ _recording = threading.Lock()
 BY_DEFAULT_ON_CUDA = False
 
 
-def cuda_graph(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
-    """``run`` recorded as a CUDA graph on a memory pool of its own. Other threads' CUDA
-    calls stay allowed while it records (attacks at once: ``engine.at_once``), and one
-    thread records at a time (entering a recording empties torch's cache of free blocks)."""
+def cuda_graph(
+    run: Callable[[], Any], stream: torch.cuda.Stream | None
+) -> tuple[Callable[[], None], Any]:
+    """``run`` recorded on ``stream`` as a CUDA graph on a memory pool of its own. Other
+    threads' CUDA calls stay allowed while it records (attacks at once: ``engine.at_once``),
+    and one thread records at a time (entering a recording empties torch's cache of free
+    blocks)."""
     graph = torch.cuda.CUDAGraph()
-    with _recording, torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with _recording, torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         outputs = run()
     return graph.replay, outputs
+
+
+@contextlib.contextmanager
+def _on(stream: torch.cuda.Stream | None) -> Iterator[None]:
+    """Within: work on ``stream`` after the current stream's, which then waits for it (no
+    stream off CUDA)."""
+    if stream is None:
+        yield
+        return
+    current = torch.cuda.current_stream(stream.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield
+    current.wait_stream(stream)
 
 
 def stepped(config: Any) -> bool:
@@ -138,6 +158,22 @@ class CapturedGradient:
         self.record: Recorder = record or cuda_graph
         self.eager_steps: dict[tuple, int] = {}
         self.graphs: dict[tuple, _Recorded] = {}
+        self._stream: torch.cuda.Stream | None = None
+
+    def _side(self, inputs: tuple[torch.Tensor, ...]) -> torch.cuda.Stream | None:
+        """The stream of this object's eager steps and recordings (None off CUDA)."""
+        if self._stream is None and inputs and inputs[0].device.type == "cuda":
+            self._stream = torch.cuda.Stream(inputs[0].device)
+        return self._stream
+
+    def _eager(self, inputs: tuple[torch.Tensor, ...], count: int):
+        side = self._side(inputs)
+        with _on(side):
+            result = value_and_gradient(self.objective, inputs, count)
+        if side is not None:  # used on the current stream: its memory waits for that use
+            for tensor in tree_flatten(result)[0]:
+                tensor.record_stream(torch.cuda.current_stream(side.device))
+        return result
 
     def __call__(
         self, *variables: torch.Tensor, given: tuple[torch.Tensor, ...] = ()
@@ -149,11 +185,11 @@ class CapturedGradient:
             done = self.eager_steps.get(shape, 0)
             if done < WARMUP_STEPS:
                 self.eager_steps[shape] = done + 1
-                return value_and_gradient(self.objective, inputs, len(variables))
+                return self._eager(inputs, len(variables))
             buffers = tuple(t.clone() for t in inputs)
             count = len(variables)
             replay, outputs = self.record(
-                lambda: value_and_gradient(self.objective, buffers, count)
+                lambda: value_and_gradient(self.objective, buffers, count), self._side(inputs)
             )
             graph = self.graphs[shape] = _Recorded(buffers, replay, outputs)
         grads, value, named = graph(inputs)
