@@ -85,6 +85,26 @@ def test_several_runs_execute_at_once(manager, store):
     assert {store.get_run(first).status, store.get_run(second).status} == {"completed"}
 
 
+def test_the_cancel_board_lives_on_when_a_handle_to_it_is_dropped(ray_instance):
+    """A handle found by name does not keep a Ray actor alive, only the one that made it:
+    a board made by one manager died with it, and the next manager's cancels then came
+    only from ray.cancel, without the run's result (seen in a full suite, in
+    tests/test_ray_cluster.py's cancel). The board is held once per Ray connection."""
+    import gc
+
+    import ray
+
+    made = ray_backend.cancel_board()
+    found = ray_backend.cancel_board()
+    assert found is made  # one handle, held by ray_backend, not one per manager
+    del made
+    gc.collect()
+    time.sleep(1)  # where a dropped handle was the board's last owner, the board ends here
+    found.cancel.remote("a run")
+    assert ray.get(found.is_cancelled.remote("a run"), timeout=60)
+    found.forget.remote("a run")
+
+
 def test_cancel_stops_the_run_within_seconds_and_keeps_its_result(manager, store):
     run_id = manager.start(spec(1_000_000, attack="ig"))
     deadline = time.monotonic() + 120

@@ -31,6 +31,8 @@ BOARD_NAME = "auditlib-cancel-board"
 CANCEL_POLL_S = 0.25
 HARD_CANCEL_AFTER_S = 10.0  # cooperative cancellation first; ray.cancel if it has not ended
 _init_lock = threading.Lock()
+_board_lock = threading.Lock()
+_board: tuple[tuple[str, str], Any] | None = None  # (its Ray connection, the handle that made it)
 
 
 def cpus_per_run() -> int:
@@ -190,8 +192,18 @@ def warm_up() -> bool:
 
 
 def cancel_board():
-    """The named cancel board of this Ray job; callers keep the handle (it lives while held)."""
-    return CancelBoard.options(name=BOARD_NAME, get_if_exists=True).remote()
+    """The named cancel board of this Ray connection, made once and held here for as long
+    as the connection lasts. A handle found by name does not keep an actor alive, only the
+    handle that made it does: a board made by one run manager died with it under another
+    manager's runs (seen in the test suite, one manager per test), which ray.cancel then
+    stopped without their result."""
+    global _board
+    context = ray.get_runtime_context()
+    connection = (context.gcs_address, context.namespace)  # a new one at each ray.init
+    with _board_lock:
+        if _board is None or _board[0] != connection:
+            _board = (connection, CancelBoard.options(name=BOARD_NAME, get_if_exists=True).remote())
+        return _board[1]
 
 
 class CancelWatch:

@@ -110,7 +110,7 @@ class RunManager:
         self._cancel_asked: set[str] = set()  # tasks cancelled while being submitted
         self._click = threading.local()  # the owner of the Start this thread is in
         self._refs: dict[str, Any] = {}  # the message stream of each submitted run
-        self._board = None  # the cancel board actor; this handle keeps it alive
+        self._board = None  # the cancel board actor (ray_backend keeps it alive)
         self._stopping = False  # shutdown has ended this process's runs: write nothing more
         # Runs are this process's (its instance id on each); the runs of a process that is
         # gone are failed now and on every heartbeat, and never another live one's.
@@ -255,7 +255,7 @@ class RunManager:
             self._stop(task.key, task.run_ids[0])
 
     def _cancel_board(self):
-        """The cancel board actor, made on first use; this manager's handle keeps it alive."""
+        """The cancel board actor, asked for on first use (``ray_backend.cancel_board``)."""
         with self._lock:
             if self._board is None:
                 self._board = ray_backend.cancel_board()

@@ -245,7 +245,7 @@ class TextRunManager:
         self._lock = threading.Lock()
         self._refs: dict[str, Any] = {}
         self._threads: dict[str, threading.Thread] = {}
-        self._board = None  # the cancel board, made once Ray is up; this handle keeps it
+        self._board = None  # the cancel board, asked for once Ray is up (ray_backend keeps it)
         self.orphans_failed = self._fail_orphans(Instances(store))
 
     def _fail_orphans(self, instances: Instances) -> int:
