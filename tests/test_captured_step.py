@@ -161,6 +161,36 @@ def test_each_attack_captured_ends_where_it_ends_eager(
     _ends_as_eager(eager, captured, atol)
 
 
+def test_a_step_that_cannot_be_recorded_runs_eagerly_and_ends_where_eager_ends(monkeypatch):
+    # As a real recording refuses a host read inside the step: the run goes on eagerly.
+    tried = []
+
+    def refuses(run, stream):
+        tried.append(stream)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    _, _, release = release_for(lenet_spec("ig", batch=2))
+    params = {"restarts": 2, "signed": False}
+    eager = _final("ig", release, params, WARMUP_STEPS + 3)
+    monkeypatch.setattr(captured_step, "cuda_graph", refuses)
+    monkeypatch.setattr(ig, "refuse_unless_stepped", lambda *args: None)
+    steps = []
+    original = CapturedGradient.__call__
+
+    def counted(self, *variables, given=()):
+        result = original(self, *variables, given=given)
+        steps.append(self.unrecorded)
+        return result
+
+    monkeypatch.setattr(CapturedGradient, "__call__", counted)
+    captured = _final("ig", release, {**params, "captured": True}, WARMUP_STEPS + 3)
+    assert len(tried) == 1 and steps[:WARMUP_STEPS] == [None] * WARMUP_STEPS  # tried once
+    assert set(steps[WARMUP_STEPS:]) == {
+        "RuntimeError: operation not permitted when stream is capturing"
+    }
+    _ends_as_eager(eager, captured, 5e-3)
+
+
 def test_a_captured_step_is_refused_on_the_cpu_and_with_compiled():
     _, _, release = release_for(lenet_spec("ig"))
     config, _ = build_attack_config("ig", {"captured": True})

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -51,6 +52,7 @@ WARMUP_STEPS = 2
 # ``cuda_graph`` records without running anything.
 Recorder = Callable[..., tuple[Callable[[], None], Any]]
 _recording = threading.Lock()
+_LOG = logging.getLogger(__name__)
 # Whether a run on CUDA records its step without being asked (``by_default``): off until its
 # CUDA tests and figures are in (issue 55); ``benchmarks.attacks_at_once --captured`` turns
 # it on to measure a plan of every attack with it.
@@ -159,6 +161,10 @@ class CapturedGradient:
         self.eager_steps: dict[tuple, int] = {}
         self.graphs: dict[tuple, _Recorded] = {}
         self._stream: torch.cuda.Stream | None = None
+        # Why a recording failed (a host read or another call a CUDA graph cannot hold,
+        # e.g. BatchNorm's cumulative average, momentum None): the run then steps eagerly,
+        # the same computation, and says why in its log.
+        self.unrecorded: str | None = None
 
     def _side(self, inputs: tuple[torch.Tensor, ...]) -> torch.cuda.Stream | None:
         """The stream of this object's eager steps and recordings (None off CUDA)."""
@@ -183,14 +189,22 @@ class CapturedGradient:
         graph = self.graphs.get(shape)
         if graph is None:
             done = self.eager_steps.get(shape, 0)
-            if done < WARMUP_STEPS:
+            if done < WARMUP_STEPS or self.unrecorded is not None:
                 self.eager_steps[shape] = done + 1
                 return self._eager(inputs, len(variables))
             buffers = tuple(t.clone() for t in inputs)
             count = len(variables)
-            replay, outputs = self.record(
-                lambda: value_and_gradient(self.objective, buffers, count), self._side(inputs)
-            )
+            try:
+                replay, outputs = self.record(
+                    lambda: value_and_gradient(self.objective, buffers, count), self._side(inputs)
+                )
+            except Exception as error:  # not recordable: the same step, eagerly
+                self.unrecorded = f"{type(error).__name__}: {error}"[:500]
+                _LOG.warning(
+                    "the step could not be recorded as a CUDA graph (%s); it runs eagerly",
+                    self.unrecorded,
+                )
+                return self._eager(inputs, len(variables))
             graph = self.graphs[shape] = _Recorded(buffers, replay, outputs)
         grads, value, named = graph(inputs)
         # Kept past the next replay (the loop reads losses back every few steps).
