@@ -251,8 +251,8 @@ def main() -> None:
         "--kinds",
         default="eager,compiled",
         help="the rows' steps, comma-separated: eager, compiled, captured (a CUDA graph "
-        "recorded from the eager step: CUDA only); the last one also runs the R starts "
-        "together and the paper's budget",
+        "recorded from the eager step: CUDA only); each but eager also runs its R starts "
+        "together (seed 0), and the last one the paper's budget",
     )
     add_log_arguments(parser, "--attack, --device, --case and --steps")
     args = parser.parse_args()
