@@ -16,7 +16,9 @@ at once); values and named outputs are copies, as ``CompiledGradient``'s on CUDA
 count of running starts is its own graph, with its own memory pool, kept for the run.
 
 Asked for (``captured`` in the attack's configuration), on CUDA only, until its CUDA tests
-and figures are in (docs/PERFORMANCE.md, "The compiled step").
+and figures are in (docs/PERFORMANCE.md, "The compiled step"); then a run on CUDA can record
+its step without being asked (``by_default``, ``BY_DEFAULT_ON_CUDA``). A step a graph cannot
+hold fails its recording, and the run goes on with the same step eagerly.
 """
 
 from __future__ import annotations
