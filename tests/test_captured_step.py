@@ -19,10 +19,8 @@ from test_attacks import lenet_spec, release_for, resnet20_spec
 from test_compiled_step import CPU_SCALED, _batchnorm_release, _ends_as_eager_there
 from torch.utils._pytree import tree_flatten
 
-from auditlib.attacks import RunControl, build_attack_config, fedleak, get_attack, grnn
+from auditlib.attacks import RunControl, build_attack_config, get_attack
 from auditlib.attacks import captured as captured_step
-from auditlib.attacks import gradinversion as gi
-from auditlib.attacks import inverting_gradients as ig
 from auditlib.attacks.captured import WARMUP_STEPS, CapturedGradient
 from auditlib.attacks.compiled import traced_model
 from auditlib.attacks.objectives import UpdateMatcher, total_variation
@@ -118,12 +116,12 @@ def _final(attack, release, params, steps, preset="paper"):
     return list(run)[-1].final
 
 
-def _captured_here(monkeypatch, module) -> StandIn:
+def _captured_here(monkeypatch) -> StandIn:
     """The attack's captured run on the CPU, recorded by the stand-in (a CUDA graph needs a
     GPU: the refusal is the test below)."""
     stand_in = StandIn()
     monkeypatch.setattr(captured_step, "cuda_graph", stand_in)
-    monkeypatch.setattr(module, "refuse_unless_stepped", lambda *args: None)
+    monkeypatch.setattr(captured_step, "refuse_unless_stepped", lambda *args: None)
     return stand_in
 
 
@@ -140,22 +138,20 @@ def _ends_as_eager(eager, captured, atol: float) -> None:
 # another order). Replays that read the recording's inputs instead of each step's own end
 # 0.07 to 0.35 away (IG's 0.18, GI's 0.10).
 @pytest.mark.parametrize(
-    ("attack", "module", "params", "replays", "atol"),
+    ("attack", "params", "replays", "atol"),
     [
-        ("ig", ig, {"restarts": 2, "signed": False}, 10, 5e-3),
-        ("gi", gi, {"restarts": 2, "noise": 0.0, "warmup": 0}, 4, 5e-3),
-        ("grnn", grnn, {"restarts": 2}, 10, 5e-4),
-        ("fedleak", fedleak, CPU_SCALED, 10, 5e-3),
+        ("ig", {"restarts": 2, "signed": False}, 10, 5e-3),
+        ("gi", {"restarts": 2, "noise": 0.0, "warmup": 0}, 4, 5e-3),
+        ("grnn", {"restarts": 2}, 10, 5e-4),
+        ("fedleak", CPU_SCALED, 10, 5e-3),
     ],
 )
-def test_each_attack_captured_ends_where_it_ends_eager(
-    monkeypatch, attack, module, params, replays, atol
-):
+def test_each_attack_captured_ends_where_it_ends_eager(monkeypatch, attack, params, replays, atol):
     spec = lenet_spec(attack, batch=2) if attack != "gi" else resnet20_spec("gi", batch=2)
     _, _, release = release_for(spec)
     steps = WARMUP_STEPS + replays  # enough for a stale input to show
     eager = _final(attack, release, params, steps)
-    stand_in = _captured_here(monkeypatch, module)
+    stand_in = _captured_here(monkeypatch)
     captured = _final(attack, release, {**params, "captured": True}, steps)
     assert stand_in.recorded == (2 if attack == "fedleak" else 1)  # FedLeak: iterate, look-ahead
     _ends_as_eager(eager, captured, atol)
@@ -173,7 +169,7 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_and_ends_where_eager_ends(m
     params = {"restarts": 2, "signed": False}
     eager = _final("ig", release, params, WARMUP_STEPS + 3)
     monkeypatch.setattr(captured_step, "cuda_graph", refuses)
-    monkeypatch.setattr(ig, "refuse_unless_stepped", lambda *args: None)
+    monkeypatch.setattr(captured_step, "refuse_unless_stepped", lambda *args: None)
     steps = []
     original = CapturedGradient.__call__
 

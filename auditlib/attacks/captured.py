@@ -107,6 +107,15 @@ def by_default(config: Any, knowledge: AttackerKnowledge, reason: str | None) ->
     return config
 
 
+def stepping(attack: str, config: Any, knowledge: AttackerKnowledge, reason: str | None) -> Any:
+    """The configuration a run of ``attack`` steps by: refused where it asks for a traced
+    step that cannot be had here (:func:`refuse_unless_stepped`; ``reason``, the attack's
+    own, is what keeps its step eager), captured where the run records its step unasked
+    (:func:`by_default`)."""
+    refuse_unless_stepped(attack, config, knowledge, reason)
+    return by_default(config, knowledge, reason)
+
+
 def one_way_of_stepping(config: Any) -> None:
     """A configuration's check (``__post_init__``): compiled or captured, not both."""
     if config.compiled and config.captured:

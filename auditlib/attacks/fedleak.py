@@ -41,10 +41,9 @@ from auditlib.attacks.base import (
 )
 from auditlib.attacks.captured import (
     CAPTURED_HELP,
-    by_default,
     one_way_of_stepping,
-    refuse_unless_stepped,
     stepped,
+    stepping,
 )
 from auditlib.attacks.compiled import (
     apart_when_compiled,
@@ -382,9 +381,7 @@ def run_fedleak(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    reason = why_not_compiled(knowledge)
-    refuse_unless_stepped("fedleak", config, knowledge, reason)
-    config = by_default(config, knowledge, reason)
+    config = stepping("fedleak", config, knowledge, why_not_compiled(knowledge))
     labels, inference = _resolve_labels(observation, knowledge, config)
     gradients = GradientModel(observation, knowledge, config.unroll)
     inference = {**inference, "labels": labels.tolist()}

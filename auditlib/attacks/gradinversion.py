@@ -46,10 +46,9 @@ from auditlib.attacks.batchnorm_prior import BATCHNORM_TYPES, BatchNormPrior
 from auditlib.attacks.captured import (
     CAPTURED_HELP,
     CapturedGradient,
-    by_default,
     one_way_of_stepping,
-    refuse_unless_stepped,
     stepped,
+    stepping,
 )
 from auditlib.attacks.compiled import (
     CompiledGradient,
@@ -273,9 +272,7 @@ def run_gradinversion(
     seed: int,
 ) -> Iterator[ProgressEvent]:
     raced = control.race is not None
-    reason = _why_not_compiled(knowledge, config, raced)
-    refuse_unless_stepped("gi", config, knowledge, reason)
-    config = by_default(config, knowledge, reason)
+    config = stepping("gi", config, knowledge, _why_not_compiled(knowledge, config, raced))
     labels, record = resolve_labels(observation, knowledge, config)
     prior, record["batchnorm_prior"] = _prior_and_record(knowledge, config)
     objective = Objective(UpdateMatcher(observation, knowledge, config.distance), config, prior)

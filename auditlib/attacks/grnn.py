@@ -45,10 +45,9 @@ from auditlib.attacks.base import (
 from auditlib.attacks.captured import (
     CAPTURED_HELP,
     CapturedGradient,
-    by_default,
     one_way_of_stepping,
-    refuse_unless_stepped,
     stepped,
+    stepping,
 )
 from auditlib.attacks.compiled import (
     CompiledGradient,
@@ -279,9 +278,7 @@ def run_grnn(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    reason = _why_not_compiled(knowledge, config)
-    refuse_unless_stepped("grnn", config, knowledge, reason)
-    config = by_default(config, knowledge, reason)
+    config = stepping("grnn", config, knowledge, _why_not_compiled(knowledge, config))
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
     loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 

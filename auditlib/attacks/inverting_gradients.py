@@ -30,10 +30,9 @@ from auditlib.attacks.base import (
 from auditlib.attacks.captured import (
     CAPTURED_HELP,
     CapturedGradient,
-    by_default,
     one_way_of_stepping,
-    refuse_unless_stepped,
     stepped,
+    stepping,
 )
 from auditlib.attacks.compiled import (
     CompiledGradient,
@@ -267,9 +266,7 @@ class _Restarts:
 
 
 def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
-    reason = why_not_compiled(knowledge)
-    refuse_unless_stepped("ig", config, knowledge, reason)
-    config = by_default(config, knowledge, reason)
+    config = stepping("ig", config, knowledge, why_not_compiled(knowledge))
 
     def make(generators, clock):
         matcher = UpdateMatcher(observation, knowledge, config.distance)
