@@ -7,8 +7,9 @@ breaching) so that load on the machine falls on all of them:
 
 - ours eager: ``ig`` (or ``fedleak``, ``gi``, ``grnn``), paper preset, 1 start, ``compiled=false``;
 - ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph);
-- ours captured (``--kinds ...,captured``, CUDA only): the same with ``captured=true``, the eager step
-  recorded as a CUDA graph after its first steps (``attacks.captured``), and its R starts;
+- ours captured (``--kinds ...,captured``, CUDA only): the same with ``captured=true``, the
+  eager step recorded as a CUDA graph after its first steps (``attacks.captured``), and its
+  R starts;
 - ours compiled, R starts together (``restarts`` R, unraced: every start runs every step),
   once (seed 0): what R starts cost beside one (GradInversion's without its Langevin noise:
   unraced starts with noise draw it in turn from one stream, so they stay apart);
@@ -30,12 +31,14 @@ BatchNorm in training mode: the issue's GPU case). ``--paper-budget`` adds one c
 of the paper's ImageNet budget, 24,000 steps.
 
 Writes benchmarks/results/compiled_step-DEVICE-CASE.json (another attack's:
-compiled_step-ATTACK-DEVICE-CASE.json; with a captured row, ending ``-captured.json``) and prints each run as a JSON line. ``--from-log``
+compiled_step-ATTACK-DEVICE-CASE.json; with a captured row, ending ``-captured.json``) and
+prints each run as a JSON line. ``--from-log``
 makes the file from the lines of earlier runs cut off before they wrote it (a lent GPU's
 time), one summary per log: each log is one call, whose rows compare within it.
 Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
-       [--paper-budget [--budget-only]] [--no-peer] [--keep-traces] [--kinds eager,compiled,captured]
+       [--paper-budget [--budget-only]] [--no-peer] [--keep-traces]
+       [--kinds eager,compiled,captured]
        [--from-log LOG[,LOG] --measured-on M]
 """
 

@@ -273,8 +273,9 @@ def reproducible_cuda():
     """CUDA's deterministic kernels for one test (cuDNN's, and PyTorch's where it has them).
     By default cuDNN may pick a convolution's backward that sums with atomics, so two runs of
     one attack on one GPU can differ in the last bits, and DLG's L-BFGS grows that (a
-    relative 1e-7 in the update moved its pick by 2.07: benchmarks/update_sensitivity.py). On an H200 (2026-11-30) this test, without these and without its control,
-    found an attack at once 1.33 away from one after another: whether the GPU's spread or
+    relative 1e-7 in the update moved its pick by 2.07: benchmarks/update_sensitivity.py).
+    On an H200 (2026-11-30) this test, without these and without its control, found an
+    attack at once 1.33 away from one after another: whether the GPU's spread or
     the streams, no GPU time was left to tell, and the control below now tells. cuBLAS reads
     CUBLAS_WORKSPACE_CONFIG (conftest.py) for streams."""
     saved = (
