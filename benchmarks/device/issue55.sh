@@ -36,7 +36,7 @@
 # another and at once, once each, with a time budget of 120 s: the steps each way makes in
 # it, or its seconds where the plan finishes first: benchmarks.attacks_at_once; at most
 # about 5 minutes: run it in a call of its own), all:S (a budget of S seconds),
-# allcap (the same with every attack that can recording its step as a CUDA graph:
+# allcap (the same with every attack that can record its step as a CUDA graph:
 # attacks.captured.BY_DEFAULT_ON_CUDA; allcap:S as all:S),
 # ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200). Every run
 # prints a JSON line, kept in $OUT.
