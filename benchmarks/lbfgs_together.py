@@ -38,7 +38,8 @@ from collections.abc import Callable
 import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
-from auditlib.attacks.lbfgs_batched import BatchedLbfgs, _Histories
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs
+from auditlib.attacks.lbfgs_histories import Histories
 from auditlib.attacks.restarts import run_attack
 from auditlib.data.samples import PHOTOGRAPHS
 from auditlib.defenses import build_defense
@@ -131,7 +132,7 @@ def profile(victim, release, steps: int, raced: bool) -> dict:
     bucket: dict[str, float] = {}
     undo = [
         _timed(BatchedLbfgs, "_evaluate", bucket),
-        _timed(_Histories, "direction", bucket),
+        _timed(Histories, "direction", bucket),
     ]
     try:
         row = _run(victim, release, steps, True, raced)

@@ -41,7 +41,8 @@ import time
 
 import torch
 
-from auditlib.attacks.lbfgs_batched import BatchedLbfgs, _Histories
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs
+from auditlib.attacks.lbfgs_histories import Histories
 from auditlib.attacks.updates import _Rows
 from auditlib.engine.audit import run_audit
 from auditlib.engine.sample import update_specs
@@ -224,7 +225,7 @@ def profile(attack: str, updates: int, steps: int, device: str = "cpu") -> dict:
         _timed(_stepping(attack), "step", bucket),
         _timed(_Rows, "together", bucket),
         _timed(BatchedLbfgs, "_evaluate", bucket),
-        _timed(_Histories, "direction", bucket),
+        _timed(Histories, "direction", bucket),
     ]
     try:
         run = _run(_specs(attack, updates, steps, device), True)

@@ -16,7 +16,8 @@ import torch
 from auditlib.attacks import RunControl, build_attack_config, get_attack
 from auditlib.attacks.base import Clock
 from auditlib.attacks.lbfgs import LbfgsTogether
-from auditlib.attacks.lbfgs_batched import BatchedLbfgs, _Histories
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs
+from auditlib.attacks.lbfgs_histories import Histories
 from auditlib.attacks.loop import PLAN, StepInterrupted
 from auditlib.attacks.objectives import UpdateMatcher, random_images, random_label_logits
 from auditlib.client.protocol import ClientProtocol
@@ -112,7 +113,7 @@ def test_each_rows_direction_is_torchs_two_loop_over_its_own_history():
     and as a subset, each row's direction is the two-loop recursion over its own pairs."""
     generator = torch.Generator().manual_seed(3)
     size, n = 3, N
-    histories = _Histories(4, size, n, torch.zeros(1, dtype=torch.float64))
+    histories = Histories(4, size, n, torch.zeros(1, dtype=torch.float64))
     kept: list[list] = [[] for _ in range(4)]
     h = [1.0] * 4
 

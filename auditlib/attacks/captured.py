@@ -43,6 +43,12 @@ CAPTURED_HELP = (
     "faster steps where kernels are small, without compiling; the starts advance together, "
     "and several updates one after another"
 )
+# The same for the L-BFGS attacks, whose evaluations (up to 20 a step) are what is recorded.
+CAPTURED_LBFGS_HELP = (
+    "record the objective's evaluation as a CUDA graph after its first eager evaluations and "
+    "replay it (CUDA only): faster evaluations where kernels are small; the starts advance "
+    "together on the batched L-BFGS (one start too), and several updates one after another"
+)
 
 # Eager steps at each count of starts before it is recorded: CUDA's and cuBLAS's lazy
 # set-up happens there, not inside the recording. cuBLAS keeps its handle and workspace per
@@ -89,8 +95,9 @@ def _on(stream: torch.cuda.Stream | None) -> Iterator[None]:
 
 
 def stepped(config: Any) -> bool:
-    """Whether an attack's configuration asks for its step traced: compiled or captured."""
-    return bool(config.compiled or config.captured)
+    """Whether an attack's configuration asks for its step traced: compiled or captured (the
+    L-BFGS attacks have no compiled step)."""
+    return bool(getattr(config, "compiled", False) or config.captured)
 
 
 def by_default(config: Any, knowledge: AttackerKnowledge, reason: str | None) -> Any:
@@ -136,7 +143,7 @@ def refuse_unless_stepped(
             raise AttackUnsupportedError(
                 f"{attack} cannot record its step as a CUDA graph here: {reason}"
             )
-    elif config.compiled:
+    elif getattr(config, "compiled", False):
         refuse_unless_traceable(attack, reason)
 
 

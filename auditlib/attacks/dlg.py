@@ -21,7 +21,14 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
-from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether
+from auditlib.attacks.captured import CAPTURED_LBFGS_HELP, stepping
+from auditlib.attacks.compiled import (
+    apart_when_compiled,
+    held,
+    traced_model,
+    why_not_compiled,
+)
+from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether, RecordedRows
 from auditlib.attacks.lbfgs_batched import take_rows
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
@@ -68,6 +75,9 @@ class LbfgsConfig:
         "advance the starts together, one L-BFGS history each, as one batched computation "
         "(false: one after another on torch's L-BFGS; the same algorithm per start)",
     )
+    # Each evaluation recorded as a CUDA graph and replayed (attacks.captured, lbfgs.
+    # RecordedRows): the same algorithm, on the batched L-BFGS.
+    captured: bool = param(False, CAPTURED_LBFGS_HELP, identity=False)
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -141,12 +151,32 @@ class _Starts:
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
-        self.steps = LbfgsTogether.of(variables, self._objective, clock, len(generators), config)
+        evaluate = self._recorded(variables, knowledge.device) if config.captured else None
+        self.steps = LbfgsTogether.of(
+            variables, evaluate or self._objective, clock, len(generators), config
+        )
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
         if self.logits is not None:
             return torch.softmax(take_rows(self.logits, rows), dim=-1)
         return take_rows(self.fixed, rows) if self.fixed_rows else self.fixed
+
+    def _recorded(self, variables: list[torch.Tensor], device: torch.device) -> RecordedRows:
+        """The evaluations recorded as a CUDA graph: the rows' distances by one
+        ``together`` pass (a Linear weight's update formed densely, as a traced step's)."""
+        self.matcher.factored = False
+
+        def objective(images, *rest):  # the rows' images, then their logits or labels
+            if self.logits is not None:
+                labels = torch.softmax(rest[0], dim=-1)
+            else:
+                labels = rest[0] if self.fixed_rows else self.fixed
+            return self.matcher.together(images, labels), {}
+
+        def given(rows: list[int]) -> tuple[torch.Tensor, ...]:
+            return (take_rows(self.fixed, rows),) if self.fixed_rows else ()
+
+        return RecordedRows(variables, objective, device, given)
 
     def _one(self, labels: torch.Tensor) -> torch.Tensor:
         """One row's labels out of ``_labels([row])``."""
@@ -194,6 +224,7 @@ def lbfgs_together(config, knowledge: AttackerKnowledge) -> bool:
 
 
 def run_lbfgs_attack(
+    attack: str,
     observation: Observation,
     knowledge: AttackerKnowledge,
     config: LbfgsConfig,
@@ -202,9 +233,12 @@ def run_lbfgs_attack(
     fixed_labels: torch.Tensor | None,
     label_inference: dict | None,
 ) -> Iterator[ProgressEvent]:
-    """DLG when ``fixed_labels`` is None (labels optimised jointly), else iDLG-style."""
+    """DLG when ``fixed_labels`` is None (labels optimised jointly), else iDLG-style;
+    ``attack`` names it in a refusal."""
 
-    together = lbfgs_together(config, knowledge)
+    config = stepping(attack, config, knowledge, why_not_compiled(knowledge))
+    # A captured evaluation is the batched L-BFGS's: the starts (one too) advance together.
+    together = config.captured or lbfgs_together(config, knowledge)
 
     def make(generators, clock):
         if together:
@@ -212,9 +246,10 @@ def run_lbfgs_attack(
             return _Starts(generators, matcher, knowledge, config, fixed_labels, clock)
         return _Restart(generators, observation, knowledge, config, fixed_labels, clock)
 
-    return run_restarts(
+    events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", label_inference
     )
+    return held(traced_model(knowledge), events) if config.captured else events
 
 
 def run_lbfgs_updates(
@@ -249,7 +284,7 @@ DLG_INFERENCE = {"rule": "DLG joint optimisation (argmax of the optimised soft l
 
 def run_dlg(observation, knowledge, config: LbfgsConfig, control: RunControl, seed: int):
     return run_lbfgs_attack(
-        observation, knowledge, config, control, seed, None, dict(DLG_INFERENCE)
+        "dlg", observation, knowledge, config, control, seed, None, dict(DLG_INFERENCE)
     )
 
 
@@ -266,6 +301,7 @@ register(
         config_type=LbfgsConfig,
         run=run_dlg,
         run_updates=run_dlg_updates,
+        why_updates_apart=apart_when_compiled("dlg"),
         presets={"paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "distance": "l2"}},
         audit=AuditPreset(
             {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 8, "distance": "l2"},

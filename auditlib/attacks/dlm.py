@@ -39,9 +39,16 @@ from auditlib.attacks.base import (
     register,
     snapshot,
 )
+from auditlib.attacks.captured import CAPTURED_LBFGS_HELP, stepping
+from auditlib.attacks.compiled import (
+    apart_when_compiled,
+    held,
+    traced_model,
+    why_not_compiled,
+)
 from auditlib.attacks.dlm_objective import ModelLeakageObjective
 from auditlib.attacks.labels import infer_batch_labels
-from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether
+from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether, RecordedRows
 from auditlib.attacks.lbfgs_batched import take_rows
 from auditlib.attacks.loop import run_restarts, stacked
 from auditlib.attacks.objectives import (
@@ -109,6 +116,9 @@ class _ModelLeakageConfig:
         "advance L-BFGS starts together, one history each, as one batched computation "
         "(false: one after another on torch's L-BFGS; the same algorithm per start)",
     )
+    # Each L-BFGS evaluation recorded as a CUDA graph and replayed (attacks.captured,
+    # lbfgs.RecordedRows): the same algorithm, on the batched L-BFGS.
+    captured: bool = param(False, CAPTURED_LBFGS_HELP, identity=False)
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -214,6 +224,8 @@ def run_model_leakage(
     """DLM when ``config`` is a DlmConfig, DLM+ when it is a DlmPlusConfig."""
     # Validation happens here, before the generator starts, so errors surface at the call.
     objective = ModelLeakageObjective(observation, knowledge, config)
+    attack = "dlm+" if objective.plus else "dlm"
+    config = stepping(attack, config, knowledge, _why_not_recorded(knowledge, config))
     fixed_labels, inference = _resolve_labels(observation, knowledge, config.labels)
     if fixed_labels is not None:
         fixed_labels = fixed_labels.to(knowledge.device)
@@ -229,7 +241,8 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
         # gamma / nominal gamma ~ nominal lr / client lr: the client's lr as the attack sees it.
         record["gamma_ratio_by_restart"] = gammas  # filled in as restarts finish
 
-    together = (
+    # A captured evaluation is the batched L-BFGS's: the starts (one too) advance together.
+    together = config.captured or (
         config.optimizer == "lbfgs"
         and config.together
         and config.restarts > 1
@@ -246,9 +259,10 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
     def ratio(restart: int) -> float | None:
         return made[0].gamma_ratio[restart] if together else made[restart].gamma_ratio[0]
 
-    for event in run_restarts(
-        make, config.restarts, together, control, seed, "update_distance", record
-    ):
+    events = run_restarts(make, config.restarts, together, control, seed, "update_distance", record)
+    if config.captured:
+        events = held(traced_model(knowledge), events)
+    for event in events:
         if event.final is not None and gamma0 is not None:
             gammas.update({c.restart: ratio(c.restart) for c in event.final.candidates})
             event = dataclasses.replace(
@@ -363,7 +377,10 @@ class _Starts:
             ).requires_grad_()
         )
         variables = [v for v in (self.images, self.logits, self.gamma) if v is not None]
-        self.lbfgs = LbfgsTogether.of(variables, self._objective, clock, len(generators), config)
+        evaluate = self._recorded(variables, device) if config.captured else None
+        self.lbfgs = LbfgsTogether.of(
+            variables, evaluate or self._objective, clock, len(generators), config
+        )
         self.gamma_ratio: dict[int, float] = {}  # gamma / nominal gamma at the candidates
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
@@ -387,6 +404,28 @@ class _Starts:
 
     def _objective(self, rows: list[int]) -> torch.Tensor:
         return self._terms(rows)[0]
+
+    def _recorded(self, variables: list[torch.Tensor], device: torch.device) -> RecordedRows:
+        """The evaluations recorded as a CUDA graph: the rows' objectives by one
+        ``together`` pass."""
+
+        def objective(images, *rest):  # the rows' images, logits, gamma, then labels
+            rest = list(rest)
+            logits = rest.pop(0) if self.logits is not None else None
+            gamma = rest.pop(0) if self.gamma is not None else None
+            if logits is not None:
+                labels = torch.softmax(logits, dim=-1)
+            else:
+                labels = rest.pop(0) if self.fixed_rows else self.fixed
+            value = self.objective.together(images, labels, gamma)
+            if self.config.tv > 0:
+                value = value + self.config.tv * total_variation(images)
+            return value, {}
+
+        def given(rows: list[int]) -> tuple[torch.Tensor, ...]:
+            return (take_rows(self.fixed, rows),) if self.fixed_rows else ()
+
+        return RecordedRows(variables, objective, device, given)
 
     def _hard_labels(self, row: int) -> torch.Tensor:
         if self.logits is None:
@@ -416,6 +455,13 @@ class _Starts:
             gamma = float(self.gamma.detach()[position])
             self.gamma_ratio[position] = gamma / self.nominal
         return snapshot(self.images[position]), self._hard_labels(position), score
+
+
+def _why_not_recorded(knowledge: AttackerKnowledge, config) -> str | None:
+    """What keeps DLM's evaluations from being recorded (None: nothing)."""
+    if config.optimizer != "lbfgs":
+        return "its evaluations are recorded on L-BFGS; with Adam its starts run apart"
+    return why_not_compiled(knowledge)
 
 
 def why_updates_apart(config, raced: bool = False) -> str | None:
@@ -483,7 +529,7 @@ register(
         config_type=DlmConfig,
         run=run_dlm,
         run_updates=run_model_leakage_updates,
-        why_updates_apart=why_updates_apart,
+        why_updates_apart=apart_when_compiled("dlm", why_updates_apart),
         presets={
             "paper": {**_LENET, "gamma_init_ratio": 1.2},
             "paper-mlp": {**_MLP, "gamma_init_ratio": 0.6},
@@ -525,7 +571,7 @@ register(
         config_type=DlmPlusConfig,
         run=run_dlm_plus,
         run_updates=run_model_leakage_updates,
-        why_updates_apart=why_updates_apart,
+        why_updates_apart=apart_when_compiled("dlm+", why_updates_apart),
         presets={
             # The norm of the public code that produced the paper's tables (see the config).
             "paper": {**_LENET, "norm": "layer-mean"},

@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 
 from auditlib.attacks.base import AttackInfo, AuditPreset, RunControl, register
+from auditlib.attacks.compiled import apart_when_compiled
 from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack, run_lbfgs_updates
 from auditlib.attacks.labels import idlg_label
 from auditlib.config import param
@@ -28,7 +29,9 @@ class IdlgConfig(LbfgsConfig):
 def run_idlg(observation, knowledge, config: IdlgConfig, control: RunControl, seed: int):
     label, inference = idlg_label(observation, knowledge, config.label_source)
     labels = torch.tensor([label], dtype=torch.long)
-    return run_lbfgs_attack(observation, knowledge, config, control, seed, labels, inference)
+    return run_lbfgs_attack(
+        "idlg", observation, knowledge, config, control, seed, labels, inference
+    )
 
 
 def run_idlg_updates(observations, knowledges, config: IdlgConfig, control, seeds):
@@ -49,6 +52,7 @@ register(
         config_type=IdlgConfig,
         run=run_idlg,
         run_updates=run_idlg_updates,
+        why_updates_apart=apart_when_compiled("idlg"),
         presets={
             "paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "label_source": "weight"}
         },

@@ -1,6 +1,7 @@
 """L-BFGS steps shared by DLG, iDLG and DLM (the restarts are attacks.loop's): one restart's
 on torch's own optimiser (:class:`LbfgsSteps`), or several starts advancing together on
-``lbfgs_batched.BatchedLbfgs`` (:class:`LbfgsTogether`), each with its own history."""
+``lbfgs_batched.BatchedLbfgs`` (:class:`LbfgsTogether`), each with its own history, their
+evaluations eager or recorded as a CUDA graph (:class:`RecordedRows`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from collections.abc import Callable
 import torch
 
 from auditlib.attacks.base import Clock
-from auditlib.attacks.lbfgs_batched import BatchedLbfgs
+from auditlib.attacks.captured import CapturedGradient
+from auditlib.attacks.compiled import Objective as StackedObjective
+from auditlib.attacks.lbfgs_batched import BatchedLbfgs, Graded, take_rows
 from auditlib.attacks.loop import StepInterrupted
 from auditlib.attacks.objectives import backward_to
 
@@ -90,19 +93,55 @@ class LbfgsSteps:
                 variable.copy_(saved)
 
 
+class RecordedRows:
+    """The starts' L-BFGS evaluations by one step recorded as a CUDA graph
+    (``attacks.captured``): each evaluation computes every row of the step's starts
+    (:attr:`running`, set by :class:`LbfgsTogether` at each step; a graph per count of
+    them, as a race's 8, 4, 2 and 1) and answers the rows asked for, with their gradients
+    (``lbfgs_batched.Graded``). The rows whose step has ended are computed and dropped: a
+    graph per subset of rows would be recorded again and again as the starts' stopping
+    tests leave them out one by one, and on a GPU, whose step is bound by launches, the
+    extra rows cost little. Each row's value is its own start's (the objectives batch
+    starts by ``torch.func.vmap``), so the rows dropped do not change the others.
+
+    ``objective(*rows_of_variables, *given)``: each row's loss (and named outputs, unused)
+    as ``attacks.compiled.Objective``; ``given(rows)``: inputs not differentiated for those
+    rows (per-start labels), none by default."""
+
+    def __init__(
+        self,
+        variables: list[torch.Tensor],
+        objective: StackedObjective,
+        device: torch.device,
+        given: Callable[[list[int]], tuple[torch.Tensor, ...]] | None = None,
+    ) -> None:
+        self.variables = variables
+        self.gradient = CapturedGradient(objective, device)
+        self.given = given or (lambda rows: ())
+        self.running: list[int] = []
+
+    def __call__(self, rows: list[int]) -> Graded:
+        running = self.running
+        grads, losses, _ = self.gradient(
+            *(take_rows(v, running) for v in self.variables), given=self.given(running)
+        )
+        asked = [running.index(row) for row in rows]
+        return Graded(take_rows(losses, asked), tuple(take_rows(g, asked) for g in grads))
+
+
 class LbfgsTogether:
     """K starts' L-BFGS advanced together: each :meth:`step` is one ``optimizer.step`` of
     every start asked for, with torch's algorithm per start (its own curvature history,
     step size and stopping tests) and one batched objective evaluation for all of them.
 
     ``objective(rows)`` returns one loss per row of the stacked ``variables`` (leading
-    dimension K). Budgets and cancellation are checked before every evaluation, as
-    :class:`LbfgsSteps` does."""
+    dimension K), or is a :class:`RecordedRows`. Budgets and cancellation are checked before
+    every evaluation, as :class:`LbfgsSteps` does."""
 
     def __init__(
         self,
         variables: list[torch.Tensor],
-        objective: Callable[[list[int]], torch.Tensor],
+        objective: Callable[[list[int]], torch.Tensor | Graded],
         clock: Clock,
         starts: int,
         *,
@@ -141,7 +180,7 @@ class LbfgsTogether:
         """Objective evaluations so far, per start."""
         return self.optimizer.evaluations
 
-    def _checked(self, rows: list[int]) -> torch.Tensor:
+    def _checked(self, rows: list[int]) -> torch.Tensor | Graded:
         reason = self.clock.stop_reason()
         if reason is not None:
             raise StepInterrupted(reason)
@@ -151,6 +190,8 @@ class LbfgsTogether:
         """One L-BFGS step of each start in ``rows``; each one's loss at the start of its
         step, NaN for a start that left the finite numbers (it keeps its last full step and
         stops). Raises :class:`StepInterrupted`."""
+        if isinstance(self.objective, RecordedRows):  # every evaluation computes these rows
+            self.objective.running = list(rows)
         return self.optimizer.step(self._checked, rows)
 
     def restore(self, rows: list[int]) -> None:
