@@ -1,26 +1,30 @@
-"""Inverting Gradients (or FedLeak, GradInversion, GRNN: ``--attack``) with its step eager and compiled
-(``attacks.compiled``, issue 55), IG's beside breaching's, on one device in one run: the same
-model, photograph, gradient and steps.
+"""Inverting Gradients (or FedLeak, GradInversion, GRNN, DLG: ``--attack``) with its step eager and
+compiled (``attacks.compiled``, issue 55), IG's and DLG's beside breaching's, on one device in
+one run: the same model, photograph, gradient and steps.
 
 Rows, for seeds 0 to S-1, interleaved (eager, compiled, compiled with R starts together,
 breaching) so that load on the machine falls on all of them:
 
 - ours eager: ``ig`` (or ``fedleak``, ``gi``, ``grnn``), paper preset, 1 start, ``compiled=false``;
-- ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph);
+- ours compiled: the same with ``compiled=true`` (on CUDA a CUDA graph; not DLG's);
 - ours captured (``--kinds ...,captured``, CUDA only): the same with ``captured=true``, the
-  eager step recorded as a CUDA graph after its first steps (``attacks.captured``), and its
-  R starts;
+  eager step recorded as a CUDA graph after its first steps (``attacks.captured``; DLG's
+  L-BFGS evaluation, ``lbfgs.RecordedRows``), and its R starts;
 - ours compiled, R starts together (``restarts`` R, unraced: every start runs every step),
   once (seed 0): what R starts cost beside one (GradInversion's without its Langevin noise:
   unraced starts with noise draw it in turn from one stream, so they stay apart);
 - breaching 0.1.2's ``invertinggradients``, 1 trial, its TV scale set to ours, starting from
-  our draw (``benchmarks.peers``), where breaching is installed in ``.peers/site`` (IG only:
-  breaching has no FedLeak or GRNN, and its GradInversion is another case).
+  our draw (``benchmarks.peers``), where breaching is installed in ``.peers/site``; for DLG
+  its ``deepleakage`` (labels unknown to both); none for the others (breaching has no FedLeak
+  or GRNN, and its GradInversion is another case).
 
 Each run's seconds split into its first step (where the compiled step traces: "compile s")
 and the steps after it, whose rate is the row's steps/s (a step of R starts together counts
 R steps, as the product's progress counts them); its steady steps/s counts from the first
-event past a fifth of the steps, after a CUDA graph's recording at its first replays. PSNR against the photograph at the end.
+event past a fifth of the steps, after a CUDA graph's recording at its first replays. An
+L-BFGS step is up to 20 objective evaluations: DLG's rows also count its evaluations (each
+start's as its last event reports them; breaching's by counting its model's forwards) and
+their rate over the run. PSNR against the photograph at the end.
 
 Cases: ``lenet`` (DLG's LeNet at 32 px, 100 classes: this machine's CPU), ``resnet18-32``
 (the CIFAR ResNet-18, 10 classes, train-mode BatchNorm: where the CPU's kernels are large),
@@ -35,7 +39,7 @@ compiled_step-ATTACK-DEVICE-CASE.json; with a captured row, ending ``-captured.j
 prints each run as a JSON line. ``--from-log``
 makes the file from the lines of earlier runs cut off before they wrote it (a lent GPU's
 time), one summary per log: each log is one call, whose rows compare within it.
-Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn] [--device cuda]
+Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn|dlg] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
        [--paper-budget [--budget-only]] [--no-peer] [--keep-traces]
        [--kinds eager,compiled,captured]
@@ -80,7 +84,7 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, step, st
     compiled or captured); seconds to its first step and after."""
     knowledge = our_knowledge(victim, classes, copy.deepcopy(victim.model).to(device), True)
     observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
-    params = {"restarts": starts, "compiled": step == "compiled", "captured": step == "captured"}
+    params = {"restarts": starts} | ({step: True} if step != "eager" else {})
     if attack == "gi" and starts > 1:  # unraced starts with noise stay apart
         params["noise"] = 0.0
     config, _ = build_attack_config(attack, params, "paper")
@@ -88,7 +92,10 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, step, st
     _sync(device)
     start = time.perf_counter()
     first_at, first_step, final, later = None, 0, None, None
+    evaluations: dict[int, float] = {}  # each start's, as its events report them (L-BFGS)
     for event in get_attack(attack).run(observation, knowledge, config, control, seed):
+        if "evaluations" in event.losses:
+            evaluations[event.restart] = event.losses["evaluations"]
         if event.final is not None:
             final = event.final
         elif first_at is None and event.step > 0:  # the first step's event (always sent)
@@ -111,8 +118,17 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, step, st
         "steps_per_s": (done - first_step) / (end - first_at),
         "steady_steps_per_s": steady,
         "psnr": _psnr(final.selected.images, victim),
+        **_evaluated(evaluations, end - start),
         **_reserved(device),
     }
+
+
+def _evaluated(evaluations: dict[int, float], seconds: float) -> dict:
+    """An L-BFGS run's objective evaluations and their rate over the run; none for others."""
+    if not evaluations:
+        return {}
+    total = sum(evaluations.values())
+    return {"evaluations": total, "evaluations_per_s": total / seconds}
 
 
 def _reserved(device: str) -> dict:
@@ -123,10 +139,16 @@ def _reserved(device: str) -> dict:
     return {"reserved_gib": torch.cuda.memory_reserved() / 2**30}
 
 
-def peer(victim, classes, gradient, device, steps, seed) -> dict:
-    seconds, done, psnr, _ = theirs(
-        victim, classes, gradient, "invertinggradients", steps, True, seed, device=device
+# Breaching's attack beside ours, and whether the labels are known to both.
+PEER_OF = {"ig": ("invertinggradients", True), "dlg": ("deepleakage", False)}
+
+
+def peer(victim, classes, gradient, device, steps, seed, attack="ig") -> dict:
+    theirs_name, labels_known = PEER_OF[attack]
+    seconds, done, psnr, forwards = theirs(
+        victim, classes, gradient, theirs_name, steps, labels_known, seed, device=device
     )
+    evaluated = _evaluated({0: forwards}, seconds) if attack == "dlg" else {}
     return {
         "side": "breaching",
         "starts": 1,
@@ -136,6 +158,7 @@ def peer(victim, classes, gradient, device, steps, seed) -> dict:
         "first_step_s": None,
         "steps_per_s": done / seconds,
         "psnr": psnr,
+        **evaluated,
     }
 
 
@@ -176,6 +199,7 @@ def summary(runs: list[dict]) -> list[dict]:
                 "first_step_s": statistics.median(first) if first else None,
                 "steps_per_s": statistics.median(r["steps_per_s"] for r in mine),
                 "steady_steps_per_s": _median_of(r.get("steady_steps_per_s") for r in mine),
+                "evaluations_per_s": _median_of(r.get("evaluations_per_s") for r in mine),
                 "psnr_mean": statistics.mean(r["psnr"] for r in mine),
                 "psnr": [round(r["psnr"], 2) for r in mine],
             }
@@ -234,7 +258,7 @@ def _output(args) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--attack", choices=["ig", "fedleak", "gi", "grnn"], default="ig")
+    parser.add_argument("--attack", choices=["ig", "fedleak", "gi", "grnn", "dlg"], default="ig")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--case", choices=sorted(CASES), default="lenet")
     parser.add_argument("--steps", type=int, default=1000)
@@ -269,7 +293,9 @@ def main() -> None:
     print(json.dumps({"machine": machine()}), flush=True)  # for --from-log
     spec = CASES[args.case]
     victim, names, gradient = _case(spec)
-    with_peer = not args.no_peer and PEERS.exists() and args.attack == "ig"
+    if args.attack == "dlg" and "compiled" in kinds:
+        parser.error("DLG has no compiled step: --kinds eager,captured")
+    with_peer = not args.no_peer and PEERS.exists() and args.attack in PEER_OF
     run = functools.partial(
         ours, victim, spec.num_classes, names, gradient, args.device, args.attack
     )
@@ -283,7 +309,9 @@ def main() -> None:
             runs.append(guarded(run, args.steps, seed, step, starts))
             print(json.dumps(runs[-1]), flush=True)
         if with_peer:
-            runs.append(peer(victim, spec.num_classes, gradient, args.device, args.steps, seed))
+            runs.append(
+                peer(victim, spec.num_classes, gradient, args.device, args.steps, seed, args.attack)
+            )
             print(json.dumps(runs[-1]), flush=True)
     budget = None
     if args.paper_budget:
@@ -299,7 +327,7 @@ def main() -> None:
         "peer": "breaching 0.1.2"
         if with_peer
         else f"none for {args.attack}"
-        if args.attack != "ig"
+        if args.attack not in PEER_OF
         else "not installed (.peers/site)",
         "rows": summary(runs),
         "paper_budget": budget,

@@ -14,11 +14,15 @@
 # command "bash benchmarks/device/issue55.sh [STEP...]", carry [".gpu", ".whl"].
 # STEPs (default "tests"; timeout_s 560), each in a call of its own within a session's 15
 # minutes: tests (the 20 CUDA tests of the compiled step, the loop, attacks at once and steps
-# without host reads: 229 s on an H200, 2026-11-30; and since then the 4 of the captured step),
+# without host reads: 229 s on an H200, 2026-11-30; and since then the 5 of the captured step
+# and the 4 of the L-BFGS attacks' captured evaluation),
 # captured (IG eager, captured=true and breaching, 3 seeds at 300 steps, and 8 starts
 # captured: the eager step recorded as a CUDA graph after 2 eager steps, no compiling;
 # attacks.captured; its CUDA tests are in the tests step: run tests first),
 # capbudget (one captured run of the paper's 24,000 steps),
+# dlgcap (DLG eager, captured=true and breaching's deepleakage, 30 L-BFGS steps of 20
+# evaluations, seed 0, and 8 starts captured: what the L-BFGS attacks' recorded evaluation,
+# lbfgs.RecordedRows, gives at 224 px; dlgcap:N for N steps),
 # atonce (only the CUDA test of attacks at once against one after another, under CUDA's
 # deterministic kernels and with its control: the one that failed on 2026-11-30; if it
 # passes, at once can become the default on CUDA: engine.at_once.UNCONFIRMED_ON_CUDA),
@@ -49,8 +53,9 @@ bench="python3 $R benchmarks.compiled_step --device cuda --case resnet18-224"
 for step in ${*:-tests}; do
   s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=""
   case $s in
-    tests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    tests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     captured) timeout 540 $bench --kinds eager,captured --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/captured.log" | tail -8 ;;
+    dlgcap) timeout 540 $bench --attack dlg --kinds eager,captured --steps "${n:-30}" --seeds 1 --starts 8 2>&1 | tee "$OUT/dlgcap.log" | tail -6 ;;
     capbudget) timeout 500 $bench --no-peer --kinds captured --paper-budget --budget-only 2>&1 | tee "$OUT/capbudget.log" | tail -4 ;;
     atonce) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_attacks_at_once.py -k "cuda and stream" 2>&1 | tail -25 | tee "$OUT/atonce.log" ;;
     ig) timeout 540 $bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
