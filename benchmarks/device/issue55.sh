@@ -16,6 +16,9 @@
 # minutes: tests (the 20 CUDA tests of the compiled step, the loop, attacks at once and steps
 # without host reads: 229 s on an H200, 2026-11-30; and since then the 5 of the captured step
 # and the 4 of the L-BFGS attacks' captured evaluation),
+# captests (only the CUDA tests of the captured step, the L-BFGS attacks' captured evaluation
+# and attacks at once: no compiling, about a minute; the compiled step's passed on an H200 on
+# 2026-11-30),
 # captured (IG eager, captured=true and breaching, 3 seeds at 300 steps, and 8 starts
 # captured: the eager step recorded as a CUDA graph after 2 eager steps, no compiling;
 # attacks.captured; its CUDA tests are in the tests step: run tests first),
@@ -54,6 +57,7 @@ for step in ${*:-tests}; do
   s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=""
   case $s in
     tests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    captests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_attacks_at_once.py -k cuda 2>&1 | tail -25 | tee "$OUT/captests.log" ;;
     captured) timeout 540 $bench --kinds eager,captured --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/captured.log" | tail -8 ;;
     dlgcap) timeout 540 $bench --attack dlg --kinds eager,captured --steps "${n:-30}" --seeds 1 --starts 8 2>&1 | tee "$OUT/dlgcap.log" | tail -6 ;;
     capbudget) timeout 500 $bench --no-peer --kinds captured --paper-budget --budget-only 2>&1 | tee "$OUT/capbudget.log" | tail -4 ;;
