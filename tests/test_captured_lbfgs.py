@@ -15,6 +15,7 @@ import dataclasses
 import pytest
 import torch
 from test_attacks import lenet_spec, release_for
+from test_attacks_at_once import reproducible_cuda  # noqa: F401  (a fixture)
 from test_captured_step import CUDA, StandIn, _captured_here, _final
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
@@ -185,17 +186,21 @@ def test_a_captured_evaluation_attacks_a_samples_updates_one_after_another():
 
 
 @CUDA
+@pytest.mark.usefixtures("reproducible_cuda")
 @pytest.mark.parametrize("attack", L_BFGS)
 def test_each_lbfgs_attack_captured_as_a_cuda_graph_ends_where_it_ends_eager_there(
     monkeypatch, attack
 ):
+    # Deterministic kernels: cuDNN's default backward may sum with atomics, and DLG's unit
+    # steps grow the last bits two runs of one attack then differ by.
     _dense(monkeypatch)
     recorded = []
     graph = captured_step.cuda_graph
 
-    def counted(run, stream):
+    def counted(run, stream):  # counts the recordings that succeeded
+        result = graph(run, stream)
         recorded.append(stream)
-        return graph(run, stream)
+        return result
 
     monkeypatch.setattr(captured_step, "cuda_graph", counted)
     spec = dataclasses.replace(lenet_spec(attack, batch=1), device="cuda")
