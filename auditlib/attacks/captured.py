@@ -13,7 +13,8 @@ A graph reads its inputs from the addresses it was recorded with and writes its 
 its own: each call copies the step's variables and given inputs into the graph's buffers,
 and the gradients it returns are overwritten by the next replay (an attack step uses them
 at once); values and named outputs are copies, as ``CompiledGradient``'s on CUDA. Each
-count of running starts is its own graph, with its own memory pool, kept for the run.
+count of running starts is its own graph, with its own memory pool, kept until the next
+count is recorded (a race's running starts only fall).
 
 Asked for (``captured`` in the attack's configuration), on CUDA only, until its CUDA tests
 and figures are in (docs/PERFORMANCE.md, "The compiled step"); then a run on CUDA can record
@@ -223,7 +224,11 @@ class CapturedGradient:
                     self.unrecorded,
                 )
                 return self._eager(inputs, len(variables))
-            graph = self.graphs[shape] = _Recorded(buffers, replay, outputs)
+            # The graph of an earlier count of starts is let go, and its memory pool (that
+            # count's working memory) with it: a race's running starts only fall, and a
+            # count that came back would be recorded again, without eager steps.
+            graph = _Recorded(buffers, replay, outputs)
+            self.graphs = {shape: graph}
         grads, value, named = graph(inputs)
         # Kept past the next replay (the loop reads losses back every few steps).
         return grads, value.clone(), tree_map(torch.Tensor.clone, named)
