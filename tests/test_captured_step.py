@@ -17,6 +17,7 @@ import pytest
 import torch
 from test_attacks import lenet_spec, release_for, resnet20_spec
 from test_compiled_step import CPU_SCALED, _batchnorm_release, _ends_as_eager_there
+from test_host_reads import reads_while
 from torch.utils._pytree import tree_flatten
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
@@ -165,6 +166,43 @@ def test_each_attack_captured_ends_where_it_ends_eager(monkeypatch, attack, para
     _ends_as_eager(eager, captured, atol)
 
 
+@pytest.mark.parametrize(
+    ("attack", "params"),
+    [
+        ("ig", {"restarts": 2}),
+        ("gi", {"restarts": 2, "noise": 0.0, "warmup": 0}),
+        ("grnn", {"restarts": 2}),
+        ("fedleak", CPU_SCALED),
+        ("dlg", {"restarts": 2, "lbfgs_max_iter": 3}),
+        ("idlg", {"restarts": 1, "lbfgs_max_iter": 3}),
+        ("dlm", {"restarts": 2, "lbfgs_max_iter": 3, "line_search": "strong_wolfe"}),
+        ("dlm+", {"restarts": 2, "lbfgs_max_iter": 3}),
+    ],
+)
+def test_a_recording_reads_nothing_back_from_the_device(monkeypatch, attack, params):
+    # What a CUDA graph cannot hold fails a real recording (and the run then steps
+    # eagerly): a read back from the device, or a copy to it of host values. The stand-in's
+    # recording runs the step with test_host_reads' spies on auditlib's code.
+    seen, recording = reads_while(monkeypatch)
+    stand_in = StandIn()
+
+    def record(run, stream):
+        recording[0] = True
+        try:
+            return stand_in(run, stream)
+        finally:
+            recording[0] = False
+
+    monkeypatch.setattr(captured_step, "cuda_graph", record)
+    monkeypatch.setattr(captured_step, "refuse_unless_stepped", lambda *args: None)
+    batch = 1 if attack == "idlg" else 2  # iDLG's label rule holds for one image
+    spec = lenet_spec(attack, batch=batch) if attack != "gi" else resnet20_spec("gi", batch=2)
+    _, _, release = release_for(spec)
+    _final(attack, release, {**params, "captured": True}, WARMUP_STEPS + 2)
+    assert stand_in.recorded >= 1
+    assert seen == []
+
+
 def test_a_step_that_cannot_be_recorded_runs_eagerly_and_ends_where_eager_ends(monkeypatch):
     # As a real recording refuses a host read inside the step: the run goes on eagerly.
     tried = []
@@ -230,9 +268,10 @@ def test_each_attack_captured_as_a_cuda_graph_ends_where_it_ends_eager_there(
 ):
     recorded = []
 
-    def counted(run, stream):
+    def counted(run, stream):  # counts the recordings that succeeded
+        result = graph(run, stream)
         recorded.append(stream)
-        return graph(run, stream)
+        return result
 
     graph = captured_step.cuda_graph
     monkeypatch.setattr(captured_step, "cuda_graph", counted)
@@ -266,9 +305,13 @@ def test_a_run_on_cuda_records_its_step_by_default_only_once_that_is_switched_on
 def test_every_attack_of_a_plan_records_its_step_on_cuda_once_that_is_switched_on(monkeypatch):
     recorded = []
     graph = captured_step.cuda_graph
-    monkeypatch.setattr(
-        captured_step, "cuda_graph", lambda run, stream: recorded.append(run) or graph(run, stream)
-    )
+
+    def counted(run, stream):  # counts the recordings that succeeded
+        result = graph(run, stream)
+        recorded.append(run)
+        return result
+
+    monkeypatch.setattr(captured_step, "cuda_graph", counted)
     monkeypatch.setattr(captured_step, "BY_DEFAULT_ON_CUDA", True)
     _, _, release = release_for(dataclasses.replace(lenet_spec("ig", batch=2), device="cuda"))
     _final("ig", release, {"restarts": 2, "signed": False}, WARMUP_STEPS + 2)

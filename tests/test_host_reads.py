@@ -79,14 +79,16 @@ def _reads_in_steps(monkeypatch, stepper):
         torch._dynamo.trace_rules.clear_lru_cache()
 
 
-def _spied(monkeypatch, stepper):
+def reads_while(monkeypatch) -> tuple[list[tuple[str, str]], list[bool]]:
+    """Spies on the host reads auditlib's code makes (name, line) while the flag returned is
+    set (``flag[0] = True``): what a step, or a CUDA graph's recording, must not make."""
     seen: list[tuple[str, str]] = []
-    stepping = [False]
+    on = [False]
 
     def spy(name, real):
         def wrapper(self, *args, **kwargs):
             caller = sys._getframe(1).f_code
-            if stepping[0] and caller.co_filename.startswith(AUDITLIB):
+            if on[0] and caller.co_filename.startswith(AUDITLIB):
                 seen.append((name, f"{caller.co_filename}:{sys._getframe(1).f_lineno}"))
             return real(self, *args, **kwargs)
 
@@ -97,7 +99,7 @@ def _spied(monkeypatch, stepper):
     real_getitem = torch.Tensor.__getitem__
 
     def getitem(self, key):
-        if stepping[0] and isinstance(key, list):  # copied to the device at each use
+        if on[0] and isinstance(key, list):  # copied to the device at each use
             caller = sys._getframe(1)
             seen.append(("list index", f"{caller.f_code.co_filename}:{caller.f_lineno}"))
         return real_getitem(self, key)
@@ -109,11 +111,16 @@ def _spied(monkeypatch, stepper):
         caller = sys._getframe(1).f_code
         # On a GPU: a copy that waits, but RowIndex's (once per set of rows, from pinned
         # memory on CUDA, which does not wait).
-        if stepping[0] and caller.co_filename.startswith(AUDITLIB) and caller is not ROW_INDEX:
+        if on[0] and caller.co_filename.startswith(AUDITLIB) and caller is not ROW_INDEX:
             seen.append(("torch.tensor", f"{caller.co_filename}:{sys._getframe(1).f_lineno}"))
         return real_tensor(data, *args, **kwargs)
 
     monkeypatch.setattr(torch, "tensor", tensor)
+    return seen, on
+
+
+def _spied(monkeypatch, stepper):
+    seen, stepping = reads_while(monkeypatch)
     real_step = stepper.step
 
     def step(self, alive):
