@@ -183,6 +183,19 @@ def test_a_captured_evaluation_attacks_a_samples_updates_one_after_another():
         assert why == f"{attack} traces one update's step (captured=true)"
         plain, _ = build_attack_config(attack, {})
         assert get_attack(attack).why_updates_apart(plain, False) is None
+    # Asked anyway (past the engine's check), the updates' rows refuse to be recorded: a
+    # graph would hold the first set of rows' targets.
+    releases = [release_for(lenet_spec("dlg", offset=u))[2] for u in range(2)]
+    config, _ = build_attack_config("dlg", {"captured": True, "restarts": 2})
+    run = get_attack("dlg").run_updates(
+        [r.observation for r in releases],
+        [r.knowledge for r in releases],
+        config,
+        RunControl(2),
+        [0, 0],
+    )
+    with pytest.raises(ValueError, match="a captured evaluation attacks one update"):
+        list(run)
 
 
 @CUDA

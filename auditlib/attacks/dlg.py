@@ -164,6 +164,8 @@ class _Starts:
     def _recorded(self, variables: list[torch.Tensor], device: torch.device) -> RecordedRows:
         """The evaluations recorded as a CUDA graph: the rows' distances by one
         ``together`` pass (a Linear weight's update formed densely, as a traced step's)."""
+        if isinstance(self.matcher, UpdatesMatcher):  # its rows' targets would be the graph's
+            raise ValueError("a captured evaluation attacks one update (why_updates_apart)")
         self.matcher.factored = False
 
         def objective(images, *rest):  # the rows' images, then their logits or labels

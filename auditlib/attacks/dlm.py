@@ -408,6 +408,8 @@ class _Starts:
     def _recorded(self, variables: list[torch.Tensor], device: torch.device) -> RecordedRows:
         """The evaluations recorded as a CUDA graph: the rows' objectives by one
         ``together`` pass."""
+        if isinstance(self.objective, UpdatesMatcher):  # its rows' targets: the graph's
+            raise ValueError("a captured evaluation attacks one update (why_updates_apart)")
 
         def objective(images, *rest):  # the rows' images, logits, gamma, then labels
             rest = list(rest)
