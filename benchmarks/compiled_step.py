@@ -26,6 +26,13 @@ L-BFGS step is up to 20 objective evaluations: DLG's rows also count its evaluat
 start's as its last event reports them; breaching's by counting its model's forwards) and
 their rate over the run. PSNR against the photograph at the end.
 
+On CUDA the rows run in the product's arithmetic, full float32 (``engine.device.
+full_float32``: TF32 off for convolutions and matrix products), breaching's too, so both sides
+compute the same; ``--tf32`` runs them all with TF32 on instead (what the faster arithmetic
+gives, and whether the PSNR moves: the product keeps it off), into a ``-tf32`` file. Before
+2026-11-30's fifteenth session this benchmark left PyTorch's default on CUDA, cuDNN's TF32
+convolutions, on both sides.
+
 Cases: ``lenet`` (DLG's LeNet at 32 px, 100 classes: this machine's CPU), ``resnet18-32``
 (the CIFAR ResNet-18, 10 classes, train-mode BatchNorm: where the CPU's kernels are large),
 ``resnet20-32`` (ResNet-20, 10 classes, train-mode BatchNorm: a small BatchNorm model, for
@@ -42,7 +49,7 @@ time), one summary per log: each log is one call, whose rows compare within it.
 Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn|dlg] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
        [--paper-budget [--budget-only]] [--no-peer] [--keep-traces]
-       [--kinds eager,compiled,captured]
+       [--kinds eager,compiled,captured] [--tf32]
        [--from-log LOG[,LOG] --measured-on M]
 """
 
@@ -60,6 +67,7 @@ import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
 from auditlib.attacks import compiled as attacks_compiled
+from auditlib.engine.device import resolve_device
 from auditlib.models import ModelSpec
 from auditlib.threat import Observation
 from benchmarks.common import ROOT, UNRECORDED, add_log_arguments, logged_machine, machine
@@ -249,9 +257,18 @@ def from_logs(args) -> None:
     _output(args).write_text(json.dumps(result, indent=1) + "\n")
 
 
+def _arithmetic(device: str) -> str:
+    """The float32 the rows ran in: on CUDA, TF32 off (the product's) or on (``--tf32``)."""
+    if torch.device(device).type != "cuda":
+        return "float32"
+    on = torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32
+    return "TF32 on" if on else "full float32 (TF32 off, as the product)"
+
+
 def _output(args) -> Path:
     name = "" if args.attack == "ig" else f"{args.attack}-"
     rows = "-captured" if "captured" in getattr(args, "kinds", "") else ""
+    rows += "-tf32" if getattr(args, "tf32", False) else ""
     file = f"compiled_step-{name}{args.device}-{args.case}{rows}.json"
     return ROOT / "benchmarks" / "results" / file
 
@@ -281,6 +298,11 @@ def main() -> None:
         "recorded from the eager step: CUDA only); each but eager also runs its R starts "
         "together (seed 0), and the last one the paper's budget",
     )
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="on CUDA, TF32 on for convolutions and matrix products (the product keeps it off)",
+    )
     add_log_arguments(parser, "--attack, --device, --case and --steps")
     args = parser.parse_args()
     attacks_compiled.KEEP_ON_CUDA = args.keep_traces
@@ -290,6 +312,9 @@ def main() -> None:
     if args.from_log:
         return from_logs(args)
 
+    resolve_device(args.device)  # on CUDA the product's full float32 (TF32 off), both sides
+    if args.tf32:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
     print(json.dumps({"machine": machine()}), flush=True)  # for --from-log
     spec = CASES[args.case]
     victim, names, gradient = _case(spec)
@@ -324,6 +349,7 @@ def main() -> None:
         "attack": args.attack,
         "case": args.case,
         "steps": args.steps,
+        "arithmetic": _arithmetic(args.device),
         "peer": "breaching 0.1.2"
         if with_peer
         else f"none for {args.attack}"
