@@ -23,6 +23,23 @@ def test_a_row_costs_what_its_evaluation_holds_at_its_peak():
     assert cost.fixed < 40 * MB, cost
 
 
+def test_a_peak_raised_by_other_work_beside_it_is_not_taken_for_the_rows():
+    # The resident set is the whole process's: other work's memory at the same moment raises
+    # a reading (here 30 MB beside the first reading of one row), never lowers it.
+    calls = [0]
+
+    def evaluate(rows: int) -> None:
+        calls[0] += 1
+        fixed = torch.ones(20 * MB // 4)
+        held = [torch.ones(50 * MB // 4) for _ in range(rows)]
+        beside = torch.ones(30 * MB // 4) if calls[0] == 2 else torch.zeros(1)  # 1: warm-up
+        assert float(fixed[0] + sum(h[-1] for h in held) + beside[-1]) >= rows + 1
+
+    cost = measure_rows(evaluate, CPU)
+    assert cost is not None
+    assert 40 * MB < cost.per_row < 60 * MB, cost
+
+
 def test_updates_are_chunked_to_fit_a_share_of_the_free_memory():
     cost = RowCost(fixed=1_000 * MB, per_row=500 * MB)
     plan = plan_updates(64, 8, cost, CPU, free=24_000 * MB)

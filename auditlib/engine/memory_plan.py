@@ -34,6 +34,8 @@ SHARE = 0.6  # of the memory free at the start: the rest is for the run's other 
 # together (each its own model, release and attacker's copies until it is judged), so that
 # the attack's steps still have room.
 PREPARED_SHARE = 0.3
+# Readings of a peak on a CPU, the lowest kept (``_lowest_peak``).
+CPU_READINGS = 2
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -123,6 +125,17 @@ def peak_bytes(run: Callable[[], None], device: torch.device) -> int | None:
     return max(0, (_resident_kb("VmHWM") - before) * 1024)
 
 
+def _lowest_peak(run: Callable[[], None], device: torch.device) -> int | None:
+    """:func:`peak_bytes` of ``run``; on a CPU the lowest of ``CPU_READINGS``: the resident
+    set is the whole process's, which other threads' work at the same time (a server's, a
+    finished test's) can only raise, and one raised reading of the single row made a row
+    read 36 MB where it held 50."""
+    readings = [
+        peak_bytes(run, device) for _ in range(1 if device.type == "cuda" else CPU_READINGS)
+    ]
+    return None if None in readings else min(readings)
+
+
 def _trim() -> None:
     """Give the memory the C allocator keeps after frees back to the system, so what a probe
     reuses of an earlier one's is not counted as free of charge (glibc keeps freed blocks
@@ -140,10 +153,10 @@ def _resident_kb(field: str) -> int:
 
 def measure_rows(evaluate: Callable[[int], None], device: torch.device) -> RowCost | None:
     """What ``evaluate(rows)`` (one batched evaluation of that many rows) costs at its peak,
-    from a run of one row and one of two; None where no peak can be read."""
+    from runs of one row and of two; None where no peak can be read."""
     evaluate(1)  # a first call's one-off allocations (kernels, caches) are not the rows'
-    one = peak_bytes(lambda: evaluate(1), device)
-    two = peak_bytes(lambda: evaluate(2), device)
+    one = _lowest_peak(lambda: evaluate(1), device)
+    two = _lowest_peak(lambda: evaluate(2), device)
     if one is None or two is None:
         return None
     per_row = max(two - one, 1)
