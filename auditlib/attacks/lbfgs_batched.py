@@ -21,10 +21,10 @@ How it is batched:
   requested point in one batched call, and computes every requested direction in one
   batched two-loop recursion over the K histories ([K, 2 x history, N] tensors; see
   :meth:`lbfgs_histories.Histories.direction` for how the recursion is evaluated), with
-  each new pair (y, s) formed for all rows at once. The scalar tests (Armijo, curvature, tolerances) stay
-  per start, as torch's are, on numbers each reply carries (max |g|, g . d, max |d|), read
-  for every row in one transfer: on a GPU a test of a tensor per start would wait on the
-  device K times a round.
+  each new pair (y, s) formed for all rows at once. The scalar tests (Armijo, curvature,
+  tolerances) stay per start, as torch's are, on numbers each reply carries (max |g|,
+  g . d, max |d|), read for every row in one transfer: on a GPU a test of a tensor per
+  start would wait on the device K times a round.
 - Per-start stopping: a start that meets a stopping test ends its step and waits while the
   others go on (the next evaluations skip it); a start whose loss or variables leave the
   finite numbers is put back at its last full step, marked diverged and skipped from then
