@@ -16,10 +16,9 @@ import pytest
 import torch
 from test_attacks import lenet_spec, release_for
 from test_attacks_at_once import reproducible_cuda  # noqa: F401  (a fixture)
-from test_captured_step import CUDA, StandIn, _captured_here, _final
+from test_captured_step import CUDA, StandIn, _captured_here, _final, count_recordings
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
-from auditlib.attacks import captured as captured_step
 from auditlib.attacks.compiled import traced_model
 from auditlib.attacks.lbfgs import RecordedRows
 from auditlib.attacks.lbfgs_batched import BatchedLbfgs
@@ -207,15 +206,7 @@ def test_each_lbfgs_attack_captured_as_a_cuda_graph_ends_where_it_ends_eager_the
     # Deterministic kernels: cuDNN's default backward may sum with atomics, and DLG's unit
     # steps grow the last bits two runs of one attack then differ by.
     _dense(monkeypatch)
-    recorded = []
-    graph = captured_step.cuda_graph
-
-    def counted(run, stream):  # counts the recordings that succeeded
-        result = graph(run, stream)
-        recorded.append(stream)
-        return result
-
-    monkeypatch.setattr(captured_step, "cuda_graph", counted)
+    recorded = count_recordings(monkeypatch)
     spec = dataclasses.replace(lenet_spec(attack, batch=1), device="cuda")
     _, _, release = release_for(spec)
     params = _PARAMS[attack]

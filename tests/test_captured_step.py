@@ -183,17 +183,9 @@ def test_a_recording_reads_nothing_back_from_the_device(monkeypatch, attack, par
     # What a CUDA graph cannot hold fails a real recording (and the run then steps
     # eagerly): a read back from the device, or a copy to it of host values. The stand-in's
     # recording runs the step with test_host_reads' spies on auditlib's code.
-    seen, recording = reads_while(monkeypatch)
+    seen, watched = reads_while(monkeypatch)
     stand_in = StandIn()
-
-    def record(run, stream):
-        recording[0] = True
-        try:
-            return stand_in(run, stream)
-        finally:
-            recording[0] = False
-
-    monkeypatch.setattr(captured_step, "cuda_graph", record)
+    monkeypatch.setattr(captured_step, "cuda_graph", watched(stand_in))
     monkeypatch.setattr(captured_step, "refuse_unless_stepped", lambda *args: None)
     batch = 1 if attack == "idlg" else 2  # iDLG's label rule holds for one image
     spec = lenet_spec(attack, batch=batch) if attack != "gi" else resnet20_spec("gi", batch=2)
@@ -253,6 +245,21 @@ def test_a_captured_step_attacks_a_samples_updates_one_after_another():
 # --- On a GPU: real CUDA graphs ------------------------------------------------------------
 
 
+def count_recordings(monkeypatch) -> list:
+    """Real CUDA graphs, with a list of the recordings that succeeded (one that fails leaves
+    its run stepping eagerly, and is not counted)."""
+    recorded = []
+    graph = captured_step.cuda_graph
+
+    def counted(run, stream):
+        result = graph(run, stream)
+        recorded.append(stream)
+        return result
+
+    monkeypatch.setattr(captured_step, "cuda_graph", counted)
+    return recorded
+
+
 @CUDA
 @pytest.mark.parametrize(
     ("attack", "params"),
@@ -266,15 +273,7 @@ def test_a_captured_step_attacks_a_samples_updates_one_after_another():
 def test_each_attack_captured_as_a_cuda_graph_ends_where_it_ends_eager_there(
     monkeypatch, attack, params
 ):
-    recorded = []
-
-    def counted(run, stream):  # counts the recordings that succeeded
-        result = graph(run, stream)
-        recorded.append(stream)
-        return result
-
-    graph = captured_step.cuda_graph
-    monkeypatch.setattr(captured_step, "cuda_graph", counted)
+    recorded = count_recordings(monkeypatch)
     if attack == "gi":
         spec = resnet20_spec("gi", batch=2, device="cuda")
     else:
@@ -303,15 +302,7 @@ def test_a_run_on_cuda_records_its_step_by_default_only_once_that_is_switched_on
 
 @CUDA
 def test_every_attack_of_a_plan_records_its_step_on_cuda_once_that_is_switched_on(monkeypatch):
-    recorded = []
-    graph = captured_step.cuda_graph
-
-    def counted(run, stream):  # counts the recordings that succeeded
-        result = graph(run, stream)
-        recorded.append(run)
-        return result
-
-    monkeypatch.setattr(captured_step, "cuda_graph", counted)
+    recorded = count_recordings(monkeypatch)
     monkeypatch.setattr(captured_step, "BY_DEFAULT_ON_CUDA", True)
     _, _, release = release_for(dataclasses.replace(lenet_spec("ig", batch=2), device="cuda"))
     _final("ig", release, {"restarts": 2, "signed": False}, WARMUP_STEPS + 2)

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,22 @@ def _reads_in_steps(monkeypatch, stepper):
         torch._dynamo.trace_rules.clear_lru_cache()
 
 
-def reads_while(monkeypatch) -> tuple[list[tuple[str, str]], list[bool]]:
-    """Spies on the host reads auditlib's code makes (name, line) while the flag returned is
-    set (``flag[0] = True``): what a step, or a CUDA graph's recording, must not make."""
+def reads_while(monkeypatch) -> tuple[list[tuple[str, str]], Callable]:
+    """Spies on the host reads auditlib's code makes (name, line), and ``watched``: a
+    function wrapped so that the spies count while it runs (what a step, or a CUDA graph's
+    recording, must not make)."""
     seen: list[tuple[str, str]] = []
     on = [False]
+
+    def watched(run: Callable) -> Callable:
+        def counting(*args, **kwargs):
+            on[0] = True
+            try:
+                return run(*args, **kwargs)
+            finally:
+                on[0] = False
+
+        return counting
 
     def spy(name, real):
         def wrapper(self, *args, **kwargs):
@@ -116,21 +128,12 @@ def reads_while(monkeypatch) -> tuple[list[tuple[str, str]], list[bool]]:
         return real_tensor(data, *args, **kwargs)
 
     monkeypatch.setattr(torch, "tensor", tensor)
-    return seen, on
+    return seen, watched
 
 
 def _spied(monkeypatch, stepper):
-    seen, stepping = reads_while(monkeypatch)
-    real_step = stepper.step
-
-    def step(self, alive):
-        stepping[0] = True
-        try:
-            return real_step(self, alive)
-        finally:
-            stepping[0] = False
-
-    monkeypatch.setattr(stepper, "step", step)
+    seen, watched = reads_while(monkeypatch)
+    monkeypatch.setattr(stepper, "step", watched(stepper.step))
     yield seen
 
 
