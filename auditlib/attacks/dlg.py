@@ -168,17 +168,11 @@ class _Starts:
             raise ValueError("a captured evaluation attacks one update (why_updates_apart)")
         self.matcher.factored = False
 
-        def objective(images, *rest):  # the rows' images, then their logits or labels
-            if self.logits is not None:
-                labels = torch.softmax(rest[0], dim=-1)
-            else:
-                labels = rest[0] if self.fixed_rows else self.fixed
+        def objective(images, *logits):  # the rows' images, then their label logits
+            labels = torch.softmax(logits[0], dim=-1) if logits else self.fixed
             return self.matcher.together(images, labels), {}
 
-        def given(rows: list[int]) -> tuple[torch.Tensor, ...]:
-            return (take_rows(self.fixed, rows),) if self.fixed_rows else ()
-
-        return RecordedRows(variables, objective, device, given)
+        return RecordedRows(variables, objective, device)
 
     def _one(self, labels: torch.Tensor) -> torch.Tensor:
         """One row's labels out of ``_labels([row])``."""

@@ -411,23 +411,17 @@ class _Starts:
         if isinstance(self.objective, UpdatesMatcher):  # its rows' targets: the graph's
             raise ValueError("a captured evaluation attacks one update (why_updates_apart)")
 
-        def objective(images, *rest):  # the rows' images, logits, gamma, then labels
+        def objective(images, *rest):  # the rows' images, then logits and gamma if any
             rest = list(rest)
             logits = rest.pop(0) if self.logits is not None else None
             gamma = rest.pop(0) if self.gamma is not None else None
-            if logits is not None:
-                labels = torch.softmax(logits, dim=-1)
-            else:
-                labels = rest.pop(0) if self.fixed_rows else self.fixed
+            labels = self.fixed if logits is None else torch.softmax(logits, dim=-1)
             value = self.objective.together(images, labels, gamma)
             if self.config.tv > 0:
                 value = value + self.config.tv * total_variation(images)
             return value, {}
 
-        def given(rows: list[int]) -> tuple[torch.Tensor, ...]:
-            return (take_rows(self.fixed, rows),) if self.fixed_rows else ()
-
-        return RecordedRows(variables, objective, device, given)
+        return RecordedRows(variables, objective, device)
 
     def _hard_labels(self, row: int) -> torch.Tensor:
         if self.logits is None:

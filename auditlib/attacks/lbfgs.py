@@ -104,27 +104,20 @@ class RecordedRows:
     extra rows cost little. Each row's value is its own start's (the objectives batch
     starts by ``torch.func.vmap``), so the rows dropped do not change the others.
 
-    ``objective(*rows_of_variables, *given)``: each row's loss (and named outputs, unused)
-    as ``attacks.compiled.Objective``; ``given(rows)``: inputs not differentiated for those
-    rows (per-start labels), none by default."""
+    ``objective(*rows_of_variables)``: each row's loss (and named outputs, unused) as
+    ``attacks.compiled.Objective``. One update's starts only: several updates' rows would
+    each need their own update's target and labels, which a graph would hold as recorded."""
 
     def __init__(
-        self,
-        variables: list[torch.Tensor],
-        objective: StackedObjective,
-        device: torch.device,
-        given: Callable[[list[int]], tuple[torch.Tensor, ...]] | None = None,
+        self, variables: list[torch.Tensor], objective: StackedObjective, device: torch.device
     ) -> None:
         self.variables = variables
         self.gradient = CapturedGradient(objective, device)
-        self.given = given or (lambda rows: ())
         self.running: list[int] = []
 
     def __call__(self, rows: list[int]) -> Graded:
         running = self.running
-        grads, losses, _ = self.gradient(
-            *(take_rows(v, running) for v in self.variables), given=self.given(running)
-        )
+        grads, losses, _ = self.gradient(*(take_rows(v, running) for v in self.variables))
         asked = [running.index(row) for row in rows]
         return Graded(take_rows(losses, asked), tuple(take_rows(g, asked) for g in grads))
 
