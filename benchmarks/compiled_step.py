@@ -92,7 +92,8 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, step, st
     compiled or captured); seconds to its first step and after."""
     knowledge = our_knowledge(victim, classes, copy.deepcopy(victim.model).to(device), True)
     observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
-    params = {"restarts": starts} | ({step: True} if step != "eager" else {})
+    # The eager row says captured=false: it stays eager whatever a run on CUDA would choose.
+    params = {"restarts": starts} | ({step: True} if step != "eager" else {"captured": False})
     if attack == "gi" and starts > 1:  # unraced starts with noise stay apart
         params["noise"] = 0.0
     config, _ = build_attack_config(attack, params, "paper")

@@ -40,6 +40,11 @@ def _same_text(text: str, default: Any) -> bool:
     return False
 
 
+def _three_way_text(value: bool | None) -> str:
+    """An optional yes/no field's choice in words: none leaves it to the run."""
+    return {None: "the run decides", True: "true", False: "false"}[value]
+
+
 def changed_params(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """The form values that differ from the shown defaults (an empty text stands for None).
 
@@ -62,7 +67,8 @@ def config_inputs(
     config_type: type, key: str, defaults: Mapping[str, Any], exclude: Sequence[str] = ()
 ) -> dict[str, Any]:
     """One input per field of a config dataclass (but ``exclude``): numbers, choices (the
-    field's ``Literal`` values), switches, optional numbers.
+    field's ``Literal`` values), switches, three-way choices for an optional yes/no (none:
+    the run decides), optional numbers.
 
     Values come back as the widgets give them; ``auditlib.config`` converts and checks them.
     """
@@ -88,6 +94,16 @@ def config_inputs(
         elif annotation is bool:
             values[name] = st.checkbox(
                 label, help=about, persist_state="session", key=persist(widget_key, bool(default))
+            )
+        elif optional_inner(annotation) is bool:
+            # Three ways: true, false, or left to the run (none: captured's default).
+            values[name] = st.selectbox(
+                label,
+                [None, True, False],
+                format_func=_three_way_text,
+                help=about,
+                persist_state="session",
+                key=persist(widget_key, default),
             )
         elif annotation is int:
             values[name] = int(

@@ -747,6 +747,30 @@ def test_asking_for_a_compiled_step_estimates_again_with_its_compiling(dashboard
     assert re.search(r"ig \(audit preset\) [\d.e-]+ s a step after [\d.]+ s of compiling", compiled)
 
 
+def test_a_cuda_graph_is_asked_for_refused_or_left_to_the_run_in_the_form(dashboard_store):
+    """``captured`` is three-way (attacks.captured.by_default): left to the run by default,
+    true asks for a CUDA graph (refused here, on the CPU, as the run would refuse it),
+    false keeps the step eager whatever the run would choose."""
+    at = _app()
+    at.switch_page(LAB.path).run()
+    at.selectbox(key="attack").set_value("ig").run()
+    at.number_input(key="iterations.ig.audit").set_value(5).run()
+    captured = at.selectbox(key="attack.ig.audit.captured")
+    assert captured.options == ["the run decides", "true", "false"]
+    assert captured.value is None
+    captured.set_value(True).run()
+    at.button(key="estimate").click().run()
+    [refused] = [i.value for i in at.info if "None of the planned attacks" in i.value]
+    assert refused.endswith(
+        "None of the planned attacks will run here: ig cannot record its step as a CUDA graph "
+        "here: a CUDA graph needs a CUDA device (this run is on cpu)."
+    )
+    at.selectbox(key="attack.ig.audit.captured").set_value(False).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    [eager] = [i.value for i in at.info if "planned steps take about" in i.value]
+    assert "of compiling" not in eager
+
+
 def test_a_finished_run_states_one_attack_time_and_the_whole_runs_apart(dashboard_store):
     """Issue 35: the progress line said "63.0 s" and Timing "120.0 s for 932 iterations".
     The progress line of a finished run ends on the seconds its Timing states, both named
@@ -1285,6 +1309,16 @@ def test_form_fields_record_only_changes():
         "rounds": 3,
         "clip": "",
     }
+
+
+def test_a_three_way_field_records_a_change_only_when_it_leaves_the_run_s_choice():
+    from auditlib.attacks.inverting_gradients import InvertingGradientsConfig
+
+    defaults = config_form.config_defaults(InvertingGradientsConfig)
+    assert defaults["captured"] is None  # the run decides
+    assert config_form.changed_params({"captured": None}, defaults) == {}
+    assert config_form.changed_params({"captured": False}, defaults) == {"captured": False}
+    assert config_form.changed_params({"captured": True}, defaults) == {"captured": True}
 
 
 def test_settings_text_names_the_settings():

@@ -20,12 +20,13 @@ from test_compiled_step import CPU_SCALED, _batchnorm_release, _ends_as_eager_th
 from test_host_reads import reads_while
 from torch.utils._pytree import tree_flatten
 
-from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.attacks import ATTACKS, RunControl, build_attack_config, get_attack
 from auditlib.attacks import captured as captured_step
 from auditlib.attacks.captured import WARMUP_STEPS, CapturedGradient
 from auditlib.attacks.compiled import traced_model
 from auditlib.attacks.objectives import UpdateMatcher, total_variation
 from auditlib.client.protocol import ClientProtocol
+from auditlib.config import field_info
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
@@ -287,17 +288,39 @@ def test_each_attack_captured_as_a_cuda_graph_ends_where_it_ends_eager_there(
 
 
 def test_a_run_on_cuda_records_its_step_by_default_only_once_that_is_switched_on(monkeypatch):
+    """``captured`` is three-way: none (the default) leaves it to the run, which decides
+    true or false before it steps; true and false as asked stay."""
     config, _ = build_attack_config("ig", {})
+    assert config.captured is None  # left to the run
     on_cuda = SimpleNamespace(device=torch.device("cuda"))
     on_cpu = SimpleNamespace(device=torch.device("cpu"))
     assert captured_step.BY_DEFAULT_ON_CUDA is False  # until its CUDA figures are in
-    assert captured_step.by_default(config, on_cuda, None) is config
+    assert captured_step.by_default(config, on_cuda, None).captured is False
     monkeypatch.setattr(captured_step, "BY_DEFAULT_ON_CUDA", True)
-    assert captured_step.by_default(config, on_cuda, None).captured
-    assert captured_step.by_default(config, on_cpu, None) is config
-    assert captured_step.by_default(config, on_cuda, "a TorchScript model") is config
+    assert captured_step.by_default(config, on_cuda, None).captured is True
+    assert captured_step.by_default(config, on_cpu, None).captured is False
+    assert captured_step.by_default(config, on_cuda, "a TorchScript model").captured is False
     compiled, _ = build_attack_config("ig", {"compiled": True})
-    assert captured_step.by_default(compiled, on_cuda, None) is compiled  # asked: compiled
+    assert captured_step.by_default(compiled, on_cuda, None).captured is False  # asked: compiled
+    # Asked for either way: kept, so captured=false keeps a run on CUDA eager.
+    for asked in (True, False):
+        config, _ = build_attack_config("dlg", {"captured": asked})
+        assert captured_step.by_default(config, on_cuda, None) is config
+
+
+def test_a_run_leaves_a_cuda_graph_to_the_run_unless_asked_and_says_so_in_its_words():
+    for attack in ("ig", "gi", "grnn", "fedleak", "dlg", "idlg", "dlm", "dlm+"):
+        info = ATTACKS[attack]
+        [field] = [f for f in field_info(info.config_type) if f.name == "captured"]
+        assert field.type == "bool" and field.optional and field.default is None, attack
+        assert field.description.endswith(
+            "none (the default): the run decides, recording where it runs on CUDA and can, "
+            "once recording by default is switched on (it is off until its GPU figures are "
+            "in); false: never"
+        ), attack
+        no, _ = build_attack_config(attack, {"captured": "false"})
+        left, _ = build_attack_config(attack, {"captured": ""})
+        assert (no.captured, left.captured) == (False, None), attack
 
 
 @CUDA
@@ -307,3 +330,13 @@ def test_every_attack_of_a_plan_records_its_step_on_cuda_once_that_is_switched_o
     _, _, release = release_for(dataclasses.replace(lenet_spec("ig", batch=2), device="cuda"))
     _final("ig", release, {"restarts": 2, "signed": False}, WARMUP_STEPS + 2)
     assert len(recorded) == 1
+
+
+@CUDA
+def test_captured_false_keeps_a_run_on_cuda_eager_once_recording_is_the_default(monkeypatch):
+    recorded = count_recordings(monkeypatch)
+    monkeypatch.setattr(captured_step, "BY_DEFAULT_ON_CUDA", True)
+    _, _, release = release_for(dataclasses.replace(lenet_spec("ig", batch=2), device="cuda"))
+    params = {"restarts": 2, "signed": False, "captured": False}
+    _final("ig", release, params, WARMUP_STEPS + 2)
+    assert recorded == []

@@ -107,6 +107,24 @@ def test_attacks_that_will_run_at_once_are_estimated_as_measured_one_after_anoth
     assert apart.words().endswith("so the 830 planned steps take about 5 min")
 
 
+def test_an_attack_that_refuses_once_it_runs_is_named_with_its_reason_not_estimated():
+    """An attack refused only once it runs (here ``captured=true`` on the CPU) is skipped
+    by the run and said beside the estimate; where no planned attack runs, the estimate says
+    that and why, not that the model runs elsewhere."""
+    asked = dataclasses.replace(
+        spec(), attack=ComponentSpec.of("ig", {"captured": "true"}, preset="audit")
+    )
+    estimate = estimate_time(asked)
+    assert estimate is not None and estimate.paces == ()
+    assert estimate.words() == (
+        "none of the planned attacks will run here: ig cannot record its step as a CUDA graph "
+        "here: a CUDA graph needs a CUDA device (this run is on cpu)"
+    )
+    paces = (AttackPace("dlg", False, 300, 0.05),)
+    beside = TimeEstimate(paces, None, 1.0, refused=("idlg reads one image's label",))
+    assert beside.words().endswith("take about 15 s; will not run: idlg reads one image's label")
+
+
 def test_the_estimate_times_the_attacks_own_steps_not_one_loss_evaluation():
     """Issue 52: LeNet DLG was said to take "at least 2 s" and took 44.7 s: an L-BFGS step
     evaluates the loss up to ``lbfgs_max_iter`` times. The pace is measured on the attack's

@@ -16,10 +16,12 @@ at once); values and named outputs are copies, as ``CompiledGradient``'s on CUDA
 count of running starts is its own graph, with its own memory pool, kept until the next
 count is recorded (a race's running starts only fall).
 
-Asked for (``captured`` in the attack's configuration), on CUDA only, until its CUDA tests
-and figures are in (docs/PERFORMANCE.md, "The compiled step"); then a run on CUDA can record
-its step without being asked (``by_default``, ``BY_DEFAULT_ON_CUDA``). A step a graph cannot
-hold fails its recording, and the run goes on with the same step eagerly.
+``captured`` in the attack's configuration is three-way: true asks for it (refused off CUDA),
+false keeps the step eager, and none (the default) leaves it to the run (``by_default``),
+which records on CUDA where the step can be traced once ``BY_DEFAULT_ON_CUDA`` is switched on:
+it is off until its CUDA tests and figures are in (docs/PERFORMANCE.md, "The compiled step").
+A step a graph cannot hold fails its recording, and the run goes on with the same step
+eagerly.
 """
 
 from __future__ import annotations
@@ -38,17 +40,23 @@ from auditlib.attacks.compiled import Objective, refuse_unless_traceable, value_
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.threat import AttackerKnowledge
 
+# What ``captured`` set to none (its default) means, in both fields' words.
+_LEFT_TO_THE_RUN = (
+    "; none (the default): the run decides, recording where it runs on CUDA and can, once "
+    "recording by default is switched on (it is off until its GPU figures are in); false: never"
+)
 # The ``captured`` field's words, one for every attack that can record its step.
 CAPTURED_HELP = (
     "record the step as a CUDA graph after its first eager steps and replay it (CUDA only): "
     "faster steps where kernels are small, without compiling; the starts advance together, "
-    "and several updates one after another"
+    "and several updates one after another" + _LEFT_TO_THE_RUN
 )
 # The same for the L-BFGS attacks, whose evaluations (up to 20 a step) are what is recorded.
 CAPTURED_LBFGS_HELP = (
     "record the objective's evaluation as a CUDA graph after its first eager evaluations and "
     "replay it (CUDA only): faster evaluations where kernels are small; the starts advance "
     "together on the batched L-BFGS (one start too), and several updates one after another"
+    + _LEFT_TO_THE_RUN
 )
 
 # Eager steps at each count of starts before it is recorded: CUDA's and cuBLAS's lazy
@@ -97,29 +105,33 @@ def _on(stream: torch.cuda.Stream | None) -> Iterator[None]:
 
 def stepped(config: Any) -> bool:
     """Whether an attack's configuration asks for its step traced: compiled or captured (the
-    L-BFGS attacks have no compiled step)."""
+    L-BFGS attacks have no compiled step; captured left to the run, None, is not asked)."""
     return bool(getattr(config, "compiled", False) or config.captured)
 
 
 def by_default(config: Any, knowledge: AttackerKnowledge, reason: str | None) -> Any:
-    """``config`` with ``captured`` on where a run records its step without being asked:
-    on CUDA with ``BY_DEFAULT_ON_CUDA``, where the step can be traced (``reason``, the
-    attack's own, is None) and neither way was asked for; else ``config``."""
-    if (
+    """``config`` with ``captured`` decided where it was left to the run (None): on, on CUDA
+    with ``BY_DEFAULT_ON_CUDA``, where the step can be traced (``reason``, the attack's own,
+    is None) and compiling was not asked for; else off. An explicit true or false stays, so
+    ``captured=false`` keeps a run on CUDA eager whatever the default becomes."""
+    if config.captured is not None:
+        return config
+    decided = bool(
         BY_DEFAULT_ON_CUDA
         and knowledge.device.type == "cuda"
         and reason is None
-        and not stepped(config)
-    ):
-        return dataclasses.replace(config, captured=True)
-    return config
+        and not getattr(config, "compiled", False)
+    )
+    if decided:
+        _LOG.info("the step is recorded as a CUDA graph (captured=false keeps it eager)")
+    return dataclasses.replace(config, captured=decided)
 
 
 def stepping(attack: str, config: Any, knowledge: AttackerKnowledge, reason: str | None) -> Any:
-    """The configuration a run of ``attack`` steps by: refused where it asks for a traced
-    step that cannot be had here (:func:`refuse_unless_stepped`; ``reason``, the attack's
-    own, is what keeps its step eager), captured where the run records its step unasked
-    (:func:`by_default`)."""
+    """The configuration a run of ``attack`` steps by, ``captured`` true or false: refused
+    where it asks for a traced step that cannot be had here (:func:`refuse_unless_stepped`;
+    ``reason``, the attack's own, is what keeps its step eager), captured where it was left
+    to the run and the run records its step (:func:`by_default`)."""
     refuse_unless_stepped(attack, config, knowledge, reason)
     return by_default(config, knowledge, reason)
 

@@ -77,7 +77,7 @@ class LbfgsConfig:
     )
     # Each evaluation recorded as a CUDA graph and replayed (attacks.captured, lbfgs.
     # RecordedRows): the same algorithm, on the batched L-BFGS.
-    captured: bool = param(False, CAPTURED_LBFGS_HELP, identity=False)
+    captured: bool | None = param(None, CAPTURED_LBFGS_HELP, identity=False)
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -118,7 +118,7 @@ class _ModelLeakageConfig:
     )
     # Each L-BFGS evaluation recorded as a CUDA graph and replayed (attacks.captured,
     # lbfgs.RecordedRows): the same algorithm, on the batched L-BFGS.
-    captured: bool = param(False, CAPTURED_LBFGS_HELP, identity=False)
+    captured: bool | None = param(None, CAPTURED_LBFGS_HELP, identity=False)
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -193,7 +193,7 @@ class FedLeakConfig:
     )
     # The eager step recorded as a CUDA graph after its first steps (attacks.captured): two
     # graphs per count of running starts, as compiled.
-    captured: bool = param(False, CAPTURED_HELP, identity=False)  # the same algorithm
+    captured: bool | None = param(None, CAPTURED_HELP, identity=False)  # the same algorithm
 
     def __post_init__(self) -> None:
         check_ranges(self)

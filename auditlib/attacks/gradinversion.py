@@ -149,7 +149,7 @@ class GradInversionConfig:
         identity=False,  # the same algorithm: a stored eager run stands for a compiled one
     )
     # The eager step recorded as a CUDA graph after its first steps (attacks.captured).
-    captured: bool = param(False, CAPTURED_HELP, identity=False)  # the same algorithm
+    captured: bool | None = param(None, CAPTURED_HELP, identity=False)  # the same algorithm
 
     def __post_init__(self) -> None:
         check_ranges(self)

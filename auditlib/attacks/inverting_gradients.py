@@ -105,7 +105,7 @@ class InvertingGradientsConfig:
     )
     # The eager step recorded as a CUDA graph after its first steps (attacks.captured):
     # the launches saved without compiling. Asked for, on CUDA only.
-    captured: bool = param(False, CAPTURED_HELP, identity=False)  # the same algorithm
+    captured: bool | None = param(None, CAPTURED_HELP, identity=False)  # the same algorithm
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -60,16 +60,17 @@ def unmeasured(prepared) -> tuple[str, ...]:
     return tuple(a.name for a in prepared.planned if a.twin_of is not None)
 
 
-def measure_paces(prepared) -> tuple[AttackPace, ...]:
+def measure_paces(prepared) -> tuple[tuple[AttackPace, ...], tuple[str, ...]]:
     """Each planned attack of ``prepared`` (an ``engine.audit.PreparedRun``) that will run,
     with its pace; attacks that will not run (do not apply, a twin that is its plain
     attack's result undone) are left out, as the run's step count leaves them out
-    (``attack_phase.steps_that_run``)."""
+    (``attack_phase.steps_that_run``). Then why each attack refused only once it ran
+    (``captured=true`` off CUDA, iDLG's rule on a batch), in words: the run skips them too."""
     planned = prepared.planned
     release_for = prepared.rounds.for_attack
     running = steps_that_run(planned, release_for)
     probe = replace(prepared.control, max_seconds=None, emit_every=1, image_every=10**9)
-    paces = []
+    paces, refused = [], []
     for index, attack in enumerate(planned):
         if not running[index] or attack.twin_of is not None:
             # A server built to pass the model check builds its model first (the learned
@@ -83,8 +84,10 @@ def measure_paces(prepared) -> tuple[AttackPace, ...]:
         try:
             with fresh_traces():  # the compiling a run's worker may pay, not a kept trace
                 step_s, first_extra_s = _step_seconds(call)
-        except AttackUnsupportedError:  # found only once it runs (iDLG's rule on a batch):
-            continue  # the run skips it too, and says why
+        except AttackUnsupportedError as exc:  # found only once it runs: the run skips it
+            words = str(exc)
+            refused.append(words if words.startswith(attack.name) else f"{attack.label}: {words}")
+            continue
         setup_s = 0.0
         if _compiled(call):  # the first step traced the step: again per count of starts
             control = prepared.control  # the run's: its rungs on the run's event grid
@@ -93,7 +96,7 @@ def measure_paces(prepared) -> tuple[AttackPace, ...]:
         paces.append(
             AttackPace(attack.label, attack.adaptive, attack.planned_steps, step_s, setup_s)
         )
-    return tuple(paces)
+    return tuple(paces), tuple(refused)
 
 
 def running_counts(attack, max_steps: int, every: int) -> list[int]:

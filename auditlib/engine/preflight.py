@@ -58,6 +58,9 @@ class TimeEstimate:
     # The attacks will run at once (``engine.at_once``, where asked for): measured one at a time,
     # the estimate then counts them one after another, which the run need not take.
     at_once: bool = False
+    # Planned attacks that refused once they ran (``pace.measure_paces``), in words: the run
+    # skips them too.
+    refused: tuple[str, ...] = ()
 
     @property
     def planned_steps(self) -> int:
@@ -111,6 +114,9 @@ class TimeEstimate:
         """'measured here on a few real steps: dlg 0.094 s a step, so the 480 planned steps
         take about 45 s; the time budget of 30 s stops the attack after about 319 of them:
         a budget of at least 46 s would let it finish'."""
+        if not self.paces:
+            why = f": {'; '.join(self.refused)}" if self.refused else ""
+            return f"none of the planned attacks will run here{why}"
         paces = ", ".join(
             f"{p.label} {p.step_s:.2g} s "
             + ("(one pass)" if p.planned_steps == 1 else "a step")
@@ -145,6 +151,8 @@ class TimeEstimate:
                 "model check, each building its own model first (the learned disguise trains "
                 "for about a minute a model the first time)"
             )
+        if self.refused:
+            text += f"; will not run: {'; '.join(self.refused)}"
         return text
 
 
@@ -170,7 +178,7 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     ``emit_every``: the run's event interval, which places a race's rungs and so its
     planned steps (the dashboard's 5: 475 for DLG's audit preset; the CLI's 10: 480).
     None for a trusted archive or a model class of the user's own code (its model runs in
-    a process of its own). Raises ``AuditInputError`` where the run itself would be refused
+    a process of its own); no paces where none of the planned attacks will run. Raises ``AuditInputError`` where the run itself would be refused
     (its images, its model)."""
     from auditlib.engine.attack_phase import runs_at_once
     from auditlib.engine.audit import prepare_run
@@ -182,9 +190,7 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     started = time.perf_counter()
     check_model_trains(spec)  # refused in words, as the run is, not in torch's mid-step
     prepared = prepare_run(spec, assets=assets, emit_every=emit_every)
-    paces = measure_paces(prepared)
-    if not paces:
-        return None
+    paces, refused = measure_paces(prepared)
     at_once = runs_at_once(prepared.planned, prepared.rounds.for_attack)
     return TimeEstimate(
         paces,
@@ -192,4 +198,5 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
         time.perf_counter() - started,
         unmeasured(prepared),
         at_once,
+        refused,
     )
