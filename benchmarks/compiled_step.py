@@ -31,7 +31,11 @@ full_float32``: TF32 off for convolutions and matrix products), breaching's too,
 compute the same; ``--tf32`` runs them all with TF32 on instead (what the faster arithmetic
 gives, and whether the PSNR moves: the product keeps it off), into a ``-tf32`` file. Before
 2026-11-30's fifteenth session this benchmark left PyTorch's default on CUDA, cuDNN's TF32
-convolutions, on both sides.
+convolutions, on both sides. ``--channels-last`` puts the model's convolution weights (both
+sides' copies) in the channels-last memory format, NHWC, into a ``-nhwc`` file: the same
+values laid out for the kernels that prefer it (cuDNN's tensor-core convolutions, oneDNN's),
+to measure whether the step gains and whether the PSNR stays (the product keeps torch's
+default, NCHW, until that is shown).
 
 Cases: ``lenet`` (DLG's LeNet at 32 px, 100 classes: this machine's CPU), ``resnet18-32``
 (the CIFAR ResNet-18, 10 classes, train-mode BatchNorm: where the CPU's kernels are large),
@@ -49,7 +53,7 @@ time), one summary per log: each log is one call, whose rows compare within it.
 Usage: python -m benchmarks.compiled_step [--attack fedleak|gi|grnn|dlg] [--device cuda]
        [--case resnet18-224] [--steps 1000] [--seeds 3] [--starts 8]
        [--paper-budget [--budget-only]] [--no-peer] [--keep-traces]
-       [--kinds eager,compiled,captured] [--tf32]
+       [--kinds eager,compiled,captured] [--tf32] [--channels-last]
        [--from-log LOG[,LOG] --measured-on M]
 """
 
@@ -270,6 +274,7 @@ def _output(args) -> Path:
     name = "" if args.attack == "ig" else f"{args.attack}-"
     rows = "-captured" if "captured" in getattr(args, "kinds", "") else ""
     rows += "-tf32" if getattr(args, "tf32", False) else ""
+    rows += "-nhwc" if getattr(args, "channels_last", False) else ""
     file = f"compiled_step-{name}{args.device}-{args.case}{rows}.json"
     return ROOT / "benchmarks" / "results" / file
 
@@ -304,6 +309,11 @@ def main() -> None:
         action="store_true",
         help="on CUDA, TF32 on for convolutions and matrix products (the product keeps it off)",
     )
+    parser.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="the model's weights in the channels-last memory format (NHWC), both sides",
+    )
     add_log_arguments(parser, "--attack, --device, --case and --steps")
     args = parser.parse_args()
     attacks_compiled.KEEP_ON_CUDA = args.keep_traces
@@ -319,6 +329,8 @@ def main() -> None:
     print(json.dumps({"machine": machine()}), flush=True)  # for --from-log
     spec = CASES[args.case]
     victim, names, gradient = _case(spec)
+    if args.channels_last:  # after the client's gradient: the same values either way
+        victim.model.to(memory_format=torch.channels_last)
     if args.attack == "dlg" and "compiled" in kinds:
         parser.error("DLG has no compiled step: --kinds eager,captured")
     with_peer = not args.no_peer and PEERS.exists() and args.attack in PEER_OF
@@ -351,6 +363,7 @@ def main() -> None:
         "case": args.case,
         "steps": args.steps,
         "arithmetic": _arithmetic(args.device),
+        "memory_format": "channels_last (NHWC)" if args.channels_last else "torch's default (NCHW)",
         "peer": "breaching 0.1.2"
         if with_peer
         else f"none for {args.attack}"

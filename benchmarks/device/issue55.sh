@@ -26,6 +26,9 @@
 # tf32 (the captured step's rows again with TF32 on for both sides, 3 seeds: what the faster
 # arithmetic gives and whether the PSNR moves; the product keeps TF32 off, and every other
 # step runs in its full float32),
+# nhwc (the captured step's rows again with the model's weights channels-last, NHWC, both
+# sides, 3 seeds: whether cuDNN's NHWC convolutions speed the step and keep the PSNR; run it
+# in the same call as captured, whose rows it is set beside; the product keeps NCHW),
 # dlgcap (DLG eager, captured=true and breaching's deepleakage, 30 L-BFGS steps of 20
 # evaluations, seed 0, and 8 starts captured: what the L-BFGS attacks' recorded evaluation,
 # lbfgs.RecordedRows, gives at 224 px; dlgcap:N for N steps),
@@ -62,6 +65,7 @@ for step in ${*:-tests}; do
     tests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     captests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_attacks_at_once.py -k cuda 2>&1 | tail -25 | tee "$OUT/captests.log" ;;
     captured) timeout 540 $bench --kinds eager,captured --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/captured.log" | tail -8 ;;
+    nhwc) timeout 540 $bench --kinds captured --channels-last --steps "${n:-300}" --seeds 3 --starts 1 2>&1 | tee "$OUT/nhwc.log" | tail -6 ;;
     dlgcap) timeout 540 $bench --attack dlg --kinds eager,captured --steps "${n:-30}" --seeds 1 --starts 8 2>&1 | tee "$OUT/dlgcap.log" | tail -6 ;;
     tf32) timeout 540 $bench --kinds captured --tf32 --steps "${n:-300}" --seeds 3 --starts 1 2>&1 | tee "$OUT/tf32.log" | tail -6 ;;
     capbudget) timeout 500 $bench --no-peer --kinds captured --paper-budget --budget-only 2>&1 | tee "$OUT/capbudget.log" | tail -4 ;;
