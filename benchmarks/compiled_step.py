@@ -31,11 +31,12 @@ full_float32``: TF32 off for convolutions and matrix products), breaching's too,
 compute the same; ``--tf32`` runs them all with TF32 on instead (what the faster arithmetic
 gives, and whether the PSNR moves: the product keeps it off), into a ``-tf32`` file. Before
 2026-11-30's fifteenth session this benchmark left PyTorch's default on CUDA, cuDNN's TF32
-convolutions, on both sides. ``--channels-last`` puts the model's convolution weights (both
-sides' copies) in the channels-last memory format, NHWC, into a ``-nhwc`` file: the same
-values laid out for the kernels that prefer it (cuDNN's tensor-core convolutions, oneDNN's),
-to measure whether the step gains and whether the PSNR stays (the product keeps torch's
-default, NCHW, until that is shown).
+convolutions, on both sides. ``--channels-last`` adds, after each kind's row of one start, the
+same row with our model's convolution weights in the channels-last memory format, NHWC
+("ours KIND nhwc"; breaching keeps torch's default, NCHW, the reference both rows are set
+beside), into a ``-nhwc`` file: the same values laid out for the kernels that prefer it
+(cuDNN's tensor-core convolutions, oneDNN's), to measure whether the step gains and whether
+the PSNR stays. The product keeps NCHW until that is shown.
 
 Cases: ``lenet`` (DLG's LeNet at 32 px, 100 classes: this machine's CPU), ``resnet18-32``
 (the CIFAR ResNet-18, 10 classes, train-mode BatchNorm: where the CPU's kernels are large),
@@ -91,10 +92,16 @@ PAPER_BUDGET = 24_000
 STEADY_FROM = 0.2
 
 
-def ours(victim, classes, names, gradient, device, attack, steps, seed, step, starts=1) -> dict:
+def ours(
+    victim, classes, names, gradient, device, attack, steps, seed, step, starts=1, nhwc=False
+) -> dict:
     """One run of our ``attack`` (paper preset), labels known, its step ``step`` (eager,
-    compiled or captured); seconds to its first step and after."""
-    knowledge = our_knowledge(victim, classes, copy.deepcopy(victim.model).to(device), True)
+    compiled or captured), its model's weights channels-last where ``nhwc``; seconds to its
+    first step and after."""
+    model = copy.deepcopy(victim.model).to(device)
+    if nhwc:  # the client's gradient is the same values either way
+        model.to(memory_format=torch.channels_last)
+    knowledge = our_knowledge(victim, classes, model, True)
     observation = Observation("gradient", tuple(g.to(device) for g in gradient), names)
     # The eager row says captured=false: it stays eager whatever a run on CUDA would choose.
     params = {"restarts": starts} | ({step: True} if step != "eager" else {"captured": False})
@@ -122,7 +129,7 @@ def ours(victim, classes, names, gradient, device, attack, steps, seed, step, st
     done = sum(c.steps for c in final.candidates)
     steady = None if later is None or done <= later[1] else (done - later[1]) / (end - later[0])
     return {
-        "side": f"ours {step}",
+        "side": f"ours {step}" + (" nhwc" if nhwc else ""),
         "starts": starts,
         "seed": seed,
         "steps": done,
@@ -175,13 +182,13 @@ def peer(victim, classes, gradient, device, steps, seed, attack="ig") -> dict:
     }
 
 
-def guarded(run, steps, seed, step, starts=1) -> dict:
+def guarded(run, steps, seed, step, starts=1, nhwc=False) -> dict:
     """One of our runs, or what stopped it (a machine without what compiling or recording
     needs): the other rows are still measured."""
     try:
-        return run(steps, seed, step, starts)
+        return run(steps, seed, step, starts, nhwc)
     except Exception as error:
-        side = f"ours {step}"
+        side = f"ours {step}" + (" nhwc" if nhwc else "")
         return {"side": side, "starts": starts, "seed": seed, "error": repr(error)[:2000]}
 
 
@@ -312,7 +319,8 @@ def main() -> None:
     parser.add_argument(
         "--channels-last",
         action="store_true",
-        help="the model's weights in the channels-last memory format (NHWC), both sides",
+        help="after each kind's row of one start, the same with our model's weights "
+        "channels-last (NHWC); breaching stays NCHW",
     )
     add_log_arguments(parser, "--attack, --device, --case and --steps")
     args = parser.parse_args()
@@ -329,8 +337,6 @@ def main() -> None:
     print(json.dumps({"machine": machine()}), flush=True)  # for --from-log
     spec = CASES[args.case]
     victim, names, gradient = _case(spec)
-    if args.channels_last:  # after the client's gradient: the same values either way
-        victim.model.to(memory_format=torch.channels_last)
     if args.attack == "dlg" and "compiled" in kinds:
         parser.error("DLG has no compiled step: --kinds eager,captured")
     with_peer = not args.no_peer and PEERS.exists() and args.attack in PEER_OF
@@ -341,10 +347,11 @@ def main() -> None:
     for seed in range(0 if args.budget_only else args.seeds):
         # The R-starts row runs once (seed 0): it measures what R starts cost beside one.
         together = seed == 0 and args.starts > 1
-        rows = [(kind, 1) for kind in kinds]
-        rows += [(kind, args.starts) for kind in kinds if kind != "eager" and together]
-        for step, starts in rows:
-            runs.append(guarded(run, args.steps, seed, step, starts))
+        layouts = (False, True) if args.channels_last else (False,)
+        rows = [(kind, 1, nhwc) for kind in kinds for nhwc in layouts]
+        rows += [(kind, args.starts, False) for kind in kinds if kind != "eager" and together]
+        for step, starts, nhwc in rows:
+            runs.append(guarded(run, args.steps, seed, step, starts, nhwc))
             print(json.dumps(runs[-1]), flush=True)
         if with_peer:
             runs.append(
@@ -363,7 +370,9 @@ def main() -> None:
         "case": args.case,
         "steps": args.steps,
         "arithmetic": _arithmetic(args.device),
-        "memory_format": "channels_last (NHWC)" if args.channels_last else "torch's default (NCHW)",
+        "memory_format": "NCHW, and NHWC in the nhwc rows"
+        if args.channels_last
+        else "torch's default (NCHW)",
         "peer": "breaching 0.1.2"
         if with_peer
         else f"none for {args.attack}"

@@ -26,9 +26,9 @@
 # tf32 (the captured step's rows again with TF32 on for both sides, 3 seeds: what the faster
 # arithmetic gives and whether the PSNR moves; the product keeps TF32 off, and every other
 # step runs in its full float32),
-# nhwc (the captured step's rows again with the model's weights channels-last, NHWC, both
-# sides, 3 seeds: whether cuDNN's NHWC convolutions speed the step and keep the PSNR; run it
-# in the same call as captured, whose rows it is set beside; the product keeps NCHW),
+# nhwc (the captured step's row of one start, each beside the same with our model's weights
+# channels-last, NHWC, and breaching's, 3 seeds: whether cuDNN's NHWC convolutions speed the
+# step and keep the PSNR; the product keeps NCHW),
 # dlgcap (DLG eager, captured=true and breaching's deepleakage, 30 L-BFGS steps of 20
 # evaluations, seed 0, and 8 starts captured: what the L-BFGS attacks' recorded evaluation,
 # lbfgs.RecordedRows, gives at 224 px; dlgcap:N for N steps),
