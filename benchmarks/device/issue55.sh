@@ -51,33 +51,49 @@
 # about 5 minutes: run it in a call of its own), all:S (a budget of S seconds),
 # allcap (the same with every attack that can record its step as a CUDA graph:
 # attacks.captured.BY_DEFAULT_ON_CUDA; allcap:S as all:S),
-# ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200). Every run
-# prints a JSON line, kept in $OUT.
+# ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200),
+# essentials (captests captured:200 allcap:60 capbudget nhwc:200 tf32:200 dlgcap, one call,
+# as far as its deadline lets: timeout_s 600). Every run prints a JSON line, kept in $OUT.
+# The call's deadline: ISSUE55_SECONDS (585 s by default) from its start.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 mkdir -p .peers && ln -sfn /tmp/site .peers/site  # benchmarks.peers imports breaching there
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi -L
 R=benchmarks/device/run.py
 bench="python3 $R benchmarks.compiled_step --device cuda --case resnet18-224"
-for step in ${*:-tests}; do
+# One call's deadline (the device tool's timeout_s less a margin): each step gets at most
+# what is left of it, and one with under 30 s left is skipped, so a call of several steps
+# ends with what it measured rather than being killed with nothing written. A step cut short
+# keeps its log in $OUT (benchmarks.compiled_step --from-log makes its file from it).
+END=$((SECONDS + ${ISSUE55_SECONDS:-585}))
+t() { local left=$((END - SECONDS - 5)); echo $(( $1 < left ? $1 : left )); }
+steps=${*:-tests}
+# essentials: every item of the issue's "What must be shown" in one call, in the order of
+# what they decide (the captured step's tests and rates, the plan of every attack, bounded
+# by its 60 s, then the paper's budget, which takes what is left), then what is tried beside
+# them, as far as the deadline lets.
+steps=${steps/essentials/captests captured:200 allcap:60 capbudget nhwc:200 tf32:200 dlgcap}
+for step in $steps; do
   s=${step%%:*}; n=${step#*:}; [ "$n" = "$step" ] && n=""
+  if [ $((END - SECONDS)) -lt 30 ]; then echo "skipped $step: under 30 s of this call left" | tee -a "$OUT/skipped.log"; continue; fi
+  echo "== $step at ${SECONDS} s" | tee -a "$OUT/steps.log"
   case $s in
-    tests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
-    captests) timeout 300 python3 $R pytest -q -p no:cacheprovider -rs tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_attacks_at_once.py -k cuda 2>&1 | tail -25 | tee "$OUT/captests.log" ;;
-    captured) timeout 540 $bench --kinds eager,captured --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/captured.log" | tail -8 ;;
-    nhwc) timeout 540 $bench --kinds captured --channels-last --steps "${n:-300}" --seeds 3 --starts 1 2>&1 | tee "$OUT/nhwc.log" | tail -6 ;;
-    dlgcap) timeout 540 $bench --attack dlg --kinds eager,captured --steps "${n:-30}" --seeds 1 --starts 8 2>&1 | tee "$OUT/dlgcap.log" | tail -6 ;;
-    tf32) timeout 540 $bench --kinds captured --tf32 --steps "${n:-300}" --seeds 3 --starts 1 2>&1 | tee "$OUT/tf32.log" | tail -6 ;;
-    capbudget) timeout 500 $bench --no-peer --kinds captured --paper-budget --budget-only 2>&1 | tee "$OUT/capbudget.log" | tail -4 ;;
-    atonce) timeout 240 python3 $R pytest -q -p no:cacheprovider -rs tests/test_attacks_at_once.py -k "cuda and stream" 2>&1 | tail -25 | tee "$OUT/atonce.log" ;;
-    ig) timeout 540 $bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
-    fedleak) timeout 540 $bench --attack fedleak --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/fedleak.log" | tail -6 ;;
-    gi) timeout 540 $bench --attack gi --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/gi.log" | tail -6 ;;
-    grnn) timeout 540 $bench --attack grnn --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/grnn.log" | tail -6 ;;
-    keep) timeout 540 $bench --no-peer --keep-traces --steps 300 --seeds 3 --starts 1 2>&1 | tee "$OUT/keep.log" | tail -4 ;;
-    budget) timeout 500 $bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
-    all) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
-    allcap) timeout 540 python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" --captured 2>&1 | tee "$OUT/allcap.log" | tail -4 ;;
+    tests) timeout $(t 300) python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    captests) timeout $(t 300) python3 $R pytest -q -p no:cacheprovider -rs tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_attacks_at_once.py -k cuda 2>&1 | tail -25 | tee "$OUT/captests.log" ;;
+    captured) timeout $(t 540) $bench --kinds eager,captured --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/captured.log" | tail -8 ;;
+    nhwc) timeout $(t 540) $bench --kinds captured --channels-last --steps "${n:-300}" --seeds 3 --starts 1 2>&1 | tee "$OUT/nhwc.log" | tail -6 ;;
+    dlgcap) timeout $(t 540) $bench --attack dlg --kinds eager,captured --steps "${n:-30}" --seeds 1 --starts 8 2>&1 | tee "$OUT/dlgcap.log" | tail -6 ;;
+    tf32) timeout $(t 540) $bench --kinds captured --tf32 --steps "${n:-300}" --seeds 3 --starts 1 2>&1 | tee "$OUT/tf32.log" | tail -6 ;;
+    capbudget) timeout $(t 500) $bench --no-peer --kinds captured --paper-budget --budget-only 2>&1 | tee "$OUT/capbudget.log" | tail -4 ;;
+    atonce) timeout $(t 240) python3 $R pytest -q -p no:cacheprovider -rs tests/test_attacks_at_once.py -k "cuda and stream" 2>&1 | tail -25 | tee "$OUT/atonce.log" ;;
+    ig) timeout $(t 540) $bench --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/ig.log" | tail -12 ;;
+    fedleak) timeout $(t 540) $bench --attack fedleak --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/fedleak.log" | tail -6 ;;
+    gi) timeout $(t 540) $bench --attack gi --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/gi.log" | tail -6 ;;
+    grnn) timeout $(t 540) $bench --attack grnn --no-peer --steps "${n:-200}" --seeds 1 --starts 4 2>&1 | tee "$OUT/grnn.log" | tail -6 ;;
+    keep) timeout $(t 540) $bench --no-peer --keep-traces --steps 300 --seeds 3 --starts 1 2>&1 | tee "$OUT/keep.log" | tail -4 ;;
+    budget) timeout $(t 500) $bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
+    all) timeout $(t 540) python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
+    allcap) timeout $(t 540) python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" --captured 2>&1 | tee "$OUT/allcap.log" | tail -4 ;;
     *) echo "unknown step $s" ;;
   esac
 done
