@@ -47,7 +47,8 @@ BatchNorm in training mode: the issue's GPU case). ``--paper-budget`` adds one c
 of the paper's ImageNet budget, 24,000 steps.
 
 Writes benchmarks/results/compiled_step-DEVICE-CASE.json (another attack's:
-compiled_step-ATTACK-DEVICE-CASE.json; with a captured row, ending ``-captured.json``) and
+compiled_step-ATTACK-DEVICE-CASE.json; with a captured row, ending ``-captured.json``; the
+paper's budget alone, ``--budget-only``, ending ``-budget.json``) and
 prints each run as a JSON line. ``--from-log``
 makes the file from the lines of earlier runs cut off before they wrote it (a lent GPU's
 time), one summary per log: each log is one call, whose rows compare within it.
@@ -282,6 +283,8 @@ def _output(args) -> Path:
     rows = "-captured" if "captured" in getattr(args, "kinds", "") else ""
     rows += "-tf32" if getattr(args, "tf32", False) else ""
     rows += "-nhwc" if getattr(args, "channels_last", False) else ""
+    # The paper's budget alone has a file of its own: it would otherwise replace the rows'.
+    rows += "-budget" if getattr(args, "budget_only", False) else ""
     file = f"compiled_step-{name}{args.device}-{args.case}{rows}.json"
     return ROOT / "benchmarks" / "results" / file
 

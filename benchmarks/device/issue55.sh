@@ -98,3 +98,5 @@ for step in $steps; do
   esac
 done
 cp benchmarks/results/compiled_step-*cuda-*.json benchmarks/results/attacks_at_once-cuda-*.json "$OUT/" 2>/dev/null
+# The issue's items read from what this call wrote (benchmarks/device/issue55_check.py).
+python3 -m benchmarks.device.issue55_check "$OUT" | tee "$OUT/check.log"
