@@ -170,6 +170,7 @@ SLOW = {  # from `pytest --durations=70` on this machine (2 cores), over 10 s ea
     "tests/test_text_audit.py::test_an_undefended_leak_is_a_finding_and_a_failed_attack_is_not_safety",
     "tests/test_text_audit.py::test_the_cli_writes_the_result_and_the_texts_side_by_side",
     "tests/test_text_utr.py::test_utr_recovers_text_from_lora_update_well_above_a_random_guess",
+    "tests/test_captured_plan.py::test_every_attack_of_the_plan_records_its_step_and_ends_as_it_ends_eager",
 }
 
 
