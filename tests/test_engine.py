@@ -283,3 +283,49 @@ def test_the_progress_seconds_run_on_through_the_twin_as_the_timing_does():
     assert events[-1].step == timing.iterations
     plain = result.summary.attacks[0].seconds
     assert plain is not None and plain <= seconds[-1] <= timing.seconds  # both attacks' time
+
+
+def test_a_leak_of_several_attacks_is_credited_to_those_whose_picks_were_recovered():
+    """``--attack all`` on LeNet said "dlg, idlg, ig, grnn, fedleak rebuilt the client's
+    images" where only iDLG's pick beat the guess (IG's 7.45 dB against the guess's 11.03).
+    Here DLG's pick is the private image itself and IG's a grey one: only DLG is named."""
+    from auditlib.engine.judging import scored
+    from auditlib.engine.victim import prepare_victim
+    from auditlib.metrics.verdict import Scope, threat_card
+
+    spec = RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),
+        data=DataSpec("samples", "photographs", batch_size=2),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("all"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(10),
+    )
+    victim = prepare_victim(spec)
+    batch = victim.batch
+
+    def ran(name: str, images: torch.Tensor) -> AttackRun:
+        final = Reconstruction((Candidate(images, None, 0.1, 0, 10, "completed"),), "completed", 10)
+        return AttackRun(PlannedAttack(name, "audit", None, {}, 10), final, None, 1.0)
+
+    runs = [ran("dlg", batch.images.clone()), ran("ig", torch.zeros_like(batch.images))]
+    scope = Scope(
+        attacks=tuple(r.label for r in runs),
+        defense="none",
+        restarts="one start",
+        iterations=10,
+        time_budget_s=None,
+        steps=20,
+        seconds=1.0,
+        threat=threat_card(
+            protocol="FedSGD", labels_known=True, batchnorm_statistics=False, batch_size=2
+        ),
+    )
+    planned = [r.planned for r in runs]
+    judged = scored(spec, planned, runs, victim, batch, scope, "completed", ())
+    verdict = judged.verdict
+    assert verdict.finding.images_recovered == 2
+    assert verdict.finding.recovered_by == ("dlg (audit preset)",)
+    assert verdict.headline == "Very High: dlg (audit preset) rebuilt the client's images"
+    assert verdict.sentence.startswith("dlg (audit preset) and ig (audit preset): 2 of 2 images")
+    assert "the recovered images are dlg (audit preset)'s picks" in verdict.sentence

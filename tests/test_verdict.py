@@ -94,6 +94,32 @@ def test_a_defended_run_that_leaks_is_a_finding_about_the_defense():
     assert "Without the defense: 4 of 4 images" in verdict.sentence
 
 
+def test_a_leak_of_several_attacks_names_those_whose_picks_were_recovered_not_all_tried():
+    """``--attack all`` on LeNet at 20 steps: iDLG's pick beat the guess (12.03 against
+    11.03 dB), IG's and FedLeak's fell below it (7.45, 9.02 dB); the headline said all five
+    "rebuilt the client's images"."""
+    tried = ("dlg (audit preset)", "idlg (audit preset)", "ig (audit preset)")
+    scope = replace(SCOPE, attacks=tried, defense="none")
+    one = replace(finding(1, batch=1), recovered_by=("idlg (audit preset)",))
+    verdict = judge(one, scope, defended=False)
+    assert verdict.headline == "Very High: idlg (audit preset) rebuilt the client's images"
+    assert verdict.sentence.startswith(
+        "dlg (audit preset), idlg (audit preset), ig (audit preset): 1 of 1 image recovered"
+    )
+    assert "; the recovered image is idlg (audit preset)'s pick;" in verdict.sentence
+    two = replace(finding(3), recovered_by=("dlg (audit preset)", "idlg (audit preset)"))
+    defended = judge(two, replace(scope, defense="prune"), defended=True, control=finding(4))
+    assert defended.headline == (
+        "Very High: the defense did not stop dlg (audit preset) and idlg (audit preset)"
+    )
+    assert "the recovered images are the picks of dlg (audit preset) and idlg" in defended.sentence
+    # Stored and read back (a list in JSON), and a verdict recorded before it: all named.
+    again = Verdict.from_dict(json.loads(json.dumps(verdict.to_dict())))
+    assert again.finding == verdict.finding
+    before = judge(finding(1, batch=1), scope, defended=False)
+    assert before.headline.startswith("Very High: dlg (audit preset), idlg (audit preset), ig")
+
+
 @pytest.mark.parametrize("stop", ["time budget", "cancelled"])
 def test_a_run_cut_short_that_recovered_nothing_is_inconclusive(stop):
     verdict = judge(finding(0, stop=stop), SCOPE, defended=True, control=finding(4))
@@ -207,7 +233,7 @@ def test_a_stored_verdict_from_before_reads_inconclusive_never_low():
     again = judge(read.finding, read.scope, defended=True, control=finding(3), control_note="c")
     assert again.outcome == "inconclusive"
     assert "recorded before the held margins" in again.headline
-    assert VERDICT_VERSION == 4
+    assert VERDICT_VERSION == 5
 
 
 def _labels(found: Finding, truth: list[int], guess: list[int], classes: int) -> Finding:

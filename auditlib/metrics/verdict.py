@@ -57,7 +57,9 @@ from auditlib.words import count_of
 # every attack's pick and start; one server's finding; a refused model said first.
 # 4: a model check that refused every model "held" only against every server built to pass
 # it (``Scope.evading``), the servers tried said.
-VERDICT_VERSION = 4
+# 5: a leak of several attacks is credited to those whose picks are the images recovered
+# (``Finding.recovered_by``), not to every attack tried.
+VERDICT_VERSION = 5
 Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive", "unavailable"]
 INCONCLUSIVE = "Inconclusive"
 UNAVAILABLE = "Unavailable"
@@ -113,6 +115,13 @@ class Finding:
     # Under the malicious server with several attacks: the attack (one server, one model)
     # whose own pick this finding is, the best single server; "": the run's attacks together.
     one_server: str = ""
+    # With several attacks, per image the best of their picks: the attacks whose picks are
+    # the images recovered, in the plan's order; (): one attack, none recovered, or
+    # recorded before it (then the run's attacks are named together).
+    recovered_by: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recovered_by", tuple(self.recovered_by))  # stored: a list
 
     @property
     def cut_short(self) -> bool:
@@ -269,7 +278,22 @@ class Verdict:
 
 
 def _attacks(scope: Scope) -> str:
-    return " and ".join(scope.attacks) if len(scope.attacks) <= 2 else ", ".join(scope.attacks)
+    return _names(scope.attacks)
+
+
+def _picks_words(recovered: int, by: tuple[str, ...]) -> str:
+    """'the recovered image is idlg's pick', 'the recovered images are the picks of dlg and
+    idlg'."""
+    if recovered == 1:
+        return f"the recovered image is {by[0]}'s pick"
+    if len(by) == 1:
+        return f"the recovered images are {by[0]}'s picks"
+    return f"the recovered images are the picks of {_names(by)}"
+
+
+def _names(attacks: tuple[str, ...]) -> str:
+    """'dlg', 'dlg and ig', 'dlg, idlg, ig'."""
+    return " and ".join(attacks) if len(attacks) <= 2 else ", ".join(attacks)
 
 
 def _why_inconclusive(
@@ -361,22 +385,25 @@ def judge(
         level = finding.level or "Medium"
         meaning = level_sentence(level, finding.images_recovered, finding.batch_size)
         also = f" Besides, {labels}." if labels else ""
+        # Who rebuilt them: the attacks whose picks are the images recovered, not every
+        # attack tried (one that fell below the guess rebuilt nothing).
+        by, figures = attacks, finding.figures()
+        if finding.recovered_by and not finding.one_server:
+            by = _names(finding.recovered_by)
+            figures += "; " + _picks_words(finding.images_recovered, finding.recovered_by)
         if finding.one_server:  # a server sends one model a round: the best one's finding
             also += (
                 f" It is the best single server of {attacks} (each sends a model of its own, "
                 "one a round): images taken per image from several servers' models are no "
                 "server's finding."
             )
-            attacks = f"{finding.one_server}'s server"
+            attacks = by = f"{finding.one_server}'s server"
         if defended:
-            headline = f"{level}: the defense did not stop {attacks}"
-            sentence = (
-                f"Under {scope.defense}, {attacks}: {finding.figures()}; {meaning}."
-                f"{also}{versus}{cut}"
-            )
+            headline = f"{level}: the defense did not stop {by}"
+            sentence = f"Under {scope.defense}, {attacks}: {figures}; {meaning}.{also}{versus}{cut}"
         else:
-            headline = f"{level}: {attacks} rebuilt the client's images"
-            sentence = f"{attacks}: {finding.figures()}; {meaning}.{also}{cut}"
+            headline = f"{level}: {by} rebuilt the client's images"
+            sentence = f"{attacks}: {figures}; {meaning}.{also}{cut}"
         return Verdict("leaks", level, headline, sentence, finding, control, control_note, scope)
 
     if labels and not finding.label_basis:
