@@ -334,6 +334,11 @@ def test_every_applicable_attack_reports_the_worst_case_per_image(image_dir, tmp
     best = max(a["psnr_mean"] for a in result["attacks"] if not a["skipped"])
     assert result["metrics"]["psnr_mean"] >= best - 1e-9  # per image, never worse than any one
     assert result["verdict"]["scope"]["attacks"] == [f"{a} (audit preset)" for a in ran]
+    # The verdict's "of N" steps are the run's, and the attacks that do not apply (iDLG on
+    # two images included, known before it runs) plan none: a completed run did them all.
+    planned = result["timing"]["planned_iterations"]
+    assert result["verdict"]["finding"]["planned_steps"] == planned
+    assert result["timing"]["iterations"] == planned
 
 
 def test_utility_saves_trained_weights_that_setup_and_audit_accept(tmp_path, capsys):

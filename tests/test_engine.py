@@ -322,7 +322,7 @@ def test_a_leak_of_several_attacks_is_credited_to_those_whose_picks_were_recover
         ),
     )
     planned = [r.planned for r in runs]
-    judged = scored(spec, planned, runs, victim, batch, scope, "completed", ())
+    judged = scored(spec, planned, runs, victim, batch, scope, "completed", (), 20)
     verdict = judged.verdict
     assert verdict.finding.images_recovered == 2
     assert verdict.finding.recovered_by == ("dlg (audit preset)",)

@@ -517,7 +517,7 @@ def _judged_beside_a_leaking_control(runs, originals):
     )
     planned = [r.planned for r in runs]
     scope = replace(SCOPE, attacks=tuple(r.label for r in runs))
-    judged = scored(spec, planned, runs, victim, truth, scope, "completed", ())
+    judged = scored(spec, planned, runs, victim, truth, scope, "completed", (), 10 * len(runs))
     found = judged.verdict.finding
     return judge(found, scope, defended=True, control=finding(batch, batch=batch))
 

@@ -14,7 +14,7 @@ import torch
 from auditlib.attacks.base import AttackInfo, AuditPreset, RunControl, register
 from auditlib.attacks.compiled import apart_when_compiled
 from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack, run_lbfgs_updates
-from auditlib.attacks.labels import idlg_label
+from auditlib.attacks.labels import idlg_label, why_not_one_image
 from auditlib.config import param
 
 
@@ -53,6 +53,7 @@ register(
         run=run_idlg,
         run_updates=run_idlg_updates,
         why_updates_apart=apart_when_compiled("idlg"),
+        not_applicable=why_not_one_image,
         presets={
             "paper": {"lr": 1.0, "lbfgs_max_iter": 20, "restarts": 1, "label_source": "weight"}
         },

@@ -70,15 +70,24 @@ def last_layer_gradient(
     return gradient_estimate(observation, knowledge, observation.parameter_names.index(name))
 
 
+def why_not_one_image(observation: Observation, knowledge: AttackerKnowledge) -> str | None:
+    """Why the iDLG label rule does not hold here (None: it does): it reads one image's
+    label (``AttackInfo.not_applicable``, so a plan leaves it out before it runs)."""
+    if knowledge.batch_size == 1:
+        return None
+    return (
+        f"the iDLG label rule holds for one image, the batch has {knowledge.batch_size}; "
+        "use batch size 1 or an attack with batch label inference"
+    )
+
+
 def idlg_label(
     observation: Observation, knowledge: AttackerKnowledge, source: LabelSource = "weight"
 ) -> tuple[int, dict[str, Any]]:
     """The single image's label by the iDLG rule; also a record of how it was found."""
-    if knowledge.batch_size != 1:
-        raise AttackUnsupportedError(
-            f"the iDLG label rule holds for one image, the batch has {knowledge.batch_size}; "
-            "use batch size 1 or an attack with batch label inference"
-        )
+    why = why_not_one_image(observation, knowledge)
+    if why is not None:
+        raise AttackUnsupportedError(why)
     gradient = last_layer_gradient(observation, knowledge, source)
     scores = gradient.sum(dim=-1) if source == "weight" else gradient
     label = int(torch.argmin(scores))

@@ -86,11 +86,9 @@ class AuditStart:
 
 @dataclass(frozen=True, eq=False)
 class LiveFrame:
-    """The attack's current images, matched to the originals, with their PSNR so far.
-
-    Computed by the evaluator side of the engine (which holds the private batch), never by
-    the attack; yielded right after each progress event that carries images.
-    """
+    """The attack's current images, matched to the originals, with their PSNR so far:
+    computed by the evaluator side of the engine (which holds the private batch), never by
+    the attack; yielded right after each progress event that carries images."""
 
     step: int
     images: np.ndarray  # B x H x W x C in [0, 1], in the originals' order
@@ -337,7 +335,9 @@ def finish_run(
     if batch is None:
         judged = unscored_runs(ran, scope, stop_reason, victim.normalization)
     else:
-        judged = scored(spec, planned, ran, victim, batch, scope, stop_reason, lpips_nets)
+        judged = scored(
+            spec, planned, ran, victim, batch, scope, stop_reason, lpips_nets, planned_steps
+        )
 
     # An adaptive twin runs with its attack's settings, so one attack keeps the flat form.
     settings_by_name = {r.planned.name: r.planned.settings for r in ran}

@@ -58,8 +58,11 @@ def scored(
     scope: Scope,
     stop_reason: str,
     lpips_nets: tuple[str, ...],
+    planned_steps: int,
 ) -> Judged:
-    """The attacks' picks scored against the private batch, and the verdict on them."""
+    """The attacks' picks scored against the private batch, and the verdict on them;
+    ``planned_steps``: the steps of the planned attacks that run (the run's "of N", which
+    leaves out those that do not apply)."""
     truth = PrivateBatch(batch.images.cpu(), batch.labels.cpu(), batch.names)
     means = public_means(spec, planned, tuple(batch.images.shape[1:]))
     # The guesses (and each image's flat bar) do not depend on any attack: scored once for
@@ -125,7 +128,7 @@ def scored(
         selected_scores.risk,
         stop_reason,
         scope.steps,
-        sum(p.planned_steps for p in planned),
+        planned_steps,
         labels=_labels_found(
             spec, [selected_scores, *(e.attacker_selected for e in per_attack)], ran
         ),

@@ -65,7 +65,7 @@ def measure_paces(prepared) -> tuple[tuple[AttackPace, ...], tuple[str, ...]]:
     with its pace; attacks that will not run (do not apply, a twin that is its plain
     attack's result undone) are left out, as the run's step count leaves them out
     (``attack_phase.steps_that_run``). Then why each attack refused only once it ran
-    (``captured=true`` off CUDA, iDLG's rule on a batch), in words: the run skips them too."""
+    (``captured=true`` off CUDA), in words: the run skips them too."""
     planned = prepared.planned
     release_for = prepared.rounds.for_attack
     running = steps_that_run(planned, release_for)
