@@ -329,3 +329,49 @@ def test_a_leak_of_several_attacks_is_credited_to_those_whose_picks_were_recover
     assert verdict.headline == "Very High: dlg (audit preset) rebuilt the client's images"
     assert verdict.sentence.startswith("dlg (audit preset) and ig (audit preset): 2 of 2 images")
     assert "the recovered images are dlg (audit preset)'s picks" in verdict.sentence
+
+
+def test_labels_of_several_attacks_are_credited_to_those_whose_labels_were_counted():
+    """Neither pick beats the guess; DLG's labels are the private ones and IG's are all
+    wrong: the "Labels" headline names DLG, not both."""
+    from auditlib.engine.judging import scored
+    from auditlib.engine.victim import prepare_victim
+    from auditlib.metrics.verdict import Scope, threat_card
+
+    spec = RunSpec(
+        model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),
+        data=DataSpec("samples", "photographs", batch_size=4),
+        scenario=ScenarioSpec(),
+        attack=ComponentSpec.of("all"),
+        defense=ComponentSpec.of("none"),
+        budget=Budget(10),
+    )
+    victim = prepare_victim(spec)
+    batch = victim.batch
+    grey = torch.zeros_like(batch.images)
+
+    def ran(name: str, labels: torch.Tensor) -> AttackRun:
+        candidate = Candidate(grey, labels, 0.1, 0, 10, "completed")
+        final = Reconstruction((candidate,), "completed", 10)
+        return AttackRun(PlannedAttack(name, "audit", None, {}, 10), final, None, 1.0)
+
+    runs = [ran("dlg", batch.labels.clone()), ran("ig", (batch.labels + 1) % 10)]
+    scope = Scope(
+        attacks=tuple(r.label for r in runs),
+        defense="none",
+        restarts="one start",
+        iterations=10,
+        time_budget_s=None,
+        steps=20,
+        seconds=1.0,
+        threat=threat_card(
+            protocol="FedSGD", labels_known=False, batchnorm_statistics=False, batch_size=4
+        ),
+    )
+    planned = [r.planned for r in runs]
+    verdict = scored(spec, planned, runs, victim, batch, scope, "completed", (), 20).verdict
+    assert verdict.finding.images_recovered == 0 and verdict.finding.labels_recovered == 4
+    assert verdict.finding.labels_by == ("dlg (audit preset)",)
+    assert verdict.headline.startswith(
+        "Labels: dlg (audit preset) recovered the private labels (4 of 4)"
+    ), verdict.headline

@@ -24,7 +24,7 @@ from auditlib.engine.victim import NO_PRIVATE_IMAGES, Victim
 from auditlib.errors import AuditInputError
 from auditlib.metrics import evaluate, score, to_unit_range
 from auditlib.metrics.baseline import score_guesses
-from auditlib.metrics.risk import LabelEvidence, label_test
+from auditlib.metrics.risk import LabelEvidence, label_matches, label_test
 from auditlib.metrics.scores import Evaluation, ImageScore, Scores
 from auditlib.metrics.verdict import Finding, Scope, Verdict, judge, unscored
 from auditlib.result import AttackRecord
@@ -350,11 +350,34 @@ def _labels_found(
             observed=spec.scenario.observed is not None,
         )
         if exact and len(truth) == 1 and record.get("label") == truth[0]:
-            return LabelEvidence(1, classes, True, None, f"{run.label}: {words}")
+            return LabelEvidence(1, classes, True, None, f"{run.label}: {words}", (run.label,))
         not_exact = not_exact or f"; {words}"
     test = label_test([[[int(v) for v in s.recovered_labels]] for s in guesses], [truth], classes)
     return LabelEvidence(
-        test.correct, classes, test.beyond_chance, test.p_value, test.words() + not_exact
+        test.correct,
+        classes,
+        test.beyond_chance,
+        test.p_value,
+        test.words() + not_exact,
+        _labels_by(scored, ran, truth, test.correct),
+    )
+
+
+def _labels_by(
+    scored: list[Scores], ran: list[AttackRun], truth: list[int], correct: int
+) -> tuple[str, ...]:
+    """The attacks whose own labels reach the ``correct`` the test judged (ties all); where
+    only the auditor's per-image combination reaches it, those with any right label. One
+    attack: it."""
+    if len(ran) == 1:
+        return (ran[0].label,)
+    right = {
+        run.label: label_matches(own.recovered_labels, truth)
+        for run, own in zip(ran, scored[1:], strict=True)
+        if own.recovered_labels is not None
+    }
+    return tuple(a for a, k in right.items() if k == correct) or tuple(
+        a for a, k in right.items() if k > 0
     )
 
 

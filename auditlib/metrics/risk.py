@@ -259,6 +259,9 @@ class LabelEvidence:
     beyond_chance: bool
     p_value: float | None
     basis: str
+    # The attacks whose labels these are: the one whose rule read them, or those whose own
+    # labels reach ``correct``; (): not recorded (the run's attacks are named).
+    by: tuple[str, ...] = ()
 
 
 def _counts(labels: Sequence[int], classes: int) -> np.ndarray:

@@ -58,7 +58,8 @@ from auditlib.words import count_of
 # 4: a model check that refused every model "held" only against every server built to pass
 # it (``Scope.evading``), the servers tried said.
 # 5: a leak of several attacks is credited to those whose picks are the images recovered
-# (``Finding.recovered_by``), not to every attack tried.
+# (``Finding.recovered_by``), and labels to those whose labels were counted
+# (``Finding.labels_by``), not to every attack tried.
 VERDICT_VERSION = 5
 Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive", "unavailable"]
 INCONCLUSIVE = "Inconclusive"
@@ -119,9 +120,13 @@ class Finding:
     # the images recovered, in the plan's order; (): one attack, none recovered, or
     # recorded before it (then the run's attacks are named together).
     recovered_by: tuple[str, ...] = ()
+    # The attacks whose labels ``labels_recovered`` counts (``LabelEvidence.by``); (): none
+    # recorded (the run's attacks are named).
+    labels_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "recovered_by", tuple(self.recovered_by))  # stored: a list
+        for name in ("recovered_by", "labels_by"):  # stored: lists
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def cut_short(self) -> bool:
@@ -196,6 +201,7 @@ class Finding:
             labels_beyond_chance=None if labels is None else labels.beyond_chance,
             label_p_value=None if labels is None else labels.p_value,
             label_basis="" if labels is None else labels.basis,
+            labels_by=() if labels is None else labels.by,
         )
 
 
@@ -439,8 +445,9 @@ def judge(
             images = (
                 f"none was recovered, and that is no evidence they are safe: {why[1]}; {why[2]}"
             )
+        by = _names(finding.labels_by) if finding.labels_by else attacks
         headline = (
-            f"{LABELS_LEVEL}: {attacks} recovered the private {what} "
+            f"{LABELS_LEVEL}: {by} recovered the private {what} "
             f"({finding.labels_recovered} of {finding.batch_size}); the images {short}"
         )
         sentence = (
