@@ -285,45 +285,64 @@ def test_the_progress_seconds_run_on_through_the_twin_as_the_timing_does():
     assert plain is not None and plain <= seconds[-1] <= timing.seconds  # both attacks' time
 
 
-def test_a_leak_of_several_attacks_is_credited_to_those_whose_picks_were_recovered():
-    """``--attack all`` on LeNet said "dlg, idlg, ig, grnn, fedleak rebuilt the client's
-    images" where only iDLG's pick beat the guess (IG's 7.45 dB against the guess's 11.03).
-    Here DLG's pick is the private image itself and IG's a grey one: only DLG is named."""
-    from auditlib.engine.judging import scored
+def _victim(batch_size: int):
+    """A LeNet run's spec and victim, its photographs' labels unknown to the attacker."""
     from auditlib.engine.victim import prepare_victim
-    from auditlib.metrics.verdict import Scope, threat_card
 
     spec = RunSpec(
         model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),
-        data=DataSpec("samples", "photographs", batch_size=2),
+        data=DataSpec("samples", "photographs", batch_size=batch_size),
         scenario=ScenarioSpec(),
         attack=ComponentSpec.of("all"),
         defense=ComponentSpec.of("none"),
         budget=Budget(10),
     )
-    victim = prepare_victim(spec)
+    return spec, prepare_victim(spec)
+
+
+def _judged_picks(spec, victim, picks: dict):
+    """The verdict on attacks that ran 10 steps each, ``picks``: name -> (images, labels)
+    of its one start."""
+    from auditlib.engine.judging import scored
+    from auditlib.metrics.verdict import Scope, threat_card
+
+    runs = [
+        AttackRun(
+            PlannedAttack(name, "audit", None, {}, 10),
+            Reconstruction((Candidate(images, labels, 0.1, 0, 10, "completed"),), "completed", 10),
+            None,
+            1.0,
+        )
+        for name, (images, labels) in picks.items()
+    ]
     batch = victim.batch
-
-    def ran(name: str, images: torch.Tensor) -> AttackRun:
-        final = Reconstruction((Candidate(images, None, 0.1, 0, 10, "completed"),), "completed", 10)
-        return AttackRun(PlannedAttack(name, "audit", None, {}, 10), final, None, 1.0)
-
-    runs = [ran("dlg", batch.images.clone()), ran("ig", torch.zeros_like(batch.images))]
     scope = Scope(
         attacks=tuple(r.label for r in runs),
         defense="none",
         restarts="one start",
         iterations=10,
         time_budget_s=None,
-        steps=20,
+        steps=10 * len(runs),
         seconds=1.0,
         threat=threat_card(
-            protocol="FedSGD", labels_known=True, batchnorm_statistics=False, batch_size=2
+            protocol="FedSGD",
+            labels_known=False,
+            batchnorm_statistics=False,
+            batch_size=len(batch.labels),
         ),
     )
     planned = [r.planned for r in runs]
-    judged = scored(spec, planned, runs, victim, batch, scope, "completed", (), 20)
-    verdict = judged.verdict
+    return scored(spec, planned, runs, victim, batch, scope, "completed", (), 10 * len(runs))
+
+
+def test_a_leak_of_several_attacks_is_credited_to_those_whose_picks_were_recovered():
+    """``--attack all`` on LeNet said "dlg, idlg, ig, grnn, fedleak rebuilt the client's
+    images" where only iDLG's pick beat the guess (IG's 7.45 dB against the guess's 11.03).
+    Here DLG's pick is the private image itself and IG's a grey one: only DLG is named."""
+    spec, victim = _victim(2)
+    images = victim.batch.images
+    picks = {"dlg": (images.clone(), None), "ig": (torch.zeros_like(images), None)}
+    verdict = _judged_picks(spec, victim, picks).verdict
     assert verdict.finding.images_recovered == 2
     assert verdict.finding.recovered_by == ("dlg (audit preset)",)
     assert verdict.headline == "Very High: dlg (audit preset) rebuilt the client's images"
@@ -334,42 +353,10 @@ def test_a_leak_of_several_attacks_is_credited_to_those_whose_picks_were_recover
 def test_labels_of_several_attacks_are_credited_to_those_whose_labels_were_counted():
     """Neither pick beats the guess; DLG's labels are the private ones and IG's are all
     wrong: the "Labels" headline names DLG, not both."""
-    from auditlib.engine.judging import scored
-    from auditlib.engine.victim import prepare_victim
-    from auditlib.metrics.verdict import Scope, threat_card
-
-    spec = RunSpec(
-        model=ModelRef(ModelSpec("lenet", 10, (3, 32, 32), init="uniform")),
-        data=DataSpec("samples", "photographs", batch_size=4),
-        scenario=ScenarioSpec(),
-        attack=ComponentSpec.of("all"),
-        defense=ComponentSpec.of("none"),
-        budget=Budget(10),
-    )
-    victim = prepare_victim(spec)
-    batch = victim.batch
-    grey = torch.zeros_like(batch.images)
-
-    def ran(name: str, labels: torch.Tensor) -> AttackRun:
-        candidate = Candidate(grey, labels, 0.1, 0, 10, "completed")
-        final = Reconstruction((candidate,), "completed", 10)
-        return AttackRun(PlannedAttack(name, "audit", None, {}, 10), final, None, 1.0)
-
-    runs = [ran("dlg", batch.labels.clone()), ran("ig", (batch.labels + 1) % 10)]
-    scope = Scope(
-        attacks=tuple(r.label for r in runs),
-        defense="none",
-        restarts="one start",
-        iterations=10,
-        time_budget_s=None,
-        steps=20,
-        seconds=1.0,
-        threat=threat_card(
-            protocol="FedSGD", labels_known=False, batchnorm_statistics=False, batch_size=4
-        ),
-    )
-    planned = [r.planned for r in runs]
-    verdict = scored(spec, planned, runs, victim, batch, scope, "completed", (), 20).verdict
+    spec, victim = _victim(4)
+    grey, labels = torch.zeros_like(victim.batch.images), victim.batch.labels
+    picks = {"dlg": (grey, labels.clone()), "ig": (grey, (labels + 1) % 10)}
+    verdict = _judged_picks(spec, victim, picks).verdict
     assert verdict.finding.images_recovered == 0 and verdict.finding.labels_recovered == 4
     assert verdict.finding.labels_by == ("dlg (audit preset)",)
     assert verdict.headline.startswith(
