@@ -178,8 +178,8 @@ def estimate_time(spec, assets=None, emit_every: int = 10) -> TimeEstimate | Non
     ``emit_every``: the run's event interval, which places a race's rungs and so its
     planned steps (the dashboard's 5: 475 for DLG's audit preset; the CLI's 10: 480).
     None for a trusted archive or a model class of the user's own code (its model runs in
-    a process of its own); no paces where none of the planned attacks will run. Raises ``AuditInputError`` where the run itself would be refused
-    (its images, its model)."""
+    a process of its own); no paces where none of the planned attacks will run. Raises
+    ``AuditInputError`` where the run itself would be refused (its images, its model)."""
     from auditlib.engine.attack_phase import runs_at_once
     from auditlib.engine.audit import prepare_run
     from auditlib.engine.isolation import runs_own_code
