@@ -54,12 +54,13 @@
 # ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200),
 # essentials (captests captured:200 allcap:60 capbudget nhwc:200 tf32:200 dlgcap, one call,
 # as far as its deadline lets: timeout_s 600). Every run prints a JSON line, kept in $OUT.
-# The call's deadline: ISSUE55_SECONDS (585 s by default) from its start.
+# The call's deadline: ISSUE55_SECONDS (470 s by default, under the issue's 8 minutes a call)
+# from its start; the device tool's limit, 600 s, allows ISSUE55_SECONDS=585.
 # One call's deadline (the device tool's timeout_s less a margin): each step gets at most
 # what is left of it, and one with under 30 s left is skipped, so a call of several steps
 # ends with what it measured rather than being killed with nothing written. A step cut short
 # keeps its log in $OUT (benchmarks.compiled_step --from-log makes its file from it).
-END=$((SECONDS + ${ISSUE55_SECONDS:-585}))  # from the call's start, the wheels' install included
+END=$((SECONDS + ${ISSUE55_SECONDS:-470}))  # from the call's start, the wheels' install included
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 mkdir -p .peers && ln -sfn /tmp/site .peers/site  # benchmarks.peers imports breaching there
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
