@@ -122,7 +122,9 @@ def test_an_attack_that_refuses_once_it_runs_is_named_with_its_reason_not_estima
     )
     paces = (AttackPace("dlg", False, 300, 0.05),)
     beside = TimeEstimate(paces, None, 1.0, refused=("grnn cannot compile its step here",))
-    assert beside.words().endswith("take about 15 s; will not run: grnn cannot compile its step here")
+    assert beside.words().endswith(
+        "take about 15 s; will not run: grnn cannot compile its step here"
+    )
 
 
 def test_the_estimate_times_the_attacks_own_steps_not_one_loss_evaluation():
