@@ -53,7 +53,7 @@
 # attacks.captured.BY_DEFAULT_ON_CUDA; allcap:S as all:S),
 # ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200),
 # essentials (captests captured:200 allcap:60 capbudget nhwc:200 tf32:200 dlgcap, one call,
-# as far as its deadline lets: timeout_s 600). Every run prints a JSON line, kept in $OUT.
+# as far as its deadline lets: timeout_s 500). Every run prints a JSON line, kept in $OUT.
 # The call's deadline: ISSUE55_SECONDS (470 s by default, under the issue's 8 minutes a call)
 # from its start; the device tool's limit, 600 s, allows ISSUE55_SECONDS=585.
 # One call's deadline (the device tool's timeout_s less a margin): each step gets at most
