@@ -59,6 +59,8 @@ def test_every_attack_of_the_plan_records_its_step_and_ends_as_it_ends_eager(
     assert {p.name for p in planned} == {
         "dlg", "idlg", "ig", "gi", "grnn", "dlm", "dlm+", "fedleak"
     }  # fmt: skip
+    # Each alone: then none is left out as the plan on LeNet leaves GI and DLM out (each
+    # runs on what it is given), and each one's recordings are counted apart.
     for attack in planned:
         before = recording_by_default.recorded
         captured = _one(attack, release)
