@@ -64,7 +64,7 @@ def test_the_evaluations_answer_the_rows_asked_from_every_running_row_as_eager_d
         return _row_losses(x, range(3), curvature, centre), {}
 
     stand_in = StandIn()
-    rows = RecordedRows([x_recorded], own_rows, torch.device("cpu"))
+    rows = RecordedRows([x_recorded], own_rows, torch.device("cpu"), None)
     rows.gradient.record = stand_in
     for _ in range(3):
         losses = eager.step(objective)
@@ -91,7 +91,7 @@ def test_a_row_that_left_the_finite_numbers_does_not_change_another_rows_evaluat
 
     with traced_model(knowledge):
         variable = images.clone().requires_grad_()
-        rows = RecordedRows([variable], objective, knowledge.device)
+        rows = RecordedRows([variable], objective, knowledge.device, matcher)
         rows.running = [0, 1]
         alone = rows([0])
         with torch.no_grad():

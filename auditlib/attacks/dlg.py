@@ -164,15 +164,14 @@ class _Starts:
     def _recorded(self, variables: list[torch.Tensor], device: torch.device) -> RecordedRows:
         """The evaluations recorded as a CUDA graph: the rows' distances by one
         ``together`` pass (a Linear weight's update formed densely, as a traced step's)."""
-        if isinstance(self.matcher, UpdatesMatcher):  # its rows' targets would be the graph's
-            raise ValueError("a captured evaluation attacks one update (why_updates_apart)")
-        self.matcher.factored = False
 
         def objective(images, *logits):  # the rows' images, then their label logits
             labels = torch.softmax(logits[0], dim=-1) if logits else self.fixed
             return self.matcher.together(images, labels), {}
 
-        return RecordedRows(variables, objective, device)
+        recorded = RecordedRows(variables, objective, device, self.matcher)
+        self.matcher.factored = False
+        return recorded
 
     def _one(self, labels: torch.Tensor) -> torch.Tensor:
         """One row's labels out of ``_labels([row])``."""

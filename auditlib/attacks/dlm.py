@@ -408,8 +408,6 @@ class _Starts:
     def _recorded(self, variables: list[torch.Tensor], device: torch.device) -> RecordedRows:
         """The evaluations recorded as a CUDA graph: the rows' objectives by one
         ``together`` pass."""
-        if isinstance(self.objective, UpdatesMatcher):  # its rows' targets: the graph's
-            raise ValueError("a captured evaluation attacks one update (why_updates_apart)")
 
         def objective(images, *rest):  # the rows' images, then logits and gamma if any
             rest = list(rest)
@@ -421,7 +419,7 @@ class _Starts:
                 value = value + self.config.tv * total_variation(images)
             return value, {}
 
-        return RecordedRows(variables, objective, device)
+        return RecordedRows(variables, objective, device, self.objective)
 
     def _hard_labels(self, row: int) -> torch.Tensor:
         if self.logits is None:

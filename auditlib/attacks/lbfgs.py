@@ -16,6 +16,7 @@ from auditlib.attacks.compiled import Objective as StackedObjective
 from auditlib.attacks.lbfgs_batched import BatchedLbfgs, Graded, take_rows
 from auditlib.attacks.loop import StepInterrupted
 from auditlib.attacks.objectives import backward_to
+from auditlib.attacks.updates import UpdatesMatcher
 
 
 class LbfgsSteps:
@@ -109,8 +110,16 @@ class RecordedRows:
     each need their own update's target and labels, which a graph would hold as recorded."""
 
     def __init__(
-        self, variables: list[torch.Tensor], objective: StackedObjective, device: torch.device
+        self,
+        variables: list[torch.Tensor],
+        objective: StackedObjective,
+        device: torch.device,
+        matched: object,
     ) -> None:
+        """``matched``: what the rows are matched against, refused where it is several
+        updates' (``UpdatesMatcher``; the engine's ``why_updates_apart`` keeps them apart)."""
+        if isinstance(matched, UpdatesMatcher):  # its rows' targets would be the graph's
+            raise ValueError("a captured evaluation attacks one update (why_updates_apart)")
         self.variables = variables
         self.gradient = CapturedGradient(objective, device)
         self.running: list[int] = []
