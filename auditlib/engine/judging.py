@@ -134,13 +134,10 @@ def scored(
         ),
     )
     # Per image the best of several attacks' picks: whose picks the images recovered are.
-    recovered_by = tuple(
-        dict.fromkeys(
-            image.attack
-            for image in selected_scores.per_image
-            if image.beyond_guess and image.attack and len(ran) > 1 and not one_server
-        )
-    )
+    recovered_by = ()
+    if len(ran) > 1 and not one_server:
+        recovered = (i.attack for i in selected_scores.per_image if i.beyond_guess and i.attack)
+        recovered_by = tuple(dict.fromkeys(recovered))
     finding = replace(finding, images_held=held, one_server=one_server, recovered_by=recovered_by)
     owners = client_of_image(batch, spec.scenario.clients)
     if spec.scenario.clients > 1:  # whose image each was, and whom the attacker named
