@@ -184,10 +184,15 @@ class AttackRecord:
     # Ran at the same time as the run's other attacks (on CUDA, ``engine.at_once``): its
     # seconds overlap theirs, and theirs add up to more than the run's.
     at_once: bool = False
+    # How its step was computed (``reconstruction.Stepped``: "eager", "compiled" or
+    # "recorded as a CUDA graph") and why, where that is not simply what was asked; None
+    # where it has no optimisation step, did not run, or was recorded before this was kept.
+    step: str | None = None
+    step_note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
-        for key in ("attack_loss", "loss_by_restart"):  # absent before they were kept
+        for key in ("attack_loss", "loss_by_restart", "step", "step_note"):  # absent: not kept
             if data[key] is None:
                 del data[key]
         if not self.at_once:  # written only where it is so: records in turn keep their shape

@@ -63,6 +63,8 @@ def one_run(spec, at_once: bool) -> dict:
                 "seconds": a.seconds,
                 "stop_reason": a.stop_reason,
                 "psnr_mean": a.psnr_mean,
+                "step": a.step,
+                "step_note": a.step_note,
             }
             for a in summary.attacks
         ],

@@ -139,6 +139,9 @@ def ours(
         "steps_per_s": (done - first_step) / (end - first_at),
         "steady_steps_per_s": steady,
         "psnr": _psnr(final.selected.images, victim),
+        # How the run computed its step: a captured row whose recording failed ran eagerly.
+        "step": final.stepped.how,
+        "step_note": final.stepped.note,
         **_evaluated(evaluations, end - start),
         **_reserved(device),
     }

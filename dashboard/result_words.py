@@ -12,6 +12,7 @@ from typing import Any
 from auditlib.metrics.catalogue import CATALOGUE, RECONSTRUCTION_METRICS, MetricInfo, epsilon_note
 from auditlib.metrics.scores import Scores
 from auditlib.metrics.verdict import Verdict
+from auditlib.report.step_words import steps_text
 from auditlib.result import AuditSummary, DefenseReport
 from auditlib.store import RunRecord
 from auditlib.words import count_of
@@ -110,7 +111,8 @@ def timing_text(record: RunRecord, result: AuditSummary) -> str:
             " and the utility training" if result.utility is not None else ""
         )
         text += f" The whole run, from its start to its end ({parts}): {whole:.1f} s."
-    return text
+    steps = steps_text(result.attacks)
+    return text if steps is None else f"{text} {steps}"
 
 
 def model_check_text(report: DefenseReport | None) -> str | None:

@@ -792,6 +792,7 @@ def test_a_finished_run_states_one_attack_time_and_the_whole_runs_apart(dashboar
     whole = (record.finished_at - record.started_at).total_seconds()
     parts = "the victim's update, the attacks, scoring"
     assert f"The whole run, from its start to its end ({parts}): {whole:.1f} s." in timing
+    assert timing.endswith(" Steps: eager, every attack."), timing  # dlg and its twin, CPU
 
 
 def _malicious_lab(at: AppTest, attack: str = "rtf", count: int = 8) -> None:

@@ -18,11 +18,14 @@ from auditlib.attacks import captured as captured_step
 from auditlib.attacks.base import get_attack
 from auditlib.attacks.restarts import why_apart
 from auditlib.engine.attack_phase import AttackRun, plan_attacks, run_attacks
+from auditlib.reconstruction import EAGER, RECORDED, Stepped
 from auditlib.spec import ComponentSpec
 from tests.test_attacks import lenet_spec, release_for
 
 # Enough steps for a race's counts of starts to pass their eager steps and be recorded.
 STEPS = 10
+# Why a run left to itself recorded its step (``Stepped.note``).
+CHOSEN = "the run's choice on CUDA; captured=false keeps it eager"
 
 
 @pytest.fixture
@@ -77,6 +80,9 @@ def test_every_attack_of_the_plan_records_its_step_and_ends_as_it_ends_eager(
         assert [c.restart for c in captured.final.candidates] == [
             c.restart for c in eager.final.candidates
         ], attack.label
+        # The result says how: recorded as the run chose, or eager.
+        assert captured.final.stepped == Stepped(RECORDED, CHOSEN), attack.label
+        assert eager.final.stepped == Stepped(EAGER), attack.label
 
 
 def test_a_sample_s_updates_together_stay_on_their_eager_batched_step(recording_by_default):
@@ -95,8 +101,10 @@ def test_a_sample_s_updates_together_stay_on_their_eager_batched_step(recording_
     control = RunControl(STEPS, emit_every=2, image_every=10**9)
     observations = [release.observation, release.observation]
     events = list(info.run_updates(observations, knowledges, config, control, [0, 1]))
+    finals = [e.final for _, e in events if e.final is not None]
     assert {u for u, e in events if e.final is not None} == {0, 1}
     assert recording_by_default.recorded == 0
+    assert [f.stepped for f in finals] == [Stepped(EAGER)] * 2
 
 
 def test_captured_false_keeps_the_step_eager_when_recording_is_the_default(recording_by_default):

@@ -28,6 +28,7 @@ from auditlib.attacks.objectives import UpdateMatcher, total_variation
 from auditlib.client.protocol import ClientProtocol
 from auditlib.config import field_info
 from auditlib.errors import AttackUnsupportedError, AuditInputError
+from auditlib.reconstruction import COMPILED, EAGER, RECORDED, Stepped
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 
@@ -165,6 +166,7 @@ def test_each_attack_captured_ends_where_it_ends_eager(monkeypatch, attack, para
     captured = _final(attack, release, {**params, "captured": True}, steps)
     assert stand_in.recorded == (2 if attack == "fedleak" else 1)  # FedLeak: iterate, look-ahead
     _ends_as_eager(eager, captured, atol)
+    assert (eager.stepped, captured.stepped) == (Stepped(EAGER), Stepped(RECORDED))
 
 
 @pytest.mark.parametrize(
@@ -224,6 +226,64 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_and_ends_where_eager_ends(m
         "RuntimeError: operation not permitted when stream is capturing"
     }
     _ends_as_eager(eager, captured, 5e-3)
+    assert captured.stepped == Stepped(
+        EAGER,
+        "its recording as a CUDA graph failed (RuntimeError: operation not permitted when "
+        "stream is capturing); it ran eagerly",
+    )
+
+
+def test_a_run_that_ends_within_its_eager_first_steps_says_it_recorded_nothing(monkeypatch):
+    _, _, release = release_for(lenet_spec("ig", batch=1))
+    stand_in = _captured_here(monkeypatch)
+    final = _final("ig", release, {"captured": True}, WARMUP_STEPS)
+    assert stand_in.recorded == 0 and final.steps == WARMUP_STEPS
+    assert final.stepped == Stepped(
+        EAGER,
+        f"it ended within its first {WARMUP_STEPS} steps, which run eagerly before the step "
+        "is recorded",
+    )
+
+
+def _gradient(replayed: int, unrecorded: str | None) -> CapturedGradient:
+    gradient = CapturedGradient(lambda x: (x.sum(), {}), torch.device("cpu"))
+    gradient.replayed, gradient.unrecorded = replayed, unrecorded
+    return gradient
+
+
+def test_how_a_run_stepped_is_what_its_decided_configuration_and_its_graphs_did():
+    config, _ = build_attack_config("ig", {}, "paper")
+    asked = dataclasses.replace(config, captured=True)
+    compiled = dataclasses.replace(config, compiled=True, captured=False)
+    chose = "the run's choice on CUDA; captured=false keeps it eager"
+    cases = [
+        (dataclasses.replace(config, captured=False), False, [], Stepped(EAGER)),
+        (compiled, False, [], Stepped(COMPILED)),
+        (asked, False, [_gradient(5, None)], Stepped(RECORDED)),
+        (asked, True, [_gradient(5, None)], Stepped(RECORDED, chose)),
+        # FedLeak's two: one replayed, the other's recording failed at a later count
+        (
+            asked,
+            False,
+            [_gradient(5, None), _gradient(3, "RuntimeError: x")],
+            Stepped(
+                RECORDED, "a later recording failed (RuntimeError: x), and those steps ran eagerly"
+            ),
+        ),
+    ]
+    for decided, by_the_run, gradients, expected in cases:
+        how = captured_step.HowStepped(decided, by_the_run=by_the_run)
+        how.made(*gradients, None)  # None: an eager group's (nothing to keep)
+        assert how.stepped() == expected
+
+
+def test_two_plans_of_one_run_keep_the_later_way_and_both_notes():
+    first = Stepped(RECORDED, "the run's choice")
+    assert first.then(Stepped(RECORDED, "the run's choice")) == first
+    assert first.then(Stepped(EAGER, "its recording failed")) == Stepped(
+        EAGER, "the run's choice; its recording failed"
+    )
+    assert Stepped(EAGER).then(Stepped(EAGER)) == Stepped(EAGER)
 
 
 def test_a_captured_step_is_refused_on_the_cpu_and_with_compiled():

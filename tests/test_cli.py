@@ -319,11 +319,16 @@ def test_a_defended_run_whose_control_leaked_is_a_finding_about_the_defense(
 def test_every_applicable_attack_reports_the_worst_case_per_image(image_dir, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["--model", "lenet", "--images", str(image_dir), "--attack", "all"]
-    code, _, _ = audit(
+    code, stdout, _ = audit(
         [*args, "--iterations", "2", "--lpips-nets", "none", "--out", str(out)], capsys
     )
     result = json.loads((out / "result.json").read_text())
     skipped = {a["attack"]: a["skipped"] for a in result["attacks"] if a["skipped"]}
+    # How each attack that ran computed its step (on a CPU: eagerly, as asked, so the
+    # command line says nothing of it); one that did not run has none.
+    steps = {a["attack"]: a.get("step") for a in result["attacks"]}
+    assert steps == {a: None if a in skipped else "eager" for a in steps}
+    assert "Steps:" not in stdout
     assert code == 0
     assert "BatchNorm" in skipped["gi"] and "FedAvg" in skipped["dlm"]  # LeNet, FedSGD
     assert "one image" in skipped["idlg"]  # the batch has two

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from auditlib.reconstruction import EAGER, RECORDED
 from benchmarks.device.issue55_check import CASE, check
 
 
@@ -61,3 +62,33 @@ def test_a_psnr_away_from_breaching_s_fails_the_first_item_at_any_speed(tmp_path
     one, eight, _, _ = check(tmp_path)
     assert one.holds is False and "(10.0x;" in one.words
     assert eight.holds is None  # no run of several starts
+
+
+def test_a_run_asked_to_record_that_did_not_is_no_figure_of_a_recorded_step(tmp_path):
+    failed = "its recording as a CUDA graph failed (RuntimeError: x); it ran eagerly"
+    runs = [
+        *(_run("ours captured", s, 200, 1.0, 7.0) for s in range(3)),  # 10x, same PSNR
+        *(_run("breaching", s, 200, 10.0, 7.0) for s in range(3)),
+    ]
+    runs[0] |= {"step": EAGER, "step_note": failed}
+    runs[1] |= {"step": RECORDED, "step_note": None}
+    _write(tmp_path, f"compiled_step-{CASE}-captured.json", {"runs": runs})
+    plan = {
+        "runs": [
+            {
+                "at_once": True,
+                "steps": 3060,
+                "planned_steps": 3060,
+                "seconds": 30.0,
+                "attacks": [
+                    {"label": "ig", "skipped": None, "step": RECORDED},
+                    {"label": "dlg", "skipped": None, "step": EAGER, "step_note": failed},
+                    {"label": "gi", "skipped": "no BatchNorm", "step": None},
+                ],
+            }
+        ]
+    }
+    _write(tmp_path, f"attacks_at_once-{CASE}-captured.json", plan)
+    one, _, _, whole = check(tmp_path)
+    assert one.holds is False and f"not recorded: ours captured: eager ({failed})" in one.words
+    assert whole.holds is False and f"not recorded: dlg: eager ({failed})" in whole.words

@@ -17,7 +17,7 @@ import torch
 from auditlib.attacks.race import HalvingPlan
 from auditlib.config import build_config, config_dict
 from auditlib.errors import AuditInputError
-from auditlib.reconstruction import Candidate, Reconstruction
+from auditlib.reconstruction import Candidate, Reconstruction, Stepped
 from auditlib.threat import MATCHES_THROUGH, AttackerKnowledge, KnownDefense, Observation
 
 
@@ -244,15 +244,17 @@ def final_event(
     clock: Clock,
     label_inference: Mapping[str, Any] | None,
     loss_name: str,
+    stepped: Stepped | None = None,
 ) -> ProgressEvent:
     """The last event of a run: every restart's candidate and the attacker's pick.
 
     ``stop`` is how the run ended ("completed", "time budget", "cancelled"); a run whose
-    every restart diverged is reported as "diverged".
+    every restart diverged is reported as "diverged". ``stepped``: how its step was
+    computed, where the loop knows (else the attack tells it: ``captured.HowStepped``).
     """
     if stop == "completed" and candidates and all(c.stop_reason == "diverged" for c in candidates):
         stop = "diverged"
-    final = Reconstruction(tuple(candidates), stop, steps, label_inference)
+    final = Reconstruction(tuple(candidates), stop, steps, label_inference, stepped)
     best = final.selected
     return ProgressEvent(
         steps,

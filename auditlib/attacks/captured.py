@@ -36,8 +36,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from auditlib.attacks.base import ProgressEvent
 from auditlib.attacks.compiled import Objective, refuse_unless_traceable, value_and_gradient
 from auditlib.errors import AttackUnsupportedError, AuditInputError
+from auditlib.reconstruction import COMPILED, EAGER, RECORDED, Stepped
 from auditlib.threat import AttackerKnowledge
 
 # What ``captured`` set to none (its default) means, in both fields' words.
@@ -127,13 +129,63 @@ def by_default(config: Any, knowledge: AttackerKnowledge, reason: str | None) ->
     return dataclasses.replace(config, captured=decided)
 
 
-def stepping(attack: str, config: Any, knowledge: AttackerKnowledge, reason: str | None) -> Any:
+def stepping(
+    attack: str, config: Any, knowledge: AttackerKnowledge, reason: str | None
+) -> tuple[Any, HowStepped]:
     """The configuration a run of ``attack`` steps by, ``captured`` true or false: refused
     where it asks for a traced step that cannot be had here (:func:`refuse_unless_stepped`;
     ``reason``, the attack's own, is what keeps its step eager), captured where it was left
-    to the run and the run records its step (:func:`by_default`)."""
+    to the run and the run records its step (:func:`by_default`); and what tells the run's
+    final event how its step was computed (:class:`HowStepped`)."""
     refuse_unless_stepped(attack, config, knowledge, reason)
-    return by_default(config, knowledge, reason)
+    decided = by_default(config, knowledge, reason)
+    return decided, HowStepped(decided, by_the_run=config.captured is None)
+
+
+class HowStepped:
+    """How one run of an attack computes its step, told in the run's final event
+    (:meth:`told`): its configuration as :func:`stepping` decided it, and the recorded
+    gradients its starts made (:meth:`made`), since a recording that fails leaves the step
+    eager and a run that ends within its eager first steps records nothing."""
+
+    def __init__(self, config: Any, *, by_the_run: bool) -> None:
+        self.config, self.by_the_run = config, by_the_run
+        self.gradients: list[CapturedGradient] = []
+
+    def made(self, *gradients: Any) -> None:
+        """The step's gradients a group of starts made (a compiled one or None: not kept)."""
+        self.gradients += [g for g in gradients if isinstance(g, CapturedGradient)]
+
+    def stepped(self) -> Stepped:
+        if getattr(self.config, "compiled", False):
+            return Stepped(COMPILED)
+        if not self.config.captured:
+            return Stepped(EAGER)
+        chose = (
+            "the run's choice on CUDA; captured=false keeps it eager" if self.by_the_run else None
+        )
+        failed = next((g.unrecorded for g in self.gradients if g.unrecorded), None)
+        if any(g.replayed for g in self.gradients):
+            later = failed and f"a later recording failed ({failed}), and those steps ran eagerly"
+            return Stepped(RECORDED, "; ".join(n for n in (chose, later) if n) or None)
+        if failed:
+            return Stepped(
+                EAGER, f"its recording as a CUDA graph failed ({failed}); it ran eagerly"
+            )
+        return Stepped(
+            EAGER,
+            f"it ended within its first {WARMUP_STEPS} steps, which run eagerly before the "
+            "step is recorded",
+        )
+
+    def told(self, events: Iterator[ProgressEvent]) -> Iterator[ProgressEvent]:
+        """``events``, the final one telling how the step was computed."""
+        with contextlib.closing(events):  # closed with this: a held context lets go at once
+            for event in events:
+                if event.final is not None:
+                    final = dataclasses.replace(event.final, stepped=self.stepped())
+                    event = dataclasses.replace(event, final=final)
+                yield event
 
 
 def one_way_of_stepping(config: Any) -> None:
@@ -191,6 +243,7 @@ class CapturedGradient:
         self.record: Recorder = record or cuda_graph
         self.eager_steps: dict[tuple, int] = {}
         self.graphs: dict[tuple, _Recorded] = {}
+        self.replayed = 0  # steps the graphs computed (the others ran eagerly)
         self._stream: torch.cuda.Stream | None = None
         # Why a recording failed (a host read or another call a CUDA graph cannot hold,
         # e.g. BatchNorm's cumulative average, momentum None): the run then steps eagerly,
@@ -242,5 +295,6 @@ class CapturedGradient:
             graph = _Recorded(buffers, replay, outputs)
             self.graphs = {shape: graph}
         grads, value, named = graph(inputs)
+        self.replayed += 1
         # Kept past the next replay (the loop reads losses back every few steps).
         return grads, value.clone(), tree_map(torch.Tensor.clone, named)

@@ -151,9 +151,9 @@ class _Starts:
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
-        evaluate = self._recorded(variables, knowledge.device) if config.captured else None
+        self.recorded = self._recorded(variables, knowledge.device) if config.captured else None
         self.steps = LbfgsTogether.of(
-            variables, evaluate or self._objective, clock, len(generators), config
+            variables, self.recorded or self._objective, clock, len(generators), config
         )
 
     def _labels(self, rows: list[int]) -> torch.Tensor:
@@ -231,20 +231,23 @@ def run_lbfgs_attack(
     """DLG when ``fixed_labels`` is None (labels optimised jointly), else iDLG-style;
     ``attack`` names it in a refusal."""
 
-    config = stepping(attack, config, knowledge, why_not_compiled(knowledge))
+    config, how = stepping(attack, config, knowledge, why_not_compiled(knowledge))
     # A captured evaluation is the batched L-BFGS's: the starts (one too) advance together.
     together = config.captured or lbfgs_together(config, knowledge)
 
     def make(generators, clock):
         if together:
             matcher = UpdateMatcher(observation, knowledge, config.distance)
-            return _Starts(generators, matcher, knowledge, config, fixed_labels, clock)
+            starts = _Starts(generators, matcher, knowledge, config, fixed_labels, clock)
+            if starts.recorded is not None:
+                how.made(starts.recorded.gradient)
+            return starts
         return _Restart(generators, observation, knowledge, config, fixed_labels, clock)
 
     events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", label_inference
     )
-    return held(traced_model(knowledge), events) if config.captured else events
+    return how.told(held(traced_model(knowledge), events) if config.captured else events)
 
 
 def run_lbfgs_updates(

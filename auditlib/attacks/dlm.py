@@ -225,14 +225,14 @@ def run_model_leakage(
     # Validation happens here, before the generator starts, so errors surface at the call.
     objective = ModelLeakageObjective(observation, knowledge, config)
     attack = "dlm+" if objective.plus else "dlm"
-    config = stepping(attack, config, knowledge, _why_not_recorded(knowledge, config))
+    config, how = stepping(attack, config, knowledge, _why_not_recorded(knowledge, config))
     fixed_labels, inference = _resolve_labels(observation, knowledge, config.labels)
     if fixed_labels is not None:
         fixed_labels = fixed_labels.to(knowledge.device)
-    return _run(objective, knowledge, config, control, seed, fixed_labels, inference)
+    return how.told(_run(objective, knowledge, config, control, seed, fixed_labels, inference, how))
 
 
-def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
+def _run(objective, knowledge, config, control, seed, fixed_labels, inference, how):
     gamma0 = None if objective.plus else config.gamma_init_ratio * objective.nominal_gamma()
     record = dict(inference)
     gammas: dict[int, float] = {}
@@ -254,6 +254,8 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference):
     def make(generators, clock):
         args = (generators, objective, knowledge, config, fixed_labels, gamma0, clock)
         made.append(_Starts(*args, objective.nominal_gamma()) if together else _Restarts(*args))
+        if together and made[-1].recorded is not None:
+            how.made(made[-1].recorded.gradient)
         return made[-1]
 
     def ratio(restart: int) -> float | None:
@@ -377,9 +379,9 @@ class _Starts:
             ).requires_grad_()
         )
         variables = [v for v in (self.images, self.logits, self.gamma) if v is not None]
-        evaluate = self._recorded(variables, device) if config.captured else None
+        self.recorded = self._recorded(variables, device) if config.captured else None
         self.lbfgs = LbfgsTogether.of(
-            variables, evaluate or self._objective, clock, len(generators), config
+            variables, self.recorded or self._objective, clock, len(generators), config
         )
         self.gamma_ratio: dict[int, float] = {}  # gamma / nominal gamma at the candidates
 

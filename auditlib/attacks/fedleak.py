@@ -381,7 +381,7 @@ def run_fedleak(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    config = stepping("fedleak", config, knowledge, why_not_compiled(knowledge))
+    config, how = stepping("fedleak", config, knowledge, why_not_compiled(knowledge))
     labels, inference = _resolve_labels(observation, knowledge, config)
     gradients = GradientModel(observation, knowledge, config.unroll)
     inference = {**inference, "labels": labels.tolist()}
@@ -391,6 +391,7 @@ def run_fedleak(
         restarts = Restarts(generators, knowledge, config, objective, labels, control.max_steps)
         if stepped(config):
             restarts.traced(knowledge.device, config.captured)
+            how.made(*restarts.compiled)
         return restarts
 
     # A compiled or captured step is the batched one: the starts advance together.
@@ -399,8 +400,8 @@ def run_fedleak(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
     if not stepped(config):
-        return events
-    return held(traced_model(knowledge, objective.hooks), events)  # the prior's hooks too
+        return how.told(events)
+    return how.told(held(traced_model(knowledge, objective.hooks), events))  # its hooks too
 
 
 def run_fedleak_updates(observations, knowledges, config, control, seeds):

@@ -272,7 +272,7 @@ def run_gradinversion(
     seed: int,
 ) -> Iterator[ProgressEvent]:
     raced = control.race is not None
-    config = stepping("gi", config, knowledge, _why_not_compiled(knowledge, config, raced))
+    config, how = stepping("gi", config, knowledge, _why_not_compiled(knowledge, config, raced))
     labels, record = resolve_labels(observation, knowledge, config)
     prior, record["batchnorm_prior"] = _prior_and_record(knowledge, config)
     objective = Objective(UpdateMatcher(observation, knowledge, config.distance), config, prior)
@@ -287,16 +287,16 @@ def run_gradinversion(
             rows = _Rows(generators, objective, knowledge, config, labels, control.max_steps)
             if stepped(config):
                 rows.traced(knowledge.device, config.captured)
+                how.made(rows.compiled)
             return rows
 
         events = run_restarts(make, config.restarts, True, control, seed, "objective", record)
         if not stepped(config):
-            return events
+            return how.told(events)
         hooks = () if prior is None else (prior.hooks,)  # the prior's hooks, held for the run
-        return held(traced_model(knowledge, *hooks), events)
-    if prior is None:
-        return _run(objective, knowledge, config, control, seed, labels, record)
-    return _with_hooks(prior, _run(objective, knowledge, config, control, seed, labels, record))
+        return how.told(held(traced_model(knowledge, *hooks), events))
+    events = _run(objective, knowledge, config, control, seed, labels, record)
+    return how.told(events if prior is None else _with_hooks(prior, events))
 
 
 def _prior_and_record(knowledge: AttackerKnowledge, config: GradInversionConfig):

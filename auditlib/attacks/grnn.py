@@ -278,7 +278,7 @@ def run_grnn(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    config = stepping("grnn", config, knowledge, _why_not_compiled(knowledge, config))
+    config, how = stepping("grnn", config, knowledge, _why_not_compiled(knowledge, config))
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
     loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 
@@ -288,6 +288,7 @@ def run_grnn(
         restarts = _Restarts(generators, knowledge, config, own, fixed_labels)
         if stepped(config):
             restarts.traced(knowledge.device, config.captured)
+            how.made(restarts.compiled)
         return restarts
 
     # A compiled or captured step is the stacked one: the starts advance together.
@@ -295,7 +296,7 @@ def run_grnn(
     events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
-    return held(traced_model(knowledge), events) if stepped(config) else events
+    return how.told(held(traced_model(knowledge), events) if stepped(config) else events)
 
 
 def run_grnn_updates(observations, knowledges, config, control, seeds):

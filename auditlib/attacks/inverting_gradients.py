@@ -266,7 +266,7 @@ class _Restarts:
 
 
 def _run(observation, knowledge, config, control, seed, fixed_labels, inference):
-    config = stepping("ig", config, knowledge, why_not_compiled(knowledge))
+    config, how = stepping("ig", config, knowledge, why_not_compiled(knowledge))
 
     def make(generators, clock):
         matcher = UpdateMatcher(observation, knowledge, config.distance)
@@ -275,6 +275,7 @@ def _run(observation, knowledge, config, control, seed, fixed_labels, inference)
         )
         if stepped(config):
             restarts.traced(knowledge.device, config.captured)
+            how.made(restarts.compiled)
         return restarts
 
     # A compiled or captured step is the batched one: the starts advance together.
@@ -282,7 +283,7 @@ def _run(observation, knowledge, config, control, seed, fixed_labels, inference)
     events = run_restarts(
         make, config.restarts, together, control, seed, "update_distance", inference
     )
-    return held(traced_model(knowledge), events) if stepped(config) else events
+    return how.told(held(traced_model(knowledge), events) if stepped(config) else events)
 
 
 def run_ig_updates(observations, knowledges, config, control, seeds):

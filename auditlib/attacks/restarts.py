@@ -170,6 +170,7 @@ def _merged(
     candidates = first.candidates
     steps = first.steps
     stop = first.stop_reason
+    stepped = first.stepped
     if second is not None:
         offset = 1 + max(c.restart for c in first.candidates)
         candidates += tuple(
@@ -177,9 +178,11 @@ def _merged(
         )
         steps += second.steps
         stop = second.stop_reason
+        if stepped is not None and second.stepped is not None:
+            stepped = stepped.then(second.stepped)
     if short and stop == "completed":
         stop = "time budget"
-    final = Reconstruction(candidates, stop, steps, first.label_inference)
+    final = Reconstruction(candidates, stop, steps, first.label_inference, stepped)
     best = final.selected
     return dataclasses.replace(
         event,

@@ -34,7 +34,7 @@ from auditlib.attacks.loop import (
     start_seed,
     total_steps,
 )
-from auditlib.reconstruction import Candidate
+from auditlib.reconstruction import EAGER, Candidate, Stepped
 
 
 def generators_of(seeds: Sequence[int], restarts: int, raced: bool) -> list[torch.Generator]:
@@ -175,4 +175,11 @@ def run_updates(
         else:
             stop = "completed"
         done = sum(steps[p] for p in positions)
-        yield u, final_event(candidates, stop, done, total, clock, label_inferences[u], loss_name)
+        # Several updates' rows are one eager batched step: a recorded graph holds one
+        # update's (the attacks' ``why_updates_apart`` keeps traced runs apart).
+        yield (
+            u,
+            final_event(
+                candidates, stop, done, total, clock, label_inferences[u], loss_name, Stepped(EAGER)
+            ),
+        )

@@ -358,6 +358,10 @@ def _print_run(spec, result, out: Path) -> None:
             f"dB, SSIM {ssim.text(metrics.ssim_mean)}, label accuracy "
             f"{accuracy.text(metrics.label_accuracy)}, {steps}; wrote {out / 'result.json'}"
         )
+    from auditlib.report.step_words import plainly_eager, steps_text
+
+    if not plainly_eager(summary.attacks):  # a run on a CPU steps eagerly: nothing to say
+        print(steps_text(summary.attacks))
     print(f"verdict: {verdict.headline}\n  {verdict.sentence}")
 
 

@@ -383,6 +383,7 @@ def attack_record(
 ) -> AttackRecord:
     """One attack of the run: its own pick's scores and its oracle best beside them."""
     ran = run.final is not None
+    stepped = run.final.stepped if ran else None
     scores = None if scored is None else scored.attacker_selected
     oracle = None if scored is None else scored.oracle_best
     return AttackRecord(
@@ -393,6 +394,8 @@ def attack_record(
         skipped=run.skipped,
         seconds=run.seconds,
         at_once=run.at_once,
+        step=None if stepped is None else stepped.how,
+        step_note=None if stepped is None else stepped.note,
         stop_reason=run.final.stop_reason if ran else None,
         steps=run.final.steps if ran else None,
         psnr_mean=None if scores is None else scores.psnr_mean,

@@ -4,7 +4,9 @@ and whether each holds, does not hold, or is unmeasured (its file missing, or it
 short), so that a session with little device time writes its closing note from one reading.
 
 Rates are whole runs' (steps over seconds, the first step and any recording included) on
-both sides, like with like; PSNR is set beside breaching's seed by seed.
+both sides, like with like; PSNR is set beside breaching's seed by seed. A run asked to
+record its step whose result says it did not (its recording failed, and it ran eagerly) is
+no figure of a recorded step: the item does not hold, and says why.
 
 Usage: python -m benchmarks.device.issue55_check [DIR]
 """
@@ -17,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from auditlib.reconstruction import RECORDED
 from benchmarks.common import ROOT
 
 CASE = "cuda-resnet18-224"
@@ -56,6 +59,18 @@ def _runs(result: dict, side: str, starts: int) -> list[dict]:
     ]
 
 
+def _unrecorded(runs: list[dict]) -> str | None:
+    """Why runs asked to record their step did not, from their own record (``step`` and
+    ``step_note``, kept since the result says how; files written before are taken as
+    asked); None where every one did."""
+    notes = [
+        f"{r.get('label') or r.get('side')}: {r.get('step')} ({r.get('step_note')})"
+        for r in runs
+        if r.get("step", RECORDED) != RECORDED and not r.get("skipped")
+    ]
+    return "; ".join(dict.fromkeys(notes)) or None
+
+
 def _rate(run: dict) -> float:
     return run["steps"] / run["seconds"]
 
@@ -81,7 +96,15 @@ def one_start(result: dict | None) -> Item:
         f"breaching's over {len(gaps)} seeds ({', '.join(f'{g:+.2f}' for g in gaps)})"
     )
     holds = ratio >= TIMES_BREACHING and abs(gap) <= PSNR_WITHIN_DB and len(gaps) >= 3
-    return Item(name, words, holds)
+    return _recorded_or_not(Item(name, words, holds), ours)
+
+
+def _recorded_or_not(item: Item, runs: list[dict]) -> Item:
+    """``item``, not holding where a run it stands on did not record its step."""
+    why = _unrecorded(runs)
+    if why is None:
+        return item
+    return Item(item.name, f"{item.words}; not recorded: {why}", False)
 
 
 def eight_starts(result: dict | None) -> Item:
@@ -99,7 +122,7 @@ def eight_starts(result: dict | None) -> Item:
         f"{many[0]['starts']} starts {many[0]['seconds']:.1f} s against one start's "
         f"{one[0]['seconds']:.1f} s for {one[0]['steps']} steps each ({ratio:.2f}x)"
     )
-    return Item(name, words, ratio <= EIGHT_STARTS_AT_MOST)
+    return _recorded_or_not(Item(name, words, ratio <= EIGHT_STARTS_AT_MOST), [one[0], many[0]])
 
 
 def paper_budget(result: dict | None) -> Item:
@@ -110,7 +133,8 @@ def paper_budget(result: dict | None) -> Item:
         why = "no -captured-budget.json" if result is None else "its run failed or was cut"
         return Item(name, why, None)
     words = f"{run['steps']:,} steps in {run['seconds']:.0f} s, PSNR {run['psnr']:.2f} dB"
-    return Item(name, words, run["steps"] >= PAPER_BUDGET and run["seconds"] < BUDGET_UNDER_S)
+    holds = run["steps"] >= PAPER_BUDGET and run["seconds"] < BUDGET_UNDER_S
+    return _recorded_or_not(Item(name, words, holds), [run])
 
 
 def whole_plan(result: dict | None) -> Item:
@@ -129,7 +153,8 @@ def whole_plan(result: dict | None) -> Item:
         holds = holds or (whole and run["seconds"] < PLAN_UNDER_S)
     if not parts:
         return Item(name, "no run", None)
-    return Item(name, "; ".join(parts), holds)
+    attacks = [a for run in result["runs"] for a in run.get("attacks", [])]
+    return _recorded_or_not(Item(name, "; ".join(parts), holds), attacks)
 
 
 def check(folder: Path) -> list[Item]:
