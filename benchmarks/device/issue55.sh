@@ -61,6 +61,7 @@
 # ends with what it measured rather than being killed with nothing written. A step cut short
 # keeps its log in $OUT (benchmarks.compiled_step --from-log makes its file from it).
 END=$((SECONDS + ${ISSUE55_SECONDS:-470}))  # from the call's start, the wheels' install included
+STARTED=$(mktemp)  # what this call writes is newer: the check reads nothing committed before
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 mkdir -p .peers && ln -sfn /tmp/site .peers/site  # benchmarks.peers imports breaching there
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
@@ -98,6 +99,7 @@ for step in $steps; do
     *) echo "unknown step $s" ;;
   esac
 done
-cp benchmarks/results/compiled_step-*cuda-*.json benchmarks/results/attacks_at_once-cuda-*.json "$OUT/" 2>/dev/null
+# Only the files this call wrote: a committed file of an earlier call is not this call's figure.
+find benchmarks/results -maxdepth 1 -newer "$STARTED" \( -name 'compiled_step-*cuda-*.json' -o -name 'attacks_at_once-cuda-*.json' \) -exec cp {} "$OUT/" \;
 # The issue's items read from what this call wrote (benchmarks/device/issue55_check.py).
 python3 -m benchmarks.device.issue55_check "$OUT" | tee "$OUT/check.log"
