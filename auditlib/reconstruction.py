@@ -35,7 +35,7 @@ EAGER, COMPILED, RECORDED = "eager", "compiled", "recorded as a CUDA graph"
 
 @dataclass(frozen=True)
 class Stepped:
-    """How an attack's run computed its step (``attacks.captured.Stepping``): ``how`` (one
+    """How an attack's run computed its step (``attacks.captured.HowStepped``): ``how`` (one
     of ``EAGER``, ``COMPILED``, ``RECORDED``) and, where it is not simply what was asked,
     why (``note``): the run chose it, or a recording failed and the step ran eagerly."""
 

@@ -240,8 +240,8 @@ def test_a_run_that_ends_within_its_eager_first_steps_says_it_recorded_nothing(m
     assert stand_in.recorded == 0 and final.steps == WARMUP_STEPS
     assert final.stepped == Stepped(
         EAGER,
-        f"it ended within its first {WARMUP_STEPS} steps, which run eagerly before the step "
-        "is recorded",
+        f"nothing was recorded: each count of its starts stopped within the first "
+        f"{WARMUP_STEPS} steps (L-BFGS: evaluations), which run eagerly before the recording",
     )
 
 

@@ -174,8 +174,8 @@ class HowStepped:
             )
         return Stepped(
             EAGER,
-            f"it ended within its first {WARMUP_STEPS} steps, which run eagerly before the "
-            "step is recorded",
+            f"nothing was recorded: each count of its starts stopped within the first "
+            f"{WARMUP_STEPS} steps (L-BFGS: evaluations), which run eagerly before the recording",
         )
 
     def told(self, events: Iterator[ProgressEvent]) -> Iterator[ProgressEvent]:
