@@ -8,6 +8,8 @@ computation, ``torch.func.vmap`` over the restarts). The figure is restart-steps
 the median of the repetitions. Agreement: the largest relative difference of the restarts'
 final objectives and the largest pixel difference, after ``SHORT`` steps, same seeds.
 Attacks whose restarts cannot advance together say why instead (their row has one arm).
+``dlm-adam`` is DLM with the paper's MLP optimiser (Adam, lr 0.1) on the same LeNet's
+FedAvg upload (one local step at the client's lr 0.01, weights sent: DLM attacks weights).
 
 Writes benchmarks/results/restart_batching.json and the table in docs/PERFORMANCE.md.
 Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 5]
@@ -24,23 +26,38 @@ import time
 import torch
 
 from auditlib.attacks import RunControl, build_attack_config, get_attack
+from auditlib.client.protocol import ClientProtocol
 from auditlib.defenses import build_defense
 from auditlib.engine.audit import prepare_victim
 from auditlib.fl.scenario import release_update
+from auditlib.spec import ScenarioSpec
 from benchmarks.common import ROOT, lenet_spec, machine, replace_section
 
 RESULTS = ROOT / "benchmarks" / "results" / "restart_batching.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 SHORT = 3
 # (attack, restarts): every attack at the issue's R = 8, and IG at 4 and 16 for the trend.
-CASES = (("ig", 8), ("grnn", 8), ("fedleak", 8), ("dlg", 8), ("ig", 4), ("ig", 16))
+CASES = (
+    ("ig", 8),
+    ("grnn", 8),
+    ("fedleak", 8),
+    ("dlg", 8),
+    ("dlm-adam", 8),
+    ("ig", 4),
+    ("ig", 16),
+)
 ATTACKS = tuple(dict.fromkeys(a for a, _ in CASES))
 # An L-BFGS step makes up to 20 objective evaluations: DLG's row runs a fifth of the steps.
 STEP_SHARE = {"dlg": 0.2}
+# A case that is an attack with other parameters, on a FedAvg upload: (attack, parameters).
+VARIANTS = {"dlm-adam": ("dlm", {"optimizer": "adam", "lr": 0.1})}
+FEDAVG = ClientProtocol(algorithm="fedavg", local_steps=1, local_lr=0.01, shared="weights")
 
 
-def _release(attack: str):
-    spec = lenet_spec(attack)
+def _release(case: str):
+    spec = lenet_spec(VARIANTS.get(case, (case,))[0])
+    if case in VARIANTS:
+        spec = dataclasses.replace(spec, scenario=ScenarioSpec(protocol=FEDAVG))
     victim = prepare_victim(spec)
     release = release_update(
         victim.model,
@@ -55,8 +72,9 @@ def _release(attack: str):
     return release
 
 
-def _run(attack: str, release, steps: int, together: bool | None, restarts: int):
-    params = {"restarts": restarts}
+def _run(case: str, release, steps: int, together: bool | None, restarts: int):
+    attack, params = VARIANTS.get(case, (case, {}))
+    params = {**params, "restarts": restarts}
     if together is not None:
         params["together"] = together
     config, _ = build_attack_config(attack, params)
@@ -69,7 +87,8 @@ def _run(attack: str, release, steps: int, together: bool | None, restarts: int)
     return sum(c.steps for c in final.candidates) / seconds, final
 
 
-def _has_together(attack: str) -> bool:
+def _has_together(case: str) -> bool:
+    attack = VARIANTS.get(case, (case,))[0]
     return any(f.name == "together" for f in dataclasses.fields(get_attack(attack).config_type))
 
 

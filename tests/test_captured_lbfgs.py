@@ -189,7 +189,7 @@ def test_a_captured_evaluation_is_refused_on_the_cpu_and_for_dlm_with_adam(monke
         get_attack("dlg").run(release.observation, release.knowledge, config, RunControl(2), 0)
     _, _, release = release_for(lenet_spec("dlm"))
     adam, _ = build_attack_config("dlm", {"captured": True, "optimizer": "adam"})
-    with pytest.raises(AttackUnsupportedError, match="with Adam its starts run apart"):
+    with pytest.raises(AttackUnsupportedError, match="with Adam its step runs eagerly"):
         get_attack("dlm").run(release.observation, release.knowledge, adam, RunControl(2), 0)
 
 

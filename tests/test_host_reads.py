@@ -25,6 +25,7 @@ from auditlib.attacks import (
     ATTACKS,
     RunControl,
     build_attack_config,
+    dlm_starts,
     fedleak,
     fedleak_step,
     gradinversion,
@@ -195,6 +196,29 @@ def test_a_step_of_several_updates_together_reads_nothing_back(monkeypatch, atta
     assert seen == []
 
 
+def test_a_step_of_dlm_s_adam_starts_together_reads_nothing_back(monkeypatch):
+    """DLM with Adam (the paper's MLP optimiser), its four starts raced together, on one
+    update and on three updates' rows at once: a step reads nothing back (L-BFGS's steps
+    read their per-start tests once a round, ``lbfgs_batched``)."""
+    from tests.test_attack_dlm import release_for as fedavg_release
+
+    config, _ = build_attack_config("dlm", {"optimizer": "adam", "lr": 0.1}, AUDIT_PRESET)
+    pairs = [fedavg_release(offset=u)[1:] for u in range(3)]
+    control = RunControl(6, emit_every=3, image_every=3)
+    with _reads_in_steps(monkeypatch, dlm_starts.Starts) as seen:
+        observation, knowledge = pairs[0]
+        events = run_preset(ATTACKS["dlm"], observation, knowledge, config, control, 0, "audit")
+        final = list(events)[-1].final
+        observations, knowledges = zip(*pairs, strict=True)
+        updates = run_attack_updates(
+            ATTACKS["dlm"], observations, knowledges, config, control, [7] * 3, AUDIT_PRESET
+        )
+        finals = {u: e.final for u, e in updates if e.final is not None}
+    assert len(final.candidates) == 4 and final.steps > 0  # the preset's four starts ran
+    assert sorted(finals) == [0, 1, 2]
+    assert seen == []
+
+
 def _breaking(monkeypatch, attack: str, row: int, at_step: int) -> list[torch.Tensor]:
     """Make restart ``row``'s objective infinite from its step ``at_step`` on; the images it
     had at that step (as the attack scores them) are put in the list returned."""
@@ -266,6 +290,24 @@ def test_on_cuda_a_step_of_restarts_together_never_waits_for_the_device(monkeypa
     run_attack(attack, release, 2, emit_every=2)  # warm: the first kernels' set-up may wait
     _never_waiting(monkeypatch, STEPPERS[attack])
     _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
+    assert len(final.candidates) == 4 and final.steps > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_step_of_dlm_s_adam_starts_together_never_waits_for_the_device(monkeypatch):
+    from tests.test_attack_dlm import release_for as fedavg_release
+
+    _, observation, knowledge = fedavg_release(device="cuda")
+    config, _ = build_attack_config("dlm", {"optimizer": "adam", "lr": 0.1}, AUDIT_PRESET)
+    info = ATTACKS["dlm"]
+
+    def run(steps: int):
+        control = RunControl(steps, emit_every=3, image_every=3)
+        return list(run_preset(info, observation, knowledge, config, control, 0, AUDIT_PRESET))
+
+    run(2)  # warm: the first kernels' set-up may wait
+    _never_waiting(monkeypatch, dlm_starts.Starts)
+    final = run(6)[-1].final
     assert len(final.candidates) == 4 and final.steps > 0
 
 

@@ -97,22 +97,15 @@ def test_each_update_together_takes_the_first_step_it_would_take_alone(
     assert not torch.allclose(picks[0], picks[1])
 
 
-@pytest.mark.parametrize("name", ["dlm", "dlm+"])
-def test_dlm_updates_together_end_where_each_would_alone(name):
+def _dlm_updates_and_alone(name: str, params: dict, steps: int):
+    """DLM's (or DLM+'s) audit preset with ``params`` on FedAvg weights at 12 px: each
+    update's final when the updates run together, beside the update's final alone."""
     from tests.test_attack_dlm import release_for as fedavg_release
 
-    pairs = [fedavg_release(offset=u)[1:] for u in range(UPDATES)]  # FedAvg weights, 12 px
+    pairs = [fedavg_release(offset=u)[1:] for u in range(UPDATES)]
     info = get_attack(name)
-    # The first step of one L-BFGS iteration (its line search included): float rounding
-    # (another batch in vmap) grows in DLM's line search, and where two of its trial values
-    # are close another CPU's kernels take another branch: DLM+'s in its third iteration on
-    # an AMD EPYC with AVX2; DLM's within two with ATen, oneDNN and MKL held to AVX2 on an
-    # AVX-512 EPYC (the loss 55.2 together against 55.5 alone). One iteration agrees on
-    # every kernel set tried (AVX-512; ATen, oneDNN and MKL at AVX2; ATen's scalar kernels
-    # with oneDNN at SSE4.1 and MKL at SSE4.2).
-    iterations = 1
-    config, _ = build_attack_config(name, {"lbfgs_max_iter": iterations}, "audit")
-    control = RunControl(max_steps=1, emit_every=1, image_every=1)
+    config, _ = build_attack_config(name, params, "audit")
+    control = RunControl(max_steps=steps, emit_every=1, image_every=1)
     observations, knowledges = zip(*pairs, strict=True)
     assert why_apart(info, config, knowledges) is None
     finals = {}
@@ -124,16 +117,41 @@ def test_dlm_updates_together_end_where_each_would_alone(name):
         alone = _alone(info, config, observation, knowledge, control)
         for a, b in zip(alone.candidates, finals[u].candidates, strict=True):
             assert (a.restart, a.steps, a.stop_reason) == (b.restart, b.steps, b.stop_reason)
+        yield finals[u], alone
+
+
+@pytest.mark.parametrize("name", ["dlm", "dlm+"])
+def test_dlm_updates_together_end_where_each_would_alone(name):
+    # The first step of one L-BFGS iteration (its line search included): float rounding
+    # (another batch in vmap) grows in DLM's line search, and where two of its trial values
+    # are close another CPU's kernels take another branch: DLM+'s in its third iteration on
+    # an AMD EPYC with AVX2; DLM's within two with ATen, oneDNN and MKL held to AVX2 on an
+    # AVX-512 EPYC (the loss 55.2 together against 55.5 alone). One iteration agrees on
+    # every kernel set tried (AVX-512; ATen, oneDNN and MKL at AVX2; ATen's scalar kernels
+    # with oneDNN at SSE4.1 and MKL at SSE4.2).
+    for together, alone in _dlm_updates_and_alone(name, {"lbfgs_max_iter": 1}, 1):
+        for a, b in zip(alone.candidates, together.candidates, strict=True):
             assert b.loss == pytest.approx(a.loss, rel=1e-4, abs=1e-6)
             torch.testing.assert_close(b.images, a.images, rtol=1e-4, atol=1e-4)
-        ours, theirs = finals[u].label_inference, alone.label_inference
+        ours, theirs = together.label_inference, alone.label_inference
         assert ours["rule"] == theirs["rule"]
         if name == "dlm":  # each start's learned gamma, as the nominal's ratio
             mine, own = ours["gamma_ratio_by_restart"], theirs["gamma_ratio_by_restart"]
             assert mine.keys() == own.keys()
             assert list(mine.values()) == pytest.approx(list(own.values()), rel=1e-5)
-    adam, _ = build_attack_config(name, {"optimizer": "adam"}, "audit")
-    assert why_apart(info, adam, knowledges) == "DLM with Adam runs its starts apart"
+
+
+@pytest.mark.parametrize("name", ["dlm", "dlm+"])
+def test_dlm_s_adam_updates_together_end_where_each_would_alone(name):
+    """With Adam (the paper's MLP optimiser) too: Adam is elementwise, so each update's rows
+    of one Adam step are as they would be alone (``attacks.dlm_starts``), over a few steps."""
+    from tests.test_attack_dlm import _same_but_for_flipped_steps
+
+    adam = {"optimizer": "adam", "lr": 0.1}
+    for together, alone in _dlm_updates_and_alone(name, adam, 3):
+        for a, b in zip(alone.candidates, together.candidates, strict=True):
+            assert b.loss == pytest.approx(a.loss, rel=1e-3)
+            _same_but_for_flipped_steps(a.images, b.images)
 
 
 def test_each_row_is_its_own_updates_objective_in_any_row_order(releases):

@@ -30,7 +30,7 @@ from auditlib.attacks.compiled import (
 )
 from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether, RecordedRows
 from auditlib.attacks.lbfgs_batched import take_rows
-from auditlib.attacks.loop import run_restarts, stacked
+from auditlib.attacks.loop import run_restarts, stacked_starts
 from auditlib.attacks.objectives import (
     UpdateMatcher,
     random_images,
@@ -141,13 +141,7 @@ class _Starts:
 
     def __init__(self, generators, matcher, knowledge, config, fixed_labels, clock):
         self.matcher = matcher
-        images, logits = [], []
-        for generator in generators:  # per start: images, then label logits (as _Restart)
-            images.append(random_images(knowledge, generator))
-            if fixed_labels is None:
-                logits.append(random_label_logits(knowledge, generator))
-        self.images = stacked(images)
-        self.logits = stacked(logits) if logits else None
+        self.images, self.logits = stacked_starts(knowledge, generators, fixed_labels is not None)
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])

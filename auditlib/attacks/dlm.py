@@ -47,10 +47,10 @@ from auditlib.attacks.compiled import (
     why_not_compiled,
 )
 from auditlib.attacks.dlm_objective import ModelLeakageObjective
+from auditlib.attacks.dlm_starts import Starts
 from auditlib.attacks.labels import infer_batch_labels
-from auditlib.attacks.lbfgs import LbfgsSteps, LbfgsTogether, RecordedRows
-from auditlib.attacks.lbfgs_batched import take_rows
-from auditlib.attacks.loop import run_restarts, stacked
+from auditlib.attacks.lbfgs import LbfgsSteps
+from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
     backward_to,
     random_images,
@@ -109,12 +109,14 @@ class _ModelLeakageConfig:
         low=1,
         high=64,
     )
-    # L-BFGS starts advance together, one history each (lbfgs_batched); False: one after
-    # another on torch's L-BFGS. Adam's starts run apart.
+    # Starts advance together (dlm_starts): on one batched L-BFGS, one history each
+    # (lbfgs_batched), or on one Adam over the stacked starts (elementwise: each start's
+    # own); False: one after another on torch's own optimiser.
     together: bool = param(
         True,
-        "advance L-BFGS starts together, one history each, as one batched computation "
-        "(false: one after another on torch's L-BFGS; the same algorithm per start)",
+        "advance the starts together as one batched computation: L-BFGS with one history "
+        "each, or Adam (elementwise, so each start's own) (false: one after another on "
+        "torch's optimiser; the same algorithm per start)",
     )
     # Each L-BFGS evaluation recorded as a CUDA graph and replayed (attacks.captured,
     # lbfgs.RecordedRows): the same algorithm, on the batched L-BFGS.
@@ -243,17 +245,14 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference, h
 
     # A captured evaluation is the batched L-BFGS's: the starts (one too) advance together.
     together = config.captured or (
-        config.optimizer == "lbfgs"
-        and config.together
-        and config.restarts > 1
-        and why_not_together(knowledge) is None
+        config.together and config.restarts > 1 and why_not_together(knowledge) is None
     )
     # Apart: one per restart, made in restart order; together: one, a row per restart.
-    made: list[_Restarts | _Starts] = []
+    made: list[_Restarts | Starts] = []
 
     def make(generators, clock):
         args = (generators, objective, knowledge, config, fixed_labels, gamma0, clock)
-        made.append(_Starts(*args, objective.nominal_gamma()) if together else _Restarts(*args))
+        made.append(Starts(*args, objective.nominal_gamma()) if together else _Restarts(*args))
         if together and made[-1].recorded is not None:
             how.made(made[-1].recorded.gradient)
         return made[-1]
@@ -350,126 +349,18 @@ class _Restarts:
         return snapshot(self.state.images), self.state.hard_labels(), score
 
 
-class _Starts:
-    """K DLM/DLM+ starts on one batched L-BFGS (``LbfgsTogether``): images, label logits and
-    DLM's gamma stacked one row per start; each row's objective is its own, computed for the
-    rows still stepping in one ``ModelLeakageObjective.together`` pass."""
-
-    def __init__(
-        self, generators, objective, knowledge, config, fixed_labels, gamma0, clock, nominal
-    ):
-        device = knowledge.device
-        self.objective = objective  # a ModelLeakageObjective, or several updates' (at(rows))
-        self.nominal = nominal  # the nominal gamma (the same for every update's rows)
-        self.config = config
-        self.fixed = fixed_labels
-        self.fixed_rows = fixed_labels is not None and fixed_labels.dim() == 2  # K x B
-        images, logits = [], []
-        for generator in generators:  # per start: images, then label logits (as _Restarts)
-            images.append(random_images(knowledge, generator))
-            if fixed_labels is None:
-                logits.append(random_label_logits(knowledge, generator))
-        self.images = stacked(images)
-        self.logits = stacked(logits) if logits else None
-        self.gamma = (
-            None
-            if gamma0 is None
-            else torch.full(
-                (len(generators),), gamma0, dtype=torch.float32, device=device
-            ).requires_grad_()
-        )
-        variables = [v for v in (self.images, self.logits, self.gamma) if v is not None]
-        self.recorded = self._recorded(variables, device) if config.captured else None
-        self.lbfgs = LbfgsTogether.of(
-            variables, self.recorded or self._objective, clock, len(generators), config
-        )
-        self.gamma_ratio: dict[int, float] = {}  # gamma / nominal gamma at the candidates
-
-    def _labels(self, rows: list[int]) -> torch.Tensor:
-        if self.logits is not None:
-            return torch.softmax(take_rows(self.logits, rows), dim=-1)
-        return take_rows(self.fixed, rows) if self.fixed_rows else self.fixed
-
-    def _terms(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = take_rows(self.images, rows), self._labels(rows)
-        gamma = None if self.gamma is None else take_rows(self.gamma, rows)
-        objective = self.objective.at(rows)
-        if len(rows) == 1:  # one start: plain autograd, the fastest way alone
-            single = labels[0] if self.logits is not None or self.fixed_rows else labels
-            distance = objective(images[0], single, None if gamma is None else gamma[0])
-            distance = distance.unsqueeze(0)
-        else:
-            distance = objective.together(images, labels, gamma)
-        if self.config.tv > 0:
-            return distance + self.config.tv * total_variation(images), distance
-        return distance, distance
-
-    def _objective(self, rows: list[int]) -> torch.Tensor:
-        return self._terms(rows)[0]
-
-    def _recorded(self, variables: list[torch.Tensor], device: torch.device) -> RecordedRows:
-        """The evaluations recorded as a CUDA graph: the rows' objectives by one
-        ``together`` pass."""
-
-        def objective(images, *rest):  # the rows' images, then logits and gamma if any
-            rest = list(rest)
-            logits = rest.pop(0) if self.logits is not None else None
-            gamma = rest.pop(0) if self.gamma is not None else None
-            labels = self.fixed if logits is None else torch.softmax(logits, dim=-1)
-            value = self.objective.together(images, labels, gamma)
-            if self.config.tv > 0:
-                value = value + self.config.tv * total_variation(images)
-            return value, {}
-
-        return RecordedRows(variables, objective, device, self.objective)
-
-    def _hard_labels(self, row: int) -> torch.Tensor:
-        if self.logits is None:
-            return (self.fixed[row] if self.fixed_rows else self.fixed).cpu()
-        return self.logits[row].detach().argmax(dim=-1).cpu()
-
-    def step(self, alive):
-        rows = list(alive)
-        losses = {
-            "objective": torch.tensor(self.lbfgs.step(rows)),
-            "evaluations": torch.tensor([float(self.lbfgs.evaluations[r]) for r in rows]),
-        }
-        if self.gamma is not None:
-            gamma = self.gamma.detach()[rows].cpu()
-            losses["gamma"] = gamma
-            losses["gamma_ratio"] = gamma / self.nominal
-        return losses
-
-    def frame(self, position):
-        return snapshot(self.images[position]), self._hard_labels(position)
-
-    def candidate(self, position):
-        self.lbfgs.restore([position])  # its last full step, not a cut-short or diverged one
-        with torch.enable_grad():
-            score = float(self._terms([position])[1].detach())
-        if self.gamma is not None:
-            gamma = float(self.gamma.detach()[position])
-            self.gamma_ratio[position] = gamma / self.nominal
-        return snapshot(self.images[position]), self._hard_labels(position), score
-
-
 def _why_not_recorded(knowledge: AttackerKnowledge, config) -> str | None:
     """What keeps DLM's evaluations from being recorded (None: nothing)."""
     if config.optimizer != "lbfgs":
-        return "its evaluations are recorded on L-BFGS; with Adam its starts run apart"
+        return "its evaluations are recorded on L-BFGS; with Adam its step runs eagerly"
     return why_not_compiled(knowledge)
-
-
-def why_updates_apart(config, raced: bool = False) -> str | None:
-    """Why DLM's updates run one after another (``AttackInfo.why_updates_apart``): its
-    Adam runs its starts apart, so its updates too."""
-    return None if config.optimizer == "lbfgs" else "DLM with Adam runs its starts apart"
 
 
 def run_model_leakage_updates(observations, knowledges, config, control, seeds):
     """DLM or DLM+ on several updates together (``AttackInfo.run_updates``): update u's
-    starts are rows u R .. u R + R - 1 of one batched L-BFGS, each matching update u's
-    observed descent with update u's own labels (``attacks.updates_loop``)."""
+    starts are rows u R .. u R + R - 1 of one batched L-BFGS or Adam (``dlm_starts``), each
+    matching update u's observed descent with update u's own labels
+    (``attacks.updates_loop``)."""
     pairs = list(zip(observations, knowledges, strict=True))
     objectives = [ModelLeakageObjective(o, k, config) for o, k in pairs]
     resolved = [_resolve_labels(o, k, config.labels) for o, k in pairs]
@@ -488,11 +379,11 @@ def run_model_leakage_updates(observations, knowledges, config, control, seeds):
         if gamma0 is not None:
             records[u]["gamma_init"] = gamma0
             records[u]["gamma_ratio_by_restart"] = gammas[u]  # filled in as restarts finish
-    made: list[_Starts] = []
+    made: list[Starts] = []
     many = UpdatesMatcher(objectives, owners)
 
     def make(generators, clock):
-        made.append(_Starts(generators, many, knowledges[0], config, fixed, gamma0, clock, nominal))
+        made.append(Starts(generators, many, knowledges[0], config, fixed, gamma0, clock, nominal))
         return made[-1]
 
     for u, event in run_updates(make, restarts, control, seeds, "update_distance", records):
@@ -525,7 +416,7 @@ register(
         config_type=DlmConfig,
         run=run_dlm,
         run_updates=run_model_leakage_updates,
-        why_updates_apart=apart_when_compiled("dlm", why_updates_apart),
+        why_updates_apart=apart_when_compiled("dlm"),
         presets={
             "paper": {**_LENET, "gamma_init_ratio": 1.2},
             "paper-mlp": {**_MLP, "gamma_init_ratio": 0.6},
@@ -567,7 +458,7 @@ register(
         config_type=DlmPlusConfig,
         run=run_dlm_plus,
         run_updates=run_model_leakage_updates,
-        why_updates_apart=apart_when_compiled("dlm+", why_updates_apart),
+        why_updates_apart=apart_when_compiled("dlm+"),
         presets={
             # The norm of the public code that produced the paper's tables (see the config).
             "paper": {**_LENET, "norm": "layer-mean"},

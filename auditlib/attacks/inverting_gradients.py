@@ -42,12 +42,10 @@ from auditlib.attacks.compiled import (
     why_not_compiled,
 )
 from auditlib.attacks.labels import idlg_label
-from auditlib.attacks.loop import run_restarts, stacked
+from auditlib.attacks.loop import run_restarts, stacked_starts
 from auditlib.attacks.objectives import (
     UpdateMatcher,
     backward_to,
-    random_images,
-    random_label_logits,
     total_variation,
     why_not_together,
 )
@@ -158,13 +156,7 @@ class _Restarts:
         self.matcher = matcher
         self.compiled: CompiledGradient | CapturedGradient | None = None
         self._index = RowIndex(knowledge.device)  # the running rows, made once per set
-        images, logits = [], []
-        for generator in generators:  # per restart: images, then label logits (its own draw)
-            images.append(random_images(knowledge, generator))
-            if fixed_labels is None:
-                logits.append(random_label_logits(knowledge, generator))
-        self.images = stacked(images)
-        self.logits = stacked(logits) if logits else None
+        self.images, self.logits = stacked_starts(knowledge, generators, fixed_labels is not None)
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])

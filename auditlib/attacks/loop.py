@@ -35,8 +35,10 @@ from typing import Protocol
 import torch
 
 from auditlib.attacks.base import Clock, ProgressEvent, RunControl, final_event
+from auditlib.attacks.objectives import random_images, random_label_logits
 from auditlib.attacks.race import PLAN, HalvingPlan
 from auditlib.reconstruction import Candidate
+from auditlib.threat import AttackerKnowledge
 
 # ``PLAN`` and ``HalvingPlan`` live in ``race.py``; importers of ``attacks.loop`` keep them.
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "read_losses",
     "run_restarts",
     "stacked",
+    "stacked_starts",
     "start_seed",
     "total_steps",
 ]
@@ -303,3 +306,17 @@ def run_restarts(
 def stacked(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Restarts' variables stacked along a new first dimension, as one leaf to optimise."""
     return torch.stack([t.detach() for t in tensors]).requires_grad_(True)
+
+
+def stacked_starts(
+    knowledge: AttackerKnowledge, generators: Sequence[torch.Generator], labelled: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each start's dummy images, then its label logits unless the labels are fixed
+    (``labelled``), drawn in turn from its generator as a start alone draws them, stacked
+    one row per start (each a leaf to optimise)."""
+    images, logits = [], []
+    for generator in generators:
+        images.append(random_images(knowledge, generator))
+        if not labelled:
+            logits.append(random_label_logits(knowledge, generator))
+    return stacked(images), stacked(logits) if logits else None
