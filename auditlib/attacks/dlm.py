@@ -17,7 +17,8 @@ labels, TV for batches, Adam) are documented in docs/ALGORITHMS.md.
 
 Why one module over 400 lines: DLM and DLM+ are one paper with one objective; their configs
 (fields declared with the paper's defaults and ranges), the objective, the restarts and
-the presets read against the paper in one file; the objective is ``dlm_objective.py``.
+the presets read against the paper in one file; the objective is ``dlm_objective.py``,
+the starts together ``dlm_starts.py``.
 Shared parts: ``lbfgs.py``, ``loop.py``.
 """
 
