@@ -9,7 +9,9 @@ the median of the repetitions. Agreement: the largest relative difference of the
 final objectives and the largest pixel difference, after ``SHORT`` steps, same seeds.
 Attacks whose restarts cannot advance together say why instead (their row has one arm).
 ``dlm-adam`` is DLM with the paper's MLP optimiser (Adam, lr 0.1) on the same LeNet's
-FedAvg upload (one local step at the client's lr 0.01, weights sent: DLM attacks weights).
+FedAvg upload (one local step at the client's lr 0.01, weights sent: DLM attacks weights);
+``ig-clip-twin`` is IG's adaptive twin under clipping (the update's norm clipped to 0.5,
+which the attacker knows and applies to its candidates' updates).
 
 Writes benchmarks/results/restart_batching.json and the table in docs/PERFORMANCE.md.
 Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 5]
@@ -43,38 +45,63 @@ CASES = (
     ("fedleak", 8),
     ("dlg", 8),
     ("dlm-adam", 8),
+    ("ig-clip-twin", 8),
     ("ig", 4),
     ("ig", 16),
 )
 ATTACKS = tuple(dict.fromkeys(a for a, _ in CASES))
 # An L-BFGS step makes up to 20 objective evaluations: DLG's row runs a fifth of the steps.
 STEP_SHARE = {"dlg": 0.2}
-# A case that is an attack with other parameters, on a FedAvg upload: (attack, parameters).
-VARIANTS = {"dlm-adam": ("dlm", {"optimizer": "adam", "lr": 0.1})}
 FEDAVG = ClientProtocol(algorithm="fedavg", local_steps=1, local_lr=0.01, shared="weights")
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A case that is an attack with other parameters, on another upload or as the twin
+    that knows a defense."""
+
+    attack: str
+    params: dict
+    protocol: ClientProtocol | None = None  # None: the case's FedSGD
+    defense: tuple[str, dict] = ("none", {})
+
+
+VARIANTS = {
+    "dlm-adam": Variant("dlm", {"optimizer": "adam", "lr": 0.1}, FEDAVG),
+    "ig-clip-twin": Variant("ig", {}, defense=("clip", {"mode": "norm", "bound": 0.5})),
+}
+
+
+def _variant(case: str) -> Variant:
+    return VARIANTS.get(case, Variant(case, {}))
+
+
 def _release(case: str):
-    spec = lenet_spec(VARIANTS.get(case, (case,))[0])
-    if case in VARIANTS:
-        spec = dataclasses.replace(spec, scenario=ScenarioSpec(protocol=FEDAVG))
+    variant = _variant(case)
+    spec = lenet_spec(variant.attack)
+    if variant.protocol is not None:
+        spec = dataclasses.replace(spec, scenario=ScenarioSpec(protocol=variant.protocol))
     victim = prepare_victim(spec)
     release = release_update(
         victim.model,
         victim.batch,
         spec.scenario.protocol,
-        build_defense("none", None)[0],
+        build_defense(*variant.defense)[0],
         normalization=victim.normalization,
         num_classes=spec.model.spec.num_classes,
         labels_known=False,
         seed=0,
     )
-    return release
+    if release.known_defense is None:
+        return release
+    # The twin: the attacker knows the defense (engine.attack_phase does the same).
+    knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
+    return dataclasses.replace(release, knowledge=knowledge)
 
 
 def _run(case: str, release, steps: int, together: bool | None, restarts: int):
-    attack, params = VARIANTS.get(case, (case, {}))
-    params = {**params, "restarts": restarts}
+    variant = _variant(case)
+    attack, params = variant.attack, {**variant.params, "restarts": restarts}
     if together is not None:
         params["together"] = together
     config, _ = build_attack_config(attack, params)
@@ -88,7 +115,7 @@ def _run(case: str, release, steps: int, together: bool | None, restarts: int):
 
 
 def _has_together(case: str) -> bool:
-    attack = VARIANTS.get(case, (case,))[0]
+    attack = _variant(case).attack
     return any(f.name == "together" for f in dataclasses.fields(get_attack(attack).config_type))
 
 

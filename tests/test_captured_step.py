@@ -169,6 +169,22 @@ def test_each_attack_captured_ends_where_it_ends_eager(monkeypatch, attack, para
     assert (eager.stepped, captured.stepped) == (Stepped(EAGER), Stepped(RECORDED))
 
 
+def test_an_adaptive_twin_s_step_through_the_defense_s_transform_is_recorded_too(monkeypatch):
+    """IG's twin under clipping (its candidate's update clipped as the client's was): its
+    starts run together, so its step records, and it ends where it ends eager."""
+    _, _, release = release_for(
+        lenet_spec("ig", batch=2), defense="clip", defense_params={"mode": "norm", "bound": 0.5}
+    )
+    knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
+    twin = dataclasses.replace(release, knowledge=knowledge)
+    params = {"restarts": 2, "signed": False}
+    eager = _final("ig", twin, params, WARMUP_STEPS + 4)
+    stand_in = _captured_here(monkeypatch)
+    captured = _final("ig", twin, {**params, "captured": True}, WARMUP_STEPS + 4)
+    assert stand_in.recorded == 1 and captured.stepped == Stepped(RECORDED)
+    _ends_as_eager(eager, captured, 5e-3)
+
+
 @pytest.mark.parametrize(
     ("attack", "params"),
     [

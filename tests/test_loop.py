@@ -325,6 +325,58 @@ def test_together_gives_each_restart_its_own_objective_and_gradient_on_a_fedavg_
         torch.testing.assert_close(batched[r], own[r], rtol=1e-4, atol=1e-4 * own.abs().max())
 
 
+# Each defense whose adaptive attacker transforms its candidate's update as the defense did
+# (``KnownDefense.transform``): clipping by norm and by value, DP's clip, and quantisation
+# that rounds (half precision, the sign, QSGD to the nearest level).
+TRANSFORMS = [
+    ("clip", {"mode": "norm", "bound": 0.5}),
+    ("clip", {"mode": "value", "bound": 0.01}),
+    ("dp-gaussian", {"clip": 1.0, "sigma": 0.01}),
+    ("quantize", {"bits": 16}),
+    ("quantize", {"bits": 1}),
+    ("quantize", {"bits": 4, "stochastic": False}),
+]
+
+
+@pytest.mark.parametrize(("defense", "params"), TRANSFORMS)
+def test_the_adaptive_attackers_transform_is_each_restarts_own_together(defense, params):
+    """The twin's restarts advance together: in the batched pass each row's update is
+    transformed as it would be alone, so its objective and pixel gradient are its own."""
+    _, _, release = release_for(lenet_spec("ig", batch=2), defense=defense, defense_params=params)
+    knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
+    assert knowledge.defense.transform is not None and why_not_together(knowledge) is None
+    matcher = UpdateMatcher(release.observation, knowledge, "cosine")
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(3, 2, 3, 32, 32, generator=generator).requires_grad_(True)
+    labels = torch.softmax(torch.randn(3, 2, 100, generator=generator), dim=-1)
+    together = matcher.together(images, labels)
+    (batched,) = torch.autograd.grad(together.sum(), images)
+    for r in range(3):
+        alone = matcher(images[r], labels[r])
+        (own,) = torch.autograd.grad(alone, images)
+        assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=1e-4)
+        torch.testing.assert_close(batched[r], own[r], rtol=1e-3, atol=1e-3 * own.abs().max())
+
+
+def test_an_adaptive_twins_restarts_run_together_and_end_where_they_end_apart():
+    """IG's twin under clipping, three restarts advanced together against one after another
+    (unsigned Adam: the signed step turns rounding near a zero gradient into a full step)."""
+    _, _, release = release_for(
+        lenet_spec("ig"), defense="clip", defense_params={"mode": "norm", "bound": 0.5}
+    )
+    release = dataclasses.replace(
+        release, knowledge=dataclasses.replace(release.knowledge, defense=release.known_defense)
+    )
+    finals = [
+        run_named("ig", release, 3, params={"restarts": 3, "together": t, "signed": False})[1]
+        for t in (False, True)
+    ]
+    for apart, together in zip(*(f.candidates for f in finals), strict=True):
+        assert together.restart == apart.restart and together.steps == apart.steps == 3
+        assert together.loss == pytest.approx(apart.loss, rel=1e-4)
+        torch.testing.assert_close(together.images, apart.images, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", sorted(DISTANCES))
 def test_every_distance_of_stacked_updates_is_each_restarts_own(name):
     """R updates stacked along a leading dimension (how ``together`` measures them, outside

@@ -429,12 +429,12 @@ def restart_buffers(model: nn.Module, restarts: int) -> dict[str, torch.Tensor]:
 
 def why_not_together(knowledge: AttackerKnowledge) -> str | None:
     """Why restarts cannot advance together through ``UpdateMatcher.together`` (None: they
-    can)."""
+    can). A known defense's transform of the update (clipping, DP's clip, deterministic
+    quantisation: ``ThroughDefense.candidate``) runs inside the batched pass, each row's
+    update transformed as it would be alone (``tests/test_loop.py``)."""
     known = knowledge.defense
     if isinstance(knowledge.model, torch.jit.ScriptModule):
         return "a TorchScript model refuses torch.func's batched calls"
-    if known is not None and known.transform is not None:
-        return f"{known.name}'s transform on the update runs one restart at a time"
     if known is not None and known.unknowns is not None:
         return f"{known.name}'s unknown model parameters are fitted one restart at a time"
     if known is not None and known.noise is not None and not known.noise.stacked:

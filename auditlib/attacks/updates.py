@@ -191,6 +191,8 @@ def why_updates_apart(knowledges: Sequence[AttackerKnowledge]) -> str | None:
             return "the updates are on different devices"
         if knowledge.normalization != first.normalization:
             return "the updates' normalisations differ"
+        # The first update's view transforms every row's update: a known defense's
+        # transform is its configuration's (clipping, quantisation), the same on each update.
         if (knowledge.defense is None) != (first.defense is None) or (
             knowledge.defense is not None and knowledge.defense.name != first.defense.name
         ):
