@@ -17,8 +17,8 @@ candidate update (``nll``); :func:`image_prior_nats` gives the second.
 Updates are one tensor per parameter in the client's own units (what the defense acted on:
 a gradient for FedSGD, a weight difference for FedAvg); attacks compare readings as a
 gradient, so ``nll`` takes ``unit``, the client's update per unit of that reading
-(``client.update.difference_per_gradient``). Gaussian and Laplace also take R candidates
-stacked along a leading dimension (restarts that advance together).
+(``client.update.difference_per_gradient``). Gaussian, Laplace and QSGD's also take R
+candidates stacked along a leading dimension (restarts that advance together).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class QsgdLikelihood:
     steps: Tensors  # per tensor: (buckets, 1), the step n / s of each bucket
     released: Tensors  # per tensor: (buckets, bucket) the released levels k (signed)
     distance: str | None = None
-    stacked: bool = False
+    stacked: bool = True
 
     @classmethod
     def read(cls, observed: Sequence[torch.Tensor], levels: int, bucket: int) -> QsgdLikelihood:
@@ -174,15 +174,19 @@ class QsgdLikelihood:
         return cls(levels, tuple(sizes), tuple(steps), tuple(released))
 
     def nll(self, candidate, target, unit):
+        """One value, or one per restart where the candidates are stacked along a leading
+        dimension (``target`` has each tensor's own shape: what leads it is the restarts)."""
         exact = 1 / (2 * EXACT_STEPS**2)
         total = candidate[0].new_zeros(())
-        for c, size, step, k in zip(candidate, self.bucket, self.steps, self.released, strict=True):
-            a = _buckets(c * unit, size)[0] / step
-            total = total + 2 * (k - a).pow(2).sum()
-            norm = torch.linalg.vector_norm(a, dim=1)
+        tensors = zip(candidate, target, self.bucket, self.steps, self.released, strict=True)
+        for c, t, size, step, k in tensors:
+            lead = c.shape[: c.dim() - t.dim()]
+            a = _buckets(c * unit, size, lead)[0] / step  # (*lead, buckets, bucket)
+            total = total + 2 * (k - a).pow(2).sum((-2, -1))
+            norm = torch.linalg.vector_norm(a, dim=-1)
             nonzero = (k != 0).any(dim=1)
-            total = total + exact * (norm - self.levels * nonzero).pow(2).sum()
-            total = total + exact * torch.relu(-torch.sign(k) * a).pow(2).sum()
+            total = total + exact * (norm - self.levels * nonzero).pow(2).sum(-1)
+            total = total + exact * torch.relu(-torch.sign(k) * a).pow(2).sum((-2, -1))
         return total
 
     def describe(self) -> str:
@@ -192,12 +196,14 @@ class QsgdLikelihood:
         )
 
 
-def _buckets(t: torch.Tensor, bucket: int) -> tuple[torch.Tensor, int]:
-    """``t`` flat, zero-padded and cut into rows of ``bucket`` entries (QSGD's layout)."""
-    flat = t.reshape(-1)
-    size = bucket if 0 < bucket < flat.numel() else flat.numel()
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % size))
-    return padded.view(-1, size), size
+def _buckets(t: torch.Tensor, bucket: int, lead: tuple[int, ...] = ()) -> tuple[torch.Tensor, int]:
+    """``t`` flat, zero-padded and cut into rows of ``bucket`` entries (QSGD's layout); with
+    ``lead``, the leading dimensions of stacked candidates, each flattened on its own."""
+    flat = t.reshape(*lead, -1)
+    entries = flat.shape[-1]
+    size = bucket if 0 < bucket < entries else entries
+    padded = torch.nn.functional.pad(flat, (0, -entries % size))
+    return padded.view(*lead, -1, size), size
 
 
 def _step_of(rows: torch.Tensor, levels: int) -> torch.Tensor:

@@ -11,7 +11,9 @@ Attacks whose restarts cannot advance together say why instead (their row has on
 ``dlm-adam`` is DLM with the paper's MLP optimiser (Adam, lr 0.1) on the same LeNet's
 FedAvg upload (one local step at the client's lr 0.01, weights sent: DLM attacks weights);
 ``ig-clip-twin`` is IG's adaptive twin under clipping (the update's norm clipped to 0.5,
-which the attacker knows and applies to its candidates' updates).
+which the attacker knows and applies to its candidates' updates); ``ig-qsgd-twin`` is IG's
+twin under QSGD at 4 bits with stochastic rounding (the attacker weighs each entry by the
+release's likelihood, read off the release).
 
 Writes benchmarks/results/restart_batching.json and the table in docs/PERFORMANCE.md.
 Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 5]
@@ -46,6 +48,7 @@ CASES = (
     ("dlg", 8),
     ("dlm-adam", 8),
     ("ig-clip-twin", 8),
+    ("ig-qsgd-twin", 8),
     ("ig", 4),
     ("ig", 16),
 )
@@ -69,6 +72,7 @@ class Variant:
 VARIANTS = {
     "dlm-adam": Variant("dlm", {"optimizer": "adam", "lr": 0.1}, FEDAVG),
     "ig-clip-twin": Variant("ig", {}, defense=("clip", {"mode": "norm", "bound": 0.5})),
+    "ig-qsgd-twin": Variant("ig", {}, defense=("quantize", {"bits": 4})),
 }
 
 

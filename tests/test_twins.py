@@ -236,3 +236,36 @@ def test_the_qsgd_twin_reads_a_buckets_step_when_its_levels_share_a_factor():
             misread += int(wrong.sum())
             total += int(sent.sum())
     assert total > 5_000 and misread / total < 0.01, (misread, total)
+
+
+def test_the_qsgd_likelihood_of_stacked_candidates_is_each_candidates_own():
+    """QSGD's release likelihood takes R candidates stacked along a leading dimension (its
+    twin's starts then advance together): one value per candidate, each what it is alone."""
+    release = release_for(lenet_spec(), defense="quantize", defense_params={"bits": 4})[2]
+    noise = release.known_defense.noise
+    assert noise.stacked
+    generator = torch.Generator().manual_seed(0)
+    target = tuple(t.detach() for t in release.observation.tensors)
+    stacked = tuple(t + 0.01 * torch.randn((3, *t.shape), generator=generator) for t in target)
+    together = noise.nll(stacked, target, 0.5)
+    assert together.shape == (3,)
+    for r in range(3):
+        alone = noise.nll(tuple(s[r] for s in stacked), target, 0.5)
+        assert alone.dim() == 0
+        assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
+
+
+def test_the_qsgd_twins_starts_advance_together_and_end_where_they_end_apart():
+    from auditlib.attacks.objectives import why_not_together
+    from tests.test_attacks import run_attack
+
+    release = release_for(lenet_spec(), defense="quantize", defense_params={"bits": 4})[2]
+    knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
+    assert knowledge.defense.noise is not None and why_not_together(knowledge) is None
+    twin = dataclasses.replace(release, knowledge=knowledge)
+    params = {"restarts": 3, "signed": False}
+    finals = [run_attack("ig", twin, 3, params={**params, "together": t})[1] for t in (False, True)]
+    for apart, together in zip(*(f.candidates for f in finals), strict=True):
+        assert together.restart == apart.restart and together.steps == apart.steps == 3
+        assert together.loss == pytest.approx(apart.loss, rel=1e-4)
+        torch.testing.assert_close(together.images, apart.images, rtol=0, atol=1e-4)
