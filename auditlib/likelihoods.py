@@ -17,8 +17,8 @@ candidate update (``nll``); :func:`image_prior_nats` gives the second.
 Updates are one tensor per parameter in the client's own units (what the defense acted on:
 a gradient for FedSGD, a weight difference for FedAvg); attacks compare readings as a
 gradient, so ``nll`` takes ``unit``, the client's update per unit of that reading
-(``client.update.difference_per_gradient``). Gaussian, Laplace and QSGD's also take R
-candidates stacked along a leading dimension (restarts that advance together).
+(``client.update.difference_per_gradient``). Each also takes R candidates stacked along a
+leading dimension (restarts that advance together): one value per candidate.
 """
 
 from __future__ import annotations
@@ -125,9 +125,14 @@ class ModelledGaussian:
     model: object  # Callable[[Tensors], tuple[Tensors, Tensors]]
     words: str
     distance: str | None = None
-    stacked: bool = False
+    stacked: bool = True
 
     def nll(self, candidate, target, unit):
+        """One value, or one per restart where the candidates are stacked along a leading
+        dimension: each candidate's release modelled from its own values (by
+        ``torch.func.vmap``, the same pruning and ranking as alone)."""
+        if candidate[0].dim() > target[0].dim():
+            return torch.func.vmap(lambda *one: self.nll(one, target, unit))(*candidate)
         mean, std = self.model(tuple(c * unit for c in candidate))
         total = candidate[0].new_zeros(())
         for m, s, t in zip(mean, std, target, strict=True):

@@ -13,7 +13,8 @@ FedAvg upload (one local step at the client's lr 0.01, weights sent: DLM attacks
 ``ig-clip-twin`` is IG's adaptive twin under clipping (the update's norm clipped to 0.5,
 which the attacker knows and applies to its candidates' updates); ``ig-qsgd-twin`` is IG's
 twin under QSGD at 4 bits with stochastic rounding (the attacker weighs each entry by the
-release's likelihood, read off the release).
+release's likelihood, read off the release); ``ig-outpost-twin`` under OUTPOST (its
+release modelled from each candidate's own pruning and Fisher ranking).
 
 Writes benchmarks/results/restart_batching.json and the table in docs/PERFORMANCE.md.
 Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 5]
@@ -49,6 +50,7 @@ CASES = (
     ("dlm-adam", 8),
     ("ig-clip-twin", 8),
     ("ig-qsgd-twin", 8),
+    ("ig-outpost-twin", 8),
     ("ig", 4),
     ("ig", 16),
 )
@@ -73,6 +75,7 @@ VARIANTS = {
     "dlm-adam": Variant("dlm", {"optimizer": "adam", "lr": 0.1}, FEDAVG),
     "ig-clip-twin": Variant("ig", {}, defense=("clip", {"mode": "norm", "bound": 0.5})),
     "ig-qsgd-twin": Variant("ig", {}, defense=("quantize", {"bits": 4})),
+    "ig-outpost-twin": Variant("ig", {}, defense=("outpost", {})),
 }
 
 

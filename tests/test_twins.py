@@ -238,28 +238,41 @@ def test_the_qsgd_twin_reads_a_buckets_step_when_its_levels_share_a_factor():
     assert total > 5_000 and misread / total < 0.01, (misread, total)
 
 
-def test_the_qsgd_likelihood_of_stacked_candidates_is_each_candidates_own():
-    """QSGD's release likelihood takes R candidates stacked along a leading dimension (its
-    twin's starts then advance together): one value per candidate, each what it is alone."""
-    release = release_for(lenet_spec(), defense="quantize", defense_params={"bits": 4})[2]
+@pytest.mark.parametrize(
+    ("defense", "params"),
+    [("quantize", {"bits": 4}), ("outpost", {}), ("dp-gaussian", {"sigma": 0.01, "clip": None})],
+)
+def test_a_release_likelihood_of_stacked_candidates_is_each_candidates_own(defense, params):
+    """A release likelihood takes R candidates stacked along a leading dimension (the twin's
+    starts then advance together): one value per candidate, each what it is alone, and each
+    candidate's gradient its own (OUTPOST's release is modelled from the candidate itself)."""
+    release = release_for(lenet_spec(), defense=defense, defense_params=params)[2]
     noise = release.known_defense.noise
     assert noise.stacked
     generator = torch.Generator().manual_seed(0)
     target = tuple(t.detach() for t in release.observation.tensors)
-    stacked = tuple(t + 0.01 * torch.randn((3, *t.shape), generator=generator) for t in target)
+    stacked = tuple(
+        (t + 0.01 * torch.randn((3, *t.shape), generator=generator)).requires_grad_()
+        for t in target
+    )
     together = noise.nll(stacked, target, 0.5)
     assert together.shape == (3,)
+    batched = torch.autograd.grad(together.sum(), stacked)
     for r in range(3):
-        alone = noise.nll(tuple(s[r] for s in stacked), target, 0.5)
+        one = tuple(s[r].detach().clone().requires_grad_() for s in stacked)
+        alone = noise.nll(one, target, 0.5)
         assert alone.dim() == 0
-        assert float(together[r]) == pytest.approx(float(alone), rel=1e-5)
+        assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=1e-5)
+        for b, a in zip(batched, torch.autograd.grad(alone, one), strict=True):
+            torch.testing.assert_close(b[r], a, rtol=1e-4, atol=1e-6 * float(a.abs().max()))
 
 
-def test_the_qsgd_twins_starts_advance_together_and_end_where_they_end_apart():
+@pytest.mark.parametrize(("defense", "params"), [("quantize", {"bits": 4}), ("outpost", {})])
+def test_a_likelihood_twins_starts_advance_together_and_end_where_they_end_apart(defense, params):
     from auditlib.attacks.objectives import why_not_together
     from tests.test_attacks import run_attack
 
-    release = release_for(lenet_spec(), defense="quantize", defense_params={"bits": 4})[2]
+    release = release_for(lenet_spec(), defense=defense, defense_params=params)[2]
     knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
     assert knowledge.defense.noise is not None and why_not_together(knowledge) is None
     twin = dataclasses.replace(release, knowledge=knowledge)
