@@ -312,7 +312,13 @@ def test_together_gives_each_restart_its_own_objective_and_gradient_on_a_fedavg_
     end state magnifies float differences where a pixel's gradient is near zero)."""
     protocol = ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.05, local_batch_size=1)
     _, _, release = release_for(lenet_spec("ig", batch=2), protocol=protocol)
-    matcher = UpdateMatcher(release.observation, release.knowledge, "cosine")
+    _each_rows_own(UpdateMatcher(release.observation, release.knowledge, "cosine"), 1e-5, 1e-4)
+
+
+def _each_rows_own(matcher: UpdateMatcher, rel: float, grad_rel: float) -> None:
+    """Three restarts' objectives and pixel gradients by ``matcher.together`` against each
+    restart alone, at the same random point (2 images each, soft labels): to ``rel`` for the
+    values and ``grad_rel`` (of the largest entry) for the gradients."""
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(3, 2, 3, 32, 32, generator=generator).requires_grad_(True)
     labels = torch.softmax(torch.randn(3, 2, 100, generator=generator), dim=-1)
@@ -321,8 +327,10 @@ def test_together_gives_each_restart_its_own_objective_and_gradient_on_a_fedavg_
     for r in range(3):
         alone = matcher(images[r], labels[r])
         (own,) = torch.autograd.grad(alone, images)
-        assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=1e-5)
-        torch.testing.assert_close(batched[r], own[r], rtol=1e-4, atol=1e-4 * own.abs().max())
+        assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=rel)
+        torch.testing.assert_close(
+            batched[r], own[r], rtol=grad_rel, atol=grad_rel * own.abs().max()
+        )
 
 
 # Each defense whose adaptive attacker transforms its candidate's update as the defense did
@@ -345,17 +353,7 @@ def test_the_adaptive_attackers_transform_is_each_restarts_own_together(defense,
     _, _, release = release_for(lenet_spec("ig", batch=2), defense=defense, defense_params=params)
     knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
     assert knowledge.defense.transform is not None and why_not_together(knowledge) is None
-    matcher = UpdateMatcher(release.observation, knowledge, "cosine")
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(3, 2, 3, 32, 32, generator=generator).requires_grad_(True)
-    labels = torch.softmax(torch.randn(3, 2, 100, generator=generator), dim=-1)
-    together = matcher.together(images, labels)
-    (batched,) = torch.autograd.grad(together.sum(), images)
-    for r in range(3):
-        alone = matcher(images[r], labels[r])
-        (own,) = torch.autograd.grad(alone, images)
-        assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=1e-4)
-        torch.testing.assert_close(batched[r], own[r], rtol=1e-3, atol=1e-3 * own.abs().max())
+    _each_rows_own(UpdateMatcher(release.observation, knowledge, "cosine"), 1e-4, 1e-3)
 
 
 def test_an_adaptive_twins_restarts_run_together_and_end_where_they_end_apart():
