@@ -24,10 +24,7 @@ from auditlib.attacks.base import snapshot
 from auditlib.attacks.lbfgs import LbfgsTogether, RecordedRows
 from auditlib.attacks.lbfgs_batched import take_rows
 from auditlib.attacks.loop import stacked_starts
-from auditlib.attacks.objectives import (
-    backward_to,
-    total_variation,
-)
+from auditlib.attacks.objectives import backward_to, total_variation
 from auditlib.attacks.row_index import FirstBroken, RowIndex
 
 
