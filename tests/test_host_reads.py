@@ -196,17 +196,21 @@ def test_a_step_of_several_updates_together_reads_nothing_back(monkeypatch, atta
     assert seen == []
 
 
-def test_a_step_of_dlm_s_adam_starts_together_reads_nothing_back(monkeypatch):
-    """DLM with Adam (the paper's MLP optimiser), its four starts raced together, on one
-    update and on three updates' rows at once: a step reads nothing back (L-BFGS's steps
-    read their per-start tests once a round, ``lbfgs_batched``)."""
+def test_a_step_of_dlm_s_adam_starts_reads_nothing_back(monkeypatch):
+    """DLM with Adam (the paper's MLP optimiser): its one start of the paper's preset, its
+    four starts raced together, and three updates' rows at once: a step reads nothing back
+    (L-BFGS's steps read their per-start tests once a round, ``lbfgs_batched``)."""
     from tests.test_attack_dlm import release_for as fedavg_release
 
-    config, _ = build_attack_config("dlm", {"optimizer": "adam", "lr": 0.1}, AUDIT_PRESET)
+    adam = {"optimizer": "adam", "lr": 0.1}
+    config, _ = build_attack_config("dlm", adam, AUDIT_PRESET)
+    paper, _ = build_attack_config("dlm", adam, "paper")
     pairs = [fedavg_release(offset=u)[1:] for u in range(3)]
     control = RunControl(6, emit_every=3, image_every=3)
     with _reads_in_steps(monkeypatch, dlm_starts.Starts) as seen:
         observation, knowledge = pairs[0]
+        alone = ATTACKS["dlm"].run(observation, knowledge, paper, control, 0)
+        assert list(alone)[-1].final.steps == 6  # one start, alone
         events = run_preset(ATTACKS["dlm"], observation, knowledge, config, control, 0, "audit")
         final = list(events)[-1].final
         observations, knowledges = zip(*pairs, strict=True)

@@ -25,7 +25,6 @@ Shared parts: ``lbfgs.py``, ``loop.py``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -53,7 +52,6 @@ from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.lbfgs import LbfgsSteps
 from auditlib.attacks.loop import run_restarts
 from auditlib.attacks.objectives import (
-    backward_to,
     random_images,
     random_label_logits,
     total_variation,
@@ -248,13 +246,16 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference, h
     together = config.captured or (
         config.together and config.restarts > 1 and why_not_together(knowledge) is None
     )
-    # Apart: one per restart, made in restart order; together: one, a row per restart.
+    # Apart: one per restart, made in restart order; together: one, a row per restart. Adam's
+    # starts are always rows of ``Starts`` (one row each apart: the same Adam as alone, and
+    # no read back in a step); a lone L-BFGS start runs on torch's own L-BFGS.
     made: list[_Restarts | Starts] = []
 
     def make(generators, clock):
         args = (generators, objective, knowledge, config, fixed_labels, gamma0, clock)
-        made.append(Starts(*args, objective.nominal_gamma()) if together else _Restarts(*args))
-        if together and made[-1].recorded is not None:
+        rows = together or config.optimizer == "adam"
+        made.append(Starts(*args, objective.nominal_gamma()) if rows else _Restarts(*args))
+        if rows and made[-1].recorded is not None:
             how.made(made[-1].recorded.gradient)
         return made[-1]
 
@@ -274,7 +275,7 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference, h
 
 
 class _Restarts:
-    """One DLM/DLM+ restart: images (and soft labels, and DLM's gamma) by L-BFGS or Adam."""
+    """One DLM/DLM+ restart on torch's own L-BFGS: images (and soft labels, and DLM's gamma)."""
 
     def __init__(self, generators, objective, knowledge, config, fixed_labels, gamma0, clock):
         (generator,) = generators
@@ -291,14 +292,9 @@ class _Restarts:
             else torch.tensor(gamma0, dtype=torch.float32, device=device).requires_grad_(),
             fixed_labels,
         )
-        if config.optimizer == "lbfgs":
-            self.lbfgs = LbfgsSteps.of(
-                self.state.variables, lambda: self.loss_terms()[0], clock, config
-            )
-        else:  # plain Adam on all variables (the paper's optimiser for its MLP, lr 0.1)
-            self.lbfgs = None
-            self.adam = torch.optim.Adam(self.state.variables, lr=config.lr)
-            self.completed = [v.detach().clone() for v in self.state.variables]
+        self.lbfgs = LbfgsSteps.of(
+            self.state.variables, lambda: self.loss_terms()[0], clock, config
+        )
         self.gamma_ratio: dict[int, float] = {}  # gamma / nominal gamma at the candidate
 
     def loss_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -308,21 +304,8 @@ class _Restarts:
             return distance + self.config.tv * total_variation(state.images), distance
         return distance, distance
 
-    def _adam_step(self) -> float:
-        self.adam.zero_grad()
-        loss, _ = self.loss_terms()
-        backward_to(loss, self.adam)
-        self.adam.step()
-        if not bool(torch.isfinite(loss)) or not bool(torch.isfinite(self.state.images).all()):
-            return math.nan  # the last finite state is restored for the candidate
-        self.completed = [v.detach().clone() for v in self.state.variables]
-        return float(loss.detach())
-
     def step(self, alive):
-        if self.lbfgs is not None:
-            losses = {"objective": self.lbfgs.step(), "evaluations": self.lbfgs.evaluations}
-        else:
-            losses = {"objective": self._adam_step()}
+        losses = {"objective": self.lbfgs.step(), "evaluations": self.lbfgs.evaluations}
         gamma = self.state.gamma
         if gamma is not None:
             losses["gamma"] = float(gamma.detach())
@@ -334,12 +317,7 @@ class _Restarts:
         return snapshot(self.state.images), self.state.hard_labels()
 
     def candidate(self, position):
-        if self.lbfgs is not None:
-            self.lbfgs.restore()
-        else:  # a diverged step leaves non-finite values: keep the last good ones
-            with torch.no_grad():
-                for variable, saved in zip(self.state.variables, self.completed, strict=True):
-                    variable.copy_(saved)
+        self.lbfgs.restore()
         # Restarts are scored by the attack's own distance (the TV prior is not part of it).
         with torch.enable_grad():
             score = float(self.loss_terms()[1].detach())
