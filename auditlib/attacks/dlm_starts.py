@@ -2,16 +2,18 @@
 per start, each row's objective its own, computed for the running rows in one
 ``ModelLeakageObjective.together`` pass (``attacks.dlm``).
 
-Two optimisers, as the apart starts have (``dlm._Restarts``):
+Two optimisers:
 
 - L-BFGS (the paper's LeNet): one batched L-BFGS (``lbfgs.LbfgsTogether``), a history, step
-  size and stopping tests per start; its evaluation can be recorded as a CUDA graph.
-- Adam (the paper's MLP, lr 0.1): Adam is elementwise, so one ``torch.optim.Adam`` over the
-  stacked rows is each start's own (every running start takes every step, so the step
-  count they share is each one's). A dropped start's rows get no gradient and are never
-  read again. Nothing is read back in a step: a start whose objective or images stop being
-  finite has the variables it had before that step kept on the device (``FirstBroken``),
-  as a start alone keeps its last finite step, and the loop drops it at its next read.
+  size and stopping tests per start; its evaluation can be recorded as a CUDA graph. A lone
+  start, or starts apart, run on torch's own L-BFGS instead (``dlm._Restarts``).
+- Adam (the paper's MLP, lr 0.1): every start is a row here, one row each when alone or
+  apart. Adam is elementwise, so one ``torch.optim.Adam`` over the stacked rows is each
+  start's own (every running start takes every step, so the step count they share is each
+  one's). A dropped start's rows get no gradient and are never read again. Nothing is read
+  back in a step: a start whose objective or images stop being finite has the variables it
+  had before that step kept on the device (``FirstBroken``), which is the last finite step
+  a start keeps, and the loop drops it at its next read.
 """
 
 from __future__ import annotations
