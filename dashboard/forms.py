@@ -392,8 +392,10 @@ def budget_inputs(lab: LabChoices, *, batch: bool = False) -> None:
         "Device",
         DEVICES,
         persist_state="session",
-        key=persist("device", "cpu"),
-        help="cuda asks Ray for one GPU (on this machine or a cluster's worker).",
+        # Ray asked only while the session has no choice yet (a new session, or Ray up since).
+        key=persist("device", st.session_state.get("device") or shared_manager().default_device()),
+        help="cuda asks Ray for one GPU (on this machine or a cluster's worker); the default "
+        "is cuda where Ray offers one, else cpu.",
     )
 
 

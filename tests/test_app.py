@@ -202,6 +202,22 @@ def test_a_page_script_run_without_app_py_still_asks_for_the_sign_in(dashboard_s
     assert [t.value for t in at.title] == ["Attack lab"]
 
 
+def test_the_device_is_cuda_by_default_where_ray_offers_a_gpu(dashboard_store, monkeypatch):
+    """A GPU worker's dashboard offers its GPU: the Lab's device is cuda by default where
+    Ray offers a GPU (this machine's or the cluster's), cpu where it offers none."""
+    from auditlib.engine import ray_backend
+
+    at = _app()
+    at.switch_page(LAB.path).run()
+    assert ray_backend.gpus_offered() == 0  # this machine's Ray: no GPU
+    assert at.selectbox(key="device").value == "cpu"
+    monkeypatch.setattr(ray_backend, "gpus_offered", lambda: 1)
+    offered = _app()
+    offered.switch_page(LAB.path).run()
+    assert not offered.exception
+    assert offered.selectbox(key="device").value == "cuda"
+
+
 # --- Setup ----------------------------------------------------------------------------------
 
 

@@ -29,6 +29,25 @@ def audit(args: list[str], capsys) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def test_the_device_is_auto_by_default_cuda_where_this_machine_has_one(image_dir, monkeypatch):
+    """``--device auto``, the default, is resolved before the spec is made (a spec names
+    the device it ran on): cuda where torch sees a CUDA device, else cpu; a named device
+    stays as named."""
+    from auditlib.cli.arguments import build_parser
+    from auditlib.cli.audit import spec_from_args
+
+    def spec(*more: str):
+        args = ["audit", "--model", "lenet", "--images", str(image_dir), "--out", "o", *more]
+        return spec_from_args(build_parser().parse_args(args))
+
+    assert not torch.cuda.is_available()  # this machine
+    assert spec().device == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert spec().device == "cuda"
+    assert spec("--device", "cpu").device == "cpu"
+    assert spec("--device", "cuda:1").device == "cuda:1"
+
+
 def test_audit_writes_result_json_and_reconstruction_png(image_dir, tmp_path, capsys):
     out = tmp_path / "out"
     code, stdout, _ = audit(
@@ -54,6 +73,7 @@ def test_audit_writes_result_json_and_reconstruction_png(image_dir, tmp_path, ca
     )
     assert code == 0
     assert "PSNR" in stdout
+    assert stdout.startswith("device: cpu (--device auto: no CUDA device here)\n")
     result = json.loads((out / "result.json").read_text())
     assert result["attack"] == "ig" and result["defense"] == "dp-gaussian"
     config = result["config"]

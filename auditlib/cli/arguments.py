@@ -258,7 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         "inconclusive unless the attack leaks)",
     )
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    run.add_argument(
+        "--device",
+        default="auto",
+        help="auto (the default: cuda where this machine has a CUDA device, else cpu), cpu, "
+        "cuda or cuda:N",
+    )
     run.add_argument(
         "--lpips-nets", default="alex,vgg", help="comma-separated LPIPS backbones, or 'none'"
     )

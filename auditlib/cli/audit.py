@@ -26,6 +26,7 @@ def spec_from_args(args: argparse.Namespace):
     from auditlib.attacks.restarts import AUDIT_PRESET
     from auditlib.client.protocol import ClientProtocol
     from auditlib.config import parse_key_values
+    from auditlib.engine.device import chosen_device
     from auditlib.spec import (
         Budget,
         ComponentSpec,
@@ -130,7 +131,7 @@ def spec_from_args(args: argparse.Namespace):
         ),
         budget=Budget(iterations=iterations, max_seconds=args.time_budget),
         seed=args.seed,
-        device=args.device,
+        device=chosen_device(args.device),
     )
 
 
@@ -188,6 +189,13 @@ def _progress_bar(total: int):
     return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
 
 
+# Why ``--device auto`` chose the device it did, and the way to the other.
+_AUTO_WORDS = {
+    "cuda": ": this machine has a CUDA device; --device cpu keeps the run on the CPU",
+    "cpu": ": no CUDA device here",
+}
+
+
 def audit_command(args: argparse.Namespace) -> int:
     from auditlib.defenses import build_defense
     from auditlib.engine.attack_phase import plan_attacks
@@ -224,6 +232,8 @@ def audit_command(args: argparse.Namespace) -> int:
     estimate = None if runs_code else estimate_time(spec)
     if estimate is not None:  # said once the first run has its data (a bad input: one line)
         progress.first_note = f"estimate: {estimate.words()}"
+    if args.device != spec.device:  # auto chose: say which, and how to choose otherwise
+        print(f"device: {spec.device} (--device auto{_AUTO_WORDS[spec.device]})")
     if args.updates is not None:
         from auditlib.cli.sample import audit_sample
 

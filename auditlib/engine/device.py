@@ -1,8 +1,21 @@
-"""Device placement: CPU by default, CUDA when asked for and present."""
+"""Device placement: CUDA where asked for and present; ``auto`` (the command line's
+default) is CUDA where this machine has a CUDA device, else the CPU."""
 
 import torch
 
 from auditlib.errors import AuditInputError
+
+# The device a run takes where none is named: resolved before the run's spec is made, so a
+# spec (and its identity) always names the device it ran on.
+AUTO = "auto"
+
+
+def chosen_device(name: str) -> str:
+    """``name``, or for ``auto`` the device a GPU worker is expected to take: cuda where
+    torch sees a CUDA device here, else cpu."""
+    if name != AUTO:
+        return name
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def resolve_device(name: str) -> torch.device:

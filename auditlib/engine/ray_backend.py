@@ -148,6 +148,14 @@ def ensure_ray(address: str | None = None, timeout: float = 120.0) -> None:
         raise RuntimeError(f"Ray could not start: {_errors[0]}") from _errors[0]
 
 
+def gpus_offered() -> int | None:
+    """The GPUs Ray offers runs (this machine's instance, or the cluster's workers); None
+    while Ray is not up yet (it starts in the background)."""
+    if not ray.is_initialized():
+        return None
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
 def require_device(spec: RunSpec, address: str | None = None) -> None:
     """Refuse a CUDA run at once where Ray has no GPU to give it (the task would wait for
     a GPU worker forever)."""
