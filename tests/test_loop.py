@@ -335,25 +335,29 @@ def _each_rows_own(matcher: UpdateMatcher, rel: float, grad_rel: float) -> None:
 
 # Each defense whose adaptive attacker transforms its candidate's update as the defense did
 # (``KnownDefense.transform``): clipping by norm and by value, DP's clip, and quantisation
-# that rounds (half precision, the sign, QSGD to the nearest level).
+# that rounds (half precision, the sign, QSGD to the nearest level); with the tolerance of
+# its comparison. The batched update differs from the one alone by float order, which the
+# sign and QSGD's rounding can turn into a whole level on an entry at a boundary (a few of
+# LeNet's 60 000, and on another CPU's kernels others): those compare to 1 %, which a
+# transform taken across rows (a norm or a bucket shared by the restarts) is far from.
 TRANSFORMS = [
-    ("clip", {"mode": "norm", "bound": 0.5}),
-    ("clip", {"mode": "value", "bound": 0.01}),
-    ("dp-gaussian", {"clip": 1.0, "sigma": 0.01}),
-    ("quantize", {"bits": 16}),
-    ("quantize", {"bits": 1}),
-    ("quantize", {"bits": 4, "stochastic": False}),
+    ("clip", {"mode": "norm", "bound": 0.5}, 1e-4),
+    ("clip", {"mode": "value", "bound": 0.01}, 1e-4),
+    ("dp-gaussian", {"clip": 1.0, "sigma": 0.01}, 1e-4),
+    ("quantize", {"bits": 16}, 1e-4),
+    ("quantize", {"bits": 1}, 1e-2),
+    ("quantize", {"bits": 4, "stochastic": False}, 1e-2),
 ]
 
 
-@pytest.mark.parametrize(("defense", "params"), TRANSFORMS)
-def test_the_adaptive_attackers_transform_is_each_restarts_own_together(defense, params):
+@pytest.mark.parametrize(("defense", "params", "rel"), TRANSFORMS)
+def test_the_adaptive_attackers_transform_is_each_restarts_own_together(defense, params, rel):
     """The twin's restarts advance together: in the batched pass each row's update is
     transformed as it would be alone, so its objective and pixel gradient are its own."""
     _, _, release = release_for(lenet_spec("ig", batch=2), defense=defense, defense_params=params)
     knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
     assert knowledge.defense.transform is not None and why_not_together(knowledge) is None
-    _each_rows_own(UpdateMatcher(release.observation, knowledge, "cosine"), 1e-4, 1e-3)
+    _each_rows_own(UpdateMatcher(release.observation, knowledge, "cosine"), rel, 10 * rel)
 
 
 def test_an_adaptive_twins_restarts_run_together_and_end_where_they_end_apart():
