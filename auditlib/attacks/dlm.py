@@ -250,10 +250,10 @@ def _run(objective, knowledge, config, control, seed, fixed_labels, inference, h
     # starts are always rows of ``Starts`` (one row each apart: the same Adam as alone, and
     # no read back in a step); a lone L-BFGS start runs on torch's own L-BFGS.
     made: list[_Restarts | Starts] = []
+    rows = together or config.optimizer == "adam"
 
     def make(generators, clock):
         args = (generators, objective, knowledge, config, fixed_labels, gamma0, clock)
-        rows = together or config.optimizer == "adam"
         made.append(Starts(*args, objective.nominal_gamma()) if rows else _Restarts(*args))
         if rows and made[-1].recorded is not None:
             how.made(made[-1].recorded.gradient)

@@ -131,15 +131,15 @@ class Starts:
     def _adam_step(self, rows: list[int]) -> torch.Tensor:
         """One Adam step of the running ``rows``: their objectives before it (as a start
         alone reports), not finite where the objective or the images it leads to are not."""
-        before = [self._take(v.detach(), rows).clone() for v in self.variables]
+        index = self.index(rows)
+        before = [v.detach().index_select(0, index) for v in self.variables]  # copies
         self.adam.zero_grad()
         objective, _ = self._terms(rows)
         backward_to(objective.sum(), self.adam)
         self.adam.step()
         with torch.no_grad():
-            images = self._take(self.images, rows).flatten(1)
+            images = self.images.index_select(0, index).flatten(1)
             finite = torch.isfinite(objective) & torch.isfinite(images).all(dim=1)
-            index = self.index(rows)
             self.first_broken.keep(index, finite, *before)
             return torch.where(finite, objective, math.nan)
 
