@@ -14,7 +14,9 @@ FedAvg upload (one local step at the client's lr 0.01, weights sent: DLM attacks
 which the attacker knows and applies to its candidates' updates); ``ig-qsgd-twin`` is IG's
 twin under QSGD at 4 bits with stochastic rounding (the attacker weighs each entry by the
 release's likelihood, read off the release); ``ig-outpost-twin`` under OUTPOST (its
-release modelled from each candidate's own pruning and Fisher ranking).
+release modelled from each candidate's own pruning and Fisher ranking); the ``-fedkl-twin``
+rows are IG's, DLG's and GRNN's twins under FedKL (each start fits the lock's scale and
+shift the client hides, from the server's guess, with its images).
 
 Writes benchmarks/results/restart_batching.json and the table in docs/PERFORMANCE.md.
 Usage: python -m benchmarks.restart_batching [--steps 100] [--repeats 5]
@@ -51,12 +53,15 @@ CASES = (
     ("ig-clip-twin", 8),
     ("ig-qsgd-twin", 8),
     ("ig-outpost-twin", 8),
+    ("ig-fedkl-twin", 8),
+    ("dlg-fedkl-twin", 8),
+    ("grnn-fedkl-twin", 8),
     ("ig", 4),
     ("ig", 16),
 )
 ATTACKS = tuple(dict.fromkeys(a for a, _ in CASES))
 # An L-BFGS step makes up to 20 objective evaluations: DLG's row runs a fifth of the steps.
-STEP_SHARE = {"dlg": 0.2}
+STEP_SHARE = {"dlg": 0.2, "dlg-fedkl-twin": 0.2}
 FEDAVG = ClientProtocol(algorithm="fedavg", local_steps=1, local_lr=0.01, shared="weights")
 
 
@@ -76,6 +81,9 @@ VARIANTS = {
     "ig-clip-twin": Variant("ig", {}, defense=("clip", {"mode": "norm", "bound": 0.5})),
     "ig-qsgd-twin": Variant("ig", {}, defense=("quantize", {"bits": 4})),
     "ig-outpost-twin": Variant("ig", {}, defense=("outpost", {})),
+    "ig-fedkl-twin": Variant("ig", {}, defense=("fedkl", {})),
+    "dlg-fedkl-twin": Variant("dlg", {}, defense=("fedkl", {})),
+    "grnn-fedkl-twin": Variant("grnn", {}, defense=("fedkl", {})),
 }
 
 

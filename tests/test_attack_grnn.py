@@ -169,6 +169,34 @@ def test_restarts_draw_new_generators_and_the_lowest_distance_is_kept():
     assert not torch.equal(first, second)
 
 
+def test_a_raced_runs_starts_together_keep_only_the_running_rows_and_end_as_apart(monkeypatch):
+    """A race drops starts; together, the step then holds only the running starts' rows
+    (their generators' weights and RMSprop state), and every start ends where it ends one
+    after another (RMSprop is elementwise: a kept row steps on as it would have)."""
+    from auditlib.attacks import grnn
+    from auditlib.attacks.race import PLAN
+
+    held = []
+    compact = grnn._Restarts._compact
+
+    def spied(self, alive):
+        compact(self, alive)
+        held.append((list(self.held), {w.shape[0] for w in self.weights.values()}))
+
+    monkeypatch.setattr(grnn._Restarts, "_compact", spied)
+    _, release = release_of(victim_for())
+    finals = [
+        run_grnn(release, 60, params={"restarts": 4, "together": t}, emit_every=5, race=PLAN)[1]
+        for t in (False, True)
+    ]
+    assert held and all(len(rows) < 4 and sizes == {len(rows)} for rows, sizes in held)
+    assert len(held[-1][0]) == 1  # the race's last start ran alone
+    for apart, together in zip(*(f.candidates for f in finals), strict=True):
+        assert together.restart == apart.restart and together.steps == apart.steps
+        assert together.stop_reason == apart.stop_reason
+        assert together.loss == pytest.approx(apart.loss, rel=1e-3)
+
+
 def test_a_seed_gives_the_same_run():
     victim = victim_for()
     _, release = release_of(victim)

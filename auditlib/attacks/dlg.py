@@ -35,6 +35,7 @@ from auditlib.attacks.objectives import (
     UpdateMatcher,
     random_images,
     random_label_logits,
+    unknown_rows,
     why_not_together,
 )
 from auditlib.attacks.updates import UpdatesMatcher
@@ -86,7 +87,7 @@ class LbfgsConfig:
 class _Restart:
     """One L-BFGS restart on torch's own optimiser: a single start (the paper's run, on the
     paper's optimiser), starts apart (``together=false``), or an objective that cannot be
-    batched (``why_not_together``: an adaptive attacker's fitted unknowns among them)."""
+    batched (``why_not_together``)."""
 
     def __init__(self, generators, observation, knowledge, config, fixed_labels, clock):
         (generator,) = generators
@@ -145,6 +146,9 @@ class _Starts:
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
+        # An adaptive attacker's unknowns: a row per start, each fitted by its own L-BFGS.
+        self.unknowns = unknown_rows(matcher, len(generators))
+        variables += () if self.unknowns is None else self.unknowns.leaves
         self.recorded = self._recorded(variables, knowledge.device) if config.captured else None
         self.steps = LbfgsTogether.of(
             variables, self.recorded or self._objective, clock, len(generators), config
@@ -172,11 +176,18 @@ class _Starts:
         return labels[0] if self.logits is not None or self.fixed_rows else labels
 
     def _objective(self, rows: list[int]) -> torch.Tensor:
-        labels = self._labels(rows)
+        return self._distance(self.images, self._labels(rows), rows)
+
+    def _distance(self, images: torch.Tensor, labels: torch.Tensor, rows: list[int]):
+        """The ``rows``' update distances; ``images`` stacked one row per start."""
         matcher = self.matcher.at(rows)
         if len(rows) == 1:  # one start: plain autograd, the fastest way alone
-            return matcher(self.images[rows[0]], self._one(labels)).unsqueeze(0)
-        return matcher.together(take_rows(self.images, rows), labels)
+            own = () if self.unknowns is None else (self.unknowns.row(rows[0]),)
+            return matcher(images[rows[0]], self._one(labels), *own).unsqueeze(0)
+        if self.unknowns is not None:  # each row through its own unknowns
+            unknowns = self.unknowns.rows(lambda leaf: take_rows(leaf, rows))
+            return matcher.together(take_rows(images, rows), labels, unknowns=unknowns)
+        return matcher.together(take_rows(images, rows), labels)
 
     def _hard_labels(self, row: int) -> torch.Tensor:
         if self.logits is not None:
@@ -195,13 +206,9 @@ class _Starts:
 
     def candidate(self, position):
         self.steps.restore([position])  # its last full step, not a cut-short or diverged one
-        labels = self._one(self._labels([position]))
+        labels = self._labels([position]).detach()
         with torch.enable_grad():
-            score = float(
-                self.matcher.at([position])(
-                    self.images[position].detach(), labels.detach()
-                ).detach()
-            )
+            score = float(self._distance(self.images.detach(), labels, [position])[0].detach())
         return snapshot(self.images[position]), self._hard_labels(position), score
 
 

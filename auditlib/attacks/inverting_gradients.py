@@ -47,6 +47,7 @@ from auditlib.attacks.objectives import (
     UpdateMatcher,
     backward_to,
     total_variation,
+    unknown_rows,
     why_not_together,
 )
 from auditlib.attacks.row_index import RowIndex, full_rows
@@ -160,9 +161,11 @@ class _Restarts:
         self.fixed = None if fixed_labels is None else fixed_labels.to(knowledge.device)
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
-        # An adaptive attacker's unknowns are fitted with the images (one restart per group).
+        # An adaptive attacker's unknowns are fitted with the images: a row per start where
+        # starts advance together, else the model's own (one start in the group).
         self.matcher.restart()
-        variables += self.matcher.unknowns
+        self.unknowns = unknown_rows(matcher, len(generators))
+        variables += self.matcher.unknowns if self.unknowns is None else self.unknowns.leaves
         self.variables = variables
         self.optimizer = torch.optim.Adam(variables, lr=config.lr)
         self.scheduler = (
@@ -193,7 +196,12 @@ class _Restarts:
             return self.matcher.together(images, labels)
         matcher = self.matcher.at(positions)
         if len(positions) == 1:  # one restart: plain autograd, the fastest way alone
-            return matcher(images[0], self._one(labels)).unsqueeze(0)
+            own = () if self.unknowns is None else (self.unknowns.row(positions[0]),)
+            return matcher(images[0], self._one(labels), *own).unsqueeze(0)
+        if self.unknowns is not None:  # each row through its own unknowns
+            index = self._index(positions)
+            rows = self.unknowns.rows(lambda leaf: leaf.index_select(0, index))
+            return matcher.together(images, labels, unknowns=rows)
         return matcher.together(images, labels)
 
     def _objective(self, images, labels, positions):
@@ -251,9 +259,9 @@ class _Restarts:
         # Restarts are scored by the update distance alone, as the public code's
         # scoring_choice="loss" does (the TV prior is not part of the score).
         images = self.images[position].detach()
-        labels = self._one(self._labels([position])).detach()
+        labels = self._labels([position]).detach()
         with torch.enable_grad():
-            score = float(self.matcher.at([position])(images, labels).detach())
+            score = float(self._distance(images.unsqueeze(0), labels, [position])[0].detach())
         return snapshot(images), self._hard_labels(position), score
 
 

@@ -190,6 +190,38 @@ def matched_parameters(
     return parameters
 
 
+class UnknownRows:
+    """An adaptive attacker's fitted unknowns (the model parameters a defense hides: FedKL's
+    lock) for starts that advance together: one leaf per unknown with a row per start, each
+    started at the attacker's guess. ``UpdateMatcher.together`` runs each row's candidate
+    through the model with its own row of them, so each start fits its own, as alone."""
+
+    def __init__(self, names: Sequence[str], starts: Sequence[torch.Tensor], count: int):
+        self.names = tuple(names)
+        self.leaves = tuple(
+            s.detach().unsqueeze(0).repeat(count, *([1] * s.dim())).requires_grad_(True)
+            for s in starts
+        )
+
+    def rows(self, take: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The running starts' rows by parameter name; ``take`` picks a leaf's rows."""
+        return {name: take(leaf) for name, leaf in zip(self.names, self.leaves, strict=True)}
+
+    def row(self, start: int) -> dict[str, torch.Tensor]:
+        """One start's own, by parameter name (``UpdateMatcher.__call__``: a start that
+        runs alone, through plain autograd)."""
+        return self.rows(lambda leaf: leaf[start])
+
+
+def unknown_rows(matcher, count: int) -> UnknownRows | None:
+    """A row of unknowns per start where ``count`` starts of ``matcher`` advance together
+    and its defense hides parameters to fit (None: there are none, or one start fits the
+    model's own, :meth:`ThroughDefense.restart`)."""
+    if count < 2 or not matcher.unknowns:
+        return None
+    return matcher.view.unknown_rows(count)
+
+
 class ThroughDefense:
     """An adaptive attacker's view through the defense it knows (``KnownDefense``), on
     updates read as gradients: the candidate's update goes through the defense's
@@ -212,6 +244,8 @@ class ThroughDefense:
         if known is not None and known.unknowns is not None:
             self.model = copy.deepcopy(knowledge.model)
             self.unknowns = tuple(known.unknowns(self.model))
+        named = {id(p): n for n, p in self.model.named_parameters()}
+        self.unknown_names = tuple(named[id(u)] for u in self.unknowns)
         self._start = tuple(u.detach().clone() for u in self.unknowns)
 
     def restart(self) -> None:
@@ -219,6 +253,11 @@ class ThroughDefense:
         with torch.no_grad():
             for unknown, start in zip(self.unknowns, self._start, strict=True):
                 unknown.copy_(start)
+
+    def unknown_rows(self, count: int) -> UnknownRows:
+        """The unknowns for ``count`` starts that advance together, each row at the
+        attacker's first guess."""
+        return UnknownRows(self.unknown_names, self._start, count)
 
     def candidate(self, gradient: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The candidate's update as the defense would release it, then masked."""
@@ -303,8 +342,14 @@ class UpdateMatcher:
         self.factored = True
         self.pixel_std = sum(knowledge.normalization.std) / len(knowledge.normalization.std)
 
-    def simulate(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The candidate batch's update, read as the target is read (differentiable)."""
+    def simulate(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        unknowns: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """The candidate batch's update, read as the target is read (differentiable);
+        ``unknowns``: one start's row of the fitted unknowns, for the model's own."""
         simulated = client_update(
             self.view.model,
             self.parameters,
@@ -312,13 +357,20 @@ class UpdateMatcher:
             labels,
             self.knowledge.protocol,
             differentiable=True,
+            replaced=unknowns,
         )
         return self.view.candidate(
             read_as_gradient(simulated, self.parameters, self.knowledge.protocol, images.shape[0])
         )
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.distance(self.simulate(images, labels), self.target) + self.prior(images)
+    def __call__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        unknowns: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        simulated = self.simulate(images, labels, unknowns)
+        return self.distance(simulated, self.target) + self.prior(images)
 
     def prior(self, images: torch.Tensor) -> torch.Tensor | float:
         """The image prior the posterior-mode twin weighs (0 for the plain attacker); images
@@ -331,23 +383,35 @@ class UpdateMatcher:
         """A new restart starts the unknown parameters from the attacker's first guess."""
         self.view.restart()
 
-    def together(self, images: torch.Tensor, labels: torch.Tensor, distance=None) -> torch.Tensor:
+    def together(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        distance=None,
+        unknowns: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The distance of each of R restarts at once: ``images`` is R x B x C x H x W,
         ``labels`` R x B (x classes) or B (shared). Each slice's value is exactly what
         :meth:`__call__` gives it alone (its own BatchNorm statistics), up to float summation
         order; the R updates are computed by ``torch.func.vmap`` in one batched pass.
         ``distance`` replaces the matcher's own (GRNN's summed squares) for the plain
-        attacker; through a noisy defense the release's likelihood stands."""
-        return self.measured(self.stacked_updates(images, labels), images, distance)
+        attacker; through a noisy defense the release's likelihood stands. ``unknowns``: the
+        rows' own fitted unknowns (``UnknownRows.rows``), where the defense hides some."""
+        return self.measured(self.stacked_updates(images, labels, unknowns), images, distance)
 
     def stacked_updates(
-        self, images: torch.Tensor, labels: torch.Tensor
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        unknowns: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor | LowRankRows, ...]:
         """The R candidates' updates (``images`` R x B x C x H x W), stacked along a leading
         dimension, by one ``torch.func.vmap`` pass (:meth:`together`'s first half). Where the
         plain attacker matches a FedSGD gradient, a Linear weight's entry is its factors
         (``low_rank.LowRankRows``: the distances need never form it)."""
         buffers = restart_buffers(self.view.model, images.shape[0])
+        if unknowns:  # each row's own, in place of the model's (a buffer of the vmapped call)
+            buffers = {**buffers, **unknowns}
         label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
         layers = self._factored_layers(images)
         if layers is not None:
@@ -431,12 +495,11 @@ def why_not_together(knowledge: AttackerKnowledge) -> str | None:
     """Why restarts cannot advance together through ``UpdateMatcher.together`` (None: they
     can). A known defense's transform of the update (clipping, DP's clip, deterministic
     quantisation: ``ThroughDefense.candidate``) runs inside the batched pass, each row's
-    update transformed as it would be alone (``tests/test_loop.py``)."""
+    update transformed as it would be alone (``tests/test_loop.py``); the parameters a
+    defense hides (FedKL's lock) are fitted as each row's own (:class:`UnknownRows`)."""
     known = knowledge.defense
     if isinstance(knowledge.model, torch.jit.ScriptModule):
         return "a TorchScript model refuses torch.func's batched calls"
-    if known is not None and known.unknowns is not None:
-        return f"{known.name}'s unknown model parameters are fitted one restart at a time"
     if known is not None and known.noise is not None and not known.noise.stacked:
         return f"{known.name}'s release likelihood is taken one restart at a time"
     # BatchNorm layers on batch statistics batch exactly: under torch.func they normalise by
@@ -447,6 +510,16 @@ def why_not_together(knowledge: AttackerKnowledge) -> str | None:
             "whose second derivative torch.func does not take exactly"
         )
     return None
+
+
+def why_unknowns_apart(knowledge: AttackerKnowledge, where: str) -> str | None:
+    """Why an adaptive attacker's fitted unknowns keep ``where`` (a traced step, several
+    updates' rows) from them: each start's unknowns are rows of the eager step only
+    (:class:`UnknownRows`); None where the defense hides nothing."""
+    known = knowledge.defense
+    if known is None or known.unknowns is None:
+        return None
+    return f"{known.name}'s unknown model parameters are fitted in the eager step, not in {where}"
 
 
 def fused_batch_statistics(model: nn.Module) -> bool:

@@ -67,3 +67,27 @@ class FirstBroken:
         if self.kept is None or not bool(self.broken[position]):
             return None
         return tuple(kept[position] for kept in self.kept)
+
+
+def keep_rows(optimizer: torch.optim.Optimizer, index: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Cut every stacked leaf the optimiser steps (one row per start) to the rows ``index``,
+    with its state (each state tensor shaped as its leaf, e.g. RMSprop's averages), so that
+    its steps no longer update the rows of starts that stopped. Elementwise optimisers
+    only: each kept row steps on as it would have. Returns the new leaf by the old one's
+    ``id``, for the caller's own references to them."""
+    cut: dict[int, torch.Tensor] = {}
+    for group in optimizer.param_groups:
+        kept = []
+        for leaf in group["params"]:
+            row = leaf.detach().index_select(0, index).requires_grad_(leaf.requires_grad)
+            state = optimizer.state.pop(leaf, {})
+            optimizer.state[row] = {
+                name: value.index_select(0, index)
+                if torch.is_tensor(value) and value.shape == leaf.shape
+                else value
+                for name, value in state.items()
+            }
+            cut[id(leaf)] = row
+            kept.append(row)
+        group["params"] = kept
+    return cut

@@ -15,7 +15,12 @@ from collections.abc import Sequence
 import torch
 
 from auditlib.attacks.low_rank import dense
-from auditlib.attacks.objectives import RowTargets, UpdateMatcher, why_not_together
+from auditlib.attacks.objectives import (
+    RowTargets,
+    UpdateMatcher,
+    why_not_together,
+    why_unknowns_apart,
+)
 from auditlib.attacks.row_index import RowIndex
 from auditlib.threat import AttackerKnowledge
 
@@ -174,7 +179,7 @@ def why_updates_apart(knowledges: Sequence[AttackerKnowledge]) -> str | None:
     if len(knowledges) < 2:
         return "one update"
     for knowledge in knowledges:
-        reason = why_not_together(knowledge)
+        reason = why_not_together(knowledge) or why_unknowns_apart(knowledge, "several updates")
         if reason is not None:
             return reason
     first = knowledges[0]

@@ -98,6 +98,7 @@ def client_update(
     differentiable: bool,
     buffers: Mapping[str, torch.Tensor] | None = None,
     order_seed: int | None = None,
+    replaced: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The update the client computes from ``parameters`` on (images, labels).
 
@@ -111,7 +112,8 @@ def client_update(
     FedAvg's steps are the protocol's optimiser (:class:`LocalOptimizer`). ``order_seed``:
     the client's own seed for the order of its mini-batches where the protocol shuffles
     (the victim passes it; an attacker, who does not know it, passes none and simulates
-    them in order).
+    them in order). ``replaced``: parameters of ``model`` outside ``parameters`` to use in
+    place of its own (an adaptive attacker's start's row of fitted unknowns).
     """
     set_training_mode(model, protocol.batchnorm_mode == "train")
     if isinstance(model, torch.jit.ScriptModule):
@@ -121,6 +123,8 @@ def client_update(
     # server sent them, however often the attacker simulates the client.
     if buffers is None:
         buffers = {name: b.clone() for name, b in model.named_buffers()}
+    if replaced:
+        buffers = {**buffers, **replaced}
     names = list(parameters)
 
     def gradient(current: Mapping[str, torch.Tensor], x, y) -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,125 @@
+"""Specification: an adaptive attacker's fitted unknowns are each start's own (issue 55).
+
+FedKL hides its lock (the first normalisation's scale and shift, or the key through it), so
+its twin fits those parameters with its images, from the server's guess. Starts that advance
+together fit them as rows of one leaf (``objectives.UnknownRows``): each row's candidate runs
+through the model with its own row, so each start's objective and its gradient to its own
+unknowns are what it would be alone, and the twin's starts end where they end apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from auditlib.attacks.compiled import why_not_compiled
+from auditlib.attacks.objectives import UpdateMatcher, unknown_rows, why_not_together
+from auditlib.attacks.updates import why_updates_apart
+from tests.test_attacks import lenet_spec, release_for
+from tests.test_host_reads import reads_while
+from tests.test_lbfgs_batched import run_named
+
+torch.set_num_threads(1)
+FITS = ["affine", "key"]
+
+
+@functools.cache
+def twin_release(fit: str, batch: int = 2):
+    """LeNet's update under FedKL, with the attacker that knows the lock's form."""
+    _, _, release = release_for(
+        lenet_spec("ig", batch=batch), defense="fedkl", defense_params={"adaptive_fit": fit}
+    )
+    knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
+    return dataclasses.replace(release, knowledge=knowledge)
+
+
+@pytest.mark.parametrize("fit", FITS)
+def test_each_row_of_the_unknowns_is_that_starts_own(fit):
+    """Three rows, each its own unknowns (moved apart from the guess): the batched pass gives
+    each row the objective, and the gradient to its images and its unknowns, that the model
+    set to that row's unknowns gives alone."""
+    release = twin_release(fit)
+    matcher = UpdateMatcher(release.observation, release.knowledge, "cosine")
+    assert why_not_together(release.knowledge) is None and matcher.unknowns
+    rows = unknown_rows(matcher, 3)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for leaf in rows.leaves:
+            leaf.add_(0.3 * torch.randn(leaf.shape, generator=generator))
+    shape = (3, release.knowledge.batch_size, *release.knowledge.input_shape)
+    images = torch.randn(shape, generator=generator).requires_grad_(True)
+    labels = torch.tensor([1, 7])
+
+    together = matcher.together(images, labels, unknowns=rows.rows(lambda leaf: leaf))
+    image_grads, *unknown_grads = torch.autograd.grad(together.sum(), [images, *rows.leaves])
+    for r in range(3):
+        with torch.no_grad():
+            for own, leaf in zip(matcher.unknowns, rows.leaves, strict=True):
+                own.copy_(leaf[r])
+        alone_images = images[r].detach().requires_grad_(True)
+        alone = matcher(alone_images, labels)
+        grads = torch.autograd.grad(alone, [alone_images, *matcher.unknowns])
+        assert float(together[r].detach()) == pytest.approx(float(alone.detach()), rel=1e-4)
+        torch.testing.assert_close(image_grads[r], grads[0], rtol=1e-3, atol=1e-6)
+        for got, want in zip(unknown_grads, grads[1:], strict=True):
+            torch.testing.assert_close(got[r], want, rtol=1e-3, atol=1e-6)
+
+
+def test_every_row_starts_at_the_attackers_guess_as_a_start_alone_does():
+    release = twin_release("affine")
+    matcher = UpdateMatcher(release.observation, release.knowledge, "l2")
+    rows = unknown_rows(matcher, 4)
+    assert rows.names and all(leaf.requires_grad for leaf in rows.leaves)
+    for leaf, own in zip(rows.leaves, matcher.unknowns, strict=True):
+        assert leaf.shape == (4, *own.shape)
+        assert all(torch.equal(row, own.detach()) for row in leaf)
+    assert unknown_rows(matcher, 1) is None  # one start fits the model's own
+
+
+@pytest.mark.parametrize(
+    ("attack", "params", "steps"),
+    [
+        # Unsigned Adam: the signed step turns rounding near a zero gradient into a full step.
+        ("ig", {"signed": False}, 3),
+        ("grnn", {}, 3),
+        # One L-BFGS step of 3 evaluations: later, a float-order difference is another path.
+        ("dlg", {"lbfgs_max_iter": 3}, 1),
+    ],
+)
+def test_the_fedkl_twins_starts_together_end_where_they_end_apart(attack, params, steps):
+    """Three starts, together and one after another: the same objectives to float rounding.
+    The pixels are compared loosely: an Adam step on a pixel whose gradient is near 0 turns
+    a rounding difference into a visible one (this CPU: 3e-5 after 3 steps on one image)."""
+    release = twin_release("affine", batch=1)
+    finals = [
+        run_named(attack, release, steps, {"restarts": 3, "together": t, **params})[1]
+        for t in (False, True)
+    ]
+    for apart, together in zip(*(f.candidates for f in finals), strict=True):
+        assert together.restart == apart.restart and together.steps == apart.steps == steps
+        assert together.loss == pytest.approx(apart.loss, rel=1e-3)
+        torch.testing.assert_close(together.images, apart.images, rtol=0, atol=1e-2)
+
+
+def test_a_fedkl_twins_step_of_starts_together_reads_nothing_back(monkeypatch):
+    from auditlib.attacks import inverting_gradients
+
+    seen, watched = reads_while(monkeypatch)
+    stepper = inverting_gradients._Restarts
+    monkeypatch.setattr(stepper, "step", watched(stepper.step))
+    try:
+        _, final = run_named("ig", twin_release("key"), 4, {"restarts": 3})
+    finally:
+        torch._dynamo.trace_rules.clear_lru_cache()
+    assert len(final.candidates) == 3 and seen == []
+
+
+def test_the_unknowns_keep_a_traced_step_and_several_updates_apart_and_say_why():
+    knowledge = twin_release("affine").knowledge
+    assert "fedkl's unknown model parameters" in why_not_compiled(knowledge)
+    assert "a traced step" in why_not_compiled(knowledge)
+    reason = why_updates_apart([knowledge, knowledge])
+    assert "fedkl's unknown model parameters" in reason and "several updates" in reason
