@@ -87,12 +87,12 @@ VARIANTS = {
 }
 
 
-def _variant(case: str) -> Variant:
+def case_variant(case: str) -> Variant:
     return VARIANTS.get(case, Variant(case, {}))
 
 
-def _release(case: str):
-    variant = _variant(case)
+def case_release(case: str):
+    variant = case_variant(case)
     spec = lenet_spec(variant.attack)
     if variant.protocol is not None:
         spec = dataclasses.replace(spec, scenario=ScenarioSpec(protocol=variant.protocol))
@@ -115,7 +115,7 @@ def _release(case: str):
 
 
 def _run(case: str, release, steps: int, together: bool | None, restarts: int):
-    variant = _variant(case)
+    variant = case_variant(case)
     attack, params = variant.attack, {**variant.params, "restarts": restarts}
     if together is not None:
         params["together"] = together
@@ -130,13 +130,13 @@ def _run(case: str, release, steps: int, together: bool | None, restarts: int):
 
 
 def _has_together(case: str) -> bool:
-    attack = _variant(case).attack
+    attack = case_variant(case).attack
     return any(f.name == "together" for f in dataclasses.fields(get_attack(attack).config_type))
 
 
 def measure(attack: str, restarts: int, steps: int, repeats: int) -> dict:
     steps = max(1, int(steps * STEP_SHARE.get(attack, 1)))
-    release = _release(attack)
+    release = case_release(attack)
     arms = (False, True) if _has_together(attack) else (None,)
     _run(attack, release, 2, arms[-1], restarts)  # warm-up: lazy imports, allocator
     rates: dict = {arm: [] for arm in arms}

@@ -41,6 +41,7 @@ import time
 
 import torch
 
+from auditlib.attacks import ATTACKS
 from auditlib.attacks.lbfgs_batched import BatchedLbfgs
 from auditlib.attacks.lbfgs_histories import Histories
 from auditlib.attacks.updates import _Rows
@@ -362,8 +363,17 @@ def main() -> None:
         "(DLG's together=false: the audit as issue 34 found it)",
     )
     add_log_arguments(parser, "--updates, --steps and --device")
+    parser.add_argument(
+        "--despite-no-cpu-gain",
+        action="store_true",
+        help="the together arm batches even an attack whose AttackInfo.no_cpu_gain keeps a "
+        "CPU sample's updates apart (to measure that claim again)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.despite_no_cpu_gain:
+        for name, info in list(ATTACKS.items()):
+            ATTACKS[name] = dataclasses.replace(info, no_cpu_gain=None)
     updates, steps, repeats = (4, 10, 1) if args.quick else (args.updates, args.steps, args.repeats)
     measured_on = None
     if args.from_log:

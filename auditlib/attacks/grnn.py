@@ -591,9 +591,9 @@ register(
         run=run_grnn,
         run_updates=run_grnn_updates,
         why_updates_apart=apart_when_compiled("grnn", _why_updates_apart),
-        # Each row's generator has its own weights, so its convolutions batch nothing: 16
-        # updates took 116.0 s together against 102.0 s apart (docs/PERFORMANCE.md).
-        no_cpu_gain="grnn's generators batch nothing on a CPU (0.88x together measured)",
+        # No no_cpu_gain since 2026-12-01: 16 updates together in 34.4 s against 47.3 s
+        # apart on the CPU (0.88x before the race's dropped rows were cut from the step,
+        # docs/PERFORMANCE.md, "Updates together").
         presets={
             "paper": _GRNN_PAPER,
             # The thesis's words rather than the code: W1 between gradient values, absolute TV.
