@@ -29,7 +29,7 @@ from benchmarks.restart_batching import case_release, case_variant
 
 RESULTS = ROOT / "benchmarks" / "results" / "raced_starts.json"
 DOC = ROOT / "docs" / "PERFORMANCE.md"
-CASES = ("ig", "grnn", "ig-fedkl-twin", "dlg-fedkl-twin", "grnn-fedkl-twin")
+CASES = ("ig", "grnn", "fedleak", "gi", "ig-fedkl-twin", "dlg-fedkl-twin", "grnn-fedkl-twin")
 
 
 def _run(case: str, release, steps: int, together: bool):

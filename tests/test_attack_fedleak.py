@@ -233,6 +233,26 @@ def test_fedleak_lowers_its_distance_and_beats_its_random_start():
     assert final.stop_reason == "completed" and final.steps == 100
 
 
+def test_a_raced_runs_last_start_together_ends_where_it_ends_one_after_another():
+    """The audit preset's race: four starts together against one after another, from the
+    same seeds. The start that wins runs alone at the end (together: stepped through plain
+    autograd, without vmap) and ends where it ends apart. (On this untrained LeNet the
+    starts' objectives at the first rungs tie to a few digits, so which losers go first may
+    differ between the arms' float orders.)"""
+    from auditlib.attacks.race import PLAN
+
+    _, release = release_for(spec_for())
+    apart, together = (
+        run(release, 24, {"restarts": 4, "together": t}, emit_every=2, race=PLAN)[1]
+        for t in (False, True)
+    )
+    a, b = apart.selected, together.selected
+    assert a.restart == b.restart and a.steps == b.steps == 24
+    assert max(c.steps for c in together.candidates if c.restart != b.restart) < 24
+    assert b.loss == pytest.approx(a.loss, rel=1e-4)
+    torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-4)
+
+
 def test_labels_are_inferred_when_the_batch_fits_in_the_classes():
     victim, release = release_for(spec_for(batch=4, classes=10, activation="relu"))
     _, final = run(release, 2)

@@ -352,7 +352,12 @@ class Objective:
         J, masks and direction: the R updates in one ``torch.func.vmap`` pass, the masks and
         distances on them stacked (matrix-vector products, not vmap's batched dot)."""
         x01 = x01.detach().requires_grad_(True)
-        objective, distance, masks = self.stacked_terms(x01, masks)
+        if x01.shape[0] == 1:  # a race's lone start: plain autograd, without vmap
+            candidate, priors = self._update(x01[0])
+            rows = (tuple(c.unsqueeze(0) for c in candidate), tuple(p[None] for p in priors))
+            objective, distance, masks = self._terms(*rows, masks, stacked=True)
+        else:
+            objective, distance, masks = self.stacked_terms(x01, masks)
         return self._direction(objective, x01), objective.detach(), distance.detach(), masks
 
     def stacked_terms(
