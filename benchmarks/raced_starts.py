@@ -7,7 +7,7 @@ of ``benchmarks.restart_batching``: ``-fedkl-twin`` is the twin that fits FedKL'
 ``together=false`` and ``true``, interleaved, and reports the median wall time of the
 whole attack run, its steps and each arm's best objective. Together, a start left alone
 steps through plain autograd with its own rows (IG, DLG), and GRNN's step holds only the
-running starts' generators (``grnn._Restarts._compact``).
+running starts' generators (``grnn_restarts.GrnnRestarts._compact``).
 
 Writes benchmarks/results/raced_starts.json and the table in docs/PERFORMANCE.md.
 Usage: python -m benchmarks.raced_starts [--steps 300] [--repeats 3] [--only CASE ...]

@@ -203,13 +203,19 @@ def from_log(path: str, updates: int, steps: int) -> tuple[list[dict], list[dict
 
 def _stepping(attack: str) -> type:
     """The class whose ``step`` is one step of every row of ``attack`` (its stacked starts)."""
-    from auditlib.attacks import dlg, fedleak_step, gradinversion, grnn, inverting_gradients
+    from auditlib.attacks import (
+        dlg,
+        fedleak_step,
+        gradinversion,
+        grnn_restarts,
+        inverting_gradients,
+    )
 
     steppers = {
         "dlg": dlg._Starts,
         "ig": inverting_gradients._Restarts,
         "fedleak": fedleak_step.Restarts,
-        "grnn": grnn._Restarts,
+        "grnn": grnn_restarts.GrnnRestarts,
         "gi": gradinversion._Rows,
     }
     return steppers[attack]

@@ -173,17 +173,17 @@ def test_a_raced_runs_starts_together_keep_only_the_running_rows_and_end_as_apar
     """A race drops starts; together, the step then holds only the running starts' rows
     (their generators' weights and RMSprop state), and every start ends where it ends one
     after another (RMSprop is elementwise: a kept row steps on as it would have)."""
-    from auditlib.attacks import grnn
+    from auditlib.attacks.grnn_restarts import GrnnRestarts
     from auditlib.attacks.race import PLAN
 
     held = []
-    compact = grnn._Restarts._compact
+    compact = GrnnRestarts._compact
 
     def spied(self, alive):
         compact(self, alive)
         held.append((list(self.held), {w.shape[0] for w in self.weights.values()}))
 
-    monkeypatch.setattr(grnn._Restarts, "_compact", spied)
+    monkeypatch.setattr(GrnnRestarts, "_compact", spied)
     _, release = release_of(victim_for())
     finals = [
         run_grnn(release, 60, params={"restarts": 4, "together": t}, emit_every=5, race=PLAN)[1]

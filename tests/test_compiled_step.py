@@ -17,7 +17,7 @@ from auditlib.attacks import (
     build_attack_config,
     fedleak_step,
     get_attack,
-    grnn,
+    grnn_restarts,
 )
 from auditlib.attacks import compiled as compiled_step
 from auditlib.attacks import gradinversion as gi
@@ -486,7 +486,7 @@ def test_ig_compiled_through_a_known_laplace_noise_ends_where_it_ends_eager(monk
 
 def _grnn(params, steps, compiled, monkeypatch=None, calls=None):
     if monkeypatch is not None:
-        _count_traced(monkeypatch, grnn, calls, "aot_eager")
+        _count_traced(monkeypatch, grnn_restarts, calls, "aot_eager")
     _, _, release = release_for(lenet_spec("grnn", batch=2))
     config, _ = build_attack_config("grnn", {**params, "compiled": compiled}, "paper")
     info = get_attack("grnn")

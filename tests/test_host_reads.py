@@ -29,7 +29,7 @@ from auditlib.attacks import (
     fedleak,
     fedleak_step,
     gradinversion,
-    grnn,
+    grnn_restarts,
     inverting_gradients,
 )
 from auditlib.attacks.restarts import AUDIT_PRESET, run_attack_updates
@@ -47,7 +47,7 @@ READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
 STEPPERS = {
     "ig": inverting_gradients._Restarts,
     "gi": gradinversion._Rows,
-    "grnn": grnn._Restarts,
+    "grnn": grnn_restarts.GrnnRestarts,
     "fedleak": fedleak_step.Restarts,
 }
 
@@ -228,7 +228,7 @@ def _breaking(monkeypatch, attack: str, row: int, at_step: int) -> list[torch.Te
     had at that step (as the attack scores them) are put in the list returned."""
     steps, first = [0], []
     if attack == "grnn":
-        real_terms = grnn._Restarts._terms
+        real_terms = grnn_restarts.GrnnRestarts._terms
 
         def terms(self, images, labels, alive):
             mse, wd = real_terms(self, images, labels, alive)
@@ -239,7 +239,7 @@ def _breaking(monkeypatch, attack: str, row: int, at_step: int) -> list[torch.Te
                 mse = mse.clone().index_fill_(0, torch.tensor([alive.index(row)]), math.inf)
             return mse, wd
 
-        monkeypatch.setattr(grnn._Restarts, "_terms", terms)
+        monkeypatch.setattr(grnn_restarts.GrnnRestarts, "_terms", terms)
         return first
     real_evaluate = fedleak.Objective.evaluate_together
 
