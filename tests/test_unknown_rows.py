@@ -27,11 +27,10 @@ FITS = ["affine", "key"]
 
 
 @functools.cache
-def twin_release(fit: str, batch: int = 2):
+def twin_release(fit: str, batch: int = 2, device: str = "cpu"):
     """LeNet's update under FedKL, with the attacker that knows the lock's form."""
-    _, _, release = release_for(
-        lenet_spec("ig", batch=batch), defense="fedkl", defense_params={"adaptive_fit": fit}
-    )
+    spec = dataclasses.replace(lenet_spec("ig", batch=batch), device=device)
+    _, _, release = release_for(spec, defense="fedkl", defense_params={"adaptive_fit": fit})
     knowledge = dataclasses.replace(release.knowledge, defense=release.known_defense)
     return dataclasses.replace(release, knowledge=knowledge)
 
@@ -115,6 +114,23 @@ def test_a_fedkl_twins_step_of_starts_together_reads_nothing_back(monkeypatch):
     finally:
         torch._dynamo.trace_rules.clear_lru_cache()
     assert len(final.candidates) == 3 and seen == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("attack", ["ig", "grnn"])
+def test_on_cuda_a_fedkl_twins_raced_steps_never_wait_for_the_device(monkeypatch, attack):
+    """The audit preset's race of the twin, on CUDA: its starts' rows of the lock, then a
+    lone start with its own row, under torch's check that stops any synchronising call."""
+    from auditlib.attacks import grnn_restarts, inverting_gradients
+    from tests.test_host_reads import _never_waiting
+    from tests.test_host_reads import run_attack as run_preset
+
+    release = twin_release("affine", device="cuda")
+    run_preset(attack, release, 2, emit_every=2)  # warm: the first kernels' set-up may wait
+    stepper = {"ig": inverting_gradients._Restarts, "grnn": grnn_restarts.GrnnRestarts}
+    _never_waiting(monkeypatch, stepper[attack])
+    _, final = run_preset(attack, release, 24, emit_every=2, image_every=2)
+    assert max(c.steps for c in final.candidates) == 24
 
 
 def test_the_unknowns_keep_a_traced_step_and_several_updates_apart_and_say_why():
