@@ -233,24 +233,31 @@ def test_fedleak_lowers_its_distance_and_beats_its_random_start():
     assert final.stop_reason == "completed" and final.steps == 100
 
 
-def test_a_raced_runs_last_start_together_ends_where_it_ends_one_after_another():
-    """The audit preset's race: four starts together against one after another, from the
-    same seeds. The start that wins runs alone at the end (together: stepped through plain
-    autograd, without vmap) and ends where it ends apart. (On this untrained LeNet the
-    starts' objectives at the first rungs tie to a few digits, so which losers go first may
-    differ between the arms' float orders.)"""
+def test_a_raced_runs_starts_together_end_where_they_end_one_after_another():
+    """The audit preset's race: four starts together (the last one left alone, stepped
+    through plain autograd without vmap) against one after another, from the same seeds.
+    The L1 summed (``distance=sum``): with the default mean L1, this untrained LeNet's
+    objective is mostly 1 - cos of nearly parallel gradients, about 3e-5, whose float32
+    rounding (0.1 % of the objective, by summation order) can reorder starts at a rung on
+    another CPU; summed, the arms agree to 1e-6 and the rungs' margins are 0.25 % or more."""
     from auditlib.attacks.race import PLAN
 
     _, release = release_for(spec_for())
+    params = {"restarts": 4, "distance": "sum"}
     apart, together = (
-        run(release, 24, {"restarts": 4, "together": t}, emit_every=2, race=PLAN)[1]
+        run(release, 24, {**params, "together": t}, emit_every=2, race=PLAN)[1]
         for t in (False, True)
     )
-    a, b = apart.selected, together.selected
-    assert a.restart == b.restart and a.steps == b.steps == 24
-    assert max(c.steps for c in together.candidates if c.restart != b.restart) < 24
-    assert b.loss == pytest.approx(a.loss, rel=1e-4)
-    torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-4)
+    steps = sorted(c.steps for c in together.candidates)
+    assert steps[-1] == 24 and steps[-2] < 24  # one start ran alone
+    for a, b in zip(apart.candidates, together.candidates, strict=True):
+        assert (a.restart, a.steps, a.stop_reason) == (b.restart, b.steps, b.stop_reason)
+        assert b.loss == pytest.approx(a.loss, rel=1e-4)
+        # Adam's step (about lr times the sign of a pixel's gradient, lr 1e-4) turns a
+        # rounding in a gradient near 0 into a step the other way: at most 1 % of the pixels
+        # may be a few steps apart.
+        apart_by = (b.images - a.images).abs()
+        assert float((apart_by > 1e-4).float().mean()) < 0.01 and float(apart_by.max()) < 1e-3
 
 
 def test_labels_are_inferred_when_the_batch_fits_in_the_classes():
