@@ -138,28 +138,22 @@ def _spied(monkeypatch, stepper):
     yield seen
 
 
+def _raced_to_one(attack: str, release):
+    """The audit preset's race run until one start is left alone (24 steps, a rung every
+    2), so that the steps after the race dropped starts (GRNN's rows cut to the running
+    ones, a lone start through plain autograd) are checked too: its final result."""
+    _, final = run_attack(attack, release, 24, emit_every=2, image_every=2)
+    ran = sorted(c.steps for c in final.candidates)
+    assert ran[-1] == 24 and ran[-2] < 24  # one start ran alone
+    return final
+
+
 @pytest.mark.parametrize("attack", sorted(STEPPERS))
 def test_a_step_of_restarts_together_reads_nothing_back(monkeypatch, attack):
     release = _release()
     with _reads_in_steps(monkeypatch, STEPPERS[attack]) as seen:
-        _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
+        final = _raced_to_one(attack, release)
     assert len(final.candidates) == 4 and final.steps > 0  # the preset's four starts ran
-    assert seen == []
-
-
-def _raced_to_one(attack: str, release) -> None:
-    """The audit preset's race run until one start is left alone (24 steps, a rung every
-    2): the steps after the race dropped starts (GRNN's rows cut to the running ones, a
-    lone start through plain autograd) are checked too."""
-    _, final = run_attack(attack, release, 24, emit_every=2, image_every=2)
-    ran = sorted(c.steps for c in final.candidates)
-    assert len(ran) == 4 and ran[-1] == 24 and ran[-2] < 24  # one start ran alone
-
-
-@pytest.mark.parametrize("attack", sorted(STEPPERS))
-def test_a_raced_runs_steps_after_its_drops_read_nothing_back(monkeypatch, attack):
-    with _reads_in_steps(monkeypatch, STEPPERS[attack]) as seen:
-        _raced_to_one(attack, _release())
     assert seen == []
 
 
@@ -309,17 +303,8 @@ def test_on_cuda_a_step_of_restarts_together_never_waits_for_the_device(monkeypa
     release = _release("cuda")
     run_attack(attack, release, 2, emit_every=2)  # warm: the first kernels' set-up may wait
     _never_waiting(monkeypatch, STEPPERS[attack])
-    _, final = run_attack(attack, release, 6, emit_every=3, image_every=3)
+    final = _raced_to_one(attack, release)
     assert len(final.candidates) == 4 and final.steps > 0
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("attack", sorted(STEPPERS))
-def test_on_cuda_a_raced_runs_steps_after_its_drops_never_wait_for_the_device(monkeypatch, attack):
-    release = _release("cuda")
-    run_attack(attack, release, 2, emit_every=2)  # warm: the first kernels' set-up may wait
-    _never_waiting(monkeypatch, STEPPERS[attack])
-    _raced_to_one(attack, release)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
