@@ -5,6 +5,9 @@ Shadow's defense."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -73,6 +76,15 @@ class BatchNormPrior:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[BatchNormPrior]:
+        """Its hooks on the model while the block runs, removed however it ends."""
+        self.attach()
+        try:
+            yield self
+        finally:
+            self.detach()
 
     def reset(self) -> None:
         self.captured = {}

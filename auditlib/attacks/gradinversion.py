@@ -207,11 +207,8 @@ class Objective:
         preset's race stepped at 0.75x of its pace alone through it, ResNet-20, CPU)."""
         if self.prior is None:
             return self(images, labels)
-        self.prior.attach()
-        try:
+        with self.prior.attached():
             return self(images, labels)
-        finally:
-            self.prior.detach()
 
     @property
     def first(self) -> UpdateMatcher:
@@ -368,11 +365,8 @@ def run_gi_updates(observations, knowledges, config, control, seeds):
 
 def _with_hooks(prior: BatchNormPrior, events: Iterator[ProgressEvent]) -> Iterator[ProgressEvent]:
     # Hooks live exactly as long as the run, also when the consumer stops iterating early.
-    prior.attach()
-    try:
+    with prior.attached():
         yield from events
-    finally:
-        prior.detach()
 
 
 def _run(objective, knowledge, config, control, seed, fixed_labels, record):

@@ -29,6 +29,7 @@ its schedule, which are pure functions, are apart in ``shadow_noise.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
@@ -272,9 +273,7 @@ def finetune_shadow(
     prior = BatchNormPrior(model) if config.bn > 0 else None
     if prior is not None and len(prior) == 0:
         prior = None
-    if prior is not None:
-        prior.attach()
-    try:
+    with prior.attached() if prior is not None else contextlib.nullcontext():
         target = client_update(model, parameters, images, labels, protocol, differentiable=False)
         if prior is not None:
             prior.targets = _batch_statistics(prior)
@@ -298,9 +297,6 @@ def finetune_shadow(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-    finally:
-        if prior is not None:
-            prior.detach()
     return tuned.requires_grad_(False)
 
 
