@@ -336,31 +336,42 @@ def test_raced_starts_together_end_where_they_end_one_after_another(protocol):
     assert together.label_inference == apart.label_inference
 
 
-def test_the_stacked_batchnorm_prior_is_each_rows_own_with_its_gradient():
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedsgd"])
+def test_the_stacked_batchnorm_prior_is_each_rows_own_with_its_gradient(algorithm):
+    # Read from the update's own stacked pass (its first local step's forward), each row's
+    # prior and its pixel gradient are what the hooks give that row alone. FedSGD goes
+    # through the factored classifier's pass (100 classes make its factors the cheaper),
+    # FedAvg through the client's local steps.
     from auditlib.attacks.gradinversion import BatchNormPrior as Prior
+    from auditlib.attacks.low_rank import LowRankRows
     from auditlib.attacks.objectives import UpdateMatcher
 
+    fedsgd = algorithm == "fedsgd"
     protocol = ClientProtocol(algorithm="fedavg", local_steps=2, local_lr=0.1, local_batch_size=2)
-    release = release_of(tiny_bn_model(), BATCH, protocol=protocol)
+    classes = 100 if fedsgd else 10
+    model = tiny_bn_model(classes=classes)
+    release = release_of(model, BATCH, None if fedsgd else protocol, classes=classes)
     model = release.knowledge.model
     matcher = UpdateMatcher(release.observation, release.knowledge, "layer-l2")
     prior = Prior(model)
     generator = torch.Generator().manual_seed(0)
     rows = torch.rand(3, *BATCH.images.shape, generator=generator).requires_grad_(True)
-    values = prior.stacked(matcher, rows)
-    (stacked_grad,) = torch.autograd.grad(values.sum(), rows)
-    prior.attach()
-    try:
+    updates, seen = matcher.recorded_updates(rows, BATCH.labels, prior.hooks.recording)
+    assert any(isinstance(u, LowRankRows) for u in updates) == fedsgd
+    assert len(seen) == len(prior) and all(m.shape[0] == 3 for m, _ in seen.values())
+    values = prior.against_running(seen, rows)
+    distances = matcher.measured(updates, rows)
+    (stacked_grad,) = torch.autograd.grad((values + distances).sum(), rows)
+    with prior.attached():
         for r in range(3):
             alone = rows[r].detach().requires_grad_(True)
             prior.reset()
-            matcher(alone, BATCH.labels)  # the hooks read the simulation's first step
+            distance = matcher(alone, BATCH.labels)  # the hooks read the simulation's first step
             value = prior.loss(alone)
-            (grad,) = torch.autograd.grad(value, alone)
+            (grad,) = torch.autograd.grad(value + distance, alone)
             assert float(values[r].detach()) == pytest.approx(float(value.detach()), rel=1e-5)
+            assert float(distances[r].detach()) == pytest.approx(float(distance.detach()), rel=1e-4)
             torch.testing.assert_close(stacked_grad[r], grad, rtol=1e-4, atol=1e-6)
-    finally:
-        prior.detach()
 
 
 def test_unraced_noisy_starts_stay_apart_and_updates_say_why():

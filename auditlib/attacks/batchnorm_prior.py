@@ -12,8 +12,6 @@ import torch
 from torch import nn
 
 from auditlib.attacks.forward_hooks import HeldHooks
-from auditlib.attacks.objectives import UpdateMatcher, restart_buffers
-from auditlib.client.update import set_training_mode
 
 BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -101,23 +99,12 @@ class BatchNormPrior:
             total = total + torch.linalg.vector_norm(var - running_var, dim=-1)
         return total
 
-    def stacked(self, matcher: UpdateMatcher, images: torch.Tensor) -> torch.Tensor:
-        """R_BN of R candidate batches at once (``images`` R x B x C x H x W), one value per
-        row. The statistics the hooks record in the client's simulation (each layer's first
-        call: the first local step's examples, the server's weights, the client's BatchNorm
-        mode), here from one ``vmap`` pass of that forward alone: the statistics cannot
-        leave the simulation's ``torch.func.grad`` through a hook."""
-        knowledge, model = matcher.knowledge, matcher.view.model
-        window = knowledge.protocol.minibatch_windows(images.shape[1])[0]
-        set_training_mode(model, knowledge.protocol.batchnorm_mode == "train")
-
-        def statistics(x: torch.Tensor, own: dict) -> dict:
-            with self.hooks.recording() as seen:
-                torch.func.functional_call(model, ({**matcher.parameters, **own},), (x[window],))
-            return seen
-
-        buffers = restart_buffers(model, images.shape[0])
-        seen = torch.func.vmap(statistics)(images, buffers)
+    def against_running(self, seen: dict, images: torch.Tensor) -> torch.Tensor:
+        """R_BN of R candidate batches (``images`` R x B x C x H x W), one value per row, from
+        the statistics recorded in their stacked simulation (R x C each, by
+        ``UpdateMatcher.recorded_updates`` through ``hooks.recording``): each layer's first
+        call, the first local step's examples at the server's weights in the client's
+        BatchNorm mode, as the hooks record a start alone."""
         return self._against_running(seen, images.new_zeros(images.shape[0]))
 
 

@@ -197,9 +197,12 @@ class Objective:
         if rows is not None and len(rows) == 1 and isinstance(matcher, UpdateMatcher):
             total, parts = self._alone(images[0], labels)  # a race's lone start
             return total.unsqueeze(0), {name: v.unsqueeze(0) for name, v in parts.items()}
-        distance = matcher.together(images, labels)
-        bn = None if self.prior is None else self.prior.stacked(self.first, images)
-        return self._total(distance, images, bn)
+        if self.prior is None:
+            return self._total(matcher.together(images, labels), images, None)
+        # The prior's statistics from the update's own pass (its first local step's forward).
+        updates, seen = self.first.recorded_updates(images, labels, self.prior.hooks.recording)
+        bn = self.prior.against_running(seen, images)
+        return self._total(matcher.measured(updates, images), images, bn)
 
     def _alone(self, images: torch.Tensor, labels: torch.Tensor):
         """One start's objective as a start alone takes it: plain autograd, the prior read

@@ -18,17 +18,19 @@ distances up to float order (tests/test_low_rank.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
 from auditlib.client.exact_batchnorm import exact_batchnorm
-from auditlib.client.update import classification_loss, set_training_mode
+from auditlib.client.update import Recording, classification_loss, set_training_mode
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,8 @@ def fedsgd_factored(
     labels: torch.Tensor,
     buffers: Mapping[str, torch.Tensor],
     train: bool,
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    recording: Recording | None = None,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]:
     """FedSGD's gradient of one candidate batch (``client_update``'s, the mean
     cross-entropy's) with the ``layers``' weights as factors: the other parameters'
     gradients in ``parameters``' order, then per factored weight the loss's gradient at the
@@ -175,7 +178,8 @@ def fedsgd_factored(
 
     The output gradient is read as the gradient of a zero probe added to the layer's output
     (a forward hook): the batch loss's gradient there is each example's own, already
-    divided by the batch size as the mean loss divides it."""
+    divided by the batch size as the mean loss divides it. Last, what ``recording`` saw in
+    the forward (``client.update.recorded_client_update``), empty without one."""
     set_training_mode(model, train)
     names = list(layers.modules)
     fixed = {n: parameters[n] for n in names}
@@ -192,19 +196,20 @@ def fedsgd_factored(
 
     def loss_of(weights, probe_values, state):
         probes.update(probe_values)
-        logits = functional_call(model, ({**weights, **fixed, **state},), (images,))
-        return classification_loss(logits, labels), dict(inputs)
+        with recording() if recording is not None else contextlib.nullcontext({}) as recorded:
+            logits = functional_call(model, ({**weights, **fixed, **state},), (images,))
+        return classification_loss(logits, labels), (dict(inputs), recorded)
 
     zeros = {n: images.new_zeros(layers.outputs[n]) for n in names}
     handles = [layers.modules[n].register_forward_hook(hook(n)) for n in names]
     try:
         with exact_batchnorm(model):  # torch.func's own is not exact in a double backward
-            (grads, at_output), seen = torch.func.grad(loss_of, argnums=(0, 1), has_aux=True)(
-                free, zeros, dict(buffers)
-            )
+            (grads, at_output), (seen, recorded) = torch.func.grad(
+                loss_of, argnums=(0, 1), has_aux=True
+            )(free, zeros, dict(buffers))
     finally:
         for handle in handles:
             handle.remove()
     left = tuple(at_output[n].reshape(-1, at_output[n].shape[-1]) for n in names)
     right = tuple(seen[n].reshape(-1, seen[n].shape[-1]) for n in names)
-    return tuple(grads[n] for n in free), left, right
+    return tuple(grads[n] for n in free), left, right, recorded

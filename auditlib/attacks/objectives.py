@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +16,13 @@ from auditlib.attacks.low_rank import (
     factored_layers,
     fedsgd_factored,
 )
-from auditlib.client.update import client_update, difference_per_gradient, read_as_gradient
+from auditlib.client.update import (
+    Recording,
+    client_update,
+    difference_per_gradient,
+    read_as_gradient,
+    recorded_client_update,
+)
 from auditlib.likelihoods import Likelihood, image_prior_nats
 from auditlib.threat import AttackerKnowledge, KnownDefense, Observation
 
@@ -409,21 +416,40 @@ class UpdateMatcher:
         dimension, by one ``torch.func.vmap`` pass (:meth:`together`'s first half). Where the
         plain attacker matches a FedSGD gradient, a Linear weight's entry is its factors
         (``low_rank.LowRankRows``: the distances need never form it)."""
+        return self.recorded_updates(images, labels, None, unknowns)[0]
+
+    def recorded_updates(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        recording: Recording | None,
+        unknowns: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[tuple[torch.Tensor | LowRankRows, ...], Any]:
+        """:meth:`stacked_updates`, and what ``recording`` saw in each row's forward of its
+        first local step, stacked by row (``client.update.recorded_client_update``): one
+        pass for both, where a second forward would cost another pass through the model."""
         buffers = restart_buffers(self.view.model, images.shape[0])
         if unknowns:  # each row's own, in place of the model's (a buffer of the vmapped call)
             buffers = {**buffers, **unknowns}
         label_dim = 0 if labels.dim() > (1 if labels.dtype == torch.long else 2) else None
         layers = self._factored_layers(images)
         if layers is not None:
-            return self._stacked_factored(layers, images, labels, label_dim, buffers)
+            return self._stacked_factored(layers, images, labels, label_dim, buffers, recording)
         protocol = self.knowledge.protocol
 
-        def update_of(x: torch.Tensor, y: torch.Tensor, own: dict) -> tuple[torch.Tensor, ...]:
-            simulated = client_update(
-                self.view.model, self.parameters, x, y, protocol, differentiable=True, buffers=own
+        def update_of(x: torch.Tensor, y: torch.Tensor, own: dict):
+            simulated, seen = recorded_client_update(
+                self.view.model,
+                self.parameters,
+                x,
+                y,
+                protocol,
+                differentiable=True,
+                buffers=own,
+                recording=recording,
             )
             gradient = read_as_gradient(simulated, self.parameters, protocol, x.shape[0])
-            return self.view.candidate(gradient)
+            return self.view.candidate(gradient), seen
 
         return torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(images, labels, buffers)
 
@@ -448,21 +474,22 @@ class UpdateMatcher:
         labels: torch.Tensor,
         label_dim: int | None,
         buffers: dict[str, torch.Tensor],
-    ) -> tuple[torch.Tensor | LowRankRows, ...]:
+        recording: Recording | None,
+    ) -> tuple[tuple[torch.Tensor | LowRankRows, ...], Any]:
         train = self.knowledge.protocol.batchnorm_mode == "train"
         model, parameters = self.view.model, self.parameters
 
         def update_of(x: torch.Tensor, y: torch.Tensor, own: dict):
-            return fedsgd_factored(model, parameters, layers, x, y, own, train)
+            return fedsgd_factored(model, parameters, layers, x, y, own, train, recording)
 
-        free, left, right = torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(
+        free, left, right, seen = torch.func.vmap(update_of, in_dims=(0, label_dim, 0))(
             images, labels, buffers
         )
         factors = {
             n: LowRankRows(a, b) for n, a, b in zip(layers.modules, left, right, strict=True)
         }
         rest = iter(free)
-        return tuple(factors[n] if n in factors else next(rest) for n in parameters)
+        return tuple(factors[n] if n in factors else next(rest) for n in parameters), seen
 
     def measured(
         self, updates: Sequence[torch.Tensor], images: torch.Tensor, distance=None

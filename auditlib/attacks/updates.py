@@ -93,9 +93,21 @@ class _Rows:
 
         A matcher here has ``stacked_updates(images, labels)`` and ``measured(updates,
         images, extra)`` (``UpdateMatcher``, ``ModelLeakageObjective``)."""
+        updates = self.many.matchers[self.owners[0]].stacked_updates(images, labels)
+        return self.measured(updates, images, extra, distance=distance)
+
+    def measured(
+        self,
+        updates: Sequence[torch.Tensor],
+        images: torch.Tensor,
+        extra: torch.Tensor | None = None,
+        *,
+        distance=None,
+    ) -> torch.Tensor:
+        """:meth:`together`'s second half: the rows' stacked updates (from the first
+        update's matcher) each measured against its own update's target."""
         matchers = self.many.matchers
         first = matchers[self.owners[0]]
-        updates = first.stacked_updates(images, labels)
         if distance is not None and extra is not None:
             raise ValueError("a distance and a per-row extra value are not taken together")
         if len(set(self.owners)) == 1:

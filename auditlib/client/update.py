@@ -9,7 +9,8 @@ code guarantees the attacker simulates exactly what the client computed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,9 @@ from torch.func import functional_call
 from auditlib.client.exact_batchnorm import exact_batchnorm
 from auditlib.client.protocol import ADAM_BETAS, ADAM_EPS, ClientProtocol
 from auditlib.errors import AttackUnsupportedError
+
+# A block whose store forward hooks fill while it runs (``HeldHooks.recording``).
+Recording = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -115,9 +119,44 @@ def client_update(
     them in order). ``replaced``: parameters of ``model`` outside ``parameters`` to use in
     place of its own (an adaptive attacker's start's row of fitted unknowns).
     """
+    update, _ = recorded_client_update(
+        model,
+        parameters,
+        images,
+        labels,
+        protocol,
+        differentiable=differentiable,
+        buffers=buffers,
+        order_seed=order_seed,
+        replaced=replaced,
+    )
+    return update
+
+
+def recorded_client_update(
+    model: nn.Module,
+    parameters: Mapping[str, torch.Tensor],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    protocol: ClientProtocol,
+    *,
+    differentiable: bool,
+    buffers: Mapping[str, torch.Tensor] | None = None,
+    order_seed: int | None = None,
+    replaced: Mapping[str, torch.Tensor] | None = None,
+    recording: Recording | None = None,
+) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """:func:`client_update`, and what ``recording`` saw in the forward pass of the first
+    local step (empty without one): ``recording()`` is a block whose store forward hooks
+    fill (``attacks.forward_hooks.HeldHooks.recording``). Under ``torch.func.grad`` the
+    store leaves the transform as its auxiliary output, still a function of the images (a
+    hook's own store cannot leave it), so one ``vmap`` pass gives each row's update and what
+    its forward computed (GradInversion's BatchNorm statistics)."""
     set_training_mode(model, protocol.batchnorm_mode == "train")
     if isinstance(model, torch.jit.ScriptModule):
-        return _scripted_gradient(model, parameters, images, labels, protocol, differentiable)
+        if recording is not None:
+            raise ValueError("a TorchScript model's forward is not recorded through hooks")
+        return _scripted_gradient(model, parameters, images, labels, protocol, differentiable), {}
     functional = buffers is not None
     # Buffers are copied so BatchNorm's running statistics in the caller's model stay as the
     # server sent them, however often the attacker simulates the client.
@@ -127,36 +166,41 @@ def client_update(
         buffers = {**buffers, **replaced}
     names = list(parameters)
 
-    def gradient(current: Mapping[str, torch.Tensor], x, y) -> tuple[torch.Tensor, ...]:
-        def loss_of(weights: Mapping[str, torch.Tensor], state: Mapping) -> torch.Tensor:
-            logits = functional_call(model, ({**weights, **state},), (x,))
-            return classification_loss(logits, y)
+    def gradient(current: Mapping[str, torch.Tensor], x, y, record: Recording | None):
+        def loss_of(weights: Mapping[str, torch.Tensor], state: Mapping):
+            with record() if record is not None else contextlib.nullcontext({}) as seen:
+                logits = functional_call(model, ({**weights, **state},), (x,))
+            return classification_loss(logits, y), seen
 
         if functional:  # the buffers are an input: BatchNorm in train mode updates them
             # torch.func's second derivative through fused batch_norm is not exact.
             with exact_batchnorm(model):
-                found = torch.func.grad(loss_of)(dict(current), buffers)
-            return tuple(found[n] for n in names)
-        return torch.autograd.grad(
-            loss_of(current, buffers), list(current.values()), create_graph=differentiable
-        )
+                found, seen = torch.func.grad(loss_of, has_aux=True)(dict(current), buffers)
+            return tuple(found[n] for n in names), seen
+        loss, seen = loss_of(current, buffers)
+        found = torch.autograd.grad(loss, list(current.values()), create_graph=differentiable)
+        return found, seen
 
     if protocol.algorithm == "fedsgd":
-        return tuple(gradient(parameters, images, labels))
+        return gradient(parameters, images, labels, recording)
 
     current = dict(parameters)
     optimizer = LocalOptimizer(protocol, keep_graph=differentiable)
+    first_seen, first = {}, True
     for window in protocol.minibatch_windows(images.shape[0], order_seed):
-        grads = gradient(current, images[window], labels[window])
+        grads, seen = gradient(current, images[window], labels[window], recording)
+        if first:  # the first local step's forward is the one recorded
+            first_seen, recording, first = seen, None, False
         step = optimizer.step(current, grads)
         # The victim's loop needs no graph across steps; the attacker's does.
         current = (
             step if differentiable else {n: t.detach().requires_grad_() for n, t in step.items()}
         )
     if protocol.shared == "weights":
-        return tuple(current[n] if differentiable else current[n].detach() for n in names)
+        weights = tuple(current[n] if differentiable else current[n].detach() for n in names)
+        return weights, first_seen
     deltas = tuple(current[n] - parameters[n] for n in names)
-    return deltas if differentiable else tuple(d.detach() for d in deltas)
+    return (deltas if differentiable else tuple(d.detach() for d in deltas)), first_seen
 
 
 def read_as_gradient(
