@@ -74,6 +74,9 @@ def observed_descent(observation: Observation, knowledge: AttackerKnowledge) -> 
 class ModelLeakageObjective:
     """DLM's or DLM+'s distance between the dummy batch's descent and the observed one."""
 
+    # What it fits besides its images: nothing a defense hides (DLM does not adapt to it).
+    unknowns: tuple[torch.Tensor, ...] = ()
+
     def __init__(
         self,
         observation: Observation,

@@ -236,13 +236,12 @@ class GrnnRestarts:
             with torch.no_grad():
                 _, images, labels = self.generate([position])
             images, labels = images[0], self._row(labels, 0)
+        # Through its own row of the unknowns, where it fits some.
+        own = None if self.unknowns is None else self.unknowns.row(self._rows([position])[0])
         with torch.enable_grad():
             if isinstance(self.loss.matcher, UpdatesMatcher):  # its own update's target
-                mse = self.loss.matcher.at([position])(images.detach(), labels.detach())
+                mse = self.loss.matcher.at([position])(images.detach(), labels.detach(), own)
                 wd = self.loss.row_wasserstein(mse)
-            else:  # through its own row of the unknowns, where it fits some
-                own = (
-                    None if self.unknowns is None else self.unknowns.row(self._rows([position])[0])
-                )
+            else:
                 mse, wd = self.loss.gradient_terms(images.detach(), labels.detach(), own)
         return snapshot(images), self._hard(labels), float((mse + wd).detach())

@@ -226,7 +226,7 @@ def unknown_rows(matcher, count: int) -> UnknownRows | None:
     model's own, :meth:`ThroughDefense.restart`)."""
     if count < 2 or not matcher.unknowns:
         return None
-    return matcher.view.unknown_rows(count)
+    return matcher.unknown_rows(count)
 
 
 class ThroughDefense:
@@ -389,6 +389,11 @@ class UpdateMatcher:
     def restart(self) -> None:
         """A new restart starts the unknown parameters from the attacker's first guess."""
         self.view.restart()
+
+    def unknown_rows(self, count: int) -> UnknownRows:
+        """The unknowns for ``count`` starts that advance together, each row at the
+        attacker's first guess (:func:`unknown_rows`)."""
+        return self.view.unknown_rows(count)
 
     def together(
         self,

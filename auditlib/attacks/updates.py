@@ -17,9 +17,9 @@ import torch
 from auditlib.attacks.low_rank import dense
 from auditlib.attacks.objectives import (
     RowTargets,
+    UnknownRows,
     UpdateMatcher,
     why_not_together,
-    why_unknowns_apart,
 )
 from auditlib.attacks.row_index import RowIndex
 from auditlib.threat import AttackerKnowledge
@@ -32,9 +32,10 @@ class UpdatesMatcher:
     def __init__(self, matchers: Sequence[UpdateMatcher], owners: Sequence[int]) -> None:
         self.matchers = list(matchers)
         self.owners = list(owners)
-        # What an attack fits besides its images: nothing where updates advance together
-        # (``why_updates_apart`` refuses a defense that hides parameters).
-        self.unknowns: tuple[torch.Tensor, ...] = ()
+        # What an attack fits besides its images (the parameters a defense hides: FedKL's
+        # lock): every update's are the same parameters of the same model, so every row
+        # fits a row of its own, from the first update's guess (:meth:`unknown_rows`).
+        self.unknowns: tuple[torch.Tensor, ...] = self.matchers[0].unknowns
         self.targets = _stacked_targets(self.matchers)
         self._gathered: tuple[tuple[int, ...], RowTargets] | None = None
         self._rows: RowIndex | None = None  # on the device of the first rows indexed
@@ -47,7 +48,14 @@ class UpdatesMatcher:
         return self._rows(rows)
 
     def restart(self) -> None:
-        """No unknown parameters to reset (see :attr:`unknowns`)."""
+        """Every update's unknown parameters back at the attacker's guess."""
+        for matcher in self.matchers:
+            matcher.restart()
+
+    def unknown_rows(self, count: int) -> UnknownRows:
+        """A row of unknowns per row (start) of any update, each at the attacker's guess:
+        ``why_updates_apart`` checked that the updates share the model and the defense."""
+        return self.matchers[0].unknown_rows(count)
 
     def at(self, rows: Sequence[int]) -> _Rows:
         return _Rows(self, list(rows))
@@ -82,6 +90,7 @@ class _Rows:
         extra: torch.Tensor | None = None,
         *,
         distance=None,
+        unknowns: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One value per row: the rows' updates in one ``vmap`` pass through the shared model
         (the first update's matcher: ``why_updates_apart`` checked they share it), then each
@@ -89,11 +98,16 @@ class _Rows:
         on its rows stacked, as ``UpdateMatcher.together`` measures its restarts). ``extra``:
         one value per row the measure also takes (DLM's gamma), or None; ``distance``: one
         in place of the matchers' own for the plain attacker (GRNN's summed squares), as
-        ``UpdateMatcher.together`` takes it.
+        ``UpdateMatcher.together`` takes it; ``unknowns``: the rows' own fitted unknowns
+        (``UnknownRows.rows``), as ``UpdateMatcher.together`` takes them.
 
         A matcher here has ``stacked_updates(images, labels)`` and ``measured(updates,
         images, extra)`` (``UpdateMatcher``, ``ModelLeakageObjective``)."""
-        updates = self.many.matchers[self.owners[0]].stacked_updates(images, labels)
+        first = self.many.matchers[self.owners[0]]
+        if unknowns:
+            updates = first.stacked_updates(images, labels, unknowns)
+        else:  # DLM's objective takes no unknowns
+            updates = first.stacked_updates(images, labels)
         return self.measured(updates, images, extra, distance=distance)
 
     def measured(
@@ -191,7 +205,7 @@ def why_updates_apart(knowledges: Sequence[AttackerKnowledge]) -> str | None:
     if len(knowledges) < 2:
         return "one update"
     for knowledge in knowledges:
-        reason = why_not_together(knowledge) or why_unknowns_apart(knowledge, "several updates")
+        reason = why_not_together(knowledge)
         if reason is not None:
             return reason
     first = knowledges[0]
