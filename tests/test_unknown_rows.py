@@ -17,6 +17,7 @@ import torch
 
 from auditlib.attacks import RunControl
 from auditlib.attacks.compiled import why_not_compiled
+from auditlib.attacks.low_rank import LowRankRows
 from auditlib.attacks.objectives import UpdateMatcher, unknown_rows, why_not_together
 from auditlib.attacks.restarts import why_apart
 from auditlib.attacks.updates import why_updates_apart
@@ -54,7 +55,10 @@ def test_each_row_of_the_unknowns_is_that_starts_own(fit):
     images = torch.randn(shape, generator=generator).requires_grad_(True)
     labels = torch.tensor([1, 7])
 
-    together = matcher.together(images, labels, unknowns=rows.rows(lambda leaf: leaf))
+    own = rows.rows(lambda leaf: leaf)
+    # The lock changes the model, not the update: the classifier's gradient stays factored.
+    assert any(isinstance(u, LowRankRows) for u in matcher.stacked_updates(images, labels, own))
+    together = matcher.together(images, labels, unknowns=own)
     image_grads, *unknown_grads = torch.autograd.grad(together.sum(), [images, *rows.leaves])
     for r in range(3):
         with torch.no_grad():

@@ -289,6 +289,14 @@ class ThroughDefense:
     def noise(self) -> Likelihood | None:
         return None if self.known is None else self.known.noise
 
+    @property
+    def leaves_update(self) -> bool:
+        """Whether the candidate's update reaches the distance as the client computed it:
+        no known defense's transform or mask (the parameters a defense hides, FedKL's lock,
+        change the model the candidate runs through, not its update)."""
+        known = self.known
+        return known is None or (known.transform is None and self.mask is None)
+
     def measure(
         self, own: str
     ) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], torch.Tensor]:
@@ -460,11 +468,12 @@ class UpdateMatcher:
 
     def _factored_layers(self, images: torch.Tensor) -> FactoredLayers | None:
         """The Linear layers to keep factored (found once), or None: only FedSGD's gradient
-        is a sum of outer products, and only the plain attacker's distances (no defense's
-        transform, mask or likelihood) measure factors."""
+        is a sum of outer products, and only the attack's own distances measure factors (no
+        defense's transform, mask or likelihood; a FedKL twin's, which fits the hidden lock
+        as a row of each start's own, measures its updates as the plain attacker does)."""
         if not self.factored:
             return None
-        if self.knowledge.protocol.algorithm != "fedsgd" or self.view.known is not None:
+        if self.knowledge.protocol.algorithm != "fedsgd" or not self.view.leaves_update:
             return None
         if self.distance not in _FACTORED_DISTANCES:
             return None
