@@ -80,7 +80,7 @@ for step in $steps; do
   if [ $((END - SECONDS)) -lt 30 ]; then echo "skipped $step: under 30 s of this call left" | tee -a "$OUT/skipped.log"; continue; fi
   echo "== $step at ${SECONDS} s" | tee -a "$OUT/steps.log"
   case $s in
-    tests) timeout $(t 300) python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py tests/test_unknown_rows.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    tests) timeout $(t 300) python3 $R pytest -q -p no:cacheprovider -rs tests/test_compiled_step.py tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_loop.py tests/test_attacks_at_once.py tests/test_host_reads.py tests/test_unknown_rows.py tests/test_attack_gradinversion.py -k cuda 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     captests) timeout $(t 300) python3 $R pytest -q -p no:cacheprovider -rs tests/test_captured_step.py tests/test_captured_lbfgs.py tests/test_attacks_at_once.py -k cuda 2>&1 | tail -25 | tee "$OUT/captests.log" ;;
     captured) timeout $(t 540) $bench --kinds eager,captured --steps "${n:-300}" --seeds 3 --starts 8 2>&1 | tee "$OUT/captured.log" | tail -8 ;;
     nhwc) timeout $(t 540) $bench --kinds captured --channels-last --steps "${n:-300}" --seeds 3 --starts 1 2>&1 | tee "$OUT/nhwc.log" | tail -6 ;;
