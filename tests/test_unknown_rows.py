@@ -16,11 +16,13 @@ import pytest
 import torch
 
 from auditlib.attacks import RunControl
+from auditlib.attacks.captured import WARMUP_STEPS
 from auditlib.attacks.compiled import why_not_compiled
 from auditlib.attacks.low_rank import LowRankRows
 from auditlib.attacks.objectives import UpdateMatcher, unknown_rows, why_not_together
 from auditlib.attacks.restarts import why_apart
 from auditlib.attacks.updates import why_updates_apart
+from auditlib.reconstruction import COMPILED, RECORDED, Stepped
 from tests.test_attacks import lenet_spec, release_for
 from tests.test_host_reads import reads_while
 from tests.test_lbfgs_batched import run_named
@@ -138,10 +140,54 @@ def test_on_cuda_a_fedkl_twins_raced_steps_never_wait_for_the_device(monkeypatch
     assert max(c.steps for c in _raced_to_one(attack, release).candidates) == 24
 
 
-def test_the_unknowns_keep_a_traced_step_apart_and_say_why():
-    knowledge = twin_release("affine").knowledge
-    assert "fedkl's unknown model parameters" in why_not_compiled(knowledge)
-    assert "a traced step" in why_not_compiled(knowledge)
+# The traced step takes each start's row of the lock as its input, one start too (a trace
+# differentiates its inputs, not the model's own). Recorded here by the CPU's stand-in for
+# a CUDA graph (tests/test_captured_step.py) after its eager first steps: each start where
+# the eager run puts it, after the replays. DLG's evaluations formed densely in both arms,
+# as a recording forms them (tests/test_captured_lbfgs.py).
+# The pixel bound: GRNN's arms were 1e-5 apart on this CPU, and 4e-3 where the recorded
+# step left the lock at the guess (one start, 6 steps).
+CAPTURED_CASES = [
+    ("ig", {"restarts": 2, "signed": False}, 5e-3),
+    ("ig", {"restarts": 1, "signed": False}, 5e-3),
+    ("grnn", {"restarts": 2}, 1e-3),
+    ("grnn", {"restarts": 1}, 1e-3),
+    ("dlg", {"restarts": 2, "lbfgs_max_iter": 3}, 5e-3),
+]
+
+
+@pytest.mark.parametrize(("attack", "params", "atol"), CAPTURED_CASES)
+def test_a_fedkl_twins_recorded_step_fits_each_starts_own_lock(monkeypatch, attack, params, atol):
+    from tests.test_captured_lbfgs import _dense
+    from tests.test_captured_step import _captured_here, _ends_as_eager, _final
+
+    release = twin_release("affine", batch=1)
+    assert why_not_compiled(release.knowledge) is None
+    if attack == "dlg":
+        _dense(monkeypatch)
+    steps = WARMUP_STEPS + 4
+    eager = _final(attack, release, params, steps)
+    stand_in = _captured_here(monkeypatch)
+    captured = _final(attack, release, {**params, "captured": True}, steps)
+    assert stand_in.recorded == 1 and captured.stepped == Stepped(RECORDED)
+    _ends_as_eager(eager, captured, atol)
+
+
+def test_a_fedkl_twins_compiled_step_traces_the_lock_s_rows_too(monkeypatch):
+    """The same objective traced by torch.compile (without generating code): it ends where
+    the eager run ends, the lock's rows among the trace's inputs."""
+    from auditlib.attacks import inverting_gradients
+    from tests.test_compiled_step import _eager_and_compiled
+
+    calls = []
+    release = twin_release("affine", batch=1)
+    params = {"restarts": 2, "signed": False}
+    traced = (monkeypatch, inverting_gradients, calls)
+    eager, compiled = _eager_and_compiled("ig", release, params, 6, traced=traced)
+    assert [count for count, _ in calls] == [2] * 6 and compiled.stepped == Stepped(COMPILED)
+    for a, b in zip(eager.candidates, compiled.candidates, strict=True):
+        assert b.steps == a.steps == 6 and b.loss == pytest.approx(a.loss, rel=5e-3)
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=5e-3)
 
 
 # Past the first step (the first is taken at the guess, whatever rows the lock has): IG

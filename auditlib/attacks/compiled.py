@@ -40,7 +40,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from auditlib.attacks.base import ProgressEvent
-from auditlib.attacks.objectives import why_not_together, why_unknowns_apart
+from auditlib.attacks.objectives import why_not_together
 from auditlib.client.exact_batchnorm import exact_batchnorm
 from auditlib.errors import AttackUnsupportedError
 from auditlib.threat import AttackerKnowledge
@@ -125,9 +125,9 @@ def value_and_gradient(objective: Objective, inputs: tuple[torch.Tensor, ...], c
 
 def why_not_compiled(knowledge: AttackerKnowledge) -> str | None:
     """Why this attack's step cannot be traced (None: it can): the traced step is the
-    batched one, so whatever keeps restarts apart keeps the step eager, and an adaptive
-    attacker's fitted unknowns are rows of the eager step only."""
-    return why_not_together(knowledge) or why_unknowns_apart(knowledge, "a traced step")
+    batched one, so whatever keeps restarts apart keeps the step eager. An adaptive
+    attacker's fitted unknowns are the step's inputs, a row per start (one start too)."""
+    return why_not_together(knowledge)
 
 
 class CompiledGradient:

@@ -147,7 +147,7 @@ class _Starts:
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
         # An adaptive attacker's unknowns: a row per start, each fitted by its own L-BFGS.
-        self.unknowns = unknown_rows(matcher, len(generators))
+        self.unknowns = unknown_rows(matcher, len(generators), alone_too=bool(config.captured))
         variables += () if self.unknowns is None else self.unknowns.leaves
         self.recorded = self._recorded(variables, knowledge.device) if config.captured else None
         self.steps = LbfgsTogether.of(
@@ -163,9 +163,14 @@ class _Starts:
         """The evaluations recorded as a CUDA graph: the rows' distances by one
         ``together`` pass (a Linear weight's update formed densely, as a traced step's)."""
 
-        def objective(images, *logits):  # the rows' images, then their label logits
+        with_logits = 1 if self.logits is not None else 0
+        names = () if self.unknowns is None else self.unknowns.names
+
+        def objective(images, *rest):  # the rows' images, label logits, then unknowns
+            logits, own = rest[:with_logits], rest[with_logits:]
             labels = torch.softmax(logits[0], dim=-1) if logits else self.fixed
-            return self.matcher.together(images, labels), {}
+            unknowns = dict(zip(names, own, strict=True)) if names else None
+            return self.matcher.together(images, labels, unknowns=unknowns), {}
 
         recorded = RecordedRows(variables, objective, device, self.matcher)
         self.matcher.factored = False

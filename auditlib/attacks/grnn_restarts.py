@@ -48,7 +48,9 @@ class GrnnRestarts:
             variables = list(self.weights.values())
         # An adaptive attacker's unknown model parameters train with the generator: a row per
         # start where the generators are stacked, else the model's own.
-        self.unknowns = unknown_rows(loss.matcher, len(nets) if self.weights is not None else 1)
+        self.unknowns = unknown_rows(
+            loss.matcher, len(nets) if self.weights is not None else 1, alone_too=stepped(config)
+        )
         unknowns = loss.matcher.unknowns if self.unknowns is None else self.unknowns.leaves
         self.optimizer = torch.optim.RMSprop(
             [*variables, *unknowns], lr=config.lr, momentum=config.momentum
@@ -150,13 +152,17 @@ class GrnnRestarts:
         a run attacks updates one after another)."""
         loss, names = self.loss, list(self.weights)
         loss.matcher.factored = False  # a trace cannot register the factored form's hooks
+        unknown_names = () if self.unknowns is None else self.unknowns.names
+        fitted = len(names) + len(unknown_names)
 
         def terms(*inputs: torch.Tensor):
+            # The rows' weights and fitted unknowns (differentiated), buffers, latents.
             weights = dict(zip(names, inputs[: len(names)], strict=True))
-            buffers = dict(zip(self.buffers, inputs[len(names) : -1], strict=True))
+            own = dict(zip(unknown_names, inputs[len(names) : fitted], strict=True))
+            buffers = dict(zip(self.buffers, inputs[fitted:-1], strict=True))
             images01, images, soft = torch.func.vmap(self._one)(weights, buffers, inputs[-1])
             labels = soft if self.fixed is None else self.fixed
-            mse = loss.matcher.together(images, labels, distance=l2_distance)
+            mse = loss.matcher.together(images, labels, distance=l2_distance, unknowns=own or None)
             wd = loss.row_wasserstein(mse)
             tv = torch.func.vmap(loss.smoothness)(images01)
             objective = mse + wd + loss.tv * tv
@@ -170,11 +176,12 @@ class GrnnRestarts:
 
     def _traced_step(self, alive):
         index = self._index(alive)
-        rows = [w.index_select(0, index) for w in self.weights.values()]
+        fitted = [*self.weights.values(), *(() if self.unknowns is None else self.unknowns.leaves)]
+        rows = [w.index_select(0, index) for w in fitted]
         given = [b.index_select(0, index) for b in self.buffers.values()]
         grads, _, named = self.compiled(*rows, given=(*given, self.latent.index_select(0, index)))
-        for weight, grad in zip(self.weights.values(), grads, strict=True):
-            weight.grad = full_rows(weight, index, grad)
+        for leaf, grad in zip(fitted, grads, strict=True):
+            leaf.grad = full_rows(leaf, index, grad)
         self.optimizer.step()
         return named
 

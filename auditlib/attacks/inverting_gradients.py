@@ -164,7 +164,7 @@ class _Restarts:
         # An adaptive attacker's unknowns are fitted with the images: a row per start where
         # starts advance together, else the model's own (one start in the group).
         self.matcher.restart()
-        self.unknowns = unknown_rows(matcher, len(generators))
+        self.unknowns = unknown_rows(matcher, len(generators), alone_too=stepped(config))
         variables += self.matcher.unknowns if self.unknowns is None else self.unknowns.leaves
         self.variables = variables
         self.optimizer = torch.optim.Adam(variables, lr=config.lr)
@@ -189,11 +189,14 @@ class _Restarts:
         """One restart's labels out of ``_labels([position])``."""
         return labels[0] if self.logits is not None or self.fixed_rows else labels
 
-    def _distance(self, images: torch.Tensor, labels: torch.Tensor, positions) -> torch.Tensor:
+    def _distance(
+        self, images: torch.Tensor, labels: torch.Tensor, positions, traced_unknowns=None
+    ) -> torch.Tensor:
         """``positions``: the restarts' rows, or None in the traced step (one update's
-        matcher, every row's target the same)."""
+        matcher, every row's target the same; ``traced_unknowns``: the rows' unknowns, its
+        inputs, where the defense hides some)."""
         if positions is None:
-            return self.matcher.together(images, labels)
+            return self.matcher.together(images, labels, unknowns=traced_unknowns)
         matcher = self.matcher.at(positions)
         if len(positions) == 1:  # one restart: plain autograd, the fastest way alone
             own = () if self.unknowns is None else (self.unknowns.row(positions[0]),)
@@ -204,9 +207,9 @@ class _Restarts:
             return matcher.together(images, labels, unknowns=rows)
         return matcher.together(images, labels)
 
-    def _objective(self, images, labels, positions):
+    def _objective(self, images, labels, positions, traced_unknowns=None):
         """The restarts' objective (one value each) and their update distances."""
-        distance = self._distance(images, labels, positions)
+        distance = self._distance(images, labels, positions, traced_unknowns)
         tv = self.config.tv * total_variation(images) if self.config.tv > 0 else 0.0
         return distance + tv, distance
 
@@ -214,10 +217,14 @@ class _Restarts:
         """Step by the traced objective from now on: compiled (``attacks.compiled``) or
         recorded as a CUDA graph (``attacks.captured``)."""
         self.matcher.factored = False
+        with_logits = 1 if self.logits is not None else 0
+        names = () if self.unknowns is None else self.unknowns.names
 
-        def objective(images, *logits):
+        def objective(images, *rest):  # the rows' images, label logits, then unknowns
+            logits, own = rest[:with_logits], rest[with_logits:]
             labels = self.fixed if not logits else torch.softmax(logits[0], dim=-1)
-            value, distance = self._objective(images, labels, None)
+            unknowns = dict(zip(names, own, strict=True)) if names else None
+            value, distance = self._objective(images, labels, None, unknowns)
             return value, {"update_distance": distance}
 
         gradient = CapturedGradient if captured else CompiledGradient
@@ -232,6 +239,7 @@ class _Restarts:
             backward_to(objective.sum(), self.optimizer)
         else:
             rows = self.variables[:2] if self.logits is not None else self.variables[:1]
+            rows += [] if self.unknowns is None else list(self.unknowns.leaves)
             index = self._index(alive)
             grads, objective, losses = self.compiled(*(v.index_select(0, index) for v in rows))
             for variable, grad in zip(rows, grads, strict=True):

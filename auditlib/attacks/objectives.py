@@ -220,11 +220,12 @@ class UnknownRows:
         return self.rows(lambda leaf: leaf[start])
 
 
-def unknown_rows(matcher, count: int) -> UnknownRows | None:
+def unknown_rows(matcher, count: int, *, alone_too: bool = False) -> UnknownRows | None:
     """A row of unknowns per start where ``count`` starts of ``matcher`` advance together
     and its defense hides parameters to fit (None: there are none, or one start fits the
-    model's own, :meth:`ThroughDefense.restart`)."""
-    if count < 2 or not matcher.unknowns:
+    model's own, :meth:`ThroughDefense.restart`). ``alone_too``: a row for one start as
+    well, for a traced step, which differentiates its inputs, not the model's own."""
+    if not matcher.unknowns or (count < 2 and not alone_too):
         return None
     return matcher.unknown_rows(count)
 
@@ -551,16 +552,6 @@ def why_not_together(knowledge: AttackerKnowledge) -> str | None:
             "whose second derivative torch.func does not take exactly"
         )
     return None
-
-
-def why_unknowns_apart(knowledge: AttackerKnowledge, where: str) -> str | None:
-    """Why an adaptive attacker's fitted unknowns keep ``where`` (a traced step, several
-    updates' rows) from them: each start's unknowns are rows of the eager step only
-    (:class:`UnknownRows`); None where the defense hides nothing."""
-    known = knowledge.defense
-    if known is None or known.unknowns is None:
-        return None
-    return f"{known.name}'s unknown model parameters are fitted in the eager step, not in {where}"
 
 
 def fused_batch_statistics(model: nn.Module) -> bool:
