@@ -24,6 +24,7 @@ from auditlib.attacks.restarts import why_apart
 from auditlib.attacks.updates import why_updates_apart
 from auditlib.reconstruction import COMPILED, RECORDED, Stepped
 from tests.test_attacks import lenet_spec, release_for
+from tests.test_attacks_at_once import reproducible_cuda  # noqa: F401  (a fixture)
 from tests.test_host_reads import reads_while
 from tests.test_lbfgs_batched import run_named
 
@@ -171,6 +172,26 @@ def test_a_fedkl_twins_recorded_step_fits_each_starts_own_lock(monkeypatch, atta
     captured = _final(attack, release, {**params, "captured": True}, steps)
     assert stand_in.recorded == 1 and captured.stepped == Stepped(RECORDED)
     _ends_as_eager(eager, captured, atol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.usefixtures("reproducible_cuda")  # DLG's unit steps grow atomics' last bits
+@pytest.mark.parametrize(("attack", "params"), [(c[0], c[1]) for c in CAPTURED_CASES])
+def test_on_cuda_a_fedkl_twins_step_recorded_as_a_cuda_graph_ends_where_eager_ends(
+    monkeypatch, attack, params
+):
+    from tests.test_captured_lbfgs import _dense
+    from tests.test_captured_step import _final, count_recordings
+    from tests.test_compiled_step import _ends_as_eager_there
+
+    release = twin_release("affine", batch=1, device="cuda")
+    if attack == "dlg":
+        _dense(monkeypatch)
+    recorded = count_recordings(monkeypatch)
+    eager = _final(attack, release, params, WARMUP_STEPS + 4)
+    captured = _final(attack, release, {**params, "captured": True}, WARMUP_STEPS + 4)
+    assert len(recorded) == 1 and captured.stepped == Stepped(RECORDED)  # a real graph
+    _ends_as_eager_there(eager, captured)
 
 
 def test_a_fedkl_twins_compiled_step_traces_the_lock_s_rows_too(monkeypatch):
