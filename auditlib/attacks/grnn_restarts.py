@@ -47,7 +47,8 @@ class GrnnRestarts:
             self.net = copy.deepcopy(nets[0]).to("meta")
             variables = list(self.weights.values())
         # An adaptive attacker's unknown model parameters train with the generator: a row per
-        # start where the generators are stacked, else the model's own.
+        # start where the generators are stacked (a traced step's, one start too), else the
+        # model's own.
         self.unknowns = unknown_rows(
             loss.matcher, len(nets) if self.weights is not None else 1, alone_too=stepped(config)
         )

@@ -162,7 +162,7 @@ class _Restarts:
         self.fixed_rows = self.fixed is not None and self.fixed.dim() == 2  # K x B: per row
         variables = [self.images] + ([self.logits] if self.logits is not None else [])
         # An adaptive attacker's unknowns are fitted with the images: a row per start where
-        # starts advance together, else the model's own (one start in the group).
+        # starts advance together or the step is traced, else the model's own (one start).
         self.matcher.restart()
         self.unknowns = unknown_rows(matcher, len(generators), alone_too=stepped(config))
         variables += self.matcher.unknowns if self.unknowns is None else self.unknowns.leaves
