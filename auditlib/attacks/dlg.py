@@ -35,6 +35,7 @@ from auditlib.attacks.objectives import (
     UpdateMatcher,
     random_images,
     random_label_logits,
+    traced_inputs,
     unknown_rows,
     why_not_together,
 )
@@ -163,13 +164,12 @@ class _Starts:
         """The evaluations recorded as a CUDA graph: the rows' distances by one
         ``together`` pass (a Linear weight's update formed densely, as a traced step's)."""
 
-        with_logits = 1 if self.logits is not None else 0
+        with_logits = self.logits is not None
         names = () if self.unknowns is None else self.unknowns.names
 
         def objective(images, *rest):  # the rows' images, label logits, then unknowns
-            logits, own = rest[:with_logits], rest[with_logits:]
+            logits, unknowns = traced_inputs(rest, with_logits, names)
             labels = torch.softmax(logits[0], dim=-1) if logits else self.fixed
-            unknowns = dict(zip(names, own, strict=True)) if names else None
             return self.matcher.together(images, labels, unknowns=unknowns), {}
 
         recorded = RecordedRows(variables, objective, device, self.matcher)

@@ -47,6 +47,7 @@ from auditlib.attacks.objectives import (
     UpdateMatcher,
     backward_to,
     total_variation,
+    traced_inputs,
     unknown_rows,
     why_not_together,
 )
@@ -217,13 +218,12 @@ class _Restarts:
         """Step by the traced objective from now on: compiled (``attacks.compiled``) or
         recorded as a CUDA graph (``attacks.captured``)."""
         self.matcher.factored = False
-        with_logits = 1 if self.logits is not None else 0
+        with_logits = self.logits is not None
         names = () if self.unknowns is None else self.unknowns.names
 
         def objective(images, *rest):  # the rows' images, label logits, then unknowns
-            logits, own = rest[:with_logits], rest[with_logits:]
+            logits, unknowns = traced_inputs(rest, with_logits, names)
             labels = self.fixed if not logits else torch.softmax(logits[0], dim=-1)
-            unknowns = dict(zip(names, own, strict=True)) if names else None
             value, distance = self._objective(images, labels, None, unknowns)
             return value, {"update_distance": distance}
 
@@ -238,8 +238,9 @@ class _Restarts:
             # Each restart's variables get its own objective's gradient.
             backward_to(objective.sum(), self.optimizer)
         else:
-            rows = self.variables[:2] if self.logits is not None else self.variables[:1]
-            rows += [] if self.unknowns is None else list(self.unknowns.leaves)
+            # The traced step's inputs are the variables: images, logits, the unknowns' rows
+            # (a traced step has rows of them, one start too: unknown_rows' alone_too).
+            rows = self.variables
             index = self._index(alive)
             grads, objective, losses = self.compiled(*(v.index_select(0, index) for v in rows))
             for variable, grad in zip(rows, grads, strict=True):

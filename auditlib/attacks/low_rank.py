@@ -18,7 +18,6 @@ distances up to float order (tests/test_low_rank.py).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,12 @@ from torch import nn
 from torch.func import functional_call
 
 from auditlib.client.exact_batchnorm import exact_batchnorm
-from auditlib.client.update import Recording, classification_loss, set_training_mode
+from auditlib.client.update import (
+    Recording,
+    classification_loss,
+    recording_block,
+    set_training_mode,
+)
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ def fedsgd_factored(
 
     def loss_of(weights, probe_values, state):
         probes.update(probe_values)
-        with recording() if recording is not None else contextlib.nullcontext({}) as recorded:
+        with recording_block(recording) as recorded:
             logits = functional_call(model, ({**weights, **fixed, **state},), (images,))
         return classification_loss(logits, labels), (dict(inputs), recorded)
 

@@ -220,6 +220,16 @@ class UnknownRows:
         return self.rows(lambda leaf: leaf[start])
 
 
+def traced_inputs(
+    rest: Sequence[torch.Tensor], logits: bool, names: Sequence[str]
+) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor] | None]:
+    """A traced objective's inputs after the rows' images, in their order: the rows' label
+    logits (where fitted), then their rows of the unknowns named ``names`` (None without)."""
+    count = 1 if logits else 0
+    own = rest[count:]
+    return tuple(rest[:count]), (dict(zip(names, own, strict=True)) if names else None)
+
+
 def unknown_rows(matcher, count: int, *, alone_too: bool = False) -> UnknownRows | None:
     """A row of unknowns per start where ``count`` starts of ``matcher`` advance together
     and its defense hides parameters to fit (None: there are none, or one start fits the

@@ -25,6 +25,12 @@ from auditlib.errors import AttackUnsupportedError
 Recording = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
+def recording_block(recording: Recording | None) -> contextlib.AbstractContextManager[Any]:
+    """``recording``'s block, or, without one, a block whose store stays empty (an empty
+    store, not None: ``torch.func``'s auxiliary outputs and ``vmap``'s take only tensors)."""
+    return recording() if recording is not None else contextlib.nullcontext({})
+
+
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy; ``labels`` are class ids (long) or probability rows (float).
 
@@ -168,7 +174,7 @@ def recorded_client_update(
 
     def gradient(current: Mapping[str, torch.Tensor], x, y, record: Recording | None):
         def loss_of(weights: Mapping[str, torch.Tensor], state: Mapping):
-            with record() if record is not None else contextlib.nullcontext({}) as seen:
+            with recording_block(record) as seen:
                 logits = functional_call(model, ({**weights, **state},), (x,))
             return classification_loss(logits, y), seen
 
@@ -186,11 +192,13 @@ def recorded_client_update(
 
     current = dict(parameters)
     optimizer = LocalOptimizer(protocol, keep_graph=differentiable)
-    first_seen, first = {}, True
-    for window in protocol.minibatch_windows(images.shape[0], order_seed):
-        grads, seen = gradient(current, images[window], labels[window], recording)
-        if first:  # the first local step's forward is the one recorded
-            first_seen, recording, first = seen, None, False
+    first_seen: Any = {}
+    for index, window in enumerate(protocol.minibatch_windows(images.shape[0], order_seed)):
+        # The first local step's forward is the one recorded.
+        record = recording if index == 0 else None
+        grads, seen = gradient(current, images[window], labels[window], record)
+        if index == 0:
+            first_seen = seen
         step = optimizer.step(current, grads)
         # The victim's loop needs no graph across steps; the attacker's does.
         current = (
