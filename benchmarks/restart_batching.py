@@ -47,6 +47,7 @@ SHORT = 3
 CASES = (
     ("ig", 8),
     ("grnn", 8),
+    ("grnn-thesis-text", 8),
     ("fedleak", 8),
     ("dlg", 8),
     ("dlm-adam", 8),
@@ -77,6 +78,8 @@ class Variant:
 
 
 VARIANTS = {
+    # The thesis's own words: W1 between the updates' sorted values, absolute TV.
+    "grnn-thesis-text": Variant("grnn", {"wasserstein": "sorted", "tv_form": "absolute"}),
     "dlm-adam": Variant("dlm", {"optimizer": "adam", "lr": 0.1}, FEDAVG),
     "ig-clip-twin": Variant("ig", {}, defense=("clip", {"mode": "norm", "bound": 0.5})),
     "ig-qsgd-twin": Variant("ig", {}, defense=("quantize", {"bits": 4})),

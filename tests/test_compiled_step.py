@@ -494,9 +494,16 @@ def _grnn(params, steps, compiled, monkeypatch=None, calls=None):
     return events[-1].final
 
 
-@pytest.mark.parametrize("labels", ["joint", "inferred"])  # the label branch, or fixed labels
-def test_grnn_compiled_ends_where_it_ends_eager(monkeypatch, labels):
-    params = {"restarts": 2, "labels": labels}
+@pytest.mark.parametrize(
+    "preset",
+    [
+        {"labels": "joint"},  # the label branch
+        {"labels": "inferred"},  # fixed labels
+        {"wasserstein": "sorted", "tv_form": "absolute"},  # the thesis-text preset
+    ],
+)
+def test_grnn_compiled_ends_where_it_ends_eager(monkeypatch, preset):
+    params = {"restarts": 2, **preset}
     eager = _grnn(params, 6, False)
     calls = []
     compiled = _grnn(params, 6, True, monkeypatch, calls)
@@ -513,13 +520,6 @@ def test_grnn_compiled_ends_where_it_ends_eager(monkeypatch, labels):
     calls.clear()
     one = _grnn({"restarts": 1}, 2, True, monkeypatch, calls)
     assert calls == [(1, True)] * 2 and one.candidates[0].steps == 2  # one, stacked too
-
-
-def test_grnn_compiles_only_where_its_starts_step_together():
-    _, _, release = release_for(lenet_spec("grnn"))
-    config, _ = build_attack_config("grnn", {"compiled": True, "wasserstein": "sorted"})
-    with pytest.raises(AttackUnsupportedError, match="grnn cannot compile its step here: the s"):
-        get_attack("grnn").run(release.observation, release.knowledge, config, RunControl(2), 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")

@@ -55,8 +55,11 @@ from auditlib.attacks.compiled import (
 from auditlib.attacks.grnn_restarts import GrnnRestarts
 from auditlib.attacks.labels import infer_batch_labels
 from auditlib.attacks.loop import run_restarts
+from auditlib.attacks.low_rank import LowRankRows, dense
 from auditlib.attacks.objectives import (
+    RowTargets,
     UpdateMatcher,
+    l2_distance,
     total_variation,
     why_not_together,
 )
@@ -172,9 +175,21 @@ def sorted_wasserstein(
     candidate: Sequence[torch.Tensor], target: Sequence[torch.Tensor]
 ) -> torch.Tensor:
     """1-D W1 between the value distributions of the two flattened updates."""
-    a = torch.cat([t.reshape(-1) for t in candidate]).sort().values
-    b = torch.cat([t.reshape(-1) for t in target]).sort().values
-    return (a - b).abs().mean()
+    return sorted_wasserstein_rows([t.unsqueeze(0) for t in candidate], target)[0]
+
+
+def sorted_wasserstein_rows(
+    updates: Sequence[torch.Tensor | LowRankRows], target: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """:func:`sorted_wasserstein` of each of R stacked updates: against the one target, or
+    (``RowTargets``: updates together) each row against its own."""
+    rows = dense(updates)
+    a = torch.cat([u.reshape(u.shape[0], -1) for u in rows], 1).sort(dim=1).values
+    if isinstance(target, RowTargets):
+        b = torch.cat([t.reshape(t.shape[0], -1) for t in target], 1).sort(dim=1).values
+    else:
+        b = torch.cat([t.reshape(-1) for t in target]).sort().values
+    return (a - b).abs().mean(1)
 
 
 def tv_weight(knowledge: AttackerKnowledge, config: GrnnConfig) -> float:
@@ -205,7 +220,6 @@ class GrnnLoss:
         self.matcher = UpdateMatcher(observation, knowledge, "l2", weighs_prior=False)
         self.knowledge = knowledge
         self.parameters = self.matcher.parameters
-        self.target = self.matcher.target
         self.config = config
         self.tv = tv_weight(knowledge, config)
 
@@ -216,16 +230,31 @@ class GrnnLoss:
         an adaptive attacker's fitted unknowns, else the model's own)."""
         simulated = self.matcher.simulate(images, labels, unknowns)
         # The thesis's summed squares; through a noisy defense the release's likelihood.
-        mse = self.matcher.distance(simulated, self.target)
+        mse = self.matcher.distance(simulated, self.matcher.target)
         if self.config.wasserstein == "sorted":
-            wd = sorted_wasserstein(simulated, self.target)
+            wd = sorted_wasserstein(simulated, self.matcher.target)
         else:
             wd = self.row_wasserstein(mse)
         return mse, wd
 
-    def over(self, matcher: UpdatesMatcher) -> GrnnLoss:
-        """This loss with several updates' rows to match (updates together): the same
-        weights and terms, each row against its own update's target."""
+    def stacked_terms(
+        self, rows, images: torch.Tensor, labels: torch.Tensor, unknowns=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`gradient_terms` of R candidates at once (``images`` R x B x C x H x W),
+        one value of each per row: ``rows`` is the rows' matcher (``matcher.at``), each row
+        against its own update's target; ``unknowns`` the rows' own fitted unknowns."""
+        if self.config.wasserstein != "sorted":
+            mse = rows.together(images, labels, distance=l2_distance, unknowns=unknowns)
+            return mse, self.row_wasserstein(mse)
+        # Both terms from the one pass's updates.
+        updates = rows.stacked_updates(images, labels, unknowns)
+        mse = rows.measured(updates, images, distance=l2_distance)
+        return mse, sorted_wasserstein_rows(updates, rows.target)
+
+    def over(self, matcher: UpdatesMatcher | UpdateMatcher) -> GrnnLoss:
+        """This loss through another matcher, with the same weights and terms: several
+        updates' rows (updates together), each row against its own update's target, or one
+        of those updates' own."""
         loss = copy.copy(self)
         loss.matcher = matcher
         return loss
@@ -273,7 +302,7 @@ def run_grnn(
     control: RunControl,
     seed: int,
 ) -> Iterator[ProgressEvent]:
-    config, how = stepping("grnn", config, knowledge, _why_not_compiled(knowledge, config))
+    config, how = stepping("grnn", config, knowledge, why_not_compiled(knowledge))
     fixed_labels, inference = resolve_labels(observation, knowledge, config)
     loss = GrnnLoss(observation, knowledge, config)  # checks the observation at the call
 
@@ -287,7 +316,7 @@ def run_grnn(
         return restarts
 
     # A compiled or captured step is the stacked one: the starts advance together.
-    together = stepped(config) or (config.together and _why_apart(knowledge, config) is None)
+    together = stepped(config) or (config.together and why_not_together(knowledge) is None)
     events = run_restarts(
         make, config.restarts, together, control, seed, "gradient_distance", inference
     )
@@ -315,21 +344,6 @@ def run_grnn_updates(observations, knowledges, config, control, seeds):
     return run_updates(make, restarts, control, seeds, "gradient_distance", inferences)
 
 
-def _why_updates_apart(config: GrnnConfig, raced: bool = False) -> str | None:
-    if config.wasserstein == "sorted":
-        return "the sorted Wasserstein term is computed one restart at a time"
-    return None
-
-
-def _why_apart(knowledge: AttackerKnowledge, config: GrnnConfig) -> str | None:
-    return _why_updates_apart(config) or why_not_together(knowledge)
-
-
-def _why_not_compiled(knowledge: AttackerKnowledge, config: GrnnConfig) -> str | None:
-    """Why GRNN's step cannot be traced here: the traced step is the stacked one."""
-    return _why_updates_apart(config) or why_not_compiled(knowledge)
-
-
 # Rand2AI/GRNN GRNN.py; tv empty = 1e-3 on LeNet, 1e-6 on ResNet-18 (Sec. 3.3.1).
 _GRNN_PAPER = {
     "lr": 1e-4,
@@ -352,7 +366,7 @@ register(
         config_type=GrnnConfig,
         run=run_grnn,
         run_updates=run_grnn_updates,
-        why_updates_apart=apart_when_compiled("grnn", _why_updates_apart),
+        why_updates_apart=apart_when_compiled("grnn"),
         # No no_cpu_gain since 2026-12-01: 16 updates together in 34.4 s against 47.3 s
         # apart on the CPU (0.88x before the race's dropped rows were cut from the step,
         # docs/PERFORMANCE.md, "Updates together").

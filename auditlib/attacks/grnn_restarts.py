@@ -14,7 +14,7 @@ from auditlib.attacks.base import snapshot
 from auditlib.attacks.captured import CapturedGradient, stepped
 from auditlib.attacks.compiled import CompiledGradient
 from auditlib.attacks.grnn_generator import build_generator, fit_to_input
-from auditlib.attacks.objectives import backward_to, l2_distance, unknown_rows
+from auditlib.attacks.objectives import backward_to, unknown_rows
 from auditlib.attacks.row_index import FirstBroken, RowIndex, full_rows, keep_rows
 from auditlib.attacks.updates import UpdatesMatcher
 
@@ -139,12 +139,11 @@ class GrnnRestarts:
             own = None if self.unknowns is None else self.unknowns.row(self._rows(alive)[0])
             mse, wd = self.loss.gradient_terms(images[0], self._row(labels, 0), own)
             return mse.unsqueeze(0), wd.unsqueeze(0)
-        own = {}
+        own = None
         if self.unknowns is not None:  # each row through its own unknowns
             index = self._index(self._rows(alive))
-            own["unknowns"] = self.unknowns.rows(lambda leaf: leaf.index_select(0, index))
-        mse = self.loss.matcher.at(alive).together(images, labels, distance=l2_distance, **own)
-        return mse, self.loss.row_wasserstein(mse)  # wasserstein=sorted runs apart
+            own = self.unknowns.rows(lambda leaf: leaf.index_select(0, index))
+        return self.loss.stacked_terms(self.loss.matcher.at(alive), images, labels, own)
 
     def traced(self, device: torch.device, captured: bool = False) -> None:
         """Step by the traced objective from now on, compiled (``attacks.compiled``) or
@@ -163,8 +162,7 @@ class GrnnRestarts:
             buffers = dict(zip(self.buffers, inputs[fitted:-1], strict=True))
             images01, images, soft = torch.func.vmap(self._one)(weights, buffers, inputs[-1])
             labels = soft if self.fixed is None else self.fixed
-            mse = loss.matcher.together(images, labels, distance=l2_distance, unknowns=own or None)
-            wd = loss.row_wasserstein(mse)
+            mse, wd = loss.stacked_terms(loss.matcher, images, labels, own or None)
             tv = torch.func.vmap(loss.smoothness)(images01)
             objective = mse + wd + loss.tv * tv
             # A broken restart's objective is left out of the step, as in the eager one.
@@ -246,10 +244,9 @@ class GrnnRestarts:
             images, labels = images[0], self._row(labels, 0)
         # Through its own row of the unknowns, where it fits some.
         own = None if self.unknowns is None else self.unknowns.row(self._rows([position])[0])
+        loss, matcher = self.loss, self.loss.matcher
+        if isinstance(matcher, UpdatesMatcher):  # its own update's matcher and target
+            loss = loss.over(matcher.matchers[matcher.owners[position]])
         with torch.enable_grad():
-            if isinstance(self.loss.matcher, UpdatesMatcher):  # its own update's target
-                mse = self.loss.matcher.at([position])(images.detach(), labels.detach(), own)
-                wd = self.loss.row_wasserstein(mse)
-            else:
-                mse, wd = self.loss.gradient_terms(images.detach(), labels.detach(), own)
+            mse, wd = loss.gradient_terms(images.detach(), labels.detach(), own)
         return snapshot(images), self._hard(labels), float((mse + wd).detach())

@@ -36,7 +36,8 @@ class UpdatesMatcher:
         # lock): every update's are the same parameters of the same model, so every row
         # fits a row of its own, from the first update's guess (:meth:`unknown_rows`).
         self.unknowns: tuple[torch.Tensor, ...] = self.matchers[0].unknowns
-        self.targets = _stacked_targets(self.matchers)
+        self.one_distance = _one_distance(self.matchers)
+        self._targets: tuple[torch.Tensor, ...] | None = None  # stacked at the first use
         self._gathered: tuple[tuple[int, ...], RowTargets] | None = None
         self._rows: RowIndex | None = None  # on the device of the first rows indexed
 
@@ -65,8 +66,11 @@ class UpdatesMatcher:
         only when a start is dropped or finishes)."""
         key = tuple(owners)
         if self._gathered is None or self._gathered[0] != key:
-            index = self.index(key, self.targets[0].device)
-            self._gathered = key, RowTargets(t.index_select(0, index) for t in self.targets)
+            if self._targets is None:  # every update's target, stacked per parameter
+                every = zip(*(m.target for m in self.matchers), strict=True)
+                self._targets = tuple(torch.stack(ts) for ts in every)
+            index = self.index(key, self._targets[0].device)
+            self._gathered = key, RowTargets(t.index_select(0, index) for t in self._targets)
         return self._gathered[1]
 
 
@@ -103,12 +107,26 @@ class _Rows:
 
         A matcher here has ``stacked_updates(images, labels)`` and ``measured(updates,
         images, extra)`` (``UpdateMatcher``, ``ModelLeakageObjective``)."""
+        updates = self.stacked_updates(images, labels, unknowns)
+        return self.measured(updates, images, extra, distance=distance)
+
+    def stacked_updates(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        unknowns: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """The rows' candidate updates in one ``vmap`` pass through the shared model (the
+        first update's matcher), as ``UpdateMatcher.stacked_updates`` gives them."""
         first = self.many.matchers[self.owners[0]]
         if unknowns:
-            updates = first.stacked_updates(images, labels, unknowns)
-        else:  # DLM's objective takes no unknowns
-            updates = first.stacked_updates(images, labels)
-        return self.measured(updates, images, extra, distance=distance)
+            return first.stacked_updates(images, labels, unknowns)
+        return first.stacked_updates(images, labels)  # DLM's objective takes no unknowns
+
+    @property
+    def target(self) -> RowTargets:
+        """Each row's own update's target (``UpdateMatcher.target``: one for every row)."""
+        return self.many.row_targets(self.owners)
 
     def measured(
         self,
@@ -127,7 +145,7 @@ class _Rows:
         if len(set(self.owners)) == 1:
             return first.measured(updates, images, extra if distance is None else distance)
         same = distance is None or distance is first.distance
-        if self.many.targets is not None and extra is None and same:
+        if self.many.one_distance and extra is None and same:
             # One distance call over every row, each against its own update's target: one
             # call per update launched U times the kernels, most of a GPU step (issue 34).
             return first.distance(updates, self.many.row_targets(self.owners))
@@ -163,17 +181,15 @@ class _Rows:
         return values.index_select(0, self.many.index(back, images.device))  # the rows' own order
 
 
-def _stacked_targets(matchers: Sequence[UpdateMatcher]) -> tuple[torch.Tensor, ...] | None:
-    """Every update's target stacked per parameter, where one distance call can measure all
-    rows: plain matchers (no release likelihood, so no prior) sharing one distance. Else
-    None, and each update's rows are measured by its own matcher."""
+def _one_distance(matchers: Sequence[UpdateMatcher]) -> bool:
+    """Whether one distance call can measure every row against its own update's target:
+    plain matchers (no release likelihood, so no prior) sharing one distance. Else each
+    update's rows are measured by its own matcher."""
     plain = all(
         type(m) is UpdateMatcher and m.view.noise is None and m.distance is matchers[0].distance
         for m in matchers
     )
-    if not plain or len(matchers) < 2:
-        return None
-    return tuple(torch.stack(ts) for ts in zip(*(m.target for m in matchers), strict=True))
+    return plain and len(matchers) > 1
 
 
 def same_model(knowledges: Sequence[AttackerKnowledge]) -> bool:
