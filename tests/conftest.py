@@ -7,6 +7,7 @@ for these fixtures never start it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -28,6 +29,36 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 RESULTS = Path(__file__).parent / "fixtures" / "results"
+
+
+# pytest's log capture attaches its handlers to every logger that does not propagate, torch's
+# structured-trace log among them, and torch builds that log's records (graphs and guards as
+# text) whenever it has a handler: every compile in the suite built records no one reads
+# (within the noise of tests/test_compiled_step.py's time here, 152-157 s against 157-174 s)
+# and a failing test's report carried thousands of empty DEBUG lines (CI, 2026-12-01). Innermost (trylast), so it runs once the capture is attached.
+def _detach_capture_from_torch_trace() -> None:
+    trace = logging.getLogger("torch.__trace")
+    for handler in list(trace.handlers):
+        if type(handler).__module__.startswith("_pytest"):
+            trace.removeHandler(handler)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_setup(item):
+    _detach_capture_from_torch_trace()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item):
+    _detach_capture_from_torch_trace()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item):
+    _detach_capture_from_torch_trace()
+    return (yield)
 
 
 def write_png(path: Path, seed: int, size: int = 32) -> None:
