@@ -120,7 +120,9 @@ def _estimate_box(setup: Setup, lab: LabChoices, blocked: bool) -> None:
         key="estimate",
         disabled=blocked,
         help="Runs a few real steps of the run's attacks on this model, batch and device "
-        "(a few seconds) and scales them by the planned steps, before anything runs.",
+        "(a few seconds; an attack asked to compile its step compiles it first, which took "
+        "20 s to 80 s on a 2-core CPU) and scales them by the planned steps, before anything "
+        "runs.",
     )
     shown = st.session_state.get("estimate_shown")  # (estimate key, words)
     if blocked or not (asked or shown):
