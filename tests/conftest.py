@@ -35,7 +35,8 @@ RESULTS = Path(__file__).parent / "fixtures" / "results"
 # structured-trace log among them, and torch builds that log's records (graphs and guards as
 # text) whenever it has a handler: every compile in the suite built records no one reads
 # (within the noise of tests/test_compiled_step.py's time here, 152-157 s against 157-174 s)
-# and a failing test's report carried thousands of empty DEBUG lines (CI, 2026-12-01). Innermost (trylast), so it runs once the capture is attached.
+# and a failing test's report carried thousands of empty DEBUG lines (CI, 2026-12-01).
+# Innermost (trylast), so it runs once the capture is attached.
 def _detach_capture_from_torch_trace() -> None:
     trace = logging.getLogger("torch.__trace")
     for handler in list(trace.handlers):

@@ -61,8 +61,8 @@ APP = str(ROOT / "app.py")
 EXAMPLES = ROOT / "assets" / "example-images"
 TIMEOUT = 60
 # A script run that compiles a step (the estimate of a compiled step times its tracing):
-# with torch's kernel cache cold, the C++ compiler alone took 60-80 s of it on a 2-core CI
-# machine (the run timed out at 60 s there; 22 s here with the cache warm).
+# with torch's kernel cache cold, as on a fresh CI machine, it timed out at 60 s in CI and
+# took about 80 s on a 2-core Xeon (94 s the whole test); 22-24 s with the cache warm.
 COMPILING_TIMEOUT = 300
 
 
