@@ -592,8 +592,7 @@ def _run_lab_with_defense(at: AppTest, manager, store) -> tuple[str, str]:
     assert manager.wait(run_id, 600) and manager.wait(control_id, 600)
     at.run()
     # A leak's verdict is drawn in red: no other error on the page.
-    problems = [e for e in _errors(at) if not e.startswith("**")]
-    assert not at.exception and not problems, problems
+    assert not at.exception and not page_faults(at), page_faults(at)
     return run_id, control_id
 
 
