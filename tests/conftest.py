@@ -203,6 +203,11 @@ SLOW = {  # from `pytest --durations=70` on this machine (2 cores), over 10 s ea
     "tests/test_text_audit.py::test_the_cli_writes_the_result_and_the_texts_side_by_side",
     "tests/test_text_utr.py::test_utr_recovers_text_from_lora_update_well_above_a_random_guess",
     "tests/test_captured_plan.py::test_every_attack_of_the_plan_records_its_step_and_ends_as_it_ends_eager",
+    # torch.compile's inductor on the CPU (`--durations=0`, Intel Xeon, 2026-12-02: 9.5-19.8 s)
+    "tests/test_compiled_step.py::test_fedleak_compiled_with_one_start_steps_it_stacked_and_a_race_traces_each_count",
+    "tests/test_compiled_step.py::test_inverting_gradients_compiled_ends_where_it_ends_eager",
+    "tests/test_compiled_step.py::test_a_raced_compiled_run_traces_each_count_of_running_starts",
+    "tests/test_compiled_step.py::test_grnn_compiled_ends_where_it_ends_eager",
 }
 
 
