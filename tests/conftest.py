@@ -137,6 +137,19 @@ def _scan_components_once():
         scanner.scan_component_manifests = scan_once
 
 
+@pytest.fixture(autouse=True)
+def _own_main_module():
+    """Streamlit's script runner (AppTest's too) installs each script it runs as
+    ``sys.modules["__main__"]`` and leaves it there. A later test's spawned process
+    (``engine.isolation``) then runs that script again as its main module, which fails for
+    an ``AppTest.from_function`` script (its ``__args`` exist only under AppTest): the
+    suite on two xdist workers, 2026-12-02. Each test ends with the process's own."""
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray instance shared by the whole test session, shut down at its end."""
@@ -211,26 +224,6 @@ SLOW = {  # from `pytest --durations=70` on this machine (2 cores), over 10 s ea
 }
 
 
-# Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder`` hands out whole
-# files in collection order as workers free up) the longest files go first, so that the run
-# does not end on one of them with the other worker idle. Longest first, from
-# ``pytest --durations=0`` in one process (Intel Xeon, 2026-12-02): 264 s for the browser
-# tests down to 19 s; the other files keep their order after them.
-LONGEST_FILES = (
-    "test_browser.py",
-    "test_app.py",
-    "test_compiled_step.py",
-    "test_attacks.py",
-    "test_flower.py",
-    "test_flower_quickstart.py",
-    "test_flower_message_own_class.py",
-    "test_instances.py",
-    "test_cli.py",
-    "test_browser_text.py",
-    "test_ray_cluster.py",
-)
-
-
 def pytest_configure(config):
     for name, what in (
         ("browser", "starts a real Streamlit server and drives Chromium"),
@@ -242,9 +235,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
-        rank = {name: k for k, name in enumerate(LONGEST_FILES)}
-        items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable
     for item in items:
         if item.path.name in BROWSER_MODULES:
             item.add_marker(pytest.mark.browser)
