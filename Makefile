@@ -45,8 +45,8 @@ run: setup
 # Two pytest-xdist workers by default (TEST_WORKERS=0: one process), each taking whole test
 # files (--dist loadfile): a module's shared server, browser or federation starts once. On 2
 # cores the suite waits on servers, browsers and subprocesses for much of its time; two
-# workers fill it (21.3 min in one process, 12.0 with two, Intel Xeon, 2026-12-02). Handing
-# out the longest files first measured slower (16.6 min against 14.4, fresh clones).
+# workers fill it (Intel Xeon, 2026-12-02: 21.3 min in one process and 12.0 with two; later,
+# as the machine slowed, 27.3 and 18.1). Handing out the longest files first was not faster.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
