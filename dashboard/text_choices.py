@@ -20,11 +20,13 @@ import streamlit as st
 from auditlib.attacks.text import TEXT_ATTACKS
 from auditlib.data.text_samples import parse_text_file
 from auditlib.defenses import DEFENSES
+from auditlib.engine.ray_backend import gpus_offered
 from auditlib.engine.text_audit import TEXT_DEFENSES, TextAuditSpec
 from auditlib.engine.text_runs import OWN_MODEL, TextUploads, uploads_by_digest
 from auditlib.errors import AuditInputError
 from auditlib.models.text import MODEL_FILES, PRESETS, load_text_model
 from dashboard.config_form import changed_params, config_defaults, config_inputs
+from dashboard.forms import DEVICES
 from dashboard.resources import get_store
 from dashboard.state import persist
 
@@ -72,6 +74,7 @@ class TextChoices:
     adaptive: bool = True
     preset: str = "strongest"  # TAG's and LAMP's settings: the strongest, or their papers'
     iterations: int | None = None  # TAG's and LAMP's steps; None: the preset's
+    device: str = "cpu"
 
     def spec(self) -> TextAuditSpec:
         return TextAuditSpec(
@@ -80,7 +83,7 @@ class TextChoices:
             local_steps=self.local_steps, learning_rate=self.learning_rate,
             attacks=tuple(self.attacks), defense=self.defense,
             defense_params=dict(self.defense_params), adaptive=self.adaptive,
-            preset=self.preset, iterations=self.iterations,
+            preset=self.preset, iterations=self.iterations, device=self.device,
         )  # fmt: skip
 
 
@@ -213,6 +216,13 @@ def _attack_inputs(choices: TextChoices) -> None:
         )
     )  # fmt: skip
     choices.iterations = steps or None
+    # The Lab's choice where the session made one; else cuda where Ray offers a GPU.
+    default = st.session_state.get("device") or ("cuda" if gpus_offered() else "cpu")
+    choices.device = st.selectbox(
+        "Device", DEVICES, key=persist("text_device", default),
+        help="Where the model, the client's update and the attacks run: cuda asks Ray for one "
+        "GPU (on this machine or a cluster's worker).",
+    )  # fmt: skip
 
 
 def defense_choice(choices: TextChoices, key: str = "text_defense") -> None:

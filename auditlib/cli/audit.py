@@ -190,7 +190,7 @@ def _progress_bar(total: int):
 
 
 # Why ``--device auto`` chose the device it did, and the way to the other.
-_AUTO_WORDS = {
+AUTO_DEVICE_WORDS = {
     "cuda": ": this machine has a CUDA device; --device cpu keeps the run on the CPU",
     "cpu": ": no CUDA device here",
 }
@@ -233,7 +233,7 @@ def audit_command(args: argparse.Namespace) -> int:
     if estimate is not None:  # said once the first run has its data (a bad input: one line)
         progress.first_note = f"estimate: {estimate.words()}"
     if args.device != spec.device:  # auto chose: say which, and how to choose otherwise
-        print(f"device: {spec.device} (--device auto{_AUTO_WORDS[spec.device]})")
+        print(f"device: {spec.device} (--device auto{AUTO_DEVICE_WORDS[spec.device]})")
     if args.updates is not None:
         from auditlib.cli.sample import audit_sample
 

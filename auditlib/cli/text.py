@@ -17,6 +17,7 @@ _IMAGE_ONLY = ("images", "samples", "observed", "model", "weights", "trusted_mod
 
 
 def text_spec_from_args(args: argparse.Namespace):
+    from auditlib.engine.device import chosen_device
     from auditlib.engine.text_audit import TextAuditSpec
 
     given = [f"--{name.replace('_', '-')}" for name in _IMAGE_ONLY if getattr(args, name, None)]
@@ -48,16 +49,20 @@ def text_spec_from_args(args: argparse.Namespace):
         defense_params=parse_key_values(args.defense_param, "defense parameter"),
         preset="paper" if args.preset == "paper" else "strongest",
         iterations=args.iterations,
+        device=chosen_device(args.device),
     )
 
 
 def text_audit_command(args: argparse.Namespace) -> int:
+    from auditlib.cli.audit import AUTO_DEVICE_WORDS
     from auditlib.engine.text_audit import run_text_audit
     from auditlib.text_result_json import text_result_dict
 
     spec = text_spec_from_args(args)
     out = Path(args.out)
     check_output_folder(out)
+    if args.device != spec.device:  # auto chose: say which, and how to choose otherwise
+        print(f"device: {spec.device} (--device auto{AUTO_DEVICE_WORDS[spec.device]})")
 
     def show(event) -> None:
         if event.stage == "progress":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -45,6 +45,16 @@ class TextBatch:
     @property
     def tokens(self) -> int:
         return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device) -> TextBatch:
+        """The same batch with its tensors on ``device`` (the model's)."""
+        labels = None if self.labels is None else self.labels.to(device)
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            labels=labels,
+        )
 
 
 @dataclass(frozen=True)

@@ -18,22 +18,29 @@ def chosen_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device_name(name: str) -> None:
+    """Refuse a device name that is none of cpu, cuda or cuda:N (where the run is started:
+    the machine that starts it need not have the GPU its worker has)."""
+    index = name[len("cuda:") :] if name.startswith("cuda:") else "0"
+    if name not in ("cpu", "cuda") and not (name.startswith("cuda:") and index.isdigit()):
+        raise AuditInputError(f"unknown device {name!r}; expected cpu, cuda or cuda:N")
+
+
 def resolve_device(name: str) -> torch.device:
+    check_device_name(name)
     if name == "cpu":
         return torch.device("cpu")
-    if name == "cuda" or name.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise AuditInputError(
-                f"device {name!r} requested but no CUDA device is available here; choose the CPU device (cpu)"
-            )
-        full_float32()
-        device = torch.device(name)
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise AuditInputError(
-                f"device {name!r} does not exist; {torch.cuda.device_count()} CUDA devices present"
-            )
-        return device
-    raise AuditInputError(f"unknown device {name!r}; expected cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise AuditInputError(
+            f"device {name!r} requested but no CUDA device is available here; choose the CPU device (cpu)"
+        )
+    full_float32()
+    device = torch.device(name)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise AuditInputError(
+            f"device {name!r} does not exist; {torch.cuda.device_count()} CUDA devices present"
+        )
+    return device
 
 
 def full_float32() -> None:

@@ -156,16 +156,16 @@ def gpus_offered() -> int | None:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def require_device(spec: RunSpec, address: str | None = None) -> None:
-    """Refuse a CUDA run at once where Ray has no GPU to give it (the task would wait for
-    a GPU worker forever)."""
-    if not spec.device.startswith("cuda"):
+def require_device(device: str, address: str | None = None) -> None:
+    """Refuse a CUDA run (an image or a text audit) at once where Ray has no GPU to give
+    it (the task would wait for a GPU worker forever)."""
+    if not device.startswith("cuda"):
         return
     gpus = ray.cluster_resources().get("GPU", 0)
     if gpus < 1:
         where = f"the Ray cluster at {address}" if address else "this machine's Ray instance"
         raise AuditInputError(
-            f"device {spec.device!r} needs a GPU, and {where} has none; choose cpu, or set "
+            f"device {device!r} needs a GPU, and {where} has none; choose cpu, or set "
             "AUDIT_RAY_ADDRESS to a cluster with GPU workers"
         )
 
@@ -271,10 +271,11 @@ audit_task = ray.remote(num_returns="streaming", max_retries=0)(_audit_task)
 together_task = ray.remote(num_returns="streaming", max_retries=0)(_together_task)
 
 
-def _options(spec: RunSpec) -> dict[str, Any]:
+def task_options(device: str) -> dict[str, Any]:
+    """A run's Ray resources: its CPUs, and one GPU for a CUDA run (image or text)."""
     # Ray gives a task's worker as many torch threads (OMP_NUM_THREADS) as CPUs it asked for.
     options: dict[str, Any] = {"num_cpus": cpus_per_run()}
-    if spec.device.startswith("cuda"):
+    if device.startswith("cuda"):
         options["num_gpus"] = 1
     return options
 
@@ -283,7 +284,8 @@ def submit(
     spec: RunSpec, assets: Mapping[str, bytes], run_id: str, board, settings: dict[str, Any]
 ):
     """Start the task; returns its ObjectRefGenerator."""
-    return audit_task.options(**_options(spec)).remote(spec, dict(assets), run_id, board, settings)
+    task = audit_task.options(**task_options(spec.device))
+    return task.remote(spec, dict(assets), run_id, board, settings)
 
 
 def submit_together(
@@ -295,5 +297,5 @@ def submit_together(
 ):
     """Start a sample's updates as one task (one run's resources: its batched computation
     is one worker's); returns its ObjectRefGenerator of (update, wire message)."""
-    task = together_task.options(**_options(specs[0]))
+    task = together_task.options(**task_options(specs[0].device))
     return task.remote(list(specs), dict(assets), group_id, board, settings)

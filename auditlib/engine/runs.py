@@ -177,7 +177,7 @@ class RunManager:
         build_defense(spec.defense.name, spec.defense.params_dict())
         check_model_trains(spec)  # a BatchNorm model that cannot train on one image
         ray_backend.ensure_ray(self.ray_address)
-        ray_backend.require_device(spec, self.ray_address)
+        ray_backend.require_device(spec.device, self.ray_address)
         expire(self.store)
         return isolated
 

@@ -33,6 +33,7 @@ from auditlib.client.text_update import TextUpdate, text_update
 from auditlib.data.demo_text import demo_text
 from auditlib.data.text_samples import TextBatch, demo_batch, make_batch, parse_text_file
 from auditlib.defenses import build_defense
+from auditlib.engine.device import resolve_device
 from auditlib.errors import AuditInputError
 from auditlib.file_digest import sha256_file
 from auditlib.metrics.text import TextScores, score_text
@@ -73,6 +74,9 @@ class TextAuditSpec:
     adaptive: bool = True  # also run the attacker that knows the defense
     preset: str = "strongest"  # TAG's and LAMP's: "strongest" or "paper" (their papers' settings)
     iterations: int | None = None  # TAG's and LAMP's optimisation steps; None: the preset's
+    # Where the model, the client's update and the attacks run: "cpu", "cuda" or "cuda:N"
+    # (the command line resolves its "auto" first, so a result names the device it ran on).
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -253,10 +257,13 @@ def run_text_audit(
     started = time.perf_counter()
     emit = on_event or (lambda _e: None)
     defense = _text_defense(spec)
+    device = resolve_device(spec.device)  # refused at once where there is no such device
     torch.manual_seed(spec.seed)
     model = _model(spec)
-    emit(TextEvent("model", note=model.source))
-    batch = _batch(spec, model)
+    # Built (and seeded) on the CPU, then moved: the same weights on every device.
+    model.module.to(device)
+    emit(TextEvent("model", note=model.source + _on(device)))
+    batch = _batch(spec, model).to(device)
     tok = model.tokenizer
     guesses = text_guesses(demo_text().public, tok, spec.length, spec.seed)
     bar = guess_bar(batch.texts, guesses)
@@ -293,6 +300,12 @@ def run_text_audit(
         tuple(controls), verdict, privacy, time.perf_counter() - started, stopped,
         input_digests(spec),
     )  # fmt: skip
+
+
+def _on(device: torch.device) -> str:
+    if device.type == "cpu":
+        return ""
+    return f", on {torch.cuda.get_device_name(device)} ({device})"
 
 
 def _defense_words(spec: TextAuditSpec) -> str:

@@ -38,6 +38,7 @@ from ray.exceptions import RayError, TaskCancelledError
 from auditlib.attacks.text import TEXT_ATTACKS
 from auditlib.defenses import build_defense
 from auditlib.engine import ray_backend
+from auditlib.engine.device import check_device_name
 from auditlib.engine.fair_share import FairShareLimits
 from auditlib.engine.text_audit import TEXT_DEFENSES, TextAuditSpec
 from auditlib.errors import AuditInputError
@@ -147,6 +148,7 @@ def check_text_spec(spec: TextAuditSpec, uploads: TextUploads) -> None:
             f"defense {spec.defense!r} on a text model; expected one of {', '.join(TEXT_DEFENSES)}"
         )
     build_defense(spec.defense, spec.defense_params)  # refuses a bad parameter
+    check_device_name(spec.device)
 
 
 # ------------------------------------------------------------------------------ the worker
@@ -275,6 +277,7 @@ class TextRunManager:
                     "wait for one to end or cancel one"
                 )
         ray_backend.ensure_ray()
+        ray_backend.require_device(spec.device)
         with self._lock:
             if self._board is None:
                 self._board = ray_backend.cancel_board()
@@ -285,7 +288,7 @@ class TextRunManager:
             stored, title, owner=owner, instance=self.instance, assets=digests.values()
         )
         try:
-            options = {"num_cpus": ray_backend.cpus_per_run()}
+            options = ray_backend.task_options(spec.device)
             generator = text_task.options(**options).remote(stored, uploads, run_id, board)
         except Exception as exc:
             self.runs.finish(run_id, FAILED, error=f"could not be handed to Ray: {exc}")

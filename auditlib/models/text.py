@@ -111,6 +111,11 @@ class TextModel:
         return int(self.backbone.config.hidden_size)
 
     @property
+    def device(self) -> torch.device:
+        """Where the model's weights are: the attacks make their tensors there."""
+        return next(self.module.parameters()).device
+
+    @property
     def max_positions(self) -> int:
         config = self.backbone.config
         return int(getattr(config, "n_positions", None) or config.max_position_embeddings)

@@ -134,7 +134,7 @@ def with_openings(
     under ``d`` are checked so (the larger of both distances); the rest are out (inf)."""
     backbone = target.model.backbone
     tokens = torch.argsort(d)[:pool]
-    empty = torch.zeros(1, 0, dtype=torch.int64)
+    empty = torch.zeros(1, 0, dtype=torch.int64, device=d.device)
     alone = [
         distance_to_span(second, rotary_second_layer_inputs(backbone, empty, chunk)[0])
         for chunk in tokens.split(OPENING_CHUNK)
@@ -161,7 +161,7 @@ def _token_candidates(target: TextTarget, span: LayerSpan, config: DagerConfig) 
         )
         distances[0] = with_openings(target, distances[0], second, pool)
     for position in range(target.length):
-        d = distances[position]
+        d = distances[position].cpu()  # read entry by entry below: on the host, once
         order = torch.argsort(d)
         if config.mode == "ranked":
             kept = [int(i) for i in order[: config.token_beam]]
@@ -182,14 +182,15 @@ def _extension_distances(
     order prefix-major (in closed form: ``gpt2_extend``, ``rotary_extend`` for the LLaMA
     family; chunks bound the memory)."""
     extend = rotary_second_layer_inputs if model.architecture.rotary else second_layer_inputs
-    token_ids = torch.tensor(tokens)
+    device = model.device
+    token_ids = torch.tensor(tokens, device=device)
     out = []
     step = max(1, 8192 // max(1, len(tokens)))
     for start in range(0, len(prefixes), step):
-        chunk = torch.tensor(prefixes[start : start + step])
+        chunk = torch.tensor(prefixes[start : start + step], device=device)
         inputs = extend(model.backbone, chunk, token_ids)
         out.append(distance_to_span(second, inputs).reshape(-1))
-    return torch.cat(out)
+    return torch.cat(out).cpu()  # read entry by entry by the search: on the host, once
 
 
 def _decoder_sequences(
@@ -279,10 +280,10 @@ def _encoder_sequences(
             notes.append(stopped_note(start, len(combos), "combinations scored"))
             combos, stopped = combos[:start], True
             break
-        chunk = torch.tensor(combos[start : start + 128])
+        chunk = torch.tensor(combos[start : start + 128], device=model.device)
         inputs = layer_inputs(model, 1, chunk)
         scores.append(distance_to_span(second, inputs).max(dim=1).values)
-    s = torch.cat(scores)
+    s = torch.cat(scores).cpu()  # read entry by entry below: on the host, once
     order = torch.argsort(s).tolist()
     chosen = [combos[i] for i in order if s[i] < config.sequence_threshold][: target.batch_size]
     if not chosen:

@@ -45,6 +45,7 @@ from auditlib.attacks.text.lm_prior import (
 )
 from auditlib.attacks.text.opt_embeddings import (
     JOINT,
+    LowestLoss,
     MatchingProblem,
     decode,
     fix_positions,
@@ -165,7 +166,9 @@ class LampState:
 def make_prior(target: TextTarget, config: LampConfig) -> LanguagePrior:
     if config.prior == AUDITED:
         return audited_model_prior(target.model)
-    return public_text_prior(target.model.tokenizer, config.prior_steps, config.prior_seconds)
+    prior = public_text_prior(target.model.tokenizer, config.prior_steps, config.prior_seconds)
+    prior.module.to(target.model.device)  # trained (or read) on the CPU; scored beside the model
+    return prior
 
 
 def reconstruction_loss(
@@ -240,13 +243,15 @@ def initial_state(
     """LAMP's start: the best random draw by gradient distance, then the best reordering of
     its free positions, each vector scaled to the target length (a stop request ends the
     search with the best so far)."""
+    device = problem.table.device
     shape = problem.label_shape(config.decoder_targets)
-    labels = None if shape is None else torch.randn(shape, generator=generator)
+    # Drawn on the CPU generator, then moved: a seed starts the same on every device.
+    labels = None if shape is None else torch.randn(shape, generator=generator).to(device)
     best, best_loss = None, float("inf")
     for i in range(config.init_candidates):
         if i and should_stop():
             break
-        embeds = torch.randn(problem.shape, generator=generator) * unit
+        embeds = torch.randn(problem.shape, generator=generator).to(device) * unit
         fix_positions(problem, embeds)
         loss = float(reconstruction_loss(problem, LampState(embeds, labels), config, False))
         if loss < best_loss:
@@ -257,7 +262,7 @@ def initial_state(
             break
         order = torch.arange(problem.target.length)
         order[free] = free[torch.randperm(len(free), generator=generator)]
-        embeds = best[:, order]
+        embeds = best[:, order.to(device)]
         loss = float(reconstruction_loss(problem, LampState(embeds, labels), config, False))
         if loss < best_loss:
             best, best_loss = embeds, loss
@@ -290,7 +295,7 @@ def run_lamp(
     optimiser = torch.optim.Adam(groups)
     schedule = torch.optim.lr_scheduler.StepLR(optimiser, step_size=50, gamma=config.lr_decay)
     variables = [g["params"][0] for g in groups]
-    best = (float("inf"), state.embeds.detach().clone(), state.labels)
+    best = LowestLoss(state.embeds, state.labels, or_equal=True)
     swaps, done = [], 0
     for step in range(config.steps):
         if should_stop():
@@ -303,9 +308,7 @@ def run_lamp(
             total.backward(inputs=variables)
         if config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_([state.embeds], config.grad_clip)
-        if float(total.detach()) <= best[0]:
-            labels = None if state.labels is None else state.labels.detach().clone()
-            best = (float(total.detach()), state.embeds.detach().clone(), labels)
+        best.keep(total, state.embeds, state.labels)  # the state that gave it, before the step
         optimiser.step()
         schedule.step()
         fix_positions(problem, state.embeds)
@@ -316,9 +319,8 @@ def run_lamp(
             ids = nearest_tokens(problem, state.embeds, state.labels, config.decoder_targets)
             texts = tuple(tok.decode(list(s)) for s in decode(problem, ids))
             on_progress(TextProgress(step + 1, config.steps, texts))
-    if done == 0:  # stopped before its first step: its start is all it has
-        best = (best[0], state.embeds.detach(), state.labels)
-    ids = nearest_tokens(problem, best[1], best[2], config.decoder_targets)
+    # Stopped before its first step: its start is all it has (``LowestLoss``'s first state).
+    ids = nearest_tokens(problem, best.embeds, best.labels, config.decoder_targets)
     sequences = decode(problem, ids)
     texts = tuple(tok.decode(list(s)) for s in sequences)
     on_progress(TextProgress(done, config.steps, texts, "done"))

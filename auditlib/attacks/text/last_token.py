@@ -36,12 +36,14 @@ def _known_terms(target: TextTarget, prefixes: list[list[int]], module: torch.nn
     target), over the prefixes each with a placeholder last token (right-padded, masked, as
     the client's batch); the predicted-token count; and ``module``'s input at each
     sequence's position before its last."""
-    lengths = torch.tensor([len(p) + 1 for p in prefixes])  # each sequence's own length
-    n = int(lengths.max())
+    device = target.model.device
+    lengths = torch.tensor([len(p) + 1 for p in prefixes], device=device)  # each one's length
+    n = max(len(p) + 1 for p in prefixes)
     ids = torch.full((len(prefixes), n), target.model.tokenizer.pad_id, dtype=torch.int64)
     for row, prefix in enumerate(prefixes):
         ids[row, : len(prefix)] = torch.tensor(prefix)
-    positions = torch.arange(n)
+    ids = ids.to(device)
+    positions = torch.arange(n, device=device)
     mask = (positions[None] < lengths[:, None]).to(torch.int64)
     inputs: list[torch.Tensor] = []
     hook = module.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
@@ -50,8 +52,8 @@ def _known_terms(target: TextTarget, prefixes: list[list[int]], module: torch.nn
     finally:
         hook.remove()
     logits = logits.to(torch.float64)
-    count = int((lengths - 1).sum())
-    rows = torch.arange(len(prefixes))
+    count = sum(len(p) for p in prefixes)  # (lengths - 1).sum(), without asking the device
+    rows = torch.arange(len(prefixes), device=device)
     before_last = lengths - 2  # the position whose target is the unknown last token
     known_targets = positions[None, : n - 1] < before_last[:, None]
     log_probs = logits[:, : n - 1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]

@@ -17,6 +17,7 @@ sequence is one variable.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -51,6 +52,13 @@ class MatchingProblem:
     def shape(self) -> tuple[int, int, int]:
         return (self.target.batch_size, self.target.length, int(self.table.shape[1]))
 
+    @functools.cached_property
+    def observed_norms(self) -> tuple[torch.Tensor | None, ...]:
+        """Each observed gradient's norm, None where it is zero: read once, so a step's
+        cosine distance asks the device nothing back."""
+        norms = [o.norm() for o in self.observed]
+        return tuple(None if float(n) == 0 else n for n in norms)
+
     @property
     def free_positions(self) -> list[int]:
         return [p for p in range(self.target.length) if p not in self.fixed]
@@ -75,9 +83,9 @@ def matching_problem(target: TextTarget) -> MatchingProblem:
         if p is word:
             continue
         params.append(p)
-        observed.append(grad.detach().to(p.dtype))
+        observed.append(grad.detach().to(device=p.device, dtype=p.dtype))
     tok = model.tokenizer
-    allowed = torch.ones(int(word.shape[0]), dtype=torch.bool)
+    allowed = torch.ones(int(word.shape[0]), dtype=torch.bool, device=word.device)
     specials = {tok.pad_id, tok.bos_id, tok.eos_id} - {None}
     for name in ("[UNK]", "[MASK]"):
         token = tok.tokenizer.token_to_id(name)
@@ -167,14 +175,12 @@ def gradient_distance(
             d = g - o
             total = total + d.square().sum() + l1_weight * w * d.abs().sum()
         return total
-    counted = 0
-    for g, o in zip(dummy, problem.observed, strict=True):
-        norm = o.norm()
-        if norm == 0:
+    norms = problem.observed_norms
+    for g, o, norm in zip(dummy, problem.observed, norms, strict=True):
+        if norm is None:
             continue  # nothing to align with (e.g. LoRA's A before B moved)
         total = total + 1 - (g * o).sum() / (g.norm() * norm + 1e-12)
-        counted += 1
-    return total / max(counted, 1)
+    return total / max(sum(n is not None for n in norms), 1)
 
 
 def matching_loss(
@@ -235,6 +241,29 @@ def projected_distance(
         torch.zeros_like(p) if g is None else g for p, g in zip(problem.params, grads, strict=True)
     ]
     return float(gradient_distance(problem, dummy, kind, l1_weight, layer_weights))
+
+
+class LowestLoss:
+    """The lowest loss a run has seen and the embeddings and labels that gave it, kept on
+    their device (``torch.where``), so a step asks the device nothing back: on a GPU the
+    host queues the next steps while one runs. Until the first step, the start.
+    ``or_equal``: a later state of the same loss replaces the kept one (LAMP's ``<=``)."""
+
+    def __init__(
+        self, embeds: torch.Tensor, labels: torch.Tensor | None, or_equal: bool = False
+    ) -> None:
+        self.loss = torch.full((), float("inf"), device=embeds.device)
+        self.embeds = embeds.detach().clone()
+        self.labels = None if labels is None else labels.detach().clone()
+        self.or_equal = or_equal
+
+    def keep(self, loss: torch.Tensor, embeds: torch.Tensor, labels: torch.Tensor | None) -> None:
+        loss = loss.detach()
+        better = loss <= self.loss if self.or_equal else loss < self.loss  # never a NaN
+        self.loss = torch.where(better, loss, self.loss)
+        self.embeds = torch.where(better, embeds.detach(), self.embeds)
+        if labels is not None:
+            self.labels = torch.where(better, labels.detach(), self.labels)
 
 
 def decode(problem: MatchingProblem, ids: torch.Tensor) -> tuple[tuple[int, ...], ...]:

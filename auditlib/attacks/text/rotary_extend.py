@@ -34,7 +34,8 @@ def rotary_second_layer_inputs(
     n_prefixes, p = prefixes.shape
     n_tokens = tokens.numel()
     table = core.embed_tokens.weight
-    cos, sin = core.rotary_emb(table[:1].unsqueeze(0), torch.arange(p + 1).unsqueeze(0))
+    positions = torch.arange(p + 1, device=table.device).unsqueeze(0)
+    cos, sin = core.rotary_emb(table[:1].unsqueeze(0), positions)
 
     def project(x: torch.Tensor, module, count: int) -> torch.Tensor:  # ... x n x count x hd
         return module(x).view(*x.shape[:-1], count, head_dim)

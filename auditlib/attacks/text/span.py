@@ -132,7 +132,7 @@ def relative_residual(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:
 def distance_to_span(span: LayerSpan, vectors: torch.Tensor) -> torch.Tensor:
     """Each vector's distance to the span, relative to its length (0: inside, 1: orthogonal)."""
     if span.rank == 0:
-        return torch.ones(vectors.shape[:-1], dtype=torch.float64)
+        return torch.ones(vectors.shape[:-1], dtype=torch.float64, device=vectors.device)
     return relative_residual(span, vectors).norm(dim=-1)
 
 
@@ -150,9 +150,9 @@ def first_layer_inputs(model: TextModel, position: int) -> torch.Tensor:
     if model.architecture.rotary:
         core = backbone.model
         return core.layers[0].input_layernorm(core.embed_tokens.weight)
-    vocab = backbone.config.vocab_size
-    ids = torch.arange(vocab).unsqueeze(1)
-    positions = torch.full((vocab, 1), position, dtype=torch.int64)
+    vocab, device = backbone.config.vocab_size, model.device
+    ids = torch.arange(vocab, device=device).unsqueeze(1)
+    positions = torch.full((vocab, 1), position, dtype=torch.int64, device=device)
     return backbone.bert.embeddings(input_ids=ids, position_ids=positions)[:, 0]
 
 
@@ -191,7 +191,7 @@ def attention_inputs(
     ]
     given = input_ids if input_ids is not None else inputs_embeds
     if attention_mask is None:
-        attention_mask = torch.ones(given.shape[:2], dtype=torch.int64)
+        attention_mask = torch.ones(given.shape[:2], dtype=torch.int64, device=given.device)
     try:
         model.backbone(
             input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask

@@ -39,6 +39,7 @@ from auditlib.attacks.text.base import (
 )
 from auditlib.attacks.text.opt_embeddings import (
     L2_L1,
+    LowestLoss,
     MatchingProblem,
     decode,
     fix_positions,
@@ -133,20 +134,23 @@ def _restart(
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """One restart: the best embeddings and labels it reached, and the steps it took."""
     unit = float(problem.table.std()) if config.token_units else 1.0
-    embeds = torch.randn(problem.shape, generator=generator) * (config.init_scale * unit)
+    device = problem.table.device
+    # Drawn on the CPU generator, then moved: a seed starts the same on every device.
+    embeds = torch.randn(problem.shape, generator=generator).to(device)
+    embeds = embeds * (config.init_scale * unit)
     fix_positions(problem, embeds)
     embeds.requires_grad_(True)
     label_shape = problem.label_shape(config.decoder_targets)
     labels = None
     if label_shape is not None:
-        labels = torch.randn(label_shape, generator=generator).requires_grad_(True)
+        labels = torch.randn(label_shape, generator=generator).to(device).requires_grad_(True)
     variables = [embeds] + ([labels] if labels is not None else [])
     groups = [{"params": [embeds], "lr": config.lr * unit}]
     groups += [{"params": [labels], "lr": config.lr}] if labels is not None else []
     optimiser = torch.optim.Adam(groups)
     schedule = torch.optim.lr_scheduler.StepLR(optimiser, step_size=50, gamma=config.lr_decay)
     weights = l1_layer_weights(len(problem.params), config.layer_weights)
-    best = (float("inf"), embeds.detach().clone(), None if labels is None else labels.detach())
+    best = LowestLoss(embeds, labels)
     done = 0
     for step in range(config.steps):
         if should_stop():
@@ -159,22 +163,14 @@ def _restart(
             loss.backward(inputs=variables)
         if config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_([embeds], config.grad_clip)
-        value = float(loss.detach())
-        if value < best[0]:  # the state that gave this loss, before the step moves it
-            best = (
-                value,
-                embeds.detach().clone(),
-                None if labels is None else labels.detach().clone(),
-            )
+        best.keep(loss, embeds, labels)  # the state that gave this loss, before the step
         optimiser.step()
         schedule.step()
         fix_positions(problem, embeds)
         done = step + 1
         if (step + 1) % config.progress_every == 0:
             report(step + 1, nearest_tokens(problem, embeds, labels, config.decoder_targets))
-    if done == 0:  # stopped before its first step: its start is all it has
-        return embeds.detach(), None if labels is None else labels.detach(), 0
-    return best[1], best[2], done
+    return best.embeds, best.labels, done  # stopped before its first step: its start
 
 
 def run_tag(

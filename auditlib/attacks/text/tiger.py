@@ -199,10 +199,11 @@ def _row_losses(
     to each layer's span (the first ``horizon`` positions only, where given), the layers
     weighted by ``problem.weights``."""
     kept = problem.positions[:horizon]
-    total = torch.zeros(inputs[0].shape[0], dtype=torch.float64)
+    device = inputs[0].device
+    total = torch.zeros(inputs[0].shape[0], dtype=torch.float64, device=device)
     terms = zip(problem.spans, problem.skips_first, problem.weights, inputs, strict=True)
     for span, skips, weight, x in terms:
-        index = torch.tensor([p for p in kept if p > 0] if skips else kept)
+        index = torch.tensor([p for p in kept if p > 0] if skips else kept, device=device)
         if index.numel():
             residual = relative_residual(span, x[:, index])
             total = total + weight * (residual**2).sum(-1).mean(-1)
@@ -212,6 +213,7 @@ def _row_losses(
 def _distinct(losses: torch.Tensor, choices: torch.Tensor, count: int) -> list[int]:
     """Up to ``count`` starts, lowest objective first, none the same sequence as another
     chosen one (``SAME`` of its positions alike; two verses may share an opening)."""
+    losses, choices = losses.cpu(), choices.cpu()  # compared pair by pair: on the host, once
     chosen: list[int] = []
     for i in torch.argsort(losses).tolist():
         if all(float((choices[i] == choices[j]).float().mean()) < SAME for j in chosen):
@@ -224,8 +226,8 @@ def _distinct(losses: torch.Tensor, choices: torch.Tensor, count: int) -> list[i
 def _embeds(problem: _Problem, weights: torch.Tensor, batch: int, length: int) -> torch.Tensor:
     """The batch's input embeddings: each optimised position a mixture of its candidates."""
     mixed = torch.einsum("bpk,pkd->bpd", weights, problem.table[problem.candidates])
-    out = torch.zeros(batch, length, problem.table.shape[1], dtype=mixed.dtype)
-    out = out.index_copy(1, torch.tensor(problem.positions), mixed)
+    out = torch.zeros(batch, length, problem.table.shape[1], dtype=mixed.dtype, device=mixed.device)
+    out = out.index_copy(1, torch.tensor(problem.positions, device=mixed.device), mixed)
     for position, token in problem.fixed.items():
         out[:, position] = problem.table[token]
     return out
@@ -233,7 +235,7 @@ def _embeds(problem: _Problem, weights: torch.Tensor, batch: int, length: int) -
 
 def _ids(problem: _Problem, choice: torch.Tensor, length: int) -> torch.Tensor:
     """Token ids (B x length) from each position's chosen candidate (B x positions)."""
-    ids = torch.zeros(choice.shape[0], length, dtype=torch.int64)
+    ids = torch.zeros(choice.shape[0], length, dtype=torch.int64, device=choice.device)
     picked = torch.gather(
         problem.candidates.unsqueeze(0).expand(choice.shape[0], -1, -1), 2, choice.unsqueeze(2)
     )[..., 0]
@@ -264,7 +266,8 @@ class _Found:
 def _overlap_penalty(weights: torch.Tensor, avoid: torch.Tensor, overlap: float) -> torch.Tensor:
     """How far each start's soft agreement with each sequence found already (its mixtures'
     weight on that sequence's tokens, averaged over positions) exceeds ``overlap``."""
-    positions = torch.arange(weights.shape[1]).unsqueeze(0).expand_as(avoid)
+    positions = torch.arange(weights.shape[1], device=weights.device).unsqueeze(0)
+    positions = positions.expand_as(avoid)
     agree = weights[:, positions, avoid].mean(-1)  # starts x found
     return torch.relu(agree - overlap).sum(-1).mean()
 
@@ -288,10 +291,12 @@ def _optimise(
     logits = 0.01 * torch.randn(rows, p, k, generator=g)
     for i, candidate in enumerate(first):  # the starts begin apart (4.)
         logits[i, 0, candidate] += config.start_bias
-    logits.requires_grad_(True)
+    # Drawn on the CPU generator, then moved: a seed starts the same on every device.
+    logits = logits.to(problem.table.device).requires_grad_(True)
     optimiser = torch.optim.Adam([logits], lr=config.learning_rate)
     layers = len(problem.spans)
-    found = _Found(torch.full((rows,), float("inf"), dtype=torch.float64), logits.argmax(-1))
+    infinite = torch.full((rows,), float("inf"), dtype=torch.float64, device=logits.device)
+    found = _Found(infinite, logits.detach().argmax(-1))
     report = max(1, config.steps // 20)
     growing = config.grow * config.steps if model.family == DECODER else 0
 

@@ -111,13 +111,13 @@ def _opening_pairs(
     """The best (opening token, next token) pairs, one per sequence."""
     vocab = matcher.embeddings.shape[0]
     k = min(vocab, config.start_candidates)
-    openings = torch.argsort(prior.log_start, descending=True)[:k]
-    dh, logits = matcher.correlations(openings[:, None], residual)
+    openings = torch.argsort(prior.log_start, descending=True)[:k]  # the prior's: on the CPU
+    dh, logits = matcher.correlations(openings[:, None].to(matcher.model.device), residual)
     fit = matcher.target_scores(dh[:, 0], logits[:, 0])  # k x V
     if config.prior_weight:
         log_prior = torch.stack([prior.log_next(int(a)) for a in openings])
         log_prior += prior.log_start[openings][:, None]
-        fit = fit + config.prior_weight * log_prior.to(fit.dtype)
+        fit = fit + config.prior_weight * log_prior.to(fit.device, fit.dtype)
     best = torch.topk(fit.reshape(-1), target.batch_size).indices
     return [[int(openings[i // vocab]), int(i % vocab)] for i in best.tolist()]
 
@@ -130,19 +130,20 @@ def _greedy(
     length when a stop request cut it short)."""
     residual = dict(matcher.observed)
     sequences = _opening_pairs(matcher, prior, residual, target, config)
-    firsts = torch.tensor([[s[0]] for s in sequences])
-    residual = minus(
-        residual, matcher.term_gradient(firsts, torch.tensor([s[1] for s in sequences]))
-    )
+    device = matcher.model.device
+    firsts = torch.tensor([[s[0]] for s in sequences], device=device)
+    seconds = torch.tensor([s[1] for s in sequences], device=device)
+    residual = minus(residual, matcher.term_gradient(firsts, seconds))
     tok = matcher.model.tokenizer
     for step in range(2, target.length):
         if should_stop():
             return sequences, step
-        ids = torch.tensor(sequences)
+        ids = torch.tensor(sequences, device=device)
         dh, logits = matcher.correlations(ids, residual)
         fit = matcher.target_scores(dh[:, -1], logits[:, -1])
         if config.prior_weight:
-            log_prior = torch.stack([prior.log_next(s[-1]) for s in sequences]).to(fit.dtype)
+            log_prior = torch.stack([prior.log_next(s[-1]) for s in sequences])
+            log_prior = log_prior.to(fit.device, fit.dtype)
             fit = fit + config.prior_weight * log_prior
         chosen = fit.argmax(-1)
         residual = minus(residual, matcher.term_gradient(ids, chosen))
@@ -166,19 +167,19 @@ def _refine(
         residual = minus(residual, part)
     current = norm(residual)
     rounds = kept = 0
-    tok = matcher.model.tokenizer
+    tok, device = matcher.model.tokenizer, matcher.model.device
     for rounds in range(1, config.refine_iterations + 1):
         if should_stop():
             return rounds - 1, kept, True
-        dh, logits = matcher.correlations(torch.tensor(sequences), residual)
+        dh, logits = matcher.correlations(torch.tensor(sequences, device=device), residual)
         fit = matcher.target_scores(dh[:, :-1], logits[:, :-1])  # B x (n-1) x V
         if config.prior_weight:
             for s, seq in enumerate(sequences):
-                log_prior = torch.stack([prior.log_next(t) for t in seq[:-1]]).to(fit.dtype)
-                fit[s] += config.prior_weight * log_prior
+                log_prior = torch.stack([prior.log_next(t) for t in seq[:-1]])
+                fit[s] += config.prior_weight * log_prior.to(fit.device, fit.dtype)
         changed = 0
         for s, seq in enumerate(sequences):
-            now = torch.tensor(seq[1:])
+            now = torch.tensor(seq[1:], device=device)
             gain = fit[s] - fit[s].gather(-1, now[:, None])
             order = torch.topk(gain.reshape(-1), config.refine_proposals).indices.tolist()
             vocab = gain.shape[-1]

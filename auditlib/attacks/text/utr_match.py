@@ -74,7 +74,7 @@ class AdapterMatcher:
 
     def sequence_gradient(self, sequence: list[int]) -> Grads:
         """The update's part from one whole sequence (every position predicting the next)."""
-        ids = torch.tensor([sequence])
+        ids = torch.tensor([sequence], device=self.embeddings.device)
         logits = self.model.module(input_ids=ids).logits[0, :-1]
         loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum") / self.count
         grads = torch.autograd.grad(loss, self.params)
