@@ -201,3 +201,19 @@ def test_a_run_on_uploads_runs_again_from_the_store_and_goes_with_them(dashboard
     assert any("No model folder yet" in i.value for i in at.info)
     at.run()
     assert store.list_assets() == []
+
+
+def test_the_device_is_chosen_on_the_page_and_a_gpu_ray_lacks_is_refused_in_words(
+    dashboard_store,
+):
+    at = _text_page()
+    device = at.selectbox(key="text_device")
+    assert device.options == ["cpu", "cuda"] and device.value == "cpu"  # Ray offers no GPU here
+    at.selectbox(key="text_preset").set_value("gpt2-tiny")
+    device.set_value("cuda").run()
+    at.button(key="text_start").click().run()
+    assert any("Not started" in e.value and "needs a GPU" in e.value for e in at.error), [
+        e.value for e in at.error
+    ]
+    assert "text_run" not in at.session_state
+    assert shared_text_manager().runs.unfinished() == []  # nothing recorded

@@ -8,6 +8,8 @@
 # manylinux_2_24_x86_64), phe, opacus and breaching's needs:
 #   .venv/bin/python -m pip download -d .whl --no-deps breaching==0.1.2 hydra-core==1.3.8 \
 #       omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 phe==1.5.0 opacus==1.6.0
+# and for the text step our pins of what its image has older (transformers 5.17 there):
+#   transformers==5.24.0 peft==0.21.2, and tokenizers==0.23.3 (binary, as bcrypt)
 # (hydra-core 1.3 needs omegaconf below 2.4; antlr4's is a source archive: `pip wheel --no-deps
 # -w .whl` it, then remove the archive).
 # Then the device tool:
@@ -51,6 +53,10 @@
 # about 5 minutes: run it in a call of its own), all:S (a budget of S seconds),
 # allcap (the same with every attack that can record its step as a CUDA graph:
 # attacks.captured.BY_DEFAULT_ON_CUDA; allcap:S as all:S),
+# text (the text audit on CUDA: tests/test_text_device.py, each text attack there against the
+# CPU on the tiny models, then benchmarks.text_device on GPT-2 small at 16 x 32, DAGER's run
+# and TAG's, LAMP's and TIGER's seconds a step; about 2 minutes), textcpu (the same benchmark
+# on that machine's 16 CPU cores, beside it),
 # ig:N, fedleak:N, gi:N and grnn:N (N steps instead of 300, 200, 200 and 200),
 # essentials (captests captured:200 allcap:60 capbudget nhwc:200 tf32:200 dlgcap, one call,
 # as far as its deadline lets: timeout_s 500). Every run prints a JSON line, kept in $OUT.
@@ -96,10 +102,13 @@ for step in $steps; do
     budget) timeout $(t 500) $bench --no-peer --paper-budget --budget-only 2>&1 | tee "$OUT/budget.log" | tail -6 ;;
     all) timeout $(t 540) python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" 2>&1 | tee "$OUT/all.log" | tail -4 ;;
     allcap) timeout $(t 540) python3 $R benchmarks.attacks_at_once --device cuda --case resnet18-224 --rounds 1 --seconds "${n:-120}" --captured 2>&1 | tee "$OUT/allcap.log" | tail -4 ;;
+    text) timeout $(t 300) python3 $R pytest -q -p no:cacheprovider -rs tests/test_text_device.py 2>&1 | tail -25 | tee "$OUT/text-tests.log"
+      timeout $(t 300) python3 $R benchmarks.text_device --device cuda --model "${n:-gpt2}" 2>&1 | tee "$OUT/text.log" | tail -6 ;;
+    textcpu) timeout $(t 400) python3 $R benchmarks.text_device --device cpu --model "${n:-gpt2}" 2>&1 | tee "$OUT/textcpu.log" | tail -6 ;;
     *) echo "unknown step $s" ;;
   esac
 done
 # Only the files this call wrote: a committed file of an earlier call is not this call's figure.
-find benchmarks/results -maxdepth 1 -newer "$STARTED" \( -name 'compiled_step-*cuda-*.json' -o -name 'attacks_at_once-cuda-*.json' \) -exec cp {} "$OUT/" \;
+find benchmarks/results -maxdepth 1 -newer "$STARTED" \( -name 'compiled_step-*cuda-*.json' -o -name 'attacks_at_once-cuda-*.json' -o -name 'text_device-*.json' \) -exec cp {} "$OUT/" \;
 # The issue's items read from what this call wrote (benchmarks/device/issue55_check.py).
 python3 -m benchmarks.device.issue55_check "$OUT" | tee "$OUT/check.log"

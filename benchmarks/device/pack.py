@@ -1,7 +1,9 @@
 """Pack what a lent GPU machine lacks into ``.gpu/`` (ignored by git; name it in the device
 tool's ``carry``): the bundled photographs and faces as arrays (that machine's scikit-image
-may have to fetch some of them, and nothing can be fetched there) and Fashion-MNIST's test
-files. ``benchmarks/device/run.py`` reads them back there.
+may have to fetch some of them, and nothing can be fetched there), Fashion-MNIST's test
+files, and the text audit's demo text (the ``bible`` program's lines: that machine lacks
+Debian's bible-kjv) with the demo tokenizers and LAMP's prior as trained here (so both
+devices of a comparison read the same ones). ``benchmarks/device/run.py`` reads them back.
 
 Usage: python -m benchmarks.device.pack
 """
@@ -13,8 +15,12 @@ import shutil
 import numpy as np
 import skimage
 
-from auditlib.data import samples
+from auditlib.attacks.text.lamp import LampConfig
+from auditlib.attacks.text.lm_prior import _cache_path, public_text_prior
+from auditlib.data import demo_text, samples
 from auditlib.data.samples import PHOTOGRAPHS
+from auditlib.data.text_tokenizer import demo_tokenizer
+from auditlib.paths import data_dir
 from benchmarks.common import ROOT
 
 CARRY = ROOT / ".gpu"
@@ -29,6 +35,17 @@ def main() -> None:
     fmnist.mkdir(exist_ok=True)
     for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         shutil.copy(samples.FASHION_MNIST_DIR / name, fmnist / name)
+    text = CARRY / "text"
+    (text / "cache").mkdir(parents=True, exist_ok=True)
+    (text / "bible.txt").write_text("\n".join(demo_text._bible_lines()) + "\n")
+    defaults = LampConfig()
+    for kind in ("bpe", "wordpiece"):  # each demo tokenizer, and LAMP's default prior on it
+        tok = demo_tokenizer(kind)
+        prior = public_text_prior(tok, defaults.prior_steps, defaults.prior_seconds)
+        made = _cache_path(tok, defaults.prior_steps, defaults.prior_seconds, 0)
+        assert prior is not None and made.exists(), made
+        for path in (made, *(data_dir() / "cache" / "text").glob(f"demo-{kind}-*.json")):
+            shutil.copy(path, text / "cache" / path.name)
     print(f"packed {CARRY}")
 
 

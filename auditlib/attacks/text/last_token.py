@@ -64,12 +64,20 @@ def _known_terms(target: TextTarget, prefixes: list[list[int]], module: torch.nn
     return (known + unknown) / count, count, hidden
 
 
+def _least_squares(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``lstsq(a, b)``'s solution, on the CPU's solver: CUDA's takes only full-rank systems
+    with at least as many rows as columns, where a batch's columns may outnumber a small
+    model's width (the CPU's gelsy takes any). The systems are a batch's size: the copy
+    is small, and both devices solve them alike."""
+    return torch.linalg.lstsq(a.cpu(), b.cpu()).solution.to(a.device)
+
+
 def _from_output_head(target: TextTarget, prefixes: list[list[int]], observed: torch.Tensor):
     head = target.model.backbone.get_output_embeddings()
     loss, count, hidden = _known_terms(target, prefixes, head)
     (g_head,) = torch.autograd.grad(loss, [head.weight])
     rows = (g_head.to(torch.float64) - observed) * count  # V x width: sum of h_i per last token
-    share = torch.linalg.lstsq(hidden.T, rows.T).solution  # B x V
+    share = _least_squares(hidden.T, rows.T)  # B x V
     return [int(k) for k in share.argmax(dim=1)]
 
 
@@ -119,7 +127,5 @@ def recover_last_tokens(
     )
     # Columns: sequence i ending with token k; solve for the mix, take each sequence's best.
     columns = torch.stack([embeddings[t] * h[i] for i in range(len(prefixes)) for t in tokens], 1)
-    mix = torch.linalg.lstsq(columns, sum_scaled.unsqueeze(1)).solution.view(
-        len(prefixes), len(tokens)
-    )
+    mix = _least_squares(columns, sum_scaled.unsqueeze(1)).view(len(prefixes), len(tokens))
     return [tokens[int(k)] for k in mix.argmax(dim=1)], LAYER_NORM_SOURCE
