@@ -9,6 +9,11 @@ from pathlib import Path
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def assets_dir() -> Path:
+    """The checkout's ``assets/``: files the product ships (the demo tokenizers)."""
+    return _REPO_ROOT / "assets"
+
+
 def data_dir() -> Path:
     """``$AUDIT_DATA_DIR``, else ``<repo root>/data``; created if missing, and kept private
     (0700: it holds every user's images, weights and reconstructions)."""

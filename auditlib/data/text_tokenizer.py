@@ -1,6 +1,13 @@
-"""Tokenizers for text models: the demo ones, trained at set-up on the public demo text with
-the ``tokenizers`` library (nothing downloaded), and the auditor's ``tokenizer.json``, read as
-JSON (a tokenizer file holds no code).
+"""Tokenizers for text models: the demo ones, trained on the public demo text with the
+``tokenizers`` library (nothing downloaded) and shipped in ``assets/tokenizers/``, and the
+auditor's ``tokenizer.json``, read as JSON (a tokenizer file holds no code).
+
+Why shipped: ``tokenizers``' WordPiece trainer is not deterministic (three trainings in three
+processes gave three vocabularies; 16 tokens differed at the cut, and 1 734 of 8 192 ids), so
+a demo encoder trained at each machine's first use gave each machine other token ids, other
+batches and other results for the same seed. The byte-level BPE trains the same every time;
+it is shipped too, so a ``tokenizers`` release cannot change it. ``python -m
+auditlib.data.text_tokenizer`` trains them again (a new WordPiece is then another one).
 
 A byte-level BPE serves the decoders (GPT-2's scheme: every byte has a token, so no text is
 lost); a WordPiece with BERT's special tokens serves the encoders.
@@ -25,7 +32,7 @@ from tokenizers import (
 
 from auditlib.data.demo_text import demo_text
 from auditlib.errors import AuditInputError
-from auditlib.paths import data_dir, private
+from auditlib.paths import assets_dir, data_dir, private
 
 DEMO_VOCAB_SIZE = 8192
 DECODER_SPECIALS = ("<|endoftext|>",)
@@ -108,14 +115,19 @@ def _wrap(tok: Tokenizer, source: str) -> TextTokenizer:
 
 @functools.lru_cache(maxsize=4)
 def demo_tokenizer(kind: str, vocab_size: int = DEMO_VOCAB_SIZE) -> TextTokenizer:
-    """The demo tokenizer of ``kind`` ("bpe" or "wordpiece"), trained once on the public demo
-    text and kept under the data folder (training takes seconds)."""
+    """The demo tokenizer of ``kind`` ("bpe" or "wordpiece"): the shipped one at the demo's
+    size, the same on every machine; another size trained once on the public demo text and
+    kept under the data folder (training takes seconds; a WordPiece differs from machine to
+    machine)."""
     if kind not in ("bpe", "wordpiece"):
         raise AuditInputError(f"tokenizer kind {kind!r}; expected 'bpe' or 'wordpiece'")
+    shipped = shipped_tokenizer(kind, vocab_size)
     folder = data_dir() / "cache" / "text"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = folder / f"demo-{kind}-{vocab_size}.json"
-    if path.exists():
+    if shipped.exists():
+        tok = Tokenizer.from_file(str(shipped))
+    elif path.exists():
         tok = Tokenizer.from_file(str(path))
     else:
         tok = _train(kind, vocab_size)
@@ -126,6 +138,11 @@ def demo_tokenizer(kind: str, vocab_size: int = DEMO_VOCAB_SIZE) -> TextTokenize
     return _wrap(
         tok, f"demo {kind} tokenizer ({vocab_size} tokens, trained on the public demo text)"
     )
+
+
+def shipped_tokenizer(kind: str, vocab_size: int = DEMO_VOCAB_SIZE) -> Path:
+    """Where the shipped demo tokenizer of ``kind`` and size is (it may not exist)."""
+    return assets_dir() / "tokenizers" / f"demo-{kind}-{vocab_size}.json"
 
 
 def load_tokenizer(path: Path) -> TextTokenizer:
@@ -143,3 +160,15 @@ def load_tokenizer(path: Path) -> TextTokenizer:
             f"{path.name}: not a tokenizers JSON file ({str(exc)[:200]})"
         ) from None
     return _wrap(tok, f"the auditor's {path.name}")
+
+
+def main() -> None:
+    """Train the shipped demo tokenizers again (``assets/tokenizers/``)."""
+    for kind in ("bpe", "wordpiece"):
+        path = shipped_tokenizer(kind)
+        _train(kind, DEMO_VOCAB_SIZE).save(str(path))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

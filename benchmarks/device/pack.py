@@ -2,8 +2,8 @@
 tool's ``carry``): the bundled photographs and faces as arrays (that machine's scikit-image
 may have to fetch some of them, and nothing can be fetched there), Fashion-MNIST's test
 files, and the text audit's demo text (the ``bible`` program's lines: that machine lacks
-Debian's bible-kjv) with the demo tokenizers and LAMP's prior as trained here (so both
-devices of a comparison read the same ones). ``benchmarks/device/run.py`` reads them back.
+Debian's bible-kjv) and LAMP's prior on each demo tokenizer as trained here (the
+tokenizers travel with the tree: ``assets/tokenizers/``). ``benchmarks/device/run.py`` reads them back.
 
 Usage: python -m benchmarks.device.pack
 """
@@ -20,7 +20,6 @@ from auditlib.attacks.text.lm_prior import _cache_path, public_text_prior
 from auditlib.data import demo_text, samples
 from auditlib.data.samples import PHOTOGRAPHS
 from auditlib.data.text_tokenizer import demo_tokenizer
-from auditlib.paths import data_dir
 from benchmarks.common import ROOT
 
 CARRY = ROOT / ".gpu"
@@ -39,13 +38,12 @@ def main() -> None:
     (text / "cache").mkdir(parents=True, exist_ok=True)
     (text / "bible.txt").write_text("\n".join(demo_text._bible_lines()) + "\n")
     defaults = LampConfig()
-    for kind in ("bpe", "wordpiece"):  # each demo tokenizer, and LAMP's default prior on it
+    for kind in ("bpe", "wordpiece"):  # LAMP's default prior on each demo tokenizer
         tok = demo_tokenizer(kind)
         prior = public_text_prior(tok, defaults.prior_steps, defaults.prior_seconds)
         made = _cache_path(tok, defaults.prior_steps, defaults.prior_seconds, 0)
         assert prior is not None and made.exists(), made
-        for path in (made, *(data_dir() / "cache" / "text").glob(f"demo-{kind}-*.json")):
-            shutil.copy(path, text / "cache" / path.name)
+        shutil.copy(made, text / "cache" / made.name)
     print(f"packed {CARRY}")
 
 
