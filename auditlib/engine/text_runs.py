@@ -277,7 +277,7 @@ class TextRunManager:
                     "wait for one to end or cancel one"
                 )
         ray_backend.ensure_ray()
-        ray_backend.require_device(spec.device)
+        ray_backend.require_device(spec.device, ray_backend.ray_address())
         with self._lock:
             if self._board is None:
                 self._board = ray_backend.cancel_board()

@@ -170,7 +170,8 @@ def _restart(
         done = step + 1
         if (step + 1) % config.progress_every == 0:
             report(step + 1, nearest_tokens(problem, embeds, labels, config.decoder_targets))
-    return best.embeds, best.labels, done  # stopped before its first step: its start
+    # Stopped before its first step, a run's best is its start (``LowestLoss``).
+    return best.embeds, best.labels, done
 
 
 def run_tag(
