@@ -5,12 +5,15 @@ every text attack recovers from the same update what it recovers on the CPU."""
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 import torch
 
+import auditlib.attacks.text as text_attacks
 from auditlib.attacks.text import TEXT_ATTACKS, run_text_attack
 from auditlib.attacks.text.base import TextTarget
 from auditlib.attacks.text.lamp import lamp_config
@@ -77,6 +80,32 @@ def test_a_cuda_text_run_is_refused_where_ray_offers_no_gpu(tmp_path, ray_sessio
         with pytest.raises(AuditInputError, match=r"needs a GPU.*choose cpu"):
             manager.start(TextAuditSpec(**TINY, device="cuda"), TextUploads(), owner="alice")
         assert manager.runs.unfinished() == []  # nothing recorded, nothing queued
+
+
+# torch's functions that make a tensor where no device is named (the default: the CPU)
+FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "full", "empty", "eye", "arange",
+             "linspace", "rand", "randn", "randint", "randperm"}  # fmt: skip
+
+
+def test_every_tensor_a_text_attack_makes_is_on_the_models_device_or_said_to_be_on_the_host():
+    """This CPU cannot run the CUDA path, so the rule that keeps it whole is read from the
+    source: a tensor a text attack makes names its device, is drawn from a (CPU) generator
+    to be moved, or its line says it is made on the host on purpose."""
+    found = []
+    for path in sorted(Path(text_attacks.__file__).parent.glob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if not (call and node.func.attr in FACTORIES and isinstance(node.func.value, ast.Name)):
+                continue
+            named = {k.arg for k in node.keywords} & {"device", "generator"}
+            if (
+                node.func.value.id == "torch"
+                and not named
+                and "on the host" not in (lines[node.lineno - 1].lower())
+            ):
+                found.append(f"{path.name}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not found, "\n".join(found)
 
 
 def test_the_lowest_loss_is_kept_on_its_device_from_the_start_on():

@@ -256,11 +256,11 @@ def initial_state(
         loss = float(reconstruction_loss(problem, LampState(embeds, labels), config, False))
         if loss < best_loss:
             best, best_loss = embeds, loss
-    free = torch.tensor(problem.free_positions)
+    free = torch.tensor(problem.free_positions)  # on the host, as the generator's draws
     for _ in range(config.init_candidates):
         if should_stop():
             break
-        order = torch.arange(problem.target.length)
+        order = torch.arange(problem.target.length)  # on the host: moved once made
         order[free] = free[torch.randperm(len(free), generator=generator)]
         embeds = best[:, order.to(device)]
         loss = float(reconstruction_loss(problem, LampState(embeds, labels), config, False))

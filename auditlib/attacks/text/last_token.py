@@ -39,9 +39,10 @@ def _known_terms(target: TextTarget, prefixes: list[list[int]], module: torch.nn
     device = target.model.device
     lengths = torch.tensor([len(p) + 1 for p in prefixes], device=device)  # each one's length
     n = max(len(p) + 1 for p in prefixes)
-    ids = torch.full((len(prefixes), n), target.model.tokenizer.pad_id, dtype=torch.int64)
+    pad = target.model.tokenizer.pad_id
+    ids = torch.full((len(prefixes), n), pad, dtype=torch.int64)  # on the host: filled, moved
     for row, prefix in enumerate(prefixes):
-        ids[row, : len(prefix)] = torch.tensor(prefix)
+        ids[row, : len(prefix)] = torch.tensor(prefix)  # on the host
     ids = ids.to(device)
     positions = torch.arange(n, device=device)
     mask = (positions[None] < lengths[:, None]).to(torch.int64)

@@ -76,10 +76,11 @@ def _public_sequences(tok: TextTokenizer) -> list[list[int]]:
 
 def _batch(sequences: list[list[int]], rows: np.ndarray, pad: int) -> tuple[torch.Tensor, ...]:
     width = max(len(sequences[r]) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.int64)
-    labels = torch.full((len(rows), width), -100, dtype=torch.int64)
+    # On the host: the prior trains on the CPU (``train_prior``), then goes to the model's device.
+    ids = torch.full((len(rows), width), pad, dtype=torch.int64)  # on the host
+    labels = torch.full((len(rows), width), -100, dtype=torch.int64)  # on the host
     for i, r in enumerate(rows):
-        seq = torch.tensor(sequences[r])
+        seq = torch.tensor(sequences[r])  # on the host
         ids[i, : len(seq)] = seq
         labels[i, : len(seq)] = seq
     return ids, labels
