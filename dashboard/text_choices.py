@@ -20,7 +20,7 @@ import streamlit as st
 from auditlib.attacks.text import TEXT_ATTACKS
 from auditlib.data.text_samples import parse_text_file
 from auditlib.defenses import DEFENSES
-from auditlib.engine.ray_backend import gpus_offered
+from auditlib.engine.ray_backend import offered_device
 from auditlib.engine.text_audit import TEXT_DEFENSES, TextAuditSpec
 from auditlib.engine.text_runs import OWN_MODEL, TextUploads, uploads_by_digest
 from auditlib.errors import AuditInputError
@@ -217,7 +217,7 @@ def _attack_inputs(choices: TextChoices) -> None:
     )  # fmt: skip
     choices.iterations = steps or None
     # The Lab's choice where the session made one; else cuda where Ray offers a GPU.
-    default = st.session_state.get("device") or ("cuda" if gpus_offered() else "cpu")
+    default = st.session_state.get("device") or offered_device()
     choices.device = st.selectbox(
         "Device", DEVICES, key=persist("text_device", default),
         help="Where the model, the client's update and the attacks run: cuda asks Ray for one "

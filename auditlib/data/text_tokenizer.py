@@ -121,13 +121,14 @@ def demo_tokenizer(kind: str, vocab_size: int = DEMO_VOCAB_SIZE) -> TextTokenize
     machine)."""
     if kind not in ("bpe", "wordpiece"):
         raise AuditInputError(f"tokenizer kind {kind!r}; expected 'bpe' or 'wordpiece'")
+    description = f"demo {kind} tokenizer ({vocab_size} tokens, trained on the public demo text)"
     shipped = shipped_tokenizer(kind, vocab_size)
+    if shipped.exists():  # the data folder is not touched for it
+        return _wrap(Tokenizer.from_file(str(shipped)), description)
     folder = data_dir() / "cache" / "text"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = folder / f"demo-{kind}-{vocab_size}.json"
-    if shipped.exists():
-        tok = Tokenizer.from_file(str(shipped))
-    elif path.exists():
+    if path.exists():
         tok = Tokenizer.from_file(str(path))
     else:
         tok = _train(kind, vocab_size)
@@ -135,9 +136,7 @@ def demo_tokenizer(kind: str, vocab_size: int = DEMO_VOCAB_SIZE) -> TextTokenize
         tok.save(str(partial))
         private(partial, 0o600)
         partial.replace(path)
-    return _wrap(
-        tok, f"demo {kind} tokenizer ({vocab_size} tokens, trained on the public demo text)"
-    )
+    return _wrap(tok, description)
 
 
 def shipped_tokenizer(kind: str, vocab_size: int = DEMO_VOCAB_SIZE) -> Path:

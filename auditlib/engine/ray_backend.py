@@ -156,6 +156,12 @@ def gpus_offered() -> int | None:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
+def offered_device() -> str:
+    """The device a new run (image or text) is offered: cuda where Ray offers a GPU, else
+    cpu (also while Ray is still starting)."""
+    return "cuda" if gpus_offered() else "cpu"
+
+
 def require_device(device: str, address: str | None = None) -> None:
     """Refuse a CUDA run (an image or a text audit) at once where Ray has no GPU to give
     it (the task would wait for a GPU worker forever)."""

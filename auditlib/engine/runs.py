@@ -160,10 +160,8 @@ class RunManager:
         return self._admitted(owner, [spec], [title], task_of)[0]
 
     def default_device(self) -> str:
-        """The device a new run is offered: cuda where Ray offers a GPU, else cpu (also
-        while Ray is still starting)."""
-        gpus = ray_backend.gpus_offered()
-        return "cuda" if gpus else "cpu"
+        """The device a new run is offered (``ray_backend.offered_device``)."""
+        return ray_backend.offered_device()
 
     def _admit(self, spec: RunSpec) -> bool:
         """What a start checks before anything is recorded (parameter errors as
