@@ -799,8 +799,10 @@ def test_sign_in_goes_sixteen_images_fit_and_a_run_shows_life_at_once_in_a_brows
             page.get_by_label("Password", exact=True).fill(USERS["alice"][1])
             page.get_by_role("button", name="Sign in").click()
             page.get_by_text("Signed in as alice").wait_for()
-            # The form goes with the run that signs in, not at the next click.
-            page.get_by_label("User name").wait_for(state="detached", timeout=1_000)
+            # The form goes with the run that signs in, not at the next click: nothing is
+            # clicked while this waits, so a form kept until the next click never goes. The
+            # run may take seconds on a loaded 2-core machine (a 1 s wait failed there).
+            page.get_by_label("User name").wait_for(state="detached", timeout=20_000)
             assert page.get_by_label("Password", exact=True).count() == 0
             page.get_by_role("heading", name="Setup").first.wait_for()
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import types
 from pathlib import Path
 
-from auditlib.attacks import ProgressEvent
+from auditlib.attacks import ProgressEvent, RunControl
 from auditlib.cli import main
+from auditlib.engine import pace
 from auditlib.engine.attack_phase import plan_attacks
 from auditlib.engine.audit import AuditResult, iter_audit
 from auditlib.engine.pace import AttackPace, running_counts
@@ -79,6 +81,44 @@ def test_a_compiled_step_is_estimated_with_its_compiling_once_per_count_of_start
     assert running_counts(planned[0], 20, 10) == [4, 2]
     paper = plan_attacks(ComponentSpec.of("ig", {"compiled": "true"}, preset="paper"), 300)
     assert running_counts(paper[0], 300, 10) == [1]
+
+
+@dataclasses.dataclass(frozen=True)
+class _RacedCompiledStep:
+    """A compiled step's events as a race of 4 starts makes them: its first step at each
+    count of starts (4, then 2 after step 1, then 1 after step 3) traces first, for
+    ``trace_s``; a step takes ``step_s`` (its batch at once)."""
+
+    control: RunControl
+    trace_s: float
+    step_s: float = 0.01
+    attack: object = dataclasses.field(
+        default_factory=lambda: types.SimpleNamespace(config=types.SimpleNamespace(compiled=True))
+    )
+
+    def events(self):
+        for restart in range(4):
+            yield ProgressEvent(0, 40, 0.0, {}, restart=restart)
+        done, traced = 0, set()
+        for step in range(12):
+            count = 4 if step < 1 else 2 if step < 3 else 1
+            time.sleep(self.step_s + (self.trace_s if count not in traced else 0.0))
+            traced.add(count)
+            done += count
+            yield ProgressEvent(done, 40, 0.0, {})
+
+
+def test_a_compiled_step_is_timed_on_steps_that_did_not_trace_however_long_tracing_takes(
+    monkeypatch,
+):
+    """A race's rungs in a short run's first steps each trace a new count of starts: on a
+    loaded 2-core machine IG's traces on LeNet took about 40 s each, the probe's time ran
+    out on retraced steps only, and the estimate said 18 s a step with no compiling. A step
+    at a new count is the count's tracing, not a step: the pace is the others'."""
+    monkeypatch.setattr(pace, "COMPILED_PROBE_S", 0.2)  # shorter than one trace here
+    step_s, setup_s = pace._step_seconds(_RacedCompiledStep(RunControl(40), trace_s=0.5))
+    assert step_s < 0.05  # a step of 2 starts: 0.005 s a start (a retraced one: 0.25)
+    assert 0.4 < setup_s < 2.0  # the first trace: 0.5 s
 
 
 def test_the_twins_have_a_budget_of_their_own():

@@ -27,9 +27,12 @@ from auditlib.errors import AttackUnsupportedError
 PROBE_STEPS = 6
 PROBE_S = 2.0
 # A compiled step traces again when a race changes its count of starts (a rung in the first
-# steps of a short run): its steps are timed past those, for up to this long, and the lower
-# median leaves the retraced steps out (at most 2 of the 6 intervals under the audit preset).
+# steps of a short run): a step at a new count is not timed as a step (``_step_paces``). Its
+# steps are timed for up to COMPILED_PROBE_S past its first once one step is timed, and for
+# no longer than COMPILED_PROBE_CAP_S in all: on a loaded 2-core machine each trace of IG on
+# LeNet took about 40 s, so that 60 s held only retraced steps (an 18 s "step" estimated).
 COMPILED_PROBE_S = 60.0
+COMPILED_PROBE_CAP_S = 600.0
 # A first step is let run this long before it is cut and timed by its evaluations instead:
 # a batched L-BFGS step evaluates fewer starts as they settle, so 20 times its first
 # evaluations overstates it (3x on LeNet DLG's 8 starts).
@@ -181,14 +184,20 @@ def _step_seconds(call: AttackCall) -> tuple[float, float]:
                 marks.append((event.step, now))
             # Enough steps timed, or the time spent; a first step slower than PROBE_S is
             # timed alone (its allocations included) rather than waiting for a second.
-            slow_first = len(marks) == 1 and now - ready > PROBE_S and not compiled
-            spent = now - marks[0][1] > (COMPILED_PROBE_S if compiled else PROBE_S)
-            if len(marks) > PROBE_STEPS or spent or slow_first:
+            if compiled:
+                timed = len(_step_paces(marks, compiled))
+                spent = timed and now - marks[0][1] > COMPILED_PROBE_S
+                done = timed >= PROBE_STEPS or spent or now - began > COMPILED_PROBE_CAP_S
+            else:
+                slow_first = len(marks) == 1 and now - ready > PROBE_S
+                done = len(marks) > PROBE_STEPS or now - marks[0][1] > PROBE_S or slow_first
+            if done:
                 break
     finally:
         events.close()  # the attack stops here; nothing of it is kept
     if len(marks) >= 2:
-        paces = sorted((b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(marks))
+        # Only retraced steps timed (the cap reached, or the attack ended first): theirs.
+        paces = sorted(_step_paces(marks, compiled) or _step_paces(marks, False))
         pace = paces[(len(paces) - 1) // 2]  # the lower median: bursts only ever add time
         return pace, max(marks[0][1] - ready - marks[0][0] * pace, 0.0)
     if marks:  # one step (a closed form's pass, or one slow step)
@@ -198,3 +207,16 @@ def _step_seconds(call: AttackCall) -> tuple[float, float]:
         return time.perf_counter() - ready, 0.0
     per_step = getattr(call.attack.config, "lbfgs_max_iter", 1)
     return evaluation * per_step / max(together, 1), 0.0
+
+
+def _step_paces(marks: list[tuple[int, float]], compiled: bool) -> list[float]:
+    """Seconds per step between consecutive ``marks`` (steps done over every start, when),
+    one batched step apart. For a compiled step, only the steps run at the count of starts
+    of the step before: a step at a new count (its steps done rose by another count: a
+    race's rung) traced that count first, which ``setup_s`` counts, not the pace."""
+    counts = [marks[0][0]] + [b[0] - a[0] for a, b in itertools.pairwise(marks)]
+    return [
+        (b[1] - a[1]) / (b[0] - a[0])
+        for k, (a, b) in enumerate(itertools.pairwise(marks))
+        if not compiled or counts[k + 1] == counts[k]
+    ]
