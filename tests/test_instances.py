@@ -292,7 +292,7 @@ def test_shutdown_ends_its_runs_with_the_reason_and_stops_their_tasks(url):
 @pytest.mark.ray
 @pytest.mark.postgres
 def test_postgresql_stopped_mid_run_and_restarted(postgres_server, postgres_url):
-    """Issue 57: the database stopped 2 s into a run and back 10 s later; the run ends
+    """Issue 57: the database stopped 2 s into a run and back 10 s or more later; the run ends
     with its true status within 30 s of the return (here: a beat or two), and Cancel works
     throughout, the outage included."""
     ray_backend.ensure_ray()
@@ -305,9 +305,12 @@ def test_postgresql_stopped_mid_run_and_restarted(postgres_server, postgres_url)
         time.sleep(2)
         postgres_server.halt()
         try:
+            down = time.monotonic()
             manager.cancel(cancelled)  # while the database is down
-            time.sleep(10)
-            assert manager.endings.holds(cancelled)  # ended: kept until the store is back
+            # Ended: kept until the store is back. How soon the worker stops depends on the
+            # machine's load (over 10 s on 2 loaded cores), so wait for it, the store down.
+            wait_for(lambda: manager.endings.holds(cancelled), timeout=60)
+            time.sleep(max(0.0, 10 - (time.monotonic() - down)))  # at least 10 s down
         finally:
             postgres_server.resume()
         back = time.monotonic()
