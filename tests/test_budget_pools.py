@@ -14,7 +14,8 @@ import torch
 from auditlib.attacks import ATTACKS, RunControl
 from auditlib.attacks.base import AttackInfo, AuditPreset
 from auditlib.attacks.loop import PLAN, run_restarts, total_steps
-from auditlib.attacks.restarts import AUDIT_PRESET, _affordable, run_attack
+from auditlib.attacks.restarts import AUDIT_PRESET, _affordable, run_attack, run_attack_updates
+from auditlib.attacks.updates_loop import run_updates
 from auditlib.engine.attack_phase import (
     BUDGET_SPENT,
     AttackCall,
@@ -166,12 +167,20 @@ def _stub_attack() -> AttackInfo:
 
         return run_restarts(make, config.restarts, True, control, seed, "loss", None)
 
+    def run_together(observations, knowledges, config, control, seeds):
+        def make(generators, clock):  # every update's starts as rows of one step
+            return _Scheduled(len(generators), control.max_steps)
+
+        inferences = [None] * len(seeds)
+        return run_updates(make, config.restarts, control, seeds, "loss", inferences)
+
     return AttackInfo(
         "stub",
         "a scheduled attack's starts",
         _StubConfig,
         run,
         audit=AuditPreset({"restarts": 4}, REFERENCE, "the test's"),
+        run_updates=run_together,
     )
 
 
@@ -220,3 +229,47 @@ def test_the_longer_plan_takes_the_most_steps_the_time_left_allows():
     # More steps asked never plan fewer than the clock allows: capped where it binds.
     fewer = _affordable(config, replace(control, max_steps=2_000), 300, 0.01, 500.0)
     assert fewer == min(2_000, longest[2])
+
+
+UPDATES = 3
+
+
+def _picks_together(steps: int, seconds: float | None, *, planned: bool = True) -> list:
+    """Each of three updates' final reconstruction, their starts advancing together."""
+    info = _stub_attack()
+    control = RunControl(max_steps=steps, max_seconds=seconds, emit_every=1)
+    seeds = list(range(UPDATES))
+    if planned:
+        none = [None] * UPDATES
+        events = run_attack_updates(info, none, none, _StubConfig(), control, seeds, AUDIT_PRESET)
+    else:  # the updates' own run at those steps, raced, without planning from the clock
+        events = info.run_updates(None, None, _StubConfig(), replace(control, race=PLAN), seeds)
+    finals: dict[int, object] = {}
+    for u, event in events:
+        if event.final is not None:
+            assert u not in finals  # one final event per update
+            finals[u] = event.final
+    assert sorted(finals) == list(range(UPDATES))
+    return [finals[u] for u in range(UPDATES)]
+
+
+def test_updates_together_under_a_time_budget_never_plan_a_weaker_attack_than_the_presets():
+    budget = 1.0  # the preset's 20 steps take about 0.02 s; 100 000 steps never fit
+    preset = _picks_together(REFERENCE, budget)
+    assert all(p.stop_reason == "completed" for p in preset)
+    unplanned = _picks_together(100_000, budget, planned=False)
+    assert all(
+        u.selected.loss > p.selected.loss + 0.5 for u, p in zip(unplanned, preset, strict=True)
+    )
+    # Planned from the clock as one update alone is: each update's pick, by its own
+    # objective, is never worse than its preset plan's, and the longer plan ran for all.
+    more = _picks_together(100_000, budget)
+    for update, alone in zip(more, preset, strict=True):
+        assert update.selected.loss <= alone.selected.loss
+        assert len(update.candidates) > len(alone.candidates)
+        assert update.stop_reason == "time budget"
+        assert len({c.restart for c in update.candidates}) == len(update.candidates)
+    assert len({update.steps for update in more}) == 1  # lockstep: one clock, the same steps
+    # Without a time budget the steps asked are run, as before.
+    run = [u.steps for u in _picks_together(60, None)]
+    assert run == [u.steps for u in _picks_together(60, None, planned=False)]

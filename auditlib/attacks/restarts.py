@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from auditlib.attacks.base import AttackInfo, ProgressEvent, RunControl
@@ -100,35 +100,63 @@ def staged(
     both plans' candidates, so it is never worse by its own objective than the preset's
     plan on the same clock. The stop reason is "completed" only where every start had its
     planned steps; "time budget" where the clock cut them short of ``control.max_steps``."""
+
+    def one(planned: RunControl) -> Iterator[tuple[int, ProgressEvent]]:
+        return ((0, e) for e in info.run(observation, knowledge, config, planned, seed))
+
+    return (event for _, event in _staged(one, config, control, reference))
+
+
+def _staged(
+    run: Callable[[RunControl], Iterator[tuple[int, ProgressEvent]]],
+    config: Any,
+    control: RunControl,
+    reference: int,
+) -> Iterator[tuple[int, ProgressEvent]]:
+    """:func:`staged` for ``run``'s updates (one, or several in lockstep: one clock, every
+    update at the same step), (update, event) pairs, each update's final event last."""
     began = time.perf_counter()
-    first_final: ProgressEvent | None = None
-    for event in info.run(observation, knowledge, config, _planned(control, reference), seed):
-        if event.final is None:
-            yield event
-        else:
-            first_final = event  # held: the run's final event comes last
-    assert first_final is not None and first_final.final is not None
-    first = first_final.final
+    firsts = _Finals()  # held: each update's final event comes last
+    for k, event in run(_planned(control, reference)):
+        if firsts.keep(k, event):
+            yield k, event
     elapsed = time.perf_counter() - began
     left = control.max_seconds - elapsed  # type: ignore[operator]
-    horizon = _affordable(config, control, reference, elapsed / max(first.steps, 1), left)
-    if first.stop_reason in {"time budget", "cancelled"} or horizon is None:
-        yield _merged(first_final, first, None, began, control.max_steps > reference)
+    # In lockstep every update takes every step: the seconds per step are the joint ones.
+    steps = max(final.steps for _, final in firsts.values())
+    horizon = _affordable(config, control, reference, elapsed / max(steps, 1), left)
+    stopped = any(f.stop_reason in {"time budget", "cancelled"} for _, f in firsts.values())
+    if stopped or horizon is None:
+        for k, (event, first) in firsts.items():
+            yield k, _merged(event, first, None, began, control.max_steps > reference)
         return
-    second_final: ProgressEvent | None = None
-    for event in info.run(observation, knowledge, config, _planned(control, horizon, left), seed):
-        if event.final is None:
-            yield dataclasses.replace(
-                event,
-                step=first.steps + event.step,
-                total_steps=first.steps + event.total_steps,
-                elapsed_s=elapsed + event.elapsed_s,
+    seconds = _Finals()
+    for k, event in run(_planned(control, horizon, left)):
+        if seconds.keep(k, event):
+            done = firsts[k][1].steps
+            yield (
+                k,
+                dataclasses.replace(
+                    event,
+                    step=done + event.step,
+                    total_steps=done + event.total_steps,
+                    elapsed_s=elapsed + event.elapsed_s,
+                ),
             )
-        else:
-            second_final = event
-    assert second_final is not None and second_final.final is not None
     short = horizon < control.max_steps
-    yield _merged(second_final, first, second_final.final, began, short)
+    for k, (event, second) in seconds.items():
+        yield k, _merged(event, firsts[k][1], second, began, short)
+
+
+class _Finals(dict[int, tuple[ProgressEvent, Reconstruction]]):
+    """Each update's final event and its reconstruction, held until both plans ran."""
+
+    def keep(self, update: int, event: ProgressEvent) -> bool:
+        """Holds ``event`` if it is final; True where it is a step's, to be passed on."""
+        if event.final is None:
+            return True
+        self[update] = (event, event.final)
+        return False
 
 
 def _planned(control: RunControl, steps: int, seconds: float | None = None) -> RunControl:
@@ -226,11 +254,22 @@ def run_attack_updates(
     preset: str | None,
 ) -> Iterator[tuple[int, ProgressEvent]]:
     """Several updates' runs of one attack together, each with its preset's restart schedule
-    (each update its own race): (update, event) pairs, one final event per update."""
+    (each update its own race): (update, event) pairs, one final event per update. Under a
+    time budget with more steps per start than the preset plans, planned from the clock as
+    one run is (:func:`staged`), the updates' one clock and lockstep kept."""
     race = race_of(config, preset)
     if race is not None:
         control = dataclasses.replace(control, race=race)
-    return info.run_updates(observations, knowledges, config, control, seeds)
+    assert info.run_updates is not None
+    run_updates = info.run_updates
+
+    def together(planned: RunControl) -> Iterator[tuple[int, ProgressEvent]]:
+        return run_updates(observations, knowledges, config, planned, seeds)
+
+    reference = preset_steps(info, preset)
+    if control.max_seconds is None or reference is None or control.max_steps <= reference:
+        return together(control)
+    return _staged(together, config, control, reference)
 
 
 def restart_schedule(config: Any, preset: str | None) -> str:
