@@ -316,9 +316,6 @@ def test_a_seed_gives_the_same_run():
 
 def test_time_budget_stops_the_attack():
     _, release = release_for(spec_for())
-    # A process's first optimiser imports torch._dynamo (over a second in a fresh process):
-    # paid untimed, as an earlier test in the worker would have paid it.
-    run(release, 1)
     start = time.perf_counter()
     _, final = run(release, 100_000, max_seconds=1.0)
     assert final.stop_reason == "time budget"

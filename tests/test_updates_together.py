@@ -256,9 +256,6 @@ def test_each_update_races_its_own_starts(releases):
 def test_a_time_budget_cuts_every_update_at_the_same_step(releases):
     # One clock for all: the updates advance in lockstep, so none is starved while another
     # runs on (one after another under one clock, the last would get nothing).
-    # A process's first optimiser imports torch._dynamo (over a second in a fresh process):
-    # paid untimed, as an earlier test in the worker would have paid it.
-    _together("ig", {"restarts": 2}, releases, RunControl(max_steps=1))
     control = RunControl(max_steps=10_000, max_seconds=1.5, emit_every=10, image_every=50)
     _, _, finals = _together("ig", {"restarts": 2}, releases, control)
     reached = set()

@@ -197,11 +197,10 @@ class CancelBoard:
 def warm_up() -> bool:
     """Pay a worker's one-off costs before the first audit: importing torch and auditlib,
     and torch.optim's lazy import of torch._dynamo (1-2 s on a laptop CPU)."""
-    import torch
-
     import auditlib.engine.stream  # noqa: F401
+    from auditlib.attacks.base import optimisers_ready
 
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    optimisers_ready()
     return True
 
 
