@@ -17,6 +17,7 @@ from torch import nn
 
 import auditlib
 from auditlib.attacks import ProgressEvent, RunControl
+from auditlib.attacks.base import optimisers_ready
 from auditlib.defenses import build_defense
 from auditlib.engine.attack_phase import (
     BUDGET_SPENT,
@@ -150,6 +151,7 @@ def _prepare(
     """:func:`prepare_run`, yielding the :class:`AuditStart` as soon as the victim is ready
     (before the release, which may refuse the scenario)."""
     began_unix = time.time()  # wall clock, for when runs overlapped (timing.*_unix)
+    optimisers_ready()  # a process's one-off import, counted in neither attack's seconds
     planned = plan_attacks(spec.attack, spec.budget.iterations, emit_every, spec.scenario.server)
     defense, defense_settings = build_defense(spec.defense.name, spec.defense.params_dict())
     control = RunControl(
