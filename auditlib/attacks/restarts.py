@@ -116,24 +116,24 @@ def _staged(
     """:func:`staged` for ``run``'s updates (one, or several in lockstep: one clock, every
     update at the same step), (update, event) pairs, each update's final event last."""
     began = time.perf_counter()
-    firsts = _Finals()  # held: each update's final event comes last
+    first_plan = _Finals()  # held: each update's final event comes last
     for k, event in run(_planned(control, reference)):
-        if firsts.keep(k, event):
+        if first_plan.keep(k, event):
             yield k, event
     elapsed = time.perf_counter() - began
     left = control.max_seconds - elapsed  # type: ignore[operator]
     # In lockstep every update takes every step: the seconds per step are the joint ones.
-    steps = max(final.steps for _, final in firsts.values())
+    steps = max(final.steps for _, final in first_plan.values())
     horizon = _affordable(config, control, reference, elapsed / max(steps, 1), left)
-    stopped = any(f.stop_reason in {"time budget", "cancelled"} for _, f in firsts.values())
+    stopped = any(f.stop_reason in {"time budget", "cancelled"} for _, f in first_plan.values())
     if stopped or horizon is None:
-        for k, (event, first) in firsts.items():
+        for k, (event, first) in first_plan.items():
             yield k, _merged(event, first, None, began, control.max_steps > reference)
         return
-    seconds = _Finals()
+    second_plan = _Finals()
     for k, event in run(_planned(control, horizon, left)):
-        if seconds.keep(k, event):
-            done = firsts[k][1].steps
+        if second_plan.keep(k, event):
+            done = first_plan[k][1].steps
             yield (
                 k,
                 dataclasses.replace(
@@ -144,8 +144,8 @@ def _staged(
                 ),
             )
     short = horizon < control.max_steps
-    for k, (event, second) in seconds.items():
-        yield k, _merged(event, firsts[k][1], second, began, short)
+    for k, (event, second) in second_plan.items():
+        yield k, _merged(event, first_plan[k][1], second, began, short)
 
 
 class _Finals(dict[int, tuple[ProgressEvent, Reconstruction]]):
