@@ -38,11 +38,7 @@ from auditlib.engine.victim import prepare_victim
 from auditlib.errors import AttackUnsupportedError, AuditInputError, RunCancelledError
 from auditlib.metrics import LPIPS_NETS, match, psnr, to_unit_range
 from auditlib.metrics.catalogue import METRIC_DEFINITION
-from auditlib.metrics.verdict import (
-    Scope,
-    Twins,
-    threat_card,
-)
+from auditlib.metrics.verdict import Scope, Twins, threat_card
 from auditlib.result import (
     AuditSummary,
     DefenseReport,
