@@ -218,7 +218,7 @@ def test_grnns_sorted_wasserstein_term_of_each_row_is_its_own_updates(releases):
     alone = [
         float(losses[u].gradient_terms(images[0], labels[0])[1].detach()) for u in range(UPDATES)
     ]
-    assert len({round(v, 9) for v in alone}) == UPDATES
+    assert len({round(v, 6) for v in alone}) == UPDATES
 
 
 def _in_float64(release):
