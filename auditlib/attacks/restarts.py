@@ -65,10 +65,19 @@ def run_attack(
     race = race_of(config, preset)
     if race is not None:
         control = dataclasses.replace(control, race=race)
-    reference = preset_steps(info, preset)
-    if control.max_seconds is None or reference is None or control.max_steps <= reference:
+    reference = _clock_plans(info, preset, control)
+    if reference is None:
         return info.run(observation, knowledge, config, control, seed)
     return staged(info, observation, knowledge, config, control, seed, reference)
+
+
+def _clock_plans(info: AttackInfo, preset: str | None, control: RunControl) -> int | None:
+    """The preset's steps per start where the run is planned from the clock (a time budget,
+    more steps asked than the preset plans); None: the steps asked are run as they are."""
+    reference = preset_steps(info, preset)
+    if control.max_seconds is None or reference is None or control.max_steps <= reference:
+        return None
+    return reference
 
 
 def preset_steps(info: AttackInfo, preset: str | None) -> int | None:
@@ -266,8 +275,8 @@ def run_attack_updates(
     def together(planned: RunControl) -> Iterator[tuple[int, ProgressEvent]]:
         return run_updates(observations, knowledges, config, planned, seeds)
 
-    reference = preset_steps(info, preset)
-    if control.max_seconds is None or reference is None or control.max_steps <= reference:
+    reference = _clock_plans(info, preset, control)
+    if reference is None:
         return together(control)
     return _staged(together, config, control, reference)
 
