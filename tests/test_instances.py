@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from ray_waits import WORKER_START_S
 from sqlalchemy.exc import OperationalError
 from test_runs import spec  # a LeNet DLG run on one photograph, of that many iterations
 
@@ -54,6 +55,14 @@ def wait_for(condition, timeout: float = 60.0, every: float = 0.1) -> float:
         assert time.monotonic() - began < timeout, "not within the time allowed"
         time.sleep(every)
     return time.monotonic() - began
+
+
+def started(store: Store, *run_ids: str) -> None:
+    """Wait until every run is running: its worker started it (``ray_waits``)."""
+    wait_for(
+        lambda: all(store.get_run(r).status == "running" for r in run_ids),
+        timeout=WORKER_START_S,
+    )
 
 
 def record(id_: str, host: str, pid: int, start: str, beat_age_s: float) -> InstanceRecord:
@@ -137,17 +146,19 @@ def test_a_second_dashboard_on_the_store_leaves_the_first_ones_live_run_alone(ur
     ray_backend.ensure_ray()
     store = Store(url)
     first = RunManager(store, emit_every=5, image_every=20, lpips_nets=(), limits=UNLIMITED)
-    run_id = first.start(spec(60))
-    wait_for(lambda: store.get_run(run_id).status == "running")
-    second = python(ANOTHER_DASHBOARD, url)
-    out, _ = second.communicate(timeout=120)
-    assert second.returncode == 0 and out.split() == ["0"]
-    assert first.wait(run_id, 300)
-    finished = store.get_run(run_id)
-    assert finished.status == "completed", finished.error
-    assert store.image(run_id, "reconstruction") is not None
-    first.shutdown()
-    store.close()
+    try:
+        run_id = first.start(spec(60))
+        started(store, run_id)
+        second = python(ANOTHER_DASHBOARD, url)
+        out, _ = second.communicate(timeout=120)
+        assert second.returncode == 0 and out.split() == ["0"]
+        assert first.wait(run_id, 300)
+        finished = store.get_run(run_id)
+        assert finished.status == "completed", finished.error
+        assert store.image(run_id, "reconstruction") is not None
+    finally:  # a failure above leaves no task computing for the next test's runs to wait on
+        first.shutdown()
+        store.close()
 
 
 def test_the_runs_of_a_killed_dashboard_are_failed_with_why_on_the_next_beat(url):
@@ -214,7 +225,7 @@ def test_a_run_that_ends_during_an_outage_is_written_on_the_stores_return(manage
     store = manager.store
     outage = Outage(store, monkeypatch)
     run_id = manager.start(spec(30))
-    wait_for(lambda: store.get_run(run_id).status == "running")
+    started(store, run_id)
     outage.down = True
     assert manager.wait(run_id, 300)  # the worker ended; its ending is kept
     assert manager.endings.holds(run_id) and store.get_run(run_id).status == "running"
@@ -231,7 +242,7 @@ def test_cancel_works_while_the_store_is_down(manager, monkeypatch):
     store = manager.store
     outage = Outage(store, monkeypatch)
     run_id = manager.start(spec(3000))
-    wait_for(lambda: store.get_run(run_id).status == "running")
+    started(store, run_id)
     outage.down = True
     manager.cancel(run_id)  # no store: the board still stops it
     assert manager.wait(run_id, 60)
@@ -246,7 +257,7 @@ def test_a_cancel_asked_on_another_process_reaches_the_one_running_the_run(manag
     other = RunManager(other_store, lpips_nets=(), limits=UNLIMITED)
     store = manager.store
     run_id = manager.start(spec(3000))
-    wait_for(lambda: store.get_run(run_id).status == "running")
+    started(store, run_id)
     other.cancel(run_id)  # not its run: asked through the store
     waited = wait_for(lambda: store.get_run(run_id).finished, timeout=30)
     assert store.get_run(run_id).status == "cancelled" and waited < 15
@@ -262,7 +273,7 @@ def test_a_deleted_runs_task_stops_computing(manager):
     store = manager.store
     total = ray.cluster_resources()["CPU"]
     run_id = manager.start(spec(5000))
-    wait_for(lambda: store.get_run(run_id).status == "running")
+    started(store, run_id)
     assert ray.available_resources().get("CPU", 0) < total
     store.delete_run(run_id)
     waited = wait_for(lambda: ray.available_resources().get("CPU", 0) >= total, timeout=30)
@@ -276,17 +287,20 @@ def test_shutdown_ends_its_runs_with_the_reason_and_stops_their_tasks(url):
     ray_backend.ensure_ray()
     store = Store(url)
     manager = RunManager(store, emit_every=5, lpips_nets=(), limits=UNLIMITED)
-    total = ray.cluster_resources()["CPU"]
-    run_ids = [manager.start(spec(5000)) for _ in range(2)]
-    wait_for(lambda: all(store.get_run(r).status == "running" for r in run_ids))
-    manager.shutdown()
-    for run_id in run_ids:
-        record = store.get_run(run_id)
-        assert record.status == "failed" and record.error == SHUTDOWN_REASON
-    wait_for(lambda: ray.available_resources().get("CPU", 0) >= total, timeout=30)
-    manager.wait_all(30)
-    assert [store.get_run(r).error for r in run_ids] == [SHUTDOWN_REASON] * 2
-    store.close()
+    try:
+        total = ray.cluster_resources()["CPU"]
+        run_ids = [manager.start(spec(5000)) for _ in range(2)]
+        started(store, *run_ids)
+        manager.shutdown()
+        for run_id in run_ids:
+            record = store.get_run(run_id)
+            assert record.status == "failed" and record.error == SHUTDOWN_REASON
+        wait_for(lambda: ray.available_resources().get("CPU", 0) >= total, timeout=30)
+        manager.wait_all(30)
+        assert [store.get_run(r).error for r in run_ids] == [SHUTDOWN_REASON] * 2
+    finally:  # again after a failure: two runs of 5000 steps left computing held both CPUs
+        manager.shutdown()  # for the next tests (CI, stop 83: three failed in a row)
+        store.close()
 
 
 @pytest.mark.ray
@@ -301,7 +315,7 @@ def test_postgresql_stopped_mid_run_and_restarted(postgres_server, postgres_url)
     try:
         finishing = manager.start(spec(40))
         cancelled = manager.start(spec(5000))
-        wait_for(lambda: store.get_run(finishing).status == "running")
+        started(store, finishing)
         time.sleep(2)
         postgres_server.halt()
         try:

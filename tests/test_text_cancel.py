@@ -6,8 +6,10 @@ claims only what was measured. Through the dashboard's run manager on Ray, the r
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
+from ray_waits import WORKER_START_S
 
 from auditlib.attacks.text import run_text_attack
 from auditlib.attacks.text.base import TextTarget
@@ -143,18 +145,23 @@ def test_the_run_manager_cancels_a_text_run_cooperatively_on_ray(tmp_path, ray_s
     )
     with Store(f"sqlite:///{tmp_path / 'audit.db'}") as store:
         manager = TextRunManager(store, instance="c" * 32)
-        run_id = manager.start(spec, TextUploads(), owner="alice")
-        # Cancel once TAG is under way (its first progress event stored).
-        for _ in range(600):
+        try:
+            run_id = manager.start(spec, TextUploads(), owner="alice")
+            # Cancel once TAG is under way (its first progress event stored); a cold worker
+            # may take long to start on a loaded machine (``ray_waits``).
+            began = time.monotonic()
+            while time.monotonic() - began < WORKER_START_S:
+                record = manager.runs.get(run_id)
+                if record.live and record.live.get("stage") == "progress":
+                    break
+                manager.wait(run_id, 0.1)
+            assert record.live and record.live.get("stage") == "progress", record
+            manager.cancel(run_id)
+            assert manager.wait(run_id, 60)  # well before the hard stop would be needed
             record = manager.runs.get(run_id)
-            if record.live and record.live.get("stage") == "progress":
-                break
-            manager.wait(run_id, 0.1)
-        assert record.live and record.live.get("stage") == "progress", record
-        manager.cancel(run_id)
-        assert manager.wait(run_id, 60)  # well before the hard stop would be needed
-        record = manager.runs.get(run_id)
-        assert record.status == "cancelled" and record.error == STOPPED_REASON
-        result = read_text_result(record.result)
-        assert result.stopped and result.runs[0].stopped
-        assert result.verdict.outcome in ("inconclusive", "leaks")
+            assert record.status == "cancelled" and record.error == STOPPED_REASON
+            result = read_text_result(record.result)
+            assert result.stopped and result.runs[0].stopped
+            assert result.verdict.outcome in ("inconclusive", "leaks")
+        finally:  # after a failure, no run of 100,000 steps left holding a worker
+            manager.shutdown()

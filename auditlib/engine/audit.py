@@ -147,7 +147,6 @@ def _prepare(
     """:func:`prepare_run`, yielding the :class:`AuditStart` as soon as the victim is ready
     (before the release, which may refuse the scenario)."""
     began_unix = time.time()  # wall clock, for when runs overlapped (timing.*_unix)
-    optimisers_ready()  # a process's one-off import, counted in neither attack's seconds
     planned = plan_attacks(spec.attack, spec.budget.iterations, emit_every, spec.scenario.server)
     defense, defense_settings = build_defense(spec.defense.name, spec.defense.params_dict())
     control = RunControl(
@@ -166,6 +165,8 @@ def _prepare(
     else:
         originals = to_unit_range(batch.images, victim.normalization)
         yield AuditStart(originals, batch.names, tuple(int(v) for v in batch.labels))
+    # A process's one-off import (2-3 s), in no attack's seconds; after the start is shown
+    optimisers_ready()
     rounds = Rounds(spec, victim, defense)
     release = _first_release(rounds, planned)  # the report's: the first attack's that builds
     adaptive = adaptive_wanted(spec.scenario.attacker_knows_defense, spec.attack)
