@@ -195,12 +195,14 @@ class CancelBoard:
 
 @ray.remote(num_cpus=1, max_retries=0)
 def warm_up() -> bool:
-    """Pay a worker's one-off costs before the first audit: importing torch and auditlib,
-    and torch.optim's lazy import of torch._dynamo (1-2 s on a laptop CPU)."""
+    """Pay a worker's imports before the first audit: torch and auditlib, about 5 s of a core.
+    Not torch.optim's lazy import of torch._dynamo (2-3 s more), which a run pays after its
+    start message (``engine.audit._prepare``): paid here it kept the warm-up busy past a
+    Start clicked soon after the first page view, whose run then waited for a cold worker
+    (the sixteen-image browser test alone: over 3 s to the worker's first word, 3 of 3;
+    1.1 to 2.1 s without it)."""
     import auditlib.engine.stream  # noqa: F401
-    from auditlib.attacks.base import optimisers_ready
 
-    optimisers_ready()
     return True
 
 
