@@ -165,7 +165,7 @@ def _prepare(
     else:
         originals = to_unit_range(batch.images, victim.normalization)
         yield AuditStart(originals, batch.names, tuple(int(v) for v in batch.labels))
-    # A process's one-off import (2-3 s), in no attack's seconds; after the start is shown
+    # A process's one-off import (2-3 s): in no attack's seconds, and after the start message
     optimisers_ready()
     rounds = Rounds(spec, victim, defense)
     release = _first_release(rounds, planned)  # the report's: the first attack's that builds
