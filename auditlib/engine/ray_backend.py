@@ -195,7 +195,7 @@ class CancelBoard:
 
 @ray.remote(num_cpus=1, max_retries=0)
 def warm_up() -> bool:
-    """Pay a worker's imports before the first audit: torch and auditlib, about 5 s of a core.
+    """Pay a worker's imports before the first audit: torch and auditlib, about 3 s of a core.
     Not torch.optim's lazy import of torch._dynamo (2-3 s more), which a run pays after its
     start message (``engine.audit._prepare``): paid here it kept the warm-up busy past a
     Start clicked soon after the first page view, whose run then waited for a cold worker

@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import hypergeom
 
 from auditlib.metrics import image as image_metrics
 
@@ -319,7 +318,10 @@ def label_test(
         guess, truth = guess_counts[0][0], truth_counts[0]
         if guess.max() <= 1 or truth.max() <= 1:
             # The overlap is the number of guessed classes among the classes the relabelled
-            # labels hold: a uniform draw of that many of the C classes.
+            # labels hold: a uniform draw of that many of the C classes. scipy.stats is
+            # imported here: half a second of a cold worker's start, for a verdict's test.
+            from scipy.stats import hypergeom
+
             p = hypergeom.sf(observed - 1, classes, int((guess > 0).sum()), int((truth > 0).sum()))
             return LabelTest(observed, labels, classes, float(min(1.0, p)), "exact")
     hits = _relabelled_hits(guess_counts, truth_counts, observed, relabellings)
