@@ -170,19 +170,6 @@ def ray_session():
     ray.shutdown()
 
 
-def _share_trained_disguises(data: Path) -> None:
-    """The learned disguise's trained servers (``seer-disguised``, a minute of training a
-    model, kept under the data folder's ``cache/disguise`` by everything they depend on,
-    ``server.disguise.cache_key``): a dashboard test's data folder shares the folder of the
-    tests that audit in process (``<repo>/data``), so the suite trains each one once, not
-    once more in a dashboard test's Ray worker (the malicious lab under the model check:
-    75 s in CI, 2026-12-03). A damaged or half-written entry is trained again."""
-    shared = Path(__file__).resolve().parents[1] / "data" / "cache" / "disguise"
-    shared.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (data / "cache").mkdir(parents=True, mode=0o700)
-    (data / "cache" / "disguise").symlink_to(shared, target_is_directory=True)
-
-
 @pytest.fixture
 def dashboard_store(tmp_path, monkeypatch, ray_session):
     """The dashboard's process-wide Store and RunManager, on a SQLite file under tmp_path.
@@ -200,7 +187,6 @@ def dashboard_store(tmp_path, monkeypatch, ray_session):
     from dashboard.resources import shared_manager, shared_store
 
     monkeypatch.setenv("AUDIT_DATA_DIR", str(tmp_path / "data"))
-    _share_trained_disguises(tmp_path / "data")
     monkeypatch.delenv("AUDIT_DATABASE_URL", raising=False)
     st.cache_resource.clear()
     st.cache_data.clear()
