@@ -24,7 +24,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from auditlib.attacks import ALL_ATTACKS
 from auditlib.attacks.restarts import race_of
@@ -33,7 +33,10 @@ from auditlib.defenses import build_defense_config
 from auditlib.engine.attack_phase import adaptive_wanted, plan_attacks
 from auditlib.errors import AuditInputError
 from auditlib.spec import RunSpec
-from auditlib.store import COMPLETED, TIMED_OUT, BatchRecord, RunRecord, Store
+
+if TYPE_CHECKING:  # the store (SQLAlchemy, 0.3 s) only where runs are looked up, not at a
+    # Ray worker's start, which needs run_identity alone
+    from auditlib.store import BatchRecord, RunRecord, Store
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,6 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-_RANK = {COMPLETED: 0, TIMED_OUT: 1}  # Store.runs_for_specs' rule: a run with scores first
-
-
 def stored_runs(
     store: Store, specs: Iterable[RunSpec], *, of: RunRecord | BatchRecord | None = None
 ) -> list[RunRecord | None]:
@@ -115,6 +115,9 @@ def stored_runs(
     run or batch), only runs of its owner count: a batch's members and a run's control are
     its owner's runs, whoever looks at them; without, the store's own rule (a user's view
     looks among that user's runs)."""
+    from auditlib.store import COMPLETED, TIMED_OUT
+
+    rank = {COMPLETED: 0, TIMED_OUT: 1}  # Store.runs_for_specs' rule: a run with scores first
     ids = [identities(spec) for spec in specs]
     wanted = (i for pair in ids for i in (pair.resolved, pair.legacy) if i)
     found = (
@@ -124,7 +127,7 @@ def stored_runs(
     for pair in ids:
         runs = [found[i] for i in dict.fromkeys((pair.resolved, pair.legacy)) if i in found]
         runs.sort(key=lambda r: (r.created_at, r.id), reverse=True)  # newest first
-        chosen.append(min(runs, key=lambda r: _RANK.get(r.status, 2)) if runs else None)
+        chosen.append(min(runs, key=lambda r: rank.get(r.status, 2)) if runs else None)
     return chosen
 
 
