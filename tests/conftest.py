@@ -29,8 +29,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # Ray starts its workers at nice 15 (its default; the product keeps it, docs/PERFORMANCE.md),
 # below pytest and the servers at nice 0. In the suite the other pytest worker is a CPU-bound
-# neighbour no dashboard has: beside it a cold worker's imports (8 s of a core, idle) took
-# over 60 s (CI, stop 83). The suite's Ray workers, and those of the servers and clusters it
+# neighbour no dashboard has: beside it a cold worker's imports (then 8 s of a core, idle)
+# took over 60 s (CI, stop 83). The suite's Ray workers, and those of the servers and clusters it
 # starts (they inherit this), run at nice 0 (the shutdown test here: 22 s before, 11 s
 # after, in a whole run); on an idle machine that changes nothing.
 os.environ.setdefault("RAY_worker_niceness", "0")

@@ -181,8 +181,8 @@ def test_a_workers_imports_leave_out_what_only_a_verdict_a_utility_run_or_the_st
     """A Ray worker imports ``auditlib.engine.stream`` before a run's start message (and the
     dashboard's warm-up does the same): scipy.stats (a verdict's exact label test) and
     scikit-learn (a utility run's macro F1) were half a second each of it, and SQLAlchemy
-    (the store, which the worker never opens) 0.3 s: 3.8 s in all against 2.6 s without
-    (docs/PERFORMANCE.md, "One-off costs")."""
+    (the store, which the worker never opens) 0.3 s: about 1.2 s of a cold worker's start,
+    measured in two steps (docs/PERFORMANCE.md, "One-off costs")."""
     import subprocess
     import sys
 
