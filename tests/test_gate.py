@@ -2,7 +2,7 @@
 caps on the bytes they hold, and no route that tells an outsider about the server.
 
 These drive the ASGI middleware itself with a recording inner app; the real server behind
-it is in ``test_browser.py::test_a_visitor_uploads_nothing_and_reads_no_metrics``."""
+it is in ``test_browser.py::test_a_visitor_uploads_nothing_and_reads_no_metrics_in_a_browser``."""
 
 from __future__ import annotations
 
