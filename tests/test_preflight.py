@@ -12,11 +12,12 @@ import types
 from pathlib import Path
 
 from auditlib.attacks import ProgressEvent, RunControl
+from auditlib.attacks.race import PLAN
 from auditlib.cli import main
 from auditlib.engine import pace
 from auditlib.engine.attack_phase import plan_attacks
 from auditlib.engine.audit import AuditResult, iter_audit
-from auditlib.engine.pace import AttackPace, running_counts
+from auditlib.engine.pace import AttackPace, CountPace, running_counts
 from auditlib.engine.preflight import TimeEstimate, duration_words, estimate_time
 from auditlib.models import ModelSpec
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
@@ -116,9 +117,60 @@ def test_a_compiled_step_is_timed_on_steps_that_did_not_trace_however_long_traci
     out on retraced steps only, and the estimate said 18 s a step with no compiling. A step
     at a new count is the count's tracing, not a step: the pace is the others'."""
     monkeypatch.setattr(pace, "COMPILED_PROBE_S", 0.2)  # shorter than one trace here
-    step_s, setup_s = pace._step_seconds(_RacedCompiledStep(RunControl(40), trace_s=0.5))
+    step_s, setup_s, together = pace._step_seconds(_RacedCompiledStep(RunControl(40), trace_s=0.5))
+    assert together == 4  # its first step's starts
     assert step_s < 0.05  # a step of 2 starts: 0.005 s a start (a retraced one: 0.25)
     assert 0.4 < setup_s < 2.0  # the first trace: 0.5 s
+
+
+def test_a_race_is_estimated_count_by_count_of_its_running_starts():
+    """The audit preset races 8 starts that step together, then 4, 2 and 1: LeNet DLG's
+    batched step of 8 starts took 0.30 s here and of 1 start 0.13 s, so a pace measured in
+    the race's first steps (0.038 s a start) said 18 s for a run of 35 s. Each count is
+    timed (the first and the last measured, those between bounded by both), and a budget
+    reaches as far as those counts' steps take it."""
+    race = (CountPace(8, 10, 0.32), CountPace(4, 20, 0.3), CountPace(2, 50, 0.24))
+    raced = AttackPace(
+        "dlg (audit preset)", False, 480, 0.04, race=(*race, CountPace(1, 220, 0.12))
+    )
+    assert raced.seconds == 3.2 + 6.0 + 12.0 + 26.4
+    # 10 s: the 8 starts' 10 steps (3.2 s), the 4 starts' 20 (6 s), 3 steps of 2 starts.
+    assert raced.steps_within(10.0) == 80 + 80 + 6 and raced.steps_within(100.0) == 480
+    estimate = TimeEstimate((dataclasses.replace(raced, lbfgs=True),), 30.0, measuring_s=3.0)
+    assert estimate.steps_in_budget == 80 + 80 + 100 + int((30 - 21.2) / 0.12)
+    assert estimate.words() == (
+        "measured here on a few real steps: dlg (audit preset) 0.04 s a step with its 8 starts "
+        "stepping together, 0.12 s with the 1 its race keeps, so the 480 planned steps take "
+        "about 48 s; an L-BFGS step ends early once its start has converged, so it may take "
+        "less; the time budget of 30 s stops the attack after about 333 of them: a budget of "
+        "at least 48 s would let it finish"
+    )
+
+
+def test_the_race_s_counts_are_measured_at_its_first_and_its_last():
+    """On LeNet a batched step costs about the same for 8 starts as for 1 (its kernels are
+    small): a step of the last start costs several times a start's share of the first's.
+    Starts that step apart cost the same each, and are timed as one pace."""
+    raced = estimate_time(
+        dataclasses.replace(spec(), attack=ComponentSpec.of("dlg", preset="audit"))
+    )
+    assert raced is not None
+    (pace,) = raced.paces
+    assert pace.lbfgs and [(c.starts, c.steps) for c in pace.race] == PLAN.schedule(8, 300, 10)
+    assert sum(c.starts * c.steps for c in pace.race) == pace.planned_steps == 480
+    first, last = pace.race[0], pace.race[-1]
+    assert first.step_s == 8 * pace.step_s
+    # One start's step: dearer than its share of the first's, cheaper than all of it
+    # (measured: 2.5-3.4 times the share, a third of the whole).
+    assert 1.5 * pace.step_s < last.step_s < first.step_s, (last.step_s, pace.step_s)
+    assert all(last.step_s <= c.step_s <= first.step_s for c in pace.race)
+    apart = estimate_time(
+        dataclasses.replace(
+            spec(), attack=ComponentSpec.of("dlg", {"together": "false"}, preset="audit")
+        )
+    )
+    assert apart is not None and apart.paces[0].race == ()
+    assert apart.paces[0].planned_steps == 480
 
 
 def test_the_twins_have_a_budget_of_their_own():

@@ -24,13 +24,19 @@ class HalvingPlan:
         steps = {every * math.ceil(f * max_steps / every) for f in self.rungs}
         return sorted(s for s in steps if 0 < s < max_steps)
 
+    def schedule(self, starts: int, max_steps: int, every: int = 1) -> list[tuple[int, int]]:
+        """The race in turn, if none stops early: each count of running restarts, with the
+        steps it runs for (one step of every running restart each; from one rung to the
+        next)."""
+        counts, alive, done = [], starts, 0
+        for rung in self.rung_steps(max_steps, every):
+            counts.append((alive, rung - done))
+            alive, done = self.survivors(alive), rung
+        return [*counts, (alive, max_steps - done)]
+
     def planned_steps(self, starts: int, max_steps: int, every: int = 1) -> int:
         """Steps over all restarts if none stops early."""
-        total, alive, done = 0, starts, 0
-        for rung in self.rung_steps(max_steps, every):
-            total += alive * (rung - done)
-            alive, done = self.survivors(alive), rung
-        return total + alive * (max_steps - done)
+        return sum(alive * steps for alive, steps in self.schedule(starts, max_steps, every))
 
     def survivors(self, alive: int) -> int:
         return max(1, math.ceil(alive * self.keep))

@@ -40,6 +40,16 @@ FIRST_STEP_S = 6.0
 
 
 @dataclass(frozen=True)
+class CountPace:
+    """A race's steps at one count of running starts that step together: the batched steps
+    it runs (each a step of every running start) and the seconds of one."""
+
+    starts: int
+    steps: int
+    step_s: float
+
+
+@dataclass(frozen=True)
 class AttackPace:
     """One planned attack's measured pace: seconds per step (the run's steps: every
     restart's step counts), or per pass for a closed form (one step)."""
@@ -47,14 +57,37 @@ class AttackPace:
     label: str
     adaptive: bool  # a twin: its time comes from the twins' own budget (``attack_call``)
     planned_steps: int
-    step_s: float
+    step_s: float  # with all its starts running (a race's first steps)
     # Paid once before the steps: a compiled step's tracing, once per count of running
     # starts (``attacks.compiled``); 0 for an eager step.
     setup_s: float = 0.0
+    # A race of starts that step together, count by count (``_race_paces``): a step of
+    # fewer starts costs more per start (measured: LeNet DLG's batched step of 8 starts
+    # 0.30 s, of 1 start 0.13 s). () where every step costs ``step_s``.
+    race: tuple[CountPace, ...] = ()
+    # An L-BFGS step, timed at its first steps' loss evaluations: one whose start has
+    # converged ends early, so the run can take less (measured: LeNet DLG from PyTorch's
+    # default initialisation, 7 s against 35 s from the DLG paper's uniform one).
+    lbfgs: bool = False
 
     @property
     def seconds(self) -> float:
+        if self.race:
+            return self.setup_s + sum(c.steps * c.step_s for c in self.race)
         return self.setup_s + self.planned_steps * self.step_s
+
+    def steps_within(self, seconds: float) -> int:
+        """About how many of the planned steps ``seconds`` of stepping make."""
+        if not self.race:
+            return min(self.planned_steps, int(seconds / self.step_s))
+        done = 0
+        for count in self.race:
+            batched = min(count.steps, int(seconds / count.step_s))
+            done += batched * count.starts
+            seconds -= batched * count.step_s
+            if batched < count.steps:
+                break
+        return done
 
 
 def unmeasured(prepared) -> tuple[str, ...]:
@@ -86,7 +119,8 @@ def measure_paces(prepared) -> tuple[tuple[AttackPace, ...], tuple[str, ...]]:
             continue
         try:
             with fresh_traces():  # the compiling a run's worker may pay, not a kept trace
-                step_s, first_extra_s = _step_seconds(call)
+                step_s, first_extra_s, together = _step_seconds(call)
+                race = _race_paces(call, prepared.control, step_s, together)
         except AttackUnsupportedError as exc:  # found only once it runs: the run skips it
             words = str(exc)
             refused.append(words if words.startswith(attack.name) else f"{attack.label}: {words}")
@@ -96,10 +130,43 @@ def measure_paces(prepared) -> tuple[tuple[AttackPace, ...], tuple[str, ...]]:
             control = prepared.control  # the run's: its rungs on the run's event grid
             shapes = running_counts(attack, control.max_steps, control.emit_every)
             setup_s = first_extra_s * len(shapes)
+        lbfgs = getattr(attack.config, "lbfgs_max_iter", 1) > 1 and (
+            getattr(attack.config, "optimizer", "lbfgs") == "lbfgs"
+        )
         paces.append(
-            AttackPace(attack.label, attack.adaptive, attack.planned_steps, step_s, setup_s)
+            AttackPace(
+                attack.label, attack.adaptive, attack.planned_steps, step_s, setup_s, race, lbfgs
+            )
         )
     return tuple(paces), tuple(refused)
+
+
+def _race_paces(call: AttackCall, control, step_s: float, together: int) -> tuple[CountPace, ...]:
+    """A race of starts that step together (the audit preset's), count by count of running
+    starts (``HalvingPlan.schedule`` on the run's ``control``), each with the seconds of one
+    batched step: measured with all the starts (``step_s`` a start, ``together`` of them)
+    and, in a probe of its own, with the race's last count; a count between costs at most
+    the first count's batched step (fewer rows never cost more) and at most the last
+    count's per start (rows batched never cost more than apart). A compiled step is timed
+    at its first count only (another count traces again: tens of seconds on a CPU), so
+    () for it, as where the starts step apart or there is one."""
+    config = call.attack.config
+    restarts = getattr(config, "restarts", 1)
+    race = race_of(config, call.attack.preset)
+    if race is None or restarts < 2 or together != restarts or _compiled(call):
+        return ()
+    schedule = race.schedule(restarts, control.max_steps, control.emit_every)
+    first_s = step_s * restarts
+    least = schedule[-1][0]
+    last_s = first_s
+    if least < restarts:
+        fewer = replace(call, attack=replace(call.attack, config=replace(config, restarts=least)))
+        last_s = _step_seconds(fewer)[0] * least
+    return tuple(
+        CountPace(count, steps, min(first_s, last_s * count / least))
+        for count, steps in schedule
+        if steps > 0
+    )
 
 
 def running_counts(attack, max_steps: int, every: int) -> list[int]:
@@ -153,10 +220,11 @@ class _Watch:
         return gaps[len(gaps) // 2] if gaps else None
 
 
-def _step_seconds(call: AttackCall) -> tuple[float, float]:
+def _step_seconds(call: AttackCall) -> tuple[float, float, int]:
     """Seconds per step of ``call``'s attack: the median of the steps timed after its first
-    (or its first, from when its restarts were ready, where that is all that fits), and what
-    the first step took beyond that pace (a compiled step's tracing). Events come right after each step (every step here:
+    (or its first, from when its restarts were ready, where that is all that fits), what
+    the first step took beyond that pace (a compiled step's tracing), and how many starts
+    stepped together in its first step. Events come right after each step (every step here:
     ``emit_every`` 1), their ``step`` counting every restart's steps. A closed form runs its
     one pass whole. A step too slow to finish within PROBE_S (an L-BFGS step of 20 loss
     evaluations on a large model) is stopped after a few evaluations: its time is theirs
@@ -199,14 +267,14 @@ def _step_seconds(call: AttackCall) -> tuple[float, float]:
         # Only retraced steps timed (the cap reached, or the attack ended first): theirs.
         paces = sorted(_step_paces(marks, compiled) or _step_paces(marks, False))
         pace = paces[(len(paces) - 1) // 2]  # the lower median: bursts only ever add time
-        return pace, max(marks[0][1] - ready - marks[0][0] * pace, 0.0)
+        return pace, max(marks[0][1] - ready - marks[0][0] * pace, 0.0), together
     if marks:  # one step (a closed form's pass, or one slow step)
-        return (marks[0][1] - ready) / marks[0][0], 0.0
+        return (marks[0][1] - ready) / marks[0][0], 0.0, together
     evaluation = watch.evaluation_s()
     if evaluation is None:  # stopped before any evaluation was timed: all it took
-        return time.perf_counter() - ready, 0.0
+        return time.perf_counter() - ready, 0.0, together
     per_step = getattr(call.attack.config, "lbfgs_max_iter", 1)
-    return evaluation * per_step / max(together, 1), 0.0
+    return evaluation * per_step / max(together, 1), 0.0, together
 
 
 def _step_paces(marks: list[tuple[int, float]], compiled: bool) -> list[float]:
