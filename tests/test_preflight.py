@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import types
 from pathlib import Path
@@ -127,7 +128,7 @@ def test_a_race_is_estimated_count_by_count_of_its_running_starts():
     """The audit preset races 8 starts that step together, then 4, 2 and 1: LeNet DLG's
     batched step of 8 starts took 0.30 s here and of 1 start 0.13 s, so a pace measured in
     the race's first steps (0.038 s a start) said 18 s for a run of 35 s. Each count is
-    timed (the first and the last measured, those between bounded by both), and a budget
+    timed (the first and the last measured, those between interpolated), and a budget
     reaches as far as those counts' steps take it."""
     race = (CountPace(8, 10, 0.32), CountPace(4, 20, 0.3), CountPace(2, 50, 0.24))
     raced = AttackPace(
@@ -148,9 +149,10 @@ def test_a_race_is_estimated_count_by_count_of_its_running_starts():
 
 
 def test_the_race_s_counts_are_measured_at_its_first_and_its_last():
-    """On LeNet a batched step costs about the same for 8 starts as for 1 (its kernels are
-    small): a step of the last start costs several times a start's share of the first's.
-    Starts that step apart cost the same each, and are timed as one pace."""
+    """On LeNet a batched step of 8 starts costs far less than 8 of one (its kernels are
+    small): a step of the race's last start costs several times a start's share of the
+    first count's step, and less than all of it. Starts that step apart cost the same each,
+    and are timed as one pace."""
     raced = estimate_time(
         dataclasses.replace(spec(), attack=ComponentSpec.of("dlg", preset="audit"))
     )
@@ -163,7 +165,9 @@ def test_the_race_s_counts_are_measured_at_its_first_and_its_last():
     # One start's step: dearer than its share of the first's, cheaper than all of it
     # (measured: 2.5-3.4 times the share, a third of the whole).
     assert 1.5 * pace.step_s < last.step_s < first.step_s, (last.step_s, pace.step_s)
-    assert all(last.step_s <= c.step_s <= first.step_s for c in pace.race)
+    for count in pace.race:  # 4 and 2 starts: linear in the count between those measured
+        share = (count.starts - 1) / 7
+        assert math.isclose(count.step_s, last.step_s + share * (first.step_s - last.step_s))
     apart = estimate_time(
         dataclasses.replace(
             spec(), attack=ComponentSpec.of("dlg", {"together": "false"}, preset="audit")
@@ -171,6 +175,36 @@ def test_the_race_s_counts_are_measured_at_its_first_and_its_last():
     )
     assert apart is not None and apart.paces[0].race == ()
     assert apart.paces[0].planned_steps == 480
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShortRace:
+    """An eager race of 4 starts in a short run, its rungs within the probe's steps: 3
+    steps of 4 starts, then 2 of 2 and 3 of 1, quick ones (their starts have converged)."""
+
+    control: RunControl
+    attack: object = dataclasses.field(
+        default_factory=lambda: types.SimpleNamespace(config=types.SimpleNamespace())
+    )
+
+    def events(self):
+        for restart in range(4):
+            yield ProgressEvent(0, 40, 0.0, {}, restart=restart)
+        done = 0
+        for count in (4, 4, 4, 2, 2, 1, 1, 1):
+            time.sleep(0.04 if count == 4 else 0.002)
+            done += count
+            yield ProgressEvent(done, 40, 0.0, {})
+
+
+def test_a_race_s_first_count_is_timed_on_its_own_steps_where_a_short_run_drops_starts():
+    """LeNet DLG at 40 steps: its race drops starts at steps 2, 4 and 10, within the probe,
+    and its starts converge soon after (an L-BFGS step of 2 starts then took 8 ms against
+    220 ms for 4), so the steps' median said 0.011 s a step of 8 starts where one took 0.034
+    s. The first count's pace is its own steps'."""
+    step_s, _, together = pace._step_seconds(_ShortRace(RunControl(40)))
+    assert together == 4
+    assert step_s >= 0.01, step_s  # a start's share of 0.04 s; the later steps' 0.001-0.002
 
 
 def test_the_twins_have_a_budget_of_their_own():

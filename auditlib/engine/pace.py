@@ -61,8 +61,8 @@ class AttackPace:
     # Paid once before the steps: a compiled step's tracing, once per count of running
     # starts (``attacks.compiled``); 0 for an eager step.
     setup_s: float = 0.0
-    # A race of starts that step together, count by count (``_race_paces``): a step of
-    # fewer starts costs more per start (measured: LeNet DLG's batched step of 8 starts
+    # A race of starts that step together, count by count (``_race_paces``): a step's cost
+    # per start changes with its count (measured: LeNet DLG's batched step of 8 starts
     # 0.30 s, of 1 start 0.13 s). () where every step costs ``step_s``.
     race: tuple[CountPace, ...] = ()
     # An L-BFGS step, timed at its first steps' loss evaluations: one whose start has
@@ -145,11 +145,12 @@ def _race_paces(call: AttackCall, control, step_s: float, together: int) -> tupl
     """A race of starts that step together (the audit preset's), count by count of running
     starts (``HalvingPlan.schedule`` on the run's ``control``), each with the seconds of one
     batched step: measured with all the starts (``step_s`` a start, ``together`` of them)
-    and, in a probe of its own, with the race's last count; a count between costs at most
-    the first count's batched step (fewer rows never cost more) and at most the last
-    count's per start (rows batched never cost more than apart). A compiled step is timed
-    at its first count only (another count traces again: tens of seconds on a CPU), so
-    () for it, as where the starts step apart or there is one."""
+    and, in a probe of its own, with the race's last count; a count between, linear in its
+    count between those two (a step's cost is neither constant nor proportional in its
+    starts: LeNet DLG's batched step of 8 starts took 2.0 to 2.4 times one start's, ResNet-18
+    IG's of 4 at 32 px 5.5 to 6.4 times, on a 2-core CPU). A compiled step is timed at its
+    first count only (another count traces again: tens of seconds on a CPU), so () for it,
+    as where the starts step apart or there is one."""
     config = call.attack.config
     restarts = getattr(config, "restarts", 1)
     race = race_of(config, call.attack.preset)
@@ -158,14 +159,15 @@ def _race_paces(call: AttackCall, control, step_s: float, together: int) -> tupl
     schedule = race.schedule(restarts, control.max_steps, control.emit_every)
     first_s = step_s * restarts
     least = schedule[-1][0]
-    last_s = first_s
-    if least < restarts:
-        fewer = replace(call, attack=replace(call.attack, config=replace(config, restarts=least)))
-        last_s = _step_seconds(fewer)[0] * least
+    if least == restarts:
+        return tuple(CountPace(count, steps, first_s) for count, steps in schedule if steps)
+    fewer = replace(call, attack=replace(call.attack, config=replace(config, restarts=least)))
+    last_s = _step_seconds(fewer)[0] * least
+    slope = (first_s - last_s) / (restarts - least)
     return tuple(
-        CountPace(count, steps, min(first_s, last_s * count / least))
+        CountPace(count, steps, last_s + slope * (count - least))
         for count, steps in schedule
-        if steps > 0
+        if steps
     )
 
 
@@ -265,7 +267,10 @@ def _step_seconds(call: AttackCall) -> tuple[float, float, int]:
         events.close()  # the attack stops here; nothing of it is kept
     if len(marks) >= 2:
         # Only retraced steps timed (the cap reached, or the attack ended first): theirs.
-        paces = sorted(_step_paces(marks, compiled) or _step_paces(marks, False))
+        # Eager, the steps of all the starts: a short run's race drops some within the
+        # probe, and a step of fewer starts is another count's (``_race_paces``).
+        first = None if compiled else _step_paces(marks, False, together)
+        paces = sorted(first or _step_paces(marks, compiled) or _step_paces(marks, False))
         pace = paces[(len(paces) - 1) // 2]  # the lower median: bursts only ever add time
         return pace, max(marks[0][1] - ready - marks[0][0] * pace, 0.0), together
     if marks:  # one step (a closed form's pass, or one slow step)
@@ -277,14 +282,18 @@ def _step_seconds(call: AttackCall) -> tuple[float, float, int]:
     return evaluation * per_step / max(together, 1), 0.0, together
 
 
-def _step_paces(marks: list[tuple[int, float]], compiled: bool) -> list[float]:
+def _step_paces(
+    marks: list[tuple[int, float]], compiled: bool, starts: int | None = None
+) -> list[float]:
     """Seconds per step between consecutive ``marks`` (steps done over every start, when),
     one batched step apart. For a compiled step, only the steps run at the count of starts
     of the step before: a step at a new count (its steps done rose by another count: a
-    race's rung) traced that count first, which ``setup_s`` counts, not the pace."""
+    race's rung) traced that count first, which ``setup_s`` counts, not the pace.
+    ``starts``: only the steps of that many starts."""
     counts = [marks[0][0]] + [b[0] - a[0] for a, b in itertools.pairwise(marks)]
     return [
         (b[1] - a[1]) / (b[0] - a[0])
         for k, (a, b) in enumerate(itertools.pairwise(marks))
-        if not compiled or counts[k + 1] == counts[k]
+        if (not compiled or counts[k + 1] == counts[k])
+        and (starts is None or counts[k + 1] == starts)
     ]
