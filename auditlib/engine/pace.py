@@ -66,8 +66,9 @@ class AttackPace:
     # 0.30 s, of 1 start 0.13 s). () where every step costs ``step_s``.
     race: tuple[CountPace, ...] = ()
     # An L-BFGS step, timed at its first steps' loss evaluations: one whose start has
-    # converged ends early, so the run can take less (measured: LeNet DLG from PyTorch's
-    # default initialisation, 7 s against 35 s from the DLG paper's uniform one).
+    # converged ends early, so the run can take less (measured: LeNet DLG's audit preset
+    # from PyTorch's default initialisation took a fifth of its estimate, from the DLG
+    # paper's uniform one two thirds: docs/PERFORMANCE.md).
     lbfgs: bool = False
 
     @property
