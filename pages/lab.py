@@ -13,7 +13,7 @@ from __future__ import annotations
 import streamlit as st
 
 from auditlib.access import AccessDenied
-from auditlib.engine.controls import start_with_control
+from auditlib.engine.controls import needs_control, start_with_control
 from auditlib.engine.identity import run_identity
 from auditlib.engine.preflight import estimate_time
 from auditlib.errors import AuditInputError
@@ -92,8 +92,21 @@ def _estimate(setup: Setup, lab: LabChoices) -> tuple[str | None, str]:
     settings = settings_text(spec)
     if estimate is None:
         return key, f"No estimate for {settings.model}: it runs in a process of its own."
-    words = estimate.words()
-    return key, f"{settings.attack} on {settings.model}: {words[0].upper()}{words[1:]}."
+    text = f"{settings.attack} on {settings.model}: {_sentence(estimate.words())}"
+    # Start runs the defended run's control beside it where none is stored (one Start, both
+    # runs: ``start_with_control``), so its time is said too, measured as its own.
+    control = needs_control(get_manager().store, spec)
+    control_estimate = None if control is None else estimate_time(control, assets, EMIT_EVERY)
+    if control_estimate is not None:
+        text += (
+            " Start also runs its control (the same attack without the defense) beside it, "
+            f"sharing this machine: {_sentence(control_estimate.words())}"
+        )
+    return key, text
+
+
+def _sentence(words: str) -> str:
+    return f"{words[0].upper()}{words[1:]}."
 
 
 def _estimate_key(spec: RunSpec) -> str:

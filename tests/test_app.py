@@ -754,6 +754,39 @@ def test_the_lab_estimates_the_time_before_anything_runs(dashboard_store):
     assert bar.proto.text.startswith(f"completed: step {planned} of {planned} "), bar.proto.text
 
 
+CONTROL_BESIDE = (
+    " Start also runs its control (the same attack without the defense) beside it, sharing "
+    "this machine: "
+)
+
+
+def test_the_lab_estimates_a_defended_runs_control_where_start_would_run_it(dashboard_store):
+    """One Start runs a defended run and, where none is stored, its control beside it: the
+    estimate says the control's time too, measured as its own; once the control is stored,
+    Start runs the defended run alone, and the estimate says that run's only."""
+    store, manager = dashboard_store
+    at = _app()
+    at.switch_page(LAB.path).run()
+    at.number_input(key="iterations.dlg.audit").set_value(2).run()
+    at.selectbox(key="defense").set_value("prune").run()
+    at.button(key="estimate").click().run()
+    assert not at.exception and not _errors(at), _errors(at)
+    [estimate] = [i.value for i in at.info if "planned steps take about" in i.value]
+    defended, control = estimate.split(CONTROL_BESIDE)
+    assert "dlg (audit preset, knows the defense)" in defended
+    assert control.startswith("Measured here on a few real steps: dlg (audit preset) ")
+    assert "knows the defense" not in control and "so the 16 planned steps" in control
+    assert store.list_runs() == []  # nothing ran
+    # The control itself, run from the lab: the undefended run at the same budget.
+    at.selectbox(key="defense").set_value("none").run()
+    _start_run(at)
+    assert manager.wait(at.query_params["run"], 120)
+    at.selectbox(key="defense").set_value("prune").run()
+    at.button(key="estimate").click().run()
+    [alone] = [i.value for i in at.info if "planned steps take about" in i.value]
+    assert "knows the defense" in alone and CONTROL_BESIDE not in alone, alone
+
+
 def test_asking_for_a_compiled_step_estimates_again_with_its_compiling(dashboard_store):
     """IG's ``compiled`` is left out of the run's identity (it says how the run computes),
     but it changes the pace: the estimate shown must be measured for it."""

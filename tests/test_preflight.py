@@ -318,3 +318,25 @@ def test_the_cli_prints_the_estimate_for_a_folder_without_a_batch_size(tmp_path,
     planned = json.loads((tmp_path / "out" / "result.json").read_text())["timing"]
     assert "estimate: measured here on a few real steps: dlg (audit preset) " in err
     assert f"so the {planned['planned_iterations']} planned steps take about" in err
+
+
+def test_the_cli_estimates_a_defended_runs_control_first_and_a_samples_update(tmp_path, capsys):
+    """A defended audit runs its control first (the same attack without the defense): the
+    estimate measures both, each with the planned steps its own run counts. A sample's is
+    one update's, and says so."""
+    args = ["audit", "--model", "lenet", "--samples", "photographs", "--attack", "dlg"]
+    args += ["--iterations", "2", "--lpips-nets", "none"]
+    assert main([*args, "--defense", "prune", "--out", str(tmp_path / "one")]) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("estimate: ")]
+    planned = json.loads((tmp_path / "one" / "result.json").read_text())["timing"]
+    control, run = lines
+    # The control: DLG's 8 starts, 2 steps each; the run: its attacker that knows the
+    # defense beside it.
+    assert control.startswith("estimate: the control first: measured here on a few real")
+    assert "so the 16 planned steps take about" in control
+    assert run.startswith("estimate: then the run: measured here on a few real steps: dlg")
+    assert f"so the {planned['planned_iterations']} planned steps take about" in run
+    assert main([*args, "--updates", "2", "--out", str(tmp_path / "sample")]) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("estimate: ")]
+    assert lines[0].startswith("estimate: for one update of the 2 (each is a full audit")
+    assert "so the 16 planned steps take about" in lines[1] and len(lines) == 2

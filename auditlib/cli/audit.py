@@ -19,6 +19,7 @@ from auditlib.output_folder import check_output_folder
 if TYPE_CHECKING:
     from auditlib.metrics.verdict import Verdict
     from auditlib.result import AuditSummary
+    from auditlib.spec import RunSpec
 
 
 def spec_from_args(args: argparse.Namespace):
@@ -227,11 +228,16 @@ def audit_command(args: argparse.Namespace) -> int:
     plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
     build_defense(spec.defense.name, spec.defense.params_dict())
     check_model_trains(spec)
+    updates = None
+    if args.updates is not None:  # refused before any time is spent, as the sample would be
+        from auditlib.engine.sample import update_specs
+
+        updates = len(update_specs(spec, args.updates))
     # A few real steps of the run's attacks, measured before the run (a folder's images
-    # are read for it: its batch is counted there).
-    estimate = None if runs_code else estimate_time(spec)
-    if estimate is not None:  # said once the first run has its data (a bad input: one line)
-        progress.first_note = f"estimate: {estimate.words()}"
+    # are read for it: its batch is counted there), and of its control's, which runs first.
+    if not runs_code:  # said once the first run has its data (a bad input: one line)
+        control = None if args.no_control else spec.control()
+        progress.first_note = estimate_note(spec, control, updates)
     if args.device != spec.device:  # auto chose: say which, and how to choose otherwise
         print(f"device: {spec.device} (--device auto{AUTO_DEVICE_WORDS[spec.device]})")
     if args.updates is not None:
@@ -247,6 +253,27 @@ def audit_command(args: argparse.Namespace) -> int:
     write_outputs(result, out)
     _print_run(spec, result, out)
     return 0
+
+
+def estimate_note(spec: RunSpec, control: RunSpec | None, updates: int | None) -> str | None:
+    """The ``estimate:`` lines: the control's first where it runs (the same attacks without
+    the defense: another model or release can step at another pace, so measured too), then
+    the run's; for a sample, of one update, said so. None where the run is not estimated
+    (a model class of the user's own code runs in a process of its own)."""
+    run = estimate_time(spec)
+    if run is None:
+        return None
+    lines = [run.words()]
+    first = None if control is None else estimate_time(control)
+    if first is not None:
+        lines = [f"the control first: {first.words()}", f"then the run: {run.words()}"]
+    note = "\n".join(f"estimate: {line}" for line in lines)
+    if updates is not None and updates > 1:
+        note = (
+            f"estimate: for one update of the {updates} (each is a full audit; they advance "
+            f"together where they can, not measured so):\n{note}"
+        )
+    return note
 
 
 class _Progress:
