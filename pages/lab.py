@@ -96,12 +96,15 @@ def _estimate(setup: Setup, lab: LabChoices) -> tuple[str | None, str]:
     # Start runs the defended run's control beside it where none is stored (one Start, both
     # runs: ``start_with_control``), so its time is said too, measured as its own.
     control = needs_control(get_manager().store, spec)
-    control_estimate = None if control is None else estimate_time(control, assets, EMIT_EVERY)
+    if control is None:
+        return key, text
+    beside = " Start also runs its control (the same attack without the defense) beside it"
+    try:
+        control_estimate = estimate_time(control, assets, EMIT_EVERY)
+    except AuditInputError as exc:  # refused as its run would be: said, the run's words kept
+        return key, f"{text}{beside}, and it would be refused: {exc}"
     if control_estimate is not None:
-        text += (
-            " Start also runs its control (the same attack without the defense) beside it, "
-            f"sharing this machine: {_sentence(control_estimate.words())}"
-        )
+        text += f"{beside}, sharing this machine: {_sentence(control_estimate.words())}"
     return key, text
 
 
