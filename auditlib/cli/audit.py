@@ -228,23 +228,24 @@ def audit_command(args: argparse.Namespace) -> int:
     plan_attacks(spec.attack, spec.budget.iterations, server=spec.scenario.server)
     build_defense(spec.defense.name, spec.defense.params_dict())
     check_model_trains(spec)
-    updates = None
-    if args.updates is not None:  # refused before any time is spent, as the sample would be
+    specs = None
+    if args.updates is not None:  # refused before any time is spent
         from auditlib.engine.sample import update_specs
 
-        updates = len(update_specs(spec, args.updates))
+        specs = update_specs(spec, args.updates)
     # A few real steps of the run's attacks, measured before the run (a folder's images
     # are read for it: its batch is counted there), and of its control's, which runs first.
     if not runs_code:  # said once the first run has its data (a bad input: one line)
         control = None if args.no_control else spec.control()
-        progress.first_note = estimate_note(spec, control, updates)
+        progress.first_note = estimate_note(spec, control, None if specs is None else len(specs))
     if args.device != spec.device:  # auto chose: say which, and how to choose otherwise
         print(f"device: {spec.device} (--device auto{AUTO_DEVICE_WORDS[spec.device]})")
-    if args.updates is not None:
+    if specs is not None:
         from auditlib.cli.sample import audit_sample
 
         return audit_sample(
             spec,
+            specs,
             args,
             lambda s: _judged_run(s, runner, nets, args, progress),
             lambda specs: _judged_together(specs, nets, args, progress),

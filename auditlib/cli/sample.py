@@ -44,20 +44,20 @@ def parse_updates(text: str) -> int | str:
 
 def audit_sample(
     spec: RunSpec,
+    specs: list[RunSpec],
     args: argparse.Namespace,
     run_one: Callable,
     run_together: Callable | None = None,
 ) -> int:
-    """``run_one(spec)``: one update's judged result; ``run_together(specs)``: every
-    update's, their attacks advancing together, and how each attack ran, in words."""
+    """``specs``: the sample's updates (``engine.sample.update_specs`` of ``spec``);
+    ``run_one(spec)``: one update's judged result; ``run_together(specs)``: every update's,
+    their attacks advancing together, and how each attack ran, in words."""
     from auditlib.cli.audit import write_result_files
-    from auditlib.engine.sample import update_specs
     from auditlib.engine.together import why_specs_apart
     from auditlib.metrics.sample import SampleVerdict, UpdateOutcome
     from auditlib.output_folder import publish
     from auditlib.result_json import summary_json
 
-    specs = update_specs(spec, args.updates)
     out = Path(args.out)
     began = time.perf_counter()
     outcomes = []

@@ -158,17 +158,15 @@ def _race_paces(call: AttackCall, control, step_s: float, together: int) -> tupl
     if race is None or restarts < 2 or together != restarts or _compiled(call):
         return ()
     schedule = race.schedule(restarts, control.max_steps, control.emit_every)
-    first_s = step_s * restarts
     least = schedule[-1][0]
-    if least == restarts:
-        return tuple(CountPace(count, steps, first_s) for count, steps in schedule if steps)
+    if least == restarts:  # no rung within the steps: every step at ``step_s``
+        return ()
+    first_s = step_s * restarts
     fewer = replace(call, attack=replace(call.attack, config=replace(config, restarts=least)))
     last_s = _step_seconds(fewer)[0] * least
     slope = (first_s - last_s) / (restarts - least)
     return tuple(
-        CountPace(count, steps, last_s + slope * (count - least))
-        for count, steps in schedule
-        if steps
+        CountPace(count, steps, last_s + slope * (count - least)) for count, steps in schedule
     )
 
 
@@ -178,11 +176,9 @@ def running_counts(attack, max_steps: int, every: int) -> list[int]:
     fall on one event are one): each is a shape a compiled step traces once."""
     restarts = getattr(attack.config, "restarts", 1)
     race = race_of(attack.config, attack.preset)
-    counts = [restarts]
-    if race is not None:
-        for _ in race.rung_steps(max_steps, every):
-            counts.append(race.survivors(counts[-1]))
-    return sorted(set(counts), reverse=True)
+    if race is None:
+        return [restarts]
+    return sorted({count for count, _ in race.schedule(restarts, max_steps, every)}, reverse=True)
 
 
 def _compiled(call: AttackCall) -> bool:
