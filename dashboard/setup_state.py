@@ -15,7 +15,13 @@ import streamlit as st
 
 from auditlib.access.users import trusted_code_setting
 from auditlib.client.protocol import ClientProtocol, Shared
-from auditlib.data import LabelledImages, check_labels_fit, load_sample_set, load_zip
+from auditlib.data import (
+    DEFAULT_SAMPLE_SET,
+    LabelledImages,
+    check_labels_fit,
+    load_sample_set,
+    load_zip,
+)
 from auditlib.errors import AuditInputError
 from auditlib.models import ModelSpec, build_model, load_weights, own_code
 from auditlib.models.registry import architecture_info
@@ -55,7 +61,7 @@ class Setup:
     stem: str | None = None  # ResNets: None = by input size
     weights: str | None = None  # sha256 of an uploaded weights asset
     source: str = "samples"  # "samples" or "upload"
-    sample_set: str = "photographs"
+    sample_set: str = DEFAULT_SAMPLE_SET
     count: int = 1
     images: str | None = None  # sha256 of an uploaded images asset (a zip)
     upload_count: int | None = None  # images of the upload in the batch; None = all

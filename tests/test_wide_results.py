@@ -114,3 +114,20 @@ def test_a_run_just_queued_is_polled_four_times_a_second_and_then_once():
     assert poll_interval(run("queued", QUEUED_FAST_S + 1), now) == REFRESH_S
     assert poll_interval(run("running", 0.5), now) == REFRESH_S
     assert poll_interval(run("completed", 0.5, finished=True), now) is None
+
+
+def test_the_pass_that_first_sees_a_run_started_keeps_its_bar_and_the_next_reruns_the_page(
+    monkeypatch,
+):
+    """A bar drawn by a fragment's pass that then reruns the page showed only once the page
+    had drawn it again (0.12-0.23 s later, idle): the page reruns to its new interval at the
+    next pass, for each run and each interval once."""
+    import dashboard.run_live as run_live
+
+    monkeypatch.setattr(run_live.st, "session_state", {})
+    due = run_live._rerun_due
+    assert not due("a", 0.25)  # the first stale pass: its bar stays
+    assert due("a", 0.25)  # the next: the page reruns at the new interval
+    assert not due("b", 0.25)  # another run's first stale pass
+    assert not due("a", 1.0)  # the same run's next change of interval
+    assert due("a", 1.0)

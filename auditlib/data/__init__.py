@@ -13,8 +13,10 @@ from auditlib.data.labels import assign_labels, check_labels_fit, parse_labels_c
 from auditlib.data.model_input import content_hashes, to_model_batch
 from auditlib.data.normalization import Normalization
 from auditlib.data.samples import (
+    DEFAULT_SAMPLE_SET,
     SAMPLE_SETS,
     SampleSetInfo,
+    decode_ahead,
     load_sample_set,
     load_training_pool,
     sample_set_size,
@@ -23,6 +25,7 @@ from auditlib.data.samples import (
 __all__ = [
     "ALLOWED_FORMATS",
     "DEFAULT_LIMITS",
+    "DEFAULT_SAMPLE_SET",
     "SAMPLE_SETS",
     "ImageLimits",
     "LabelledImages",
@@ -31,6 +34,7 @@ __all__ = [
     "assign_labels",
     "check_labels_fit",
     "content_hashes",
+    "decode_ahead",
     "decode_image",
     "images_zip",
     "load_image_folder",

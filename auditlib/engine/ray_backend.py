@@ -195,14 +195,18 @@ class CancelBoard:
 
 @ray.remote(num_cpus=1, max_retries=0)
 def warm_up() -> bool:
-    """Pay a worker's imports before the first audit: torch and auditlib, about 3 s of a core.
-    Not torch.optim's lazy import of torch._dynamo (2-3 s more), which a run pays after its
-    start message (``engine.audit._prepare``): paid here it kept the warm-up busy past a
-    Start clicked soon after the first page view, whose run then waited for a cold worker
-    (the sixteen-image browser test alone: over 3 s to the worker's first word, 3 of 3;
-    1.1 to 2.1 s without it)."""
+    """Pay a worker's imports before the first audit (torch and auditlib, about 3 s of a
+    core) and the default sample set's decoding (0.25 s more the first run waited for before
+    its first word: 0.30 s from submission to the start message, 0.06 s on a worker that had
+    decoded it). Not torch.optim's lazy import of torch._dynamo (2-3 s more), which a run
+    pays after its start message (``engine.audit._prepare``): paid here it kept the warm-up
+    busy past a Start clicked soon after the first page view, whose run then waited for a
+    cold worker (the sixteen-image browser test alone: over 3 s to the worker's first word,
+    3 of 3; 1.1 to 2.1 s without it)."""
     import auditlib.engine.stream  # noqa: F401
+    from auditlib.data import DEFAULT_SAMPLE_SET, decode_ahead
 
+    decode_ahead(DEFAULT_SAMPLE_SET)
     return True
 
 
