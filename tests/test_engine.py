@@ -213,7 +213,8 @@ from auditlib.engine.attack_phase import (  # noqa: E402
     attack_call,
     worst_case,
 )
-from auditlib.engine.audit import _stop_reason, _twins  # noqa: E402
+from auditlib.engine.audit import _stop_reason  # noqa: E402
+from auditlib.engine.twins import twins_ran as _twins  # noqa: E402
 from auditlib.metrics.risk import beyond  # noqa: E402
 from auditlib.metrics.scores import ImageScore  # noqa: E402
 
@@ -322,6 +323,31 @@ def test_the_scope_says_whether_the_attacker_that_knows_the_defense_ran():
     assert state == "off" and "paper preset" in words
     undefended = spec_for(DataSpec("samples", "photographs", batch_size=1))
     assert _twins(undefended, offered, True, [plain])[0] == "no defense"
+    # A twin whose every start diverged broke down: the defense was not tested by it (DLG's
+    # twin under DP noise sigma 10 on its fixed step did, and the verdict said "Low").
+    broke = _run("dlg", adaptive=True, stop="diverged")
+    state, words = _twins(spec, offered, True, [plain, broke])
+    assert state == "none" and words == (
+        "the twin of dlg did not run: every start of it diverged: its optimisation broke "
+        "down within 10 steps, so it measured nothing"
+    )
+    assert _twins(spec, offered, True, [broke])[0] == "none"  # no plain attack beside it
+
+
+def test_the_l_bfgs_attacks_twins_search_their_step_where_the_plain_attack_steps_fixed():
+    """DLG's twin under DP noise (sigma 0.1 to 10) left the finite numbers on DLG's fixed
+    step, every start (benchmarks/twin_step.py): the twins of DLG and iDLG search it."""
+    from auditlib.engine.attack_phase import plan_attacks, with_adaptive
+
+    for name in ("dlg", "idlg"):
+        plain, twin = with_adaptive(plan_attacks(ComponentSpec.of(name, preset="audit"), 60))
+        assert not plain.adaptive and twin.adaptive
+        assert plain.config.line_search == plain.settings["line_search"] == "none"
+        assert twin.config.line_search == twin.settings["line_search"] == "strong_wolfe"
+        assert _replace(twin.config, line_search="none") == plain.config  # nothing else
+        assert twin.planned_steps == plain.planned_steps
+    plain, twin = with_adaptive(plan_attacks(ComponentSpec.of("ig", preset="audit"), 60))
+    assert twin.config == plain.config and twin.settings == plain.settings
 
 
 def test_the_progress_seconds_run_on_through_the_twin_as_the_timing_does():

@@ -318,12 +318,13 @@ def test_comparison_report_has_its_pages_tables_and_images(comparison, tmp_path)
 def test_the_plain_attack_and_the_one_that_knows_the_defense_are_side_by_side(comparison):
     subject = batch_subject(comparison.store, comparison.batch_id)
     undefended, noised = run_rows(subject.entries)
-    # No twin without a defense; under the noise both figures, and the verdict's PSNR is
-    # the per-image best of the two, so never below either.
+    # No twin without a defense; under the noise both figures. The verdict's PSNR is their
+    # per-image combination (``worst_case``: per image the pick that shows the most, one
+    # between the lines before a higher PSNR that shows nothing; tests/test_engine.py), so
+    # it may fall below the higher of their own means (6.33 dB beside the twin's 7.15).
     assert undefended.plain_psnr is None and undefended.adaptive_psnr is None
     plain, adaptive = noised.plain_psnr, noised.adaptive_psnr
-    assert plain is not None and adaptive is not None
-    assert noised.psnr >= max(plain, adaptive) - 1e-9
+    assert plain is not None and adaptive is not None and plain != adaptive
     # The Compare page's table shows the two columns.
     from dashboard.batch_table import ADAPTIVE_PSNR, PLAIN_PSNR, display_rows
 

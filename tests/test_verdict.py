@@ -233,7 +233,36 @@ def test_a_stored_verdict_from_before_reads_inconclusive_never_low():
     again = judge(read.finding, read.scope, defended=True, control=finding(3), control_note="c")
     assert again.outcome == "inconclusive"
     assert "recorded before the held margins" in again.headline
-    assert VERDICT_VERSION == 5
+    assert VERDICT_VERSION == 6
+
+
+def test_a_stored_verdict_whose_twin_diverged_reads_inconclusive_not_low():
+    """Before version 6 a twin whose every start diverged counted as run: DLG's under DP
+    noise of sigma 10 broke down within 19 steps and the verdict said "Low". Read now, its
+    scope says the twin did not run, and the verdict judged from it is no finding."""
+    from auditlib.engine.twins import rescoped
+    from auditlib.result import AttackRecord
+
+    low = judge(finding(0), SCOPE, defended=True, control=finding(4), control_note="c")
+    assert low.level == "Low" and low.version == 6
+    stored = replace(low, version=5)
+    plain = AttackRecord("dlg", "dlg (audit preset)", stop_reason="completed", steps=200)
+    broke = AttackRecord(
+        "dlg", "dlg (audit preset, knows the defense)", adaptive=True, stop_reason="diverged"
+    )
+    broke = replace(broke, steps=19)
+    scope = rescoped(stored, (plain, broke)).scope
+    assert scope.twins == "none" and scope.twins_words == (
+        "the twin of dlg did not run: every start of it diverged: its optimisation broke down "
+        "within 19 steps, so it measured nothing"
+    )
+    again = judge(finding(0), scope, defended=True, control=finding(4), control_note="c")
+    assert again.outcome == "inconclusive"
+    assert "the defense held against the plain attack only" in again.headline
+    # A verdict of the present rules, or one whose twins measured, reads as it was.
+    assert rescoped(low, (plain, broke)) is low
+    ran = replace(broke, stop_reason="completed")
+    assert rescoped(stored, (plain, ran)) is stored
 
 
 def _labels(found: Finding, truth: list[int], guess: list[int], classes: int) -> Finding:

@@ -44,6 +44,15 @@ from auditlib.attacks.updates_loop import run_updates
 from auditlib.config import check_ranges, param
 from auditlib.threat import AttackerKnowledge, Observation
 
+# The L-BFGS attacks' twin (the attacker that knows the defense) searches its step: its
+# objective is not DLG's (a noise's likelihood plus the image prior, or a transformed
+# update), and DLG's fixed step broke down on it (docs/ALGORITHMS.md, "The twin's step").
+LBFGS_TWIN = {"line_search": "strong_wolfe"}
+LBFGS_TWIN_WHY = (
+    "searches each L-BFGS step (strong Wolfe) where the plain attack steps a fixed lr: on "
+    "the twin's objective the fixed step left the finite numbers"
+)
+
 
 @dataclass(frozen=True)
 class LbfgsConfig:
@@ -313,5 +322,7 @@ register(
             why="DLG's own settings (L-BFGS lr 1, L2), which converge in about 100 steps when they converge at all; its failures are bad starts (a first step that never moves, a poor minimum), so 8 starts race and the lowest gradient distance wins",
         ),
         paper_iterations=300,
+        twin_params=LBFGS_TWIN,
+        twin_why=LBFGS_TWIN_WHY,
     )
 )

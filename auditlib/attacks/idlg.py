@@ -13,7 +13,13 @@ import torch
 
 from auditlib.attacks.base import AttackInfo, AuditPreset, RunControl, register
 from auditlib.attacks.compiled import apart_when_compiled
-from auditlib.attacks.dlg import LbfgsConfig, run_lbfgs_attack, run_lbfgs_updates
+from auditlib.attacks.dlg import (
+    LBFGS_TWIN,
+    LBFGS_TWIN_WHY,
+    LbfgsConfig,
+    run_lbfgs_attack,
+    run_lbfgs_updates,
+)
 from auditlib.attacks.labels import idlg_label, why_not_one_image
 from auditlib.config import param
 
@@ -63,5 +69,7 @@ register(
             why="iDLG's settings with DLG's cure for bad starts: 8 starts race, the lowest gradient distance wins",
         ),
         paper_iterations=300,
+        twin_params=LBFGS_TWIN,
+        twin_why=LBFGS_TWIN_WHY,
     )
 )

@@ -35,6 +35,7 @@ from auditlib.attacks import (
 )
 from auditlib.attacks.base import evading_servers
 from auditlib.attacks.restarts import AUDIT_PRESET, planned_steps, restart_schedule, run_attack
+from auditlib.config import config_dict
 from auditlib.engine.at_once import Ended, groups_that_fit, run_at_once, why_not_at_once
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
@@ -151,8 +152,18 @@ def refuse_without_its_server(info, server: str) -> None:
 
 
 def with_adaptive(planned: list[PlannedAttack]) -> list[PlannedAttack]:
-    """Each attack followed by its adaptive twin: same settings and seed, told the defense."""
-    return [twin for p in planned for twin in (p, replace(p, adaptive=True))]
+    """Each attack followed by its adaptive twin: same settings and seed, told the defense,
+    but what the attack's twin sets otherwise (``AttackInfo.twin_params``)."""
+    return [twin for p in planned for twin in (p, _twin(p))]
+
+
+def _twin(attack: PlannedAttack) -> PlannedAttack:
+    changes = ATTACKS[attack.name].twin_params
+    if not changes:
+        return replace(attack, adaptive=True)
+    config = replace(attack.config, **changes)
+    settings = {**attack.settings, **{k: config_dict(config)[k] for k in changes}}
+    return replace(attack, adaptive=True, config=config, settings=settings)
 
 
 def with_evading(planned: list[PlannedAttack]) -> list[PlannedAttack]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import auditlib
-from auditlib.attacks import ProgressEvent, RunControl
+from auditlib.attacks import ATTACKS, ProgressEvent, RunControl
 from auditlib.attacks.base import optimisers_ready
 from auditlib.defenses import build_defense
 from auditlib.engine.attack_phase import (
@@ -33,12 +33,13 @@ from auditlib.engine.attack_phase import (
 from auditlib.engine.identity import run_identity
 from auditlib.engine.judging import attack_record, scored, unscored_runs
 from auditlib.engine.releases import Rounds
+from auditlib.engine.twins import twins_ran
 from auditlib.engine.utility import UtilityProgress, iter_utility
 from auditlib.engine.victim import prepare_victim
 from auditlib.errors import AttackUnsupportedError, AuditInputError, RunCancelledError
 from auditlib.metrics import LPIPS_NETS, match, psnr, to_unit_range
 from auditlib.metrics.catalogue import METRIC_DEFINITION
-from auditlib.metrics.verdict import Scope, Twins, threat_card
+from auditlib.metrics.verdict import Scope, threat_card
 from auditlib.result import (
     AuditSummary,
     DefenseReport,
@@ -297,7 +298,7 @@ def finish_run(
     steps = sum(r.final.steps for r in ran)
     running = steps_that_run(planned, rounds.for_attack)
     planned_steps = sum(p.planned_steps for p, runs in zip(planned, running, strict=True) if runs)
-    twins, twins_words = _twins(spec, release, adaptive, runs, rounds)
+    twins, twins_words = twins_ran(spec, release, adaptive, runs, rounds)
     protocol = spec.scenario.protocol
     batch_size = release.knowledge.batch_size
     scope = Scope(
@@ -451,71 +452,9 @@ def _stop_reason(runs: list[AttackRun], cancelled: bool) -> str:
     return "diverged" if all(r == "diverged" for r in reasons) else "completed"
 
 
-def _evading_twins(
-    rounds: Rounds, runs: list[AttackRun], evading: list[AttackRun]
-) -> tuple[Twins, str]:
-    """Under a model check: which servers it was tried against, built and evading, and what
-    became of each (refused, passed, or why it was not tried). "ran" only where every
-    evading server planned ran; the verdict reads the rest from the scores and
-    ``Scope.refused``."""
-
-    def fate(run: AttackRun) -> str:
-        if run.final is None:
-            return f"{run.planned.name} not tried ({run.skipped or 'it did not run'})"
-        refused = rounds.for_attack(run.planned).refused
-        return f"{run.planned.name} {'refused' if refused else 'passed the check'}"
-
-    built = [r for r in runs if not r.planned.adaptive]
-    tried = "; ".join(fate(r) for r in [*built, *evading])
-    words = f"the model check was tried against {len(built) + len(evading)} servers: {tried}"
-    ran = [r for r in evading if r.final is not None]
-    if len(ran) == len(evading):
-        return "ran", words
-    return ("partly" if ran else "none"), words
-
-
 def checks_models(defense: object) -> bool:
     """Whether ``defense`` is a client's check of the model it receives (it may refuse it)."""
     return callable(getattr(defense, "refuses", None))
-
-
-def _twins(
-    spec: RunSpec, release, adaptive: bool, runs: list[AttackRun], rounds: Rounds | None = None
-) -> tuple[Twins, str]:
-    """Whether the attacker that knows the defense ran, in a word and in words: "ran" when
-    every attack that ran had its twin run, or its twin was skipped because its objective is
-    the plain attack's (``TWIN_SAME_AS_PLAIN``)."""
-    if spec.defense.name == "none":
-        return "no defense", "no defense"
-    if not adaptive:
-        why = (
-            "the paper preset runs the plain attack alone"
-            if spec.attack.preset == "paper"
-            else "the attacker that knows the defense was switched off"
-        )
-        return "off", f"no twin ran: {why}"
-    evading = [r for r in runs if r.planned.twin_of is not None]
-    if evading and rounds is not None:
-        return _evading_twins(rounds, runs, evading)
-    if release.known_defense is None:
-        return "not offered", f"no attacker that knows {spec.defense.name} is offered"
-    twins = {r.planned.name: r for r in runs if r.planned.adaptive}
-    plain = [r for r in runs if not r.planned.adaptive and r.final is not None]
-    covered, missing = [], []
-    for run in plain:
-        twin = twins.get(run.planned.name)
-        if twin is not None and twin.final is not None:
-            covered.append(f"{run.planned.name}'s twin ran")
-        elif twin is not None and (twin.skipped or "").startswith(TWIN_SAME_AS_PLAIN):
-            covered.append(f"{run.planned.name}'s twin is the plain attack ({TWIN_SAME_AS_PLAIN})")
-        else:
-            why = "none was planned" if twin is None else twin.skipped or "it did not run"
-            missing.append(f"the twin of {run.planned.name} did not run: {why}")
-    if not plain and any(t.final is not None for t in twins.values()):
-        return "ran", "every twin ran"
-    if not missing:
-        return "ran", "; ".join(covered)
-    return ("partly" if covered else "none"), "; ".join(missing)
 
 
 def _component_words(component: ComponentSpec) -> str:
@@ -560,7 +499,12 @@ def _defense_knowledge(
         return False, f"offered, but no twin ran: {reasons or 'none was planned'}"
     skipped = [r.planned.name for r in twins if r.final is None]
     besides = f" (none for {', '.join(skipped)}: see the attacks run)" if skipped else ""
-    return True, f"an adaptive twin of each attack {known.summary}{besides}"
+    steps = [
+        f"; {r.planned.name}'s twin {ATTACKS[r.planned.name].twin_why}"
+        for r in twins
+        if r.final is not None and ATTACKS[r.planned.name].twin_why
+    ]
+    return True, f"an adaptive twin of each attack {known.summary}{besides}{''.join(steps)}"
 
 
 def _modification_words(rounds: Rounds) -> tuple[str, str] | None:

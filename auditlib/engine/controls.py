@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from auditlib.engine.identity import stored_run
+from auditlib.engine.twins import rescoped
 from auditlib.metrics.verdict import Finding, Verdict, judge
 from auditlib.spec import RunSpec, run_spec_from_dict
 from auditlib.store import Store
@@ -22,9 +23,12 @@ WITH_RESULT = (COMPLETED, TIMED_OUT)  # statuses whose run carries scores
 
 
 def stored_verdict(run: RunRecord) -> Verdict | None:
-    """The verdict a run recorded for itself (without its control); None for runs without a
-    result or stored before verdicts existed."""
-    return None if run.result is None else run.result.verdict
+    """The verdict a run recorded for itself (without its control), its scope as the rules
+    now read it (``twins.rescoped``); None for runs without a result or stored before
+    verdicts existed."""
+    if run.result is None or run.result.verdict is None:
+        return None
+    return rescoped(run.result.verdict, run.result.attacks)
 
 
 def control_finding(

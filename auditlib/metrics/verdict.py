@@ -60,7 +60,9 @@ from auditlib.words import count_of
 # 5: a leak of several attacks is credited to those whose picks are the images recovered
 # (``Finding.recovered_by``), and labels to those whose labels were counted
 # (``Finding.labels_by``), not to every attack tried.
-VERDICT_VERSION = 5
+# 6: an attacker that knows the defense whose every start diverged did not run (its
+# optimisation broke down): the defense is not said to hold against it.
+VERDICT_VERSION = 6
 Outcome = Literal["leaks", "labels_leak", "defense_held", "inconclusive", "unavailable"]
 INCONCLUSIVE = "Inconclusive"
 UNAVAILABLE = "Unavailable"
