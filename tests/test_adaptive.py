@@ -346,3 +346,16 @@ def test_shadows_attacker_undoes_the_perturbation_it_can_compute():
     before = float((perturbed - batch.images).pow(2).mean())
     after = float((undone - batch.images).pow(2).mean())
     assert after < 0.85 * before
+
+
+def test_shadows_attacker_simulates_the_client_on_valid_pixels_of_a_wild_recovery():
+    """DLG's pick under Shadow (LeNet, 100 classes, 300 steps, one start, this AMD): finite,
+    but so far outside the pixels that the squared error of Shadow's noise map overflowed
+    and the run failed ("autodetected range of [nan, nan]"). The attacker runs Shadow on its
+    recovery within the pixel range, and the estimate stays finite."""
+    _, batch, release = release_for(lenet_spec(), defense="shadow")
+    known = release.known_defense
+    wild = batch.images.clone()
+    wild[..., :4, :] = 1e25  # a finite value whose square overflows float32
+    undone = known.postprocess(wild, batch.labels, release.knowledge)
+    assert torch.isfinite(undone).all() and undone.shape == wild.shape

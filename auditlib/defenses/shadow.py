@@ -353,14 +353,20 @@ def invert_shadow(
     model = knowledge.model
     device = knowledge.device
     observed = recovered.detach().to(device)
+    # Shadow runs on images (the client's: valid pixels). A recovery far outside them (a
+    # start of DLG that did not converge: values whose squared error overflowed) made its
+    # noise map NaN, and the run failed; the attacker simulates the client on its recovery
+    # within the pixel range it knows.
+    low, high = knowledge.normalization.pixel_bounds(observed)
+    simulated = torch.maximum(torch.minimum(observed, high), low)
     if labels is None:  # the attack recovered no labels: the model's own reading
         with torch.no_grad():
-            labels = model(observed).argmax(dim=-1)
+            labels = model(simulated).argmax(dim=-1)
     labels = labels.to(device).long()
     parameters = {n: p.detach() for n, p in knowledge.parameters().items()}
-    context = ClientContext(model, parameters, observed, labels, knowledge.protocol, round=0)
+    context = ClientContext(model, parameters, simulated, labels, knowledge.protocol, round=0)
     shadow = Shadow(config)  # no state from the client's shadow: it is private
-    delta = shadow.perturb_images(context, torch.Generator().manual_seed(seed)) - observed
+    delta = shadow.perturb_images(context, torch.Generator().manual_seed(seed)) - simulated
     return (observed - delta.mean(dim=(1, 2, 3), keepdim=True)).cpu()
 
 

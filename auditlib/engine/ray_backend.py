@@ -196,9 +196,9 @@ class CancelBoard:
 @ray.remote(num_cpus=1, max_retries=0)
 def warm_up() -> bool:
     """Pay a worker's imports before the first audit (torch and auditlib, about 3 s of a
-    core) and the default sample set's decoding (0.25 s more the first run waited for before
-    its first word: 0.30 s from submission to the start message, 0.06 s on a worker that had
-    decoded it). Not torch.optim's lazy import of torch._dynamo (2-3 s more), which a run
+    core) and the default sample set's decoding (0.2 s more the first run waited for before
+    its first word: 0.30 s from submission to the start message, 0.12 s on a worker that had
+    decoded it, 0.05 s for the runs after). Not torch.optim's lazy import of torch._dynamo (2-3 s more), which a run
     pays after its start message (``engine.audit._prepare``): paid here it kept the warm-up
     busy past a Start clicked soon after the first page view, whose run then waited for a
     cold worker (the sixteen-image browser test alone: over 3 s to the worker's first word,
