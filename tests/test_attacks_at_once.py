@@ -27,9 +27,9 @@ from auditlib.engine.attack_phase import (
     plan_attacks,
     run_attacks,
     runs_at_once,
-    with_adaptive,
 )
 from auditlib.engine.judging import attack_record
+from auditlib.engine.twins import with_adaptive
 from auditlib.errors import AttackUnsupportedError
 from auditlib.result import AttackRecord
 from auditlib.spec import ComponentSpec

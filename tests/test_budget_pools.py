@@ -24,9 +24,9 @@ from auditlib.engine.attack_phase import (
     attack_call,
     plan_attacks,
     runs_ahead,
-    with_adaptive,
 )
 from auditlib.engine.audit import run_audit
+from auditlib.engine.twins import with_adaptive
 from auditlib.spec import Budget, ComponentSpec
 from tests.test_attacks import lenet_spec, release_for
 

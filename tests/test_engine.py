@@ -337,7 +337,8 @@ def test_the_scope_says_whether_the_attacker_that_knows_the_defense_ran():
 def test_the_l_bfgs_attacks_twins_search_their_step_where_the_plain_attack_steps_fixed():
     """DLG's twin under DP noise (sigma 0.1 to 10) left the finite numbers on DLG's fixed
     step, every start (benchmarks/twin_step.py): the twins of DLG and iDLG search it."""
-    from auditlib.engine.attack_phase import plan_attacks, with_adaptive
+    from auditlib.engine.attack_phase import plan_attacks
+    from auditlib.engine.twins import with_adaptive
 
     for name in ("dlg", "idlg"):
         plain, twin = with_adaptive(plan_attacks(ComponentSpec.of(name, preset="audit"), 60))

@@ -155,7 +155,7 @@ class AttackInfo:
     # check is said to hold only where every one was refused or recovered nothing.
     stands_in_for: frozenset[str] = frozenset()
     # What its twin (the attacker that knows the defense) sets otherwise than the attack's
-    # own settings, and why in words (``engine.attack_phase.with_adaptive``): the twin's
+    # own settings, and why in words (``engine.twins.with_adaptive``): the twin's
     # objective is not the paper's, and a setting made for the paper's may break down on it.
     twin_params: Mapping[str, Any] = field(default_factory=dict)
     twin_why: str = ""

@@ -33,9 +33,7 @@ from auditlib.attacks import (
     RunControl,
     build_attack_config,
 )
-from auditlib.attacks.base import evading_servers
 from auditlib.attacks.restarts import AUDIT_PRESET, planned_steps, restart_schedule, run_attack
-from auditlib.config import config_dict
 from auditlib.engine.at_once import Ended, groups_that_fit, run_at_once, why_not_at_once
 from auditlib.errors import AttackUnsupportedError, AuditInputError
 from auditlib.fl.scenario import Release
@@ -69,7 +67,7 @@ class PlannedAttack:
     planned_steps: int
     adaptive: bool = False  # the attacker knows the defense (``KnownDefense``)
     # An evading server tried in the place of this built server's, where the client checks
-    # the model it receives (``with_evading``): it knows the check by construction and is
+    # the model it receives (``twins.with_evading``): it knows the check by construction and is
     # one of the twins' pool (``adaptive`` is set), with its own name, build and read-back.
     twin_of: str | None = None
 
@@ -108,7 +106,7 @@ def plan_attacks(
     Every applicable attack is, under the honest-but-curious server, each attack that
     observes; under the malicious one, each attack that builds the model it sends (the
     honest server's attacks are that threat model's audit) but those built to pass a model
-    check, which stand in for the others where the client checks (``with_evading``)."""
+    check, which stand in for the others where the client checks (``twins.with_evading``)."""
     if attack.name == ALL_ATTACKS:
         if attack.params:
             raise AuditInputError(
@@ -116,7 +114,7 @@ def plan_attacks(
                 "attack parameters"
             )
         malicious = server == "malicious"
-        # The servers built to pass a model check are left to it (``with_evading``): without
+        # The servers built to pass a model check are left to it (``twins.with_evading``): without
         # one, each is a weaker copy of the server it stands in for.
         chosen = [
             (name, AUDIT_PRESET, {})
@@ -149,48 +147,6 @@ def refuse_without_its_server(info, server: str) -> None:
             f"{info.name} is a malicious server's attack (it changes the model the server "
             "sends): choose the malicious-server threat model to run it"
         )
-
-
-def with_adaptive(planned: list[PlannedAttack]) -> list[PlannedAttack]:
-    """Each attack followed by its adaptive twin: same settings and seed, told the defense,
-    but what the attack's twin sets otherwise (``AttackInfo.twin_params``)."""
-    return [twin for p in planned for twin in (p, _twin(p))]
-
-
-def _twin(attack: PlannedAttack) -> PlannedAttack:
-    changes = ATTACKS[attack.name].twin_params
-    if not changes:
-        return replace(attack, adaptive=True)
-    config = replace(attack.config, **changes)
-    settings = {**attack.settings, **{k: config_dict(config)[k] for k in changes}}
-    return replace(attack, adaptive=True, config=config, settings=settings)
-
-
-def with_evading(planned: list[PlannedAttack]) -> list[PlannedAttack]:
-    """The plan under a client's model check: each built server's attack followed by every
-    evading server that stands in for it (``AttackInfo.stands_in_for``) at its audit preset,
-    each once (a disguised server stands in for several) and none already planned as a plain
-    attack (an evading server audited by name is its own plain run)."""
-    planned_names = {p.name for p in planned}
-    added: set[str] = set()
-    out = []
-    for attack in planned:
-        out.append(attack)
-        if attack.adaptive or ATTACKS[attack.name].builds is None:
-            continue
-        for name in evading_servers(attack.name):
-            if name in planned_names or name in added:
-                continue
-            added.add(name)
-            config, settings = build_attack_config(name, {}, AUDIT_PRESET)
-            # A server's attack is a closed form (``imprint.server_attack``): one pass.
-            settings["restart_schedule"] = "one pass (a closed form)"
-            out.append(
-                PlannedAttack(
-                    name, AUDIT_PRESET, config, settings, 1, adaptive=True, twin_of=attack.name
-                )
-            )
-    return out
 
 
 def adaptive_wanted(knows: bool | None, attack: ComponentSpec) -> bool:

@@ -27,13 +27,11 @@ from auditlib.engine.attack_phase import (
     plan_attacks,
     run_attacks,
     steps_that_run,
-    with_adaptive,
-    with_evading,
 )
 from auditlib.engine.identity import run_identity
 from auditlib.engine.judging import attack_record, scored, unscored_runs
 from auditlib.engine.releases import Rounds
-from auditlib.engine.twins import twins_ran
+from auditlib.engine.twins import twins_ran, with_adaptive, with_evading
 from auditlib.engine.utility import UtilityProgress, iter_utility
 from auditlib.engine.victim import prepare_victim
 from auditlib.errors import AttackUnsupportedError, AuditInputError, RunCancelledError

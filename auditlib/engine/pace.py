@@ -93,7 +93,7 @@ class AttackPace:
 
 def unmeasured(prepared) -> tuple[str, ...]:
     """The planned attacks ``measure_paces`` leaves out for their cost: the servers built to
-    pass a model check (``attack_phase.with_evading``)."""
+    pass a model check (``twins.with_evading``)."""
     return tuple(a.name for a in prepared.planned if a.twin_of is not None)
 
 

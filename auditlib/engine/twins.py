@@ -1,17 +1,63 @@
-"""Whether the attacker that knows the defense ran (the verdict's ``Scope.twins``), in a
-word and in words: each plain attack's twin, or under a client's model check each server
-built to pass it."""
+"""The attacker that knows the defense: its plan (each attack's twin, or under a client's
+model check each server built to pass it) and whether it ran (the verdict's
+``Scope.twins``), in a word and in words."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
 
-from auditlib.engine.attack_phase import TWIN_SAME_AS_PLAIN, AttackRun
+from auditlib.attacks import ATTACKS, build_attack_config
+from auditlib.attacks.base import evading_servers
+from auditlib.attacks.restarts import AUDIT_PRESET
+from auditlib.config import config_dict
+from auditlib.engine.attack_phase import TWIN_SAME_AS_PLAIN, AttackRun, PlannedAttack
 from auditlib.engine.releases import Rounds
 from auditlib.metrics.verdict import Twins, Verdict
 from auditlib.result import AttackRecord
 from auditlib.spec import RunSpec
+
+
+def with_adaptive(planned: list[PlannedAttack]) -> list[PlannedAttack]:
+    """Each attack followed by its adaptive twin: same settings and seed, told the defense,
+    but what the attack's twin sets otherwise (``AttackInfo.twin_params``)."""
+    return [twin for p in planned for twin in (p, _twin(p))]
+
+
+def _twin(attack: PlannedAttack) -> PlannedAttack:
+    changes = ATTACKS[attack.name].twin_params
+    if not changes:
+        return replace(attack, adaptive=True)
+    config = replace(attack.config, **changes)
+    settings = {**attack.settings, **{k: config_dict(config)[k] for k in changes}}
+    return replace(attack, adaptive=True, config=config, settings=settings)
+
+
+def with_evading(planned: list[PlannedAttack]) -> list[PlannedAttack]:
+    """The plan under a client's model check: each built server's attack followed by every
+    evading server that stands in for it (``AttackInfo.stands_in_for``) at its audit preset,
+    each once (a disguised server stands in for several) and none already planned as a plain
+    attack (an evading server audited by name is its own plain run)."""
+    planned_names = {p.name for p in planned}
+    added: set[str] = set()
+    out = []
+    for attack in planned:
+        out.append(attack)
+        if attack.adaptive or ATTACKS[attack.name].builds is None:
+            continue
+        for name in evading_servers(attack.name):
+            if name in planned_names or name in added:
+                continue
+            added.add(name)
+            config, settings = build_attack_config(name, {}, AUDIT_PRESET)
+            # A server's attack is a closed form (``imprint.server_attack``): one pass.
+            settings["restart_schedule"] = "one pass (a closed form)"
+            out.append(
+                PlannedAttack(
+                    name, AUDIT_PRESET, config, settings, 1, adaptive=True, twin_of=attack.name
+                )
+            )
+    return out
 
 
 def twins_ran(

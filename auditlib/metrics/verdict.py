@@ -227,7 +227,7 @@ class Scope:
     # a malicious server's model), in words; empty: it trained on it.
     refused: str = ""
     # The servers built to pass the client's model check that were tried in the place of
-    # the built ones (``engine.attack_phase.with_evading``); empty: none was.
+    # the built ones (``engine.twins.with_evading``); empty: none was.
     evading: tuple[str, ...] = ()
 
     @classmethod
