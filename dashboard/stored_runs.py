@@ -4,7 +4,7 @@ summary or spec dictionaries."""
 
 from __future__ import annotations
 
-from auditlib.engine.controls import verdict_of
+from auditlib.engine.controls import stored_verdict, verdict_of
 from auditlib.errors import AuditInputError
 from auditlib.metrics.verdict import Verdict
 from auditlib.result import AuditSummary
@@ -72,4 +72,4 @@ def run_verdict(record: RunRecord) -> Verdict | None:
     try:
         return verdict_of(get_store(), record)
     except UNREADABLE:  # a spec of an older version: the verdict the run recorded itself
-        return result.verdict
+        return stored_verdict(record)

@@ -236,7 +236,7 @@ def test_a_stored_verdict_from_before_reads_inconclusive_never_low():
     assert VERDICT_VERSION == 6
 
 
-def test_a_stored_verdict_whose_twin_diverged_reads_inconclusive_not_low():
+def test_a_stored_verdict_whose_twin_diverged_reads_inconclusive_not_low(monkeypatch):
     """Before version 6 a twin whose every start diverged counted as run: DLG's under DP
     noise of sigma 10 broke down within 19 steps and the verdict said "Low". Read now, its
     scope says the twin did not run, and the verdict judged from it is no finding."""
@@ -251,18 +251,30 @@ def test_a_stored_verdict_whose_twin_diverged_reads_inconclusive_not_low():
         "dlg", "dlg (audit preset, knows the defense)", adaptive=True, stop_reason="diverged"
     )
     broke = replace(broke, steps=19)
-    scope = rescoped(stored, (plain, broke)).scope
-    assert scope.twins == "none" and scope.twins_words == (
+    again = rescoped(stored, (plain, broke))
+    assert again.scope.twins == "none" and again.scope.twins_words == (
         "the twin of dlg did not run: every start of it diverged: its optimisation broke down "
         "within 19 steps, so it measured nothing"
     )
-    again = judge(finding(0), scope, defended=True, control=finding(4), control_note="c")
-    assert again.outcome == "inconclusive"
+    assert again.outcome == "inconclusive" and again.version == 6
     assert "the defense held against the plain attack only" in again.headline
+    assert again.control == finding(4) and again.control_note == "c"
     # A verdict of the present rules, or one whose twins measured, reads as it was.
     assert rescoped(low, (plain, broke)) is low
     ran = replace(broke, stop_reason="completed")
     assert rescoped(stored, (plain, ran)) is stored
+    # Where the stored spec no longer reads, the dashboard and the report show the run's
+    # own verdict: read by the same rule.
+    from types import SimpleNamespace
+
+    import dashboard.stored_runs as stored_runs
+    from auditlib.report.subject import _judged
+
+    result = SimpleNamespace(verdict=stored, attacks=(plain, broke))
+    record = SimpleNamespace(status="completed", spec={"of": "an older version"}, result=result)
+    monkeypatch.setattr(stored_runs, "get_store", lambda: None)  # the fallback reads none
+    assert stored_runs.run_verdict(record) == again
+    assert _judged(None, record, result) == (again, None)
 
 
 def _labels(found: Finding, truth: list[int], guess: list[int], classes: int) -> Finding:

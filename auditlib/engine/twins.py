@@ -13,7 +13,7 @@ from auditlib.attacks.restarts import AUDIT_PRESET
 from auditlib.config import config_dict
 from auditlib.engine.attack_phase import TWIN_SAME_AS_PLAIN, AttackRun, PlannedAttack
 from auditlib.engine.releases import Rounds
-from auditlib.metrics.verdict import Twins, Verdict
+from auditlib.metrics.verdict import Twins, Verdict, judge
 from auditlib.result import AttackRecord
 from auditlib.spec import RunSpec
 
@@ -126,7 +126,8 @@ def _diverged(steps: int) -> str:
 def rescoped(verdict: Verdict, attacks: Sequence[AttackRecord]) -> Verdict:
     """A verdict recorded before version 6 as it reads now: there, a twin whose every start
     diverged counted as run (``Scope.twins`` "ran"); the run's attack records say which
-    did. The verdict is then judged again from this scope (``engine.controls.verdict_of``)."""
+    did. The verdict is judged again from this scope, beside the control it was judged with
+    (``engine.controls.verdict_of`` judges it again beside the control stored now)."""
     if verdict.version >= 6 or verdict.scope.twins != "ran":
         return verdict
     broke = [a for a in attacks if a.adaptive and a.stop_reason == "diverged"]
@@ -137,7 +138,16 @@ def rescoped(verdict: Verdict, attacks: Sequence[AttackRecord]) -> Verdict:
         f"the twin of {a.attack} did not run: {_diverged(a.steps or 0)}" for a in broke
     )
     scope = replace(verdict.scope, twins="partly" if others else "none", twins_words=words)
-    return replace(verdict, scope=scope)
+    if verdict.finding is None:  # unscored: no figure to judge again
+        return replace(verdict, scope=scope)
+    # Twins run only against a defense: the run was judged as defended.
+    return judge(
+        verdict.finding,
+        scope,
+        defended=True,
+        control=verdict.control,
+        control_note=verdict.control_note,
+    )
 
 
 def _evading_twins(

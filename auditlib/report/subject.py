@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Literal
 
 from auditlib.engine.batches import batch_state
-from auditlib.engine.controls import WITH_RESULT, control_finding, verdict_of
+from auditlib.engine.controls import WITH_RESULT, control_finding, stored_verdict, verdict_of
 from auditlib.errors import AuditInputError
 from auditlib.fl.federated import LEARNED_MARGIN, learned
 from auditlib.metrics.catalogue import CATALOGUE, RECOVERED_PSNR_DB
@@ -111,7 +111,7 @@ def _judged(
     try:
         stored = run_spec_from_dict(run.spec)
     except SPEC_ERRORS:
-        return result.verdict, None
+        return stored_verdict(run), None
     control_run = control_finding(store, stored)[2] if stored.control() is not None else None
     return verdict_of(store, run), control_run
 
