@@ -147,6 +147,13 @@ class ModelledGaussian:
 # the signs leave the client exactly, which a gradient method takes as a tight Gaussian
 # (0.1 of a step) rather than as a hard constraint.
 EXACT_STEPS = 0.1
+# The finest step the attacker reads a bucket at, as a fraction of the release's coarsest
+# step. A bucket of a class the model all but rules out (softmax 1e-10) has a step of 1e-13
+# where the coarsest is 0.1: read exactly, its terms outweigh the rest by 1e24, and every
+# start of DLG's twin left float32's finite numbers within 16 steps. Floored, those buckets
+# weigh at most 100 times the coarsest: a likelihood of a slightly noisier release, whose
+# mode the twin reaches (docs/ALGORITHMS.md, "The QSGD twin's floor").
+STEP_FLOOR = 0.1
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,17 +165,30 @@ class QsgdLikelihood:
 
         2 sum (k_i - a_i)^2 + (norm and sign terms at 0.1 of a step),  a_i = u_i s / n,
 
-    with each bucket's own step: the variance differs by coordinate, unlike plain L2."""
+    with each bucket's own step: the variance differs by coordinate, unlike plain L2. A
+    bucket whose step is finer than ``STEP_FLOOR`` of the coarsest is read at that floor."""
 
     levels: int
     bucket: tuple[int, ...]  # per tensor: entries per bucket
     steps: Tensors  # per tensor: (buckets, 1), the step n / s of each bucket
     released: Tensors  # per tensor: (buckets, bucket) the released levels k (signed)
+    # per tensor: (buckets, 1), the unit each bucket is read in: its step, or the floor
+    # (``STEP_FLOOR`` of the coarsest step) where its step is finer
+    units: Tensors
     distance: str | None = None
     stacked: bool = True
 
     @classmethod
-    def read(cls, observed: Sequence[torch.Tensor], levels: int, bucket: int) -> QsgdLikelihood:
+    def read(
+        cls,
+        observed: Sequence[torch.Tensor],
+        levels: int,
+        bucket: int,
+        floor: float | None = None,
+    ) -> QsgdLikelihood:
+        """From the release; ``floor``: the finest step read, a fraction of the coarsest
+        (None: ``STEP_FLOOR``; 0: every bucket at its own step, the exact likelihood)."""
+        floor = STEP_FLOOR if floor is None else floor
         sizes, steps, released = [], [], []
         for t in observed:
             rows, size = _buckets(t.detach(), bucket)
@@ -176,28 +196,35 @@ class QsgdLikelihood:
             sizes.append(size)
             steps.append(step)
             released.append(torch.round(rows / step))
-        return cls(levels, tuple(sizes), tuple(steps), tuple(released))
+        finest = floor * max(float(s.max()) for s in steps)
+        units = tuple(s.clamp_min(finest) for s in steps)
+        return cls(levels, tuple(sizes), tuple(steps), tuple(released), units)
 
     def nll(self, candidate, target, unit):
         """One value, or one per restart where the candidates are stacked along a leading
-        dimension (``target`` has each tensor's own shape: what leads it is the restarts)."""
+        dimension (``target`` has each tensor's own shape: what leads it is the restarts).
+        Each bucket in its reading unit: the released levels and the norm (s steps) in it."""
         exact = 1 / (2 * EXACT_STEPS**2)
         total = candidate[0].new_zeros(())
-        tensors = zip(candidate, target, self.bucket, self.steps, self.released, strict=True)
-        for c, t, size, step, k in tensors:
+        tensors = zip(
+            candidate, target, self.bucket, self.steps, self.released, self.units, strict=True
+        )
+        for c, t, size, step, k, read_in in tensors:
             lead = c.shape[: c.dim() - t.dim()]
-            a = _buckets(c * unit, size, lead)[0] / step  # (*lead, buckets, bucket)
-            total = total + 2 * (k - a).pow(2).sum((-2, -1))
+            a = _buckets(c * unit, size, lead)[0] / read_in  # (*lead, buckets, bucket)
+            steps = step / read_in  # 1 where the bucket is read at its own step
+            total = total + 2 * (k * steps - a).pow(2).sum((-2, -1))
             norm = torch.linalg.vector_norm(a, dim=-1)
             nonzero = (k != 0).any(dim=1)
-            total = total + exact * (norm - self.levels * nonzero).pow(2).sum(-1)
+            total = total + exact * (norm - self.levels * steps.squeeze(1) * nonzero).pow(2).sum(-1)
             total = total + exact * torch.relu(-torch.sign(k) * a).pow(2).sum((-2, -1))
         return total
 
     def describe(self) -> str:
         return (
             f"QSGD with {self.levels} levels: the bucket norms and signs it releases exactly, "
-            "each entry's rounding with its bucket's own step"
+            "each entry's rounding with its bucket's own step (read no finer than "
+            f"{STEP_FLOOR:g} of the coarsest step)"
         )
 
 

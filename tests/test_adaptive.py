@@ -19,7 +19,7 @@ from auditlib.defenses import DEFENSES, build_defense
 from auditlib.defenses.base import ClientContext
 from auditlib.defenses.fedkl import FedKL, FedKLConfig
 from auditlib.engine.audit import prepare_victim, run_audit
-from auditlib.likelihoods import image_prior_nats
+from auditlib.likelihoods import STEP_FLOOR, QsgdLikelihood, image_prior_nats
 from auditlib.models.keylock import key_lock_modules
 from auditlib.spec import ComponentSpec, ScenarioSpec
 from auditlib.threat import KnownDefense
@@ -200,6 +200,40 @@ def test_the_qsgd_twin_reads_each_buckets_norm_and_weighs_its_own_step():
     flipped[0].view(-1)[index] *= -1
     observed = release.observation.tensors
     assert known.noise.nll(flipped, observed, 1.0) > known.noise.nll(truth, observed, 1.0) + 50
+
+
+def test_the_qsgd_twin_reads_no_bucket_finer_than_a_tenth_of_the_coarsest_step():
+    """QSGD's 8 bits on LeNet's 100 classes: the rows of the classes the model all but rules
+    out leave at steps of 1e-13 where the coarsest is 0.1. Read at their own steps those
+    terms outweighed the rest by 1e24, and every start of DLG's twin left float32's finite
+    numbers within 16 steps (benchmarks/qsgd_floor.py). The twin reads a bucket no finer
+    than a tenth of the coarsest step: as the release of a coarser rounding of it."""
+    release = release_for(lenet_spec(), defense="quantize", defense_params={"bits": 8})[2]
+    floored = release.known_defense.noise
+    observed = release.observation.tensors
+    exact = QsgdLikelihood.read(observed, 127, 512, floor=0)
+    coarsest = max(float(s.max()) for s in exact.steps)
+    assert min(float(s.min()) for s in exact.steps) < 1e-9 * coarsest  # what it is for
+    for step, own, unit in zip(exact.steps, exact.units, floored.units, strict=True):
+        assert torch.equal(own, step)
+        assert torch.equal(unit, step.clamp_min(STEP_FLOOR * coarsest))
+    # Within one bucket every term (rounding, norm, signs) is read in the bucket's unit: a
+    # change there costs the exact likelihood's times (step / unit)^2, 1 where the bucket is
+    # read at its own step.
+    base = tuple(t.double() for t in observed)
+    weights = exact.steps[6].squeeze(1)  # the 100 x 768 layer's buckets
+    for bucket in (int(weights.argmin()), int(weights.argmax())):
+        moved = tuple(t.clone() for t in base)
+        unit = float(floored.units[6][bucket])
+        moved[6].view(-1)[512 * bucket + 3] += 0.3 * unit
+        change = {
+            read: float(read.nll(moved, observed, 1.0) - read.nll(base, observed, 1.0))
+            for read in (exact, floored)
+        }
+        scale = (float(weights[bucket]) / unit) ** 2
+        assert abs(change[floored]) > 0.1  # a change the sum resolves
+        assert change[floored] == pytest.approx(change[exact] * scale, rel=1e-4)
+    assert "no finer than 0.1 of the coarsest step" in floored.describe()
 
 
 def test_soteria_holds_against_dlg_but_not_against_dlg_that_knows_it():

@@ -26,7 +26,7 @@ import torch
 
 from auditlib.config import check_ranges, param
 from auditlib.defenses.base import DefenseInfo, copied, register, straight_through
-from auditlib.likelihoods import QsgdLikelihood
+from auditlib.likelihoods import STEP_FLOOR, QsgdLikelihood
 from auditlib.threat import KnownDefense
 
 
@@ -98,8 +98,9 @@ class Quantization:
                 "quantize",
                 f"knows the update was quantised to {c.bits} bits by QSGD with stochastic "
                 "rounding: reads each bucket's norm and every sign off the release, where "
-                "they are exact, and weighs each entry's rounding by its bucket's step (its "
-                "likelihood), plus the image prior it weighs",
+                "they are exact, and weighs each entry's rounding by its bucket's step, no finer "
+                f"than {STEP_FLOOR:g} of the coarsest (its likelihood), plus the image prior "
+                "it weighs",
                 noise=noise,
             )
         return KnownDefense(
