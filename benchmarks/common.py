@@ -14,6 +14,7 @@ import torch
 
 from auditlib.client.protocol import ClientProtocol
 from auditlib.models import ModelSpec
+from auditlib.result import AuditSummary
 from auditlib.spec import Budget, ComponentSpec, DataSpec, ModelRef, RunSpec, ScenarioSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +45,20 @@ def lenet_spec(
         budget=Budget(iterations),
         seed=seed,
     )
+
+
+def plain_and_twin(summary: AuditSummary) -> dict[str, dict]:
+    """A defended run's attack and its twin (the attacker that knows the defense): each
+    one's stop reason, steps, mean PSNR and seconds, under "plain" and "twin"."""
+    return {
+        "twin" if run.adaptive else "plain": {
+            "stop_reason": run.stop_reason,
+            "steps": run.steps,
+            "psnr_mean": run.psnr_mean,
+            "seconds": run.seconds,
+        }
+        for run in summary.attacks
+    }
 
 
 def on_device(path: Path, marker: str, device: str) -> tuple[Path, str]:

@@ -32,9 +32,9 @@ import time
 from auditlib import likelihoods
 from auditlib.engine.audit import run_audit
 from auditlib.spec import ComponentSpec
-from benchmarks.common import ROOT, lenet_spec, replace_section, write_results
-from benchmarks.reproduce_attacks import LENET, audit, photograph, spec_of
-from benchmarks.reproduce_defenses import ATTACKS, judged, verdict_cell
+from benchmarks.common import ROOT, lenet_spec, plain_and_twin, replace_section, write_results
+from benchmarks.reproduce_attacks import audit
+from benchmarks.reproduce_defenses import ATTACKS, judged, privacy_spec, verdict_cell
 
 CONTROLS = ROOT / "benchmarks" / "results" / "defenses-privacy-2026-12-03.json"
 RESULTS = ROOT / "benchmarks" / "results" / "qsgd_floor.json"
@@ -67,14 +67,7 @@ def _case(attack: str, iterations: int, bits: int, offset: int, floor: float) ->
     finally:
         likelihoods.STEP_FLOOR = chosen
     row = {"attack": attack, "bits": bits, "offset": offset, "floor": floor, "run_wall_s": wall}
-    for run in summary.attacks:
-        row["twin" if run.adaptive else "plain"] = {
-            "stop_reason": run.stop_reason,
-            "steps": run.steps,
-            "psnr_mean": run.psnr_mean,
-            "seconds": run.seconds,
-        }
-    return row
+    return {**row, **plain_and_twin(summary)}
 
 
 def privacy_row() -> None:
@@ -83,14 +76,7 @@ def privacy_row() -> None:
     }
     rows = []
     for attack, preset, iterations in ATTACKS:
-        spec = spec_of(
-            LENET,
-            attack,
-            data=photograph(0),
-            iterations=iterations,
-            preset=preset,
-            defense=ComponentSpec.of("quantize", {"bits": 4}),
-        )
+        spec = privacy_spec(attack, preset, iterations, ComponentSpec.of("quantize", {"bits": 4}))
         row = audit(spec, setting="quantize (bits=4)")
         row["verdict_beside_control"] = verdict_cell(judged(row, controls[attack]))
         print(attack, row["by_attack"], row["verdict_beside_control"], flush=True)

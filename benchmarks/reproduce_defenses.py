@@ -73,18 +73,18 @@ def _label(name: str, params: dict) -> str:
     return name + (" (" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
 
 
+def privacy_spec(attack: str, preset: str | None, iterations: int, defense: ComponentSpec):
+    """One cell of the privacy table: ``attack`` on DLG's LeNet and one photograph."""
+    return spec_of(
+        LENET, attack, data=photograph(0), iterations=iterations, preset=preset, defense=defense
+    )
+
+
 def run_privacy() -> list[dict]:
     rows = []
     for name, params in DEFENSES:
         for attack, preset, iterations in ATTACKS:
-            spec = spec_of(
-                LENET,
-                attack,
-                data=photograph(0),
-                iterations=iterations,
-                preset=preset,
-                defense=ComponentSpec.of(name, params),
-            )
+            spec = privacy_spec(attack, preset, iterations, ComponentSpec.of(name, params))
             rows.append(audit(spec, setting=_label(name, params)))
     return rows
 

@@ -22,7 +22,7 @@ import time
 from auditlib.attacks import ATTACKS
 from auditlib.engine.audit import run_audit
 from auditlib.spec import ComponentSpec
-from benchmarks.common import ROOT, lenet_spec, write_results
+from benchmarks.common import ROOT, lenet_spec, plain_and_twin, write_results
 
 DEFENSES = (
     ("dp-gaussian", {"sigma": 0.01}),
@@ -43,19 +43,11 @@ def _case(defense: str, params: dict, twin_params: dict, iterations: int) -> dic
     started = time.perf_counter()
     summary = run_audit(spec, lpips_nets=()).summary
     wall = time.perf_counter() - started
-    rows = {}
-    for attack in summary.attacks:
-        rows["twin" if attack.adaptive else "plain"] = {
-            "stop_reason": attack.stop_reason,
-            "steps": attack.steps,
-            "psnr_mean": attack.psnr_mean,
-            "seconds": attack.seconds,
-        }
     return {
         "defense": defense,
         "params": params,
         "twin_params": twin_params,
-        **rows,
+        **plain_and_twin(summary),
         "run_wall_s": wall,
     }
 
