@@ -212,11 +212,12 @@ class QsgdLikelihood:
         for c, t, size, step, k, read_in in tensors:
             lead = c.shape[: c.dim() - t.dim()]
             a = _buckets(c * unit, size, lead)[0] / read_in  # (*lead, buckets, bucket)
-            steps = step / read_in  # 1 where the bucket is read at its own step
-            total = total + 2 * (k * steps - a).pow(2).sum((-2, -1))
+            in_units = step / read_in  # the step in reading units: 1 where read at its own
+            total = total + 2 * (k * in_units - a).pow(2).sum((-2, -1))
             norm = torch.linalg.vector_norm(a, dim=-1)
             nonzero = (k != 0).any(dim=1)
-            total = total + exact * (norm - self.levels * steps.squeeze(1) * nonzero).pow(2).sum(-1)
+            target_norm = self.levels * in_units.squeeze(1) * nonzero  # s steps, in units
+            total = total + exact * (norm - target_norm).pow(2).sum(-1)
             total = total + exact * torch.relu(-torch.sign(k) * a).pow(2).sum((-2, -1))
         return total
 
